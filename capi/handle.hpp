@@ -1,0 +1,69 @@
+#pragma once
+// Every object behind a C handle starts with a magic word naming its kind. Entry points check it
+// first, so a NULL handle, the wrong kind of handle, or (while its memory is not reused) a freed
+// one is GRADSYNC_E_MISUSE with a message, not a crash.
+#include <cstdint>
+#include <cstring>
+
+#include "common/error.hpp"
+
+namespace gradsync::capi {
+
+enum class Kind : uint32_t {
+  Counter32 = 0x47530001u,
+  Counter64 = 0x47530002u,
+  Flag = 0x47530003u,
+  Mutex = 0x47530004u,
+  Comm = 0x47530010u,
+  Table = 0x47530020u,
+  Accumulator = 0x47530021u,
+  Shard = 0x47530030u,
+};
+constexpr uint32_t kFreedMagic = 0x47DEAD00u;
+
+constexpr const char* kind_name(uint32_t magic) noexcept {
+  switch (static_cast<Kind>(magic)) {
+    case Kind::Counter32: return "counter32";
+    case Kind::Counter64: return "counter64";
+    case Kind::Flag: return "flag";
+    case Kind::Mutex: return "mutex";
+    case Kind::Comm: return "comm";
+    case Kind::Table: return "table";
+    case Kind::Accumulator: return "accumulator";
+    case Kind::Shard: return "shard";
+  }
+  return nullptr;
+}
+
+// Base of every handle struct: `struct gradsync_flag : Handle<Kind::Flag> { ... };`.
+// The magic is the first member so it sits at offset 0 of every handle.
+template <Kind K>
+struct Handle {
+  static constexpr Kind kKind = K;
+  uint32_t magic_ = static_cast<uint32_t>(K);
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { magic_ = kFreedMagic; }
+};
+
+// Returns h after checking it is a live handle of its kind; throws MISUSE otherwise.
+template <class H>
+H* check(H* h) {
+  constexpr const char* expected = kind_name(static_cast<uint32_t>(H::kKind));
+  if (h == nullptr) fail(GRADSYNC_E_MISUSE, "NULL {} handle", expected);
+  uint32_t magic;
+  std::memcpy(&magic, static_cast<const void*>(h), sizeof magic);
+  if (magic == static_cast<uint32_t>(H::kKind)) return h;
+  if (magic == kFreedMagic) fail(GRADSYNC_E_MISUSE, "use of a freed {} handle", expected);
+  const char* actual = kind_name(magic);
+  if (actual != nullptr) fail(GRADSYNC_E_MISUSE, "wrong kind of handle: expected a {}, got a {}", expected, actual);
+  fail(GRADSYNC_E_MISUSE, "not a gradsync {} handle (bad magic 0x{:08x})", expected, magic);
+}
+
+// Destroy a handle from its *_free function: NULL is a no-op, a wrong or stale handle is
+// logged and left alone (a free function returns void, so there is no status to report).
+template <class H>
+void destroy(H* h) noexcept;
+
+}  // namespace gradsync::capi

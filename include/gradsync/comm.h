@@ -1,0 +1,168 @@
+/**
+ * @file comm.h
+ * @brief The communicator: a group of ranks and their collectives, over one interface for every
+ *        transport (threads of one process, processes of one host, MPI across machines).
+ *
+ * Switching transport is one field of the options. Semantics common to every transport:
+ * - Buffers are caller-owned and borrowed for the duration of a call only; send == recv means
+ *   in place.
+ * - Deterministic: each element is reduced in rank order, never in arrival order, so every rank
+ *   gets bitwise the same result on every run (on MPI when `deterministic` is set).
+ * - Never hangs: ranks that disagree in a round (count, dtype, op, root, collective) all get
+ *   GRADSYNC_E_MISMATCH naming both sides, and the next round works. A rank that does not arrive
+ *   within the timeout gives GRADSYNC_E_TIMEOUT on every waiting rank; gradsync_comm_abort from any
+ *   thread unblocks every waiter with GRADSYNC_E_ABORTED. After a timeout or abort every call fails
+ *   fast with GRADSYNC_E_ABORTED until the group is reset (gradsync_comm_reset) or freed.
+ * - A group of size 1 returns at once, leaving the buffers as they are (recv = send).
+ * - Partition rule (reduce-scatter, allgather): part i of n elements over p ranks starts at
+ *   i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
+ */
+#ifndef GRADSYNC_COMM_H
+#define GRADSYNC_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gradsync/export.h"
+#include "gradsync/common.h"
+
+GRADSYNC_BEGIN_DECL
+
+typedef struct gradsync_comm gradsync_comm;
+
+/** Transports. */
+typedef enum gradsync_transport {
+  GRADSYNC_TRANSPORT_THREAD = 0 /**< threads of one process, grouped by name (no set-up) */
+} gradsync_transport;
+
+#define GRADSYNC_COMM_OPTIONS_VERSION 1
+#define GRADSYNC_COMM_NAME_MAX 64
+
+/** Options of gradsync_comm_create. Fill with gradsync_comm_options_init or GRADSYNC_COMM_OPTIONS_INIT. */
+typedef struct gradsync_comm_options {
+  uint32_t struct_size;    /**< sizeof(gradsync_comm_options) as the caller compiled it */
+  uint32_t version;        /**< GRADSYNC_COMM_OPTIONS_VERSION */
+  int32_t transport;       /**< a gradsync_transport value; default THREAD */
+  int32_t rank;            /**< this member's rank in [0, size) (THREAD, SHM; MPI takes it from MPI) */
+  int32_t size;            /**< number of ranks (THREAD, SHM; MPI takes it from MPI) */
+  int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 */
+  int32_t check_mismatch;  /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
+  int32_t reserved0;       /**< must be 0 */
+  int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000 */
+  int64_t mpi_fcomm;       /**< MPI: communicator as its Fortran handle (MPI_Comm_c2f); UNSET = MPI_COMM_WORLD */
+  char name[GRADSYNC_COMM_NAME_MAX]; /**< group name, NUL-terminated: members with the same name form one group */
+  /* append only */
+} gradsync_comm_options;
+
+#define GRADSYNC_COMM_OPTIONS_INIT                                                               \
+  {                                                                                              \
+    sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD,     \
+        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0,       \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }                                            \
+  }
+
+/**
+ * @brief Fill opts with defaults (for FFIs that cannot expand GRADSYNC_COMM_OPTIONS_INIT).
+ * @param[out] opts the options to fill
+ * @param[in] struct_size sizeof(gradsync_comm_options) as the caller knows it
+ * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than the first version's
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t struct_size);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/**
+ * @brief Join a group as one rank. Collective: returns once every rank of the group has joined,
+ *        or fails with GRADSYNC_E_TIMEOUT when one has not within the timeout.
+ * @param[out] out the new communicator; NULL on failure
+ * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport)
+ * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
+ * @retval GRADSYNC_E_MISMATCH members of one name disagree on size
+ * @retval GRADSYNC_E_MISUSE the rank has already joined this group
+ * @retval GRADSYNC_E_UNSUPPORTED the transport is not in this build
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_options *opts);
+
+/** @brief Leave the group and release local resources; NULL is a no-op. @threadsafety handle */
+GRADSYNC_API void gradsync_comm_free(gradsync_comm *comm);
+
+/**
+ * @brief Abort the group: every rank blocked in (or later entering) a collective gets
+ *        GRADSYNC_E_ABORTED until the group is reset or freed.
+ * @threadsafety any-abort (from any thread, also while another thread is inside a collective)
+ */
+GRADSYNC_API int gradsync_comm_abort(gradsync_comm *comm);
+
+/**
+ * @brief Clear an abort or timeout so the group can be used again. Collective: every rank calls it.
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_reset(gradsync_comm *comm);
+
+/** @brief This member's rank. @threadsafety any */
+GRADSYNC_API int gradsync_comm_rank(const gradsync_comm *comm, int32_t *rank);
+/** @brief Number of ranks in the group. @threadsafety any */
+GRADSYNC_API int gradsync_comm_size(const gradsync_comm *comm, int32_t *size);
+/** @brief The transport (gradsync_transport) of this communicator. @threadsafety any */
+GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *transport);
+
+/* ---------------------------------------------------------------- collectives */
+
+/**
+ * @brief recv[i] = op over ranks of send[i], reduced in rank order, identical on every rank.
+ * @param send count elements; may equal recv (in place)
+ * @param recv count elements
+ * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)
+ * @retval GRADSYNC_E_TIMEOUT a rank did not arrive in time; GRADSYNC_E_ABORTED the group is aborted
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
+                                         int32_t dtype, int32_t op);
+
+/**
+ * @brief One allreduce over a list of buffers (a gradient bucket), same results as one call each.
+ * @param sends nbufs pointers, or NULL for all in place; an entry may equal its recv
+ * @param recvs nbufs pointers
+ * @param counts nbufs element counts
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,
+                                              const size_t *counts, size_t nbufs, int32_t dtype, int32_t op);
+
+/**
+ * @brief The data-parallel merge as a collective: recv = Σ wᵢ·sendᵢ / Σ wᵢ on every rank, with
+ *        wᵢ this rank's sample count. F32 and F64 only; products are summed in double, in rank order.
+ * @param[out] total_weight Σ wᵢ (may be NULL)
+ * @retval GRADSYNC_E_ZERO_WEIGHT Σ wᵢ = 0 (on every rank; recv untouched)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm *comm, const void *send, void *recv, size_t count,
+                                             int32_t dtype, uint64_t weight, uint64_t *total_weight);
+
+/** @brief Copy root's buf to every rank's buf. @retval GRADSYNC_E_OUT_OF_RANGE bad root @threadsafety handle */
+GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm *comm, void *buf, size_t count, int32_t dtype, int32_t root);
+
+/**
+ * @brief Gather every rank's part into recv (total_count elements, parts by the partition rule).
+ * @param send this rank's part (its length by the partition rule), or NULL when it is already
+ *        in place in recv at this rank's offset
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                         int32_t dtype);
+
+/**
+ * @brief Reduce send (total_count elements) over ranks; this rank receives its part by the
+ *        partition rule into recv (which may point into send, at this rank's offset).
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                              int32_t dtype, int32_t op);
+
+/** @brief Wait until every rank has arrived. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
+
+GRADSYNC_END_DECL
+
+#endif /* GRADSYNC_COMM_H */

@@ -1,0 +1,57 @@
+/**
+ * @file common.h
+ * @brief Types shared by every component: element types, reduction ops, sentinels, and the
+ *        query for what this build contains.
+ */
+#ifndef GRADSYNC_COMMON_H
+#define GRADSYNC_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gradsync/export.h"
+
+GRADSYNC_BEGIN_DECL
+
+/** Sentinels for "use the library default" in options structs. */
+#define GRADSYNC_UNSET_I32 INT32_MIN
+#define GRADSYNC_UNSET_I64 INT64_MIN
+
+/** Element types of buffers (int32_t values; enum types never appear in signatures or structs). */
+typedef enum gradsync_dtype {
+  GRADSYNC_F32 = 0,  /**< IEEE binary32 */
+  GRADSYNC_F64 = 1,  /**< IEEE binary64 */
+  GRADSYNC_I32 = 2,  /**< int32_t */
+  GRADSYNC_I64 = 3,  /**< int64_t */
+  GRADSYNC_BF16 = 4, /**< bfloat16 (wire format of compression) */
+  GRADSYNC_F16 = 5   /**< IEEE binary16 (wire format of compression) */
+} gradsync_dtype;
+
+/** Reduction operations. */
+typedef enum gradsync_op {
+  GRADSYNC_SUM = 0,
+  GRADSYNC_MEAN = 1, /**< sum divided by the number of ranks (integers: truncated toward zero) */
+  GRADSYNC_MIN = 2,
+  GRADSYNC_MAX = 3
+} gradsync_op;
+
+/** Size in bytes of one element of a dtype, 0 for an unknown dtype. @threadsafety any */
+GRADSYNC_API size_t gradsync_dtype_size(int32_t dtype);
+
+/** Features that a build may or may not contain. */
+typedef enum gradsync_feature {
+  GRADSYNC_FEATURE_THREAD_TRANSPORT = 1, /**< communicator among threads of one process */
+  GRADSYNC_FEATURE_SHM_TRANSPORT = 2,    /**< communicator among processes of one host */
+  GRADSYNC_FEATURE_MPI_TRANSPORT = 3,    /**< communicator over MPI (OpenMPI) */
+  GRADSYNC_FEATURE_F16C = 4              /**< the CPU running this process converts half floats in hardware */
+} gradsync_feature;
+
+/**
+ * @brief Whether this build (and, for CPU features, this machine) has a feature.
+ * @return 1 if present, 0 if not or if the value is unknown.
+ * @threadsafety any
+ */
+GRADSYNC_API int32_t gradsync_has_feature(int32_t feature);
+
+GRADSYNC_END_DECL
+
+#endif /* GRADSYNC_COMMON_H */

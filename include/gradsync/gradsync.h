@@ -1,0 +1,24 @@
+/**
+ * @file gradsync.h
+ * @brief libgradsync: gradient synchronisation for data-parallel training, behind a C ABI.
+ *
+ * Thread-safety rule: unless a function's comment says otherwise, a handle must not be used by
+ * two threads at once; different handles may be used in parallel. Use a handle only in the
+ * process that created it, never across fork().
+ *
+ * Error model: every fallible function returns an int status (errors.h); on failure the
+ * reason is in gradsync_last_error_message() on the calling thread. Constructors write the new
+ * handle through an out-parameter (NULL on failure). Every *_free(NULL) is a no-op.
+ */
+#ifndef GRADSYNC_GRADSYNC_H
+#define GRADSYNC_GRADSYNC_H
+
+#include "gradsync/export.h"
+#include "gradsync/version.h"
+#include "gradsync/errors.h"
+#include "gradsync/common.h"
+#include "gradsync/log.h"
+/* component headers */
+#include "gradsync/comm.h"
+
+#endif /* GRADSYNC_GRADSYNC_H */

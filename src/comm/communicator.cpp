@@ -1,0 +1,48 @@
+#include "comm/communicator.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace gradsync::comm {
+
+void Communicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                                 uint64_t* total_weight) {
+  GS_REQUIRE(dtype == DType::F32 || dtype == DType::F64, GRADSYNC_E_INVALID_ARG,
+             "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
+  // Weights travel as doubles beside the products: exact for counts below 2^53.
+  GS_REQUIRE(weight <= (uint64_t{1} << 53), GRADSYNC_E_INVALID_ARG, "weight {} exceeds 2^53", weight);
+  std::vector<double> staged(count + 1);
+  const double w = static_cast<double>(weight);
+  if (dtype == DType::F32) {
+    const float* in = static_cast<const float*>(send);
+    for (size_t i = 0; i < count; ++i) staged[i] = w * static_cast<double>(in[i]);
+  } else {
+    const double* in = static_cast<const double*>(send);
+    for (size_t i = 0; i < count; ++i) staged[i] = w * in[i];
+  }
+  staged[count] = w;
+  const BufferRef buffer{staged.data(), staged.data(), staged.size()};
+  allreduce(std::span<const BufferRef>(&buffer, 1), DType::F64, ReduceOp::Sum);
+  const double total = staged[count];
+  if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
+  GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+  if (dtype == DType::F32) {
+    float* out = static_cast<float*>(recv);
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(staged[i] / total);
+  } else {
+    double* out = static_cast<double*>(recv);
+    for (size_t i = 0; i < count; ++i) out[i] = staged[i] / total;
+  }
+}
+
+std::unique_ptr<Communicator> create(const Options& options) {
+  switch (options.transport) {
+    case Transport::Thread: break;
+    case Transport::Shm: break;
+    case Transport::Mpi: break;
+  }
+  fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
+}
+
+}  // namespace gradsync::comm

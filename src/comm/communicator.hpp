@@ -1,0 +1,82 @@
+#pragma once
+// The communicator: the one interface that every transport (threads, shared memory, MPI)
+// implements, and that the C API in capi/capi_comm.cpp and the sharded parameter sit on.
+//
+// Contract for implementations (the C API documents the same to users):
+// - Buffers are borrowed for the duration of a call; nothing is kept after it returns.
+// - send == recv means in place.
+// - Reductions combine ranks in rank order (0, 1, ..., n-1) so every rank gets the same bits,
+//   whatever the arrival order.
+// - Arguments have been validated by the caller of the virtual (non-null buffers for count > 0,
+//   known dtype/op, root in range); implementations validate what needs the peers: ranks that
+//   disagree get Error(GRADSYNC_E_MISMATCH) on every rank, naming both sides.
+// - Every wait is bounded by options.timeout (Error(GRADSYNC_E_TIMEOUT)); abort() may be called
+//   from any thread and makes every waiter and later call throw Error(GRADSYNC_E_ABORTED) until
+//   reset() (collective) succeeds.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/dtype.hpp"
+#include "common/partition.hpp"
+
+namespace gradsync::comm {
+
+enum class Transport : int32_t { Thread = 0, Shm = 1, Mpi = 2 };
+
+struct Options {
+  Transport transport = Transport::Thread;
+  int32_t rank = 0;
+  int32_t size = 1;
+  bool deterministic = true;
+  bool check_mismatch = true;
+  std::chrono::milliseconds timeout{300000};
+  int64_t mpi_fcomm = INT64_MIN;  // INT64_MIN: MPI_COMM_WORLD
+  std::string name;
+};
+
+// One buffer of a fused allreduce.
+struct BufferRef {
+  const void* send;
+  void* recv;
+  size_t count;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual Transport transport() const noexcept = 0;
+
+  // Fused allreduce: the result equals one allreduce per buffer.
+  virtual void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  // recv holds total elements; this rank's part (partition rule) comes from send, or is already
+  // in recv when send == nullptr.
+  virtual void allgather(const void* send, void* recv, size_t total, DType dtype) = 0;
+  // send holds total elements; recv receives this rank's part (it may alias send at that offset).
+  virtual void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  virtual void abort() noexcept = 0;
+  virtual void reset() = 0;
+
+  // Σ wᵢ·sendᵢ / Σ wᵢ for F32/F64, products summed in double in rank order. The default builds it
+  // from one fused allreduce; a transport may do better.
+  virtual void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                             uint64_t* total_weight);
+
+  Part my_part(size_t total) const noexcept {
+    return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
+  }
+};
+
+// Creates and joins; blocks until the whole group has joined or the timeout passes.
+std::unique_ptr<Communicator> create(const Options& options);
+std::unique_ptr<Communicator> create_thread_communicator(const Options& options);
+
+}  // namespace gradsync::comm

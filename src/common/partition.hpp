@@ -1,0 +1,20 @@
+#pragma once
+// The library's one partition rule (BigDL's): part i of n elements over p parts starts at
+// i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements. n < p gives empty trailing parts.
+#include <algorithm>
+#include <cstdint>
+
+namespace gradsync {
+
+struct Part {
+  uint64_t start;
+  uint64_t len;
+};
+
+// Precondition: parts > 0 and index < parts (callers at the ABI validate).
+constexpr Part partition(uint64_t n, uint64_t parts, uint64_t index) noexcept {
+  const uint64_t base = n / parts, extra = n % parts;
+  return Part{index * base + std::min(index, extra), base + (index < extra ? 1 : 0)};
+}
+
+}  // namespace gradsync

@@ -1,0 +1,79 @@
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "capi/guard.hpp"
+#include "common/partition.hpp"
+#include "gradsync/gradsync.h"
+
+using gradsync::partition;
+
+TEST_CASE("partition follows the library rule", "[core]") {
+  CHECK(partition(10, 3, 0).start == 0);
+  CHECK(partition(10, 3, 0).len == 4);
+  CHECK(partition(10, 3, 1).start == 4);
+  CHECK(partition(10, 3, 1).len == 3);
+  CHECK(partition(10, 3, 2).start == 7);
+  CHECK(partition(10, 3, 2).len == 3);
+  // n < p: leading parts of one, trailing parts empty, all contiguous.
+  for (uint64_t n : {0u, 1u, 2u, 5u, 17u, 1000u}) {
+    for (uint64_t p : {1u, 2u, 3u, 7u, 64u}) {
+      uint64_t next = 0;
+      for (uint64_t i = 0; i < p; ++i) {
+        auto part = partition(n, p, i);
+        REQUIRE(part.start == next);
+        REQUIRE(part.len <= n / p + 1);
+        next += part.len;
+      }
+      REQUIRE(next == n);
+    }
+  }
+}
+
+TEST_CASE("guard turns every exception into a status and message", "[core]") {
+  using gradsync::capi::guard;
+  CHECK(guard("f", [] { gradsync::fail(GRADSYNC_E_OUT_OF_RANGE, "row {} out of range [0, {})", 1000, 1000); }) ==
+        GRADSYNC_E_OUT_OF_RANGE);
+  CHECK(std::string(gradsync_last_error_message()) == "f: row 1000 out of range [0, 1000)");
+  CHECK(gradsync_last_error_status() == GRADSYNC_E_OUT_OF_RANGE);
+  CHECK(guard("g", [] { throw std::bad_alloc(); }) == GRADSYNC_E_NOMEM);
+  CHECK(guard("g", [] { throw std::runtime_error("boom"); }) == GRADSYNC_E_INTERNAL);
+  CHECK(guard("g", [] { throw 42; }) == GRADSYNC_E_INTERNAL);
+  CHECK(guard("g", [] { return GRADSYNC_E_TIMEOUT; }) == GRADSYNC_E_TIMEOUT);
+  CHECK(guard("g", [] {}) == GRADSYNC_OK);
+}
+
+TEST_CASE("the last error is per thread", "[core]") {
+  gradsync_last_error_clear();
+  std::thread t([] { gradsync::capi::guard("other", [] { gradsync::fail(GRADSYNC_E_IO, "disk"); }); });
+  t.join();
+  CHECK(std::string(gradsync_last_error_message()).empty());
+  CHECK(gradsync_last_error_status() == GRADSYNC_OK);
+}
+
+namespace {
+struct Captured {
+  std::atomic<int> lines{0};
+  std::string last;
+};
+void capture(void* user, int32_t level, const char* message) {
+  auto* c = static_cast<Captured*>(user);
+  if (level >= GRADSYNC_LOG_WARN) c->last = message;
+  c->lines++;
+}
+}  // namespace
+
+TEST_CASE("log lines reach the host callback at or above its level", "[core]") {
+  Captured captured;
+  REQUIRE(gradsync_set_log_callback(capture, &captured, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  GS_LOG_INFO("not shown");
+  GS_LOG_WARN("shown {}", 7);
+  CHECK(captured.lines == 1);
+  CHECK(captured.last.find("shown 7") != std::string::npos);
+  CHECK(gradsync_get_log_level() == GRADSYNC_LOG_WARN);
+  CHECK(gradsync_set_log_callback(capture, &captured, 9) == GRADSYNC_E_INVALID_ARG);
+  REQUIRE(gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+}
