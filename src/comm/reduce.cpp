@@ -1,0 +1,176 @@
+#include "comm/reduce.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+// How one (dtype, op) pair loads, combines and finishes. Acc is the running type: unsigned for
+// integer sums (wrapping is defined), int64 for the i32 mean (never wraps), T otherwise.
+template <class T, ReduceOp Op>
+struct Traits {
+  using Elem = T;
+  static constexpr auto acc_type() noexcept {
+    if constexpr (std::is_floating_point_v<T> || Op == ReduceOp::Min || Op == ReduceOp::Max)
+      return std::type_identity<T>{};
+    else if constexpr (Op == ReduceOp::Mean && sizeof(T) == 4)
+      return std::type_identity<int64_t>{};
+    else
+      return std::type_identity<std::make_unsigned_t<T>>{};
+  }
+  using Acc = typename decltype(acc_type())::type;
+
+  static Acc load(T v) noexcept { return static_cast<Acc>(v); }
+  static Acc combine(Acc a, Acc b) noexcept {
+    if constexpr (Op == ReduceOp::Min) return b < a ? b : a;
+    else if constexpr (Op == ReduceOp::Max) return a < b ? b : a;
+    else return a + b;
+  }
+  static T finish(Acc v, size_t n) noexcept {
+    if constexpr (Op != ReduceOp::Mean) {
+      return static_cast<T>(v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return v / static_cast<T>(n);
+    } else {
+      // Signed division truncates toward zero; the i64 sum wrapped in unsigned is reinterpreted first.
+      using S = std::make_signed_t<Acc>;
+      return static_cast<T>(static_cast<S>(v) / static_cast<S>(n));
+    }
+  }
+};
+
+// Fixed number of sources: one pass, the fold over ranks unrolled at compile time, so the loop over
+// elements vectorises. ivdep: dst either is one of the sources (dependence distance 0) or overlaps
+// none, which is the documented precondition, so no runtime alias check is needed.
+template <class Tr, size_t... K>
+void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Elem* dst, size_t begin, size_t end,
+                std::index_sequence<K...>) noexcept {
+  using T = typename Tr::Elem;
+  constexpr size_t n = sizeof...(K);
+  const T* const p[n] = {srcs[K]...};
+#pragma GCC ivdep
+  for (size_t i = begin; i < end; ++i) {
+    typename Tr::Acc v = Tr::load(p[0][i]);
+    ((K == 0 ? void() : void(v = Tr::combine(v, Tr::load(p[K][i])))), ...);
+    dst[i] = Tr::finish(v, n);
+  }
+}
+
+// Any number of sources: fold block by block through an accumulator that stays in L1.
+template <class Tr>
+void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename Tr::Elem* dst, size_t begin,
+                  size_t end) noexcept {
+  using Acc = typename Tr::Acc;
+  constexpr size_t kChunk = 512;
+  Acc acc[kChunk];
+  for (size_t lo = begin; lo < end; lo += kChunk) {
+    const size_t len = std::min(kChunk, end - lo);
+    const auto* s0 = srcs[0] + lo;
+    for (size_t j = 0; j < len; ++j) acc[j] = Tr::load(s0[j]);
+    for (size_t k = 1; k < nsrcs; ++k) {
+      const auto* s = srcs[k] + lo;
+      for (size_t j = 0; j < len; ++j) acc[j] = Tr::combine(acc[j], Tr::load(s[j]));
+    }
+    auto* d = dst + lo;
+    for (size_t j = 0; j < len; ++j) d[j] = Tr::finish(acc[j], nsrcs);
+  }
+}
+
+template <class Tr>
+void fold(const void* const* raw, size_t nsrcs, void* raw_dst, size_t begin, size_t end) noexcept {
+  using T = typename Tr::Elem;
+  const T* const* srcs = reinterpret_cast<const T* const*>(raw);
+  T* dst = static_cast<T*>(raw_dst);
+  switch (nsrcs) {
+    case 1: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<1>{});
+    case 2: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<2>{});
+    case 3: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<3>{});
+    case 4: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<4>{});
+    case 5: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<5>{});
+    case 6: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<6>{});
+    case 7: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<7>{});
+    case 8: return fold_fixed<Tr>(srcs, dst, begin, end, std::make_index_sequence<8>{});
+    default: return fold_generic<Tr>(srcs, nsrcs, dst, begin, end);
+  }
+}
+
+using FoldFn = void (*)(const void* const*, size_t, void*, size_t, size_t) noexcept;
+
+template <class T>
+FoldFn pick_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return &fold<Traits<T, ReduceOp::Sum>>;
+    case ReduceOp::Mean: return &fold<Traits<T, ReduceOp::Mean>>;
+    case ReduceOp::Min: return &fold<Traits<T, ReduceOp::Min>>;
+    case ReduceOp::Max: return &fold<Traits<T, ReduceOp::Max>>;
+  }
+  return nullptr;
+}
+
+FoldFn pick(DType dtype, ReduceOp op) {
+  FoldFn fn = nullptr;
+  switch (dtype) {
+    case DType::F32: fn = pick_op<float>(op); break;
+    case DType::F64: fn = pick_op<double>(op); break;
+    case DType::I32: fn = pick_op<int32_t>(op); break;
+    case DType::I64: fn = pick_op<int64_t>(op); break;
+    default: break;
+  }
+  GS_REQUIRE(fn != nullptr, GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
+             op_name(op), dtype_name(dtype));
+  return fn;
+}
+
+}  // namespace
+
+void reduce(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) {
+  GS_REQUIRE(nsrcs >= 1, GRADSYNC_E_INVALID_ARG, "reduction over {} sources", nsrcs);
+  const FoldFn fn = pick(dtype, op);
+  if (begin < end) fn(srcs, nsrcs, dst, begin, end);
+}
+
+void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* const* dsts, size_t ndsts,
+                   size_t begin, size_t end) {
+  GS_REQUIRE(nsrcs >= 1, GRADSYNC_E_INVALID_ARG, "reduction over {} sources", nsrcs);
+  const FoldFn fn = pick(dtype, op);
+  if (ndsts == 0 || begin >= end) return;
+  const size_t elem = dtype_size(dtype);
+  const size_t block = kBlockBytes / elem;
+  for (size_t lo = begin; lo < end; lo += block) {
+    const size_t hi = std::min(end, lo + block);
+    fn(srcs, nsrcs, dsts[0], lo, hi);
+    const auto* from = static_cast<const std::byte*>(dsts[0]) + lo * elem;
+    for (size_t k = 1; k < ndsts; ++k) {
+      auto* to = static_cast<std::byte*>(dsts[k]) + lo * elem;
+      if (to != from) std::memcpy(to, from, (hi - lo) * elem);
+    }
+  }
+}
+
+void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept {
+  if (src == dst || begin >= end) return;
+  const size_t elem = dtype_size(dtype);
+  std::memcpy(static_cast<std::byte*>(dst) + begin * elem, static_cast<const std::byte*>(src) + begin * elem,
+              (end - begin) * elem);
+}
+
+void copy_to_all(DType dtype, const void* src, void* const* dsts, size_t ndsts, size_t begin, size_t end) noexcept {
+  if (begin >= end) return;
+  const size_t elem = dtype_size(dtype);
+  const size_t block = kBlockBytes / elem;
+  for (size_t lo = begin; lo < end; lo += block) {
+    const size_t hi = std::min(end, lo + block);
+    const auto* from = static_cast<const std::byte*>(src) + lo * elem;
+    for (size_t k = 0; k < ndsts; ++k) {
+      auto* to = static_cast<std::byte*>(dsts[k]) + lo * elem;
+      if (to != from) std::memcpy(to, from, (hi - lo) * elem);
+    }
+  }
+}
+
+}  // namespace gradsync::comm

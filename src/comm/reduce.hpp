@@ -1,0 +1,46 @@
+#pragma once
+// Rank-order reduction kernels shared by every transport whose ranks see each other's memory
+// (threads of one process; processes over shared memory).
+//
+// Every element is combined strictly in rank order, ((s0 op s1) op s2) op ..., whatever the
+// order in which ranks arrived, so every rank and every run produces the same bits. Mean is the
+// sum divided by the number of sources; integer mean truncates toward zero (C++ division).
+// Integer sums wrap (two's complement, never undefined behaviour); i32 mean sums in 64 bits so
+// it never wraps.
+//
+// Aliasing: dst may be one of the sources (same address, element for element), which is what
+// in-place collectives need; partially overlapping ranges are not allowed.
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.hpp"
+
+namespace gradsync::comm {
+
+// Whether the kernels can reduce this dtype (f32, f64, i32, i64). Copies work for any dtype.
+constexpr bool reducible(DType dtype) noexcept {
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::I32 || dtype == DType::I64;
+}
+
+// dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrcs-1][i] for i in [begin, end), in rank order.
+// Throws Error(GRADSYNC_E_UNSUPPORTED) for a dtype that is not reducible; nsrcs must be >= 1.
+void reduce(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end);
+
+// Like reduce(), then the same result into every one of dsts[0..ndsts) over [begin, end): the range
+// is processed in cache-sized blocks, each reduced once into dsts[0] and copied from cache to the
+// others, so every source byte is read once and every destination byte written once. Any dst may
+// alias any source (same address), since a block is fully read before any of it is written.
+void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* const* dsts, size_t ndsts,
+                   size_t begin, size_t end);
+
+// dst[i] = src[i] for i in [begin, end) (elements of dtype); a no-op when dst == src.
+void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept;
+
+// src[begin, end) into every dsts[k][begin, end), blockwise so src is read from memory once.
+void copy_to_all(DType dtype, const void* src, void* const* dsts, size_t ndsts, size_t begin, size_t end) noexcept;
+
+// Elements per block of reduce_to_all/copy_to_all: small enough that a block of every source
+// plus the destination stays in L1/L2, large enough to amortise the loop set-up.
+constexpr size_t kBlockBytes = 16 * 1024;
+
+}  // namespace gradsync::comm

@@ -1,0 +1,186 @@
+// The rank-order reduction kernels and the futex wait, below every shared-address-space transport.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "comm/reduce.hpp"
+#include "common/error.hpp"
+#include "common/wait.hpp"
+
+using gradsync::DType;
+using gradsync::ReduceOp;
+namespace comm = gradsync::comm;
+
+namespace {
+
+template <class T>
+T reference(ReduceOp op, const std::vector<std::vector<T>>& srcs, size_t i) {
+  const size_t n = srcs.size();
+  if constexpr (std::is_floating_point_v<T>) {
+    T v = srcs[0][i];
+    for (size_t k = 1; k < n; ++k) {
+      const T x = srcs[k][i];
+      if (op == ReduceOp::Min) v = x < v ? x : v;
+      else if (op == ReduceOp::Max) v = v < x ? x : v;
+      else v = v + x;
+    }
+    return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
+  } else {
+    // Integers: sums wrap (computed in unsigned), the i32 mean sums in 64 bits.
+    using U = std::make_unsigned_t<T>;
+    if (op == ReduceOp::Min || op == ReduceOp::Max) {
+      T v = srcs[0][i];
+      for (size_t k = 1; k < n; ++k) v = op == ReduceOp::Min ? std::min(v, srcs[k][i]) : std::max(v, srcs[k][i]);
+      return v;
+    }
+    if (op == ReduceOp::Mean && sizeof(T) == 4) {
+      int64_t s = 0;
+      for (size_t k = 0; k < n; ++k) s += srcs[k][i];
+      return static_cast<T>(s / static_cast<int64_t>(n));
+    }
+    U s = 0;
+    for (size_t k = 0; k < n; ++k) s = static_cast<U>(s + static_cast<U>(srcs[k][i]));
+    if (op == ReduceOp::Mean) return static_cast<T>(static_cast<T>(s) / static_cast<T>(n));
+    return static_cast<T>(s);
+  }
+}
+
+template <class T>
+std::vector<T> random_values(size_t count, std::mt19937_64& rng) {
+  std::vector<T> v(count);
+  if constexpr (std::is_floating_point_v<T>) {
+    std::uniform_real_distribution<T> d(-100, 100);
+    for (auto& x : v) x = d(rng);
+  } else {
+    // Full range, so that sums wrap and the wrap rule is exercised.
+    std::uniform_int_distribution<T> d(std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+    for (auto& x : v) x = d(rng);
+  }
+  return v;
+}
+
+template <class T>
+void check_kernels(DType dtype) {
+  std::mt19937_64 rng(42);
+  for (size_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+    for (size_t count : {0, 1, 3, 17, 1000, 5000}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max}) {
+        INFO("n " << n << " count " << count << " op " << gradsync::op_name(op));
+        std::vector<std::vector<T>> srcs;
+        for (size_t k = 0; k < n; ++k) srcs.push_back(random_values<T>(count, rng));
+        std::vector<const void*> ptrs;
+        for (auto& s : srcs) ptrs.push_back(s.data());
+        std::vector<T> expected(count);
+        for (size_t i = 0; i < count; ++i) expected[i] = reference(op, srcs, i);
+
+        // Out of place, over a sub-range: elements outside [begin, end) stay untouched.
+        std::vector<T> dst(count, T(7));
+        const size_t begin = count / 3, end = count - count / 5;
+        comm::reduce(dtype, op, ptrs.data(), n, dst.data(), begin, end);
+        for (size_t i = 0; i < count; ++i) {
+          const T want = (i >= begin && i < end) ? expected[i] : T(7);
+          REQUIRE(std::memcmp(&dst[i], &want, sizeof(T)) == 0);
+        }
+
+        // In place into the last source, and reduce_to_all into every source (all aliased).
+        auto copies = srcs;
+        std::vector<const void*> cptrs;
+        std::vector<void*> dsts;
+        for (auto& s : copies) {
+          cptrs.push_back(s.data());
+          dsts.push_back(s.data());
+        }
+        comm::reduce_to_all(dtype, op, cptrs.data(), n, dsts.data(), n, 0, count);
+        for (auto& s : copies) REQUIRE(std::memcmp(s.data(), expected.data(), count * sizeof(T)) == 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reduce kernels combine in rank order for every dtype and op", "[comm][reduce]") {
+  SECTION("f32") { check_kernels<float>(DType::F32); }
+  SECTION("f64") { check_kernels<double>(DType::F64); }
+  SECTION("i32") { check_kernels<int32_t>(DType::I32); }
+  SECTION("i64") { check_kernels<int64_t>(DType::I64); }
+}
+
+TEST_CASE("reduce keeps rank order, not a tree or pairwise order", "[comm][reduce]") {
+  // (1e8 + 1) + (-1e8) + 1 in f32 is 1 left to right; any other order gives 0 or 2.
+  const float a = 1e8f, b = 1.0f, c = -1e8f, d = 1.0f;
+  std::vector<const void*> ptrs{&a, &b, &c, &d};
+  float out = -1;
+  comm::reduce(DType::F32, ReduceOp::Sum, ptrs.data(), 4, &out, 0, 1);
+  REQUIRE(out == ((a + b) + c) + d);
+}
+
+TEST_CASE("integer mean truncates toward zero", "[comm][reduce]") {
+  const int32_t a = -7, b = 0;
+  std::vector<const void*> ptrs{&a, &b};
+  int32_t out = 0;
+  comm::reduce(DType::I32, ReduceOp::Mean, ptrs.data(), 2, &out, 0, 1);
+  REQUIRE(out == -3);
+  const int32_t big = INT32_MAX;
+  std::vector<const void*> two{&big, &big};
+  comm::reduce(DType::I32, ReduceOp::Mean, two.data(), 2, &out, 0, 1);
+  REQUIRE(out == INT32_MAX);
+}
+
+TEST_CASE("reduce refuses dtypes it cannot combine", "[comm][reduce]") {
+  const uint16_t a = 1, b = 2;
+  std::vector<const void*> ptrs{&a, &b};
+  uint16_t out = 0;
+  try {
+    comm::reduce(DType::BF16, ReduceOp::Sum, ptrs.data(), 2, &out, 0, 1);
+    FAIL("bf16 reduction did not throw");
+  } catch (const gradsync::Error& e) {
+    REQUIRE(e.status() == GRADSYNC_E_UNSUPPORTED);
+    REQUIRE(std::string(e.what()).find("bf16") != std::string::npos);
+  }
+}
+
+TEST_CASE("copy_to_all writes every destination", "[comm][reduce]") {
+  std::vector<double> src(10000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<double>(i) * 0.5;
+  std::vector<std::vector<double>> outs(3, std::vector<double>(src.size(), -1));
+  std::vector<void*> dsts{outs[0].data(), outs[1].data(), outs[2].data(), src.data()};
+  comm::copy_to_all(DType::F64, src.data(), dsts.data(), dsts.size(), 100, 9000);
+  for (auto& o : outs) {
+    for (size_t i = 0; i < o.size(); ++i) REQUIRE(o[i] == ((i >= 100 && i < 9000) ? src[i] : -1.0));
+  }
+}
+
+TEST_CASE("wait_until: ready, timeout, abort, and a wake from another thread", "[comm][wait]") {
+  using namespace std::chrono_literals;
+  gradsync::WaitWord word;
+  std::atomic<uint32_t> flag{0}, abort_flag{0};
+  auto ready = [&] { return flag.load(std::memory_order_acquire) != 0; };
+
+  REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 50ms) == gradsync::WaitResult::Timeout);
+
+  // A waiter that has gone to sleep in the futex is woken by notify().
+  std::thread waker([&] {
+    std::this_thread::sleep_for(30ms);
+    flag.store(1, std::memory_order_seq_cst);
+    gradsync::notify(word);
+  });
+  REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 10s) == gradsync::WaitResult::Ready);
+  waker.join();
+
+  flag.store(0);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(30ms);
+    abort_flag.store(1, std::memory_order_seq_cst);
+    gradsync::notify(word);
+  });
+  REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 10s, &abort_flag) ==
+          gradsync::WaitResult::Aborted);
+  aborter.join();
+  REQUIRE(word.sleepers.load() == 0);
+}
