@@ -19,6 +19,7 @@
 #include "gradsync/common.h"
 #include "gradsync/log.h"
 /* component headers */
+#include "gradsync/codec.h"
 #include "gradsync/comm.h"
 
 #endif /* GRADSYNC_GRADSYNC_H */

@@ -1,0 +1,250 @@
+#include "codec/codec.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.hpp"
+
+namespace gradsync::codec {
+namespace {
+
+inline uint32_t bits_of(float f) noexcept {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float float_of(uint32_t u) noexcept {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// ---- element conversions, written branch-free so the loops below vectorise ----
+
+[[gnu::always_inline]] inline uint16_t bigdl_encode(uint32_t x) noexcept {
+  uint32_t h = x >> 16;
+  // Truncating a NaN whose payload is only in the low half would give Inf: set the quiet bit.
+  const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+  h |= (nan & ((h & 0x7fu) == 0)) ? 0x40u : 0u;
+  return static_cast<uint16_t>((h >> 8) | (h << 8));  // big-endian, as BigDL writes it
+}
+[[gnu::always_inline]] inline uint32_t bigdl_decode(uint16_t h) noexcept {
+  const uint32_t v = static_cast<uint32_t>((h >> 8) | (h << 8)) & 0xffffu;
+  return v << 16;
+}
+[[gnu::always_inline]] inline uint16_t bf16_encode(uint32_t x) noexcept {
+  const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? ((x >> 16) | 0x40u) : rounded);
+}
+[[gnu::always_inline]] inline uint32_t bf16_decode(uint16_t h) noexcept { return static_cast<uint32_t>(h) << 16; }
+
+template <class Enc>
+[[gnu::always_inline]] inline void encode_loop(const float* __restrict src, size_t n, uint16_t* __restrict dst,
+                                               Enc enc) noexcept {
+  for (size_t i = 0; i < n; ++i) dst[i] = enc(bits_of(src[i]));
+}
+template <class Dec>
+[[gnu::always_inline]] inline void decode_loop(const uint16_t* __restrict src, size_t n, float* __restrict dst,
+                                               Dec dec) noexcept {
+  for (size_t i = 0; i < n; ++i) dst[i] = float_of(dec(src[i]));
+}
+
+// The same loops twice: once for AVX2 machines, once for any x86-64; chosen at run time.
+__attribute__((target("avx2"))) void encode_bigdl_avx2(const float* s, size_t n, uint16_t* d) noexcept {
+  encode_loop(s, n, d, bigdl_encode);
+}
+void encode_bigdl_base(const float* s, size_t n, uint16_t* d) noexcept { encode_loop(s, n, d, bigdl_encode); }
+__attribute__((target("avx2"))) void decode_bigdl_avx2(const uint16_t* s, size_t n, float* d) noexcept {
+  decode_loop(s, n, d, bigdl_decode);
+}
+void decode_bigdl_base(const uint16_t* s, size_t n, float* d) noexcept { decode_loop(s, n, d, bigdl_decode); }
+__attribute__((target("avx2"))) void encode_bf16_avx2(const float* s, size_t n, uint16_t* d) noexcept {
+  encode_loop(s, n, d, bf16_encode);
+}
+void encode_bf16_base(const float* s, size_t n, uint16_t* d) noexcept { encode_loop(s, n, d, bf16_encode); }
+__attribute__((target("avx2"))) void decode_bf16_avx2(const uint16_t* s, size_t n, float* d) noexcept {
+  decode_loop(s, n, d, bf16_decode);
+}
+void decode_bf16_base(const uint16_t* s, size_t n, float* d) noexcept { decode_loop(s, n, d, bf16_decode); }
+
+__attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* s, size_t n, uint16_t* d) noexcept {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+  }
+  for (; i < n; ++i) d[i] = float_to_half_scalar(s[i]);
+}
+__attribute__((target("avx,f16c"))) void decode_fp16_f16c(const uint16_t* s, size_t n, float* d) noexcept {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  }
+  for (; i < n; ++i) d[i] = half_to_float_scalar(s[i]);
+}
+void encode_fp16_base(const float* s, size_t n, uint16_t* d) noexcept {
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_half_scalar(s[i]);
+}
+void decode_fp16_base(const uint16_t* s, size_t n, float* d) noexcept {
+  for (size_t i = 0; i < n; ++i) d[i] = half_to_float_scalar(s[i]);
+}
+
+using EncodeFn = void (*)(const float*, size_t, uint16_t*) noexcept;
+using DecodeFn = void (*)(const uint16_t*, size_t, float*) noexcept;
+
+struct Kernels {
+  EncodeFn encode[4] = {};
+  DecodeFn decode[4] = {};
+  bool f16c = false;
+};
+
+const Kernels& kernels() noexcept {
+  static const Kernels k = [] {
+    __builtin_cpu_init();
+    Kernels out;
+    const bool avx2 = __builtin_cpu_supports("avx2");
+    out.f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    const int b = static_cast<int>(Codec::BigdlFp16), f = static_cast<int>(Codec::Bf16),
+              h = static_cast<int>(Codec::Fp16);
+    out.encode[b] = avx2 ? encode_bigdl_avx2 : encode_bigdl_base;
+    out.decode[b] = avx2 ? decode_bigdl_avx2 : decode_bigdl_base;
+    out.encode[f] = avx2 ? encode_bf16_avx2 : encode_bf16_base;
+    out.decode[f] = avx2 ? decode_bf16_avx2 : decode_bf16_base;
+    out.encode[h] = out.f16c ? encode_fp16_f16c : encode_fp16_base;
+    out.decode[h] = out.f16c ? decode_fp16_f16c : decode_fp16_base;
+    return out;
+  }();
+  return k;
+}
+
+// Compound operations decode a block at a time into L1-resident scratch, so each byte of the
+// caller's buffers is still read once and written once.
+constexpr size_t kBlock = 1024;
+
+}  // namespace
+
+uint16_t float_to_half_scalar(float f) noexcept {
+  // Round to nearest even, the same bits as F16C's vcvtps2ph with imm 0 (NaN payload kept, quieted).
+  uint32_t x = bits_of(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) {
+    if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  }
+  if (x >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65536: Inf
+  if (x < 0x38800000u) {
+    // Subnormal or zero: adding a magic float aligns the 10 kept bits at the bottom, and the FPU
+    // rounds to nearest even for us.
+    const float magic = float_of(((127 - 15) + (23 - 10) + 1) << 23);
+    const uint32_t r = bits_of(float_of(x) + magic) - bits_of(magic);
+    return static_cast<uint16_t>(sign | r);
+  }
+  const uint32_t odd = (x >> 13) & 1u;
+  x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;  // rebias and round; may carry into Inf
+  return static_cast<uint16_t>(sign | (x >> 13));
+}
+
+float half_to_float_scalar(uint16_t h) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) return float_of(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+  // Subnormal half: exact as mant * 2^-24.
+  const float magnitude = static_cast<float>(mant) * float_of(0x33800000u);
+  return float_of(sign | bits_of(magnitude));
+}
+
+const char* codec_name(Codec c) noexcept {
+  switch (c) {
+    case Codec::None: return "none";
+    case Codec::BigdlFp16: return "bigdl_fp16";
+    case Codec::Bf16: return "bf16";
+    case Codec::Fp16: return "fp16";
+  }
+  return "unknown codec";
+}
+
+Codec to_codec(int32_t value, bool allow_none) {
+  GS_REQUIRE(value >= GRADSYNC_CODEC_NONE && value <= GRADSYNC_CODEC_FP16, GRADSYNC_E_INVALID_ARG,
+             "unknown codec {} (expected 1 bigdl_fp16, 2 bf16 or 3 fp16{})", value, allow_none ? ", or 0 none" : "");
+  GS_REQUIRE(allow_none || value != GRADSYNC_CODEC_NONE, GRADSYNC_E_INVALID_ARG,
+             "codec 0 (none) has no 16-bit encoding; use 1 bigdl_fp16, 2 bf16 or 3 fp16");
+  return static_cast<Codec>(value);
+}
+
+bool fp16_uses_f16c() noexcept { return kernels().f16c; }
+
+void encode(Codec c, const float* src, size_t n, uint16_t* dst) noexcept {
+  kernels().encode[static_cast<int>(c)](src, n, dst);
+}
+
+void decode(Codec c, const uint16_t* src, size_t n, float* dst) noexcept {
+  kernels().decode[static_cast<int>(c)](src, n, dst);
+}
+
+void accumulate(Codec c, const uint16_t* src, size_t n, float* dst) noexcept {
+  const DecodeFn dec = kernels().decode[static_cast<int>(c)];
+  alignas(64) float tmp[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    dec(src + b, m, tmp);
+    float* __restrict out = dst + b;
+    for (size_t i = 0; i < m; ++i) out[i] += tmp[i];
+  }
+}
+
+void accumulate_scaled(Codec c, const uint16_t* src, size_t n, float scale, float* dst) noexcept {
+  const DecodeFn dec = kernels().decode[static_cast<int>(c)];
+  alignas(64) float tmp[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    dec(src + b, m, tmp);
+    float* __restrict out = dst + b;
+    for (size_t i = 0; i < m; ++i) {
+      const float product = scale * tmp[i];
+      out[i] += product;
+    }
+  }
+}
+
+void add_encoded(Codec c, uint16_t* dst, const uint16_t* src, size_t n) noexcept {
+  const Kernels& k = kernels();
+  const DecodeFn dec = k.decode[static_cast<int>(c)];
+  const EncodeFn enc = k.encode[static_cast<int>(c)];
+  alignas(64) float a[kBlock];
+  alignas(64) float b2[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    dec(dst + b, m, a);
+    dec(src + b, m, b2);
+    for (size_t i = 0; i < m; ++i) a[i] += b2[i];
+    enc(a, m, dst + b);
+  }
+}
+
+void encode_with_feedback(Codec c, const float* src, size_t n, float* residual, uint16_t* dst) noexcept {
+  const Kernels& k = kernels();
+  const DecodeFn dec = k.decode[static_cast<int>(c)];
+  const EncodeFn enc = k.encode[static_cast<int>(c)];
+  alignas(64) float corrected[kBlock];
+  alignas(64) float sent[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    float* __restrict res = residual + b;
+    const float* __restrict in = src + b;
+    for (size_t i = 0; i < m; ++i) corrected[i] = in[i] + res[i];
+    enc(corrected, m, dst + b);
+    dec(dst + b, m, sent);
+    // A non-finite gradient must not poison every later step through its residual.
+    for (size_t i = 0; i < m; ++i) {
+      const float lost = corrected[i] - sent[i];
+      res[i] = (bits_of(lost) & 0x7f800000u) == 0x7f800000u ? 0.0f : lost;
+    }
+  }
+}
+
+}  // namespace gradsync::codec
