@@ -205,4 +205,21 @@ GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {
   return guard(__func__, [&] { check(comm)->impl->barrier(); });
 }
 
+GRADSYNC_API int gradsync_comm_alloc(gradsync_comm* comm, size_t bytes, void** ptr) {
+  if (ptr != nullptr) *ptr = nullptr;
+  return guard(__func__, [&] {
+    auto* c = check(comm);
+    GS_REQUIRE(ptr != nullptr, GRADSYNC_E_INVALID_ARG, "ptr out-parameter is NULL");
+    GS_REQUIRE(bytes > 0, GRADSYNC_E_INVALID_ARG, "bytes is 0");
+    *ptr = c->impl->alloc(bytes);
+  });
+}
+
+GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm* comm, void* ptr) {
+  return guard(__func__, [&] {
+    auto* c = check(comm);
+    if (ptr != nullptr) c->impl->dealloc(ptr);
+  });
+}
+
 }  // extern "C"

@@ -80,6 +80,7 @@ GRADSYNC_API size_t gradsync_dtype_size(int32_t dtype) {
 GRADSYNC_API int32_t gradsync_has_feature(int32_t feature) {
   switch (feature) {
     case GRADSYNC_FEATURE_THREAD_TRANSPORT: return 1;
+    case GRADSYNC_FEATURE_SHM_TRANSPORT: return 1;
     case GRADSYNC_FEATURE_MPI_TRANSPORT: return GRADSYNC_HAVE_MPI ? 1 : 0;
     case GRADSYNC_FEATURE_F16C: {
       unsigned eax, ebx, ecx, edx;

@@ -31,7 +31,8 @@ typedef struct gradsync_comm gradsync_comm;
 
 /** Transports. */
 typedef enum gradsync_transport {
-  GRADSYNC_TRANSPORT_THREAD = 0 /**< threads of one process, grouped by name (no set-up) */
+  GRADSYNC_TRANSPORT_THREAD = 0, /**< threads of one process, grouped by name (no set-up) */
+  GRADSYNC_TRANSPORT_SHM = 1     /**< processes of one host, grouped by name through /dev/shm/gradsync.<name> */
 } gradsync_transport;
 
 #define GRADSYNC_COMM_OPTIONS_VERSION 1
@@ -162,6 +163,33 @@ GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *s
 
 /** @brief Wait until every rank has arrived. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
+
+/* ---------------------------------------------------------------- buffers for zero copy */
+
+/**
+ * @brief Allocate memory for this communicator's buffers, valid until gradsync_comm_free_buffer
+ *        or gradsync_comm_free (which releases every buffer still allocated).
+ *
+ * On GRADSYNC_TRANSPORT_SHM the memory lies in the group's shared-memory segment: when every
+ * rank's buffers of a collective come from here, the collective runs zero copy (each rank
+ * reduces its slice straight from the peers' buffers). Its pages are reserved in /dev/shm now, so
+ * touching them later can never SIGBUS. Other transports return ordinary memory. Either way it is
+ * aligned to 4096 bytes, and ordinary buffers work in every collective too.
+ * @param[in] bytes size in bytes, > 0
+ * @param[out] ptr the memory; NULL on failure
+ * @retval GRADSYNC_E_INVALID_ARG ptr is NULL or bytes is 0
+ * @retval GRADSYNC_E_NO_SPACE /dev/shm (SHM) has not that much space left
+ * @retval GRADSYNC_E_NOMEM out of memory (other transports)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_alloc(gradsync_comm *comm, size_t bytes, void **ptr);
+
+/**
+ * @brief Free memory from gradsync_comm_alloc of this communicator; NULL is a no-op.
+ * @retval GRADSYNC_E_INVALID_ARG ptr was not allocated by this communicator, or was already freed
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm *comm, void *ptr);
 
 GRADSYNC_END_DECL
 

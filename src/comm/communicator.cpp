@@ -1,6 +1,8 @@
 #include "comm/communicator.hpp"
+#include "comm/transport/shm/shm_communicator.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -36,10 +38,29 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
   }
 }
 
+Communicator::~Communicator() {
+  for (void* p : allocations_) std::free(p);
+}
+
+void* Communicator::alloc(size_t bytes) {
+  constexpr size_t kAlign = 4096;
+  GS_REQUIRE(bytes <= std::numeric_limits<size_t>::max() - kAlign, GRADSYNC_E_NOMEM, "cannot allocate {} bytes", bytes);
+  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  GS_REQUIRE(p != nullptr, GRADSYNC_E_NOMEM, "cannot allocate {} bytes", bytes);
+  allocations_.insert(p);
+  return p;
+}
+
+void Communicator::dealloc(void* p) {
+  GS_REQUIRE(allocations_.erase(p) == 1, GRADSYNC_E_INVALID_ARG,
+             "pointer {} was not allocated by this communicator (or was already freed)", p);
+  std::free(p);
+}
+
 std::unique_ptr<Communicator> create(const Options& options) {
   switch (options.transport) {
     case Transport::Thread: break;
-    case Transport::Shm: break;
+    case Transport::Shm: return create_shm_communicator(options);
     case Transport::Mpi: break;
   }
   fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));

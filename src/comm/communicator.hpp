@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_set>
 
 #include "common/dtype.hpp"
 #include "common/partition.hpp"
@@ -47,7 +48,7 @@ struct BufferRef {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
@@ -70,9 +71,19 @@ class Communicator {
   virtual void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                              uint64_t* total_weight);
 
+  // Memory for this group's buffers (bytes > 0), valid until dealloc() or the communicator's end.
+  // The shared-memory transport places it in the group's segment, where peers read it directly
+  // (zero copy); the default is ordinary page-aligned memory.
+  virtual void* alloc(size_t bytes);
+  // Frees a pointer from alloc(); Error(GRADSYNC_E_INVALID_ARG) for any other pointer.
+  virtual void dealloc(void* p);
+
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
   }
+
+ private:
+  std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
 };
 
 // Creates and joins; blocks until the whole group has joined or the timeout passes.

@@ -1,0 +1,395 @@
+#include "comm/transport/shm/segment.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <boost/interprocess/exceptions.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm::shm {
+namespace bip = boost::interprocess;
+namespace {
+
+constexpr uint64_t kPage = 4096;
+// Joiners poll the set-up state; joining is rare, so a short sleep beats any cleverness.
+constexpr auto kPollInterval = std::chrono::microseconds(200);
+// The heap of each rank is reserved (sparse) at this size or the size of /dev/shm, whichever is
+// smaller; only allocated pages take space.
+constexpr uint64_t kMaxHeapBytesPerRank = uint64_t{32} << 30;
+
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+bool ofd_lock(int fd, off_t byte, short type) {
+  struct flock fl {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = byte;
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
+  if (errno == EAGAIN || errno == EACCES) return false;
+  fail(GRADSYNC_E_IO, "fcntl(F_OFD_SETLK) on a shared-memory segment failed: {}", std::strerror(errno));
+}
+
+bool ofd_held_by_other(int fd, off_t byte) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = byte;
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;  // cannot tell: never declare a peer dead on doubt
+  return fl.l_type != F_UNLCK;
+}
+
+// The file behind fd is still the one the name refers to (a leaver may have removed the name
+// between our open and our lock).
+bool still_linked(int fd, const std::string& shm_name) {
+  struct stat by_fd {}, by_name {};
+  if (fstat(fd, &by_fd) != 0) return false;
+  if (stat(("/dev/shm/" + shm_name).c_str(), &by_name) != 0) return false;
+  return by_fd.st_ino == by_name.st_ino && by_fd.st_dev == by_name.st_dev;
+}
+
+uint64_t shm_available(int fd) {
+  struct statvfs vfs {};
+  if (fstatvfs(fd, &vfs) != 0) fail(GRADSYNC_E_IO, "fstatvfs on /dev/shm failed: {}", std::strerror(errno));
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+uint64_t shm_capacity(int fd) {
+  struct statvfs vfs {};
+  if (fstatvfs(fd, &vfs) != 0) fail(GRADSYNC_E_IO, "fstatvfs on /dev/shm failed: {}", std::strerror(errno));
+  return static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+}
+
+// Backs [offset, offset+bytes) with real pages now, so that a later touch cannot SIGBUS.
+void reserve_space(int fd, uint64_t offset, uint64_t bytes, const std::string& what) {
+  const uint64_t avail = shm_available(fd);
+  GS_REQUIRE(bytes <= avail, GRADSYNC_E_NO_SPACE, "{} needs {} bytes but /dev/shm has only {} bytes available", what,
+             bytes, avail);
+  const int rc = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (rc == ENOSPC) fail(GRADSYNC_E_NO_SPACE, "{} needs {} bytes but /dev/shm is full", what, bytes);
+  if (rc != 0) fail(GRADSYNC_E_IO, "posix_fallocate of {} bytes for {} failed: {}", bytes, what, std::strerror(rc));
+}
+
+uint64_t new_generation() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd();
+  return (r ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^ (uint64_t(getpid()) << 16)) | 1;
+}
+
+}  // namespace
+
+Layout compute_layout(int size, uint64_t heap_bytes_per_rank) {
+  const uint64_t n = static_cast<uint64_t>(size);
+  Layout l{};
+  l.slots_offset = align_up(sizeof(Header), 64);
+  l.tables_offset = align_up(l.slots_offset + n * sizeof(RankSlot), 64);
+  l.small_offset = align_up(l.tables_offset + n * 2 * kMaxTableBuffers * sizeof(BufferOffsets), kPage);
+  l.in_offset = align_up(l.small_offset + n * 2 * kSmallBytes, kPage);
+  l.out_offset = align_up(l.in_offset + n * 2 * kChunkBytes, kPage);
+  l.heap_offset = align_up(l.out_offset + 2 * kChunkBytes, kPage);
+  l.control_bytes = l.heap_offset;
+  l.heap_bytes_per_rank = heap_bytes_per_rank;
+  l.total_bytes = l.heap_offset + n * heap_bytes_per_rank;
+  return l;
+}
+
+std::string segment_name(const std::string& group) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out = "gradsync.";
+  for (unsigned char c : group) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+        c == '-') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+RankSlot& Segment::slot(int r) const noexcept {
+  return reinterpret_cast<RankSlot*>(base_ + header_->slots_offset)[r];
+}
+
+BufferOffsets* Segment::table(int r, uint64_t parity) const noexcept {
+  return reinterpret_cast<BufferOffsets*>(base_ + header_->tables_offset) +
+         (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;
+}
+
+char* Segment::small_area(int r, uint64_t parity) const noexcept {
+  return base_ + header_->small_offset + (static_cast<uint64_t>(r) * 2 + parity) * kSmallBytes;
+}
+
+char* Segment::in_area(int r, uint64_t parity) const noexcept {
+  return base_ + header_->in_offset + (static_cast<uint64_t>(r) * 2 + parity) * kChunkBytes;
+}
+
+char* Segment::out_area(uint64_t parity) const noexcept { return base_ + header_->out_offset + parity * kChunkBytes; }
+
+std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int size, Clock::time_point deadline) {
+  GS_REQUIRE(size <= kMaxRanks, GRADSYNC_E_INVALID_ARG, "shm group size {} exceeds the maximum {}", size, kMaxRanks);
+  std::unique_ptr<Segment> seg(new Segment());
+  seg->group_ = name;
+  seg->shm_name_ = segment_name(name);
+  seg->rank_ = rank;
+  seg->size_ = size;
+  const std::string& shm_name = seg->shm_name_;
+
+  // Phase 1, under the set-up lock: find a joinable segment (building or rebuilding it as
+  // needed) and claim our rank in it.
+  std::string waiting_for;  // why we are still polling, for the timeout message
+  for (;;) {
+    if (Clock::now() >= deadline) {
+      fail(GRADSYNC_E_TIMEOUT, "could not join shm group '{}' within the timeout: {}", name,
+           waiting_for.empty() ? "the segment's set-up lock stayed busy" : waiting_for);
+    }
+    bip::shared_memory_object object;
+    try {
+      object = bip::shared_memory_object(bip::open_or_create, shm_name.c_str(), bip::read_write,
+                                         bip::permissions(0600));
+    } catch (const bip::interprocess_exception& e) {
+      fail(GRADSYNC_E_IO, "cannot open shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+    }
+    const int fd = object.get_mapping_handle().handle;
+    if (!ofd_lock(fd, kSetupLockByte, F_WRLCK)) {
+      std::this_thread::sleep_for(kPollInterval);
+      continue;
+    }
+    struct Unlock {
+      int fd;
+      ~Unlock() { ofd_lock(fd, kSetupLockByte, F_UNLCK); }
+    } unlock_setup{fd};
+    if (!still_linked(fd, shm_name)) continue;  // removed by a leaver in between: start over
+
+    struct stat st {};
+    if (fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "fstat of /dev/shm/{} failed: {}", shm_name, std::strerror(errno));
+    const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+
+    bool valid = false, live = false, open_state = false;
+    int existing_size = 0, existing_creator = 0;
+    if (file_bytes >= sizeof(Header)) {
+      bip::mapped_region peek(object, bip::read_only, 0, sizeof(Header));
+      const Header* h = static_cast<const Header*>(peek.get_address());
+      if (h->magic.load(std::memory_order_acquire) == kSegmentMagic && h->format_version == kFormatVersion &&
+          h->size >= 1 && h->size <= kMaxRanks && h->total_bytes == file_bytes) {
+        const Layout l = compute_layout(h->size, h->heap_bytes_per_rank);
+        valid = l.total_bytes == h->total_bytes && l.heap_offset == h->heap_offset;
+      }
+      if (valid) {
+        existing_size = h->size;
+        existing_creator = h->creator_pid;
+        open_state = h->state.load(std::memory_order_acquire) == static_cast<uint32_t>(GroupState::Open);
+        for (int r = 0; r < h->size && !live; ++r) live = ofd_held_by_other(fd, kRankLockByte + r);
+      }
+    }
+
+    if (valid && live) {
+      if (!open_state) {
+        // Survivors of a failed or finished run still hold it: wait for them to leave.
+        waiting_for = fmt::format("the previous group of that name is still held by members that have not freed it");
+        std::this_thread::sleep_for(kPollInterval);
+        continue;
+      }
+      GS_REQUIRE(existing_size == size, GRADSYNC_E_MISMATCH,
+                 "shm group '{}': this member (rank {}) says size {}, but the group was created with size {} "
+                 "(by pid {})",
+                 name, rank, size, existing_size, existing_creator);
+    } else {
+      // Fresh, half-initialised, or left by a run whose members are all dead: build it anew.
+      if (valid) {
+        GS_LOG_WARN("shm group '{}': reclaiming the segment /dev/shm/{} left by a run whose members all died", name,
+                    shm_name);
+      }
+      const uint64_t heap = std::min(kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage));
+      const Layout l = compute_layout(size, heap);
+      try {
+        object.truncate(0);  // drops every old byte: nothing of a stale run survives
+        object.truncate(static_cast<bip::offset_t>(l.total_bytes));
+      } catch (const bip::interprocess_exception& e) {
+        fail(GRADSYNC_E_IO, "cannot size shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+      }
+      reserve_space(fd, 0, l.control_bytes, fmt::format("the control area of shm group '{}'", name));
+      bip::mapped_region init(object, bip::read_write, 0, l.control_bytes);
+      Header* h = new (init.get_address()) Header();
+      h->format_version = kFormatVersion;
+      h->generation = new_generation();
+      h->size = size;
+      h->creator_pid = static_cast<int32_t>(getpid());
+      h->total_bytes = l.total_bytes;
+      h->control_bytes = l.control_bytes;
+      h->slots_offset = l.slots_offset;
+      h->tables_offset = l.tables_offset;
+      h->small_offset = l.small_offset;
+      h->in_offset = l.in_offset;
+      h->out_offset = l.out_offset;
+      h->heap_offset = l.heap_offset;
+      h->heap_bytes_per_rank = l.heap_bytes_per_rank;
+      RankSlot* slots = reinterpret_cast<RankSlot*>(static_cast<char*>(init.get_address()) + l.slots_offset);
+      for (int r = 0; r < size; ++r) new (&slots[r]) RankSlot();
+      h->magic.store(kSegmentMagic, std::memory_order_release);
+    }
+
+    // Claim the rank: its lock is our liveness for as long as the process lives.
+    if (!ofd_lock(fd, kRankLockByte + rank, F_WRLCK)) {
+      bip::mapped_region peek(object, bip::read_only, 0, 0);
+      const Header* h = static_cast<const Header*>(peek.get_address());
+      const RankSlot* slots = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) +
+                                                                h->slots_offset);
+      fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name,
+           slots[rank].pid.load());
+    }
+    seg->object_.swap(object);
+    seg->fd_ = fd;
+    try {
+      seg->region_ = bip::mapped_region(seg->object_, bip::read_write);
+    } catch (const bip::interprocess_exception& e) {
+      ofd_lock(fd, kRankLockByte + rank, F_UNLCK);
+      fail(GRADSYNC_E_IO, "cannot map shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+    }
+    seg->base_ = static_cast<char*>(seg->region_.get_address());
+    seg->header_ = reinterpret_cast<Header*>(seg->base_);
+    RankSlot& mine = seg->slot(rank);
+    mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    mine.generation.store(seg->header_->generation, std::memory_order_release);
+    seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
+    seg->free_.emplace(0, seg->header_->heap_bytes_per_rank);
+    break;
+  }
+
+  // Phase 2: wait for the others (a late joiner within the deadline is fine).
+  const uint64_t generation = seg->header_->generation;
+  for (;;) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      const RankSlot& s = seg->slot(r);
+      if (s.generation.load(std::memory_order_acquire) != generation) {
+        missing.push_back(r);
+        continue;
+      }
+      if (!seg->alive(r)) {
+        seg->close_group();
+        fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", r,
+             s.pid.load(), name);
+      }
+    }
+    if (missing.empty()) break;
+    if (Clock::now() >= deadline) {
+      fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
+           fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return seg;
+}
+
+bool Segment::alive(int r) const {
+  if (r == rank_) return true;
+  const int32_t pid = slot(r).pid.load(std::memory_order_acquire);
+  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) return false;
+  return ofd_held_by_other(fd_, kRankLockByte + r);
+}
+
+void Segment::close_group() noexcept {
+  header_->state.store(static_cast<uint32_t>(GroupState::Closing), std::memory_order_release);
+}
+
+uint64_t Segment::own_heap_offset(const void* p, size_t bytes) const noexcept {
+  const char* c = static_cast<const char*>(p);
+  const char* heap = base_ + header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank;
+  if (c < heap || c > heap + header_->heap_bytes_per_rank) return kNoOffset;
+  if (bytes > static_cast<uint64_t>(heap + header_->heap_bytes_per_rank - c)) return kNoOffset;
+  return static_cast<uint64_t>(c - base_);
+}
+
+void* Segment::allocate(size_t bytes) {
+  const uint64_t want = align_up(std::max<uint64_t>(bytes, 1), kPage);
+  GS_REQUIRE(bytes <= header_->heap_bytes_per_rank, GRADSYNC_E_NO_SPACE,
+             "cannot allocate {} bytes in shm group '{}': each rank's heap holds at most {} bytes", bytes, group_,
+             header_->heap_bytes_per_rank);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < want) continue;
+    const uint64_t offset = it->first;
+    const uint64_t in_file = header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank + offset;
+    reserve_space(fd_, in_file, want, fmt::format("a buffer of shm group '{}'", group_));
+    const uint64_t rest = it->second - want;
+    free_.erase(it);
+    if (rest > 0) free_.emplace(offset + want, rest);
+    used_.emplace(offset, want);
+    return base_ + in_file;
+  }
+  fail(GRADSYNC_E_NO_SPACE, "cannot allocate {} bytes in shm group '{}': rank {}'s heap has no free range that large",
+       bytes, group_, rank_);
+}
+
+bool Segment::deallocate(void* p) {
+  const char* heap = base_ + header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank;
+  const char* c = static_cast<const char*>(p);
+  if (c < heap || c >= heap + header_->heap_bytes_per_rank) return false;
+  auto it = used_.find(static_cast<uint64_t>(c - heap));
+  if (it == used_.end()) return false;
+  uint64_t offset = it->first, bytes = it->second;
+  used_.erase(it);
+  // Give the pages back to /dev/shm; the range stays reserved in the (sparse) file.
+  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(c - base_), static_cast<off_t>(bytes));
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + bytes == next->first) {
+    bytes += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += bytes;
+      return true;
+    }
+  }
+  free_.emplace(offset, bytes);
+  return true;
+}
+
+void Segment::leave() noexcept {
+  if (header_ == nullptr) return;
+  // Bounded: a member that cannot get the set-up lock still leaves; the name is then removed by
+  // a later member, or reclaimed as stale by the next group.
+  bool have_setup = false;
+  for (auto until = Clock::now() + std::chrono::seconds(2); Clock::now() < until;) {
+    try {
+      have_setup = ofd_lock(fd_, kSetupLockByte, F_WRLCK);
+    } catch (const Error&) {
+      break;
+    }
+    if (have_setup) break;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  close_group();
+  try {
+    ofd_lock(fd_, kRankLockByte + rank_, F_UNLCK);
+    if (have_setup) {
+      bool others = false;
+      for (int r = 0; r < size_ && !others; ++r) others = ofd_held_by_other(fd_, kRankLockByte + r);
+      if (!others && still_linked(fd_, shm_name_)) bip::shared_memory_object::remove(shm_name_.c_str());
+      ofd_lock(fd_, kSetupLockByte, F_UNLCK);
+    }
+  } catch (const std::exception& e) {
+    GS_LOG_WARN("leaving shm group '{}': {}", group_, e.what());
+  }
+}
+
+Segment::~Segment() { leave(); }
+
+}  // namespace gradsync::comm::shm

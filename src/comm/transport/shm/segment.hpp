@@ -1,0 +1,169 @@
+#pragma once
+// The shared-memory segment of one shm group ("gradsync.<name>" in /dev/shm): its layout, the
+// rendezvous that creates, joins or reclaims it, the liveness of its members, and the per-rank
+// heap that gradsync_comm_alloc carves buffers from.
+//
+// Invariants of the layout (format kFormatVersion):
+// - Header.magic is written last, with release order, by the creator holding the set-up lock;
+//   a segment whose magic, version or size disagree is half-initialised and is rebuilt.
+// - Liveness is not a PID alone (a SIGKILLed child stays a zombie, and kill(pid, 0) succeeds on
+//   it until its parent reaps it): rank r holds an open-file-description lock on byte kRankLockByte+r
+//   of the segment's file, which the kernel drops when the process dies. kill(pid, 0) is checked too.
+// - A group is joinable only while state == Open. The first member that leaves (or sees a peer
+//   die) sets Closing, so nobody joins a half-dead group; the last member to leave removes the
+//   name, and a joiner that finds Closing waits until the survivors have left, then rebuilds.
+// - Every shared word is a lock-free std::atomic (address-free, so valid across processes).
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+
+#include "common/wait.hpp"
+
+namespace gradsync::comm::shm {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
+constexpr uint32_t kFormatVersion = 1;
+// Per rank, per round parity: a small collective's whole payload travels inline here, so it
+// needs only one barrier.
+constexpr size_t kSmallBytes = 16 * 1024;
+// Per rank, per pipeline parity: the copy path stages this much of its input at a time.
+constexpr size_t kChunkBytes = 256 * 1024;
+// Per rank, per round parity: offsets of zero-copy buffers; longer fused lists take the copy path.
+constexpr size_t kMaxTableBuffers = 256;
+constexpr uint64_t kNoOffset = ~uint64_t{0};
+constexpr off_t kSetupLockByte = 0;
+constexpr off_t kRankLockByte = 1;
+constexpr int kMaxRanks = 1024;
+
+enum class GroupState : uint32_t { Open = 0, Closing = 1 };
+// Why the group stopped; stored in the segment so every rank reports the same cause.
+enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3 };
+
+enum class Collective : uint32_t { Allreduce = 1, Broadcast = 2, Allgather = 3, ReduceScatter = 4, Barrier = 5 };
+
+// What a rank is about to do in a round; peers compare them before touching each other's data.
+struct Descriptor {
+  uint32_t collective;
+  int32_t dtype;
+  int32_t op;  // -1 when the collective has none
+  int32_t root;
+  uint64_t count;  // total elements over all buffers
+  uint64_t nbufs;
+  uint64_t counts_hash;  // FNV-1a of the fused list's counts
+  uint32_t zero_copy;    // every buffer lies in this rank's heap; offsets in the table
+  uint32_t pad;
+  uint64_t round;
+};
+
+struct alignas(64) RankSlot {
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> arrivals;  // barriers this rank has entered (names the missing on a timeout)
+  std::atomic<uint64_t> generation;  // the segment generation this rank joined
+  Descriptor desc[2];                // indexed by round parity
+};
+
+struct BufferOffsets {
+  uint64_t send;
+  uint64_t recv;
+};
+
+struct Header {
+  std::atomic<uint32_t> magic;
+  uint32_t format_version;
+  uint64_t generation;
+  int32_t size;
+  int32_t creator_pid;
+  uint64_t total_bytes;
+  uint64_t control_bytes;
+  uint64_t slots_offset;
+  uint64_t tables_offset;
+  uint64_t small_offset;
+  uint64_t in_offset;
+  uint64_t out_offset;
+  uint64_t heap_offset;
+  uint64_t heap_bytes_per_rank;
+  alignas(64) std::atomic<uint32_t> barrier_word;  // arrivals, counted modulo 2^32
+  WaitWord barrier_wake;
+  // Why the group stopped: StopReason | (rank + 1) << 8, set once (first cause wins); non-zero
+  // makes every waiter return.
+  alignas(64) std::atomic<uint32_t> stop_word;
+  alignas(64) std::atomic<uint32_t> reset_word;  // arrivals at reset, counted modulo 2^32
+  WaitWord reset_wake;
+  alignas(64) std::atomic<uint32_t> state;  // a GroupState
+  std::atomic<uint32_t> joined;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+struct Layout {
+  uint64_t slots_offset, tables_offset, small_offset, in_offset, out_offset, heap_offset;
+  uint64_t control_bytes, heap_bytes_per_rank, total_bytes;
+};
+Layout compute_layout(int size, uint64_t heap_bytes_per_rank);
+
+// "gradsync." + the group name, with bytes outside [A-Za-z0-9._-] escaped as %XX.
+std::string segment_name(const std::string& group);
+
+class Segment {
+ public:
+  // Joins group `name` as `rank` of `size`: creates the segment, joins a forming one, or
+  // reclaims one left by a crashed run; returns when all `size` ranks have joined.
+  static std::unique_ptr<Segment> join(const std::string& name, int rank, int size, Clock::time_point deadline);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  Header& header() const noexcept { return *header_; }
+  RankSlot& slot(int r) const noexcept;
+  BufferOffsets* table(int r, uint64_t parity) const noexcept;
+  char* small_area(int r, uint64_t parity) const noexcept;
+  char* in_area(int r, uint64_t parity) const noexcept;
+  char* out_area(uint64_t parity) const noexcept;
+  char* base() const noexcept { return base_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& group() const noexcept { return group_; }
+
+  // False once rank r's process has died (its lock is gone or its PID no longer exists).
+  bool alive(int r) const;
+  // Marks the group unjoinable: used when a peer died, so nobody joins what is left of it.
+  void close_group() noexcept;
+
+  // Offset of p in the segment when [p, p+bytes) lies inside this rank's own heap, else kNoOffset.
+  uint64_t own_heap_offset(const void* p, size_t bytes) const noexcept;
+  // Allocates in this rank's heap (page-granular, backed by posix_fallocate so touching it can
+  // never SIGBUS); E_NO_SPACE when /dev/shm or the heap is full.
+  void* allocate(size_t bytes);
+  // Returns a pointer from allocate(); false when p is not one.
+  bool deallocate(void* p);
+
+ private:
+  Segment() = default;
+  void leave() noexcept;
+
+  std::string group_;
+  std::string shm_name_;
+  int rank_ = 0;
+  int size_ = 0;
+  int fd_ = -1;
+  boost::interprocess::shared_memory_object object_;
+  boost::interprocess::mapped_region region_;
+  char* base_ = nullptr;
+  Header* header_ = nullptr;
+  // This rank's heap: free ranges and live allocations, by offset within the heap.
+  std::map<uint64_t, uint64_t> free_;
+  std::map<uint64_t, uint64_t> used_;
+};
+
+}  // namespace gradsync::comm::shm

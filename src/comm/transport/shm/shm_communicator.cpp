@@ -1,0 +1,578 @@
+#include "comm/transport/shm/shm_communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/reduce.hpp"
+#include "comm/transport/shm/segment.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/wait.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+using shm::BufferOffsets;
+using shm::Clock;
+using shm::Collective;
+using shm::Header;
+using shm::Descriptor;
+using shm::kChunkBytes;
+using shm::kMaxTableBuffers;
+using shm::kNoOffset;
+using shm::kSmallBytes;
+using shm::Segment;
+using shm::StopReason;
+
+// While waiting, peers' liveness is checked this often (a dead peer is reported within it).
+constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
+
+const char* collective_name(uint32_t c) {
+  switch (static_cast<Collective>(c)) {
+    case Collective::Allreduce: return "allreduce";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Allgather: return "allgather";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::Barrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+std::string describe(const Descriptor& d) {
+  const auto c = static_cast<Collective>(d.collective);
+  if (c == Collective::Barrier) return "barrier";
+  const char* dt = dtype_name(static_cast<DType>(d.dtype));
+  std::string s = collective_name(d.collective);
+  if (c == Collective::Allreduce && d.nbufs != 1) {
+    s += fmt::format(" of {} buffers ({} {} in all)", d.nbufs, d.count, dt);
+  } else {
+    s += fmt::format(" of {} {}", d.count, dt);
+  }
+  if (d.op >= 0) s += fmt::format(" ({})", op_name(static_cast<ReduceOp>(d.op)));
+  if (c == Collective::Broadcast) s += fmt::format(" from root {}", d.root);
+  return s;
+}
+
+bool same_call(const Descriptor& a, const Descriptor& b) {
+  return a.collective == b.collective && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
+         a.count == b.count && a.nbufs == b.nbufs && a.counts_hash == b.counts_hash;
+}
+
+uint64_t hash_counts(std::span<const BufferRef> buffers) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& b : buffers) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (b.count >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+// The fused list seen as one concatenated vector of elements.
+class Concat {
+ public:
+  Concat(std::span<const BufferRef> buffers, size_t elem) : buffers_(buffers), elem_(elem) {
+    starts_.reserve(buffers.size() + 1);
+    uint64_t total = 0;
+    for (const auto& b : buffers) {
+      starts_.push_back(total);
+      total += b.count;
+    }
+    starts_.push_back(total);
+  }
+  uint64_t total() const { return starts_.back(); }
+  uint64_t start(size_t i) const { return starts_[i]; }
+
+  // f(buffer index, first element within it, last, position of that first element in [begin, end)).
+  template <class F>
+  void for_range(uint64_t begin, uint64_t end, F&& f) const {
+    if (begin >= end) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (; i < buffers_.size() && starts_[i] < end; ++i) {
+      const uint64_t lo = std::max(begin, starts_[i]), hi = std::min(end, starts_[i + 1]);
+      if (lo < hi) f(i, lo - starts_[i], hi - starts_[i], lo - begin);
+    }
+  }
+  void gather(uint64_t begin, uint64_t end, char* dst) const {
+    for_range(begin, end, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+      std::memcpy(dst + at * elem_, static_cast<const char*>(buffers_[i].send) + a * elem_, (b - a) * elem_);
+    });
+  }
+  void scatter(uint64_t begin, uint64_t end, const char* src) const {
+    for_range(begin, end, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+      std::memcpy(static_cast<char*>(buffers_[i].recv) + a * elem_, src + at * elem_, (b - a) * elem_);
+    });
+  }
+
+ private:
+  std::span<const BufferRef> buffers_;
+  size_t elem_;
+  std::vector<uint64_t> starts_;
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  explicit ShmCommunicator(const Options& options)
+      : options_(options),
+        segment_(Segment::join(options.name, options.rank, options.size, Clock::now() + options.timeout)) {}
+
+  int rank() const noexcept override { return options_.rank; }
+  int size() const noexcept override { return options_.size; }
+  Transport transport() const noexcept override { return Transport::Shm; }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void allgather(const void* send, void* recv, size_t total, DType dtype) override;
+  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void barrier() override;
+  void abort() noexcept override;
+  void reset() override;
+  void* alloc(size_t bytes) override { return segment_->allocate(bytes); }
+  void dealloc(void* p) override {
+    GS_REQUIRE(segment_->deallocate(p), GRADSYNC_E_INVALID_ARG,
+               "pointer {} was not allocated by this communicator (or was already freed)", p);
+  }
+
+ private:
+  struct Round {
+    uint64_t parity;
+    Clock::time_point deadline;
+    bool all_zero_copy;
+  };
+
+  Header& header() const { return segment_->header(); }
+  // Fails fast when the group has stopped; then publishes `d` and meets the others; throws
+  // E_MISMATCH on every rank when the ranks' descriptors disagree.
+  Round begin_round(Descriptor d, const std::function<void(uint64_t parity)>& publish);
+  void arrive_and_wait(const Round& round, Collective what);
+  template <class Ready>
+  void wait_for(WaitWord& word, Ready&& ready, Clock::time_point deadline, const std::atomic<uint32_t>* stop,
+                const char* what);
+  void check_peers();
+  void stop(StopReason reason, int rank) noexcept;
+  [[noreturn]] void throw_stopped(uint32_t word, bool waiting);
+  char* at(uint64_t offset) const { return segment_->base() + offset; }
+
+  Options options_;
+  std::unique_ptr<Segment> segment_;
+  uint64_t round_ = 0;
+  uint32_t barriers_ = 0;
+  uint32_t resets_ = 0;
+};
+
+void ShmCommunicator::stop(StopReason reason, int rank) noexcept {
+  uint32_t expected = 0;
+  const uint32_t word = static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8);
+  header().stop_word.compare_exchange_strong(expected, word, std::memory_order_seq_cst);
+  if (reason == StopReason::PeerDied) segment_->close_group();
+  notify(header().barrier_wake);
+  notify(header().reset_wake);
+}
+
+void ShmCommunicator::throw_stopped(uint32_t word, bool waiting) {
+  const auto reason = static_cast<StopReason>(word & 0xff);
+  const int who = static_cast<int>(word >> 8) - 1;
+  const std::string& g = segment_->group();
+  const int pid = who >= 0 && who < size() ? segment_->slot(who).pid.load() : 0;
+  switch (reason) {
+    case StopReason::PeerDied:
+      fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died; free the group and form a new one", who, pid, g);
+    case StopReason::Timeout:
+      if (waiting) fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out (rank {} waited {} ms for a peer)", g, who,
+                        options_.timeout.count());
+      fail(GRADSYNC_E_ABORTED, "shm group '{}' stopped after a timeout (seen by rank {}); reset or free it", g, who);
+    case StopReason::Aborted:
+    case StopReason::None:
+      break;
+  }
+  fail(GRADSYNC_E_ABORTED, "shm group '{}' was aborted (by rank {}, pid {}); reset or free it", g, who, pid);
+}
+
+void ShmCommunicator::check_peers() {
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank() || segment_->alive(r)) continue;
+    stop(StopReason::PeerDied, r);
+    throw_stopped(header().stop_word.load(), true);
+  }
+}
+
+template <class Ready>
+void ShmCommunicator::wait_for(WaitWord& word, Ready&& ready, Clock::time_point deadline,
+                               const std::atomic<uint32_t>* stop_word, const char* what) {
+  for (;;) {
+    const auto slice = std::min(deadline, Clock::now() + kLivenessInterval);
+    switch (wait_until(word, ready, slice, stop_word)) {
+      case WaitResult::Ready: return;
+      case WaitResult::Aborted: throw_stopped(stop_word->load(), true);
+      case WaitResult::Timeout: break;
+    }
+    check_peers();
+    if (Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < size(); ++r) {
+        if (static_cast<int32_t>(segment_->slot(r).arrivals.load() - barriers_) < 0) missing.push_back(r);
+      }
+      if (stop_word != nullptr) stop(StopReason::Timeout, rank());
+      fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank(s) {} did not arrive at {} within {} ms", segment_->group(),
+           fmt::join(missing, ", "), what, options_.timeout.count());
+    }
+  }
+}
+
+void ShmCommunicator::arrive_and_wait(const Round& round, Collective what) {
+  Header& h = header();
+  ++barriers_;
+  const uint32_t target = barriers_ * static_cast<uint32_t>(size());
+  segment_->slot(rank()).arrivals.store(barriers_, std::memory_order_relaxed);
+  // seq_cst RMW: publishes this rank's writes (descriptor, staged data) to whoever sees the count.
+  if (h.barrier_word.fetch_add(1, std::memory_order_seq_cst) + 1 == target) {
+    notify(h.barrier_wake);
+    return;
+  }
+  wait_for(
+      h.barrier_wake,
+      [&] { return static_cast<int32_t>(h.barrier_word.load(std::memory_order_acquire) - target) >= 0; },
+      round.deadline, &h.stop_word, collective_name(static_cast<uint32_t>(what)));
+}
+
+ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::function<void(uint64_t)>& publish) {
+  const uint32_t stopped = header().stop_word.load(std::memory_order_acquire);
+  if (stopped != 0) throw_stopped(stopped, false);
+  Round round{round_ & 1, Clock::now() + options_.timeout, true};
+  ++round_;
+  d.round = round_;
+  if (publish) publish(round.parity);
+  segment_->slot(rank()).desc[round.parity] = d;
+  arrive_and_wait(round, static_cast<Collective>(d.collective));
+  const Descriptor& first = segment_->slot(0).desc[round.parity];
+  for (int r = 1; r < size(); ++r) {
+    const Descriptor& other = segment_->slot(r).desc[round.parity];
+    if (!same_call(first, other)) {
+      fail(GRADSYNC_E_MISMATCH, "shm group '{}': ranks disagree: rank 0 called {} but rank {} called {}",
+           segment_->group(), describe(first), r, describe(other));
+    }
+  }
+  for (int r = 0; r < size(); ++r) round.all_zero_copy &= segment_->slot(r).desc[round.parity].zero_copy != 0;
+  return round;
+}
+
+void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  if (size() == 1) {
+    for (const auto& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
+    return;
+  }
+  const Concat all(buffers, es);
+  const uint64_t total = all.total();
+  const bool small = total * es <= kSmallBytes;
+  bool zero_copy = !small && buffers.size() <= kMaxTableBuffers;
+  for (size_t i = 0; i < buffers.size() && zero_copy; ++i) {
+    zero_copy = segment_->own_heap_offset(buffers[i].send, buffers[i].count * es) != kNoOffset &&
+                segment_->own_heap_offset(buffers[i].recv, buffers[i].count * es) != kNoOffset;
+  }
+  Descriptor d{};
+  d.collective = static_cast<uint32_t>(Collective::Allreduce);
+  d.dtype = static_cast<int32_t>(dtype);
+  d.op = static_cast<int32_t>(op);
+  d.count = total;
+  d.nbufs = buffers.size();
+  d.counts_hash = hash_counts(buffers);
+  d.zero_copy = zero_copy ? 1 : 0;
+  const Round round = begin_round(d, [&](uint64_t parity) {
+    if (small) {
+      all.gather(0, total, segment_->small_area(rank(), parity));
+    } else if (zero_copy) {
+      BufferOffsets* table = segment_->table(rank(), parity);
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        table[i] = {segment_->own_heap_offset(buffers[i].send, 0), segment_->own_heap_offset(buffers[i].recv, 0)};
+      }
+    }
+  });
+  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "allreduce does not reduce {} (f32, f64, i32, i64 only)",
+             dtype_name(dtype));
+  const size_t n = static_cast<size_t>(size());
+  std::vector<const void*> srcs(n);
+  std::vector<void*> dsts(n);
+
+  if (small) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      for (size_t r = 0; r < n; ++r) srcs[r] = segment_->small_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+      reduce(dtype, op, srcs.data(), n, buffers[i].recv, 0, buffers[i].count);
+    }
+    return;
+  }
+
+  if (round.all_zero_copy) {
+    const Part mine = my_part(total);
+    all.for_range(mine.start, mine.start + mine.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t) {
+      for (size_t r = 0; r < n; ++r) {
+        const BufferOffsets& o = segment_->table(static_cast<int>(r), round.parity)[i];
+        srcs[r] = at(o.send);
+        dsts[r] = at(o.recv);
+      }
+      reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
+    });
+    // Peers may not reuse their buffers until everyone has written its slice into them.
+    arrive_and_wait(round, Collective::Allreduce);
+    return;
+  }
+
+  // Copy path, pipelined: step k copies out chunk k-2, reduces this rank's slice of chunk k-1,
+  // copies in chunk k; one barrier per step.
+  const uint64_t per_chunk = kChunkBytes / es;
+  const uint64_t chunks = (total + per_chunk - 1) / per_chunk;
+  auto chunk_len = [&](uint64_t k) { return std::min(per_chunk, total - k * per_chunk); };
+  for (uint64_t k = 0; k <= chunks + 1; ++k) {
+    if (k >= 2) {
+      const uint64_t c = k - 2;
+      all.scatter(c * per_chunk, c * per_chunk + chunk_len(c), segment_->out_area(c & 1));
+    }
+    if (k >= 1 && k <= chunks) {
+      const uint64_t c = k - 1;
+      const Part slice = partition(chunk_len(c), n, static_cast<uint64_t>(rank()));
+      for (size_t r = 0; r < n; ++r) srcs[r] = segment_->in_area(static_cast<int>(r), c & 1);
+      reduce(dtype, op, srcs.data(), n, segment_->out_area(c & 1), slice.start, slice.start + slice.len);
+    }
+    if (k < chunks) all.gather(k * per_chunk, k * per_chunk + chunk_len(k), segment_->in_area(rank(), k & 1));
+    if (k <= chunks) arrive_and_wait(round, Collective::Allreduce);
+  }
+}
+
+void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (size() == 1) return;
+  const size_t es = dtype_size(dtype);
+  const uint64_t bytes = count * es;
+  const bool is_root = rank() == root;
+  const bool small = bytes <= kSmallBytes;
+  const bool zero_copy = !small && is_root && segment_->own_heap_offset(buf, bytes) != kNoOffset;
+  Descriptor d{};
+  d.collective = static_cast<uint32_t>(Collective::Broadcast);
+  d.dtype = static_cast<int32_t>(dtype);
+  d.op = -1;
+  d.root = root;
+  d.count = count;
+  d.nbufs = 1;
+  d.zero_copy = zero_copy ? 1 : 0;
+  const Round round = begin_round(d, [&](uint64_t parity) {
+    if (!is_root) return;
+    if (small) {
+      if (bytes > 0) std::memcpy(segment_->small_area(rank(), parity), buf, bytes);
+    } else if (zero_copy) {
+      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(buf, 0), kNoOffset};
+    }
+  });
+  char* out = static_cast<char*>(buf);
+  if (small) {
+    if (!is_root && bytes > 0) std::memcpy(out, segment_->small_area(root, round.parity), bytes);
+    return;
+  }
+  if (segment_->slot(root).desc[round.parity].zero_copy != 0) {
+    if (!is_root) std::memcpy(out, at(segment_->table(root, round.parity)[0].send), bytes);
+    arrive_and_wait(round, Collective::Broadcast);
+    return;
+  }
+  // Copy path: the root stages chunk k while the others copy out chunk k-1.
+  const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  auto chunk_bytes = [&](uint64_t k) { return std::min<uint64_t>(kChunkBytes, bytes - k * kChunkBytes); };
+  for (uint64_t k = 0; k <= chunks; ++k) {
+    if (k >= 1 && !is_root) {
+      const uint64_t c = k - 1;
+      std::memcpy(out + c * kChunkBytes, segment_->in_area(root, c & 1), chunk_bytes(c));
+    }
+    if (k < chunks) {
+      if (is_root) std::memcpy(segment_->in_area(rank(), k & 1), out + k * kChunkBytes, chunk_bytes(k));
+      arrive_and_wait(round, Collective::Broadcast);
+    }
+  }
+}
+
+void ShmCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
+  char* out = static_cast<char*>(recv);
+  const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
+  if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+  if (size() == 1) return;
+  const bool small = total * es <= kSmallBytes;
+  const bool zero_copy = !small && segment_->own_heap_offset(own, mine.len * es) != kNoOffset;
+  Descriptor d{};
+  d.collective = static_cast<uint32_t>(Collective::Allgather);
+  d.dtype = static_cast<int32_t>(dtype);
+  d.op = -1;
+  d.count = total;
+  d.nbufs = 1;
+  d.zero_copy = zero_copy ? 1 : 0;
+  const Round round = begin_round(d, [&](uint64_t parity) {
+    if (small) {
+      std::memcpy(segment_->small_area(rank(), parity), own, mine.len * es);
+    } else if (zero_copy) {
+      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(own, 0), kNoOffset};
+    }
+  });
+  if (small) {
+    for (uint64_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == rank()) continue;
+      const Part p = partition(total, n, r);
+      std::memcpy(out + p.start * es, segment_->small_area(static_cast<int>(r), round.parity), p.len * es);
+    }
+    return;
+  }
+  if (round.all_zero_copy) {
+    for (uint64_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == rank()) continue;
+      const Part p = partition(total, n, r);
+      std::memcpy(out + p.start * es, at(segment_->table(static_cast<int>(r), round.parity)[0].send), p.len * es);
+    }
+    arrive_and_wait(round, Collective::Allgather);
+    return;
+  }
+  // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
+  const uint64_t block = kChunkBytes / es;
+  const uint64_t longest = partition(total, n, 0).len;
+  const uint64_t steps = (longest + block - 1) / block;
+  for (uint64_t k = 0; k <= steps; ++k) {
+    if (k >= 1) {
+      const uint64_t c = k - 1;
+      for (uint64_t r = 0; r < n; ++r) {
+        const Part p = partition(total, n, r);
+        if (static_cast<int>(r) == rank() || c * block >= p.len) continue;
+        const uint64_t len = std::min(block, p.len - c * block);
+        std::memcpy(out + (p.start + c * block) * es, segment_->in_area(static_cast<int>(r), c & 1), len * es);
+      }
+    }
+    if (k < steps) {
+      if (k * block < mine.len) {
+        const uint64_t len = std::min(block, mine.len - k * block);
+        std::memcpy(segment_->in_area(rank(), k & 1), own + k * block * es, len * es);
+      }
+      arrive_and_wait(round, Collective::Allgather);
+    }
+  }
+}
+
+void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t n = static_cast<size_t>(size());
+  const Part mine = my_part(total);
+  const char* in = static_cast<const char*>(send);
+  if (size() == 1) {
+    copy(dtype, send, recv, 0, total);
+    return;
+  }
+  const bool small = total * es <= kSmallBytes;
+  const bool zero_copy = !small && segment_->own_heap_offset(send, total * es) != kNoOffset;
+  Descriptor d{};
+  d.collective = static_cast<uint32_t>(Collective::ReduceScatter);
+  d.dtype = static_cast<int32_t>(dtype);
+  d.op = static_cast<int32_t>(op);
+  d.count = total;
+  d.nbufs = 1;
+  d.zero_copy = zero_copy ? 1 : 0;
+  const Round round = begin_round(d, [&](uint64_t parity) {
+    if (small) {
+      if (total > 0) std::memcpy(segment_->small_area(rank(), parity), send, total * es);
+    } else if (zero_copy) {
+      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(send, 0), kNoOffset};
+    }
+  });
+  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "reduce_scatter does not reduce {} (f32, f64, i32, i64 only)",
+             dtype_name(dtype));
+  std::vector<const void*> srcs(n);
+  if (small) {
+    for (size_t r = 0; r < n; ++r)
+      srcs[r] = segment_->small_area(static_cast<int>(r), round.parity) + mine.start * es;
+    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+    return;
+  }
+  if (round.all_zero_copy) {
+    // recv may be this rank's own part of send: the kernel allows dst == a source.
+    for (size_t r = 0; r < n; ++r)
+      srcs[r] = at(segment_->table(static_cast<int>(r), round.parity)[0].send) + mine.start * es;
+    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+    arrive_and_wait(round, Collective::ReduceScatter);
+    return;
+  }
+  // Copy path: in step k every rank stages block k of every part (n slots of `block` elements)
+  // and reduces block k-1 of its own part from all ranks' slots.
+  const uint64_t block = kChunkBytes / es / n;
+  const uint64_t longest = partition(total, n, 0).len;
+  const uint64_t steps = (longest + block - 1) / block;
+  char* out = static_cast<char*>(recv);
+  for (uint64_t k = 0; k <= steps; ++k) {
+    if (k >= 1) {
+      const uint64_t c = k - 1;
+      if (c * block < mine.len) {
+        const uint64_t len = std::min(block, mine.len - c * block);
+        for (size_t r = 0; r < n; ++r)
+          srcs[r] = segment_->in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es;
+        reduce(dtype, op, srcs.data(), n, out + c * block * es, 0, len);
+      }
+    }
+    if (k < steps) {
+      char* stage = segment_->in_area(rank(), k & 1);
+      for (uint64_t j = 0; j < n; ++j) {
+        const Part p = partition(total, n, j);
+        if (k * block >= p.len) continue;
+        const uint64_t len = std::min(block, p.len - k * block);
+        std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
+      }
+      arrive_and_wait(round, Collective::ReduceScatter);
+    }
+  }
+}
+
+void ShmCommunicator::barrier() {
+  if (size() == 1) return;
+  Descriptor d{};
+  d.collective = static_cast<uint32_t>(Collective::Barrier);
+  d.op = -1;
+  begin_round(d, nullptr);
+}
+
+void ShmCommunicator::abort() noexcept { stop(StopReason::Aborted, rank()); }
+
+void ShmCommunicator::reset() {
+  if (size() == 1) {
+    header().stop_word.store(0, std::memory_order_seq_cst);
+    return;
+  }
+  // Two phases: after the first every rank is inside reset (nobody is in a barrier), so rank 0
+  // can clear the barrier count and the stop word; the second keeps everyone out until it has.
+  Header& h = header();
+  const uint32_t n = static_cast<uint32_t>(size());
+  const auto deadline = Clock::now() + options_.timeout;
+  for (int phase = 0; phase < 2; ++phase) {
+    ++resets_;
+    const uint32_t target = resets_ * n;
+    if (phase == 1 && rank() == 0) {
+      const uint32_t stopped = h.stop_word.load();
+      if ((stopped & 0xff) == static_cast<uint32_t>(StopReason::PeerDied)) throw_stopped(stopped, false);
+      h.barrier_word.store(0, std::memory_order_seq_cst);
+      for (int r = 0; r < size(); ++r) segment_->slot(r).arrivals.store(0, std::memory_order_relaxed);
+      h.stop_word.store(0, std::memory_order_seq_cst);
+    }
+    if (h.reset_word.fetch_add(1, std::memory_order_seq_cst) + 1 == target) {
+      notify(h.reset_wake);
+      continue;
+    }
+    wait_for(
+        h.reset_wake, [&] { return static_cast<int32_t>(h.reset_word.load(std::memory_order_acquire) - target) >= 0; },
+        deadline, nullptr, "reset");
+  }
+  barriers_ = 0;
+  round_ = 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_shm_communicator(const Options& options) {
+  GS_REQUIRE(!options.name.empty(), GRADSYNC_E_INVALID_ARG, "an shm group needs a name");
+  return std::make_unique<ShmCommunicator>(options);
+}
+
+}  // namespace gradsync::comm
