@@ -59,7 +59,7 @@ void Communicator::dealloc(void* p) {
 
 std::unique_ptr<Communicator> create(const Options& options) {
   switch (options.transport) {
-    case Transport::Thread: break;
+    case Transport::Thread: return create_thread_communicator(options);
     case Transport::Shm: return create_shm_communicator(options);
     case Transport::Mpi: break;
   }

@@ -44,19 +44,24 @@ struct WaitPolicy {
   uint32_t yields = 200;
 };
 
-// Makes waiters on `word` re-check their condition. Call after publishing the condition.
+// Makes waiters on `word` re-check their condition. Call after publishing the condition (seq_cst).
+// Costs one load when nobody sleeps: the bump and the syscall happen only for registered sleepers,
+// which re-check the condition after registering, so no wake-up is lost.
 inline void notify(WaitWord& word) noexcept {
-  word.value.fetch_add(1, std::memory_order_seq_cst);
-  if (word.sleepers.load(std::memory_order_seq_cst) != 0) wait_detail::futex_wake_all(&word.value);
+  if (word.sleepers.load(std::memory_order_seq_cst) != 0) {
+    word.value.fetch_add(1, std::memory_order_seq_cst);
+    wait_detail::futex_wake_all(&word.value);
+  }
 }
 
-// Waits until ready() returns true (Ready), the deadline passes (Timeout), or *abort is non-zero
-// (Aborted; abort is checked after ready, so a condition that holds always wins). ready() must
+// Waits until ready() returns true (Ready), the deadline passes (Timeout), or (*abort & abort_mask)
+// is non-zero (Aborted; abort is checked after ready, so a condition that holds always wins). ready() must
 // read with acquire or seq_cst ordering; whoever makes it true or sets *abort calls notify(word).
 template <class Ready>
 WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
-                      const std::atomic<uint32_t>* abort = nullptr, WaitPolicy policy = {}) {
-  auto aborted = [&] { return abort != nullptr && abort->load(std::memory_order_acquire) != 0; };
+                      const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u,
+                      WaitPolicy policy = {}) {
+  auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_acquire) & abort_mask) != 0; };
   for (uint32_t i = 0; i < policy.spins; ++i) {
     if (ready()) return WaitResult::Ready;
     if (aborted()) return WaitResult::Aborted;
@@ -69,6 +74,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
   }
   for (;;) {
     word.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // Orders the registration before the re-check of the condition (the Dekker half of notify()).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t seen = word.value.load(std::memory_order_seq_cst);
     WaitResult result;
     bool done = true;

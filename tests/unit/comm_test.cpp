@@ -1,0 +1,589 @@
+// The communicator over the thread transport: collectives against a rank-order reference, bitwise
+// agreement across ranks and runs, and the failure modes (mismatch, timeout, abort, duplicate rank,
+// reuse after abort, reset, a rank leaving). Catch2 assertions run on the main thread only: the
+// rank threads record what they saw and the main thread checks it.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "common/error.hpp"
+
+using gradsync::DType;
+using gradsync::ReduceOp;
+using gradsync::comm::BufferRef;
+using gradsync::comm::Communicator;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string unique_name(const std::string& base) {
+  static std::atomic<int> counter{0};
+  return base + "#" + std::to_string(counter++);
+}
+
+gradsync::comm::Options options(const std::string& name, int rank, int size,
+                                std::chrono::milliseconds timeout = 20000ms) {
+  gradsync::comm::Options o;
+  o.transport = gradsync::comm::Transport::Thread;
+  o.name = name;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  return o;
+}
+
+// What one call on one rank ended with: 0 or the status of the gradsync::Error, and its message.
+struct Outcome {
+  int status = 0;
+  std::string message;
+};
+
+template <class F>
+Outcome attempt(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const gradsync::Error& e) {
+    return {e.status(), e.what()};
+  } catch (const std::exception& e) {
+    return {-1000, e.what()};
+  }
+}
+
+// Runs body(comm, rank) on `size` threads that form one group; returns each rank's outcome.
+std::vector<Outcome> run_group(int size, const std::function<void(Communicator&, int)>& body,
+                               std::chrono::milliseconds timeout = 20000ms) {
+  const std::string name = unique_name("group");
+  std::vector<Outcome> outcomes(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      outcomes[static_cast<size_t>(r)] = attempt([&] {
+        auto comm = gradsync::comm::create(options(name, r, size, timeout));
+        body(*comm, r);
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+void require_all_ok(const std::vector<Outcome>& outcomes) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    INFO("rank " << r << ": " << outcomes[r].message);
+    REQUIRE(outcomes[r].status == 0);
+  }
+}
+
+template <class T>
+T reference_one(ReduceOp op, const std::vector<std::vector<T>>& in, size_t i) {
+  const size_t n = in.size();
+  if constexpr (std::is_floating_point_v<T>) {
+    T v = in[0][i];
+    for (size_t k = 1; k < n; ++k) {
+      const T x = in[k][i];
+      if (op == ReduceOp::Min) v = x < v ? x : v;
+      else if (op == ReduceOp::Max) v = v < x ? x : v;
+      else v = v + x;
+    }
+    return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
+  } else {
+    if (op == ReduceOp::Min || op == ReduceOp::Max) {
+      T v = in[0][i];
+      for (size_t k = 1; k < n; ++k) v = op == ReduceOp::Min ? std::min(v, in[k][i]) : std::max(v, in[k][i]);
+      return v;
+    }
+    int64_t s = 0;  // the test values are small: no wrap
+    for (size_t k = 0; k < n; ++k) s += in[k][i];
+    return static_cast<T>(op == ReduceOp::Mean ? s / static_cast<int64_t>(n) : s);
+  }
+}
+
+template <class T>
+std::vector<T> values(size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<T> v(count);
+  if constexpr (std::is_floating_point_v<T>) {
+    std::uniform_real_distribution<T> d(-10, 10);
+    for (auto& x : v) x = d(rng);
+  } else {
+    std::uniform_int_distribution<T> d(-1000000, 1000000);
+    for (auto& x : v) x = d(rng);
+  }
+  return v;
+}
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  else if constexpr (std::is_same_v<T, double>) return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
+  else return DType::I64;
+}
+
+template <class T>
+void check_allreduce(int n, const std::vector<size_t>& sizes, const std::vector<ReduceOp>& ops) {
+  struct Case {
+    size_t count;
+    ReduceOp op;
+    bool in_place;
+    std::vector<std::vector<T>> in;   // per rank
+    std::vector<std::vector<T>> out;  // per rank
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 1;
+  for (size_t count : sizes) {
+    for (ReduceOp op : ops) {
+      for (bool in_place : {true, false}) {
+        Case c{count, op, in_place, {}, {}};
+        for (int r = 0; r < n; ++r) {
+          c.in.push_back(values<T>(count, seed++));
+          c.out.emplace_back(count, T(-1));
+        }
+        cases.push_back(std::move(c));
+      }
+    }
+  }
+  auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+    for (auto& c : cases) {
+      auto& in = c.in[static_cast<size_t>(r)];
+      auto& out = c.out[static_cast<size_t>(r)];
+      if (c.in_place) {
+        out = in;
+        BufferRef b{out.data(), out.data(), c.count};
+        comm.allreduce(std::span<const BufferRef>(&b, 1), dtype_of<T>(), c.op);
+      } else {
+        BufferRef b{in.data(), out.data(), c.count};
+        comm.allreduce(std::span<const BufferRef>(&b, 1), dtype_of<T>(), c.op);
+      }
+    }
+  });
+  require_all_ok(outcomes);
+  for (auto& c : cases) {
+    INFO("ranks " << n << " count " << c.count << " op " << gradsync::op_name(c.op) << " in place " << c.in_place);
+    std::vector<T> expected(c.count);
+    for (size_t i = 0; i < c.count; ++i) expected[i] = reference_one(c.op, c.in, i);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      REQUIRE(std::memcmp(c.out[static_cast<size_t>(r)].data(), expected.data(), c.count * sizeof(T)) == 0);
+    }
+  }
+}
+
+const std::vector<ReduceOp> kAllOps{ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max};
+
+}  // namespace
+
+TEST_CASE("allreduce equals the rank-order reference on every rank", "[comm][allreduce]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    // 0, 1, fewer than the ranks, not divisible by them, around the small-message limit, larger.
+    const std::vector<size_t> sizes{0, 1, static_cast<size_t>(n > 1 ? n - 1 : 1), 7, 1001, 1024, 1025, 5003};
+    check_allreduce<float>(n, sizes, kAllOps);
+    check_allreduce<double>(n, sizes, kAllOps);
+    check_allreduce<int32_t>(n, sizes, kAllOps);
+    check_allreduce<int64_t>(n, sizes, kAllOps);
+  }
+}
+
+TEST_CASE("allreduce of 1M floats is right and bitwise identical across runs", "[comm][allreduce]") {
+  for (int n : {2, 3, 4, 8}) {
+    check_allreduce<float>(n, {1u << 20}, {ReduceOp::Sum, ReduceOp::Mean});
+  }
+  // Two runs with different arrival orders give the same bits.
+  const int n = 4;
+  const size_t count = 1 << 20;
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < n; ++r) in.push_back(values<float>(count, 100 + r));
+  std::vector<std::vector<float>> first, second;
+  for (auto* result : {&first, &second}) {
+    result->assign(n, std::vector<float>(count));
+    const bool reverse = result == &second;
+    auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+      // Ranks arrive in opposite orders in the two runs.
+      std::this_thread::sleep_for(std::chrono::milliseconds(reverse ? (n - r) * 5 : r * 5));
+      BufferRef b{in[static_cast<size_t>(r)].data(), (*result)[static_cast<size_t>(r)].data(), count};
+      comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+    });
+    require_all_ok(outcomes);
+  }
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(std::memcmp(first[r].data(), first[0].data(), count * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(second[r].data(), first[0].data(), count * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("fused allreduce equals one allreduce per buffer, bitwise", "[comm][allreduce]") {
+  for (int n : {2, 3, 4}) {
+    for (const std::vector<size_t>& counts :
+         {std::vector<size_t>{3, 0, 5, 2}, std::vector<size_t>{1000, 3, 70000, 1}, std::vector<size_t>{1, 1}}) {
+      std::vector<std::vector<std::vector<float>>> fused(static_cast<size_t>(n)), single(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        for (size_t j = 0; j < counts.size(); ++j) {
+          fused[static_cast<size_t>(r)].push_back(values<float>(counts[j], static_cast<uint64_t>(r * 100 + j)));
+        }
+        single[static_cast<size_t>(r)] = fused[static_cast<size_t>(r)];
+      }
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        std::vector<BufferRef> bufs;
+        for (auto& v : fused[static_cast<size_t>(r)]) bufs.push_back({v.data(), v.data(), v.size()});
+        comm.allreduce(bufs, DType::F32, ReduceOp::Mean);
+        for (auto& v : single[static_cast<size_t>(r)]) {
+          BufferRef b{v.data(), v.data(), v.size()};
+          comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean);
+        }
+      });
+      require_all_ok(outcomes);
+      for (int r = 0; r < n; ++r) {
+        for (size_t j = 0; j < counts.size(); ++j) {
+          REQUIRE(std::memcmp(fused[r][j].data(), single[r][j].data(), counts[j] * sizeof(float)) == 0);
+          REQUIRE(std::memcmp(fused[r][j].data(), fused[0][j].data(), counts[j] * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("seed acceptance: 2 ranks [2,4] and [4,8], mean gives [3,6] on both", "[comm][seed]") {
+  std::vector<std::vector<float>> data{{2, 4}, {4, 8}};
+  auto outcomes = run_group(2, [&](Communicator& comm, int r) {
+    BufferRef b{data[r].data(), data[r].data(), 2};
+    comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean);
+  });
+  require_all_ok(outcomes);
+  for (auto& d : data) REQUIRE(d == std::vector<float>{3, 6});
+}
+
+TEST_CASE("seed acceptance: lengths 4, 7, 4 give every rank the mismatch error; the next round works",
+          "[comm][seed][mismatch]") {
+  std::vector<Outcome> first(3);
+  std::vector<std::vector<float>> second(3);
+  std::vector<std::vector<float>> untouched(3);
+  auto outcomes = run_group(3, [&](Communicator& comm, int r) {
+    const size_t len = r == 1 ? 7 : 4;
+    std::vector<float> v(len, static_cast<float>(r + 1));
+    BufferRef b{v.data(), v.data(), len};
+    first[r] = attempt([&] { comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean); });
+    untouched[r] = v;
+    std::vector<float> w(4, static_cast<float>(2 + r));  // 2, 3, 4 -> mean 3
+    BufferRef c{w.data(), w.data(), 4};
+    comm.allreduce(std::span<const BufferRef>(&c, 1), DType::F32, ReduceOp::Mean);
+    second[r] = w;
+  });
+  require_all_ok(outcomes);
+  for (int r = 0; r < 3; ++r) {
+    INFO(first[r].message);
+    REQUIRE(first[r].status == GRADSYNC_E_MISMATCH);
+    REQUIRE(first[r].message.find("rank 1 called allreduce count 7 but rank 0 count 4") != std::string::npos);
+    REQUIRE(untouched[r] == std::vector<float>(r == 1 ? 7 : 4, static_cast<float>(r + 1)));
+    REQUIRE(second[r] == std::vector<float>(4, 3.0f));
+  }
+}
+
+TEST_CASE("every kind of disagreement is a mismatch on every rank, and nothing is written", "[comm][mismatch]") {
+  struct Variant {
+    const char* name;
+    const char* expect;  // a piece of the message
+    std::function<void(Communicator&, int, std::vector<float>&)> call;
+  };
+  auto ar = [](Communicator& c, std::vector<float>& v, size_t count, DType t, ReduceOp op) {
+    BufferRef b{v.data(), v.data(), count};
+    c.allreduce(std::span<const BufferRef>(&b, 1), t, op);
+  };
+  std::vector<Variant> variants{
+      {"count", "count 3 but rank 0 count 4", [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
+      {"count (large)", "count 5000 but rank 0 count 6000",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 5000 : 6000, DType::F32, ReduceOp::Sum); }},
+      {"dtype", "dtype i32 but rank 0 dtype f32",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, 2, r == 2 ? DType::I32 : DType::F32, ReduceOp::Sum); }},
+      {"op", "op max but rank 0 op sum",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, 4, DType::F32, r == 2 ? ReduceOp::Max : ReduceOp::Sum); }},
+      {"root", "root 1 but rank 0 root 0",
+       [&](Communicator& c, int r, auto& v) { c.broadcast(v.data(), 4, DType::F32, r == 2 ? 1 : 0); }},
+      {"collective", "called broadcast but rank 0 called allreduce",
+       [&](Communicator& c, int r, auto& v) {
+         if (r == 2) c.broadcast(v.data(), 4, DType::F32, 0);
+         else ar(c, v, 4, DType::F32, ReduceOp::Sum);
+       }},
+      {"buffers", "allreduce with 1 buffers but rank 0 with 2 buffers",
+       [&](Communicator& c, int r, auto& v) {
+         std::vector<BufferRef> bufs{{v.data(), v.data(), 2}, {v.data() + 2, v.data() + 2, 2}};
+         if (r == 2) bufs = {{v.data(), v.data(), 4}};  // same total, split differently
+         c.allreduce(bufs, DType::F32, ReduceOp::Sum);
+       }},
+  };
+  for (auto& variant : variants) {
+    INFO("variant " << variant.name);
+    std::vector<Outcome> got(3);
+    std::vector<std::vector<float>> after(3);
+    std::vector<std::vector<float>> next(3);
+    auto outcomes = run_group(3, [&](Communicator& comm, int r) {
+      std::vector<float> v(6000, static_cast<float>(r + 1));
+      got[r] = attempt([&] { variant.call(comm, r, v); });
+      after[r] = v;
+      std::vector<float> w{static_cast<float>(r)};
+      BufferRef b{w.data(), w.data(), 1};
+      comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+      next[r] = w;
+    });
+    require_all_ok(outcomes);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r << ": " << got[r].message);
+      REQUIRE(got[r].status == GRADSYNC_E_MISMATCH);
+      REQUIRE(got[r].message.find(variant.expect) != std::string::npos);
+      REQUIRE(after[r] == std::vector<float>(6000, static_cast<float>(r + 1)));
+      REQUIRE(next[r] == std::vector<float>{3.0f});
+    }
+  }
+}
+
+TEST_CASE("broadcast, allgather, reduce_scatter and barrier over 1-8 ranks", "[comm][collectives]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n > 1 ? n - 1 : 1), size_t{1001}, size_t{20000}}) {
+      INFO("ranks " << n << " count " << count);
+      const int root = n - 1;
+      std::vector<std::vector<double>> bcast(n), gather_in_place(n), gather(n), rs_out(n), rs_in_place(n);
+      std::vector<std::vector<double>> inputs;
+      for (int r = 0; r < n; ++r) inputs.push_back(values<double>(count, 500 + r));
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        const auto part = comm.my_part(count);
+        // broadcast from the last rank
+        bcast[r] = r == root ? inputs[r] : std::vector<double>(count, -1.0);
+        comm.broadcast(bcast[r].data(), count, DType::F64, root);
+        // allgather: each rank contributes its part of its own input, in place and not
+        gather_in_place[r].assign(count, -1.0);
+        std::copy_n(inputs[r].begin() + part.start, part.len, gather_in_place[r].begin() + part.start);
+        comm.allgather(nullptr, gather_in_place[r].data(), count, DType::F64);
+        gather[r].assign(count, -1.0);
+        comm.allgather(inputs[r].data() + part.start, gather[r].data(), count, DType::F64);
+        // reduce_scatter: out of place, and in place into the part of send
+        rs_out[r].assign(part.len, -1.0);
+        comm.reduce_scatter(inputs[r].data(), rs_out[r].data(), count, DType::F64, ReduceOp::Sum);
+        rs_in_place[r] = inputs[r];
+        comm.reduce_scatter(rs_in_place[r].data(), rs_in_place[r].data() + part.start, count, DType::F64,
+                            ReduceOp::Sum);
+        comm.barrier();
+      });
+      require_all_ok(outcomes);
+      std::vector<double> gathered(count);
+      for (int r = 0; r < n; ++r) {
+        const auto p = gradsync::partition(count, n, r);
+        std::copy_n(inputs[r].begin() + p.start, p.len, gathered.begin() + p.start);
+      }
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        REQUIRE(bcast[r] == inputs[root]);
+        REQUIRE(gather_in_place[r] == gathered);
+        REQUIRE(gather[r] == gathered);
+        const auto p = gradsync::partition(count, n, r);
+        for (size_t i = 0; i < p.len; ++i) {
+          const double want = reference_one(ReduceOp::Sum, inputs, p.start + i);
+          REQUIRE(std::memcmp(&rs_out[r][i], &want, sizeof want) == 0);
+          REQUIRE(std::memcmp(&rs_in_place[r][p.start + i], &want, sizeof want) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("weighted mean: the data-parallel merge, and a zero total weight on every rank", "[comm][weighted]") {
+  std::vector<std::vector<float>> grads{{4.0f}, {0.0f}};
+  std::vector<uint64_t> totals(2);
+  std::vector<Outcome> zero(2);
+  auto outcomes = run_group(2, [&](Communicator& comm, int r) {
+    comm.weighted_mean(grads[r].data(), grads[r].data(), 1, DType::F32, r == 0 ? 1 : 3, &totals[r]);
+    std::vector<double> g{1.0, 2.0};
+    zero[r] = attempt([&] { comm.weighted_mean(g.data(), g.data(), 2, DType::F64, 0, nullptr); });
+  });
+  require_all_ok(outcomes);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(grads[r][0] == 1.0f);
+    REQUIRE(totals[r] == 4);
+    REQUIRE(zero[r].status == GRADSYNC_E_ZERO_WEIGHT);
+  }
+}
+
+TEST_CASE("a rank that does not arrive: every waiter times out, later calls fail fast, reset recovers",
+          "[comm][timeout]") {
+  const std::string name = unique_name("timeout");
+  const int n = 3;
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  {
+    std::vector<std::thread> joins;
+    std::vector<Outcome> joined(n);
+    for (int r = 0; r < n; ++r) {
+      joins.emplace_back([&, r] { joined[r] = attempt([&] { comms[r] = gradsync::comm::create(options(name, r, n, 200ms)); }); });
+    }
+    for (auto& t : joins) t.join();
+    require_all_ok(joined);
+  }
+  std::vector<Outcome> waited(2), after(n), reset(n), again(n);
+  std::vector<float> result(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {  // rank 2 never comes
+    threads.emplace_back([&, r] {
+      float v = 1;
+      BufferRef b{&v, &v, 1};
+      waited[r] = attempt([&] { comms[r]->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < n; ++r) {
+    float v = 1;
+    after[r] = attempt([&] { comms[r]->barrier(); });
+    (void)v;
+  }
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      reset[r] = attempt([&] { comms[r]->reset(); });
+      again[r] = attempt([&] {
+        float v = static_cast<float>(r);
+        BufferRef b{&v, &v, 1};
+        comms[r]->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+        result[r] = v;
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO(waited[r].message);
+    REQUIRE(waited[r].status == GRADSYNC_E_TIMEOUT);
+    REQUIRE(waited[r].message.find("[2] did not arrive") != std::string::npos);
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << after[r].message << " / " << reset[r].message << " / " << again[r].message);
+    REQUIRE(after[r].status == GRADSYNC_E_ABORTED);
+    REQUIRE(reset[r].status == 0);
+    REQUIRE(again[r].status == 0);
+    REQUIRE(result[r] == 3.0f);
+  }
+}
+
+TEST_CASE("abort from another thread wakes every waiter; reuse fails fast until reset", "[comm][abort]") {
+  const std::string name = unique_name("abort");
+  const int n = 3;
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  {
+    std::vector<std::thread> joins;
+    for (int r = 0; r < n; ++r) joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, n, 20000ms)); });
+    for (auto& t : joins) t.join();
+  }
+  std::vector<Outcome> waited(2), reuse(n), reset(n), again(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> v(100000, 1.0f);  // the two-barrier path
+      BufferRef b{v.data(), v.data(), v.size()};
+      waited[r] = attempt([&] { comms[r]->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); });
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  comms[2]->abort();  // rank 2's handle, from the main thread, while ranks 0 and 1 wait
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < n; ++r) {
+    reuse[r] = attempt([&] {
+      double v = 1;
+      BufferRef b{&v, &v, 1};
+      comms[r]->allreduce(std::span<const BufferRef>(&b, 1), DType::F64, ReduceOp::Sum);
+    });
+  }
+  std::vector<double> result(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      reset[r] = attempt([&] { comms[r]->reset(); });
+      again[r] = attempt([&] {
+        double v = r + 1;
+        BufferRef b{&v, &v, 1};
+        comms[r]->allreduce(std::span<const BufferRef>(&b, 1), DType::F64, ReduceOp::Max);
+        result[r] = v;
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO(waited[r].message);
+    REQUIRE(waited[r].status == GRADSYNC_E_ABORTED);
+    REQUIRE(waited[r].message.find("abort() called on rank 2") != std::string::npos);
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO(reuse[r].message << " / " << reset[r].message << " / " << again[r].message);
+    REQUIRE(reuse[r].status == GRADSYNC_E_ABORTED);
+    REQUIRE(reset[r].status == 0);
+    REQUIRE(again[r].status == 0);
+    REQUIRE(result[r] == 3.0);
+  }
+}
+
+TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free while peers wait", "[comm][join]") {
+  const std::string name = unique_name("join");
+  std::unique_ptr<Communicator> first;
+  Outcome dup, size_mismatch, formed;
+  std::thread joiner([&] { formed = attempt([&] { first = gradsync::comm::create(options(name, 0, 2, 5000ms)); }); });
+  std::this_thread::sleep_for(50ms);
+  dup = attempt([&] { gradsync::comm::create(options(name, 0, 2, 200ms)); });
+  size_mismatch = attempt([&] { gradsync::comm::create(options(name, 1, 3, 200ms)); });
+  std::unique_ptr<Communicator> second;
+  Outcome joined = attempt([&] { second = gradsync::comm::create(options(name, 1, 2, 5000ms)); });
+  joiner.join();
+  REQUIRE(formed.status == 0);
+  REQUIRE(joined.status == 0);
+  INFO(dup.message << " / " << size_mismatch.message);
+  REQUIRE(dup.status == GRADSYNC_E_MISUSE);
+  REQUIRE(dup.message.find("rank 0 has already joined") != std::string::npos);
+  REQUIRE(size_mismatch.status == GRADSYNC_E_MISMATCH);
+  // A cloned rank cannot join a formed group either (the seed counted it twice).
+  Outcome clone = attempt([&] { gradsync::comm::create(options(name, 1, 2, 200ms)); });
+  REQUIRE(clone.status == GRADSYNC_E_MISUSE);
+
+  // Rank 1 leaves while rank 0 waits: rank 0 gets an error, not a hang.
+  Outcome left;
+  std::thread waiter([&] {
+    left = attempt([&] {
+      float v = 1;
+      BufferRef b{&v, &v, 1};
+      first->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+    });
+  });
+  std::this_thread::sleep_for(50ms);
+  second.reset();
+  waiter.join();
+  INFO(left.message);
+  REQUIRE(left.status == GRADSYNC_E_ABORTED);
+  REQUIRE(left.message.find("rank 1 left") != std::string::npos);
+  first.reset();
+
+  // A join that times out leaves nothing behind: the name can form a group right after.
+  const std::string lonely = unique_name("lonely");
+  Outcome timed_out = attempt([&] { gradsync::comm::create(options(lonely, 0, 2, 200ms)); });
+  INFO(timed_out.message);
+  REQUIRE(timed_out.status == GRADSYNC_E_TIMEOUT);
+  REQUIRE(timed_out.message.find("[1] did not join") != std::string::npos);
+  std::vector<Outcome> pair(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] { pair[r] = attempt([&] { auto c = gradsync::comm::create(options(lonely, r, 2, 5000ms)); c->barrier(); }); });
+  }
+  for (auto& t : ts) t.join();
+  require_all_ok(pair);
+}
+
+TEST_CASE("a dtype the kernels cannot reduce fails on every rank alike", "[comm][mismatch]") {
+  std::vector<Outcome> got(2);
+  auto outcomes = run_group(2, [&](Communicator& comm, int r) {
+    std::vector<uint16_t> v(8, 1);
+    BufferRef b{v.data(), v.data(), v.size()};
+    got[r] = attempt([&] { comm.allreduce(std::span<const BufferRef>(&b, 1), DType::BF16, ReduceOp::Sum); });
+    comm.barrier();
+  });
+  require_all_ok(outcomes);
+  for (auto& g : got) REQUIRE(g.status == GRADSYNC_E_UNSUPPORTED);
+}
