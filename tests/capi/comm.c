@@ -1,0 +1,255 @@
+/* The communicator through the C ABI, as a C99 user with pthreads sees it: the seed's acceptance
+ * cases and bad input at every entry point. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradsync/gradsync.h"
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                                \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      fprintf(stderr, "%s:%d: expectation failed: %s (last error: %s)\n", __FILE__, \
+              __LINE__, #cond, gradsync_last_error_message());                      \
+      failures++;                                                                   \
+    }                                                                               \
+  } while (0)
+
+#define EXPECT_MESSAGE(fragment)                                                          \
+  do {                                                                                    \
+    if (strstr(gradsync_last_error_message(), (fragment)) == NULL) {                      \
+      fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__,         \
+              gradsync_last_error_message(), (fragment));                                 \
+      failures++;                                                                         \
+    }                                                                                     \
+  } while (0)
+
+static gradsync_comm *join(const char *name, int32_t rank, int32_t size, int64_t timeout_ms) {
+  gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm *comm = NULL;
+  opts.rank = rank;
+  opts.size = size;
+  opts.timeout_ms = timeout_ms;
+  strncpy(opts.name, name, sizeof opts.name - 1);
+  if (gradsync_comm_create(&comm, &opts) != GRADSYNC_OK) {
+    fprintf(stderr, "join %s rank %d: %s\n", name, (int)rank, gradsync_last_error_message());
+    return NULL;
+  }
+  return comm;
+}
+
+/* ---- 2 ranks, [2,4] and [4,8], mean -> [3,6] on both */
+typedef struct {
+  int32_t rank;
+  float data[2];
+  int status;
+} pair_arg;
+
+static void *pair_worker(void *p) {
+  pair_arg *a = (pair_arg *)p;
+  gradsync_comm *comm = join("capi-pair", a->rank, 2, 20000);
+  if (comm == NULL) {
+    a->status = -1000;
+    return NULL;
+  }
+  a->status = gradsync_comm_allreduce(comm, a->data, a->data, 2, GRADSYNC_F32, GRADSYNC_MEAN);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void test_pair_mean(void) {
+  pthread_t t[2];
+  pair_arg args[2] = {{0, {2, 4}, 0}, {1, {4, 8}, 0}};
+  int i;
+  for (i = 0; i < 2; ++i) pthread_create(&t[i], NULL, pair_worker, &args[i]);
+  for (i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+  for (i = 0; i < 2; ++i) {
+    EXPECT(args[i].status == GRADSYNC_OK);
+    EXPECT(args[i].data[0] == 3.0f && args[i].data[1] == 6.0f);
+  }
+}
+
+/* ---- 3 ranks with lengths 4, 7, 4: all get the mismatch error; then [2..], [3..], [4..] -> 3.0 */
+typedef struct {
+  int32_t rank;
+  int first_status;
+  char first_message[512];
+  int second_status;
+  float second[4];
+} trio_arg;
+
+static void *trio_worker(void *p) {
+  trio_arg *a = (trio_arg *)p;
+  float v[7];
+  size_t len = a->rank == 1 ? 7 : 4;
+  size_t i;
+  gradsync_comm *comm = join("capi-trio", a->rank, 3, 20000);
+  if (comm == NULL) {
+    a->first_status = a->second_status = -1000;
+    return NULL;
+  }
+  for (i = 0; i < 7; ++i) v[i] = 1.0f;
+  a->first_status = gradsync_comm_allreduce(comm, v, v, len, GRADSYNC_F32, GRADSYNC_MEAN);
+  strncpy(a->first_message, gradsync_last_error_message(), sizeof a->first_message - 1);
+  for (i = 0; i < 4; ++i) a->second[i] = (float)(2 + a->rank);
+  a->second_status = gradsync_comm_allreduce(comm, a->second, a->second, 4, GRADSYNC_F32, GRADSYNC_MEAN);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void test_trio_mismatch(void) {
+  pthread_t t[3];
+  trio_arg args[3];
+  int i, k;
+  memset(args, 0, sizeof args);
+  for (i = 0; i < 3; ++i) {
+    args[i].rank = i;
+    pthread_create(&t[i], NULL, trio_worker, &args[i]);
+  }
+  for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
+  for (i = 0; i < 3; ++i) {
+    EXPECT(args[i].first_status == GRADSYNC_E_MISMATCH);
+    if (strstr(args[i].first_message, "rank 1 called allreduce count 7 but rank 0 count 4") == NULL) {
+      fprintf(stderr, "rank %d: unexpected mismatch message: %s\n", i, args[i].first_message);
+      failures++;
+    }
+    EXPECT(args[i].second_status == GRADSYNC_OK);
+    for (k = 0; k < 4; ++k) EXPECT(args[i].second[k] == 3.0f);
+  }
+}
+
+/* ---- bad input at every entry point */
+static void test_bad_input(void) {
+  gradsync_comm_options opts;
+  gradsync_comm *comm = NULL;
+  float x[4] = {1, 2, 3, 4};
+  int32_t v = 0;
+  uint64_t total = 0;
+  const void *sends[1];
+  void *recvs[1];
+  size_t counts[1];
+
+  /* options */
+  EXPECT(gradsync_comm_options_init(NULL, sizeof opts) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_options_init(&opts, 4) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_options_init(&opts, sizeof opts) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_create(NULL, &opts) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_create(&comm, NULL) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(comm == NULL);
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG); /* size and rank unset */
+  opts.size = 2;
+  opts.rank = 2;
+  strcpy(opts.name, "capi-bad");
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_OUT_OF_RANGE);
+  EXPECT_MESSAGE("rank 2 out of range [0, 2)");
+  opts.rank = 0;
+  opts.size = 0;
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  opts.size = 1;
+  opts.timeout_ms = 0;
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  opts.timeout_ms = 1000;
+  opts.name[0] = '\0';
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  EXPECT_MESSAGE("group name is empty");
+  opts.transport = 7;
+  strcpy(opts.name, "capi-bad");
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  opts.transport = GRADSYNC_TRANSPORT_THREAD;
+
+  /* a size-1 group: returns at once */
+  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_OK);
+  EXPECT(comm != NULL);
+  EXPECT(gradsync_comm_rank(comm, &v) == GRADSYNC_OK && v == 0);
+  EXPECT(gradsync_comm_size(comm, &v) == GRADSYNC_OK && v == 1);
+  EXPECT(gradsync_comm_transport(comm, &v) == GRADSYNC_OK && v == GRADSYNC_TRANSPORT_THREAD);
+  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, GRADSYNC_MEAN) == GRADSYNC_OK);
+  EXPECT(x[0] == 1 && x[3] == 4);
+
+  /* NULL handles and out-parameters */
+  EXPECT(gradsync_comm_allreduce(NULL, x, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_MISUSE);
+  EXPECT(gradsync_comm_barrier(NULL) == GRADSYNC_E_MISUSE);
+  EXPECT(gradsync_comm_abort(NULL) == GRADSYNC_E_MISUSE);
+  EXPECT(gradsync_comm_reset(NULL) == GRADSYNC_E_MISUSE);
+  EXPECT(gradsync_comm_rank(NULL, &v) == GRADSYNC_E_MISUSE);
+  EXPECT(gradsync_comm_rank(comm, NULL) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_size(comm, NULL) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_transport(comm, NULL) == GRADSYNC_E_INVALID_ARG);
+  /* the wrong kind of handle */
+  {
+    gradsync_counter32 *counter = NULL;
+    EXPECT(gradsync_counter32_create(&counter, 0) == GRADSYNC_OK);
+    EXPECT(gradsync_comm_barrier((gradsync_comm *)(void *)counter) == GRADSYNC_E_MISUSE);
+    gradsync_counter32_free(counter);
+  }
+
+  /* NULL buffers, bad dtype and op, root out of range, huge counts */
+  EXPECT(gradsync_comm_allreduce(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
+  EXPECT_MESSAGE("send buffer is NULL for count 4");
+  EXPECT(gradsync_comm_allreduce(comm, x, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, 99, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
+  EXPECT_MESSAGE("unknown dtype 99");
+  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, -3) == GRADSYNC_E_INVALID_ARG);
+  EXPECT_MESSAGE("unknown reduction op -3");
+  EXPECT(gradsync_comm_allreduce(comm, x, x, SIZE_MAX / 2, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
+  EXPECT_MESSAGE("too large");
+  EXPECT(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, 1) == GRADSYNC_E_OUT_OF_RANGE);
+  EXPECT_MESSAGE("root 1 out of range [0, 1)");
+  EXPECT(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, -1) == GRADSYNC_E_OUT_OF_RANGE);
+  EXPECT(gradsync_comm_broadcast(comm, NULL, 4, GRADSYNC_F32, 0) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_allgather(comm, x, NULL, 4, GRADSYNC_F32) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_reduce_scatter(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_I32, 1, &total) == GRADSYNC_E_INVALID_ARG);
+  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 0, &total) == GRADSYNC_E_ZERO_WEIGHT);
+  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 5, &total) == GRADSYNC_OK && total == 5);
+  EXPECT(gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
+         GRADSYNC_E_INVALID_ARG);
+  sends[0] = x;
+  recvs[0] = x;
+  counts[0] = 4;
+  EXPECT(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
+  recvs[0] = NULL;
+  EXPECT(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
+         GRADSYNC_E_INVALID_ARG);
+
+  /* abort, fail fast, reset */
+  EXPECT(gradsync_comm_abort(comm) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_barrier(comm) == GRADSYNC_E_ABORTED);
+  EXPECT_MESSAGE("aborted");
+  EXPECT(gradsync_comm_reset(comm) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_barrier(comm) == GRADSYNC_OK);
+
+  gradsync_comm_free(comm);
+  gradsync_comm_free(NULL);
+}
+
+/* ---- a rank that never arrives: timeout on the waiter, within its deadline */
+static void test_timeout(void) {
+  gradsync_comm *a = NULL;
+  gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
+  opts.rank = 0;
+  opts.size = 2;
+  opts.timeout_ms = 200;
+  strcpy(opts.name, "capi-lonely");
+  EXPECT(gradsync_comm_create(&a, &opts) == GRADSYNC_E_TIMEOUT);
+  EXPECT(a == NULL);
+  EXPECT_MESSAGE("did not join within 200 ms");
+}
+
+int main(void) {
+  test_pair_mean();
+  test_trio_mismatch();
+  test_bad_input();
+  test_timeout();
+  if (failures) {
+    fprintf(stderr, "%d failure(s)\n", failures);
+    return 1;
+  }
+  printf("comm C API: all passed\n");
+  return 0;
+}
