@@ -20,6 +20,7 @@
 #include "gradsync/log.h"
 /* component headers */
 #include "gradsync/codec.h"
+#include "gradsync/shard.h"
 #include "gradsync/comm.h"
 
 #endif /* GRADSYNC_GRADSYNC_H */

@@ -1,0 +1,188 @@
+// C shims of the sharded parameter (include/gradsync/shard.h).
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "capi/guard.hpp"
+#include "comm/communicator.hpp"
+#include "gradsync/shard.h"
+#include "shard/sharded_parameter.hpp"
+
+// The communicator handle as capi/capi_comm.cpp defines it. This definition must stay
+// token-for-token identical to that one (one definition rule); it is repeated here because the
+// shard borrows the communicator behind a gradsync_comm handle.
+struct gradsync_comm : gradsync::capi::Handle<gradsync::capi::Kind::Comm> {
+  explicit gradsync_comm(std::unique_ptr<gradsync::comm::Communicator> c) : impl(std::move(c)) {}
+  std::unique_ptr<gradsync::comm::Communicator> impl;
+};
+
+struct gradsync_shard : gradsync::capi::Handle<gradsync::capi::Kind::Shard> {
+  gradsync_shard(gradsync::comm::Communicator& comm, uint64_t total, const gradsync::shard::Options& options)
+      : impl(comm, total, options) {}
+  gradsync::shard::ShardedParameter impl;
+};
+
+namespace {
+using gradsync::capi::check;
+using gradsync::capi::guard;
+
+constexpr size_t kOptionsV1Size = offsetof(gradsync_shard_options, clip_norm) + sizeof(double);
+
+gradsync_shard_options default_options() {
+  gradsync_shard_options o = GRADSYNC_SHARD_OPTIONS_INIT;
+  return o;
+}
+
+gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
+  gradsync_shard_options o = default_options();
+  if (user != nullptr) {
+    GS_REQUIRE(user->struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG,
+               "options struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
+               kOptionsV1Size);
+    std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
+  }
+  gradsync::shard::Options out;
+  GS_REQUIRE(o.optimizer >= GRADSYNC_OPTIM_SGD && o.optimizer <= GRADSYNC_OPTIM_ADAMW, GRADSYNC_E_INVALID_ARG,
+             "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", o.optimizer);
+  out.optimizer = static_cast<gradsync::shard::Optimizer>(o.optimizer);
+  out.compress = gradsync::codec::to_codec(o.compress, true);
+  GS_REQUIRE(o.error_feedback == 0 || o.error_feedback == 1, GRADSYNC_E_INVALID_ARG, "error_feedback must be 0 or 1, got {}",
+             o.error_feedback);
+  GS_REQUIRE(o.clamp == 0 || o.clamp == 1, GRADSYNC_E_INVALID_ARG, "clamp must be 0 or 1, got {}", o.clamp);
+  out.error_feedback = o.error_feedback == 1;
+  out.clamp = o.clamp == 1;
+  out.lr = o.lr;
+  out.momentum = o.momentum;
+  out.beta1 = o.beta1;
+  out.beta2 = o.beta2;
+  out.eps = o.eps;
+  out.weight_decay = o.weight_decay;
+  out.clamp_min = o.clamp_min;
+  out.clamp_max = o.clamp_max;
+  out.clip_norm = o.clip_norm;
+  gradsync::shard::validate(out);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options* opts, size_t struct_size) {
+  return guard(__func__, [&] {
+    GS_REQUIRE(opts != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
+    GS_REQUIRE(struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG, "struct_size {} is smaller than version 1's {}",
+               struct_size, kOptionsV1Size);
+    const gradsync_shard_options defaults = default_options();
+    std::memset(static_cast<void*>(opts), 0, struct_size);
+    std::memcpy(static_cast<void*>(opts), &defaults, std::min(struct_size, sizeof defaults));
+    opts->struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof defaults));
+  });
+}
+
+GRADSYNC_API int gradsync_shard_create(gradsync_shard** out, gradsync_comm* comm, uint64_t total,
+                                       const gradsync_shard_options* opts) {
+  return gradsync::capi::create(__func__, out, [&] {
+    auto* c = check(comm);
+    const auto options = parse_options(opts);
+    return new gradsync_shard(*c->impl, total, options);
+  });
+}
+
+GRADSYNC_API void gradsync_shard_free(gradsync_shard* shard) { gradsync::capi::destroy(shard); }
+
+GRADSYNC_API int gradsync_shard_part(const gradsync_shard* shard, int32_t rank, uint64_t base, uint64_t* offset,
+                                     uint64_t* length) {
+  return guard(__func__, [&] {
+    const auto* s = check(shard);
+    const int size = s->impl.size();
+    GS_REQUIRE(rank == -1 || (rank >= 0 && rank < size), GRADSYNC_E_OUT_OF_RANGE,
+               "rank {} out of range [0, {}) (or -1 for this rank)", rank, size);
+    const gradsync::Part p = rank == -1 ? s->impl.part() : s->impl.part_of(rank);
+    GS_REQUIRE(base <= std::numeric_limits<uint64_t>::max() - p.start, GRADSYNC_E_INVALID_ARG,
+               "base {} overflows the offset", base);
+    if (offset != nullptr) *offset = base + p.start;
+    if (length != nullptr) *length = p.len;
+  });
+}
+
+GRADSYNC_API int gradsync_shard_ranges(const gradsync_shard* shard, uint64_t base, uint64_t* out, size_t capacity,
+                                       size_t* needed) {
+  return guard(__func__, [&] {
+    const auto* s = check(shard);
+    const size_t size = static_cast<size_t>(s->impl.size());
+    if (needed != nullptr) *needed = 2 * size;
+    GS_REQUIRE(capacity >= 2 * size, GRADSYNC_E_BUFS, "{} ranks need {} values, capacity is {}", size, 2 * size,
+               capacity);
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "out buffer is NULL");
+    GS_REQUIRE(base <= std::numeric_limits<uint64_t>::max() - s->impl.total(), GRADSYNC_E_INVALID_ARG,
+               "base {} overflows the offsets", base);
+    for (size_t r = 0; r < size; ++r) {
+      const gradsync::Part p = s->impl.part_of(static_cast<int>(r));
+      out[2 * r] = base + p.start;
+      out[2 * r + 1] = p.len;
+    }
+  });
+}
+
+GRADSYNC_API int gradsync_shard_memory(const gradsync_shard* shard, uint64_t* weight_bytes, uint64_t* optimizer_bytes,
+                                       uint64_t* buffer_bytes) {
+  return guard(__func__, [&] {
+    const auto* s = check(shard);
+    if (weight_bytes != nullptr) *weight_bytes = s->impl.weight_bytes();
+    if (optimizer_bytes != nullptr) *optimizer_bytes = s->impl.optimizer_bytes();
+    if (buffer_bytes != nullptr) *buffer_bytes = s->impl.buffer_bytes();
+  });
+}
+
+GRADSYNC_API int gradsync_shard_updates(const gradsync_shard* shard, int64_t* updates) {
+  return guard(__func__, [&] {
+    const auto* s = check(shard);
+    GS_REQUIRE(updates != nullptr, GRADSYNC_E_INVALID_ARG, "updates out-parameter is NULL");
+    *updates = s->impl.updates();
+  });
+}
+
+GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard* shard, double lr) {
+  return guard(__func__, [&] { check(shard)->impl.set_lr(lr); });
+}
+
+GRADSYNC_API int gradsync_shard_init(gradsync_shard* shard, const float* weights, size_t count) {
+  return guard(__func__, [&] { check(shard)->impl.init(weights, count); });
+}
+
+GRADSYNC_API int gradsync_shard_step(gradsync_shard* shard, const float* gradient, float* weights, size_t count,
+                                     uint64_t samples) {
+  return guard(__func__, [&] { check(shard)->impl.step(gradient, count, samples, weights, count); });
+}
+
+GRADSYNC_API int gradsync_shard_put(gradsync_shard* shard, const float* gradient, size_t count, uint64_t samples) {
+  return guard(__func__, [&] { check(shard)->impl.put(gradient, count, samples); });
+}
+
+GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard* shard) {
+  return guard(__func__, [&] { check(shard)->impl.aggregate(); });
+}
+
+GRADSYNC_API int gradsync_shard_update(gradsync_shard* shard) {
+  return guard(__func__, [&] { check(shard)->impl.update(); });
+}
+
+GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard* shard, int32_t which, float* out, size_t count) {
+  return guard(__func__, [&] {
+    const auto* s = check(shard);
+    GS_REQUIRE(which == GRADSYNC_SHARD_WEIGHTS || which == GRADSYNC_SHARD_GRADIENT, GRADSYNC_E_INVALID_ARG,
+               "unknown slice {} (0 weights, 1 gradient)", which);
+    s->impl.read_slice(static_cast<gradsync::shard::Slice>(which), out, count);
+  });
+}
+
+GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard* shard, const float* slice, size_t count) {
+  return guard(__func__, [&] { check(shard)->impl.write_weights(slice, count); });
+}
+
+GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, size_t count) {
+  return guard(__func__, [&] { check(shard)->impl.gather(weights, count); });
+}
+
+}  // extern "C"

@@ -1,0 +1,221 @@
+/**
+ * @file shard.h
+ * @brief The sharded parameter (Intel BigDL's AllReduceParameter, ZeRO stage 1) over any
+ *        communicator: each rank owns one slice of the weights and the optimizer state for that
+ *        slice only, so optimizer memory per rank is 1/P of an unsharded optimizer's.
+ *
+ * A flat parameter of N floats is split over the P ranks of a communicator by the partition rule
+ * (part i starts at i*(N/P) + min(i, N%P) and holds N/P + (i < N%P) elements; N < P leaves empty
+ * parts). One training step:
+ *   1. put       (local)      stage this rank's gradient and sample count (encoded if compressed)
+ *   2. aggregate (collective) rank r receives part r of Σ wⱼ·gⱼ / Σ wⱼ (wⱼ: rank j's sample count;
+ *                             equal counts give the plain mean), then the gradient processors
+ *   3. update    (local)      the optimizer updates rank r's weight slice
+ *   4. gather    (collective) every rank receives all new weights, always in full precision
+ * gradsync_shard_step() does all four in one call. With compression, gradients travel encoded
+ * (bf16 or IEEE half) and are decoded and summed in f32 in rank order, rounded once.
+ *
+ * Guarantees: every rank gets bitwise the same weights on every run. A stale gradient is never
+ * reused: a gradient is consumed by the aggregate that reads it, and an aggregate (or step) on a
+ * rank without a fresh put fails on every rank. A local failure on one rank (bad argument, failed
+ * put or update, wrong stage) is reported by every rank's next collective stage instead of leaving
+ * the others blocked: that rank gets its own status, the others GRADSYNC_E_REMOTE naming it.
+ * A total sample count of 0 is GRADSYNC_E_ZERO_WEIGHT on every rank.
+ */
+#ifndef GRADSYNC_SHARD_H
+#define GRADSYNC_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gradsync/export.h"
+#include "gradsync/common.h"
+#include "gradsync/comm.h"
+#include "gradsync/codec.h"
+
+GRADSYNC_BEGIN_DECL
+
+typedef struct gradsync_shard gradsync_shard;
+
+/** Optimizers run by the owner of each slice. */
+typedef enum gradsync_optimizer {
+  GRADSYNC_OPTIM_SGD = 0,      /**< w -= lr·(g + wd·w) */
+  GRADSYNC_OPTIM_MOMENTUM = 1, /**< v = μ·v + (g + wd·w); w -= lr·v */
+  GRADSYNC_OPTIM_ADAM = 2,     /**< Adam with bias correction; weight decay as an L2 term in g */
+  GRADSYNC_OPTIM_ADAMW = 3     /**< Adam with decoupled weight decay: w -= lr·wd·w */
+} gradsync_optimizer;
+
+/** Which slice gradsync_shard_read_slice copies. */
+typedef enum gradsync_shard_slice {
+  GRADSYNC_SHARD_WEIGHTS = 0, /**< this rank's slice of the weights */
+  GRADSYNC_SHARD_GRADIENT = 1 /**< this rank's slice of the last aggregated (processed) gradient */
+} gradsync_shard_slice;
+
+#define GRADSYNC_SHARD_OPTIONS_VERSION 1
+
+/** Options of gradsync_shard_create. Fill with gradsync_shard_options_init or GRADSYNC_SHARD_OPTIONS_INIT. */
+typedef struct gradsync_shard_options {
+  uint32_t struct_size;   /**< sizeof(gradsync_shard_options) as the caller compiled it */
+  uint32_t version;       /**< GRADSYNC_SHARD_OPTIONS_VERSION */
+  int32_t optimizer;      /**< a gradsync_optimizer; default SGD */
+  int32_t compress;       /**< a gradsync_codec for gradients on the wire; default NONE */
+  int32_t error_feedback; /**< 1: keep each rank's compression residual and add it to its next gradient */
+  int32_t clamp;          /**< 1: clamp the aggregated gradient to [clamp_min, clamp_max] */
+  double lr;              /**< learning rate, >= 0; default 0.01 */
+  double momentum;        /**< MOMENTUM's μ in [0, 1); default 0.9 */
+  double beta1;           /**< ADAM/ADAMW, in [0, 1); default 0.9 */
+  double beta2;           /**< ADAM/ADAMW, in [0, 1); default 0.999 */
+  double eps;             /**< ADAM/ADAMW, > 0; default 1e-8 */
+  double weight_decay;    /**< >= 0; default 0 */
+  double clamp_min;       /**< lower bound when clamp is 1 */
+  double clamp_max;       /**< upper bound when clamp is 1 (>= clamp_min) */
+  double clip_norm;       /**< > 0: scale the gradient by clip_norm/‖g‖ when its global L2 norm exceeds it; 0: off */
+  /* append only */
+} gradsync_shard_options;
+
+#define GRADSYNC_SHARD_OPTIONS_INIT                                                                  \
+  {                                                                                                  \
+    sizeof(gradsync_shard_options), GRADSYNC_SHARD_OPTIONS_VERSION, GRADSYNC_OPTIM_SGD, GRADSYNC_CODEC_NONE, 0, 0, \
+        0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0                                              \
+  }
+
+/**
+ * @brief Fill opts with defaults (for FFIs that cannot expand GRADSYNC_SHARD_OPTIONS_INIT).
+ * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than the first version's
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options *opts, size_t struct_size);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/**
+ * @brief Create this rank's view of a sharded parameter of `total` floats. Local (no communication);
+ *        every rank of the communicator creates one with the same total and options.
+ * @param[out] out the new handle; NULL on failure
+ * @param[in] comm the communicator, borrowed: it must outlive the shard, and must not be used by
+ *            another thread while a collective stage of the shard runs
+ * @param[in] total number of parameters, >= 1 (fewer than ranks is allowed: some parts are empty)
+ * @param[in] opts options, or NULL for the defaults
+ * @retval GRADSYNC_E_INVALID_ARG total is 0 or too large, or an option is out of range (the message names it)
+ * @retval GRADSYNC_E_MISUSE comm is NULL or not a communicator
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_shard_create(gradsync_shard **out, gradsync_comm *comm, uint64_t total,
+                                       const gradsync_shard_options *opts);
+
+/** @brief Release the shard (not its communicator); NULL is a no-op. @threadsafety handle */
+GRADSYNC_API void gradsync_shard_free(gradsync_shard *shard);
+
+/* ---------------------------------------------------------------- queries */
+
+/**
+ * @brief The part of a rank: offset `base + start` and length, e.g. base 0 for 0-based offsets,
+ *        base 1 for BigDL's 1-based storage offsets. N=10, P=3: (0,4), (4,3), (7,3); with base 1
+ *        (1,4), (5,3), (8,3).
+ * @param[in] rank a rank in [0, P), or -1 for this rank
+ * @param[out] offset,length may be NULL
+ * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, P) and not -1
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_part(const gradsync_shard *shard, int32_t rank, uint64_t base, uint64_t *offset,
+                                     uint64_t *length);
+
+/**
+ * @brief The parts of every rank as pairs (offset, length): out[2r] = base + start(r), out[2r+1] = len(r).
+ * @param[out] out room for capacity values (2·P needed)
+ * @param[out] needed 2·P (may be NULL)
+ * @retval GRADSYNC_E_BUFS capacity < 2·P (*needed is set, out untouched)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_ranges(const gradsync_shard *shard, uint64_t base, uint64_t *out, size_t capacity,
+                                       size_t *needed);
+
+/**
+ * @brief Memory this rank holds, in bytes (each may be NULL): its weight slice, its optimizer
+ *        state (1/P of the unsharded optimizer's), and staging and wire buffers.
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_memory(const gradsync_shard *shard, uint64_t *weight_bytes, uint64_t *optimizer_bytes,
+                                       uint64_t *buffer_bytes);
+
+/** @brief Number of optimizer updates applied so far on this rank. @threadsafety handle */
+GRADSYNC_API int gradsync_shard_updates(const gradsync_shard *shard, int64_t *updates);
+
+/** @brief Change the learning rate (finite, >= 0) for later updates; set the same on every rank. @threadsafety handle */
+GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard *shard, double lr);
+
+/* ---------------------------------------------------------------- training */
+
+/**
+ * @brief Local: keep this rank's slice of the full weights and zero the optimizer state. Pass the
+ *        same weights on every rank (e.g. broadcast them first): each rank takes only its slice.
+ * @param[in] weights count floats; count must equal total
+ * @retval GRADSYNC_E_INVALID_ARG NULL weights or count != total
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_init(gradsync_shard *shard, const float *weights, size_t count);
+
+/**
+ * @brief Collective: one whole training step (put, aggregate, update, gather). Arguments are
+ *        checked before any communication, and a bad argument on one rank is an error on every rank.
+ * @param[in] gradient this rank's gradient, count floats (count == total)
+ * @param[out] weights receives the new full weights, count floats; may equal gradient
+ * @param[in] samples this rank's sample count, its weight in the mean (pass 1 on every rank for the plain mean)
+ * @retval GRADSYNC_E_INVALID_ARG NULL buffer or count != total (on this rank; GRADSYNC_E_REMOTE on the others)
+ * @retval GRADSYNC_E_MISUSE step before init (on this rank; GRADSYNC_E_REMOTE on the others)
+ * @retval GRADSYNC_E_ZERO_WEIGHT the sample counts of all ranks sum to 0 (every rank; weights untouched)
+ * @retval GRADSYNC_E_MISMATCH ranks called different stages or have different totals or options
+ * @retval GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from the communicator
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_step(gradsync_shard *shard, const float *gradient, float *weights, size_t count,
+                                     uint64_t samples);
+
+/**
+ * @brief Local: stage this rank's gradient (copied or encoded; the buffer is not kept).
+ * @retval GRADSYNC_E_INVALID_ARG NULL gradient or count != total; the failure is also reported by
+ *         every rank's next aggregate
+ * @retval GRADSYNC_E_MISUSE put before init
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_put(gradsync_shard *shard, const float *gradient, size_t count, uint64_t samples);
+
+/**
+ * @brief Collective: this rank's part of the weighted mean of the gradients put on every rank,
+ *        then clamping and norm clipping. Consumes the put gradients.
+ * @retval GRADSYNC_E_MISUSE no fresh put on this rank since its last aggregate (GRADSYNC_E_REMOTE on the others)
+ * @retval GRADSYNC_E_ZERO_WEIGHT the sample counts sum to 0 (every rank)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard *shard);
+
+/**
+ * @brief Local: run the optimizer on this rank's weight slice with the aggregated gradient.
+ * @retval GRADSYNC_E_MISUSE no aggregated gradient to apply (also reported by every rank's next gather)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_update(gradsync_shard *shard);
+
+/**
+ * @brief Local: copy this rank's weight slice or aggregated gradient slice into out (count = its length).
+ * @param[in] which a gradsync_shard_slice
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard *shard, int32_t which, float *out, size_t count);
+
+/**
+ * @brief Local: set this rank's weight slice (count = its length), e.g. from the caller's own
+ *        optimizer in place of gradsync_shard_update.
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard *shard, const float *slice, size_t count);
+
+/**
+ * @brief Collective: gather every rank's weight slice into weights (count == total), in full precision.
+ * @retval GRADSYNC_E_MISUSE an aggregated gradient was not applied on this rank (GRADSYNC_E_REMOTE on the others)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_gather(gradsync_shard *shard, float *weights, size_t count);
+
+GRADSYNC_END_DECL
+
+#endif /* GRADSYNC_SHARD_H */

@@ -1,0 +1,466 @@
+#include "shard/sharded_parameter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/error.hpp"
+#include "gradsync/errors.h"
+
+namespace gradsync::shard {
+namespace {
+
+constexpr uint64_t kMaxSamples = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+const char* stage_name(int64_t stage) noexcept {
+  switch (stage) {
+    case 1: return "aggregate";
+    case 2: return "gather";
+    case 3: return "step";
+  }
+  return "an unknown stage";
+}
+
+// Collects the first local problem of a collective stage instead of throwing, so that the rank
+// still joins the header exchange and the problem reaches every rank.
+struct Problem {
+  int status = GRADSYNC_OK;
+  std::string message;
+  template <class... Args>
+  void require(bool cond, int s, fmt::format_string<Args...> format, Args&&... args) {
+    if (!cond && status == GRADSYNC_OK) {
+      status = s;
+      message = fmt::format(format, std::forward<Args>(args)...);
+    }
+  }
+};
+
+// The optimizer kernels. Elementwise float arithmetic without fused multiply-add, so every rank
+// and every run gives the same bits; no-math-errno lets sqrt vectorise (same correctly rounded result).
+void sgd(float* __restrict w, const float* __restrict g, size_t n, float lr, float wd) noexcept {
+  for (size_t i = 0; i < n; ++i) {
+    const float grad = g[i] + wd * w[i];
+    w[i] -= lr * grad;
+  }
+}
+
+void momentum_sgd(float* __restrict w, const float* __restrict g, float* __restrict v, size_t n, float lr, float wd,
+                  float mu) noexcept {
+  for (size_t i = 0; i < n; ++i) {
+    const float grad = g[i] + wd * w[i];
+    v[i] = mu * v[i] + grad;
+    w[i] -= lr * v[i];
+  }
+}
+
+__attribute__((optimize("no-math-errno"))) void adam(float* __restrict w, const float* __restrict g,
+                                                     float* __restrict m, float* __restrict v, size_t n,
+                                                     float step_size, float inv_sqrt_bc2, float eps, float b1,
+                                                     float b2, float l2, float decay) noexcept {
+  const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+  for (size_t i = 0; i < n; ++i) {
+    const float weight = w[i] * decay;  // decoupled decay (AdamW); decay == 1 otherwise
+    const float grad = g[i] + l2 * w[i];
+    m[i] = b1 * m[i] + c1 * grad;
+    v[i] = b2 * v[i] + c2 * grad * grad;
+    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
+    w[i] = weight - step_size * m[i] / denom;
+  }
+}
+
+// Sum of squares in double with a fixed association (8 running sums), so it vectorises and is
+// still the same on every run.
+double sum_of_squares(const float* x, size_t n) noexcept {
+  double acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (size_t k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  for (size_t k = 0; i < n; ++i, ++k) acc[k] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
+const char* optimizer_name(Optimizer o) noexcept {
+  switch (o) {
+    case Optimizer::Sgd: return "sgd";
+    case Optimizer::Momentum: return "momentum";
+    case Optimizer::Adam: return "adam";
+    case Optimizer::AdamW: return "adamw";
+  }
+  return "unknown optimizer";
+}
+
+void validate(const Options& o) {
+  auto finite = [](double x) { return std::isfinite(x); };
+  GS_REQUIRE(static_cast<int32_t>(o.optimizer) >= 0 && static_cast<int32_t>(o.optimizer) <= 3, GRADSYNC_E_INVALID_ARG,
+             "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", static_cast<int32_t>(o.optimizer));
+  GS_REQUIRE(finite(o.lr) && o.lr >= 0, GRADSYNC_E_INVALID_ARG, "lr must be finite and >= 0, got {}", o.lr);
+  GS_REQUIRE(finite(o.momentum) && o.momentum >= 0 && o.momentum < 1, GRADSYNC_E_INVALID_ARG,
+             "momentum must be in [0, 1), got {}", o.momentum);
+  GS_REQUIRE(finite(o.beta1) && o.beta1 >= 0 && o.beta1 < 1, GRADSYNC_E_INVALID_ARG, "beta1 must be in [0, 1), got {}",
+             o.beta1);
+  GS_REQUIRE(finite(o.beta2) && o.beta2 >= 0 && o.beta2 < 1, GRADSYNC_E_INVALID_ARG, "beta2 must be in [0, 1), got {}",
+             o.beta2);
+  GS_REQUIRE(finite(o.eps) && o.eps > 0, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}", o.eps);
+  GS_REQUIRE(finite(o.weight_decay) && o.weight_decay >= 0, GRADSYNC_E_INVALID_ARG,
+             "weight_decay must be finite and >= 0, got {}", o.weight_decay);
+  if (o.clamp) {
+    GS_REQUIRE(!std::isnan(o.clamp_min) && !std::isnan(o.clamp_max) && o.clamp_min <= o.clamp_max,
+               GRADSYNC_E_INVALID_ARG, "clamp range [{}, {}] is empty", o.clamp_min, o.clamp_max);
+  }
+  GS_REQUIRE(finite(o.clip_norm) && o.clip_norm >= 0, GRADSYNC_E_INVALID_ARG,
+             "clip_norm must be finite and >= 0 (0: off), got {}", o.clip_norm);
+}
+
+ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, const Options& options)
+    : comm_(comm), total_(total), options_(options), rank_(comm.rank()), size_(comm.size()) {
+  GS_REQUIRE(total > 0, GRADSYNC_E_INVALID_ARG, "total parameter count is 0");
+  GS_REQUIRE(total <= (uint64_t{1} << 60) / static_cast<uint64_t>(size_), GRADSYNC_E_INVALID_ARG,
+             "total parameter count {} is too large", total);
+  validate(options_);
+  part_ = part_of(rank_);
+  const size_t len = part_.len;
+  weights_.assign(len, 0.0f);
+  grad_.assign(len, 0.0f);
+  if (options_.optimizer == Optimizer::Momentum) state1_.assign(len, 0.0f);
+  if (options_.optimizer == Optimizer::Adam || options_.optimizer == Optimizer::AdamW) {
+    state1_.assign(len, 0.0f);
+    state2_.assign(len, 0.0f);
+  }
+  // Every buffer a step needs is allocated here, so nothing between two collectives can fail on
+  // one rank alone.
+  if (options_.compress == codec::Codec::None) {
+    staging_.assign(total, 0.0f);
+  } else {
+    own_.assign(len, 0.0f);
+    if (options_.error_feedback) residual_.assign(total, 0.0f);
+    // Rank j's block holds its gradient without its own part: at most N - N/P elements.
+    const uint64_t block = total - total / static_cast<uint64_t>(size_);
+    block_words_ = static_cast<size_t>((block + 1) / 2);
+    wire_.assign(block_words_ * static_cast<size_t>(size_), 0u);
+  }
+  headers_.resize(static_cast<size_t>(size_));
+  weights_of_ranks_.resize(static_cast<size_t>(size_));
+}
+
+Part ShardedParameter::part_of(int rank) const noexcept {
+  return partition(total_, static_cast<uint64_t>(size_), static_cast<uint64_t>(rank));
+}
+
+uint64_t ShardedParameter::optimizer_bytes() const noexcept {
+  return (state1_.size() + state2_.size()) * sizeof(float);
+}
+
+uint64_t ShardedParameter::buffer_bytes() const noexcept {
+  return (staging_.size() + own_.size() + residual_.size() + grad_.size()) * sizeof(float) +
+         wire_.size() * sizeof(uint32_t);
+}
+
+void ShardedParameter::set_lr(double lr) {
+  GS_REQUIRE(std::isfinite(lr) && lr >= 0, GRADSYNC_E_INVALID_ARG, "lr must be finite and >= 0, got {}", lr);
+  options_.lr = lr;
+}
+
+void ShardedParameter::remember_failure(int status, std::string message) noexcept {
+  if (pending_status_ != GRADSYNC_OK) return;  // the first failure is the cause
+  pending_status_ = status;
+  try {
+    pending_message_ = std::move(message);
+  } catch (...) {
+  }
+}
+
+std::pair<int, std::string> ShardedParameter::take_failure() noexcept {
+  std::pair<int, std::string> out{pending_status_, std::move(pending_message_)};
+  pending_status_ = GRADSYNC_OK;
+  pending_message_.clear();
+  return out;
+}
+
+int64_t ShardedParameter::config_word() const noexcept {
+  return static_cast<int64_t>(options_.compress) | (static_cast<int64_t>(options_.optimizer) << 8) |
+         (static_cast<int64_t>(options_.clip_norm > 0) << 16) | (static_cast<int64_t>(options_.error_feedback) << 17);
+}
+
+void ShardedParameter::init(const float* weights, size_t count) {
+  try {
+    GS_REQUIRE(weights != nullptr, GRADSYNC_E_INVALID_ARG, "weights buffer is NULL");
+    GS_REQUIRE(count == total_, GRADSYNC_E_INVALID_ARG, "weights hold {} floats, the parameter has {}", count, total_);
+  } catch (const Error& e) {
+    remember_failure(e.status(), fmt::format("init failed: {}", e.what()));
+    throw;
+  }
+  std::copy_n(weights + part_.start, part_.len, weights_.begin());
+  std::fill(state1_.begin(), state1_.end(), 0.0f);
+  std::fill(state2_.begin(), state2_.end(), 0.0f);
+  std::fill(residual_.begin(), residual_.end(), 0.0f);
+  updates_ = 0;
+  fresh_gradient_ = aggregated_ = false;
+  initialised_ = true;
+}
+
+void ShardedParameter::stage_gradient(const float* gradient) {
+  if (options_.compress == codec::Codec::None) {
+    std::copy_n(gradient, total_, staging_.begin());
+    return;
+  }
+  // This rank's block: the gradient without its own part (kept in f32, it never travels).
+  auto* block = reinterpret_cast<uint16_t*>(wire_.data() + static_cast<size_t>(rank_) * block_words_);
+  const uint64_t start = part_.start, end = part_.start + part_.len;
+  const codec::Codec c = options_.compress;
+  if (options_.error_feedback) {
+    codec::encode_with_feedback(c, gradient, start, residual_.data(), block);
+    codec::encode_with_feedback(c, gradient + end, total_ - end, residual_.data() + end, block + start);
+  } else {
+    codec::encode(c, gradient, start, block);
+    codec::encode(c, gradient + end, total_ - end, block + start);
+  }
+  std::copy_n(gradient + start, part_.len, own_.begin());
+}
+
+void ShardedParameter::put(const float* gradient, size_t count, uint64_t samples) {
+  // A failed put must never leave the previous round's gradient looking fresh.
+  fresh_gradient_ = false;
+  try {
+    GS_REQUIRE(initialised_, GRADSYNC_E_MISUSE, "put before init(): the parameter has no weights yet");
+    GS_REQUIRE(gradient != nullptr, GRADSYNC_E_INVALID_ARG, "gradient buffer is NULL");
+    GS_REQUIRE(count == total_, GRADSYNC_E_INVALID_ARG, "gradient holds {} floats, the parameter has {}", count,
+               total_);
+    GS_REQUIRE(samples <= kMaxSamples, GRADSYNC_E_INVALID_ARG, "sample count {} exceeds 2^63-1", samples);
+    stage_gradient(gradient);
+  } catch (const Error& e) {
+    remember_failure(e.status(), fmt::format("rank {}: put failed: {}", rank_, e.what()));
+    throw;
+  }
+  samples_ = samples;
+  fresh_gradient_ = true;
+}
+
+void ShardedParameter::exchange(Stage stage, int status, const std::string& message, uint64_t samples) {
+  const Header mine{static_cast<int64_t>(stage), status, static_cast<int64_t>(samples),
+                    static_cast<int64_t>(total_), config_word()};
+  // A group of one needs no exchange (and a transport may leave recv alone for size 1).
+  if (size_ == 1)
+    headers_[0] = mine;
+  else
+    comm_.allgather(&mine, headers_.data(), headers_.size() * kHeaderWords, DType::I64);
+  if (status != GRADSYNC_OK) throw Error(status, message);
+  for (int j = 0; j < size_; ++j) {
+    const Header& h = headers_[static_cast<size_t>(j)];
+    if (h.status != GRADSYNC_OK)
+      fail(GRADSYNC_E_REMOTE, "rank {} failed before {}: {}", j, stage_name(h.stage),
+           gradsync_status_string(static_cast<int>(h.status)));
+  }
+  for (int j = 0; j < size_; ++j) {
+    const Header& h = headers_[static_cast<size_t>(j)];
+    if (h.stage != mine.stage)
+      fail(GRADSYNC_E_MISMATCH, "rank {} called {} while rank {} called {}", rank_, stage_name(mine.stage), j,
+           stage_name(h.stage));
+    if (h.total != mine.total)
+      fail(GRADSYNC_E_MISMATCH, "rank {} has {} parameters, rank {} has {}", rank_, mine.total, j, h.total);
+    if (h.config != mine.config)
+      fail(GRADSYNC_E_MISMATCH,
+           "rank {} and rank {} disagree on the configuration (codec, optimizer, clipping, error feedback)", rank_, j);
+    weights_of_ranks_[static_cast<size_t>(j)] = static_cast<uint64_t>(h.samples);
+  }
+}
+
+void ShardedParameter::reduce(const float* gradient) {
+  // Weights are identical on every rank (they came from the same exchange), so every rank takes
+  // the same branch and joins the same collectives.
+  uint64_t total_samples = 0;
+  bool equal = true;
+  for (uint64_t w : weights_of_ranks_) {
+    GS_REQUIRE(total_samples <= kMaxSamples - w, GRADSYNC_E_INVALID_ARG, "sample counts overflow 2^63-1 in total");
+    total_samples += w;
+    equal = equal && w == weights_of_ranks_[0];
+  }
+  GS_REQUIRE(total_samples > 0, GRADSYNC_E_ZERO_WEIGHT, "total sample count over {} ranks is 0: nothing to average",
+             size_);
+  auto share = [&](int j) {
+    return static_cast<float>(static_cast<double>(weights_of_ranks_[static_cast<size_t>(j)]) /
+                              static_cast<double>(total_samples));
+  };
+  const size_t len = part_.len;
+  float* out = grad_.data();
+  const float ranks = static_cast<float>(size_);
+
+  if (options_.compress == codec::Codec::None) {
+    const float* send = gradient;
+    if (!equal) {
+      const float s = share(rank_);
+      for (size_t i = 0; i < total_; ++i) staging_[i] = s * gradient[i];
+      send = staging_.data();
+    }
+    if (size_ == 1)
+      std::copy_n(send, total_, out);
+    else
+      comm_.reduce_scatter(send, out, total_, DType::F32, ReduceOp::Sum);
+  } else {
+    if (size_ > 1)
+      comm_.allgather(nullptr, wire_.data(), wire_.size(), DType::I32);
+    // Decode and sum in rank order, in f32, rounding once per add and never to 16 bits.
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    for (int j = 0; j < size_; ++j) {
+      const float s = equal ? 1.0f : share(j);
+      if (!equal && weights_of_ranks_[static_cast<size_t>(j)] == 0) continue;
+      if (j == rank_) {
+        for (size_t i = 0; i < len; ++i) out[i] += s * own_[i];
+        continue;
+      }
+      const auto* block = reinterpret_cast<const uint16_t*>(wire_.data() + static_cast<size_t>(j) * block_words_);
+      const uint64_t at = rank_ < j ? part_.start : part_.start - part_of(j).len;
+      if (equal)
+        codec::accumulate(options_.compress, block + at, len, out);
+      else
+        codec::accumulate_scaled(options_.compress, block + at, len, s, out);
+    }
+  }
+  if (equal)
+    for (size_t i = 0; i < len; ++i) out[i] /= ranks;
+}
+
+void ShardedParameter::process_gradient() {
+  float* g = grad_.data();
+  const size_t len = part_.len;
+  if (options_.clamp) {
+    const float lo = static_cast<float>(options_.clamp_min), hi = static_cast<float>(options_.clamp_max);
+    for (size_t i = 0; i < len; ++i) g[i] = std::min(std::max(g[i], lo), hi);
+  }
+  if (options_.clip_norm > 0) {
+    // The norm needs every part: an allreduce of the parts' sums of squares, in rank order.
+    double sum = sum_of_squares(g, len);
+    const comm::BufferRef ref{&sum, &sum, 1};
+    if (size_ > 1) comm_.allreduce(std::span<const comm::BufferRef>(&ref, 1), DType::F64, ReduceOp::Sum);
+    const double norm = std::sqrt(sum);
+    if (norm > options_.clip_norm) {
+      const double scale = options_.clip_norm / norm;
+      for (size_t i = 0; i < len; ++i) g[i] = static_cast<float>(static_cast<double>(g[i]) * scale);
+    }
+  }
+}
+
+void ShardedParameter::apply_optimizer() {
+  const size_t len = part_.len;
+  const float lr = static_cast<float>(options_.lr), wd = static_cast<float>(options_.weight_decay);
+  switch (options_.optimizer) {
+    case Optimizer::Sgd: sgd(weights_.data(), grad_.data(), len, lr, wd); break;
+    case Optimizer::Momentum:
+      momentum_sgd(weights_.data(), grad_.data(), state1_.data(), len, lr, wd, static_cast<float>(options_.momentum));
+      break;
+    case Optimizer::Adam:
+    case Optimizer::AdamW: {
+      const double t = static_cast<double>(updates_ + 1);
+      const double bc1 = 1.0 - std::pow(options_.beta1, t), bc2 = 1.0 - std::pow(options_.beta2, t);
+      const bool decoupled = options_.optimizer == Optimizer::AdamW;
+      adam(weights_.data(), grad_.data(), state1_.data(), state2_.data(), len, static_cast<float>(options_.lr / bc1),
+           static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(options_.eps),
+           static_cast<float>(options_.beta1), static_cast<float>(options_.beta2), decoupled ? 0.0f : wd,
+           decoupled ? static_cast<float>(1.0 - options_.lr * options_.weight_decay) : 1.0f);
+      break;
+    }
+  }
+  ++updates_;
+}
+
+void ShardedParameter::aggregate() {
+  Problem p;
+  auto [pending, pending_message] = take_failure();
+  p.require(pending == GRADSYNC_OK, pending, "{}", pending_message);
+  p.require(initialised_, GRADSYNC_E_MISUSE, "rank {}: aggregate before init()", rank_);
+  p.require(fresh_gradient_, GRADSYNC_E_MISUSE,
+            "rank {}: no fresh gradient: put() was not called (or failed) since the last aggregate", rank_);
+  p.require(!aggregated_, GRADSYNC_E_MISUSE,
+            "rank {}: the previous aggregated gradient was not applied (call update() or write_weights())", rank_);
+  // The staged gradient is consumed whatever happens next: it can never be reused by a later round.
+  fresh_gradient_ = false;
+  exchange(Stage::Aggregate, p.status, p.message, samples_);
+  reduce(staging_.empty() ? nullptr : staging_.data());
+  process_gradient();
+  aggregated_ = true;
+}
+
+void ShardedParameter::update() {
+  if (!aggregated_) {
+    const std::string message =
+        fmt::format("rank {}: update without an aggregated gradient (call put() and aggregate() first)", rank_);
+    remember_failure(GRADSYNC_E_MISUSE, message);
+    throw Error(GRADSYNC_E_MISUSE, message);
+  }
+  apply_optimizer();
+  aggregated_ = false;
+}
+
+void ShardedParameter::write_weights(const float* slice, size_t count) {
+  try {
+    GS_REQUIRE(initialised_, GRADSYNC_E_MISUSE, "write_weights before init()");
+    GS_REQUIRE(slice != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "weight slice buffer is NULL");
+    GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "weight slice holds {} floats, rank {} owns {}", count,
+               rank_, part_.len);
+  } catch (const Error& e) {
+    remember_failure(e.status(), fmt::format("rank {}: write_weights failed: {}", rank_, e.what()));
+    throw;
+  }
+  std::copy_n(slice, count, weights_.begin());
+  if (aggregated_) ++updates_;
+  aggregated_ = false;
+}
+
+void ShardedParameter::read_slice(Slice which, float* out, size_t count) const {
+  GS_REQUIRE(out != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+  GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "output holds {} floats, rank {} owns {}", count, rank_,
+             part_.len);
+  const auto& src = which == Slice::Weights ? weights_ : grad_;
+  std::copy_n(src.begin(), count, out);
+}
+
+void ShardedParameter::publish(float* weights) {
+  if (size_ == 1)
+    std::copy(weights_.begin(), weights_.end(), weights);
+  else
+    comm_.allgather(weights_.data(), weights, total_, DType::F32);
+}
+
+void ShardedParameter::gather(float* weights, size_t count) {
+  Problem p;
+  auto [pending, pending_message] = take_failure();
+  p.require(pending == GRADSYNC_OK, pending, "{}", pending_message);
+  p.require(initialised_, GRADSYNC_E_MISUSE, "rank {}: gather before init()", rank_);
+  p.require(weights != nullptr, GRADSYNC_E_INVALID_ARG, "rank {}: weights buffer is NULL", rank_);
+  p.require(count == total_, GRADSYNC_E_INVALID_ARG, "rank {}: weights hold {} floats, the parameter has {}", rank_,
+            count, total_);
+  p.require(!aggregated_, GRADSYNC_E_MISUSE,
+            "rank {}: the aggregated gradient was not applied: call update() or write_weights() before gather()",
+            rank_);
+  exchange(Stage::Gather, p.status, p.message, 0);
+  publish(weights);
+}
+
+void ShardedParameter::step(const float* gradient, size_t gradient_count, uint64_t samples, float* weights,
+                            size_t weights_count) {
+  Problem p;
+  auto [pending, pending_message] = take_failure();
+  p.require(pending == GRADSYNC_OK, pending, "{}", pending_message);
+  p.require(initialised_, GRADSYNC_E_MISUSE, "rank {}: step before init()", rank_);
+  p.require(gradient != nullptr, GRADSYNC_E_INVALID_ARG, "rank {}: gradient buffer is NULL", rank_);
+  p.require(gradient_count == total_, GRADSYNC_E_INVALID_ARG, "rank {}: gradient holds {} floats, the parameter has {}",
+            rank_, gradient_count, total_);
+  p.require(weights != nullptr, GRADSYNC_E_INVALID_ARG, "rank {}: weights buffer is NULL", rank_);
+  p.require(weights_count == total_, GRADSYNC_E_INVALID_ARG, "rank {}: weights hold {} floats, the parameter has {}",
+            rank_, weights_count, total_);
+  p.require(samples <= kMaxSamples, GRADSYNC_E_INVALID_ARG, "rank {}: sample count {} exceeds 2^63-1", rank_, samples);
+  p.require(!aggregated_, GRADSYNC_E_MISUSE,
+            "rank {}: the aggregated gradient was not applied (call update() or write_weights())", rank_);
+  // step brings its own gradient: an earlier put is superseded, never used later.
+  fresh_gradient_ = false;
+  if (p.status == GRADSYNC_OK && options_.compress != codec::Codec::None) stage_gradient(gradient);
+  exchange(Stage::Step, p.status, p.message, samples);
+  reduce(gradient);
+  process_gradient();
+  apply_optimizer();
+  publish(weights);
+}
+
+}  // namespace gradsync::shard

@@ -1,0 +1,137 @@
+#pragma once
+// The sharded parameter (BigDL's AllReduceParameter, ZeRO stage 1) over any communicator.
+//
+// A flat parameter of N floats is split over the P ranks by the library's partition rule. Rank r
+// owns part r: it keeps that slice of the weights and the optimizer state for that slice only.
+// One training step is:
+//   put       local    the rank's gradient (and sample count) is staged, encoded if compressed
+//   aggregate collect  reduce-scatter: rank r gets the weighted mean of everyone's part r
+//   update    local    the optimizer updates the rank's weight slice
+//   gather    collect  allgather of the new weight slices (always full precision)
+// step() runs all four in one call without copying the caller's gradient.
+//
+// Never hang, never reuse: each collective stage starts with a small allgather of a header
+// (stage, local status, sample count, size, configuration), so a rank whose put or update failed
+// locally, or that calls a different stage, makes every rank fail instead of blocking the others
+// in a collective they never join. A gradient is consumed by the aggregate that reads it, and an
+// aggregate without a fresh put is an error on every rank.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec/codec.hpp"
+#include "comm/communicator.hpp"
+#include "common/partition.hpp"
+
+namespace gradsync::shard {
+
+enum class Optimizer : int32_t { Sgd = 0, Momentum = 1, Adam = 2, AdamW = 3 };
+
+const char* optimizer_name(Optimizer o) noexcept;
+
+struct Options {
+  Optimizer optimizer = Optimizer::Sgd;
+  codec::Codec compress = codec::Codec::None;
+  bool error_feedback = false;
+  double lr = 0.01;
+  double momentum = 0.9;  // Momentum only
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
+  // L2 penalty added to the gradient (Sgd, Momentum, Adam); decoupled decay for AdamW.
+  double weight_decay = 0.0;
+  // BigDL's gradient processors, applied in this order after aggregation.
+  bool clamp = false;
+  double clamp_min = 0.0, clamp_max = 0.0;
+  double clip_norm = 0.0;  // > 0: scale the gradient so its global L2 norm is at most clip_norm
+};
+
+// Throws Error(INVALID_ARG) naming the bad field.
+void validate(const Options& options);
+
+enum class Slice : int32_t { Weights = 0, Gradient = 1 };
+
+class ShardedParameter {
+ public:
+  // The communicator is borrowed: it must outlive this object and not be used by another thread
+  // during a collective stage.
+  ShardedParameter(comm::Communicator& comm, uint64_t total, const Options& options);
+
+  uint64_t total() const noexcept { return total_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  Part part() const noexcept { return part_; }
+  Part part_of(int rank) const noexcept;
+  const Options& options() const noexcept { return options_; }
+  // Bytes of optimizer state this rank holds (1/P of the unsharded optimizer's).
+  uint64_t optimizer_bytes() const noexcept;
+  uint64_t weight_bytes() const noexcept { return part_.len * sizeof(float); }
+  // Staging and wire buffers (gradient copy, encoded blocks, residual).
+  uint64_t buffer_bytes() const noexcept;
+  int64_t updates() const noexcept { return updates_; }
+  void set_lr(double lr);
+
+  // Local: keeps this rank's slice of the full weights (N floats) and zeroes the optimizer state.
+  void init(const float* weights, size_t count);
+  // Local: stages a gradient of N floats with this rank's sample count (its weight in the mean).
+  void put(const float* gradient, size_t count, uint64_t samples);
+  // Collective: the weighted mean of the staged gradients, this rank's part, then the processors.
+  void aggregate();
+  // Local: the optimizer on this rank's slice, with the aggregated gradient.
+  void update();
+  // Local alternative to update() for users who run their own optimizer: the new weight slice.
+  void write_weights(const float* slice, size_t count);
+  // Local: copies this rank's weight slice or aggregated gradient slice (part().len floats).
+  void read_slice(Slice which, float* out, size_t count) const;
+  // Collective: every rank's weight slice into weights (N floats).
+  void gather(float* weights, size_t count);
+  // Collective: put + aggregate + update + gather. weights may equal gradient.
+  // Arguments are validated inside, before the first collective, so bad input on one rank is an
+  // error on every rank rather than a hang.
+  void step(const float* gradient, size_t gradient_count, uint64_t samples, float* weights, size_t weights_count);
+
+ private:
+  enum class Stage : int64_t { Aggregate = 1, Gather = 2, Step = 3 };
+  struct Header {
+    int64_t stage, status, samples, total, config;
+  };
+  static constexpr size_t kHeaderWords = sizeof(Header) / sizeof(int64_t);
+
+  // Allgathers this rank's header; throws on every rank if any rank failed or disagrees.
+  void exchange(Stage stage, int status, const std::string& message, uint64_t samples);
+  // Local failure to report at the next collective stage.
+  void remember_failure(int status, std::string message) noexcept;
+  std::pair<int, std::string> take_failure() noexcept;
+  void stage_gradient(const float* gradient);
+  void reduce(const float* gradient);
+  void process_gradient();
+  void apply_optimizer();
+  // Allgather of the weight slices (full precision) into weights (N floats).
+  void publish(float* weights);
+  int64_t config_word() const noexcept;
+
+  comm::Communicator& comm_;
+  uint64_t total_;
+  Options options_;
+  int rank_, size_;
+  Part part_;
+
+  std::vector<float> weights_;   // this rank's slice
+  std::vector<float> grad_;      // aggregated gradient slice
+  std::vector<float> state1_, state2_;  // momentum / Adam moments, slice-sized
+  std::vector<float> staging_;   // uncompressed: a gradient copy of N floats (put, weighted step)
+  std::vector<float> own_;       // compressed: this rank's own part, kept in f32
+  std::vector<float> residual_;  // compressed with error feedback: N floats
+  std::vector<uint32_t> wire_;   // compressed: P blocks of block_words_ (16-bit pairs)
+  size_t block_words_ = 0;
+  std::vector<Header> headers_;
+
+  bool initialised_ = false;
+  bool fresh_gradient_ = false;
+  bool aggregated_ = false;
+  uint64_t samples_ = 0;
+  std::vector<uint64_t> weights_of_ranks_;
+  int64_t updates_ = 0;
+  int pending_status_ = 0;
+  std::string pending_message_;
+};
+
+}  // namespace gradsync::shard
