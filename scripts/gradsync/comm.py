@@ -1,0 +1,243 @@
+"""The communicator: a group of ranks and their collectives (allreduce, broadcast, ...).
+
+    import threading, numpy as np, gradsync as gs
+
+    def worker(rank):
+        with gs.Communicator("train", rank, 2) as comm:     # threads of this process, by name
+            grad = np.full(4, rank + 1.0, dtype=np.float32)
+            comm.allreduce(grad)                            # in place, mean over ranks: 1.5 everywhere
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+
+Results are reduced in rank order, so every rank gets the same bits on every run. Ranks that
+disagree (length, dtype, op, root, collective) all get GradsyncError E_MISMATCH and the next round
+works; a missing rank gives E_TIMEOUT on the others; abort() from any thread wakes every waiter.
+Arrays are passed without copying (C-contiguous numpy arrays of float32, float64, int32 or int64),
+and the GIL is released during every call, so Python threads run collectives truly in parallel.
+"""
+import ctypes
+
+import numpy as np
+
+from ._lib import (Handle, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare, lib)
+
+__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "partition"]
+
+TRANSPORT_THREAD = 0
+TRANSPORT_SHM = 1
+TRANSPORT_MPI = 2
+TRANSPORTS = {"threads": TRANSPORT_THREAD, "thread": TRANSPORT_THREAD, "shm": TRANSPORT_SHM, "mpi": TRANSPORT_MPI}
+
+OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
+_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3}
+
+NAME_MAX = 64
+UNSET_I32 = -(2 ** 31)
+UNSET_I64 = -(2 ** 63)
+
+
+class CommOptions(ctypes.Structure):
+    """gradsync_comm_options, field for field (include/gradsync/comm.h)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("version", c_uint32),
+        ("transport", c_int32),
+        ("rank", c_int32),
+        ("size", c_int32),
+        ("deterministic", c_int32),
+        ("check_mismatch", c_int32),
+        ("reserved0", c_int32),
+        ("timeout_ms", c_int64),
+        ("mpi_fcomm", c_int64),
+        ("name", ctypes.c_char * NAME_MAX),
+    ]
+
+
+_P = c_void_p
+_PP = ctypes.POINTER(c_void_p)
+declare("gradsync_comm_options_init", c_int, ctypes.POINTER(CommOptions), c_size_t)
+declare("gradsync_comm_create", c_int, ctypes.POINTER(_P), ctypes.POINTER(CommOptions))
+declare("gradsync_comm_free", None, _P)
+declare("gradsync_comm_abort", c_int, _P)
+declare("gradsync_comm_reset", c_int, _P)
+declare("gradsync_comm_rank", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_comm_size", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_comm_transport", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_comm_allreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
+declare("gradsync_comm_allreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), c_size_t, c_int32, c_int32)
+declare("gradsync_comm_weighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64))
+declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
+declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
+declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
+declare("gradsync_comm_barrier", c_int, _P)
+
+
+def partition(total, parts, index):
+    """(start, length) of part `index` of `total` elements over `parts` ranks: the library's rule."""
+    base, extra = divmod(total, parts)
+    return index * base + min(index, extra), base + (1 if index < extra else 0)
+
+
+def _transport(value):
+    if isinstance(value, str):
+        try:
+            return TRANSPORTS[value.lower()]
+        except KeyError:
+            raise ValueError(f"unknown transport {value!r}; expected one of {sorted(TRANSPORTS)}") from None
+    return int(value)
+
+
+def _op(value):
+    if isinstance(value, str):
+        try:
+            return OPS[value.lower()]
+        except KeyError:
+            raise ValueError(f"unknown op {value!r}; expected one of {sorted(OPS)}") from None
+    return int(value)
+
+
+def _array(a, name, writable=True):
+    """The numpy array itself (never a copy: a silent copy would lose in-place results)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"{name} has dtype {a.dtype}; expected float32, float64, int32 or int64")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return a
+
+
+def _ptr(a):
+    return c_void_p(a.ctypes.data)
+
+
+class Communicator(Handle):
+    """One rank of a group. Collective: the constructor returns once all `size` ranks have joined.
+
+    name: the group's name (ranks with the same name form one group); rank in [0, size);
+    timeout_ms: deadline of joining and of every collective (default: the library's, 300 s);
+    transport: "threads" (default; ranks are threads of this process), or another transport's
+    name or number when the library has it.
+    """
+
+    _free = lib.gradsync_comm_free
+
+    def __init__(self, name, rank, size, timeout_ms=None, transport="threads"):
+        opts = CommOptions()
+        check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
+        encoded = name.encode()
+        if len(encoded) >= NAME_MAX:
+            raise ValueError(f"group name is {len(encoded)} bytes; at most {NAME_MAX - 1}")
+        opts.name = encoded
+        opts.rank = rank
+        opts.size = size
+        opts.transport = _transport(transport)
+        if timeout_ms is not None:
+            opts.timeout_ms = int(timeout_ms)
+        out = c_void_p()
+        check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
+        super().__init__(out)
+
+    def _query(self, fn):
+        v = c_int32()
+        check(fn(self.ptr, ctypes.byref(v)))
+        return v.value
+
+    @property
+    def rank(self):
+        return self._query(lib.gradsync_comm_rank)
+
+    @property
+    def size(self):
+        return self._query(lib.gradsync_comm_size)
+
+    @property
+    def transport(self):
+        return self._query(lib.gradsync_comm_transport)
+
+    def part(self, total):
+        """(start, length) of this rank's part of `total` elements (reduce_scatter, allgather)."""
+        return partition(total, self.size, self.rank)
+
+    def allreduce(self, array, op="mean", out=None):
+        """Reduce `array` over ranks (rank order); into `out`, or in place when out is None. Returns the result."""
+        send = _array(array, "array", writable=out is None)
+        recv = send if out is None else _array(out, "out")
+        if recv.shape != send.shape or recv.dtype != send.dtype:
+            raise ValueError(f"out has shape {recv.shape} {recv.dtype}, array {send.shape} {send.dtype}")
+        check(lib.gradsync_comm_allreduce(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)))
+        return recv
+
+    def allreduce_many(self, arrays, op="mean"):
+        """One fused allreduce, in place, over a list of arrays of one dtype (a gradient bucket)."""
+        arrays = [_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
+        if not arrays:
+            return arrays
+        dtype = arrays[0].dtype
+        for i, a in enumerate(arrays):
+            if a.dtype != dtype:
+                raise TypeError(f"arrays[{i}] has dtype {a.dtype}, arrays[0] {dtype}")
+        n = len(arrays)
+        recvs = (c_void_p * n)(*[a.ctypes.data for a in arrays])
+        counts = (c_size_t * n)(*[a.size for a in arrays])
+        check(lib.gradsync_comm_allreduce_many(self.ptr, None, recvs, counts, n, _DTYPES[dtype], _op(op)))
+        return arrays
+
+    def weighted_mean(self, array, weight, out=None):
+        """array <- Σ wᵢ·arrayᵢ / Σ wᵢ over ranks (w = this rank's sample count); returns Σ wᵢ."""
+        send = _array(array, "array", writable=out is None)
+        recv = send if out is None else _array(out, "out")
+        total = c_uint64()
+        check(lib.gradsync_comm_weighted_mean(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
+                                              int(weight), ctypes.byref(total)))
+        return total.value
+
+    def broadcast(self, array, root=0):
+        """Copy root's array into every rank's array (in place). Returns the array."""
+        a = _array(array, "array")
+        check(lib.gradsync_comm_broadcast(self.ptr, _ptr(a), a.size, _DTYPES[a.dtype], int(root)))
+        return a
+
+    def allgather(self, array, part=None):
+        """Fill `array` (all elements) with every rank's part; this rank's part comes from `part`,
+        or is already in place in `array` when part is None. Returns the array."""
+        recv = _array(array, "array")
+        send = None
+        if part is not None:
+            send = _array(part, "part", writable=False)
+            start, length = self.part(recv.size)
+            if send.size != length or send.dtype != recv.dtype:
+                raise ValueError(f"part has {send.size} {send.dtype} elements; this rank's part is {length} {recv.dtype}")
+        check(lib.gradsync_comm_allgather(self.ptr, None if send is None else _ptr(send), _ptr(recv), recv.size,
+                                          _DTYPES[recv.dtype]))
+        return recv
+
+    def reduce_scatter(self, array, op="mean", out=None):
+        """Reduce `array` over ranks; returns this rank's part (into `out` when given)."""
+        send = _array(array, "array", writable=False)
+        start, length = self.part(send.size)
+        recv = np.empty(length, dtype=send.dtype) if out is None else _array(out, "out")
+        if recv.size != length or recv.dtype != send.dtype:
+            raise ValueError(f"out has {recv.size} {recv.dtype} elements; this rank's part is {length} {send.dtype}")
+        check(lib.gradsync_comm_reduce_scatter(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
+                                               _op(op)))
+        return recv
+
+    def barrier(self):
+        check(lib.gradsync_comm_barrier(self.ptr))
+
+    def abort(self):
+        """Wake every rank waiting in a collective with E_ABORTED; safe from any thread."""
+        check(lib.gradsync_comm_abort(self.ptr))
+
+    def reset(self):
+        """Make an aborted or timed-out group usable again. Collective: every rank calls it."""
+        check(lib.gradsync_comm_reset(self.ptr))
+
+    def __repr__(self):
+        if not self._ptr:
+            return "<gradsync.Communicator closed>"
+        return f"<gradsync.Communicator rank {self.rank} of {self.size}>"

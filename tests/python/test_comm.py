@@ -1,0 +1,183 @@
+"""The communicator from Python: ranks are Python threads (ctypes releases the GIL in every call)."""
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+
+_names = itertools.count()
+
+
+def run_ranks(size, body, timeout_ms=20000):
+    """Run body(comm, rank) on `size` threads forming one fresh group; return results or raise the first error."""
+    name = f"pytest-{next(_names)}"
+    results, errors = [None] * size, [None] * size
+
+    def worker(rank):
+        try:
+            with gs.Communicator(name, rank, size, timeout_ms=timeout_ms) as comm:
+                results[rank] = body(comm, rank)
+        except BaseException as exc:  # reported on the main thread
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a rank did not finish"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def test_seed_two_ranks_mean():
+    data = [np.array([2, 4], dtype=np.float32), np.array([4, 8], dtype=np.float32)]
+    run_ranks(2, lambda comm, r: comm.allreduce(data[r]))
+    for d in data:
+        assert d.tolist() == [3.0, 6.0]
+
+
+def test_seed_mismatch_on_every_rank_then_next_round_works():
+    def body(comm, rank):
+        first = np.ones(7 if rank == 1 else 4, dtype=np.float32)
+        with pytest.raises(gs.GradsyncError) as info:
+            comm.allreduce(first)
+        second = np.full(4, 2.0 + rank, dtype=np.float32)
+        comm.allreduce(second)
+        return info.value, first, second
+
+    for rank, (error, first, second) in enumerate(run_ranks(3, body)):
+        assert error.status == gs.E_MISMATCH
+        assert "rank 1 called allreduce count 7 but rank 0 count 4" in error.message
+        assert (first == 1.0).all()  # nothing written
+        assert second.tolist() == [3.0] * 4
+
+
+def test_collectives_and_dtypes():
+    n, total = 3, 10
+
+    def body(comm, rank):
+        out = {}
+        out["sum_i64"] = comm.allreduce(np.arange(5, dtype=np.int64) * (rank + 1), op="sum")
+        src = np.full(6, float(rank), dtype=np.float64)
+        out["max_out"] = comm.allreduce(src, op="max", out=np.empty_like(src))
+        out["src_untouched"] = src.copy()
+        out["fused"] = comm.allreduce_many([np.full(3, rank, np.float32), np.full(1000, rank * 2, np.float32)])
+        out["bcast"] = comm.broadcast(np.arange(4, dtype=np.int32) if rank == 1 else np.zeros(4, np.int32), root=1)
+        start, length = comm.part(total)
+        out["gather"] = comm.allgather(np.zeros(total, np.float32), part=np.arange(start, start + length, dtype=np.float32))
+        out["rs"] = comm.reduce_scatter(np.ones(total, np.float32) * (rank + 1), op="sum")
+        comm.barrier()
+        return out
+
+    for rank, out in enumerate(run_ranks(n, body)):
+        assert out["sum_i64"].tolist() == [0, 6, 12, 18, 24]
+        assert out["max_out"].tolist() == [2.0] * 6
+        assert out["src_untouched"].tolist() == [float(rank)] * 6
+        assert out["fused"][0].tolist() == [1.0] * 3 and (out["fused"][1] == 2.0).all()
+        assert out["bcast"].tolist() == [0, 1, 2, 3]
+        assert out["gather"].tolist() == list(range(total))
+        assert out["rs"].tolist() == [6.0] * gs.partition(total, n, rank)[1]
+
+
+def test_weighted_mean_by_sample_count():
+    grads = [np.array([4.0], np.float32), np.array([0.0], np.float32)]
+    totals = run_ranks(2, lambda comm, r: comm.weighted_mean(grads[r], [1, 3][r]))
+    assert totals == [4, 4]
+    assert grads[0][0] == 1.0 and grads[1][0] == 1.0
+
+
+def test_timeout_abort_and_reset():
+    name = f"pytest-{next(_names)}"
+    comms = [None, None]
+
+    def join(rank):
+        comms[rank] = gs.Communicator(name, rank, 2, timeout_ms=200, transport="threads")
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    a, b = comms
+    assert a.transport == gs.TRANSPORT_THREAD and (a.rank, a.size) == (0, 2)
+    with pytest.raises(gs.GradsyncError) as info:
+        a.allreduce(np.ones(3, np.float32))  # rank 1 never comes
+    assert info.value.status == gs.E_TIMEOUT
+    with pytest.raises(gs.GradsyncError) as info:
+        b.barrier()
+    assert info.value.status == gs.E_ABORTED
+    errors = []
+
+    def reset_and_sum(comm, value, out):
+        try:
+            comm.reset()
+            out.append(comm.allreduce(np.array([value], np.float64), op="sum")[0])
+        except gs.GradsyncError as exc:
+            errors.append(exc)
+
+    results = []
+    threads = [threading.Thread(target=reset_and_sum, args=(c, v, results)) for c, v in ((a, 1.0), (b, 2.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and results == [3.0, 3.0]
+
+    # abort() from another thread wakes a waiter at once
+    waiter_error = []
+
+    def wait_alone():
+        try:
+            a.allreduce(np.ones(3, np.float32))
+        except gs.GradsyncError as exc:
+            waiter_error.append(exc)
+
+    a_comm_timeout = threading.Thread(target=wait_alone)
+    a_comm_timeout.start()
+    time.sleep(0.05)
+    b.abort()
+    a_comm_timeout.join(30)
+    assert waiter_error and waiter_error[0].status in (gs.E_ABORTED, gs.E_TIMEOUT)
+    a.close()
+    b.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(gs.GradsyncError) as info:
+        gs.Communicator("pytest-bad", 3, 2)
+    assert info.value.status == gs.E_OUT_OF_RANGE
+    with pytest.raises(ValueError):
+        gs.Communicator("pytest-bad", 0, 1, transport="pigeons")
+    with gs.Communicator(f"pytest-{next(_names)}", 0, 1) as comm:
+        with pytest.raises(TypeError):
+            comm.allreduce(np.ones(3, np.float16))
+        with pytest.raises(ValueError):
+            comm.allreduce(np.ones((4, 4), np.float32)[:, 1])
+        with pytest.raises(gs.GradsyncError) as info:
+            comm.broadcast(np.ones(3, np.float32), root=1)
+        assert info.value.status == gs.E_OUT_OF_RANGE
+        with pytest.raises(ValueError):
+            comm.allreduce(np.ones(3, np.float32), op="median")
+    with pytest.raises(gs.GradsyncError) as info:
+        comm.barrier()  # closed
+    assert info.value.status == gs.E_MISUSE
+
+
+def test_threads_run_collectives_in_parallel():
+    # Every round needs both threads inside the C call at once: with the GIL held across the call
+    # the first rank would wait for the second until its timeout. 200 rounds must all succeed.
+    def body(comm, rank):
+        x = np.ones(16, np.float32)
+        for _ in range(200):
+            comm.allreduce(x, op="sum")
+            x /= 2
+        return x
+
+    results = run_ranks(2, body)
+    assert np.array_equal(results[0], results[1]) and (results[0] == 1.0).all()
