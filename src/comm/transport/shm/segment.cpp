@@ -217,14 +217,21 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       }
       const uint64_t heap = std::min(kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage));
       const Layout l = compute_layout(size, heap);
+      bip::mapped_region init;
       try {
         object.truncate(0);  // drops every old byte: nothing of a stale run survives
         object.truncate(static_cast<bip::offset_t>(l.total_bytes));
-      } catch (const bip::interprocess_exception& e) {
-        fail(GRADSYNC_E_IO, "cannot size shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+        reserve_space(fd, 0, l.control_bytes, fmt::format("the control area of shm group '{}'", name));
+        init = bip::mapped_region(object, bip::read_write, 0, l.control_bytes);
+      } catch (...) {
+        // Nobody else uses it (we hold the set-up lock, no member is alive): leave no junk behind.
+        bip::shared_memory_object::remove(shm_name.c_str());
+        try {
+          throw;
+        } catch (const bip::interprocess_exception& e) {
+          fail(GRADSYNC_E_IO, "cannot set up shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+        }
       }
-      reserve_space(fd, 0, l.control_bytes, fmt::format("the control area of shm group '{}'", name));
-      bip::mapped_region init(object, bip::read_write, 0, l.control_bytes);
       Header* h = new (init.get_address()) Header();
       h->format_version = kFormatVersion;
       h->generation = new_generation();
@@ -377,6 +384,11 @@ void Segment::leave() noexcept {
     std::this_thread::sleep_for(kPollInterval);
   }
   close_group();
+  // Peers still waiting on this rank learn that it left (rather than died).
+  uint32_t none = 0;
+  header_->stop_word.compare_exchange_strong(
+      none, stop_code(StopReason::Left, rank_, header_->reset_epoch.load(std::memory_order_acquire)));
+  notify(header_->barrier_wake);
   try {
     ofd_lock(fd_, kRankLockByte + rank_, F_UNLCK);
     if (have_setup) {

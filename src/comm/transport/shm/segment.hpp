@@ -48,7 +48,16 @@ constexpr int kMaxRanks = 1024;
 
 enum class GroupState : uint32_t { Open = 0, Closing = 1 };
 // Why the group stopped; stored in the segment so every rank reports the same cause.
-enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3 };
+enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4 };
+
+// The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | reset epoch modulo 4096 (bits 20-31).
+// The epoch lets a reset clear only the stops older than itself.
+constexpr uint32_t stop_code(StopReason reason, int rank, uint32_t epoch) noexcept {
+  return static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8) | ((epoch & 0xfffu) << 20);
+}
+constexpr StopReason stop_reason(uint32_t code) noexcept { return static_cast<StopReason>(code & 0xffu); }
+constexpr int stop_rank(uint32_t code) noexcept { return static_cast<int>((code >> 8) & 0xfffu) - 1; }
+constexpr uint32_t stop_epoch(uint32_t code) noexcept { return code >> 20; }
 
 enum class Collective : uint32_t { Allreduce = 1, Broadcast = 2, Allgather = 3, ReduceScatter = 4, Barrier = 5 };
 
@@ -68,9 +77,14 @@ struct Descriptor {
 
 struct alignas(64) RankSlot {
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> arrivals;  // barriers this rank has entered (names the missing on a timeout)
-  std::atomic<uint64_t> generation;  // the segment generation this rank joined
-  Descriptor desc[2];                // indexed by round parity
+  std::atomic<uint32_t> reset_request;  // the reset epoch this rank asks for
+  std::atomic<uint64_t> generation;     // the segment generation this rank joined
+  // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
+  // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
+  alignas(64) std::atomic<uint64_t> arrivals;
+  uint64_t reset_rounds[2];    // this rank's round and arrival counts when it asked for a reset,
+  uint64_t reset_arrivals[2];  // by epoch parity
+  alignas(64) Descriptor desc[2];  // indexed by round parity
 };
 
 struct BufferOffsets {
@@ -93,13 +107,14 @@ struct Header {
   uint64_t out_offset;
   uint64_t heap_offset;
   uint64_t heap_bytes_per_rank;
-  alignas(64) std::atomic<uint32_t> barrier_word;  // arrivals, counted modulo 2^32
   WaitWord barrier_wake;
-  // Why the group stopped: StopReason | (rank + 1) << 8, set once (first cause wins); non-zero
-  // makes every waiter return.
+  // Why the group stopped (stop_code), set once (first cause wins); non-zero makes every abortable
+  // waiter return.
   alignas(64) std::atomic<uint32_t> stop_word;
-  alignas(64) std::atomic<uint32_t> reset_word;  // arrivals at reset, counted modulo 2^32
-  WaitWord reset_wake;
+  std::atomic<uint32_t> reset_epoch;  // completed resets
+  // (round << 1) | aborted for the latest round whose fate is decided: one CAS decides whether a
+  // round runs (every rank arrived) or not, so no rank returns while a peer still uses its buffers.
+  alignas(64) std::atomic<uint64_t> decision;
   alignas(64) std::atomic<uint32_t> state;  // a GroupState
   std::atomic<uint32_t> joined;
 };

@@ -25,6 +25,11 @@ using shm::kMaxTableBuffers;
 using shm::kNoOffset;
 using shm::kSmallBytes;
 using shm::Segment;
+using shm::RankSlot;
+using shm::stop_code;
+using shm::stop_epoch;
+using shm::stop_rank;
+using shm::stop_reason;
 using shm::StopReason;
 
 // While waiting, peers' liveness is checked this often (a dead peer is reported within it).
@@ -139,52 +144,72 @@ class ShmCommunicator final : public Communicator {
 
  private:
   struct Round {
+    uint64_t number;
     uint64_t parity;
     Clock::time_point deadline;
     bool all_zero_copy;
   };
+  enum class Waited { Ready, Stopped, TimedOut, PeerDied };
 
   Header& header() const { return segment_->header(); }
-  // Fails fast when the group has stopped; then publishes `d` and meets the others; throws
-  // E_MISMATCH on every rank when the ranks' descriptors disagree.
+  // Fails fast when the group has stopped; publishes `d` (and, through `publish`, any inline data
+  // or buffer offsets), meets the others, and decides the round. Throws E_MISMATCH on every rank
+  // when the descriptors disagree.
   Round begin_round(Descriptor d, const std::function<void(uint64_t parity)>& publish);
-  void arrive_and_wait(const Round& round, Collective what);
-  template <class Ready>
-  void wait_for(WaitWord& word, Ready&& ready, Clock::time_point deadline, const std::atomic<uint32_t>* stop,
-                const char* what);
-  void check_peers();
+  // One barrier inside a round. Abortable barriers (the copy path: peers only touch the staging
+  // area) return on abort or timeout; the others (zero copy: peers are using this rank's buffers)
+  // wait for every live peer whatever the deadline says.
+  void arrive_and_wait(const Round& round, Collective what, bool abortable);
+  void arrive();
+  // Waits until counter(r) >= target for every rank r. `stop` (the stop word, or nullptr) makes
+  // the wait return when set; `outlive_deadline` waits past the deadline (logging) while the
+  // peers live, and after a peer's death waits for the live ones before reporting it.
+  template <class Counter>
+  Waited wait_all(WaitWord& word, Counter&& counter, uint64_t target, Clock::time_point deadline,
+                  const std::atomic<uint32_t>* stop, bool outlive_deadline);
   void stop(StopReason reason, int rank) noexcept;
-  [[noreturn]] void throw_stopped(uint32_t word, bool waiting);
+  [[noreturn]] void throw_stopped(bool waiting);
+  [[noreturn]] void throw_dead(int r);
+  [[noreturn]] void throw_timeout(Collective what, uint64_t target);
+  void fail_fast() {
+    if (header().stop_word.load(std::memory_order_acquire) != 0) throw_stopped(false);
+  }
   char* at(uint64_t offset) const { return segment_->base() + offset; }
 
   Options options_;
   std::unique_ptr<Segment> segment_;
   uint64_t round_ = 0;
-  uint32_t barriers_ = 0;
-  uint32_t resets_ = 0;
+  uint64_t barriers_ = 0;
+  int dead_rank_ = -1;
 };
 
 void ShmCommunicator::stop(StopReason reason, int rank) noexcept {
   uint32_t expected = 0;
-  const uint32_t word = static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8);
-  header().stop_word.compare_exchange_strong(expected, word, std::memory_order_seq_cst);
+  const uint32_t code = stop_code(reason, rank, header().reset_epoch.load(std::memory_order_acquire));
+  header().stop_word.compare_exchange_strong(expected, code, std::memory_order_seq_cst);
   if (reason == StopReason::PeerDied) segment_->close_group();
   notify(header().barrier_wake);
-  notify(header().reset_wake);
 }
 
-void ShmCommunicator::throw_stopped(uint32_t word, bool waiting) {
-  const auto reason = static_cast<StopReason>(word & 0xff);
-  const int who = static_cast<int>(word >> 8) - 1;
+void ShmCommunicator::throw_dead(int r) {
+  fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died; free the group and form a new one", r,
+       segment_->slot(r).pid.load(), segment_->group());
+}
+
+void ShmCommunicator::throw_stopped(bool waiting) {
+  const uint32_t code = header().stop_word.load(std::memory_order_acquire);
+  const int who = stop_rank(code);
   const std::string& g = segment_->group();
   const int pid = who >= 0 && who < size() ? segment_->slot(who).pid.load() : 0;
-  switch (reason) {
-    case StopReason::PeerDied:
-      fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died; free the group and form a new one", who, pid, g);
+  switch (stop_reason(code)) {
+    case StopReason::PeerDied: throw_dead(who);
     case StopReason::Timeout:
-      if (waiting) fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out (rank {} waited {} ms for a peer)", g, who,
+      if (waiting) fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank {} waited {} ms for a peer", g, who,
                         options_.timeout.count());
-      fail(GRADSYNC_E_ABORTED, "shm group '{}' stopped after a timeout (seen by rank {}); reset or free it", g, who);
+      fail(GRADSYNC_E_ABORTED, "shm group '{}' is stopped after a timeout (seen by rank {}); reset or free it", g, who);
+    case StopReason::Left:
+      fail(GRADSYNC_E_ABORTED, "rank {} (pid {}) left shm group '{}' (freed its communicator); free the group and "
+           "form a new one", who, pid, g);
     case StopReason::Aborted:
     case StopReason::None:
       break;
@@ -192,68 +217,113 @@ void ShmCommunicator::throw_stopped(uint32_t word, bool waiting) {
   fail(GRADSYNC_E_ABORTED, "shm group '{}' was aborted (by rank {}, pid {}); reset or free it", g, who, pid);
 }
 
-void ShmCommunicator::check_peers() {
+void ShmCommunicator::throw_timeout(Collective what, uint64_t target) {
+  std::vector<int> missing;
   for (int r = 0; r < size(); ++r) {
-    if (r == rank() || segment_->alive(r)) continue;
-    stop(StopReason::PeerDied, r);
-    throw_stopped(header().stop_word.load(), true);
+    if (segment_->slot(r).arrivals.load(std::memory_order_acquire) < target) missing.push_back(r);
   }
+  fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank(s) {} did not arrive at {} within {} ms", segment_->group(),
+       fmt::join(missing, ", "), collective_name(static_cast<uint32_t>(what)), options_.timeout.count());
 }
 
-template <class Ready>
-void ShmCommunicator::wait_for(WaitWord& word, Ready&& ready, Clock::time_point deadline,
-                               const std::atomic<uint32_t>* stop_word, const char* what) {
+template <class Counter>
+ShmCommunicator::Waited ShmCommunicator::wait_all(WaitWord& word, Counter&& counter, uint64_t target,
+                                                  Clock::time_point deadline, const std::atomic<uint32_t>* stop_word,
+                                                  bool outlive_deadline) {
+  const int n = size();
+  std::vector<char> dead;  // non-abortable waits go on for the live peers once one has died
+  auto ready = [&] {
+    for (int r = 0; r < n; ++r) {
+      if (counter(r) < target && (dead.empty() || !dead[static_cast<size_t>(r)])) return false;
+    }
+    return true;
+  };
   for (;;) {
     const auto slice = std::min(deadline, Clock::now() + kLivenessInterval);
     switch (wait_until(word, ready, slice, stop_word)) {
-      case WaitResult::Ready: return;
-      case WaitResult::Aborted: throw_stopped(stop_word->load(), true);
+      case WaitResult::Ready:
+        if (dead.empty()) return Waited::Ready;
+        return Waited::PeerDied;
+      case WaitResult::Aborted: return Waited::Stopped;
       case WaitResult::Timeout: break;
     }
-    check_peers();
+    for (int r = 0; r < n; ++r) {
+      if (r == rank() || segment_->alive(r)) continue;
+      if (dead_rank_ < 0) dead_rank_ = r;
+      stop(StopReason::PeerDied, r);
+      if (!outlive_deadline) return Waited::PeerDied;
+      dead.resize(static_cast<size_t>(n), 0);
+      dead[static_cast<size_t>(r)] = 1;
+    }
     if (Clock::now() >= deadline) {
-      std::vector<int> missing;
-      for (int r = 0; r < size(); ++r) {
-        if (static_cast<int32_t>(segment_->slot(r).arrivals.load() - barriers_) < 0) missing.push_back(r);
-      }
-      if (stop_word != nullptr) stop(StopReason::Timeout, rank());
-      fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank(s) {} did not arrive at {} within {} ms", segment_->group(),
-           fmt::join(missing, ", "), what, options_.timeout.count());
+      if (!outlive_deadline) return Waited::TimedOut;
+      GS_LOG_WARN("shm group '{}' rank {}: peers still use this rank's buffers after {} ms; waiting for them",
+                  segment_->group(), rank(), options_.timeout.count());
+      deadline = Clock::now() + options_.timeout;
     }
   }
 }
 
-void ShmCommunicator::arrive_and_wait(const Round& round, Collective what) {
-  Header& h = header();
-  ++barriers_;
-  const uint32_t target = barriers_ * static_cast<uint32_t>(size());
-  segment_->slot(rank()).arrivals.store(barriers_, std::memory_order_relaxed);
-  // seq_cst RMW: publishes this rank's writes (descriptor, staged data) to whoever sees the count.
-  if (h.barrier_word.fetch_add(1, std::memory_order_seq_cst) + 1 == target) {
-    notify(h.barrier_wake);
-    return;
+void ShmCommunicator::arrive() {
+  // seq_cst: publishes this rank's writes (descriptor, staged data) to whoever sees the count.
+  segment_->slot(rank()).arrivals.store(++barriers_, std::memory_order_seq_cst);
+  notify(header().barrier_wake);
+}
+
+void ShmCommunicator::arrive_and_wait(const Round& round, Collective what, bool abortable) {
+  arrive();
+  const uint64_t target = barriers_;
+  auto counter = [&](int r) { return segment_->slot(r).arrivals.load(std::memory_order_acquire); };
+  switch (wait_all(header().barrier_wake, counter, target, round.deadline, abortable ? &header().stop_word : nullptr,
+                   !abortable)) {
+    case Waited::Ready: return;
+    case Waited::Stopped: throw_stopped(true);
+    case Waited::PeerDied: throw_dead(dead_rank_);
+    case Waited::TimedOut:
+      stop(StopReason::Timeout, rank());
+      throw_timeout(what, target);
   }
-  wait_for(
-      h.barrier_wake,
-      [&] { return static_cast<int32_t>(h.barrier_word.load(std::memory_order_acquire) - target) >= 0; },
-      round.deadline, &h.stop_word, collective_name(static_cast<uint32_t>(what)));
 }
 
 ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::function<void(uint64_t)>& publish) {
-  const uint32_t stopped = header().stop_word.load(std::memory_order_acquire);
-  if (stopped != 0) throw_stopped(stopped, false);
-  Round round{round_ & 1, Clock::now() + options_.timeout, true};
-  ++round_;
-  d.round = round_;
+  fail_fast();
+  Round round{++round_, 0, Clock::now() + options_.timeout, true};
+  round.parity = round.number & 1;
+  d.round = round.number;
   if (publish) publish(round.parity);
   segment_->slot(rank()).desc[round.parity] = d;
-  arrive_and_wait(round, static_cast<Collective>(d.collective));
+  arrive();
+  const uint64_t target = barriers_;
+  auto counter = [&](int r) { return segment_->slot(r).arrivals.load(std::memory_order_acquire); };
+  const Waited waited = wait_all(header().barrier_wake, counter, target, round.deadline, &header().stop_word, false);
+  // The stop is published before the verdict, so whoever reads "aborted" finds the reason.
+  if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank());
+  const uint64_t want = waited == Waited::Ready ? 0 : 1;
+  uint64_t outcome = 0;
+  uint64_t cur = header().decision.load(std::memory_order_acquire);
+  for (;;) {
+    if ((cur >> 1) >= round.number) {
+      outcome = cur & 1;
+      break;
+    }
+    if (header().decision.compare_exchange_weak(cur, (round.number << 1) | want, std::memory_order_acq_rel)) {
+      outcome = want;
+      break;
+    }
+  }
+  if (outcome == 1) {
+    // Nobody runs this round. A rank that saw everyone arrive still needs the reason.
+    if (waited == Waited::TimedOut) throw_timeout(static_cast<Collective>(d.collective), target);
+    if (waited == Waited::PeerDied) throw_dead(dead_rank_);
+    throw_stopped(true);
+  }
+  // Committed: every rank arrived, and every rank runs the round (even if an abort comes now).
   const Descriptor& first = segment_->slot(0).desc[round.parity];
   for (int r = 1; r < size(); ++r) {
     const Descriptor& other = segment_->slot(r).desc[round.parity];
     if (!same_call(first, other)) {
-      fail(GRADSYNC_E_MISMATCH, "shm group '{}': ranks disagree: rank 0 called {} but rank {} called {}",
-           segment_->group(), describe(first), r, describe(other));
+      fail(GRADSYNC_E_MISMATCH, "shm group '{}' call {}: rank 0 called {} but rank {} called {}", segment_->group(),
+           round.number, describe(first), r, describe(other));
     }
   }
   for (int r = 0; r < size(); ++r) round.all_zero_copy &= segment_->slot(r).desc[round.parity].zero_copy != 0;
@@ -263,6 +333,9 @@ ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::fun
 void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   if (size() == 1) {
+    fail_fast();
+    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "allreduce does not reduce {} (f32, f64, i32, i64 only)",
+               dtype_name(dtype));
     for (const auto& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
     return;
   }
@@ -317,7 +390,7 @@ void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
       reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
     });
     // Peers may not reuse their buffers until everyone has written its slice into them.
-    arrive_and_wait(round, Collective::Allreduce);
+    arrive_and_wait(round, Collective::Allreduce, false);
     return;
   }
 
@@ -338,12 +411,12 @@ void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
       reduce(dtype, op, srcs.data(), n, segment_->out_area(c & 1), slice.start, slice.start + slice.len);
     }
     if (k < chunks) all.gather(k * per_chunk, k * per_chunk + chunk_len(k), segment_->in_area(rank(), k & 1));
-    if (k <= chunks) arrive_and_wait(round, Collective::Allreduce);
+    if (k <= chunks) arrive_and_wait(round, Collective::Allreduce, true);
   }
 }
 
 void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  if (size() == 1) return;
+  if (size() == 1) return fail_fast();
   const size_t es = dtype_size(dtype);
   const uint64_t bytes = count * es;
   const bool is_root = rank() == root;
@@ -372,7 +445,7 @@ void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   }
   if (segment_->slot(root).desc[round.parity].zero_copy != 0) {
     if (!is_root) std::memcpy(out, at(segment_->table(root, round.parity)[0].send), bytes);
-    arrive_and_wait(round, Collective::Broadcast);
+    arrive_and_wait(round, Collective::Broadcast, false);
     return;
   }
   // Copy path: the root stages chunk k while the others copy out chunk k-1.
@@ -385,7 +458,7 @@ void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
     }
     if (k < chunks) {
       if (is_root) std::memcpy(segment_->in_area(rank(), k & 1), out + k * kChunkBytes, chunk_bytes(k));
-      arrive_and_wait(round, Collective::Broadcast);
+      arrive_and_wait(round, Collective::Broadcast, true);
     }
   }
 }
@@ -396,8 +469,12 @@ void ShmCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
   const Part mine = my_part(total);
   char* out = static_cast<char*>(recv);
   const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
+  if (size() == 1) {
+    fail_fast();
+    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+    return;
+  }
   if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
-  if (size() == 1) return;
   const bool small = total * es <= kSmallBytes;
   const bool zero_copy = !small && segment_->own_heap_offset(own, mine.len * es) != kNoOffset;
   Descriptor d{};
@@ -428,7 +505,7 @@ void ShmCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
       const Part p = partition(total, n, r);
       std::memcpy(out + p.start * es, at(segment_->table(static_cast<int>(r), round.parity)[0].send), p.len * es);
     }
-    arrive_and_wait(round, Collective::Allgather);
+    arrive_and_wait(round, Collective::Allgather, false);
     return;
   }
   // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
@@ -450,7 +527,7 @@ void ShmCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
         const uint64_t len = std::min(block, mine.len - k * block);
         std::memcpy(segment_->in_area(rank(), k & 1), own + k * block * es, len * es);
       }
-      arrive_and_wait(round, Collective::Allgather);
+      arrive_and_wait(round, Collective::Allgather, true);
     }
   }
 }
@@ -461,6 +538,9 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   const Part mine = my_part(total);
   const char* in = static_cast<const char*>(send);
   if (size() == 1) {
+    fail_fast();
+    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "reduce_scatter does not reduce {} (f32, f64, i32, i64 only)",
+               dtype_name(dtype));
     copy(dtype, send, recv, 0, total);
     return;
   }
@@ -494,7 +574,7 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
     for (size_t r = 0; r < n; ++r)
       srcs[r] = at(segment_->table(static_cast<int>(r), round.parity)[0].send) + mine.start * es;
     reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
-    arrive_and_wait(round, Collective::ReduceScatter);
+    arrive_and_wait(round, Collective::ReduceScatter, false);
     return;
   }
   // Copy path: in step k every rank stages block k of every part (n slots of `block` elements)
@@ -521,13 +601,13 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
         const uint64_t len = std::min(block, p.len - k * block);
         std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
       }
-      arrive_and_wait(round, Collective::ReduceScatter);
+      arrive_and_wait(round, Collective::ReduceScatter, true);
     }
   }
 }
 
 void ShmCommunicator::barrier() {
-  if (size() == 1) return;
+  if (size() == 1) return fail_fast();
   Descriptor d{};
   d.collective = static_cast<uint32_t>(Collective::Barrier);
   d.op = -1;
@@ -537,35 +617,55 @@ void ShmCommunicator::barrier() {
 void ShmCommunicator::abort() noexcept { stop(StopReason::Aborted, rank()); }
 
 void ShmCommunicator::reset() {
-  if (size() == 1) {
-    header().stop_word.store(0, std::memory_order_seq_cst);
-    return;
-  }
-  // Two phases: after the first every rank is inside reset (nobody is in a barrier), so rank 0
-  // can clear the barrier count and the stop word; the second keeps everyone out until it has.
   Header& h = header();
-  const uint32_t n = static_cast<uint32_t>(size());
-  const auto deadline = Clock::now() + options_.timeout;
-  for (int phase = 0; phase < 2; ++phase) {
-    ++resets_;
-    const uint32_t target = resets_ * n;
-    if (phase == 1 && rank() == 0) {
-      const uint32_t stopped = h.stop_word.load();
-      if ((stopped & 0xff) == static_cast<uint32_t>(StopReason::PeerDied)) throw_stopped(stopped, false);
-      h.barrier_word.store(0, std::memory_order_seq_cst);
-      for (int r = 0; r < size(); ++r) segment_->slot(r).arrivals.store(0, std::memory_order_relaxed);
-      h.stop_word.store(0, std::memory_order_seq_cst);
+  const uint32_t target = h.reset_epoch.load(std::memory_order_acquire) + 1;
+  if (size() > 1) {
+    // Every rank posts its request with its round and barrier counts; once all have, the counts
+    // are quiescent and every rank adopts the same maxima. A rank that gives up retracts its
+    // request, so a reset can be retried.
+    RankSlot& me = segment_->slot(rank());
+    me.reset_rounds[target & 1] = round_;
+    me.reset_arrivals[target & 1] = barriers_;
+    me.reset_request.store(target, std::memory_order_seq_cst);
+    notify(h.barrier_wake);
+    auto counter = [&](int r) { return uint64_t{segment_->slot(r).reset_request.load(std::memory_order_acquire)}; };
+    const Waited waited = wait_all(h.barrier_wake, counter, target, Clock::now() + options_.timeout, nullptr, false);
+    if (waited != Waited::Ready) {
+      // Only retract if not everyone made it: otherwise the others already went ahead.
+      bool all = true;
+      for (int r = 0; r < size(); ++r) all &= counter(r) >= target;
+      if (!all) me.reset_request.store(target - 1, std::memory_order_seq_cst);
+      if (waited == Waited::PeerDied) throw_dead(dead_rank_);
+      if (waited == Waited::TimedOut) {
+        std::vector<int> missing;
+        for (int r = 0; r < size(); ++r) {
+          if (counter(r) < target) missing.push_back(r);
+        }
+        fail(GRADSYNC_E_TIMEOUT, "reset of shm group '{}': rank(s) {} did not call reset within {} ms",
+             segment_->group(), fmt::join(missing, ", "), options_.timeout.count());
+      }
     }
-    if (h.reset_word.fetch_add(1, std::memory_order_seq_cst) + 1 == target) {
-      notify(h.reset_wake);
-      continue;
+    uint64_t rounds = 0, arrivals = 0;
+    for (int r = 0; r < size(); ++r) {
+      rounds = std::max(rounds, segment_->slot(r).reset_rounds[target & 1]);
+      arrivals = std::max(arrivals, segment_->slot(r).reset_arrivals[target & 1]);
     }
-    wait_for(
-        h.reset_wake, [&] { return static_cast<int32_t>(h.reset_word.load(std::memory_order_acquire) - target) >= 0; },
-        deadline, nullptr, "reset");
+    round_ = rounds;
+    barriers_ = arrivals;
+    me.arrivals.store(arrivals, std::memory_order_seq_cst);
   }
-  barriers_ = 0;
-  round_ = 0;
+  const uint32_t code = h.stop_word.load(std::memory_order_acquire);
+  if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
+  if (stop_reason(code) == StopReason::Left) throw_stopped(false);
+  // Clear only stops older than this reset; a newer abort (from a rank already past it) stays.
+  uint32_t epoch = h.reset_epoch.load(std::memory_order_acquire);
+  while (static_cast<int32_t>(epoch - target) < 0 &&
+         !h.reset_epoch.compare_exchange_weak(epoch, target, std::memory_order_acq_rel)) {
+  }
+  uint32_t s = h.stop_word.load(std::memory_order_acquire);
+  while (s != 0 && ((stop_epoch(s) - (target & 0xfffu)) & 0x800u) != 0 &&
+         !h.stop_word.compare_exchange_weak(s, 0, std::memory_order_acq_rel)) {
+  }
 }
 
 }  // namespace
