@@ -16,6 +16,7 @@ Arrays are passed without copying (C-contiguous numpy arrays of float32, float64
 and the GIL is released during every call, so Python threads run collectives truly in parallel.
 """
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -71,6 +72,14 @@ declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
+declare("gradsync_comm_alloc", c_int, _P, c_size_t, ctypes.POINTER(c_void_p))
+declare("gradsync_comm_free_buffer", c_int, _P, _P)
+
+
+def _free_buffer(comm, address):
+    # Runs when the last view of an array from Communicator.empty is collected.
+    if comm._ptr:
+        lib.gradsync_comm_free_buffer(comm._ptr, address)
 
 
 def partition(total, parts, index):
@@ -119,8 +128,9 @@ class Communicator(Handle):
 
     name: the group's name (ranks with the same name form one group); rank in [0, size);
     timeout_ms: deadline of joining and of every collective (default: the library's, 300 s);
-    transport: "threads" (default; ranks are threads of this process), or another transport's
-    name or number when the library has it.
+    transport: "threads" (default; ranks are threads of this process), "shm" (ranks are processes
+    of this host, meeting in /dev/shm/gradsync.<name>; see empty() for zero-copy arrays), or another
+    transport's name or number when the library has it.
     """
 
     _free = lib.gradsync_comm_free
@@ -228,6 +238,25 @@ class Communicator(Handle):
 
     def barrier(self):
         check(lib.gradsync_comm_barrier(self.ptr))
+
+    def empty(self, shape, dtype=np.float32):
+        """An uninitialised array for this group's collectives.
+
+        With transport "shm" it lies in the group's shared-memory segment, and collectives whose
+        arrays come from here on every rank run zero copy (peers reduce straight from them). Other
+        transports give ordinary memory. The memory returns to the group when the array (and every
+        view of it) is collected; it must not be used after the communicator is closed.
+        """
+        dtype = np.dtype(dtype)
+        if dtype not in _DTYPES:
+            raise TypeError(f"dtype {dtype}; expected float32, float64, int32 or int64")
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(count * dtype.itemsize, 1)
+        address = c_void_p()
+        check(lib.gradsync_comm_alloc(self.ptr, nbytes, ctypes.byref(address)))
+        memory = (ctypes.c_char * nbytes).from_address(address.value)
+        weakref.finalize(memory, _free_buffer, self, address.value)
+        return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
 
     def abort(self):
         """Wake every rank waiting in a collective with E_ABORTED; safe from any thread."""

@@ -1,0 +1,179 @@
+"""The shared-memory transport from Python: real processes (multiprocessing, spawn), same API."""
+import multiprocessing as mp
+import os
+import signal
+import uuid
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+
+BOUND_S = 60  # no test can hang: every process is joined with this bound, then killed
+
+
+def _group(tag):
+    return f"py-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _run(target, nranks, *args):
+    """Starts nranks spawned processes target(rank, nranks, queue, *args); returns {rank: result}, exit codes."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, nranks, queue) + args) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for p in procs:
+            p.join(BOUND_S)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+                pytest.fail(f"a rank still ran after {BOUND_S} s")
+        while not queue.empty():
+            rank, value = queue.get(timeout=5)
+            results[rank] = value
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return results, [p.exitcode for p in procs]
+
+
+def _seed(rank, size, queue, group):
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        plain = np.array([2.0, 4.0] if rank == 0 else [4.0, 8.0], dtype=np.float32)
+        comm.allreduce(plain, op="mean")
+        shared = comm.empty(2, np.float32)
+        shared[:] = [2.0, 4.0] if rank == 0 else [4.0, 8.0]
+        comm.allreduce(shared, op="mean")
+        queue.put((rank, (plain.tolist(), shared.tolist(), comm.transport)))
+
+
+def test_seed_two_ranks_mean_both_data_paths():
+    results, codes = _run(_seed, 2, _group("seed"))
+    assert codes == [0, 0]
+    for rank in range(2):
+        plain, shared, transport = results[rank]
+        assert plain == [3.0, 6.0] and shared == [3.0, 6.0]
+        assert transport == gs.TRANSPORT_SHM
+
+
+def _seed3(rank, size, queue, group):
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        v = np.full(7 if rank == 1 else 4, 2.0 + rank, dtype=np.float32)
+        try:
+            comm.allreduce(v)
+            status = gs.OK
+        except gs.GradsyncError as e:
+            status = e.status
+        w = np.full(4, [2.0, 4.0, 3.0][rank], dtype=np.float32)
+        comm.allreduce(w)
+        queue.put((rank, (status, w.tolist())))
+
+
+def test_seed_three_ranks_lengths_mismatch_then_a_round_works():
+    results, codes = _run(_seed3, 3, _group("seed3"))
+    assert codes == [0, 0, 0]
+    for rank in range(3):
+        status, w = results[rank]
+        assert status == gs.E_MISMATCH
+        assert w == [3.0] * 4
+
+
+def _collectives(rank, size, queue, group):
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        n = 1_000_003  # several pipeline chunks, not divisible by the ranks
+        x = np.arange(n, dtype=np.float64) * (rank + 1)
+        total = comm.allreduce(x.copy(), op="sum")
+        zero_copy = comm.empty(n, np.float64)
+        zero_copy[:] = x
+        comm.allreduce(zero_copy, op="sum")
+        part = comm.reduce_scatter(x, op="max")
+        gathered = comm.allgather(np.zeros(n, dtype=np.float64), part=part)
+        b = np.full(10, float(rank), dtype=np.float32)
+        comm.broadcast(b, root=size - 1)
+        queue.put((rank, (float(total[12345]), bool(np.array_equal(total, zero_copy)),
+                          float(gathered[n - 1]), b.tolist())))
+
+
+def test_collectives_across_three_processes():
+    results, codes = _run(_collectives, 3, _group("coll"))
+    assert codes == [0, 0, 0]
+    for rank in range(3):
+        t, same, last, b = results[rank]
+        assert t == 12345.0 * 6 and same
+        assert last == (1_000_002) * 3.0
+        assert b == [2.0] * 10
+
+
+def _killed(rank, size, queue, group):
+    with gs.Communicator(group, rank, size, timeout_ms=60000, transport="shm") as comm:
+        grad = np.ones(1 << 20, dtype=np.float32)
+        comm.barrier()
+        if rank == 1:
+            comm.allreduce(grad)
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            for _ in range(100000):
+                comm.allreduce(grad)
+            status, message = gs.OK, ""
+        except gs.GradsyncError as e:
+            status, message = e.status, e.message
+    # The survivors form a new group of the same name.
+    with gs.Communicator(group, 0 if rank == 0 else 1, size - 1, timeout_ms=20000, transport="shm") as comm:
+        v = np.ones(3, dtype=np.float32)
+        comm.allreduce(v, op="sum")
+    queue.put((rank, (status, message, v.tolist())))
+
+
+def test_a_killed_rank_is_reported_and_survivors_regroup():
+    results, codes = _run(_killed, 3, _group("kill"))
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] == 0 and codes[2] == 0
+    for rank in (0, 2):
+        status, message, v = results[rank]
+        assert status == gs.E_REMOTE, message
+        assert "rank 1" in message and "died" in message
+        assert v == [2.0, 2.0, 2.0]
+
+
+def _late(rank, size, queue, group, timed_out):
+    with gs.Communicator(group, rank, size, timeout_ms=300, transport="shm") as comm:
+        statuses = []
+        if rank == 1:
+            # Never arrives at rank 0's allreduce: waits (bounded) until rank 0 has given up.
+            timed_out.wait(30)
+        for _ in range(2 if rank == 0 else 1):
+            try:
+                comm.allreduce(np.ones(4, dtype=np.float32))
+                statuses.append(gs.OK)
+            except gs.GradsyncError as e:
+                statuses.append(e.status)
+        timed_out.set()
+        queue.put((rank, statuses))
+
+
+def test_a_rank_that_never_arrives_gives_timeout_then_calls_fail_fast():
+    timed_out = mp.get_context("spawn").Event()
+    results, codes = _run(_late, 2, _group("late"), timed_out)
+    assert codes == [0, 0]
+    assert results[0] == [gs.E_TIMEOUT, gs.E_ABORTED]
+    assert results[1] == [gs.E_ABORTED]
+
+
+def test_empty_on_the_thread_transport_is_ordinary_memory():
+    with gs.Communicator(_group("solo"), 0, 1) as comm:
+        a = comm.empty((3, 4), np.int32)
+        assert a.shape == (3, 4) and a.dtype == np.int32
+        a[:] = 7
+        comm.allreduce(a, op="sum")
+        assert (a == 7).all()
+        with pytest.raises(TypeError):
+            comm.empty(4, np.int8)
+
+
+def test_shm_feature_is_reported():
+    assert gs.has_feature(gs.FEATURE_SHM_TRANSPORT)
