@@ -42,7 +42,7 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
     std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
   }
   gradsync::shard::Options out;
-  GS_REQUIRE(o.optimizer >= GRADSYNC_OPTIM_SGD && o.optimizer <= GRADSYNC_OPTIM_ADAMW, GRADSYNC_E_INVALID_ARG,
+  GS_REQUIRE(o.optimizer >= GRADSYNC_SHARD_SGD && o.optimizer <= GRADSYNC_SHARD_ADAMW, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", o.optimizer);
   out.optimizer = static_cast<gradsync::shard::Optimizer>(o.optimizer);
   out.compress = gradsync::codec::to_codec(o.compress, true);

@@ -37,12 +37,12 @@ GRADSYNC_BEGIN_DECL
 typedef struct gradsync_shard gradsync_shard;
 
 /** Optimizers run by the owner of each slice. */
-typedef enum gradsync_optimizer {
-  GRADSYNC_OPTIM_SGD = 0,      /**< w -= lr·(g + wd·w) */
-  GRADSYNC_OPTIM_MOMENTUM = 1, /**< v = μ·v + (g + wd·w); w -= lr·v */
-  GRADSYNC_OPTIM_ADAM = 2,     /**< Adam with bias correction; weight decay as an L2 term in g */
-  GRADSYNC_OPTIM_ADAMW = 3     /**< Adam with decoupled weight decay: w -= lr·wd·w */
-} gradsync_optimizer;
+typedef enum gradsync_shard_optimizer {
+  GRADSYNC_SHARD_SGD = 0,      /**< w -= lr·(g + wd·w) */
+  GRADSYNC_SHARD_MOMENTUM = 1, /**< v = μ·v + (g + wd·w); w -= lr·v */
+  GRADSYNC_SHARD_ADAM = 2,     /**< Adam with bias correction; weight decay as an L2 term in g */
+  GRADSYNC_SHARD_ADAMW = 3     /**< Adam with decoupled weight decay: w -= lr·wd·w */
+} gradsync_shard_optimizer;
 
 /** Which slice gradsync_shard_read_slice copies. */
 typedef enum gradsync_shard_slice {
@@ -56,7 +56,7 @@ typedef enum gradsync_shard_slice {
 typedef struct gradsync_shard_options {
   uint32_t struct_size;   /**< sizeof(gradsync_shard_options) as the caller compiled it */
   uint32_t version;       /**< GRADSYNC_SHARD_OPTIONS_VERSION */
-  int32_t optimizer;      /**< a gradsync_optimizer; default SGD */
+  int32_t optimizer;      /**< a gradsync_shard_optimizer; default SGD */
   int32_t compress;       /**< a gradsync_codec for gradients on the wire; default NONE */
   int32_t error_feedback; /**< 1: keep each rank's compression residual and add it to its next gradient */
   int32_t clamp;          /**< 1: clamp the aggregated gradient to [clamp_min, clamp_max] */
@@ -74,7 +74,7 @@ typedef struct gradsync_shard_options {
 
 #define GRADSYNC_SHARD_OPTIONS_INIT                                                                  \
   {                                                                                                  \
-    sizeof(gradsync_shard_options), GRADSYNC_SHARD_OPTIONS_VERSION, GRADSYNC_OPTIM_SGD, GRADSYNC_CODEC_NONE, 0, 0, \
+    sizeof(gradsync_shard_options), GRADSYNC_SHARD_OPTIONS_VERSION, GRADSYNC_SHARD_SGD, GRADSYNC_CODEC_NONE, 0, 0, \
         0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0                                              \
   }
 

@@ -198,6 +198,8 @@ void ShardedParameter::init(const float* weights, size_t count) {
   std::fill(residual_.begin(), residual_.end(), 0.0f);
   updates_ = 0;
   fresh_gradient_ = aggregated_ = false;
+  // A fresh start: earlier local failures concerned the state this call replaces.
+  take_failure();
   initialised_ = true;
 }
 

@@ -1,0 +1,224 @@
+"""Codecs and the sharded parameter through ctypes, on the thread transport."""
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+
+_names = itertools.count()
+
+
+def run_ranks(size, body, timeout_ms=20000):
+    """Run body(comm, rank) on `size` threads of one group; returns the results by rank."""
+    name = f"py-shard-{next(_names)}"
+    results, errors = [None] * size, [None] * size
+
+    def worker(rank):
+        try:
+            with gs.Communicator(name, rank, size, timeout_ms=timeout_ms) as comm:
+                results[rank] = body(comm, rank)
+        except BaseException as exc:  # reported on the main thread
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a rank did not finish"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def status_of(fn):
+    try:
+        fn()
+    except gs.GradsyncError as e:
+        return e.status
+    return 0
+
+
+# ---- codecs
+
+def test_bigdl_codec_acceptance():
+    x = np.array([1.111111, 2.111111, 3.111111, 4.111111, 5.111111, -4.111111, 0.1], dtype=np.float32)
+    out = gs.decode(gs.encode(x, "bigdl_fp16"), "bigdl_fp16")
+    assert out.tolist() == [1.109375, 2.109375, 3.109375, 4.09375, 5.09375, -4.09375, 0.099609375]
+    ints = np.arange(-256, 257, dtype=np.float32)
+    for codec in ("bigdl_fp16", "bf16", "fp16"):
+        assert np.array_equal(gs.decode(gs.encode(ints, codec), codec), ints)
+    # BigDL's byte order: 1.0f = 0x3f800000 -> bytes 0x3f 0x80
+    assert gs.encode(np.array([1.0], dtype=np.float32), "bigdl_fp16").tobytes() == b"\x3f\x80"
+
+
+def test_compressed_add_whole_and_slice():
+    for codec in ("bigdl_fp16", "bf16", "fp16"):
+        a = gs.encode(np.arange(1, 6, dtype=np.float32), codec)
+        b = gs.encode(np.arange(2, 7, dtype=np.float32), codec)
+        whole = gs.add_encoded(a.copy(), b, codec)
+        assert gs.decode(whole, codec).tolist() == [3, 5, 7, 9, 11]
+        part = gs.add_encoded(a.copy(), b[1:3], codec, offset=1)
+        assert gs.decode(part, codec).tolist() == [1, 5, 7, 4, 5]
+        acc = np.ones(5, dtype=np.float32)
+        gs.accumulate_encoded(acc, b[1:3], codec, offset=3)
+        assert acc.tolist() == [1, 1, 1, 4, 5]
+
+
+def test_codec_rounding_and_specials():
+    x = np.array([1 + 3 / 256, 65520.0, np.inf, -np.inf, np.nan], dtype=np.float32)
+    bf = gs.decode(gs.encode(x, "bf16"), "bf16")
+    assert bf[0] == np.float32(1 + 4 / 256)
+    half = gs.decode(gs.encode(x, "fp16"), "fp16")
+    assert np.isinf(half[1])
+    # F16C (or the scalar path) agrees with numpy's own IEEE half conversion
+    r = np.random.default_rng(1).normal(0, 100, 10000).astype(np.float32)
+    assert np.array_equal(gs.encode(r, "fp16"), r.astype(np.float16).view(np.uint16))
+    for codec in ("bigdl_fp16", "bf16", "fp16"):
+        out = gs.decode(gs.encode(x[2:], codec), codec)
+        assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2])
+
+
+def test_codec_errors():
+    enc = gs.encode(np.ones(5, dtype=np.float32), "bf16")
+    with pytest.raises(gs.GradsyncError) as info:
+        gs.decode(enc, "bf16", offset=3, count=4)
+    assert info.value.status == gs.E_INVALID_ARG
+    assert "past the end of the 5-element" in info.value.message
+    with pytest.raises(gs.GradsyncError) as info:
+        gs.encode(np.ones(5, dtype=np.float32), "bf16", out=np.empty(3, dtype=np.uint16))
+    assert info.value.status == gs.E_BUFS
+    with pytest.raises(gs.GradsyncError) as info:
+        gs.add_encoded(enc.copy(), enc, "bf16", offset=1)
+    assert info.value.status == gs.E_INVALID_ARG
+    with pytest.raises(gs.GradsyncError) as info:
+        gs.encode(np.ones(2, dtype=np.float32), "none")
+    assert "no 16-bit encoding" in info.value.message
+    with pytest.raises(ValueError):
+        gs.encode(np.ones(2, dtype=np.float32), "fp8")
+    with pytest.raises(TypeError):
+        gs.encode(np.ones(2, dtype=np.float64), "bf16")
+
+
+# ---- sharded parameter
+
+def test_partitions_and_bigdl_offsets():
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, 10) as p, gs.ShardedParameter(comm, 5) as q:
+            return p.part, p.part_of(rank, base=1), p.ranges(), q.part
+
+    out = run_ranks(3, body)
+    assert [o[0] for o in out] == [(0, 4), (4, 3), (7, 3)]
+    assert [o[1] for o in out] == [(1, 4), (5, 3), (8, 3)]
+    assert out[0][2] == [(0, 4), (4, 3), (7, 3)]
+    assert [o[3] for o in out] == [(0, 2), (2, 2), (4, 1)]
+
+
+@pytest.mark.parametrize("compress", ["none", "bf16", "fp16", "bigdl_fp16"])
+def test_bigdl_acceptance_82(compress):
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, 1, optimizer="sgd", lr=1.0, compress=compress) as p:
+            w = np.array([100.0], dtype=np.float32)
+            p.init(w)
+            p.step(np.array([2.0 if rank == 0 else 4.0], dtype=np.float32), w)
+            first = float(w[0])
+            # round 2 through the stages, as BigDL's users drive them
+            p.put(np.array([10.0 if rank == 0 else 20.0], dtype=np.float32))
+            p.aggregate()
+            p.update()
+            p.gather(w)
+            return first, float(w[0]), p.updates
+
+    assert run_ranks(2, body) == [(97.0, 82.0, 2), (97.0, 82.0, 2)]
+
+
+def test_processors_and_zero_count():
+    g = np.array([0.3, -0.4, 1.2, 0.0, 5.0], dtype=np.float32)
+    norm = float(np.linalg.norm(g.astype(np.float64)))
+
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, 5, lr=1.0, clamp=(0, 0)) as a, \
+             gs.ShardedParameter(comm, 5, lr=1.0, clip_norm=0.03) as b:
+            w1 = np.ones(5, dtype=np.float32)
+            a.init(w1)
+            a.step(g, w1)
+            w2 = np.zeros(5, dtype=np.float32)
+            b.init(w2)
+            b.step(g, w2)
+            zero = status_of(lambda: b.step(g, w2, samples=0))
+            b.put(g, samples=0)
+            staged_zero = status_of(b.aggregate)
+            return w1, w2, zero, staged_zero
+
+    for w1, w2, zero, staged_zero in run_ranks(2, body):
+        assert np.array_equal(w1, np.ones(5, dtype=np.float32))
+        np.testing.assert_allclose(w2, -g * 0.03 / norm, rtol=1e-6)
+        assert zero == gs.E_ZERO_WEIGHT and staged_zero == gs.E_ZERO_WEIGHT
+
+
+def test_adam_with_compression_matches_on_every_rank_and_saves_memory():
+    n = 1003
+    rng = np.random.default_rng(3)
+    grads = rng.normal(size=(3, 4, n)).astype(np.float32)
+
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, n, optimizer="adam", lr=1e-2, compress="bf16", error_feedback=True) as p:
+            w = np.zeros(n, dtype=np.float32)
+            p.init(w)
+            for t in range(4):
+                p.step(grads[rank, t], w, samples=rank + 1)
+            return w, p.memory
+
+    out = run_ranks(3, body)
+    assert all(np.array_equal(out[0][0], o[0]) for o in out)
+    assert [o[1]["optimizer"] for o in out] == [335 * 8, 334 * 8, 334 * 8]
+    assert np.abs(out[0][0]).max() <= 4 * 1e-2 * 1.01  # Adam moves each weight at most lr per step
+
+
+def test_failure_on_one_rank_raises_on_every_rank():
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, 4, lr=1.0) as p:
+            w = np.zeros(4, dtype=np.float32)
+            p.init(w)
+            bad = np.zeros(3 if rank == 1 else 4, dtype=np.float32)
+            statuses = [status_of(lambda: p.step(bad, bad if rank == 1 else w))]
+            # a failed put is not replaced by an older gradient
+            p.put(np.ones(4, dtype=np.float32))
+            p.aggregate()
+            p.update()
+            p.gather(w)
+            statuses.append(status_of(lambda: p.put(np.ones(3 if rank == 0 else 4, dtype=np.float32))))
+            statuses.append(status_of(p.aggregate))
+            return statuses, w.tolist()
+
+    out = run_ranks(2, body)
+    assert out[0][0] == [gs.E_REMOTE, gs.E_INVALID_ARG, gs.E_INVALID_ARG]
+    assert out[1][0] == [gs.E_INVALID_ARG, 0, gs.E_REMOTE]
+    assert out[0][1] == out[1][1] == [-1.0] * 4
+
+
+def test_bad_arguments():
+    def body(comm, rank):
+        with pytest.raises(gs.GradsyncError) as info:
+            gs.ShardedParameter(comm, 0)
+        assert "total parameter count is 0" in info.value.message
+        with pytest.raises(gs.GradsyncError):
+            gs.ShardedParameter(comm, 3, lr=-1)
+        with pytest.raises(ValueError):
+            gs.ShardedParameter(comm, 3, optimizer="lbfgs")
+        with gs.ShardedParameter(comm, 3) as p:
+            with pytest.raises(gs.GradsyncError) as info:
+                p.part_of(5)
+            assert info.value.status == gs.E_OUT_OF_RANGE
+            with pytest.raises(gs.GradsyncError) as info:
+                p.update()
+            assert info.value.status == gs.E_MISUSE
+            with pytest.raises(gs.GradsyncError) as info:
+                p.init(np.zeros(2, dtype=np.float32))
+            assert "weights hold 2 floats, the parameter has 3" in info.value.message
+        return True
+
+    assert run_ranks(1, body) == [True]
