@@ -32,7 +32,8 @@ typedef struct gradsync_comm gradsync_comm;
 /** Transports. */
 typedef enum gradsync_transport {
   GRADSYNC_TRANSPORT_THREAD = 0, /**< threads of one process, grouped by name (no set-up) */
-  GRADSYNC_TRANSPORT_SHM = 1     /**< processes of one host, grouped by name through /dev/shm/gradsync.<name> */
+  GRADSYNC_TRANSPORT_SHM = 1,    /**< processes of one host, grouped by name through /dev/shm/gradsync.<name> */
+  GRADSYNC_TRANSPORT_MPI = 2     /**< processes over MPI (see "MPI transport" above); when built with it */
 } gradsync_transport;
 
 #define GRADSYNC_COMM_OPTIONS_VERSION 1

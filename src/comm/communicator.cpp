@@ -1,5 +1,8 @@
 #include "comm/communicator.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
+#if GRADSYNC_HAVE_MPI
+#include "comm/transport/mpi/mpi_communicator.hpp"
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -61,7 +64,12 @@ std::unique_ptr<Communicator> create(const Options& options) {
   switch (options.transport) {
     case Transport::Thread: return create_thread_communicator(options);
     case Transport::Shm: return create_shm_communicator(options);
-    case Transport::Mpi: break;
+    case Transport::Mpi:
+#if GRADSYNC_HAVE_MPI
+      return create_mpi_communicator(options);
+#else
+      fail(GRADSYNC_E_UNSUPPORTED, "the MPI transport is not available: libgradsync was built without MPI");
+#endif
   }
   fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
 }

@@ -1,0 +1,788 @@
+#include "comm/transport/mpi/mpi_communicator.hpp"
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/reduce.hpp"
+#include "comm/transport/mpi/mpi_runtime.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI counts are int: larger transfers go in pieces of this many elements.
+constexpr size_t kMaxMpiCount = size_t{1} << 30;
+// Fused allreduce packs small buffers into a staging buffer of at most this many bytes and sends
+// it in one MPI call per fill; buffers of kDirectBytes or more go to MPI straight from the caller.
+constexpr size_t kStagingBytes = size_t{16} << 20;
+constexpr size_t kDirectBytes = size_t{1} << 20;
+constexpr int kAbortTag = 7001;
+// How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+constexpr auto kSpinPhase = std::chrono::milliseconds(2);
+
+enum class Kind : int32_t { Allreduce = 1, AllreduceMany = 2, Broadcast = 3, Allgather = 4, ReduceScatter = 5,
+                            Barrier = 6 };
+
+const char* kind_name(int32_t kind) noexcept {
+  switch (static_cast<Kind>(kind)) {
+    case Kind::Allreduce: return "allreduce";
+    case Kind::AllreduceMany: return "allreduce_many";
+    case Kind::Broadcast: return "broadcast";
+    case Kind::Allgather: return "allgather";
+    case Kind::ReduceScatter: return "reduce_scatter";
+    case Kind::Barrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+// What a rank is about to do; every rank compares every rank's before moving data.
+struct Fingerprint {
+  uint64_t seq = 0;
+  uint64_t count = 0;   // elements (fused: all buffers together)
+  uint64_t layout = 0;  // fused: hash of the per-buffer counts
+  int32_t kind = 0;
+  int32_t dtype = -1;
+  int32_t op = -1;
+  int32_t root = -1;  // broadcast: root; fused: number of buffers
+};
+static_assert(sizeof(Fingerprint) == 40, "the fingerprint is exchanged as raw bytes");
+
+bool operator==(const Fingerprint& a, const Fingerprint& b) noexcept {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+std::string describe(const Fingerprint& f) {
+  std::vector<std::string> parts;
+  switch (static_cast<Kind>(f.kind)) {
+    case Kind::Barrier: break;
+    case Kind::AllreduceMany:
+      parts.push_back(fmt::format("{} buffers of {} elements in all, layout {:016x}", f.root, f.count, f.layout));
+      break;
+    default: parts.push_back(fmt::format("count {}", f.count)); break;
+  }
+  if (f.dtype >= 0) parts.emplace_back(dtype_name(static_cast<DType>(f.dtype)));
+  if (f.op >= 0) parts.emplace_back(op_name(static_cast<ReduceOp>(f.op)));
+  if (static_cast<Kind>(f.kind) == Kind::Broadcast) parts.push_back(fmt::format("root {}", f.root));
+  std::string joined;
+  for (const std::string& p : parts) joined += (joined.empty() ? "" : ", ") + p;
+  if (joined.empty()) return fmt::format("{} #{}", kind_name(f.kind), f.seq);
+  return fmt::format("{} #{} ({})", kind_name(f.kind), f.seq, joined);
+}
+
+MPI_Datatype mpi_type(DType t) noexcept {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::BF16:
+    case DType::F16: return MPI_UINT16_T;  // moved, never reduced by MPI
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Mean: return MPI_SUM;
+    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Max: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+// Mean after an MPI_SUM: the same finish as the rank-order kernels (float: v / n; integer: the
+// wrapped sum, truncated toward zero).
+template <class T>
+void divide(void* buf, size_t count, int n) noexcept {
+  T* p = static_cast<T*>(buf);
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(n));
+}
+
+void finish_mean(DType t, void* buf, size_t count, int n) noexcept {
+  switch (t) {
+    case DType::F32: return divide<float>(buf, count, n);
+    case DType::F64: return divide<double>(buf, count, n);
+    case DType::I32: return divide<int32_t>(buf, count, n);
+    case DType::I64: return divide<int64_t>(buf, count, n);
+    default: return;
+  }
+}
+
+std::byte* at(void* p, size_t elements, size_t elem) noexcept { return static_cast<std::byte*>(p) + elements * elem; }
+const std::byte* at(const void* p, size_t elements, size_t elem) noexcept {
+  return static_cast<const std::byte*>(p) + elements * elem;
+}
+
+// Memory that an abandoned MPI request may still write (or read) if the late rank ever arrives:
+// kept alive until the process ends, since MPI cannot cancel a collective.
+void bury(std::shared_ptr<void> memory) {
+  static std::mutex mutex;
+  static auto* graveyard = new std::vector<std::shared_ptr<void>>();  // never freed, on purpose
+  std::lock_guard lock(mutex);
+  graveyard->push_back(std::move(memory));
+}
+
+// Processes of one kernel and one PID namespace can see each other's PIDs: a key for that.
+uint64_t pid_namespace_key() {
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat st {};
+  const uint64_t ns = ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  if (boot_id.empty() || ns == 0) return 0;  // unknown: never compare PIDs
+  return std::hash<std::string>{}(boot_id) ^ (ns * 0x9E3779B97F4A7C15ull);
+}
+
+struct PeerInfo {
+  uint64_t ns_key;
+  int64_t pid;
+};
+
+struct Rendezvous {
+  Fingerprint mine;
+  std::vector<Fingerprint> all;
+};
+
+struct FreshComms {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm ctl = MPI_COMM_NULL;
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const Options& options);
+  ~MpiCommunicator() override;
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  Transport transport() const noexcept override { return Transport::Mpi; }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void allgather(const void* send, void* recv, size_t total, DType dtype) override;
+  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void barrier() override;
+  void abort() noexcept override;
+  void reset() override;
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override;
+
+ private:
+  void check(int rc, const char* call);
+  void throw_if_aborted();
+  void arrive(Fingerprint fp);
+  // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
+  // (the memory the requests use), aborts the communicator, tells the peers, and throws.
+  void wait(MPI_Request* requests, int n, Clock::time_point deadline, const std::string& what,
+            std::shared_ptr<void> keepalive, bool watch_notices);
+  void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject);
+  void send_notices(int status, int subject) noexcept;
+  [[noreturn]] void fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what);
+  void post_notice_receive();
+  void retire_control() noexcept;
+  int dead_peer() const noexcept;
+  bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
+
+  void allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det);
+  void rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  std::byte* scratch(size_t bytes);
+
+  Options options_;
+  MPI_Comm base_ = MPI_COMM_NULL;  // never carries traffic: the parent of fresh dups at reset
+  MPI_Comm comm_ = MPI_COMM_NULL;  // collectives
+  MPI_Comm ctl_ = MPI_COMM_NULL;   // abort notices
+  int rank_ = 0;
+  int size_ = 1;
+  uint64_t seq_ = 0;
+  std::shared_ptr<Rendezvous> rendezvous_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::byte> staging_;
+  std::vector<std::byte> scratch_;
+  bool force_deterministic_ = false;
+
+  std::atomic<bool> abort_requested_{false};
+  bool aborted_ = false;
+  std::string aborted_reason_;
+  bool holds_abandoned_ = false;  // counted in the runtime's abandoned total
+  // An abandoned request still refers to its communicator, which must then never be freed.
+  bool comm_pending_ = false;
+  bool base_pending_ = false;
+
+  // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
+  std::mutex ctl_mutex_;
+  bool notices_sent_ = false;
+  // Abort notices carry {status, subject rank}: why the sender gave up (abort, timeout, a dead peer).
+  int notice_out_[2] = {0, 0};
+  int notice_in_[2] = {0, 0};
+  MPI_Request notice_receive_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> notice_sends_;
+  bool runtime_acquired_ = false;
+};
+
+MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
+  mpi::acquire_runtime();
+  runtime_acquired_ = true;
+  try {
+    MPI_Comm parent = MPI_COMM_WORLD;
+    if (options.mpi_fcomm != INT64_MIN) {
+      GS_REQUIRE(options.mpi_fcomm >= INT32_MIN && options.mpi_fcomm <= INT32_MAX, GRADSYNC_E_INVALID_ARG,
+                 "mpi_fcomm {} is not a Fortran communicator handle (MPI_Fint range)", options.mpi_fcomm);
+      parent = MPI_Comm_f2c(static_cast<MPI_Fint>(options.mpi_fcomm));
+      GS_REQUIRE(parent != MPI_COMM_NULL && parent != nullptr, GRADSYNC_E_INVALID_ARG,
+                 "mpi_fcomm {} is not a valid MPI communicator (MPI_Comm_f2c gave MPI_COMM_NULL)", options.mpi_fcomm);
+      int inter = 0;
+      check(MPI_Comm_test_inter(parent, &inter), "MPI_Comm_test_inter");
+      GS_REQUIRE(!inter, GRADSYNC_E_INVALID_ARG, "mpi_fcomm {} is an intercommunicator; an intracommunicator is needed",
+                 options.mpi_fcomm);
+    }
+    const auto deadline = Clock::now() + options_.timeout;
+    // Our own communicators, so our traffic never matches the host's. Non-blocking dups, so a
+    // rank that never joins gives a timeout here too.
+    auto fresh = std::make_shared<FreshComms>();
+    check(MPI_Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", fresh, false);
+    base_ = fresh->comm;
+    MPI_Comm_set_errhandler(base_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(base_, &rank_);
+    MPI_Comm_size(base_, &size_);
+    fresh = std::make_shared<FreshComms>();
+    check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+    check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
+    wait(fresh->requests, 2, deadline, "joining the MPI group (MPI_Comm_idup)", fresh, false);
+    comm_ = fresh->comm;
+    ctl_ = fresh->ctl;
+
+    // Who runs where, so that a dead peer on this host is told apart from a slow one.
+    auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
+    (*info)[static_cast<size_t>(size_)] = PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid())};
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), MPI_BYTE, info->data(),
+                         sizeof(PeerInfo), MPI_BYTE, comm_, &request),
+          "MPI_Iallgather");
+    wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", info, false);
+    peers_.assign(info->begin(), info->begin() + size_);
+    rendezvous_ = std::make_shared<Rendezvous>();
+    rendezvous_->all.resize(static_cast<size_t>(size_));
+    post_notice_receive();
+    GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
+                 size_, options_.deterministic, options_.check_mismatch, options_.timeout.count());
+  } catch (...) {
+    retire_control();
+    if (!mpi::finalized()) {
+      if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+      if (!base_pending_ && base_ != MPI_COMM_NULL) MPI_Comm_free(&base_);
+    }
+    mpi::release_runtime();
+    runtime_acquired_ = false;
+    throw;
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!mpi::finalized()) {
+    retire_control();
+    // A communicator with an abandoned collective stays allocated: the request still refers to it.
+    if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (!base_pending_ && base_ != MPI_COMM_NULL) MPI_Comm_free(&base_);
+  }
+  // An abandoned collective stays counted: the process ends with MPI_Abort when we own MPI.
+  if (runtime_acquired_) mpi::release_runtime();
+}
+
+void MpiCommunicator::check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  const std::string message = fmt::format("{} failed on rank {}: {}", call, rank_, mpi_error_string(rc));
+  aborted_ = true;
+  aborted_reason_ = message;
+  fail(GRADSYNC_E_REMOTE, "{}", message);
+}
+
+void MpiCommunicator::post_notice_receive() {
+  check(MPI_Irecv(notice_in_, 2, MPI_INT, MPI_ANY_SOURCE, kAbortTag, ctl_, &notice_receive_), "MPI_Irecv");
+}
+
+// Cancels the posted notice receive, lets go of sent notices, frees ctl_.
+void MpiCommunicator::retire_control() noexcept {
+  std::lock_guard lock(ctl_mutex_);
+  if (notice_receive_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&notice_receive_);
+    MPI_Wait(&notice_receive_, MPI_STATUS_IGNORE);
+  }
+  for (MPI_Request& r : notice_sends_)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  notice_sends_.clear();
+  if (ctl_ != MPI_COMM_NULL) MPI_Comm_free(&ctl_);
+}
+
+// Tells every peer that this rank aborted the group (at most once per abort).
+void MpiCommunicator::send_notices(int status, int subject) noexcept {
+  std::lock_guard lock(ctl_mutex_);
+  if (notices_sent_ || ctl_ == MPI_COMM_NULL || mpi::finalized()) return;
+  notices_sent_ = true;
+  notice_out_[0] = status;
+  notice_out_[1] = subject;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    if (MPI_Isend(notice_out_, 2, MPI_INT, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS) notice_sends_.push_back(r);
+  }
+}
+
+void MpiCommunicator::abort() noexcept {
+  abort_requested_.store(true);
+  // With MPI_THREAD_MULTIPLE the peers hear of it at once; otherwise the thread that owns the
+  // communicator sends the notices at its next poll or call.
+  if (mpi::thread_level() == MPI_THREAD_MULTIPLE) send_notices(GRADSYNC_E_ABORTED, rank_);
+}
+
+void MpiCommunicator::throw_if_aborted() {
+  if (!aborted_ && abort_requested_.load()) {
+    aborted_ = true;
+    aborted_reason_ = "gradsync_comm_abort was called on this rank";
+    send_notices(GRADSYNC_E_ABORTED, rank_);
+  }
+  if (!aborted_ && notice_receive_ != MPI_REQUEST_NULL) {
+    int arrived = 0;
+    MPI_Status status;
+    check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
+    if (arrived) {
+      aborted_ = true;
+      aborted_reason_ = notice_in_[0] == GRADSYNC_E_REMOTE
+                            ? fmt::format("rank {} died (reported by rank {})", notice_in_[1], status.MPI_SOURCE)
+                        : notice_in_[0] == GRADSYNC_E_TIMEOUT
+                            ? fmt::format("rank {} timed out waiting for a rank that did not arrive", status.MPI_SOURCE)
+                            : fmt::format("rank {} aborted the group", status.MPI_SOURCE);
+    }
+  }
+  if (aborted_)
+    fail(GRADSYNC_E_ABORTED, "MPI communicator (rank {} of {}) is aborted: {}; call gradsync_comm_reset on every rank, or free it",
+         rank_, size_, aborted_reason_);
+}
+
+void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject) {
+  bury(std::move(keepalive));
+  aborted_ = true;
+  aborted_reason_ = reason;
+  comm_pending_ = true;
+  base_pending_ = true;
+  // A dead peer cannot be left blocked in what we abandon, so only a living one makes the exit
+  // handler prefer MPI_Abort to MPI_Finalize.
+  if (!holds_abandoned_ && status != GRADSYNC_E_REMOTE) {
+    holds_abandoned_ = true;
+    mpi::mark_abandoned();
+  }
+  send_notices(status, subject);
+}
+
+// A peer gave up on the group while this rank waited: report what the peer saw, so that a dead
+// rank or a timeout reads the same on every rank.
+void MpiCommunicator::fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what) {
+  const int status = notice_in_[0], subject = notice_in_[1], source = from.MPI_SOURCE;
+  if (status == GRADSYNC_E_REMOTE) {
+    abandon(std::move(keepalive), fmt::format("rank {} died during {}", subject, what), GRADSYNC_E_REMOTE, subject);
+    fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, source);
+  }
+  if (status == GRADSYNC_E_TIMEOUT) {
+    abandon(std::move(keepalive), fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, source);
+    fail(GRADSYNC_E_TIMEOUT,
+         "{} on rank {} of {}: not every rank arrived within the timeout ({} ms; the deadline passed first on rank "
+         "{}); the communicator is aborted on every rank",
+         what, rank_, size_, options_.timeout.count(), source);
+  }
+  abandon(std::move(keepalive), fmt::format("rank {} aborted the group during {}", source, what), GRADSYNC_E_ABORTED,
+          source);
+  fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, source);
+}
+
+int MpiCommunicator::dead_peer() const noexcept {
+  const uint64_t mine = peers_.empty() ? 0 : peers_[static_cast<size_t>(rank_)].ns_key;
+  if (mine == 0) return -1;
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
+    const PeerInfo& p = peers_[static_cast<size_t>(r)];
+    if (r == rank_ || p.ns_key != mine || p.pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) return r;
+  }
+  return -1;
+}
+
+void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const std::string& what,
+                           std::shared_ptr<void> keepalive, bool watch_notices) {
+  const auto start = Clock::now();
+  auto next_liveness = start + kLivenessPeriod;
+  for (uint64_t polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return;
+    if (abort_requested_.load()) {
+      abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what), GRADSYNC_E_ABORTED,
+              rank_);
+      fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what, rank_);
+    }
+    if (watch_notices && notice_receive_ != MPI_REQUEST_NULL) {
+      int arrived = 0;
+      MPI_Status status;
+      check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
+      if (arrived) fail_on_notice(status, keepalive, what);
+    }
+    if ((polls & 63) != 63) continue;
+    const auto now = Clock::now();
+    if (now >= next_liveness) {
+      next_liveness = now + kLivenessPeriod;
+      if (const int dead = dead_peer(); dead >= 0) {
+        abandon(keepalive, fmt::format("rank {} died during {}", dead, what), GRADSYNC_E_REMOTE, dead);
+        fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what, rank_, dead,
+             peers_[static_cast<size_t>(dead)].pid);
+      }
+    }
+    if (now >= deadline) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
+      abandon(keepalive, fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, rank_);
+      fail(GRADSYNC_E_TIMEOUT,
+           "{} on rank {} of {}: not every rank arrived within the timeout ({} ms, waited {} ms); the communicator "
+           "is aborted on every rank",
+           what, rank_, size_, options_.timeout.count(), waited);
+    }
+    // Spin briefly (the common case is a peer a few microseconds late), then give the core away:
+    // ranks are often oversubscribed, and a long wait gains nothing from spinning.
+    if (now - start < kSpinPhase) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void MpiCommunicator::arrive(Fingerprint fp) {
+  throw_if_aborted();
+  fp.seq = seq_++;
+  if (size_ == 1) return;
+  const auto deadline = Clock::now() + options_.timeout;
+  const std::string what = describe(fp);
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (!options_.check_mismatch) {
+    check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    // An Ibarrier references no memory of ours.
+    wait(&request, 1, deadline, what, nullptr, true);
+    return;
+  }
+  Rendezvous& rv = *rendezvous_;
+  rv.mine = fp;
+  check(MPI_Iallgather(&rv.mine, sizeof(Fingerprint), MPI_BYTE, rv.all.data(), sizeof(Fingerprint), MPI_BYTE, comm_,
+                       &request),
+        "MPI_Iallgather");
+  try {
+    wait(&request, 1, deadline, what, rendezvous_, true);
+  } catch (...) {
+    // The abandoned request may still write into the old buffers: they are buried; use new ones.
+    rendezvous_ = std::make_shared<Rendezvous>();
+    rendezvous_->all.resize(static_cast<size_t>(size_));
+    throw;
+  }
+  // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
+  for (int r = 1; r < size_; ++r) {
+    if (rv.all[static_cast<size_t>(r)] == rv.all[0]) continue;
+    fail(GRADSYNC_E_MISMATCH, "ranks disagree (seen on rank {}): rank 0 called {} but rank {} called {}", rank_,
+         describe(rv.all[0]), r, describe(rv.all[static_cast<size_t>(r)]));
+  }
+}
+
+bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
+  // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps: MPI cannot.
+  return options_.deterministic || force_deterministic_ || (dtype == DType::I32 && op == ReduceOp::Mean);
+}
+
+std::byte* MpiCommunicator::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void MpiCommunicator::allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det) {
+  if (count == 0) return;
+  if (det) return rank_order_allreduce(send, recv, count, dtype, op);
+  const size_t elem = dtype_size(dtype);
+  for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {
+    const int n = static_cast<int>(std::min(kMaxMpiCount, count - lo));
+    const void* from = send == recv ? MPI_IN_PLACE : at(send, lo, elem);
+    check(MPI_Allreduce(from, at(recv, lo, elem), n, mpi_type(dtype), mpi_op(op), comm_), "MPI_Allreduce");
+  }
+  if (op == ReduceOp::Mean) finish_mean(dtype, recv, count, size_);
+}
+
+// Reduce-scatter by gathering, window by window (bounded memory): each rank receives every rank's
+// copy of its slice of the window (MPI_Alltoallv), folds them in rank order with the shared
+// kernels, and the slices are shared again (MPI_Allgatherv in place).
+void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  const size_t elem = dtype_size(dtype);
+  const size_t window = std::max<size_t>(kStagingBytes / elem, static_cast<size_t>(size_));
+  const auto n = static_cast<size_t>(size_);
+  std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
+  std::vector<const void*> sources(n);
+  for (size_t lo = 0; lo < count; lo += window) {
+    const size_t m = std::min(window, count - lo);
+    const Part mine = partition(m, n, static_cast<uint64_t>(rank_));
+    for (size_t r = 0; r < n; ++r) {
+      const Part p = partition(m, n, r);
+      send_counts[r] = static_cast<int>(p.len);
+      send_displs[r] = static_cast<int>(p.start);
+      recv_counts[r] = static_cast<int>(mine.len);
+      recv_displs[r] = static_cast<int>(r * mine.len);
+    }
+    std::byte* copies = scratch(n * mine.len * elem);
+    check(MPI_Alltoallv(at(send, lo, elem), send_counts.data(), send_displs.data(), mpi_type(dtype), copies,
+                        recv_counts.data(), recv_displs.data(), mpi_type(dtype), comm_),
+          "MPI_Alltoallv");
+    for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
+    reduce(dtype, op, sources.data(), n, at(recv, lo + mine.start, elem), 0, mine.len);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(), send_displs.data(),
+                         mpi_type(dtype), comm_),
+          "MPI_Allgatherv");
+  }
+}
+
+uint64_t layout_hash(std::span<const BufferRef> buffers) noexcept {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
+  for (const BufferRef& b : buffers) {
+    uint64_t c = b.count;
+    for (int i = 0; i < 8; ++i, c >>= 8) h = (h ^ (c & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
+
+void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
+             op_name(op), dtype_name(dtype));
+  size_t total = 0;
+  for (const BufferRef& b : buffers) total += b.count;
+  Fingerprint fp;
+  fp.kind = static_cast<int32_t>(buffers.size() == 1 ? Kind::Allreduce : Kind::AllreduceMany);
+  fp.count = total;
+  fp.dtype = static_cast<int32_t>(dtype);
+  fp.op = static_cast<int32_t>(op);
+  if (buffers.size() != 1) {
+    fp.layout = layout_hash(buffers);
+    fp.root = static_cast<int32_t>(std::min<size_t>(buffers.size(), INT32_MAX));
+  }
+  arrive(fp);
+  const size_t elem = dtype_size(dtype);
+  if (size_ == 1) {
+    for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
+    return;
+  }
+  const bool det = deterministic_for(dtype, op);
+  if (buffers.size() == 1) return allreduce_one(buffers[0].send, buffers[0].recv, buffers[0].count, dtype, op, det);
+
+  // Fused: small buffers are packed back to back into the staging buffer, reduced in one call per
+  // fill, and unpacked; a buffer may straddle two fills. Large ones go straight to MPI.
+  const size_t capacity = kStagingBytes / elem;
+  struct Piece {
+    void* recv;
+    size_t at;  // element offset in staging
+    size_t len;
+  };
+  std::vector<Piece> pieces;
+  size_t used = 0;
+  auto flush = [&] {
+    if (used == 0) return;
+    allreduce_one(staging_.data(), staging_.data(), used, dtype, op, det);
+    for (const Piece& p : pieces) std::memcpy(p.recv, at(staging_.data(), p.at, elem), p.len * elem);
+    pieces.clear();
+    used = 0;
+  };
+  for (const BufferRef& b : buffers) {
+    if (b.count == 0) continue;
+    if (b.count * elem >= kDirectBytes) {
+      allreduce_one(b.send, b.recv, b.count, dtype, op, det);
+      continue;
+    }
+    if (staging_.size() < capacity * elem) staging_.resize(capacity * elem);
+    for (size_t done = 0; done < b.count;) {
+      const size_t len = std::min(b.count - done, capacity - used);
+      std::memcpy(at(staging_.data(), used, elem), at(b.send, done, elem), len * elem);
+      pieces.push_back(Piece{at(b.recv, done, elem), used, len});
+      used += len;
+      done += len;
+      if (used == capacity) flush();
+    }
+  }
+  flush();
+}
+
+void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                                    uint64_t* total_weight) {
+  // The contract sums the products in rank order, whatever the communicator's default.
+  force_deterministic_ = true;
+  try {
+    Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
+  } catch (...) {
+    force_deterministic_ = false;
+    throw;
+  }
+  force_deterministic_ = false;
+}
+
+void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  Fingerprint fp;
+  fp.kind = static_cast<int32_t>(Kind::Broadcast);
+  fp.count = count;
+  fp.dtype = static_cast<int32_t>(dtype);
+  fp.root = root;
+  arrive(fp);
+  if (size_ == 1) return;
+  const size_t elem = dtype_size(dtype);
+  for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {
+    const int n = static_cast<int>(std::min(kMaxMpiCount, count - lo));
+    check(MPI_Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
+  }
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  Fingerprint fp;
+  fp.kind = static_cast<int32_t>(Kind::Allgather);
+  fp.count = total;
+  fp.dtype = static_cast<int32_t>(dtype);
+  arrive(fp);
+  const size_t elem = dtype_size(dtype);
+  const Part mine = my_part(total);
+  if (size_ == 1) {
+    if (send != nullptr) std::memmove(recv, send, total * elem);
+    return;
+  }
+  // Every rank sees the same total here (the fingerprints matched), so all fail alike.
+  GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
+             "allgather of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
+  const auto n = static_cast<size_t>(size_);
+  std::vector<int> counts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    const Part p = partition(total, n, r);
+    counts[r] = static_cast<int>(p.len);
+    displs[r] = static_cast<int>(p.start);
+  }
+  const void* from = send == nullptr || send == at(recv, mine.start, elem) ? MPI_IN_PLACE : send;
+  check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
+                       mpi_type(dtype), comm_),
+        "MPI_Allgatherv");
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
+             op_name(op), dtype_name(dtype));
+  Fingerprint fp;
+  fp.kind = static_cast<int32_t>(Kind::ReduceScatter);
+  fp.count = total;
+  fp.dtype = static_cast<int32_t>(dtype);
+  fp.op = static_cast<int32_t>(op);
+  arrive(fp);
+  const size_t elem = dtype_size(dtype);
+  const Part mine = my_part(total);
+  if (size_ == 1) {
+    if (recv != send) std::memmove(recv, send, total * elem);
+    return;
+  }
+  GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
+             "reduce_scatter of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
+  const auto n = static_cast<size_t>(size_);
+  std::vector<int> counts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    const Part p = partition(total, n, r);
+    counts[r] = static_cast<int>(p.len);
+    displs[r] = static_cast<int>(p.start);
+  }
+  if (deterministic_for(dtype, op)) {
+    std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
+    for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
+    std::byte* copies = scratch(n * mine.len * elem);
+    check(MPI_Alltoallv(send, counts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
+                        recv_displs.data(), mpi_type(dtype), comm_),
+          "MPI_Alltoallv");
+    std::vector<const void*> sources(n);
+    for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
+    reduce(dtype, op, sources.data(), n, recv, 0, mine.len);
+    return;
+  }
+  // MPI forbids recv overlapping send; the caller may pass recv inside send (at its offset).
+  const auto* s = static_cast<const std::byte*>(send);
+  const auto* r = static_cast<const std::byte*>(recv);
+  const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
+  void* out = overlaps ? scratch(mine.len * elem) : recv;
+  check(MPI_Reduce_scatter(send, out, counts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
+  if (overlaps) std::memcpy(recv, out, mine.len * elem);
+  if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
+}
+
+void MpiCommunicator::barrier() {
+  Fingerprint fp;
+  fp.kind = static_cast<int32_t>(Kind::Barrier);
+  // The rendezvous completes only once every rank has arrived: it is the barrier.
+  arrive(fp);
+}
+
+void MpiCommunicator::reset() {
+  // Fresh communicators duplicated from base_: the duplication is collective, so reset returns
+  // only when every rank has called it. An abandoned request stays with the old communicator,
+  // which is never used again, so a late completion cannot be mistaken for a new round.
+  // The abort being recovered from must not abort its own recovery; one during the reset does.
+  abort_requested_.store(false);
+  const auto deadline = Clock::now() + options_.timeout;
+  auto fresh = std::make_shared<FreshComms>();
+  if (size_ > 1) {
+    check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+    check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
+    wait(fresh->requests, 2, deadline, "reset (MPI_Comm_idup)", fresh, false);
+  } else {
+    check(MPI_Comm_dup(base_, &fresh->comm), "MPI_Comm_dup");
+    check(MPI_Comm_dup(base_, &fresh->ctl), "MPI_Comm_dup");
+  }
+  retire_control();
+  if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  comm_pending_ = false;
+  {
+    std::lock_guard lock(ctl_mutex_);
+    comm_ = fresh->comm;
+    ctl_ = fresh->ctl;
+    notices_sent_ = false;
+  }
+  post_notice_receive();
+  seq_ = 0;
+  aborted_ = false;
+  aborted_reason_.clear();
+  if (holds_abandoned_) {
+    // Every rank got through the reset, so nobody is left blocked in the abandoned collective.
+    holds_abandoned_ = false;
+    mpi::clear_abandoned();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_mpi_communicator(const Options& options) {
+  return std::make_unique<MpiCommunicator>(options);
+}
+
+}  // namespace gradsync::comm

@@ -1,0 +1,490 @@
+// The communicator's test cases on the MPI transport, run by ctest under a real mpirun with 2, 3
+// and 4 ranks. Every rank runs the same test cases in the same order; every wait is bounded by the
+// communicator's timeout, so a failing rank cannot hang the others.
+#define OMPI_SKIP_MPICXX 1  // C bindings only
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "comm/communicator.hpp"
+#include "common/error.hpp"
+
+using namespace gradsync;
+using namespace gradsync::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<Communicator> make(bool deterministic = true, bool check_mismatch = true,
+                                   std::chrono::milliseconds timeout = 20000ms) {
+  Options o;
+  o.transport = Transport::Mpi;
+  o.deterministic = deterministic;
+  o.check_mismatch = check_mismatch;
+  o.timeout = timeout;
+  return create(o);
+}
+
+// Runs f and returns the status it threw (GRADSYNC_OK if none), keeping the message.
+template <class F>
+int status_of(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+    return GRADSYNC_OK;
+  } catch (const Error& e) {
+    if (message != nullptr) *message = e.what();
+    return e.status();
+  }
+}
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+// Rank r's element i: floats of many magnitudes (so the order of summation shows in the bits),
+// integers that make i32 sums wrap.
+template <class T>
+T input(int rank, size_t i) {
+  const uint64_t h = mix(static_cast<uint64_t>(rank) * 1000003u + i + 17);
+  if constexpr (std::is_floating_point_v<T>) {
+    const double unit = static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+    return static_cast<T>(std::ldexp(unit, static_cast<int>(h % 24) - 12));
+  } else if constexpr (sizeof(T) == 4) {
+    return static_cast<T>(static_cast<int64_t>(h % (uint64_t{1} << 31)) - (int64_t{1} << 30));
+  } else {
+    return static_cast<T>(static_cast<int64_t>(h % (uint64_t{1} << 40)) - (int64_t{1} << 39));
+  }
+}
+
+// The rank-order reference, written independently of the kernels.
+template <class T>
+T reference(ReduceOp op, int n, size_t i) {
+  if constexpr (std::is_floating_point_v<T>) {
+    T acc = input<T>(0, i);
+    for (int r = 1; r < n; ++r) {
+      const T v = input<T>(r, i);
+      if (op == ReduceOp::Min) acc = v < acc ? v : acc;
+      else if (op == ReduceOp::Max) acc = acc < v ? v : acc;
+      else acc = acc + v;
+    }
+    return op == ReduceOp::Mean ? acc / static_cast<T>(n) : acc;
+  } else {
+    using U = std::make_unsigned_t<T>;
+    if (op == ReduceOp::Min || op == ReduceOp::Max) {
+      T acc = input<T>(0, i);
+      for (int r = 1; r < n; ++r) acc = op == ReduceOp::Min ? std::min(acc, input<T>(r, i)) : std::max(acc, input<T>(r, i));
+      return acc;
+    }
+    if (op == ReduceOp::Mean && sizeof(T) == 4) {
+      int64_t sum = 0;
+      for (int r = 0; r < n; ++r) sum += input<T>(r, i);
+      return static_cast<T>(sum / n);
+    }
+    U sum = 0;
+    for (int r = 0; r < n; ++r) sum = static_cast<U>(sum + static_cast<U>(input<T>(r, i)));
+    if (op == ReduceOp::Mean) return static_cast<T>(static_cast<T>(sum) / n);
+    return static_cast<T>(sum);
+  }
+}
+
+template <class T>
+double magnitude(int n, size_t i) {
+  double m = 0;
+  for (int r = 0; r < n; ++r) m += std::fabs(static_cast<double>(input<T>(r, i)));
+  return m;
+}
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  else if constexpr (std::is_same_v<T, double>) return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
+  else return DType::I64;
+}
+
+// Checks recv against the reference: bit for bit when deterministic (or an order-free op), else
+// within the rounding error of any summation order.
+template <class T>
+void check_result(const std::vector<T>& got, ReduceOp op, int n, size_t offset, bool exact) {
+  size_t bad = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    const size_t i = offset + k;
+    const T want = reference<T>(op, n, i);
+    bool ok;
+    if (exact || !std::is_floating_point_v<T> || op == ReduceOp::Min || op == ReduceOp::Max) {
+      ok = std::memcmp(&want, &got[k], sizeof(T)) == 0;
+    } else {
+      const double eps = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+      ok = std::fabs(static_cast<double>(got[k]) - static_cast<double>(want)) <= eps * n * magnitude<T>(n, i);
+    }
+    if (!ok && bad++ < 3) {
+      INFO("element " << i << " got " << got[k] << " want " << want);
+      CHECK(ok);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+uint64_t hash_bytes(const void* p, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// Whether every rank computed the same hash (compared through MPI itself, not the library).
+bool same_on_every_rank(uint64_t h) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<uint64_t> all(static_cast<size_t>(size));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return std::all_of(all.begin(), all.end(), [&](uint64_t x) { return x == all[0]; });
+}
+
+// Every rank's status, for checks that all ranks saw the same outcome.
+std::vector<int> statuses(int status) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<int> all(static_cast<size_t>(size));
+  MPI_Allgather(&status, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  return all;
+}
+
+template <class T>
+void run_allreduce_case(Communicator& c, ReduceOp op, size_t count, bool exact) {
+  const int n = c.size();
+  std::vector<T> send(count), recv(count);
+  for (size_t i = 0; i < count; ++i) send[i] = input<T>(c.rank(), i);
+  const BufferRef b{send.data(), recv.data(), count};
+  c.allreduce(std::span<const BufferRef>(&b, 1), dtype_of<T>(), op);
+  check_result<T>(recv, op, n, 0, exact);
+  // In place gives the same bits.
+  const BufferRef in_place{send.data(), send.data(), count};
+  c.allreduce(std::span<const BufferRef>(&in_place, 1), dtype_of<T>(), op);
+  CHECK(std::memcmp(send.data(), recv.data(), count * sizeof(T)) == 0);
+  CHECK(same_on_every_rank(hash_bytes(recv.data(), count * sizeof(T))));
+}
+
+template <class T>
+void run_all_ops(Communicator& c, bool deterministic) {
+  const size_t n = static_cast<size_t>(c.size());
+  for (size_t count : {size_t{0}, size_t{1}, n - 1, n + 1, size_t{7}, size_t{1003}, size_t{100003}}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max}) {
+      INFO(dtype_name(dtype_of<T>()) << " " << op_name(op) << " count " << count << " deterministic " << deterministic);
+      run_allreduce_case<T>(c, op, count, deterministic);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("seed: two ranks [2,4] and [4,8], mean -> [3,6]", "[mpi]") {
+  auto c = make(false);
+  REQUIRE(c->transport() == Transport::Mpi);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  REQUIRE(c->size() == world);
+  // Rank r contributes (r+1)*[2,4]; the mean over n ranks is (n+1)/2*[2,4]: [3,6] for 2 ranks.
+  const float k = static_cast<float>(c->rank() + 1);
+  std::vector<float> v{2 * k, 4 * k};
+  const BufferRef b{v.data(), v.data(), 2};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean);
+  const float m = static_cast<float>(c->size() + 1) / 2.0f;
+  CHECK(v[0] == 2 * m);
+  CHECK(v[1] == 4 * m);
+  if (c->size() == 2) CHECK((v == std::vector<float>{3, 6}));
+}
+
+TEST_CASE("seed: lengths 4, 7, 4 -> mismatch on every rank, then the next round works", "[mpi]") {
+  auto c = make();
+  const size_t len = c->rank() == 1 ? 7 : 4;
+  std::vector<float> v(len, 1.0f);
+  const BufferRef b{v.data(), v.data(), len};
+  std::string message;
+  const int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean); }, &message);
+  CHECK(st == GRADSYNC_E_MISMATCH);
+  CHECK(message.find("rank 0 called allreduce") != std::string::npos);
+  CHECK(message.find("rank 1 called allreduce #0 (count 7") != std::string::npos);
+  for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+  CHECK(v == std::vector<float>(len, 1.0f));  // nobody moved data
+  // Then a round with [2,...] on even ranks and [4,...] on odd ones gives 3.0 (even rank counts).
+  std::vector<float> w(4, c->rank() % 2 == 0 ? 2.0f : 4.0f);
+  const BufferRef bw{w.data(), w.data(), 4};
+  c->allreduce(std::span<const BufferRef>(&bw, 1), DType::F32, ReduceOp::Mean);
+  if (c->size() % 2 == 0) CHECK(w == std::vector<float>(4, 3.0f));
+  else CHECK(w[0] == (2.0f * static_cast<float>((c->size() + 1) / 2) + 4.0f * static_cast<float>(c->size() / 2)) / static_cast<float>(c->size()));
+}
+
+TEST_CASE("allreduce: ops x dtypes x sizes against the rank-order reference", "[mpi]") {
+  for (bool deterministic : {true, false}) {
+    auto c = make(deterministic);
+    run_all_ops<float>(*c, deterministic);
+    run_all_ops<double>(*c, deterministic);
+    run_all_ops<int32_t>(*c, deterministic);
+    run_all_ops<int64_t>(*c, deterministic);
+  }
+}
+
+TEST_CASE("allreduce: deterministic mode crosses its staging windows and is bitwise identical run to run", "[mpi]") {
+  auto c = make(true);
+  // More than one 16 MiB window of f32, not divisible by the number of ranks.
+  const size_t count = (size_t{16} << 20) / 4 + 12345;
+  std::vector<float> send(count), recv(count);
+  for (size_t i = 0; i < count; ++i) send[i] = input<float>(c->rank(), i);
+  const BufferRef b{send.data(), recv.data(), count};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+  const uint64_t first = hash_bytes(recv.data(), count * 4);
+  CHECK(same_on_every_rank(first));
+  std::vector<float> head(recv.begin(), recv.begin() + 1000), tail(recv.end() - 1000, recv.end());
+  check_result<float>(head, ReduceOp::Sum, c->size(), 0, true);
+  check_result<float>(tail, ReduceOp::Sum, c->size(), count - 1000, true);
+  std::fill(recv.begin(), recv.end(), 0.0f);
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+  CHECK(hash_bytes(recv.data(), count * 4) == first);
+}
+
+TEST_CASE("allreduce: half-precision dtypes are not reduced (as on every transport)", "[mpi]") {
+  auto c = make();
+  std::vector<uint16_t> v(8, 0x3c00);
+  const BufferRef b{v.data(), v.data(), v.size()};
+  std::string message;
+  CHECK(status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::BF16, ReduceOp::Sum); }, &message) ==
+        GRADSYNC_E_UNSUPPORTED);
+  CHECK(message.find("bf16") != std::string::npos);
+  // No rank entered a collective, so the group is still in step.
+  c->barrier();
+}
+
+TEST_CASE("fused allreduce equals one allreduce per buffer", "[mpi]") {
+  for (bool deterministic : {true, false}) {
+    auto c = make(deterministic);
+    // Small buffers (packed), an empty one, large ones (sent directly), and more in all than one
+    // staging fill, so a buffer straddles two fills.
+    std::vector<size_t> counts;
+    for (size_t i = 0; i < 300; ++i) counts.push_back(i % 37 == 5 ? 0 : 1000 + (i * 7919) % 30000);
+    counts.insert(counts.begin() + 100, size_t{1} << 19);
+    counts.push_back(3);
+    size_t offset = 0;
+    std::vector<std::vector<float>> fused(counts.size()), single(counts.size());
+    std::vector<BufferRef> refs;
+    for (size_t b = 0; b < counts.size(); ++b) {
+      fused[b].resize(counts[b]);
+      for (size_t i = 0; i < counts[b]; ++i) fused[b][i] = input<float>(c->rank(), offset + i);
+      single[b] = fused[b];
+      offset += counts[b];
+      refs.push_back(BufferRef{fused[b].data(), fused[b].data(), counts[b]});
+    }
+    c->allreduce(refs, DType::F32, ReduceOp::Sum);
+    offset = 0;
+    for (size_t b = 0; b < counts.size(); ++b) {
+      const BufferRef one{single[b].data(), single[b].data(), counts[b]};
+      c->allreduce(std::span<const BufferRef>(&one, 1), DType::F32, ReduceOp::Sum);
+      if (deterministic) {
+        CHECK(fused[b] == single[b]);
+        check_result<float>(fused[b], ReduceOp::Sum, c->size(), offset, true);
+      } else {
+        check_result<float>(fused[b], ReduceOp::Sum, c->size(), offset, false);
+      }
+      offset += counts[b];
+    }
+  }
+}
+
+TEST_CASE("fused allreduce: ranks with different buffer layouts get a mismatch", "[mpi]") {
+  auto c = make();
+  // Same total (20) on every rank, split 10+10 on rank 0 and 5+15 elsewhere.
+  std::vector<float> a(15, 1.0f), b(15, 1.0f);
+  const size_t first = c->rank() == 0 ? 10 : 5;
+  const std::vector<BufferRef> refs{{a.data(), a.data(), first}, {b.data(), b.data(), 20 - first}};
+  std::string message;
+  const int st = status_of([&] { c->allreduce(refs, DType::F32, ReduceOp::Sum); }, &message);
+  CHECK(st == GRADSYNC_E_MISMATCH);
+  CHECK(message.find("allreduce_many") != std::string::npos);
+  c->barrier();
+}
+
+TEST_CASE("broadcast, allgather, reduce_scatter and barrier", "[mpi]") {
+  for (bool deterministic : {true, false}) {
+    auto c = make(deterministic);
+    const int n = c->size();
+    const size_t un = static_cast<size_t>(n);
+    for (int root = 0; root < n; ++root) {
+      std::vector<double> v(1001, c->rank() == root ? 1.5 * root : -1.0);
+      c->broadcast(v.data(), v.size(), DType::F64, root);
+      CHECK(v == std::vector<double>(1001, 1.5 * root));
+    }
+    // Halves are moved bit for bit.
+    std::vector<uint16_t> h(33, c->rank() == 0 ? 0xBEEF : 0);
+    c->broadcast(h.data(), h.size(), DType::BF16, 0);
+    CHECK(h == std::vector<uint16_t>(33, 0xBEEF));
+
+    for (size_t total : {size_t{0}, un - 1, size_t{10}, size_t{1003}}) {
+      INFO("total " << total);
+      const Part mine = c->my_part(total);
+      std::vector<int64_t> all(total, -1), part(mine.len);
+      for (size_t i = 0; i < mine.len; ++i) part[i] = static_cast<int64_t>(mine.start + i) * 3;
+      c->allgather(part.data(), all.data(), total, DType::I64);
+      for (size_t i = 0; i < total; ++i) CHECK(all[i] == static_cast<int64_t>(i) * 3);
+      // In place: this rank's part already sits in recv.
+      std::vector<int64_t> in_place(total, -1);
+      for (size_t i = 0; i < mine.len; ++i) in_place[mine.start + i] = static_cast<int64_t>(mine.start + i) * 3;
+      c->allgather(nullptr, in_place.data(), total, DType::I64);
+      CHECK(in_place == all);
+
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+        std::vector<float> send(total);
+        for (size_t i = 0; i < total; ++i) send[i] = input<float>(c->rank(), i);
+        std::vector<float> recv(mine.len);
+        c->reduce_scatter(send.data(), recv.data(), total, DType::F32, op);
+        check_result<float>(recv, op, n, mine.start, deterministic);
+        // recv inside send, at this rank's offset.
+        c->reduce_scatter(send.data(), send.data() + mine.start, total, DType::F32, op);
+        CHECK(std::equal(recv.begin(), recv.end(), send.begin() + static_cast<std::ptrdiff_t>(mine.start)));
+      }
+    }
+    c->barrier();
+  }
+}
+
+TEST_CASE("mismatch of op, dtype, root or collective: every rank errs, nobody moves data", "[mpi]") {
+  for (bool deterministic : {true, false}) {
+    auto c = make(deterministic);
+    const bool odd = c->rank() % 2 == 1;
+    std::vector<float> v(16, static_cast<float>(c->rank()));
+    const BufferRef b{v.data(), v.data(), v.size()};
+    std::string message;
+
+    int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, odd ? ReduceOp::Max : ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("f32, max") != std::string::npos);
+
+    const BufferRef bi{v.data(), v.data(), 8};
+    st = status_of([&] { c->allreduce(std::span<const BufferRef>(odd ? &bi : &b, 1), odd ? DType::F64 : DType::F32, ReduceOp::Sum); });
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+
+    st = status_of([&] { c->broadcast(v.data(), v.size(), DType::F32, odd ? 1 : 0); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("root 1") != std::string::npos);
+
+    st = status_of([&] {
+      if (odd) c->barrier();
+      else c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+    }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("called barrier") != std::string::npos);
+    CHECK(v == std::vector<float>(16, static_cast<float>(c->rank())));
+
+    // The group is still in step.
+    c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Max);
+    CHECK(v[0] == static_cast<float>(c->size() - 1));
+  }
+}
+
+TEST_CASE("check_mismatch off: matching rounds work", "[mpi]") {
+  auto c = make(true, false);
+  std::vector<float> v{2.0f * static_cast<float>(c->rank() + 1), 4.0f * static_cast<float>(c->rank() + 1)};
+  const BufferRef b{v.data(), v.data(), 2};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean);
+  const float m = static_cast<float>(c->size() + 1) / 2.0f;
+  CHECK(v == std::vector<float>{2 * m, 4 * m});
+  c->barrier();
+}
+
+TEST_CASE("weighted mean sums the products in rank order on every rank", "[mpi]") {
+  auto c = make(false);  // forced to rank order even when the communicator is not deterministic
+  std::vector<float> g(5, static_cast<float>(c->rank() + 1)), out(5);
+  uint64_t total = 0;
+  c->weighted_mean(g.data(), out.data(), 5, DType::F32, static_cast<uint64_t>(c->rank() + 1), &total);
+  // Σ (r+1)² / Σ (r+1)
+  double num = 0, den = 0;
+  for (int r = 1; r <= c->size(); ++r) num += double(r) * r, den += r;
+  CHECK(total == static_cast<uint64_t>(den));
+  CHECK(out[0] == static_cast<float>(num / den));
+  std::vector<float> zero(5);
+  CHECK(status_of([&] { c->weighted_mean(g.data(), zero.data(), 5, DType::F32, 0, nullptr); }) == GRADSYNC_E_ZERO_WEIGHT);
+}
+
+TEST_CASE("abort from another thread unblocks the waiting rank, reaches every rank, and reset recovers", "[mpi]") {
+  auto c = make(true, true, 20000ms);
+  std::string message;
+  int st;
+  if (c->rank() == 0) {
+    // Rank 0 waits in a barrier the others have not reached yet; a watchdog thread aborts.
+    std::thread watchdog([&] {
+      std::this_thread::sleep_for(100ms);
+      c->abort();
+    });
+    st = status_of([&] { c->barrier(); }, &message);
+    watchdog.join();
+    CHECK(message.find("gradsync_comm_abort") != std::string::npos);
+  } else {
+    std::this_thread::sleep_for(600ms);
+    st = status_of([&] { c->barrier(); }, &message);
+    CHECK(message.find("rank 0 aborted the group") != std::string::npos);
+  }
+  CHECK(st == GRADSYNC_E_ABORTED);
+  // Still aborted until reset.
+  CHECK(status_of([&] { c->barrier(); }) == GRADSYNC_E_ABORTED);
+  c->reset();
+  std::vector<int32_t> v{c->rank()};
+  const BufferRef b{v.data(), v.data(), 1};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::I32, ReduceOp::Sum);
+  CHECK(v[0] == c->size() * (c->size() - 1) / 2);
+}
+
+TEST_CASE("a rank that never arrives gives a timeout, then every call fails fast until reset", "[mpi]") {
+  // Start together, so that joining fits in the short deadline even on a loaded machine.
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto c = make(true, true, 1000ms);
+  std::vector<float> v(4, 1.0f);
+  const BufferRef b{v.data(), v.data(), 4};
+  std::string message;
+  int st = GRADSYNC_OK;
+  if (c->rank() != 1) {
+    // Rank 1 skips the collective.
+    const auto start = std::chrono::steady_clock::now();
+    st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); }, &message);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    // Its own deadline, or the notice of a peer whose deadline came first: a timeout either way.
+    CHECK(st == GRADSYNC_E_TIMEOUT);
+    CHECK(message.find("within the timeout (1000 ms") != std::string::npos);
+    CHECK(waited < 20s);  // bounded, not a hang (the deadline is 1 s)
+  }
+  // Outside the library: rank 1 waits here until the others have given up.
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Every rank, rank 1 included (it has the others' notices), now fails fast.
+  CHECK(status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); }, &message) ==
+        GRADSYNC_E_ABORTED);
+  if (c->rank() == 1) CHECK(message.find("timed out") != std::string::npos);
+  // Every rank resets; the group works again.
+  c->reset();
+  std::fill(v.begin(), v.end(), 1.0f);
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+  CHECK(v == std::vector<float>(4, static_cast<float>(c->size())));
+}
+
+TEST_CASE("many communicators, created and freed in turn, do not disturb each other", "[mpi]") {
+  auto a = make();
+  auto b = make(false, false);
+  std::vector<int64_t> x{1}, y{10};
+  const BufferRef bx{x.data(), x.data(), 1}, by{y.data(), y.data(), 1};
+  a->allreduce(std::span<const BufferRef>(&bx, 1), DType::I64, ReduceOp::Sum);
+  b->allreduce(std::span<const BufferRef>(&by, 1), DType::I64, ReduceOp::Sum);
+  a.reset();
+  auto c = make();
+  c->allreduce(std::span<const BufferRef>(&by, 1), DType::I64, ReduceOp::Sum);
+  CHECK(x[0] == b->size());
+  CHECK(y[0] == 10 * static_cast<int64_t>(b->size()) * b->size());
+}

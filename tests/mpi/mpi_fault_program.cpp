@@ -1,0 +1,80 @@
+// Fault scenarios of the MPI transport, run under mpirun by run_fault.py, which checks what the
+// job printed and how mpirun ended. Modes:
+//   kill         rank 1 is SIGKILLed at a random point of a loop of allreduces; the others keep calling.
+//   kill-before  rank 1 is SIGKILLed while the others wait for it to arrive at a barrier.
+//   abandon      rank 1 skips an allreduce; the others time out and exit without a reset.
+// Every rank prints "rank R: <status> <message>" for each failed call and "rank R: done" at the end.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "common/error.hpp"
+
+using namespace gradsync;
+using namespace gradsync::comm;
+using namespace std::chrono_literals;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  Options o;
+  o.transport = Transport::Mpi;
+  o.timeout = mode == "abandon" ? 300ms : 20000ms;
+  auto c = create(o);
+  const int rank = c->rank();
+  std::vector<float> v(1 << 20, 1.0f);
+  const BufferRef b{v.data(), v.data(), v.size()};
+  auto report = [&](const Error& e) {
+    std::printf("rank %d: %s %s\n", rank, gradsync_status_string(e.status()), e.what());
+    std::fflush(stdout);
+  };
+
+  if (mode == "kill") {
+    if (rank == 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(200ms);
+        ::kill(::getpid(), SIGKILL);
+      }).detach();
+    }
+    for (int round = 0; round < 100000; ++round) {
+      try {
+        c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+        std::fill(v.begin(), v.end(), 1.0f);
+      } catch (const Error& e) {
+        report(e);
+        break;
+      }
+    }
+  } else if (mode == "kill-before") {
+    c->barrier();
+    if (rank == 1) ::kill(::getpid(), SIGKILL);
+    try {
+      c->barrier();
+    } catch (const Error& e) {
+      report(e);
+    }
+  } else if (mode == "abandon") {
+    if (rank == 1) {
+      std::this_thread::sleep_for(1000ms);
+    } else {
+      try {
+        c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+      } catch (const Error& e) {
+        report(e);
+      }
+    }
+  } else {
+    std::fprintf(stderr, "usage: %s kill|kill-before|abandon\n", argv[0]);
+    return 2;
+  }
+  c.reset();
+  std::printf("rank %d: done\n", rank);
+  std::fflush(stdout);
+  return 0;
+}
