@@ -206,3 +206,31 @@ TEST_CASE("codec values are validated", "[codec]") {
   CHECK_THROWS_WITH(codec::to_codec(GRADSYNC_CODEC_NONE, false), Catch::Contains("no 16-bit encoding"));
   CHECK_THROWS_WITH(codec::to_codec(7, true), Catch::Contains("unknown codec 7"));
 }
+
+TEST_CASE("vector encoders give the reference bits, specials included", "[codec]") {
+  // Reference element conversions, written from the definitions.
+  auto bf16_ref = [](uint32_t x) -> uint16_t {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  };
+  auto bigdl_ref = [](uint32_t x) -> uint16_t {
+    uint32_t h = x >> 16;
+    if ((x & 0x7fffffffu) > 0x7f800000u && (h & 0x7fu) == 0) h |= 0x40u;
+    return static_cast<uint16_t>(((h & 0xffu) << 8) | (h >> 8));
+  };
+  std::vector<float> in;
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 65537) in.push_back(from_bits(static_cast<uint32_t>(u)));
+  // Specials inside the vector body, at every lane position.
+  for (uint32_t u : {0x7f800000u, 0xff800000u, 0x7f800001u, 0xff80ffffu, 0x7fc00000u, 0x7fffffffu, 0x7f7fffffu,
+                     0x3f808000u, 0x3f818000u, 0x00000001u, 0x80000000u, 0x7f80ffffu, 0x7f810000u})
+    for (int lane = 0; lane < 17; ++lane) in.push_back(from_bits(u));
+  std::vector<uint16_t> out(in.size());
+  codec::encode(Codec::Bf16, in.data(), in.size(), out.data());
+  size_t bf16_differ = 0;
+  for (size_t i = 0; i < in.size(); ++i) bf16_differ += out[i] != bf16_ref(to_bits(in[i]));
+  CHECK(bf16_differ == 0);
+  codec::encode(Codec::BigdlFp16, in.data(), in.size(), out.data());
+  size_t bigdl_differ = 0;
+  for (size_t i = 0; i < in.size(); ++i) bigdl_differ += out[i] != bigdl_ref(to_bits(in[i]));
+  CHECK(bigdl_differ == 0);
+}
