@@ -19,6 +19,10 @@
 #include "gradsync/common.h"
 #include "gradsync/log.h"
 /* component headers */
+#include "gradsync/atomics.h"
+#include "gradsync/dataparallel.h"
+#include "gradsync/table.h"
+#include "gradsync/accumulator.h"
 #include "gradsync/codec.h"
 #include "gradsync/shard.h"
 #include "gradsync/comm.h"

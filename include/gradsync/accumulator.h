@@ -1,0 +1,189 @@
+/**
+ * @file accumulator.h
+ * @brief The sparse gradient accumulator: a gradient table (rows x dim f32, in a memory-mapped
+ *        file or anonymous memory) plus the set of rows touched since the last apply.
+ *
+ * Many threads, and several processes that open the same gradient file, add row gradients at
+ * once; gradsync_accum_apply() then updates only the touched rows of a parameter table (SGD or
+ * PyTorch-BigGraph's row-wise Adagrad), in O(touched x dim), and zeroes exactly those rows.
+ *
+ * Concurrency modes, chosen at open (every process on one file must use the same):
+ * - GRADSYNC_ACCUM_STRIPED (default): rows share process-shared spin locks kept in the file, row r
+ *   using lock r % ceil(rows / rows_per_lock). Exact: no update is ever lost.
+ * - GRADSYNC_ACCUM_LOCK_FREE: every float is added with an atomic compare-and-swap. Exact.
+ * - GRADSYNC_ACCUM_NONE: plain adds (Hogwild). Racy by design: concurrent adds to the same row may
+ *   lose updates. The touched set stays exact.
+ *
+ * Thread safety: add, add_batch and get may be called from any thread at once (and from several
+ * processes on one file). zero, apply and touched exclude this process's adds while they run; the
+ * caller must make sure other processes on the same file do not add meanwhile (e.g. a barrier).
+ *
+ * Crash behaviour: a row is marked touched before its gradient is added, so a crash never hides a
+ * gradient from apply. gradsync_accum_flush() is durable like gradsync_table_flush(). A process that
+ * dies holding a row lock is detected by its peers, which take the lock over. apply is not atomic:
+ * after a crash in the middle of one, the rows it had not reached are still touched and are applied
+ * by the next apply (flush the parameters and the gradients together after apply to commit it).
+ */
+#ifndef GRADSYNC_ACCUMULATOR_H
+#define GRADSYNC_ACCUMULATOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gradsync/export.h"
+#include "gradsync/common.h"
+#include "gradsync/table.h"
+
+GRADSYNC_BEGIN_DECL
+
+typedef struct gradsync_accum gradsync_accum;
+
+/** Concurrency modes (the `concurrency` field). */
+typedef enum gradsync_accum_concurrency {
+  GRADSYNC_ACCUM_STRIPED = 0,   /**< striped process-shared locks (default); exact */
+  GRADSYNC_ACCUM_LOCK_FREE = 1, /**< atomic compare-and-swap per float; exact */
+  GRADSYNC_ACCUM_NONE = 2       /**< no synchronisation (Hogwild): racy, may lose concurrent updates */
+} gradsync_accum_concurrency;
+
+#define GRADSYNC_ACCUM_OPTIONS_VERSION 1
+
+/** Options of gradsync_accum_open. Fill with GRADSYNC_ACCUM_OPTIONS_INIT or gradsync_accum_options_init. */
+typedef struct gradsync_accum_options {
+  uint32_t struct_size;  /**< sizeof(gradsync_accum_options) as the caller compiled it */
+  uint32_t version;      /**< GRADSYNC_ACCUM_OPTIONS_VERSION */
+  int32_t mode;          /**< a gradsync_table_mode (CREATE, OPEN, CREATE_OR_OPEN default, ANONYMOUS) */
+  int32_t concurrency;   /**< a gradsync_accum_concurrency; UNSET = what other processes on the file
+                              use, else STRIPED */
+  int64_t rows;          /**< rows, >= 1; UNSET when opening = take the file's */
+  int64_t dim;           /**< floats per row, >= 1; UNSET when opening = take the file's */
+  int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16 */
+  /* append only */
+} gradsync_accum_options;
+
+#define GRADSYNC_ACCUM_OPTIONS_INIT                                                                        \
+  {                                                                                                      \
+    sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN,       \
+        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64                   \
+  }
+
+/** Optimizers of gradsync_accum_apply (the `kind` field). */
+typedef enum gradsync_optimizer_kind {
+  GRADSYNC_OPTIM_SGD = 0,        /**< p -= lr * g */
+  GRADSYNC_OPTIM_ROW_ADAGRAD = 1 /**< PyTorch-BigGraph's: s[r] += mean(g^2); p -= lr * g / (sqrt(s[r]) + eps) */
+} gradsync_optimizer_kind;
+
+#define GRADSYNC_OPTIMIZER_VERSION 1
+
+/** An optimizer step. Fill with GRADSYNC_OPTIMIZER_INIT or gradsync_optimizer_init. */
+typedef struct gradsync_optimizer {
+  uint32_t struct_size; /**< sizeof(gradsync_optimizer) as the caller compiled it */
+  uint32_t version;     /**< GRADSYNC_OPTIMIZER_VERSION */
+  int32_t kind;         /**< a gradsync_optimizer_kind; default SGD */
+  int32_t reserved0;    /**< must be 0 */
+  double lr;            /**< learning rate, finite; default 0.01 */
+  double eps;           /**< ROW_ADAGRAD: added to sqrt(state), > 0; default 1e-10 */
+  /* append only */
+} gradsync_optimizer;
+
+#define GRADSYNC_OPTIMIZER_INIT \
+  { sizeof(gradsync_optimizer), GRADSYNC_OPTIMIZER_VERSION, GRADSYNC_OPTIM_SGD, 0, 0.01, 1e-10 }
+
+/** @brief Fill opts with defaults (FFIs). @retval GRADSYNC_E_INVALID_ARG NULL or too small. @threadsafety any */
+GRADSYNC_API int gradsync_accum_options_init(gradsync_accum_options *opts, size_t struct_size);
+
+/** @brief Fill opt with defaults (FFIs). @retval GRADSYNC_E_INVALID_ARG NULL or too small. @threadsafety any */
+GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer *opt, size_t struct_size);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/**
+ * @brief Open, create or allocate an accumulator. A process that opens the file while no other
+ *        has it open resets the locks and rebuilds the touched list (after a crash, say).
+ * @param[out] out the new accumulator; NULL on failure
+ * @param[in] path the gradient file (NULL for GRADSYNC_TABLE_ANONYMOUS). Borrowed for the call.
+ * @param[in] opts options; NULL means defaults (rows and dim then come from an existing file)
+ * @retval GRADSYNC_E_MISMATCH another shape, a plain table's file, or another concurrency mode than
+ *         the processes that have the file open
+ * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE as for tables
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_open(gradsync_accum **out, const char *path, const gradsync_accum_options *opts);
+
+/** @brief Unmap and close (does not flush). NULL is a no-op. @threadsafety handle */
+GRADSYNC_API void gradsync_accum_free(gradsync_accum *accum);
+
+/** @brief Rows and floats per row. Either pointer may be NULL. @threadsafety any */
+GRADSYNC_API int gradsync_accum_shape(const gradsync_accum *accum, int64_t *rows, int64_t *dim);
+
+/** @brief The concurrency mode and rows per lock in use. Either pointer may be NULL. @threadsafety any */
+GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum *accum, int32_t *concurrency, int64_t *rows_per_lock);
+
+/* ---------------------------------------------------------------- adding gradients */
+
+/**
+ * @brief grad[row] += grad (count must equal dim), and mark the row touched.
+ * @retval GRADSYNC_E_OUT_OF_RANGE row outside [0, rows)
+ * @retval GRADSYNC_E_INVALID_ARG grad is NULL or count != dim ("the gradient has 32 floats, ... dim 64")
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_add(gradsync_accum *accum, int64_t row, const float *grad, size_t count);
+
+/**
+ * @brief For each i < n: grad[rows[i]] += grads[i*dim .. (i+1)*dim). One call per minibatch.
+ *        Repeated ids are summed. Every id and the length are checked before any row is written.
+ * @param[in] count n * dim
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_add_batch(gradsync_accum *accum, const int64_t *rows, size_t n, const float *grads,
+                                          size_t count);
+
+/**
+ * @brief Copy the gradient of one row out, under that row's lock (a consistent row in STRIPED mode).
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_get(gradsync_accum *accum, int64_t row, float *out, size_t count);
+
+/* ---------------------------------------------------------------- whole-set operations */
+
+/** @brief Zero the touched rows and empty the touched set, O(touched x dim). @threadsafety any */
+GRADSYNC_API int gradsync_accum_zero(gradsync_accum *accum);
+
+/** @brief Number of touched rows. @threadsafety any */
+GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum *accum, int64_t *count);
+
+/**
+ * @brief The touched rows, in the order they were first touched.
+ * @param[out] out receives *needed ids when capacity >= *needed
+ * @param[out] needed the number of touched rows (always written)
+ * @retval GRADSYNC_E_BUFS capacity < *needed: nothing was copied
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_touched(gradsync_accum *accum, int64_t *out, size_t capacity, size_t *needed);
+
+/**
+ * @brief Update params (and state) from the touched rows' gradients, then zero exactly those rows
+ *        and empty the touched set. Reads and writes only touched rows: O(touched x dim).
+ * @param[in,out] params a writable table of the same rows x dim
+ * @param[in] opt the optimizer; NULL = SGD with lr 0.01
+ * @param[in,out] state ROW_ADAGRAD: a writable table of rows x 1 (start it at zeros); SGD: NULL
+ * @retval GRADSYNC_E_MISMATCH params or state of another shape ("parameter table has 100 x 32, ...")
+ * @retval GRADSYNC_E_MISUSE params or state is read-only
+ * @retval GRADSYNC_E_INVALID_ARG bad optimizer, missing or superfluous state. Nothing is written on error.
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_apply(gradsync_accum *accum, gradsync_table *params, const gradsync_optimizer *opt,
+                                      gradsync_table *state);
+
+/** @brief Make the gradients and touched set durable, as gradsync_table_flush. @threadsafety any */
+GRADSYNC_API int gradsync_accum_flush(gradsync_accum *accum);
+
+/**
+ * @brief Borrow a read-only view of the gradient data (rows * dim floats, row-major).
+ * @param[out] data points into the mapping: do not write through it. Valid until gradsync_accum_free.
+ * @param[out] bytes rows * dim * 4
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_accum_view(const gradsync_accum *accum, const void **data, size_t *bytes);
+
+GRADSYNC_END_DECL
+
+#endif /* GRADSYNC_ACCUMULATOR_H */

@@ -1,0 +1,409 @@
+#include "accumulator/accumulator.hpp"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GS_CPU_RELAX() _mm_pause()
+#else
+#define GS_CPU_RELAX() ((void)0)
+#endif
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::accumulator {
+
+using table::Table;
+
+const char* concurrency_name(Concurrency c) noexcept {
+  switch (c) {
+    case Concurrency::Striped: return "striped";
+    case Concurrency::LockFree: return "lock-free";
+    case Concurrency::None: return "none";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr uint64_t round64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+template <class T>
+std::atomic_ref<T> atomic(T& x) noexcept {
+  return std::atomic_ref<T>(x);
+}
+
+void init_new_aux(void* aux, uint64_t, int64_t rows, void* user) {
+  // A new file: zeros everywhere (fallocate / anonymous memory) except the header.
+  const auto* spec = static_cast<const AuxHeader*>(user);
+  (void)rows;
+  std::memcpy(aux, spec, sizeof(AuxHeader));
+}
+
+}  // namespace
+
+AuxLayout aux_layout(int64_t rows) {
+  const auto r = static_cast<uint64_t>(rows);
+  AuxLayout l;
+  uint64_t locks = 0, list = 0;
+  if (__builtin_mul_overflow(r, uint64_t{4}, &locks) || __builtin_mul_overflow(r, uint64_t{8}, &list))
+    fail(GRADSYNC_E_INVALID_ARG, "{} rows are too many for an accumulator", rows);
+  l.bitmap_off = l.locks_off + round64(locks);
+  l.list_off = l.bitmap_off + round64((r + 63) / 64 * 8);
+  l.bytes = l.list_off + list;
+  return l;
+}
+
+std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
+  GS_REQUIRE(spec.concurrency == -1 || (spec.concurrency >= 0 && spec.concurrency <= 2), GRADSYNC_E_INVALID_ARG,
+             "unknown concurrency mode {}", spec.concurrency);
+  GS_REQUIRE(spec.rows_per_lock == -1 || spec.rows_per_lock >= 1, GRADSYNC_E_INVALID_ARG,
+             "rows_per_lock must be at least 1, got {}", spec.rows_per_lock);
+  std::unique_ptr<Accumulator> a(new Accumulator());
+  table::OpenSpec ts;
+  ts.path = spec.path;
+  ts.mode = spec.mode;
+  ts.rows = spec.rows;
+  ts.dim = spec.dim;
+  ts.kind = table::FileKind::Accumulator;
+  ts.keep_exclusive = true;
+
+  ts.aux_bytes_for_rows = [](int64_t rows) { return aux_layout(rows).bytes; };
+  if (spec.mode != table::OpenMode::Open) {
+    GS_REQUIRE(spec.rows >= 1, GRADSYNC_E_INVALID_ARG, "rows must be at least 1 to create an accumulator, got {}",
+               spec.rows);
+    aux_layout(spec.rows);  // rejects row counts whose state region would overflow
+  }
+
+  AuxHeader fresh{};
+  fresh.magic = kAuxMagic;
+  fresh.layout_version = 1;
+  fresh.concurrency = spec.concurrency == -1 ? static_cast<int32_t>(Concurrency::Striped) : spec.concurrency;
+  fresh.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
+  fresh.nlocks = spec.rows >= 1 ? (static_cast<uint64_t>(spec.rows) + fresh.rows_per_lock - 1) / fresh.rows_per_lock : 1;
+  ts.init_aux = init_new_aux;
+  ts.init_aux_user = &fresh;
+
+  a->table_ = Table::open(ts);
+  a->pid_ = static_cast<uint32_t>(::getpid());
+  const AuxLayout layout = aux_layout(a->table_->rows());
+  auto* base = static_cast<char*>(a->table_->aux());
+  a->aux_header_ = reinterpret_cast<AuxHeader*>(base);
+  a->count_ = reinterpret_cast<uint64_t*>(base + layout.count_off);
+  a->locks_ = reinterpret_cast<uint32_t*>(base + layout.locks_off);
+  a->bitmap_ = reinterpret_cast<uint64_t*>(base + layout.bitmap_off);
+  a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
+  a->attach_aux(spec);
+  return a;
+}
+
+void Accumulator::attach_aux(const AccumSpec& spec) {
+  const int64_t rows = table_->rows();
+  AuxHeader& h = *aux_header_;
+  if (table_->exclusive()) {
+    // Nobody else has the file open: lock words and the list may hold the remains of a process that
+    // died mid-add. Reset the locks, rebuild the list from the bitmap, and (re)choose the mode.
+    const AuxLayout l = aux_layout(rows);
+    if (!table_->created()) {
+      std::memset(locks_, 0, l.bitmap_off - l.locks_off);
+      const uint64_t words = (static_cast<uint64_t>(rows) + 63) / 64;
+      uint64_t n = 0;
+      for (uint64_t w = 0; w < words; ++w) {
+        uint64_t bits = bitmap_[w];
+        if (w == words - 1 && rows % 64 != 0) bits &= (uint64_t{1} << (rows % 64)) - 1;  // stray bits beyond rows
+        bitmap_[w] = bits;
+        while (bits != 0) {
+          list_[n++] = static_cast<int64_t>(w * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)));
+          bits &= bits - 1;
+        }
+      }
+      *count_ = n;
+      const bool valid = h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
+                         h.rows_per_lock >= 1;
+      if (!valid) GS_LOG_WARN("'{}': accumulator state header was damaged; rebuilt it", table_->path());
+      h.magic = kAuxMagic;
+      h.layout_version = 1;
+      if (spec.concurrency != -1 || !valid) h.concurrency = spec.concurrency == -1 ? 0 : spec.concurrency;
+      if (spec.rows_per_lock != -1 || !valid)
+        h.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
+      h.nlocks = (static_cast<uint64_t>(rows) + h.rows_per_lock - 1) / h.rows_per_lock;
+    }
+  } else {
+    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
+                   h.rows_per_lock >= 1 && h.nlocks >= 1 && h.nlocks <= static_cast<uint64_t>(rows),
+               GRADSYNC_E_CORRUPT, "'{}': the accumulator state header is damaged", table_->path());
+    const auto file_mode = static_cast<Concurrency>(h.concurrency);
+    if ((spec.concurrency != -1 && spec.concurrency != h.concurrency) ||
+        (spec.rows_per_lock != -1 && static_cast<uint64_t>(spec.rows_per_lock) != h.rows_per_lock &&
+         file_mode == Concurrency::Striped)) {
+      fail(GRADSYNC_E_MISMATCH,
+           "'{}' is open in another process in mode {} ({} rows per lock); asked for {} ({} rows per lock): every "
+           "process must use the same mode",
+           table_->path(), concurrency_name(file_mode), h.rows_per_lock,
+           spec.concurrency == -1 ? "the same mode" : concurrency_name(static_cast<Concurrency>(spec.concurrency)),
+           spec.rows_per_lock == -1 ? std::string("default") : std::to_string(spec.rows_per_lock));
+    }
+  }
+  mode_ = static_cast<Concurrency>(h.concurrency);
+  rows_per_lock_ = static_cast<int64_t>(h.rows_per_lock);
+  nlocks_ = h.nlocks;
+  table_->release_exclusive();
+}
+
+// ---------------------------------------------------------------- striped locks
+
+void Accumulator::lock_stripe(uint32_t* word) noexcept {
+  uint32_t expected = 0;
+  if (atomic(*word).compare_exchange_weak(expected, pid_, std::memory_order_acquire, std::memory_order_relaxed)) return;
+  lock_stripe_slow(word);
+}
+
+void Accumulator::lock_stripe_slow(uint32_t* word) noexcept {
+  auto a = atomic(*word);
+  for (uint64_t spins = 1;; ++spins) {
+    uint32_t owner = a.load(std::memory_order_relaxed);
+    if (owner == 0) {
+      if (a.compare_exchange_weak(owner, pid_, std::memory_order_acquire, std::memory_order_relaxed)) return;
+      continue;
+    }
+    // On an oversubscribed machine the owner may be descheduled: yield rather than burn its slice.
+    if ((spins & 63) == 0) {
+      sched_yield();
+    } else {
+      GS_CPU_RELAX();
+    }
+    if ((spins & 0x3FFF) == 0 && owner != pid_ && ::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH) {
+      // The owner process died holding the lock; its add to these rows may be partial, but waiting
+      // would hang every survivor forever.
+      if (a.compare_exchange_strong(owner, pid_, std::memory_order_acquire, std::memory_order_relaxed)) {
+        GS_LOG_WARN("'{}': took over a row lock held by dead process {}", table_->path(), owner);
+        return;
+      }
+    }
+  }
+}
+
+void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0, std::memory_order_release); }
+
+// ---------------------------------------------------------------- adds
+
+void Accumulator::mark_touched(int64_t row) noexcept {
+  const auto r = static_cast<uint64_t>(row);
+  const uint64_t bit = uint64_t{1} << (r & 63);
+  auto word = atomic(bitmap_[r >> 6]);
+  if ((word.load(std::memory_order_relaxed) & bit) != 0) return;  // the common case: one shared read
+  if ((word.fetch_or(bit, std::memory_order_acq_rel) & bit) != 0) return;
+  const uint64_t slot = atomic(*count_).fetch_add(1, std::memory_order_acq_rel);
+  atomic(list_[slot]).store(row, std::memory_order_release);
+}
+
+namespace {
+inline void add_row_plain(float* __restrict g, const float* __restrict s, size_t d) noexcept {
+  for (size_t j = 0; j < d; ++j) g[j] += s[j];
+}
+}  // namespace
+
+template <Concurrency M>
+void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
+  const size_t d = static_cast<size_t>(dim());
+  const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
+  constexpr size_t kAhead = 6;
+  auto prefetch = [&](int64_t r) {
+    const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
+    for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
+    __builtin_prefetch(&bitmap_[static_cast<uint64_t>(r) >> 6], 0, 3);
+    if constexpr (M == Concurrency::Striped) __builtin_prefetch(stripe_of(r), 1, 3);
+  };
+  for (size_t i = 0; i < n && i < kAhead; ++i) prefetch(rows[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch(rows[i + kAhead]);
+    const int64_t r = rows[i];
+    const float* src = grads + i * d;
+    float* g = table_->row_ptr(r);
+    mark_touched(r);  // before the add: a crash can never hide a gradient from apply
+    if constexpr (M == Concurrency::Striped) {
+      uint32_t* w = stripe_of(r);
+      lock_stripe(w);
+      add_row_plain(g, src, d);
+      unlock_stripe(w);
+    } else if constexpr (M == Concurrency::LockFree) {
+      for (size_t j = 0; j < d; ++j) atomic(g[j]).fetch_add(src[j], std::memory_order_relaxed);
+    } else {
+      add_row_plain(g, src, d);
+    }
+  }
+}
+
+void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }
+
+void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, size_t count) {
+  GS_REQUIRE(n == 0 || grads != nullptr, GRADSYNC_E_INVALID_ARG, "gradients are NULL");
+  table_->check_rows(rows, n);
+  table_->check_count(count, n, "the gradient");
+  if (n == 0) return;
+  std::shared_lock phase(phase_);
+  switch (mode_) {
+    case Concurrency::Striped: add_rows<Concurrency::Striped>(rows, n, grads); break;
+    case Concurrency::LockFree: add_rows<Concurrency::LockFree>(rows, n, grads); break;
+    case Concurrency::None: add_rows<Concurrency::None>(rows, n, grads); break;
+  }
+}
+
+void Accumulator::get(int64_t row, float* out, size_t count) {
+  GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+  table_->check_row(row);
+  table_->check_count(count, 1, "the output buffer");
+  std::shared_lock phase(phase_);
+  float* g = table_->row_ptr(row);
+  const size_t d = count;
+  switch (mode_) {
+    case Concurrency::Striped: {
+      uint32_t* w = stripe_of(row);
+      lock_stripe(w);
+      std::memcpy(out, g, d * sizeof(float));
+      unlock_stripe(w);
+      break;
+    }
+    case Concurrency::LockFree:
+      for (size_t j = 0; j < d; ++j) out[j] = atomic(g[j]).load(std::memory_order_relaxed);
+      break;
+    case Concurrency::None: std::memcpy(out, g, d * sizeof(float)); break;
+  }
+}
+
+// ---------------------------------------------------------------- whole-set operations
+
+template <class RowFn>
+void Accumulator::for_each_touched(RowFn&& fn) {
+  const uint64_t rows = static_cast<uint64_t>(table_->rows());
+  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), rows);
+  const size_t row_lines = std::min<size_t>((static_cast<size_t>(dim()) * sizeof(float) + 63) / 64, 16);
+  constexpr uint64_t kAhead = 4;
+  uint64_t stale = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const auto ahead = static_cast<uint64_t>(list_[i + kAhead]);
+      if (ahead < rows) {
+        const char* p = reinterpret_cast<const char*>(table_->row_ptr(static_cast<int64_t>(ahead)));
+        for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
+        fn.prefetch(static_cast<int64_t>(ahead));
+      }
+    }
+    const auto r = static_cast<uint64_t>(atomic(list_[i]).load(std::memory_order_acquire));
+    const uint64_t bit = uint64_t{1} << (r & 63);
+    // An entry that is out of range or whose bit is clear is the remains of a process that died
+    // mid-append; the next exclusive open rebuilds the list.
+    if (r >= rows || (atomic(bitmap_[r >> 6]).load(std::memory_order_relaxed) & bit) == 0) {
+      ++stale;
+      continue;
+    }
+    fn(static_cast<int64_t>(r));
+    atomic(bitmap_[r >> 6]).fetch_and(~bit, std::memory_order_acq_rel);
+  }
+  atomic(*count_).store(0, std::memory_order_release);
+  if (stale > 0) GS_LOG_WARN("'{}': skipped {} stale entries of the touched list", table_->path(), stale);
+}
+
+void Accumulator::zero() {
+  std::unique_lock phase(phase_);
+  const size_t bytes = static_cast<size_t>(dim()) * sizeof(float);
+  struct Zero {
+    Accumulator* self;
+    size_t bytes;
+    void prefetch(int64_t) {}
+    void operator()(int64_t r) { std::memset(self->table_->row_ptr(r), 0, bytes); }
+  } fn{this, bytes};
+  for_each_touched(fn);
+}
+
+uint64_t Accumulator::touched_count() {
+  std::unique_lock phase(phase_);
+  return std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows()));
+}
+
+size_t Accumulator::touched(int64_t* out, size_t capacity) {
+  std::unique_lock phase(phase_);
+  const auto n = static_cast<size_t>(
+      std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows())));
+  if (capacity >= n && n > 0) {
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+    std::memcpy(out, list_, n * sizeof(int64_t));
+  }
+  return n;
+}
+
+void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
+  GS_REQUIRE(&params != table_.get(), GRADSYNC_E_INVALID_ARG, "the parameter table is the gradient table itself");
+  params.check_writable();
+  GS_REQUIRE(params.dim() == dim() && params.rows() == rows(), GRADSYNC_E_MISMATCH,
+             "parameter table has {} x {}, the accumulator {} x {}", params.rows(), params.dim(), rows(), dim());
+  GS_REQUIRE(std::isfinite(opt.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", opt.lr);
+  const size_t d = static_cast<size_t>(dim());
+  const float lr = opt.lr;
+  if (opt.kind == OptimizerKind::Sgd) {
+    GS_REQUIRE(state == nullptr, GRADSYNC_E_INVALID_ARG, "SGD keeps no state: pass no state table");
+    std::unique_lock phase(phase_);
+    struct Sgd {
+      Table& g;
+      Table& p;
+      size_t d;
+      float lr;
+      void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
+      void operator()(int64_t r) {
+        float* __restrict pr = p.row_ptr(r);
+        float* __restrict gr = g.row_ptr(r);
+        for (size_t j = 0; j < d; ++j) {
+          pr[j] -= lr * gr[j];
+          gr[j] = 0.0f;
+        }
+      }
+    } fn{*table_, params, d, lr};
+    for_each_touched(fn);
+    return;
+  }
+  GS_REQUIRE(opt.kind == OptimizerKind::RowAdagrad, GRADSYNC_E_INVALID_ARG, "unknown optimizer {}",
+             static_cast<int32_t>(opt.kind));
+  GS_REQUIRE(state != nullptr, GRADSYNC_E_INVALID_ARG, "row-wise Adagrad needs a state table of {} x 1", rows());
+  GS_REQUIRE(state != &params && state != table_.get(), GRADSYNC_E_INVALID_ARG,
+             "the state table must be a table of its own");
+  state->check_writable();
+  GS_REQUIRE(state->rows() == rows() && state->dim() == 1, GRADSYNC_E_MISMATCH,
+             "row-wise Adagrad state table has {} x {}, needs {} x 1", state->rows(), state->dim(), rows());
+  GS_REQUIRE(std::isfinite(opt.eps) && opt.eps > 0.0f, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}",
+             opt.eps);
+  std::unique_lock phase(phase_);
+  // PyTorch-BigGraph's row-wise Adagrad: state[r] += mean(g^2); p -= lr * g / (sqrt(state[r]) + eps).
+  struct Adagrad {
+    Table& g;
+    Table& p;
+    Table& s;
+    size_t d;
+    float lr, eps;
+    void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
+    void operator()(int64_t r) {
+      float* __restrict pr = p.row_ptr(r);
+      float* __restrict gr = g.row_ptr(r);
+      float sum = 0.0f;
+      for (size_t j = 0; j < d; ++j) sum += gr[j] * gr[j];
+      float& st = *s.row_ptr(r);
+      st += sum / static_cast<float>(d);
+      const float scale = lr / (std::sqrt(st) + eps);
+      for (size_t j = 0; j < d; ++j) {
+        pr[j] -= scale * gr[j];
+        gr[j] = 0.0f;
+      }
+    }
+  } fn{*table_, params, *state, d, lr, opt.eps};
+  for_each_touched(fn);
+}
+
+}  // namespace gradsync::accumulator

@@ -1,0 +1,133 @@
+#pragma once
+// The sparse gradient accumulator: a gradient table (rows x dim f32, in a file or anonymous
+// memory) plus the set of rows touched since the last apply/zero. Many threads, and several
+// processes mapping the same file, add row gradients concurrently; apply() then updates only the
+// touched rows of a parameter table and zeroes exactly those.
+//
+// Everything shared between processes lives in the file's aux region (format below), so two
+// processes that open one gradient file coordinate through the mapping itself:
+// - striped mode: one 32-bit lock word per stripe, holding the owner's pid (0 = free). Row r uses
+//   stripe r % nlocks. Spinners check the owner's liveness now and then, so a process killed while
+//   holding a lock does not hang its peers.
+// - lock-free mode: each element is added with an atomic compare-and-swap on the mapped float.
+// - touched set: a bitmap (one bit per row, set with fetch_or) plus an append list; the thread
+//   whose fetch_or flips the bit appends the row. The bit is set BEFORE the gradient is added, so a
+//   crash can leave a touched row with a zero gradient (harmless) but never a gradient that apply
+//   would miss. The list is rebuilt from the bitmap whenever a process opens the file alone.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+
+#include "table/table.hpp"
+
+namespace gradsync::accumulator {
+
+enum class Concurrency : int32_t { Striped = 0, LockFree = 1, None = 2 };
+enum class OptimizerKind : int32_t { Sgd = 0, RowAdagrad = 1 };
+
+constexpr int64_t kDefaultRowsPerLock = 16;
+
+const char* concurrency_name(Concurrency c) noexcept;
+
+struct AccumSpec {
+  std::string path;
+  table::OpenMode mode = table::OpenMode::CreateOrOpen;
+  int64_t rows = -1;           // -1: take it from the existing file
+  int64_t dim = -1;
+  int32_t concurrency = -1;    // -1: the mode of the processes that have the file open, else striped
+  int64_t rows_per_lock = -1;  // -1: likewise, else kDefaultRowsPerLock
+};
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::Sgd;
+  float lr = 0.01f;
+  float eps = 1e-10f;  // row-wise Adagrad: added to sqrt(state)
+};
+
+// The aux region of a gradient file, at aux_offset (all offsets relative to it, 64-byte aligned):
+//   0          AuxHeader
+//   64         touched count (uint64), alone in its cache line
+//   128        lock words: rows x uint32 (only the first nlocks are used)
+//   bitmap_off touched bitmap: ceil(rows / 64) x uint64, bit r % 64 of word r / 64
+//   list_off   touched list: rows x int64, entries [0, count) valid
+struct AuxHeader {
+  uint32_t magic;          // kAuxMagic
+  uint32_t layout_version; // 1
+  int32_t concurrency;     // the mode every process that has the file open uses
+  uint32_t reserved0;
+  uint64_t rows_per_lock;
+  uint64_t nlocks;
+  uint64_t reserved[4];
+};
+static_assert(sizeof(AuxHeader) == 64);
+constexpr uint32_t kAuxMagic = 0x58415347u;  // "GSAX"
+
+struct AuxLayout {
+  uint64_t count_off = 64;
+  uint64_t locks_off = 128;
+  uint64_t bitmap_off = 0;
+  uint64_t list_off = 0;
+  uint64_t bytes = 0;
+};
+AuxLayout aux_layout(int64_t rows);
+
+class Accumulator {
+ public:
+  static std::unique_ptr<Accumulator> open(const AccumSpec& spec);
+  Accumulator(const Accumulator&) = delete;
+  Accumulator& operator=(const Accumulator&) = delete;
+
+  int64_t rows() const noexcept { return table_->rows(); }
+  int64_t dim() const noexcept { return table_->dim(); }
+  Concurrency concurrency() const noexcept { return mode_; }
+  int64_t rows_per_lock() const noexcept { return rows_per_lock_; }
+  table::Table& table() noexcept { return *table_; }
+
+  // Thread-safe (and process-safe on a shared file) in the striped and lock-free modes.
+  void add(int64_t row, const float* grad, size_t count);
+  // Validates every id and the length before touching any row. Repeated ids are summed.
+  void add_batch(const int64_t* rows, size_t n, const float* grads, size_t count);
+  void get(int64_t row, float* out, size_t count);
+
+  // These exclude adds of this process for their duration; across processes the caller makes
+  // sure no other process adds meanwhile (e.g. after a barrier).
+  void zero();
+  uint64_t touched_count();
+  // Copies the touched rows (in the order they were first touched) when capacity suffices;
+  // returns how many there are.
+  size_t touched(int64_t* out, size_t capacity);
+  void apply(table::Table& params, const OptimizerSpec& opt, table::Table* state);
+  void flush() { table_->flush(); }
+
+ private:
+  Accumulator() = default;
+  void attach_aux(const AccumSpec& spec);
+  template <Concurrency M>
+  void add_rows(const int64_t* rows, size_t n, const float* grads);
+  void mark_touched(int64_t row) noexcept;
+  void lock_stripe(uint32_t* word) noexcept;
+  void lock_stripe_slow(uint32_t* word) noexcept;
+  void unlock_stripe(uint32_t* word) noexcept;
+  uint32_t* stripe_of(int64_t row) noexcept { return locks_ + static_cast<uint64_t>(row) % nlocks_; }
+  template <class RowFn>
+  void for_each_touched(RowFn&& fn);
+
+  std::unique_ptr<table::Table> table_;
+  Concurrency mode_ = Concurrency::Striped;
+  int64_t rows_per_lock_ = kDefaultRowsPerLock;
+  uint64_t nlocks_ = 1;
+  uint32_t pid_ = 0;
+  AuxHeader* aux_header_ = nullptr;
+  uint64_t* count_ = nullptr;
+  uint32_t* locks_ = nullptr;
+  uint64_t* bitmap_ = nullptr;
+  int64_t* list_ = nullptr;
+  // Adds hold it shared; apply, zero and touched hold it exclusively, so within a process every
+  // add lands either wholly before an apply (and is applied) or after it (and stays touched).
+  std::shared_mutex phase_;
+};
+
+}  // namespace gradsync::accumulator

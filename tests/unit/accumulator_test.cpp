@@ -1,0 +1,392 @@
+// The sparse gradient accumulator: seed acceptance, modes under threads and real processes,
+// apply (SGD, row-wise Adagrad), validation that writes nothing, and recovery of shared state.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "accumulator/accumulator.hpp"
+#include "common/error.hpp"
+
+using gradsync::Error;
+using gradsync::accumulator::Accumulator;
+using gradsync::accumulator::AccumSpec;
+using gradsync::accumulator::Concurrency;
+using gradsync::accumulator::OptimizerKind;
+using gradsync::accumulator::OptimizerSpec;
+using gradsync::table::OpenMode;
+using gradsync::table::OpenSpec;
+using gradsync::table::Table;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    char tmpl[] = "/tmp/gradsync-accum-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+  }
+  ~TempDir() { fs::remove_all(dir); }
+  std::string file(const char* name) const { return (dir / name).string(); }
+};
+
+AccumSpec aspec(const std::string& path, OpenMode mode, int64_t rows, int64_t dim, int32_t conc = -1,
+                int64_t rows_per_lock = -1) {
+  AccumSpec s;
+  s.path = path;
+  s.mode = mode;
+  s.rows = rows;
+  s.dim = dim;
+  s.concurrency = conc;
+  s.rows_per_lock = rows_per_lock;
+  return s;
+}
+
+std::unique_ptr<Table> anon_table(int64_t rows, int64_t dim) {
+  OpenSpec s;
+  s.mode = OpenMode::Anonymous;
+  s.rows = rows;
+  s.dim = dim;
+  return Table::open(s);
+}
+
+template <class F>
+void expect_error(F&& f, int status, const std::string& needle) {
+  try {
+    f();
+    FAIL("expected status " << status << " (" << needle << ")");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.status() == status);
+    CHECK(std::string(e.what()).find(needle) != std::string::npos);
+  }
+}
+
+std::vector<float> row_of(Accumulator& a, int64_t r) {
+  std::vector<float> out(static_cast<size_t>(a.dim()));
+  a.get(r, out.data(), out.size());
+  return out;
+}
+
+bool all_equal(const std::vector<float>& v, float x) {
+  return std::all_of(v.begin(), v.end(), [&](float y) { return y == x; });
+}
+
+// Waits for a child at most `seconds`; kills it after that. Returns its exit status, or -1.
+int wait_bounded(pid_t pid, int seconds) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    int status = 0;
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("seed acceptance: dim 64, 100 rows", "[accumulator]") {
+  auto mode = GENERATE(0, 1, 2);
+  TempDir tmp;
+  auto a = Accumulator::open(aspec(tmp.file("g.gsa"), OpenMode::Create, 100, 64, mode));
+  CHECK(static_cast<int>(a->concurrency()) == mode);
+  std::vector<float> ones(64, 1.0f), twos(64, 2.0f);
+  a->add(0, ones.data(), 64);
+  a->add(0, twos.data(), 64);
+  CHECK(all_equal(row_of(*a, 0), 3.0f));
+  std::vector<float> x(64, 1.5f);
+  a->add(1, x.data(), 64);
+  a->zero();
+  CHECK(all_equal(row_of(*a, 0), 0.0f));
+  CHECK(all_equal(row_of(*a, 1), 0.0f));
+  CHECK(a->touched_count() == 0);
+
+  if (mode != 2) {  // exact modes only: Hogwild may lose concurrent updates by design
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 10; ++t) threads.emplace_back([&] { a->add(0, ones.data(), 64); });
+    for (auto& t : threads) t.join();
+    CHECK(all_equal(row_of(*a, 0), 10.0f));
+    a->zero();
+  }
+
+  auto params = anon_table(100, 64);
+  std::vector<float> ten(64, 10.0f);
+  params->set(0, ten.data(), 64);
+  a->add(0, ones.data(), 64);
+  OptimizerSpec sgd;
+  sgd.lr = 0.1f;
+  a->apply(*params, sgd, nullptr);
+  std::vector<float> p(64);
+  params->get(0, p.data(), 64);
+  for (float v : p) CHECK(std::abs(v - 9.9f) <= 1e-6f);
+  CHECK(all_equal(row_of(*a, 0), 0.0f));
+
+  std::vector<float> half(32, 1.0f);
+  expect_error([&] { a->add(0, half.data(), 32); }, GRADSYNC_E_INVALID_ARG, "the gradient has 32 floats");
+  expect_error([&] { a->add(100, ones.data(), 64); }, GRADSYNC_E_OUT_OF_RANGE, "row 100 out of range [0, 100)");
+  a.reset();
+  expect_error([&] { Accumulator::open(aspec(tmp.file("g.gsa"), OpenMode::Open, 100, 32)); }, GRADSYNC_E_MISMATCH,
+               "file has 100 x 64, asked for 100 x 32");
+}
+
+TEST_CASE("add_batch sums repeated rows and tracks touched rows once", "[accumulator]") {
+  auto a = Accumulator::open(aspec("", OpenMode::Anonymous, 10, 2));
+  std::vector<int64_t> rows = {3, 7, 3, 3};
+  std::vector<float> g = {1, 2, 10, 20, 100, 200, 1000, 2000};
+  a->add_batch(rows.data(), rows.size(), g.data(), g.size());
+  CHECK(row_of(*a, 3) == std::vector<float>{1101, 2202});
+  CHECK(row_of(*a, 7) == std::vector<float>{10, 20});
+  CHECK(a->touched_count() == 2);
+  std::vector<int64_t> t(2);
+  CHECK(a->touched(t.data(), 2) == 2);
+  CHECK(t == std::vector<int64_t>{3, 7});
+  CHECK(a->touched(nullptr, 0) == 2);  // too small: reports the size, copies nothing
+
+  // A batch with one bad id or a wrong length writes nothing at all.
+  std::vector<int64_t> bad = {1, 2, 10};
+  std::vector<float> g3(6, 5.0f);
+  expect_error([&] { a->add_batch(bad.data(), 3, g3.data(), 6); }, GRADSYNC_E_OUT_OF_RANGE,
+               "row 10 (entry 2 of 3) out of range [0, 10)");
+  expect_error([&] { a->add_batch(rows.data(), 4, g.data(), 7); }, GRADSYNC_E_INVALID_ARG,
+               "has 7 floats, 4 rows x dim 2 need 8");
+  CHECK(all_equal(row_of(*a, 1), 0.0f));
+  CHECK(row_of(*a, 3) == std::vector<float>{1101, 2202});
+  CHECK(a->touched_count() == 2);
+}
+
+TEST_CASE("exact modes lose no update under many threads", "[accumulator]") {
+  auto mode = GENERATE(Concurrency::Striped, Concurrency::LockFree);
+  auto rpl = GENERATE(int64_t{1}, int64_t{64});
+  auto a = Accumulator::open(aspec("", OpenMode::Anonymous, 256, 8, static_cast<int32_t>(mode), rpl));
+  constexpr int kThreads = 6, kBatches = 200, kBatch = 64;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<int64_t> ids(kBatch);
+      std::vector<float> g(kBatch * 8, 1.0f);
+      for (int b = 0; b < kBatches; ++b) {
+        // Hot rows 0..7 in every batch, plus a spread of others: heavy contention on purpose.
+        for (int i = 0; i < kBatch; ++i) ids[i] = i < 32 ? i % 8 : (t * 31 + b * 7 + i) % 256;
+        a->add_batch(ids.data(), ids.size(), g.data(), g.size());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Every row's count is known: recompute the expected number of adds per row.
+  std::vector<double> expected(256, 0.0);
+  for (int t = 0; t < kThreads; ++t)
+    for (int b = 0; b < kBatches; ++b)
+      for (int i = 0; i < kBatch; ++i) expected[i < 32 ? i % 8 : (t * 31 + b * 7 + i) % 256] += 1.0;
+  for (int r = 0; r < 256; ++r) {
+    INFO("row " << r);
+    CHECK(all_equal(row_of(*a, r), static_cast<float>(expected[r])));
+  }
+  int touched = 0;
+  for (double e : expected) touched += e > 0 ? 1 : 0;
+  CHECK(a->touched_count() == static_cast<uint64_t>(touched));
+}
+
+TEST_CASE("apply updates only touched rows: SGD and row-wise Adagrad", "[accumulator]") {
+  auto a = Accumulator::open(aspec("", OpenMode::Anonymous, 6, 4));
+  auto params = anon_table(6, 4);
+  std::vector<float> init = {1, 2, 3, 4};
+  for (int r = 0; r < 6; ++r) params->set(r, init.data(), 4);
+  std::vector<int64_t> ids = {1, 4};
+  std::vector<float> g = {1, 0, -1, 2, 0.5f, 0.5f, 0.5f, 0.5f};
+  a->add_batch(ids.data(), 2, g.data(), 8);
+
+  SECTION("SGD") {
+    OptimizerSpec sgd;
+    sgd.lr = 0.5f;
+    a->apply(*params, sgd, nullptr);
+    std::vector<float> p(4);
+    params->get(1, p.data(), 4);
+    CHECK(p == std::vector<float>{0.5f, 2, 3.5f, 3});
+    params->get(4, p.data(), 4);
+    CHECK(p == std::vector<float>{0.75f, 1.75f, 2.75f, 3.75f});
+    for (int r : {0, 2, 3, 5}) {
+      params->get(r, p.data(), 4);
+      CHECK(p == init);
+    }
+    CHECK(a->touched_count() == 0);
+    CHECK(all_equal(row_of(*a, 1), 0.0f));
+    CHECK(all_equal(row_of(*a, 4), 0.0f));
+  }
+  SECTION("row-wise Adagrad as in PyTorch-BigGraph") {
+    auto state = anon_table(6, 1);
+    OptimizerSpec ada;
+    ada.kind = OptimizerKind::RowAdagrad;
+    ada.lr = 0.1f;
+    ada.eps = 1e-10f;
+    a->apply(*params, ada, state.get());
+    float s1 = 0, s4 = 0;
+    state->get(1, &s1, 1);
+    state->get(4, &s4, 1);
+    CHECK(s1 == Approx((1 + 0 + 1 + 4) / 4.0));
+    CHECK(s4 == Approx(0.25));
+    std::vector<float> p(4);
+    params->get(1, p.data(), 4);
+    const double std1 = std::sqrt(1.5) + 1e-10;
+    CHECK(p[0] == Approx(1 - 0.1 * 1 / std1));
+    CHECK(p[3] == Approx(4 - 0.1 * 2 / std1));
+    params->get(4, p.data(), 4);
+    CHECK(p[0] == Approx(1 - 0.1 * 0.5 / 0.5));
+    float s0 = 1;
+    state->get(0, &s0, 1);
+    CHECK(s0 == 0.0f);
+    // A second step accumulates the state.
+    a->add_batch(ids.data(), 2, g.data(), 8);
+    a->apply(*params, ada, state.get());
+    state->get(1, &s1, 1);
+    CHECK(s1 == Approx(3.0));
+  }
+}
+
+TEST_CASE("apply validates everything before writing", "[accumulator]") {
+  auto a = Accumulator::open(aspec("", OpenMode::Anonymous, 6, 4));
+  std::vector<float> g(4, 1.0f);
+  a->add(2, g.data(), 4);
+  auto wrong_dim = anon_table(6, 3);
+  auto wrong_rows = anon_table(7, 4);
+  auto params = anon_table(6, 4);
+  OptimizerSpec sgd;
+  expect_error([&] { a->apply(*wrong_dim, sgd, nullptr); }, GRADSYNC_E_MISMATCH,
+               "parameter table has 6 x 3, the accumulator 6 x 4");
+  expect_error([&] { a->apply(*wrong_rows, sgd, nullptr); }, GRADSYNC_E_MISMATCH, "7 x 4");
+  expect_error([&] { a->apply(*params, sgd, params.get()); }, GRADSYNC_E_INVALID_ARG, "SGD keeps no state");
+  OptimizerSpec ada;
+  ada.kind = OptimizerKind::RowAdagrad;
+  expect_error([&] { a->apply(*params, ada, nullptr); }, GRADSYNC_E_INVALID_ARG, "needs a state table of 6 x 1");
+  auto bad_state = anon_table(6, 2);
+  expect_error([&] { a->apply(*params, ada, bad_state.get()); }, GRADSYNC_E_MISMATCH, "state table has 6 x 2");
+  OptimizerSpec nan_lr;
+  nan_lr.lr = NAN;
+  expect_error([&] { a->apply(*params, nan_lr, nullptr); }, GRADSYNC_E_INVALID_ARG, "learning rate");
+  expect_error([&] { a->apply(a->table(), sgd, nullptr); }, GRADSYNC_E_INVALID_ARG, "gradient table itself");
+  CHECK(all_equal(row_of(*a, 2), 1.0f));
+  CHECK(a->touched_count() == 1);
+  std::vector<float> p(4);
+  params->get(2, p.data(), 4);
+  CHECK(all_equal(p, 0.0f));
+}
+
+TEST_CASE("two processes adding to one gradient file lose no update", "[accumulator][process]") {
+  auto mode = GENERATE(Concurrency::Striped, Concurrency::LockFree);
+  TempDir tmp;
+  const auto path = tmp.file("shared.gsa");
+  constexpr int kProcs = 3, kBatches = 300, kBatch = 32, kDim = 16, kRows = 64;
+  {
+    // The parent keeps the file open too, so the children are never alone with it.
+    auto holder = Accumulator::open(aspec(path, OpenMode::Create, kRows, kDim, static_cast<int32_t>(mode)));
+    std::vector<pid_t> kids;
+    for (int p = 0; p < kProcs; ++p) {
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        int code = 0;
+        try {
+          auto a = Accumulator::open(aspec(path, OpenMode::Open, kRows, kDim));  // adopts the file's mode
+          if (a->concurrency() != mode) code = 3;
+          std::vector<int64_t> ids(kBatch);
+          std::vector<float> g(kBatch * kDim, 1.0f);
+          for (int b = 0; b < kBatches; ++b) {
+            for (int i = 0; i < kBatch; ++i) ids[i] = (i * 5 + b + p) % 8;  // 8 hot rows, heavy contention
+            a->add_batch(ids.data(), ids.size(), g.data(), g.size());
+          }
+        } catch (...) {
+          code = 2;
+        }
+        ::_exit(code);
+      }
+      kids.push_back(pid);
+    }
+    for (pid_t k : kids) CHECK(wait_bounded(k, 60) == 0);
+    // Another mode while the file is open elsewhere is refused.
+    const int32_t other = mode == Concurrency::Striped ? 1 : 0;
+    expect_error([&] { Accumulator::open(aspec(path, OpenMode::Open, kRows, kDim, other)); }, GRADSYNC_E_MISMATCH,
+                 "every process must use the same mode");
+  }
+  auto a = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
+  double total = 0;
+  for (int r = 0; r < kRows; ++r) {
+    auto v = row_of(*a, r);
+    CHECK(all_equal(v, v[0]));
+    total += v[0];
+  }
+  CHECK(total == static_cast<double>(kProcs) * kBatches * kBatch);
+  CHECK(a->touched_count() == 8);
+}
+
+TEST_CASE("a lock held by a dead process is taken over; the list is rebuilt when alone", "[accumulator][process]") {
+  TempDir tmp;
+  const auto path = tmp.file("dead.gsa");
+  pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(wait_bounded(dead, 10) == 0);  // reaped: this pid is no longer alive
+
+  auto holder = Accumulator::open(aspec(path, OpenMode::Create, 32, 4, 0, 1));
+  auto a = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
+  const auto layout = gradsync::accumulator::aux_layout(32);
+  auto* aux = static_cast<char*>(a->table().aux());
+  auto* locks = reinterpret_cast<uint32_t*>(aux + layout.locks_off);
+  locks[5] = static_cast<uint32_t>(dead);  // as if `dead` had died holding row 5's lock
+  std::vector<float> g(4, 2.0f);
+  a->add(5, g.data(), 4);  // must not hang
+  CHECK(all_equal(row_of(*a, 5), 2.0f));
+  CHECK(locks[5] == 0);
+
+  // A process that died between setting a touched bit and appending to the list: simulate it,
+  // then reopen alone; the row is in the touched set again.
+  auto* bitmap = reinterpret_cast<uint64_t*>(aux + layout.bitmap_off);
+  bitmap[0] |= uint64_t{1} << 9;
+  locks[7] = 12345678;  // and a stale lock
+  a.reset();
+  holder.reset();
+  auto b = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
+  std::vector<int64_t> t(4);
+  REQUIRE(b->touched(t.data(), 4) == 2);
+  std::sort(t.begin(), t.begin() + 2);
+  CHECK(t[0] == 5);
+  CHECK(t[1] == 9);
+  b->add(7, g.data(), 4);  // the stale lock was reset
+  CHECK(all_equal(row_of(*b, 7), 2.0f));
+}
+
+TEST_CASE("gradients and touched set survive flush, close and reopen", "[accumulator]") {
+  TempDir tmp;
+  const auto path = tmp.file("persist.gsa");
+  {
+    auto a = Accumulator::open(aspec(path, OpenMode::CreateOrOpen, 20, 3));
+    std::vector<float> g = {1, 2, 3};
+    a->add(11, g.data(), 3);
+    a->flush();
+  }
+  auto a = Accumulator::open(aspec(path, OpenMode::CreateOrOpen, 20, 3));
+  CHECK(row_of(*a, 11) == std::vector<float>{1, 2, 3});
+  CHECK(a->touched_count() == 1);
+  auto params = anon_table(20, 3);
+  a->apply(*params, OptimizerSpec{OptimizerKind::Sgd, 1.0f, 1e-10f}, nullptr);
+  std::vector<float> p(3);
+  params->get(11, p.data(), 3);
+  CHECK(p == std::vector<float>{-1, -2, -3});
+  // A plain table cannot be opened as an accumulator and vice versa.
+  OpenSpec ts;
+  ts.path = path;
+  ts.mode = OpenMode::Open;
+  expect_error([&] { Table::open(ts); }, GRADSYNC_E_MISMATCH, "accumulator's gradient file, asked for a table");
+}
