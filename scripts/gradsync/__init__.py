@@ -9,6 +9,7 @@ from ._lib import (E_ABORTED, E_BUFS, E_CORRUPT, E_INTERNAL, E_INVALID_ARG, E_IO
                    E_UNSUPPORTED, E_VERSION_MISMATCH, E_ZERO_WEIGHT, OK)
 from .core import *  # noqa: F401,F403
 # component modules
+from .table import *  # noqa: F401,F403
 from .atomics import *  # noqa: F401,F403
 from .dataparallel import *  # noqa: F401,F403
 from .codec import *  # noqa: F401,F403
