@@ -129,22 +129,36 @@ class Communicator(Handle):
     name: the group's name (ranks with the same name form one group); rank in [0, size);
     timeout_ms: deadline of joining and of every collective (default: the library's, 300 s);
     transport: "threads" (default; ranks are threads of this process), "shm" (ranks are processes
-    of this host, meeting in /dev/shm/gradsync.<name>; see empty() for zero-copy arrays), or another
-    transport's name or number when the library has it.
+    of this host, meeting in /dev/shm/gradsync.<name>; see empty() for zero-copy arrays), or "mpi"
+    (ranks are the processes of an mpirun job: name, rank and size come from MPI, so
+    `Communicator(transport="mpi")` is enough; mpi_comm is an mpi4py communicator or a Fortran
+    handle to use instead of MPI_COMM_WORLD; deterministic=True reduces in rank order, which MPI's
+    own reduction does not promise; check_mismatch=False skips comparing the ranks' calls).
     """
 
     _free = lib.gradsync_comm_free
 
-    def __init__(self, name, rank, size, timeout_ms=None, transport="threads"):
+    def __init__(self, name=None, rank=None, size=None, timeout_ms=None, transport="threads", *,
+                 deterministic=None, check_mismatch=None, mpi_comm=None):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
-        encoded = name.encode()
-        if len(encoded) >= NAME_MAX:
-            raise ValueError(f"group name is {len(encoded)} bytes; at most {NAME_MAX - 1}")
-        opts.name = encoded
-        opts.rank = rank
-        opts.size = size
         opts.transport = _transport(transport)
+        if opts.transport == TRANSPORT_MPI:
+            if mpi_comm is not None:
+                opts.mpi_fcomm = int(mpi_comm.py2f()) if hasattr(mpi_comm, "py2f") else int(mpi_comm)
+        else:
+            if name is None or rank is None or size is None:
+                raise TypeError("name, rank and size are required (except with transport='mpi')")
+            encoded = name.encode()
+            if len(encoded) >= NAME_MAX:
+                raise ValueError(f"group name is {len(encoded)} bytes; at most {NAME_MAX - 1}")
+            opts.name = encoded
+            opts.rank = rank
+            opts.size = size
+        if deterministic is not None:
+            opts.deterministic = int(bool(deterministic))
+        if check_mismatch is not None:
+            opts.check_mismatch = int(bool(check_mismatch))
         if timeout_ms is not None:
             opts.timeout_ms = int(timeout_ms)
         out = c_void_p()
