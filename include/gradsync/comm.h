@@ -16,6 +16,46 @@
  * - A group of size 1 returns at once, leaving the buffers as they are (recv = send).
  * - Partition rule (reduce-scatter, allgather): part i of n elements over p ranks starts at
  *   i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
+ *
+ * MPI transport (GRADSYNC_TRANSPORT_MPI; gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)):
+ * - Group: MPI_COMM_WORLD, or the host's communicator passed as its Fortran handle in mpi_fcomm
+ *   (C: MPI_Comm_c2f(comm); mpi4py: comm.py2f()). Rank and size come from MPI (the options' rank,
+ *   size and name are ignored). The communicator is duplicated, so our traffic never matches the
+ *   host's. Every rank must create it with the same options.
+ * - MPI initialisation: if the host has not initialised MPI, the first create calls
+ *   MPI_Init_thread (asking for MPI_THREAD_MULTIPLE) and MPI_Finalize runs at process exit, never
+ *   at gradsync_comm_free (MPI cannot be initialised twice, and a later create must still work).
+ *   MPI that the host initialised is never finalised by us. A host with less than
+ *   MPI_THREAD_MULTIPLE must call each communicator from the thread allowed to call MPI.
+ * - Collectives map onto MPI's own (MPI_Allreduce with MPI_IN_PLACE, MPI_Bcast, MPI_Allgatherv,
+ *   MPI_Reduce_scatter with the partition rule's counts, a barrier). allreduce_many packs small
+ *   buffers into one MPI call per 16 MiB of staging (buffers of 1 MiB or more go to MPI directly).
+ *   An allreduce of at most 64 bytes travels with the fingerprint (one round trip, rank order).
+ * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank (MPI_Alltoallv of the
+ *   slices, the library's rank-order kernels, MPI_Allgatherv); 0 leaves the order to MPI (all ranks
+ *   still get MPI's one result). weighted_mean and i32 mean are always in rank order.
+ * - check_mismatch (default 1): before each collective the ranks exchange a 40-byte fingerprint
+ *   (collective, count, dtype, op, root, sequence number) with a non-blocking MPI_Iallgather; on a
+ *   difference every rank returns GRADSYNC_E_MISMATCH before any data moves. 0 replaces it by an
+ *   MPI_Ibarrier that still enforces the deadline.
+ * - Deadlines and what happens after a timeout: the arrival exchange above is polled against
+ *   timeout_ms, so a rank that never arrives gives GRADSYNC_E_TIMEOUT; the timed-out rank tells the
+ *   others (they get GRADSYNC_E_TIMEOUT too if waiting, GRADSYNC_E_ABORTED on their next call).
+ *   A peer process on the same host that dies while others wait gives GRADSYNC_E_REMOTE. MPI cannot
+ *   cancel a collective: the abandoned exchange stays posted (on library-owned memory that is kept
+ *   until exit, never on caller buffers) and that MPI communicator is never used again. Every call
+ *   then fails with GRADSYNC_E_ABORTED until every rank calls gradsync_comm_reset, which
+ *   duplicates fresh MPI communicators (collective, bounded by the timeout). If the process exits
+ *   without such a reset and the library initialised MPI, the exit handler calls
+ *   MPI_Abort(MPI_COMM_WORLD, 1) instead of MPI_Finalize (which could wait forever for the
+ *   missing rank), ending the job; if the host initialised MPI, the host should call MPI_Abort.
+ *   gradsync_comm_abort sets a flag the polling loop sees and notifies the peers.
+ * - Limits: once every rank has arrived the data moves through MPI's blocking collectives, which
+ *   MPI cannot interrupt: a rank that dies inside one is handled by mpirun (it ends the job). A
+ *   rank arriving at the very instant the others time out can enter that transfer alone; it is
+ *   released when the timed-out ranks' exit handler calls MPI_Abort. allgather and
+ *   reduce_scatter take at most 2^31-1 elements (MPI's int counts); allreduce and broadcast have
+ *   no such limit.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
@@ -46,7 +86,7 @@ typedef struct gradsync_comm_options {
   int32_t transport;       /**< a gradsync_transport value; default THREAD */
   int32_t rank;            /**< this member's rank in [0, size) (THREAD, SHM; MPI takes it from MPI) */
   int32_t size;            /**< number of ranks (THREAD, SHM; MPI takes it from MPI) */
-  int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 */
+  int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 (see above) */
   int32_t check_mismatch;  /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
   int32_t reserved0;       /**< must be 0 */
   int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000 */

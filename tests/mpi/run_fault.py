@@ -40,14 +40,16 @@ if mode == "kill":
     require("rank 1: done" not in out, "the killed rank finished")
 elif mode == "kill-before":
     # With --enable-recovery mpirun keeps the survivors alive: they must tell the death apart from
-    # a timeout (E_REMOTE, well before their 20 s deadline) and then finish cleanly.
+    # a timeout (E_REMOTE, well before their 20 s deadline), run to their end, and then end the job
+    # with MPI_Abort (MPI_Finalize could wait forever for the dead rank).
     rc, out = run(["--enable-recovery"], 3)
     for r in (0, 2):
         require(re.search(rf"rank {r}: GRADSYNC_E_REMOTE.*rank 1 .*has died", out),
                 f"rank {r} did not report rank 1's death as GRADSYNC_E_REMOTE")
-        require(f"rank {r}: done" in out, f"rank {r} did not finish cleanly")
+        require(f"rank {r}: done" in out, f"rank {r} did not run to its end")
     require("GRADSYNC_E_TIMEOUT" not in out, "a death was reported as a timeout")
-    require(rc == 0, f"mpirun exited {rc}")
+    # (mpirun's exit status is its own business in recovery mode: OpenMPI 4.1 reports 0 here.)
+    require("MPI_ABORT" in out, "the job did not end with MPI_Abort")
 elif mode == "abandon":
     # Ranks that timed out and never reset hold an abandoned collective: at exit the library calls
     # MPI_Abort rather than an MPI_Finalize that could wait forever for the missing rank.

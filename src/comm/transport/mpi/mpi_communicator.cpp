@@ -164,9 +164,19 @@ struct PeerInfo {
   int64_t pid;
 };
 
+// What each rank contributes to the rendezvous: its fingerprint and, for an allreduce of at most
+// kInlineBytes, the data itself, so that a small allreduce takes one round trip (the reduction is
+// then done locally, in rank order, by every rank). One fixed size for every call, so that ranks
+// that disagree still exchange matching messages.
+constexpr size_t kInlineBytes = 64;
+struct Slot {
+  Fingerprint fp;
+  std::byte payload[kInlineBytes];
+};
+
 struct Rendezvous {
-  Fingerprint mine;
-  std::vector<Fingerprint> all;
+  Slot mine;
+  std::vector<Slot> all;
 };
 
 struct FreshComms {
@@ -197,10 +207,12 @@ class MpiCommunicator final : public Communicator {
  private:
   void check(int rc, const char* call);
   void throw_if_aborted();
-  void arrive(Fingerprint fp);
+  // The arrival rendezvous; `payload` (at most kInlineBytes) travels with the fingerprint.
+  void arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0);
   // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
   // (the memory the requests use), aborts the communicator, tells the peers, and throws.
-  void wait(MPI_Request* requests, int n, Clock::time_point deadline, const std::string& what,
+  // `label` names the wait when fp is null; otherwise the fingerprint does (built only on failure).
+  void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
             std::shared_ptr<void> keepalive, bool watch_notices);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject);
   void send_notices(int status, int subject) noexcept;
@@ -267,7 +279,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
     // rank that never joins gives a timeout here too.
     auto fresh = std::make_shared<FreshComms>();
     check(MPI_Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", fresh, false);
+    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, false);
     base_ = fresh->comm;
     MPI_Comm_set_errhandler(base_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(base_, &rank_);
@@ -275,7 +287,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
     fresh = std::make_shared<FreshComms>();
     check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
     check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-    wait(fresh->requests, 2, deadline, "joining the MPI group (MPI_Comm_idup)", fresh, false);
+    wait(fresh->requests, 2, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, false);
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
 
@@ -286,7 +298,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
     check(MPI_Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), MPI_BYTE, info->data(),
                          sizeof(PeerInfo), MPI_BYTE, comm_, &request),
           "MPI_Iallgather");
-    wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", info, false);
+    wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, false);
     peers_.assign(info->begin(), info->begin() + size_);
     rendezvous_ = std::make_shared<Rendezvous>();
     rendezvous_->all.resize(static_cast<size_t>(size_));
@@ -392,9 +404,10 @@ void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string
   aborted_reason_ = reason;
   comm_pending_ = true;
   base_pending_ = true;
-  // A dead peer cannot be left blocked in what we abandon, so only a living one makes the exit
-  // handler prefer MPI_Abort to MPI_Finalize.
-  if (!holds_abandoned_ && status != GRADSYNC_E_REMOTE) {
+  // Until a reset recovers the group, the exit handler prefers MPI_Abort to MPI_Finalize: a living
+  // peer may be blocked in what we abandon, and with a dead one MPI_Finalize's closing
+  // synchronisation can wait forever (seen with mpirun --enable-recovery).
+  if (!holds_abandoned_) {
     holds_abandoned_ = true;
     mpi::mark_abandoned();
   }
@@ -432,42 +445,43 @@ int MpiCommunicator::dead_peer() const noexcept {
   return -1;
 }
 
-void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const std::string& what,
-                           std::shared_ptr<void> keepalive, bool watch_notices) {
+void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label,
+                           const Fingerprint* fp, std::shared_ptr<void> keepalive, bool watch_notices) {
   const auto start = Clock::now();
+  auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   auto next_liveness = start + kLivenessPeriod;
   for (uint64_t polls = 0;; ++polls) {
     int done = 0;
     check(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
     if (abort_requested_.load()) {
-      abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what), GRADSYNC_E_ABORTED,
+      abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()), GRADSYNC_E_ABORTED,
               rank_);
-      fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what, rank_);
+      fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
     }
     if (watch_notices && notice_receive_ != MPI_REQUEST_NULL) {
       int arrived = 0;
       MPI_Status status;
       check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
-      if (arrived) fail_on_notice(status, keepalive, what);
+      if (arrived) fail_on_notice(status, keepalive, what());
     }
     if ((polls & 63) != 63) continue;
     const auto now = Clock::now();
     if (now >= next_liveness) {
       next_liveness = now + kLivenessPeriod;
       if (const int dead = dead_peer(); dead >= 0) {
-        abandon(keepalive, fmt::format("rank {} died during {}", dead, what), GRADSYNC_E_REMOTE, dead);
-        fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what, rank_, dead,
+        abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead);
+        fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
              peers_[static_cast<size_t>(dead)].pid);
       }
     }
     if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
-      abandon(keepalive, fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, rank_);
+      abandon(keepalive, fmt::format("{} timed out", what()), GRADSYNC_E_TIMEOUT, rank_);
       fail(GRADSYNC_E_TIMEOUT,
            "{} on rank {} of {}: not every rank arrived within the timeout ({} ms, waited {} ms); the communicator "
            "is aborted on every rank",
-           what, rank_, size_, options_.timeout.count(), waited);
+           what(), rank_, size_, options_.timeout.count(), waited);
     }
     // Spin briefly (the common case is a peer a few microseconds late), then give the core away:
     // ranks are often oversubscribed, and a long wait gains nothing from spinning.
@@ -479,37 +493,43 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   }
 }
 
-void MpiCommunicator::arrive(Fingerprint fp) {
+void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem) {
   throw_if_aborted();
   fp.seq = seq_++;
   if (size_ == 1) return;
   const auto deadline = Clock::now() + options_.timeout;
-  const std::string what = describe(fp);
   MPI_Request request = MPI_REQUEST_NULL;
-  if (!options_.check_mismatch) {
+  if (!options_.check_mismatch && inline_buffers == nullptr) {
     check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
     // An Ibarrier references no memory of ours.
-    wait(&request, 1, deadline, what, nullptr, true);
+    wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
     return;
   }
   Rendezvous& rv = *rendezvous_;
-  rv.mine = fp;
-  check(MPI_Iallgather(&rv.mine, sizeof(Fingerprint), MPI_BYTE, rv.all.data(), sizeof(Fingerprint), MPI_BYTE, comm_,
-                       &request),
+  rv.mine.fp = fp;
+  if (inline_buffers != nullptr) {
+    size_t at_byte = 0;
+    for (const BufferRef& b : *inline_buffers) {
+      if (b.count > 0) std::memcpy(rv.mine.payload + at_byte, b.send, b.count * elem);
+      at_byte += b.count * elem;
+    }
+  }
+  check(MPI_Iallgather(&rv.mine, sizeof(Slot), MPI_BYTE, rv.all.data(), sizeof(Slot), MPI_BYTE, comm_, &request),
         "MPI_Iallgather");
   try {
-    wait(&request, 1, deadline, what, rendezvous_, true);
+    wait(&request, 1, deadline, nullptr, &fp, rendezvous_, true);
   } catch (...) {
     // The abandoned request may still write into the old buffers: they are buried; use new ones.
     rendezvous_ = std::make_shared<Rendezvous>();
     rendezvous_->all.resize(static_cast<size_t>(size_));
     throw;
   }
+  if (!options_.check_mismatch) return;
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
   for (int r = 1; r < size_; ++r) {
-    if (rv.all[static_cast<size_t>(r)] == rv.all[0]) continue;
+    if (rv.all[static_cast<size_t>(r)].fp == rv.all[0].fp) continue;
     fail(GRADSYNC_E_MISMATCH, "ranks disagree (seen on rank {}): rank 0 called {} but rank {} called {}", rank_,
-         describe(rv.all[0]), r, describe(rv.all[static_cast<size_t>(r)]));
+         describe(rv.all[0].fp), r, describe(rv.all[static_cast<size_t>(r)].fp));
   }
 }
 
@@ -589,8 +609,22 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
     fp.layout = layout_hash(buffers);
     fp.root = static_cast<int32_t>(std::min<size_t>(buffers.size(), INT32_MAX));
   }
-  arrive(fp);
   const size_t elem = dtype_size(dtype);
+  // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
+  if (size_ > 1 && total * elem <= kInlineBytes) {
+    const std::vector<BufferRef> list(buffers.begin(), buffers.end());
+    arrive(fp, &list, elem);
+    const auto n = static_cast<size_t>(size_);
+    std::vector<const void*> sources(n);
+    size_t at_byte = 0;
+    for (const BufferRef& b : buffers) {
+      for (size_t r = 0; r < n; ++r) sources[r] = rendezvous_->all[r].payload + at_byte;
+      reduce(dtype, op, sources.data(), n, b.recv, 0, b.count);
+      at_byte += b.count * elem;
+    }
+    return;
+  }
+  arrive(fp);
   if (size_ == 1) {
     for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
     return;
@@ -754,7 +788,7 @@ void MpiCommunicator::reset() {
   if (size_ > 1) {
     check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
     check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-    wait(fresh->requests, 2, deadline, "reset (MPI_Comm_idup)", fresh, false);
+    wait(fresh->requests, 2, deadline, "reset (MPI_Comm_idup)", nullptr, fresh, false);
   } else {
     check(MPI_Comm_dup(base_, &fresh->comm), "MPI_Comm_dup");
     check(MPI_Comm_dup(base_, &fresh->ctl), "MPI_Comm_dup");

@@ -13,6 +13,8 @@
 //    matching arguments. Blocking calls because OpenMPI's non-blocking collectives (libnbc) are up
 //    to 10x slower on large messages; MPI cannot interrupt them, but they can only stall if a peer
 //    dies inside one, and then mpirun ends the job.
+// An allreduce of at most 64 bytes (loss scalars, counters) travels inside the rendezvous itself
+// and every rank reduces the gathered contributions in rank order: one round trip, deterministic.
 // Deterministic mode replaces MPI's reduction (whose order is implementation-defined) by
 // reduce-scatter-by-gathering: MPI_Alltoallv brings every rank's copy of this rank's slice here,
 // the shared rank-order kernels (comm/reduce.hpp) fold them, and MPI_Allgatherv shares the slices.

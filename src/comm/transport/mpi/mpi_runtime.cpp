@@ -24,8 +24,8 @@ void finalize_at_exit() {
   if (!initialised || finalised) return;
   if (g_abandoned.load() > 0) {
     GS_LOG_ERROR(
-        "MPI transport: a collective was abandoned after a timeout or abort and never recovered by "
-        "gradsync_comm_reset; a peer may be blocked in it, so MPI_Finalize could hang: calling "
+        "MPI transport: a collective was abandoned (timeout, abort or dead peer) and never recovered by "
+        "gradsync_comm_reset, so MPI_Finalize could wait forever for a missing rank: calling "
         "MPI_Abort(MPI_COMM_WORLD, 1) to end the job");
     MPI_Abort(MPI_COMM_WORLD, 1);
     return;

@@ -8,10 +8,11 @@
 //   asking for MPI_THREAD_MULTIPLE), and then registers an exit handler.
 // - MPI can be initialised only once per process, so we finalise at exit, never at the last free:
 //   a program that frees its communicator and creates another must keep working.
-// - At exit, when we initialised MPI: MPI_Finalize, unless a collective was abandoned and never
-//   recovered by a reset. Then MPI_Finalize could block forever in its closing synchronisation
-//   with the rank that never arrived, so we call MPI_Abort(MPI_COMM_WORLD, 1) instead, which ends
-//   the whole job (mpirun exits non-zero) rather than leaving it hung.
+// - At exit, when we initialised MPI: MPI_Finalize, unless a collective was abandoned (timeout,
+//   abort, dead peer) and never recovered by a reset. Then MPI_Finalize could block forever in its
+//   closing synchronisation with a rank that never arrives or has died, so we call
+//   MPI_Abort(MPI_COMM_WORLD, 1) instead, which ends the whole job (mpirun exits non-zero)
+//   rather than leaving it hung.
 // - When the host initialised MPI, finalising (or aborting) is the host's.
 // OpenMPI must not drag in its deprecated C++ bindings.
 #ifndef OMPI_SKIP_MPICXX
