@@ -4,6 +4,7 @@
 //   deadline); and in deterministic (rank-order) mode.
 // - 256 buffers of 4K floats: one fused allreduce beside 256 separate raw MPI_Allreduce calls.
 // Each figure is the median over interleaved repetitions of the slowest rank's time per call.
+#define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
 
 #include <algorithm>
