@@ -37,12 +37,18 @@ void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
 void cpu_relax() noexcept;
 }  // namespace wait_detail
 
-// Spin/yield budgets before sleeping. The spin phase is short: on 2 cores shared by 4-8 ranks a long
-// spin steals the core the awaited rank needs; yielding hands it over at once.
+// How long to spin and how often to yield before sleeping. The spin is bounded in time, and short:
+// a peer on another core publishes within a microsecond or two, while on 2 cores shared by 4-8
+// ranks (or by other processes) every spinning microsecond is stolen from the rank being waited
+// for. Yielding is kept to a few rounds: under load sched_yield hands the core to whatever else is
+// runnable, possibly for a whole time slice, while a futex sleeper is woken first.
 struct WaitPolicy {
-  uint32_t spins = 2000;
-  uint32_t yields = 200;
+  std::chrono::nanoseconds spin{20000};
+  uint32_t yields = 2;
 };
+
+// For waits where the ranks outnumber the cores: nobody we wait for can run while we spin.
+inline constexpr WaitPolicy kOversubscribedWait{std::chrono::nanoseconds{1000}, 1};
 
 // Makes waiters on `word` re-check their condition. Call after publishing the condition (seq_cst).
 // Costs one load when nobody sleeps: the bump and the syscall happen only for registered sleepers,
@@ -55,17 +61,22 @@ inline void notify(WaitWord& word) noexcept {
 }
 
 // Waits until ready() returns true (Ready), the deadline passes (Timeout), or (*abort & abort_mask)
-// is non-zero (Aborted; abort is checked after ready, so a condition that holds always wins). ready() must
-// read with acquire or seq_cst ordering; whoever makes it true or sets *abort calls notify(word).
+// is non-zero (Aborted; abort is checked after ready, so a condition that holds always wins).
+// ready() must read with seq_cst loads, and whoever makes it true (or sets *abort) must publish with
+// a seq_cst store or RMW and then call notify(word): the two seq_cst pairs make a lost wake-up
+// impossible (on x86 seq_cst loads are plain loads).
 template <class Ready>
 WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
                       const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u,
                       WaitPolicy policy = {}) {
-  auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_acquire) & abort_mask) != 0; };
-  for (uint32_t i = 0; i < policy.spins; ++i) {
+  auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0; };
+  if (ready()) return WaitResult::Ready;
+  const auto spin_until = WaitClock::now() + policy.spin;
+  for (uint32_t i = 1;; ++i) {
     if (ready()) return WaitResult::Ready;
     if (aborted()) return WaitResult::Aborted;
     wait_detail::cpu_relax();
+    if ((i & 31) == 0 && WaitClock::now() >= spin_until) break;
   }
   for (uint32_t i = 0; i < policy.yields; ++i) {
     if (ready()) return WaitResult::Ready;
@@ -73,9 +84,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
     std::this_thread::yield();
   }
   for (;;) {
+    // Registration, then the re-check of the condition: both seq_cst, the Dekker half of notify().
     word.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    // Orders the registration before the re-check of the condition (the Dekker half of notify()).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t seen = word.value.load(std::memory_order_seq_cst);
     WaitResult result;
     bool done = true;

@@ -193,6 +193,25 @@ class ThreadCommunicator final : public Communicator {
   void finish_round(uint64_t round);
   void leave() noexcept;
 
+  // wait_until with an adaptive spin: a wait that spun to success keeps (and grows) its budget, one
+  // that had to sleep halves it, so ranks stop burning the cores their peers need when the machine
+  // is oversubscribed (more ranks than cores, or other processes) and spin when it is not.
+  template <class Ready>
+  WaitResult timed_wait(Ready&& ready, WaitClock::time_point deadline, const std::atomic<uint32_t>* abort = nullptr,
+                        uint32_t mask = ~0u) {
+    const auto start = WaitClock::now();
+    // Yield only while spinning still pays: under load a yield can hand the core away for a whole
+    // time slice, while a futex sleeper is woken (and scheduled) first.
+    const uint32_t yields = spin_ > kMinSpin ? 1 : 0;
+    const WaitResult result = wait_until(group_->doorbell, ready, deadline, abort, mask, WaitPolicy{spin_, yields});
+    if (WaitClock::now() - start <= spin_) {
+      spin_ = std::min(spin_ * 2, max_spin_);
+    } else {
+      spin_ = std::max(spin_ / 2, kMinSpin);
+    }
+    return result;
+  }
+
   const Descriptor& desc_of(int r, uint64_t round) const noexcept { return slot(r).desc[round & 1]; }
 
   std::shared_ptr<Group> group_;
@@ -201,6 +220,11 @@ class ThreadCommunicator final : public Communicator {
   const std::chrono::milliseconds timeout_;
   const bool check_mismatch_;
   uint64_t round_ = 0;
+  static constexpr std::chrono::nanoseconds kMinSpin{500};
+  // Spinning only pays when every rank has a core of its own.
+  const std::chrono::nanoseconds max_spin_{
+      static_cast<unsigned>(size_) <= std::max(1u, std::thread::hardware_concurrency()) ? 50000 : 2000};
+  std::chrono::nanoseconds spin_{max_spin_ / 4};
 };
 
 void ThreadCommunicator::fail_if_aborted(const char* what) const {
@@ -233,7 +257,7 @@ void ThreadCommunicator::arrive(uint64_t index) noexcept {
 
 bool ThreadCommunicator::all_reached(uint64_t index) const noexcept {
   for (int r = 0; r < size_; ++r) {
-    if (slot(r).progress.load(std::memory_order_acquire) < index) return false;
+    if (slot(r).progress.load(std::memory_order_seq_cst) < index) return false;
   }
   return true;
 }
@@ -257,8 +281,7 @@ uint64_t ThreadCommunicator::begin_round(Descriptor d, std::span<const BufferRef
   arrive(index);
 
   const auto deadline = WaitClock::now() + timeout_;
-  const WaitResult waited = wait_until(
-      group_->doorbell, [&] { return all_reached(index); }, deadline, &group_->state, kAborted);
+  const WaitResult waited = timed_wait([&] { return all_reached(index); }, deadline, &group_->state, kAborted);
 
   // One CAS decides the round for everyone: committed if every rank arrived, aborted otherwise.
   const uint64_t want = waited == WaitResult::Ready ? 0 : 1;
@@ -322,7 +345,7 @@ void ThreadCommunicator::finish_round(uint64_t round) {
   const uint64_t index = 2 * round + 1;
   arrive(index);
   auto deadline = WaitClock::now() + timeout_;
-  while (wait_until(group_->doorbell, [&] { return all_reached(index); }, deadline) != WaitResult::Ready) {
+  while (timed_wait([&] { return all_reached(index); }, deadline) != WaitResult::Ready) {
     GS_LOG_WARN("group '{}' rank {}: peers still computing call {} after {} ms; waiting for them to finish with "
                 "this rank's buffers",
                 group_->name, rank_, round, timeout_.count());
@@ -502,11 +525,11 @@ void ThreadCommunicator::reset() {
     std::string gone;
     auto everyone = [&] {
       for (int r = 0; r < size_; ++r) {
-        if (slot(r).left.load(std::memory_order_acquire)) {
+        if (slot(r).left.load(std::memory_order_seq_cst)) {
           gone = std::to_string(r);
           return true;
         }
-        if (slot(r).reset_request.load(std::memory_order_acquire) < target) return false;
+        if (slot(r).reset_request.load(std::memory_order_seq_cst) < target) return false;
       }
       return true;
     };
@@ -600,7 +623,7 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
   notify(group->doorbell);
 
   const auto deadline = WaitClock::now() + options.timeout;
-  auto formed = [&] { return group->formed.load(std::memory_order_acquire) != 0; };
+  auto formed = [&] { return group->formed.load(std::memory_order_seq_cst) != 0; };
   if (wait_until(group->doorbell, formed, deadline) != WaitResult::Ready) {
     std::lock_guard lock(reg.mutex);
     // Formed is decided under the registry lock: either the last member came in time, or we withdraw.
