@@ -11,6 +11,9 @@ evaluation helpers below):
   hogwild   N Python threads update shared weights without locks through gradsync.atomic_add
             (each element's add is atomic, no update is lost; ctypes releases the GIL, so the
             adds run in parallel). Progress via a gradsync.Counter, early stop via a gradsync.Flag.
+  allreduce N Python threads, one weight replica each, compute gradients on their own shard and
+            average them with gradsync.Communicator.weighted_mean (by sample count); the replicas
+            take identical steps and stay bitwise identical.
 
 Every invocation also runs the same mode with 1 worker, so the throughput and accuracy of N
 workers are printed beside the 1-worker baseline measured in the same run.
@@ -255,7 +258,77 @@ def run_hogwild(args, data, model, workers):
     return result
 
 
-MODES = {"hogwild": run_hogwild}
+def run_allreduce(args, data, model, workers):
+    """Data-parallel SGD: each of `workers` threads holds a replica of the weights and computes the
+    gradient of its own minibatches, drawn from its shard of the training set (the library's
+    round-robin split). Communicator.weighted_mean averages the gradients weighted by the samples
+    each worker used (uneven shards count right) and every replica takes the same step; the
+    reduction runs in rank order, so the replicas stay bitwise identical."""
+    n = len(data.y_train)
+    steps = -(-n // (workers * args.batch))  # per epoch, the same on every worker
+    replicas = [model.init(args.seed) for _ in range(workers)]
+    samples_done = gs.Counter(0)
+    stop = gs.Flag()
+    errors = []
+    comms = [None] * workers
+    group = f"digits-allreduce-{os.getpid()}-{workers}-{time.monotonic_ns()}"
+    result = RunResult("allreduce", workers, 0.0, 0, [model.loss(replicas[0], data.x_train, data.y_train)])
+
+    def worker(k):
+        try:
+            with gs.Communicator(group, k, workers, timeout_ms=60000) as comm:
+                comms[k] = comm
+                params = replicas[k]
+                share = gs.split_round_robin(n, workers, k).astype(np.int64)
+                rng = np.random.default_rng(args.seed * 1000 + k)
+                grad = np.zeros(model.size, dtype=np.float32)
+                for _ in range(args.epochs):
+                    order = rng.permutation(share)
+                    for step in range(steps):
+                        batch = order[step * args.batch:(step + 1) * args.batch]
+                        if len(batch):
+                            loss, grad = model.loss_and_grad(params, data.x_train[batch], data.y_train[batch])
+                            if stop.conditional_set(not np.isfinite(loss)):
+                                errors.append(f"worker {k}: loss is {loss}")
+                                comm.abort()
+                                return
+                        else:  # this shard is used up this epoch: weight 0, the others carry the step
+                            grad[:] = 0.0
+                        comm.weighted_mean(grad, len(batch))
+                        grad *= -args.lr
+                        params += grad
+                        samples_done.fetch_add(len(batch))
+                comm.barrier()
+        except gs.GradsyncError as exc:
+            if not stop.check():  # an abort raised by a failing peer is that peer's error, not ours
+                errors.append(f"worker {k}: {exc}")
+            stop.conditional_set(True)
+        except Exception as exc:
+            errors.append(f"worker {k}: {exc!r}")
+            stop.conditional_set(True)
+            if comms[k] is not None:
+                comms[k].abort()
+
+    def on_epoch(epoch):
+        result.losses.append(model.loss(replicas[0], data.x_train, data.y_train))
+
+    progress = ProgressBar(n * args.epochs, f"allreduce x{workers}")
+    threads = [threading.Thread(target=worker, args=(k,), name=f"allreduce-{k}") for k in range(workers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    watch(progress, samples_done, n * args.epochs, threads, on_epoch, n, stop)
+    result.seconds = time.perf_counter() - start
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    if any(not np.array_equal(r, replicas[0]) for r in replicas):
+        raise RuntimeError("replicas diverged: the allreduce is not bitwise identical on every rank")
+    result.samples = samples_done.load()
+    result.accuracy = model.accuracy(replicas[0], data.x_test, data.y_test)
+    return result
+
+
+MODES = {"hogwild": run_hogwild, "allreduce": run_allreduce}
 
 
 # --------------------------------------------------------------------------- main
