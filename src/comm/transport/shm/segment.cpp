@@ -98,8 +98,8 @@ Layout compute_layout(int size, uint64_t heap_bytes_per_rank) {
   l.tables_offset = align_up(l.slots_offset + n * sizeof(RankSlot), 64);
   l.small_offset = align_up(l.tables_offset + n * 2 * kMaxTableBuffers * sizeof(BufferOffsets), kPage);
   l.in_offset = align_up(l.small_offset + n * 2 * kSmallBytes, kPage);
-  l.out_offset = align_up(l.in_offset + n * 2 * kChunkBytes, kPage);
-  l.heap_offset = align_up(l.out_offset + 2 * kChunkBytes, kPage);
+  l.out_offset = align_up(l.in_offset + n * kStageDepth * kChunkBytes, kPage);
+  l.heap_offset = align_up(l.out_offset + kStageDepth * kChunkBytes, kPage);
   l.control_bytes = l.heap_offset;
   l.heap_bytes_per_rank = heap_bytes_per_rank;
   l.total_bytes = l.heap_offset + n * heap_bytes_per_rank;
@@ -135,11 +135,13 @@ char* Segment::small_area(int r, uint64_t parity) const noexcept {
   return base_ + header_->small_offset + (static_cast<uint64_t>(r) * 2 + parity) * kSmallBytes;
 }
 
-char* Segment::in_area(int r, uint64_t parity) const noexcept {
-  return base_ + header_->in_offset + (static_cast<uint64_t>(r) * 2 + parity) * kChunkBytes;
+char* Segment::in_area(int r, uint64_t stage) const noexcept {
+  return base_ + header_->in_offset + (static_cast<uint64_t>(r) * kStageDepth + stage % kStageDepth) * kChunkBytes;
 }
 
-char* Segment::out_area(uint64_t parity) const noexcept { return base_ + header_->out_offset + parity * kChunkBytes; }
+char* Segment::out_area(uint64_t stage) const noexcept {
+  return base_ + header_->out_offset + (stage % kStageDepth) * kChunkBytes;
+}
 
 std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int size, Clock::time_point deadline) {
   GS_REQUIRE(size <= kMaxRanks, GRADSYNC_E_INVALID_ARG, "shm group size {} exceeds the maximum {}", size, kMaxRanks);

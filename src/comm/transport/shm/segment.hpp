@@ -33,12 +33,14 @@ namespace gradsync::comm::shm {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 // Per rank, per round parity: a small collective's whole payload travels inline here, so it
 // needs only one barrier.
 constexpr size_t kSmallBytes = 16 * 1024;
-// Per rank, per pipeline parity: the copy path stages this much of its input at a time.
+// The copy path stages its input in chunks of this many bytes per rank, kStageDepth of them in
+// flight, so that a rank can run a few chunks ahead of a descheduled peer instead of lockstepping.
 constexpr size_t kChunkBytes = 256 * 1024;
+constexpr uint64_t kStageDepth = 4;
 // Per rank, per round parity: offsets of zero-copy buffers; longer fused lists take the copy path.
 constexpr size_t kMaxTableBuffers = 256;
 constexpr uint64_t kNoOffset = ~uint64_t{0};
@@ -82,8 +84,14 @@ struct alignas(64) RankSlot {
   // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
   // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
   alignas(64) std::atomic<uint64_t> arrivals;
-  uint64_t reset_rounds[2];    // this rank's round and arrival counts when it asked for a reset,
+  // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
+  // reduced, result copied out. Peers read them to know when a stage is full or free again.
+  alignas(64) std::atomic<uint64_t> staged;
+  alignas(64) std::atomic<uint64_t> reduced;
+  alignas(64) std::atomic<uint64_t> drained;
+  uint64_t reset_rounds[2];    // this rank's round, arrival and chunk counts when it asked for a reset,
   uint64_t reset_arrivals[2];  // by epoch parity
+  uint64_t reset_chunks[2];
   alignas(64) Descriptor desc[2];  // indexed by round parity
 };
 
@@ -143,8 +151,8 @@ class Segment {
   RankSlot& slot(int r) const noexcept;
   BufferOffsets* table(int r, uint64_t parity) const noexcept;
   char* small_area(int r, uint64_t parity) const noexcept;
-  char* in_area(int r, uint64_t parity) const noexcept;
-  char* out_area(uint64_t parity) const noexcept;
+  char* in_area(int r, uint64_t stage) const noexcept;  // stage is taken modulo kStageDepth
+  char* out_area(uint64_t stage) const noexcept;
   char* base() const noexcept { return base_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }

@@ -1,10 +1,15 @@
 #include "comm/transport/shm/shm_communicator.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "comm/reduce.hpp"
 #include "comm/transport/shm/segment.hpp"
@@ -21,6 +26,7 @@ using shm::Collective;
 using shm::Header;
 using shm::Descriptor;
 using shm::kChunkBytes;
+using shm::kStageDepth;
 using shm::kMaxTableBuffers;
 using shm::kNoOffset;
 using shm::kSmallBytes;
@@ -77,6 +83,36 @@ uint64_t hash_counts(std::span<const BufferRef> buffers) {
   return h;
 }
 
+// Results bigger than the caches are copied out with non-temporal stores: the destination is
+// written once and not read back soon, so this saves the read-for-ownership of every line (a third
+// of the copy path's memory traffic). Smaller results stay in cache for the caller.
+constexpr uint64_t kStreamingBytes = 8u << 20;
+
+void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
+#if defined(__SSE2__)
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 // The fused list seen as one concatenated vector of elements.
 class Concat {
  public:
@@ -90,6 +126,8 @@ class Concat {
     starts_.push_back(total);
   }
   uint64_t total() const { return starts_.back(); }
+  const char* send(size_t i) const { return static_cast<const char*>(buffers_[i].send); }
+  char* recv(size_t i) const { return static_cast<char*>(buffers_[i].recv); }
   uint64_t start(size_t i) const { return starts_[i]; }
 
   // f(buffer index, first element within it, last, position of that first element in [begin, end)).
@@ -107,9 +145,14 @@ class Concat {
       std::memcpy(dst + at * elem_, static_cast<const char*>(buffers_[i].send) + a * elem_, (b - a) * elem_);
     });
   }
-  void scatter(uint64_t begin, uint64_t end, const char* src) const {
+  void scatter(uint64_t begin, uint64_t end, const char* src, bool streaming) const {
     for_range(begin, end, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
-      std::memcpy(static_cast<char*>(buffers_[i].recv) + a * elem_, src + at * elem_, (b - a) * elem_);
+      char* dst = static_cast<char*>(buffers_[i].recv) + a * elem_;
+      if (streaming) {
+        copy_streaming(dst, src + at * elem_, (b - a) * elem_);
+      } else {
+        std::memcpy(dst, src + at * elem_, (b - a) * elem_);
+      }
     });
   }
 
@@ -167,6 +210,9 @@ class ShmCommunicator final : public Communicator {
   template <class Counter>
   Waited wait_all(WaitWord& word, Counter&& counter, uint64_t target, Clock::time_point deadline,
                   const std::atomic<uint32_t>* stop, bool outlive_deadline);
+  // Abortable wait for any condition on the peers' counters (the copy-path pipeline).
+  template <class Ready>
+  void wait_ready(Ready&& ready, Clock::time_point deadline, const char* what);
   void stop(StopReason reason, int rank) noexcept;
   [[noreturn]] void throw_stopped(bool waiting);
   [[noreturn]] void throw_dead(int r);
@@ -180,6 +226,7 @@ class ShmCommunicator final : public Communicator {
   std::unique_ptr<Segment> segment_;
   uint64_t round_ = 0;
   uint64_t barriers_ = 0;
+  uint64_t chunks_ = 0;  // copy-path chunks of every allreduce so far (the same count on every rank)
   int dead_rank_ = -1;
 };
 
@@ -268,6 +315,34 @@ void ShmCommunicator::arrive() {
   // seq_cst: publishes this rank's writes (descriptor, staged data) to whoever sees the count.
   segment_->slot(rank()).arrivals.store(++barriers_, std::memory_order_seq_cst);
   notify(header().barrier_wake);
+}
+
+template <class Ready>
+void ShmCommunicator::wait_ready(Ready&& ready, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    const auto slice = std::min(deadline, Clock::now() + kLivenessInterval);
+    switch (wait_until(header().barrier_wake, ready, slice, &header().stop_word)) {
+      case WaitResult::Ready: return;
+      case WaitResult::Aborted: throw_stopped(true);
+      case WaitResult::Timeout: break;
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank() || segment_->alive(r)) continue;
+      stop(StopReason::PeerDied, r);
+      throw_dead(r);
+    }
+    if (Clock::now() >= deadline) {
+      stop(StopReason::Timeout, rank());
+      std::vector<int> behind;
+      uint64_t least = ~uint64_t{0};
+      for (int r = 0; r < size(); ++r) least = std::min(least, segment_->slot(r).drained.load());
+      for (int r = 0; r < size(); ++r) {
+        if (segment_->slot(r).drained.load() == least) behind.push_back(r);
+      }
+      fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank(s) {} made no progress in {} within {} ms",
+           segment_->group(), fmt::join(behind, ", "), what, options_.timeout.count());
+    }
+  }
 }
 
 void ShmCommunicator::arrive_and_wait(const Round& round, Collective what, bool abortable) {
@@ -394,25 +469,77 @@ void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
     return;
   }
 
-  // Copy path, pipelined: step k copies out chunk k-2, reduces this rank's slice of chunk k-1,
-  // copies in chunk k; one barrier per step.
+  // Copy path: a pipeline of kStageDepth chunks. Each rank stages chunk j of its input, reduces
+  // its slice of chunk j from every rank's stage into the shared result stage, and copies the
+  // whole result of chunk j out, each step as soon as its inputs are there and its stage is free,
+  // as the peers' counters say. No lockstep: a rank runs ahead while a peer is descheduled.
   const uint64_t per_chunk = kChunkBytes / es;
   const uint64_t chunks = (total + per_chunk - 1) / per_chunk;
+  const uint64_t base = chunks_;  // group-wide index of this round's first chunk
   auto chunk_len = [&](uint64_t k) { return std::min(per_chunk, total - k * per_chunk); };
-  for (uint64_t k = 0; k <= chunks + 1; ++k) {
-    if (k >= 2) {
-      const uint64_t c = k - 2;
-      all.scatter(c * per_chunk, c * per_chunk + chunk_len(c), segment_->out_area(c & 1));
+  auto least = [&](std::atomic<uint64_t> RankSlot::*counter) {
+    uint64_t m = ~uint64_t{0};
+    for (int r = 0; r < size(); ++r) m = std::min(m, (segment_->slot(r).*counter).load(std::memory_order_acquire));
+    return m;
+  };
+  RankSlot& me = segment_->slot(rank());
+  auto publish = [&](std::atomic<uint64_t> RankSlot::*counter, uint64_t value) {
+    (me.*counter).store(value, std::memory_order_seq_cst);
+    notify(header().barrier_wake);
+  };
+  const bool streaming = total * es >= kStreamingBytes;
+  uint64_t staged = 0, reduced = 0, drained = 0;  // this round's chunks done by this rank
+  // Stage j+base is free once every rank reduced chunk j+base-depth; the result stage once every
+  // rank drained it.
+  auto can_stage = [&] { return staged < chunks && least(&RankSlot::reduced) + kStageDepth > base + staged; };
+  auto can_reduce = [&] {
+    return reduced < staged && least(&RankSlot::staged) > base + reduced &&
+           least(&RankSlot::drained) + kStageDepth > base + reduced;
+  };
+  auto can_drain = [&] { return drained < reduced && least(&RankSlot::reduced) > base + drained; };
+  while (drained < chunks) {
+    bool moved = false;
+    if (can_drain()) {
+      // This rank's own slice is already in place (written by its reduction).
+      const uint64_t first = drained * per_chunk;
+      const Part own = partition(chunk_len(drained), n, static_cast<uint64_t>(rank()));
+      const char* out = segment_->out_area(base + drained);
+      all.scatter(first, first + own.start, out, streaming);
+      all.scatter(first + own.start + own.len, first + chunk_len(drained), out + (own.start + own.len) * es, streaming);
+      publish(&RankSlot::drained, base + ++drained);
+      moved = true;
     }
-    if (k >= 1 && k <= chunks) {
-      const uint64_t c = k - 1;
-      const Part slice = partition(chunk_len(c), n, static_cast<uint64_t>(rank()));
-      for (size_t r = 0; r < n; ++r) srcs[r] = segment_->in_area(static_cast<int>(r), c & 1);
-      reduce(dtype, op, srcs.data(), n, segment_->out_area(c & 1), slice.start, slice.start + slice.len);
+    if (can_reduce()) {
+      // The own slice comes straight from the caller's buffer (it was never staged), and its result
+      // goes straight into the caller's buffer as well as into the result stage for the peers.
+      const uint64_t first = reduced * per_chunk;
+      const Part own = partition(chunk_len(reduced), n, static_cast<uint64_t>(rank()));
+      char* out = segment_->out_area(base + reduced);
+      all.for_range(first + own.start, first + own.start + own.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+        const uint64_t in_chunk = (own.start + at) * es;
+        for (size_t r = 0; r < n; ++r) {
+          srcs[r] = static_cast<int>(r) == rank() ? all.send(i) + a * es
+                                                  : segment_->in_area(static_cast<int>(r), base + reduced) + in_chunk;
+        }
+        void* dst[2] = {all.recv(i) + a * es, out + in_chunk};
+        reduce_to_all(dtype, op, srcs.data(), n, dst, 2, 0, b - a);
+      });
+      publish(&RankSlot::reduced, base + ++reduced);
+      moved = true;
     }
-    if (k < chunks) all.gather(k * per_chunk, k * per_chunk + chunk_len(k), segment_->in_area(rank(), k & 1));
-    if (k <= chunks) arrive_and_wait(round, Collective::Allreduce, true);
+    if (can_stage()) {
+      // Only the slices the peers reduce; this rank's own slice is read in place.
+      const uint64_t first = staged * per_chunk;
+      const Part own = partition(chunk_len(staged), n, static_cast<uint64_t>(rank()));
+      char* stage = segment_->in_area(rank(), base + staged);
+      all.gather(first, first + own.start, stage);
+      all.gather(first + own.start + own.len, first + chunk_len(staged), stage + (own.start + own.len) * es);
+      publish(&RankSlot::staged, base + ++staged);
+      moved = true;
+    }
+    if (!moved) wait_ready([&] { return can_drain() || can_reduce() || can_stage(); }, round.deadline, "allreduce");
   }
+  chunks_ = base + chunks;
 }
 
 void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
@@ -626,6 +753,7 @@ void ShmCommunicator::reset() {
     RankSlot& me = segment_->slot(rank());
     me.reset_rounds[target & 1] = round_;
     me.reset_arrivals[target & 1] = barriers_;
+    me.reset_chunks[target & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
     me.reset_request.store(target, std::memory_order_seq_cst);
     notify(h.barrier_wake);
     auto counter = [&](int r) { return uint64_t{segment_->slot(r).reset_request.load(std::memory_order_acquire)}; };
@@ -645,14 +773,19 @@ void ShmCommunicator::reset() {
              segment_->group(), fmt::join(missing, ", "), options_.timeout.count());
       }
     }
-    uint64_t rounds = 0, arrivals = 0;
+    uint64_t rounds = 0, arrivals = 0, chunks = 0;
     for (int r = 0; r < size(); ++r) {
       rounds = std::max(rounds, segment_->slot(r).reset_rounds[target & 1]);
       arrivals = std::max(arrivals, segment_->slot(r).reset_arrivals[target & 1]);
+      chunks = std::max(chunks, segment_->slot(r).reset_chunks[target & 1]);
     }
     round_ = rounds;
     barriers_ = arrivals;
+    chunks_ = chunks;
     me.arrivals.store(arrivals, std::memory_order_seq_cst);
+    me.staged.store(chunks, std::memory_order_seq_cst);
+    me.reduced.store(chunks, std::memory_order_seq_cst);
+    me.drained.store(chunks, std::memory_order_seq_cst);
   }
   const uint32_t code = h.stop_word.load(std::memory_order_acquire);
   if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));

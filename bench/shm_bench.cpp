@@ -1,0 +1,246 @@
+// Shared-memory transport benchmark: 2 processes, allreduce (sum, f32, in place) of M floats for
+// M in {1, 1K, 64K, 1M, 16M}, through both data paths (copy: ordinary caller buffers; zero copy:
+// buffers from Communicator::alloc in the segment), beside two baselines measured in the same run:
+//   - raw MPI_Allreduce with 2 ranks on this host (this program re-launched under
+//     `mpirun -np 2 --allow-run-as-root --oversubscribe`), and
+//   - the thread transport (2 threads of one process).
+// Figures are medians of per-call times. Targets (issue 5): copy path >= 4x raw MPI at 16M floats;
+// zero copy >= 0.8x the thread transport; 1 float <= 2x raw MPI's time.
+//   shm_bench            the full table
+//   shm_bench --mpi-raw  (internal) one MPI rank of the raw baseline
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if GRADSYNC_HAVE_MPI
+#define OMPI_SKIP_MPICXX 1  // the C API only; the C++ bindings need their own library
+#include <mpi.h>
+#endif
+
+#include "comm/communicator.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace gc = gradsync::comm;
+
+const std::vector<size_t> kSizes = {1, 1024, 65536, 1u << 20, 16u << 20};
+
+// Calls per size: enough for a stable median, few enough that a run stays well under 2 minutes.
+int iterations(size_t m) {
+  if (m <= 1024) return 3000;
+  if (m <= 65536) return 600;
+  if (m <= (1u << 20)) return 60;
+  return 12;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+// Times `call` (per call, in microseconds) after a warm-up; returns the median.
+template <class F>
+double time_calls(size_t m, F&& call) {
+  const int n = iterations(m);
+  for (int i = 0; i < std::max(2, n / 20); ++i) call();
+  std::vector<double> t;
+  t.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const auto a = Clock::now();
+    call();
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+  }
+  return median(t);
+}
+
+// One rank of a communicator benchmark; fills us[path][size]. Checks the first result of each size.
+void run_rank(gc::Communicator& comm, bool zero_copy, std::map<size_t, double>& us) {
+  for (size_t m : kSizes) {
+    float* data = nullptr;
+    std::vector<float> own;
+    if (zero_copy) {
+      data = static_cast<float*>(comm.alloc(m * sizeof(float)));
+    } else {
+      own.resize(m);
+      data = own.data();
+    }
+    std::fill(data, data + m, 1.0f);
+    const gc::BufferRef buf{data, data, m};
+    comm.allreduce(std::span<const gc::BufferRef>(&buf, 1), gradsync::DType::F32, gradsync::ReduceOp::Sum);
+    if (data[0] != 2.0f || data[m - 1] != 2.0f) {
+      std::fprintf(stderr, "shm_bench: wrong result %g at M=%zu\n", double(data[0]), m);
+      std::exit(1);
+    }
+    // Mean keeps the values finite over thousands of calls; it costs the same as sum.
+    comm.barrier();
+    us[m] = time_calls(m, [&] {
+      comm.allreduce(std::span<const gc::BufferRef>(&buf, 1), gradsync::DType::F32, gradsync::ReduceOp::Mean);
+    });
+    comm.barrier();
+    if (zero_copy) comm.dealloc(data);
+  }
+}
+
+// Both shm paths with 2 forked processes; rank 0 sends its figures back through a pipe.
+bool bench_shm(std::map<size_t, double>& copy_us, std::map<size_t, double>& zero_us) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  const std::string name = "bench-" + std::to_string(getpid());
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      close(fds[0]);
+      gc::Options o;
+      o.transport = gc::Transport::Shm;
+      o.rank = r;
+      o.size = 2;
+      o.name = name;
+      o.timeout = std::chrono::milliseconds(60000);
+      auto comm = gc::create(o);
+      std::map<size_t, double> a, b;
+      run_rank(*comm, false, a);
+      run_rank(*comm, true, b);
+      if (r == 0) {
+        for (size_t m : kSizes) dprintf(fds[1], "%zu %.6f %.6f\n", m, a[m], b[m]);
+      }
+      comm = nullptr;  // leave the group before exiting
+      _exit(0);
+    }
+  }
+  close(fds[1]);
+  FILE* in = fdopen(fds[0], "r");
+  size_t m;
+  double a, b;
+  while (std::fscanf(in, "%zu %lf %lf", &m, &a, &b) == 3) {
+    copy_us[m] = a;
+    zero_us[m] = b;
+  }
+  std::fclose(in);
+  bool ok = true;
+  for (pid_t p : pids) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok && copy_us.size() == kSizes.size();
+}
+
+bool bench_threads(std::map<size_t, double>& us) {
+  std::map<size_t, double> other;
+  std::vector<std::thread> threads;
+  bool ok = true;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        gc::Options o;
+        o.transport = gc::Transport::Thread;
+        o.rank = r;
+        o.size = 2;
+        o.name = "bench-threads";
+        o.timeout = std::chrono::milliseconds(60000);
+        auto comm = gc::create(o);
+        run_rank(*comm, false, r == 0 ? us : other);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "thread transport: %s\n", e.what());
+        ok = false;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return ok;
+}
+
+// Raw MPI_Allreduce figures from `mpirun -np 2 <this program> --mpi-raw`.
+bool bench_mpi(const char* self, std::map<size_t, double>& us) {
+  const std::string cmd = std::string("mpirun -np 2 --allow-run-as-root --oversubscribe ") + self +
+                          " --mpi-raw 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return false;
+  size_t m;
+  double t;
+  while (std::fscanf(p, "%zu %lf", &m, &t) == 2) us[m] = t;
+  const int rc = pclose(p);
+  return rc == 0 && us.size() == kSizes.size();
+}
+
+#if GRADSYNC_HAVE_MPI
+int mpi_raw(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (size_t m : kSizes) {
+    std::vector<float> data(m, 1.0f);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t = time_calls(m, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(m), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    });
+    if (rank == 0) std::printf("%zu %.6f\n", m, t);
+  }
+  MPI_Finalize();
+  return 0;
+}
+#endif
+
+std::string label(size_t m) {
+  if (m >= (1u << 20)) return std::to_string(m >> 20) + "M";
+  if (m >= 1024) return std::to_string(m >> 10) + "K";
+  return std::to_string(m);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--mpi-raw") == 0) {
+#if GRADSYNC_HAVE_MPI
+    return mpi_raw(argc, argv);
+#else
+    return 1;
+#endif
+  }
+  std::map<size_t, double> mpi, copy, zero, threads;
+  const bool have_mpi = GRADSYNC_HAVE_MPI && bench_mpi(argv[0], mpi);
+  if (!bench_shm(copy, zero)) {
+    std::fprintf(stderr, "shm_bench: the shared-memory run failed\n");
+    return 1;
+  }
+  const bool have_threads = bench_threads(threads);
+
+  std::printf("allreduce, 2 ranks, f32, in place; median us per call (algbw GB/s = 4M/t)\n");
+  std::printf("%6s | %10s | %10s %7s %8s | %10s %8s | %10s %12s\n", "M", "raw MPI", "shm copy", "GB/s",
+              "vs MPI", "shm 0-copy", "GB/s", "threads", "0-copy/thr");
+  for (size_t m : kSizes) {
+    const double gb = 4.0 * double(m) / 1e3;  // bytes / us -> GB/s
+    std::printf("%6s | %10.2f | %10.2f %7.2f %7.2fx | %10.2f %8.2f | %10.2f %11.2fx\n", label(m).c_str(),
+                have_mpi ? mpi[m] : NAN, copy[m], gb / copy[m], have_mpi ? mpi[m] / copy[m] : NAN, zero[m],
+                gb / zero[m], have_threads ? threads[m] : NAN, have_threads ? threads[m] / zero[m] : NAN);
+  }
+  const size_t big = 16u << 20;
+  std::printf("\ntargets:\n");
+  if (have_mpi) {
+    std::printf("  copy path at 16M >= 4x raw MPI:      %.2fx  %s\n", mpi[big] / copy[big],
+                mpi[big] / copy[big] >= 4.0 ? "MET" : "MISSED");
+    std::printf("  1 float <= 2x raw MPI's time:        %.2fx  %s\n", copy[1] / mpi[1],
+                copy[1] / mpi[1] <= 2.0 ? "MET" : "MISSED");
+  } else {
+    std::printf("  raw MPI baseline unavailable (no MPI in this build, or mpirun failed)\n");
+  }
+  if (have_threads) {
+    std::printf("  zero copy at 16M >= 0.8x threads:    %.2fx  %s\n", threads[big] / zero[big],
+                threads[big] / zero[big] >= 0.8 ? "MET" : "MISSED");
+  }
+  std::printf("(medians of %d..%d calls per size; machine: %u hardware threads, shared and possibly loaded)\n",
+              iterations(big), iterations(1), std::thread::hardware_concurrency());
+  return 0;
+}
