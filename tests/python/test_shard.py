@@ -1,6 +1,12 @@
 """Codecs and the sharded parameter through ctypes, on the thread transport."""
 import itertools
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
 import threading
+import uuid
 
 import numpy as np
 import pytest
@@ -222,3 +228,77 @@ def test_bad_arguments():
         return True
 
     assert run_ranks(1, body) == [True]
+
+
+# ---- the same acceptance over the other transports, where this build has them
+
+def _acceptance_rank(comm, rank, compress):
+    """BigDL's 100 -> 97 -> 82 and bad input on one rank; returns what the test checks."""
+    with gs.ShardedParameter(comm, 3, optimizer="sgd", lr=1.0, compress=compress) as p:
+        w = np.full(3, 100.0, dtype=np.float32)
+        p.init(w)
+        p.step(np.full(3, 2.0 if rank == 0 else 4.0, dtype=np.float32), w)
+        first = w.tolist()
+        p.step(np.full(3, 10.0 if rank == 0 else 20.0, dtype=np.float32), w)
+        bad = np.zeros(2 if rank == 1 else 3, dtype=np.float32)
+        status = status_of(lambda: p.step(bad, bad if rank == 1 else w))
+        return first, w.tolist(), status, p.part
+
+
+def _shm_rank(rank, size, queue, group, compress):
+    try:
+        with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+            queue.put((rank, _acceptance_rank(comm, rank, compress)))
+    except BaseException as exc:
+        queue.put((rank, repr(exc)))
+
+
+@pytest.mark.skipif(not gs.has_feature(gs.FEATURE_SHM_TRANSPORT), reason="no shared-memory transport in this build")
+@pytest.mark.parametrize("compress", ["none", "bf16"])
+def test_acceptance_over_shared_memory(compress):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    group = f"py-shard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    procs = [ctx.Process(target=_shm_rank, args=(r, 2, queue, group, compress)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(queue.get(timeout=60) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    for rank in range(2):
+        first, second, status, part = results[rank]
+        assert first == [97.0] * 3 and second == [82.0] * 3
+        assert part == [(0, 2), (2, 1)][rank]
+    assert [results[0][2], results[1][2]] == [gs.E_REMOTE, gs.E_INVALID_ARG]
+
+
+_MPI_WORKER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import gradsync as gs
+from test_shard import _acceptance_rank
+with gs.Communicator("py-shard-mpi", 0, 1, transport="mpi", timeout_ms=20000) as comm:
+    print(json.dumps([comm.rank, _acceptance_rank(comm, comm.rank, "fp16")]), flush=True)
+"""
+
+
+@pytest.mark.skipif(not gs.has_feature(gs.FEATURE_MPI_TRANSPORT) or shutil.which("mpirun") is None,
+                    reason="no MPI transport in this build, or no mpirun")
+def test_acceptance_over_mpi():
+    import json
+
+    code = _MPI_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-c", code],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = dict(json.loads(line) for line in out.stdout.splitlines() if line.startswith("["))
+    for rank in range(2):
+        first, second, status, part = results[rank]
+        assert first == [97.0] * 3 and second == [82.0] * 3
+        assert tuple(part) == [(0, 2), (2, 1)][rank]
+    assert [results[0][2], results[1][2]] == [gs.E_REMOTE, gs.E_INVALID_ARG]
