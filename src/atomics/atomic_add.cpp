@@ -65,8 +65,12 @@ void add_atomic_ref(T* dst, const T* src, size_t n) noexcept {
   for (size_t i = 0; i < n; ++i) std::atomic_ref<T>(dst[i]).fetch_add(src[i]);
 }
 
+// The body is inlined into clones compiled for AVX2 and for baseline x86-64, one picked at load
+// time (an ifunc): cache-resident arrays get 256-bit adds without -march flags on the library.
+namespace {
+
 template <class T>
-void add_striped(T* dst, const T* src, size_t n) noexcept {
+[[gnu::always_inline]] inline void striped_body(T* dst, const T* src, size_t n) noexcept {
   uintptr_t address = reinterpret_cast<uintptr_t>(dst);
   const uintptr_t end = address + n * sizeof(T);
   while (address < end) {
@@ -83,11 +87,28 @@ void add_striped(T* dst, const T* src, size_t n) noexcept {
   }
 }
 
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define GRADSYNC_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GRADSYNC_CLONES
+#endif
+GRADSYNC_CLONES void striped_f32(float* dst, const float* src, size_t n) noexcept { striped_body(dst, src, n); }
+GRADSYNC_CLONES void striped_f64(double* dst, const double* src, size_t n) noexcept { striped_body(dst, src, n); }
+
+}  // namespace
+
+template <>
+void add_striped<float>(float* dst, const float* src, size_t n) noexcept {
+  striped_f32(dst, src, n);
+}
+template <>
+void add_striped<double>(double* dst, const double* src, size_t n) noexcept {
+  striped_f64(dst, src, n);
+}
+
 template void add_cas<float>(float*, const float*, size_t) noexcept;
 template void add_cas<double>(double*, const double*, size_t) noexcept;
 template void add_atomic_ref<float>(float*, const float*, size_t) noexcept;
 template void add_atomic_ref<double>(double*, const double*, size_t) noexcept;
-template void add_striped<float>(float*, const float*, size_t) noexcept;
-template void add_striped<double>(double*, const double*, size_t) noexcept;
 
 }  // namespace gradsync::atomics

@@ -20,8 +20,13 @@ void add_atomic_ref(T* dst, const T* src, size_t n) noexcept;
 // that touches a block takes that block's lock, so the block's adds are indivisible with respect
 // to every other add; one atomic exchange is paid per block instead of one lock cmpxchg per
 // element. Requires dst aligned to sizeof(T), so that no element straddles two blocks.
+// Defined for float and double only (each compiled with AVX2 and baseline clones).
 template <class T>
 void add_striped(T* dst, const T* src, size_t n) noexcept;
+template <>
+void add_striped<float>(float* dst, const float* src, size_t n) noexcept;
+template <>
+void add_striped<double>(double* dst, const double* src, size_t n) noexcept;
 
 inline constexpr size_t kStripeBytes = 1024;
 
