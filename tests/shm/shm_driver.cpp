@@ -140,6 +140,16 @@ int main(int argc, char** argv) {
     if (fd >= 0) close(fd);
     wait_all(spawn_group("stale_reuse", n, half));
     expect_no_segment(half);
+  } else if (kase == "replace") {
+    std::vector<Proc> procs = spawn_group("replace", 2, group);
+    const auto deadline = Clock::now() + kBound;
+    int status = 0;
+    while (waitpid(procs[1].pid, &status, WNOHANG) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) failure("rank 1 did not die by SIGKILL");
+    wait_all({procs[0], spawn("replacement", 1, 2, group)});
+    expect_no_segment(group);
   } else if (kase == "names") {
     // n/2 ranks in each of two groups, concurrently.
     const std::string other = group + "-other";

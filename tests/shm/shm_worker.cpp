@@ -560,6 +560,20 @@ int main(int argc, char** argv) {
     round_of_ones(c, g_size);
     OK(gradsync_comm_barrier(c));
     raise(SIGKILL);  // leaves the segment behind, as a crash would
+  } else if (k == "replace") {
+    // Rank 1 dies right after the group forms; the driver starts a replacement for it, which must
+    // not slip into the half-dead group: rank 0 sees the death, leaves, and both form a new group.
+    OK(gradsync_comm_barrier(c));
+    if (g_rank == 1) raise(SIGKILL);
+    std::vector<float> v(100000, 1.f);
+    int st = GRADSYNC_OK;
+    for (int i = 0; i < 100000 && st == GRADSYNC_OK; ++i) st = gradsync_comm_allreduce(c, v.data(), v.data(), v.size(), GRADSYNC_F32, GRADSYNC_SUM);
+    expect_status(st, GRADSYNC_E_REMOTE, "allreduce with a dead peer", {"rank 1", "died"});
+    gradsync_comm_free(c);
+    c = join(g_group, 0, 2, 20000);
+    round_of_ones(c, 2);
+  } else if (k == "replacement") {
+    round_of_ones(c, g_size);
   } else if (k == "dup") {
     int st = 0;
     gradsync_comm* again = join(g_group, g_rank, g_size, 2000, &st);

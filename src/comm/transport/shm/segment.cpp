@@ -182,7 +182,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     if (fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "fstat of /dev/shm/{} failed: {}", shm_name, std::strerror(errno));
     const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
 
-    bool valid = false, live = false, open_state = false;
+    bool valid = false, live = false, open_state = false, formed = false;
     int existing_size = 0, existing_creator = 0;
     if (file_bytes >= sizeof(Header)) {
       bip::mapped_region peek(object, bip::read_only, 0, sizeof(Header));
@@ -196,11 +196,19 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         existing_size = h->size;
         existing_creator = h->creator_pid;
         open_state = h->state.load(std::memory_order_acquire) == static_cast<uint32_t>(GroupState::Open);
+        formed = h->joined.load(std::memory_order_acquire) >= static_cast<uint32_t>(h->size);
         for (int r = 0; r < h->size && !live; ++r) live = ofd_held_by_other(fd, kRankLockByte + r);
       }
     }
 
     if (valid && live) {
+      if (open_state && formed && existing_size == size && !ofd_held_by_other(fd, kRankLockByte + rank)) {
+        // Every rank joined once, yet a rank's lock is free: that member died unnoticed. Its
+        // place in a running group cannot be taken over; the group must end first.
+        bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+        static_cast<Header*>(mark.get_address())->state.store(static_cast<uint32_t>(GroupState::Closing));
+        open_state = false;
+      }
       if (!open_state) {
         // Survivors of a failed or finished run still hold it: wait for them to leave.
         waiting_for = fmt::format("the previous group of that name is still held by members that have not freed it");
