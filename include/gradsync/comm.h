@@ -17,6 +17,25 @@
  * - Partition rule (reduce-scatter, allgather): part i of n elements over p ranks starts at
  *   i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
  *
+ * Shared-memory transport (GRADSYNC_TRANSPORT_SHM; processes of one host):
+ * - Group: the processes that create a communicator with the same name (rank, size, name as for
+ *   threads) meet in the segment /dev/shm/gradsync.<name> (bytes outside [A-Za-z0-9._-] escaped).
+ *   A late joiner within timeout_ms is fine. A segment left by a crashed run (no live member, or
+ *   never finished) is rebuilt; a running group whose member died is never joined. Members that
+ *   disagree on size get GRADSYNC_E_MISMATCH; a rank that is already in the group, alive,
+ *   GRADSYNC_E_MISUSE. The last member to leave removes the segment. Use a communicator only in
+ *   the process that created it (not across fork()).
+ * - Space: the segment's control area is reserved with posix_fallocate after checking what
+ *   /dev/shm has (statvfs), and so is every gradsync_comm_alloc buffer: a full /dev/shm gives
+ *   GRADSYNC_E_NO_SPACE, never SIGBUS.
+ * - Data paths: buffers from gradsync_comm_alloc (on every rank) are reduced zero copy, each rank
+ *   its slice straight from the peers' buffers; ordinary buffers are staged through the segment in
+ *   pipelined chunks of 256 KiB. Payloads up to 16 KiB travel inline (one barrier per call).
+ * - A peer process that dies is detected while waiting (within ~10 ms, by a lock the kernel drops
+ *   with the process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
+ *   later calls fail fast; free the group and form a new one (same name allowed). A member that
+ *   frees its communicator makes the others' calls fail with GRADSYNC_E_ABORTED.
+ *
  * MPI transport (GRADSYNC_TRANSPORT_MPI; gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)):
  * - Group: MPI_COMM_WORLD, or the host's communicator passed as its Fortran handle in mpi_fcomm
  *   (C: MPI_Comm_c2f(comm); mpi4py: comm.py2f()). Rank and size come from MPI (the options' rank,
@@ -122,6 +141,8 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @retval GRADSYNC_E_MISMATCH members of one name disagree on size
  * @retval GRADSYNC_E_MISUSE the rank has already joined this group
  * @retval GRADSYNC_E_UNSUPPORTED the transport is not in this build
+ * @retval GRADSYNC_E_NO_SPACE (SHM) /dev/shm has not the space for the group's segment
+ * @retval GRADSYNC_E_REMOTE (SHM) a member died while the group was forming
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_options *opts);
@@ -157,6 +178,7 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
  * @param recv count elements
  * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)
  * @retval GRADSYNC_E_TIMEOUT a rank did not arrive in time; GRADSYNC_E_ABORTED the group is aborted
+ * @retval GRADSYNC_E_REMOTE a peer process died (SHM, MPI on one host)
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
