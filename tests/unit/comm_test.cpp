@@ -396,17 +396,62 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier over 1-8 ranks", "[c
 TEST_CASE("weighted mean: the data-parallel merge, and a zero total weight on every rank", "[comm][weighted]") {
   std::vector<std::vector<float>> grads{{4.0f}, {0.0f}};
   std::vector<uint64_t> totals(2);
-  std::vector<Outcome> zero(2);
+  std::vector<Outcome> zero(2), zero_large(2), huge(2);
+  std::vector<std::vector<double>> untouched(2);
   auto outcomes = run_group(2, [&](Communicator& comm, int r) {
     comm.weighted_mean(grads[r].data(), grads[r].data(), 1, DType::F32, r == 0 ? 1 : 3, &totals[r]);
     std::vector<double> g{1.0, 2.0};
     zero[r] = attempt([&] { comm.weighted_mean(g.data(), g.data(), 2, DType::F64, 0, nullptr); });
+    std::vector<double> big(50000, 1.5);
+    zero_large[r] = attempt([&] { comm.weighted_mean(big.data(), big.data(), big.size(), DType::F64, 0, nullptr); });
+    huge[r] = attempt([&] {
+      comm.weighted_mean(big.data(), big.data(), big.size(), DType::F64, r == 1 ? (uint64_t{1} << 60) : 1, nullptr);
+    });
+    untouched[r] = big;
   });
   require_all_ok(outcomes);
   for (int r = 0; r < 2; ++r) {
     REQUIRE(grads[r][0] == 1.0f);
     REQUIRE(totals[r] == 4);
     REQUIRE(zero[r].status == GRADSYNC_E_ZERO_WEIGHT);
+    REQUIRE(zero_large[r].status == GRADSYNC_E_ZERO_WEIGHT);
+    INFO(huge[r].message);
+    REQUIRE(huge[r].status == GRADSYNC_E_INVALID_ARG);
+    REQUIRE(huge[r].message.find("rank 1 passed weight") != std::string::npos);
+    REQUIRE(untouched[r] == std::vector<double>(50000, 1.5));
+  }
+}
+
+TEST_CASE("weighted mean equals the generic staged implementation bitwise, small and large", "[comm][weighted]") {
+  for (int n : {2, 3, 4}) {
+    for (size_t count : {size_t{1}, size_t{700}, size_t{100003}}) {
+      std::vector<std::vector<float>> in_f, fast_f(n), generic_f(n);
+      std::vector<std::vector<double>> in_d, fast_d(n), generic_d(n);
+      for (int r = 0; r < n; ++r) {
+        in_f.push_back(values<float>(count, 900 + r));
+        in_d.push_back(values<double>(count, 950 + r));
+      }
+      std::vector<uint64_t> totals(n);
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        const uint64_t w = static_cast<uint64_t>(3 * r + 1);  // uneven shards
+        fast_f[r] = in_f[r];
+        comm.weighted_mean(fast_f[r].data(), fast_f[r].data(), count, DType::F32, w, &totals[r]);
+        generic_f[r].assign(count, 0);
+        comm.Communicator::weighted_mean(in_f[r].data(), generic_f[r].data(), count, DType::F32, w, nullptr);
+        fast_d[r].assign(count, 0);
+        comm.weighted_mean(in_d[r].data(), fast_d[r].data(), count, DType::F64, w, nullptr);
+        generic_d[r] = in_d[r];
+        comm.Communicator::weighted_mean(generic_d[r].data(), generic_d[r].data(), count, DType::F64, w, nullptr);
+      });
+      require_all_ok(outcomes);
+      for (int r = 0; r < n; ++r) {
+        INFO("ranks " << n << " count " << count << " rank " << r);
+        REQUIRE(totals[r] == static_cast<uint64_t>(3 * n * (n - 1) / 2 + n));
+        REQUIRE(std::memcmp(fast_f[r].data(), generic_f[r].data(), count * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(fast_f[r].data(), fast_f[0].data(), count * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(fast_d[r].data(), generic_d[r].data(), count * sizeof(double)) == 0);
+      }
+    }
   }
 }
 

@@ -42,7 +42,7 @@
 namespace gradsync::comm {
 namespace {
 
-enum class Kind : uint32_t { Allreduce = 1, Broadcast, Allgather, ReduceScatter, Barrier };
+enum class Kind : uint32_t { Allreduce = 1, Broadcast, Allgather, ReduceScatter, Barrier, WeightedMean };
 
 const char* kind_name(Kind k) noexcept {
   switch (k) {
@@ -51,6 +51,7 @@ const char* kind_name(Kind k) noexcept {
     case Kind::Allgather: return "allgather";
     case Kind::ReduceScatter: return "reduce_scatter";
     case Kind::Barrier: return "barrier";
+    case Kind::WeightedMean: return "weighted_mean";
   }
   return "unknown collective";
 }
@@ -65,6 +66,7 @@ struct Descriptor {
   uint64_t nbufs = 0;        // allreduce: number of buffers
   uint64_t counts_hash = 0;  // allreduce: fingerprint of the per-buffer counts
   uint64_t round = 0;
+  uint64_t weight = 0;       // weighted_mean: this rank's sample count
   const BufferRef* bufs = nullptr;
   const void* send = nullptr;
   void* recv = nullptr;
@@ -172,6 +174,8 @@ class ThreadCommunicator final : public Communicator {
   void allgather(const void* send, void* recv, size_t total, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
   void barrier() override;
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override;
   void abort() noexcept override;
   void reset() override;
 
@@ -502,6 +506,94 @@ void ThreadCommunicator::barrier() {
   Descriptor d;
   d.kind = Kind::Barrier;
   begin_round(d);
+}
+
+// Σ wᵢ·sendᵢ / Σ wᵢ in one pass: each slice owner multiplies and sums in double, in rank order, and
+// writes the rounded result to every rank. The same operations in the same order as the default
+// (stage w·x in double, sum-allreduce, divide), so the bits are the same, without the staging
+// buffer or the double-width traffic.
+void ThreadCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                                       uint64_t* total_weight) {
+  GS_REQUIRE(dtype == DType::F32 || dtype == DType::F64, GRADSYNC_E_INVALID_ARG,
+             "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
+  if (size_ == 1) {
+    fail_if_aborted("weighted_mean");
+    Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
+    return;
+  }
+  const size_t elem = dtype_size(dtype);
+  Descriptor d;
+  d.kind = Kind::WeightedMean;
+  d.dtype = dtype;
+  d.count = count;
+  d.send = send;
+  d.recv = recv;
+  d.weight = weight;
+  const bool small = count * elem <= kInlineBytes;
+  const BufferRef staged{send, recv, count};
+  const uint64_t round = small ? begin_round(d, std::span<const BufferRef>(&staged, 1)) : begin_round(d);
+
+  // Every rank checks the same weights, so every rank fails alike and nothing is read or written
+  // (which is also why no completion barrier is needed on these paths).
+  uint64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t w = desc_of(r, round).weight;
+    if (w > (uint64_t{1} << 53)) {
+      fail(GRADSYNC_E_INVALID_ARG, "weighted_mean (call {}): rank {} passed weight {}, which exceeds 2^53", round, r, w);
+    }
+    total += w;
+  }
+  if (total_weight != nullptr) *total_weight = total;
+  if (total == 0) {
+    fail(GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size_);
+  }
+  const double denom = static_cast<double>(total);
+  std::vector<double> w(static_cast<size_t>(size_));
+  std::vector<const std::byte*> src(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) w[static_cast<size_t>(r)] = static_cast<double>(desc_of(r, round).weight);
+
+  // Writes out[i - begin] for i in [begin, end) from the sources (each indexed from element 0).
+  auto combine = [&](auto* out, size_t begin, size_t end) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    constexpr size_t kBlock = 512;
+    double acc[kBlock];
+    for (size_t lo = begin; lo < end; lo += kBlock) {
+      const size_t len = std::min(kBlock, end - lo);
+      const T* s0 = reinterpret_cast<const T*>(src[0]) + lo;
+      for (size_t j = 0; j < len; ++j) acc[j] = w[0] * static_cast<double>(s0[j]);
+      for (size_t r = 1; r < src.size(); ++r) {
+        const T* sr = reinterpret_cast<const T*>(src[r]) + lo;
+        const double wr = w[r];
+        for (size_t j = 0; j < len; ++j) acc[j] += wr * static_cast<double>(sr[j]);
+      }
+      T* o = out + (lo - begin);
+      for (size_t j = 0; j < len; ++j) o[j] = static_cast<T>(acc[j] / denom);
+    }
+  };
+
+  if (small) {
+    for (int r = 0; r < size_; ++r) src[static_cast<size_t>(r)] = slot(r).inline_data[round & 1];
+    if (dtype == DType::F32) combine(static_cast<float*>(recv), 0, count);
+    else combine(static_cast<double*>(recv), 0, count);
+    return;
+  }
+  const Part part = my_part(count);
+  if (part.len > 0) {
+    for (int r = 0; r < size_; ++r) src[static_cast<size_t>(r)] = static_cast<const std::byte*>(desc_of(r, round).send);
+    // Into this rank's recv, then on to the others from cache, block by block.
+    const size_t block = kBlockBytes / elem;
+    for (size_t lo = part.start; lo < part.start + part.len; lo += block) {
+      const size_t hi = std::min<size_t>(part.start + part.len, lo + block);
+      std::byte* mine_out = static_cast<std::byte*>(recv) + lo * elem;
+      if (dtype == DType::F32) combine(reinterpret_cast<float*>(mine_out), lo, hi);
+      else combine(reinterpret_cast<double*>(mine_out), lo, hi);
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        std::memcpy(static_cast<std::byte*>(desc_of(r, round).recv) + lo * elem, mine_out, (hi - lo) * elem);
+      }
+    }
+  }
+  finish_round(round);
 }
 
 void ThreadCommunicator::abort() noexcept {
