@@ -48,7 +48,7 @@
  *   MPI_THREAD_MULTIPLE must call each communicator from the thread allowed to call MPI.
  * - Collectives map onto MPI's own (MPI_Allreduce with MPI_IN_PLACE, MPI_Bcast, MPI_Allgatherv,
  *   MPI_Reduce_scatter with the partition rule's counts, a barrier). allreduce_many packs small
- *   buffers into one MPI call per 16 MiB of staging (buffers of 1 MiB or more go to MPI directly).
+ *   buffers into one MPI call per 256 KiB of staging (larger buffers go to MPI directly).
  *   An allreduce of at most 64 bytes travels with the fingerprint (one round trip, rank order).
  * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank (MPI_Alltoallv of the
  *   slices, the library's rank-order kernels, MPI_Allgatherv); 0 leaves the order to MPI (all ranks

@@ -180,7 +180,7 @@ void run_allreduce_case(Communicator& c, ReduceOp op, size_t count, bool exact) 
 template <class T>
 void run_all_ops(Communicator& c, bool deterministic) {
   const size_t n = static_cast<size_t>(c.size());
-  for (size_t count : {size_t{0}, size_t{1}, n - 1, n + 1, size_t{7}, size_t{1003}, size_t{100003}}) {
+  for (size_t count : {size_t{0}, size_t{1}, n - 1, n + 1, size_t{7}, size_t{1003}, size_t{20011}}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max}) {
       INFO(dtype_name(dtype_of<T>()) << " " << op_name(op) << " count " << count << " deterministic " << deterministic);
       run_allreduce_case<T>(c, op, count, deterministic);
@@ -270,11 +270,11 @@ TEST_CASE("allreduce: half-precision dtypes are not reduced (as on every transpo
 TEST_CASE("fused allreduce equals one allreduce per buffer", "[mpi]") {
   for (bool deterministic : {true, false}) {
     auto c = make(deterministic);
-    // Small buffers (packed), an empty one, large ones (sent directly), and more in all than one
-    // staging fill, so a buffer straddles two fills.
+    // Small buffers (packed), an empty one, a large one (sent directly), and many staging fills
+    // (256 KiB each), so that buffers straddle fills.
     std::vector<size_t> counts;
-    for (size_t i = 0; i < 300; ++i) counts.push_back(i % 37 == 5 ? 0 : 1000 + (i * 7919) % 30000);
-    counts.insert(counts.begin() + 100, size_t{1} << 19);
+    for (size_t i = 0; i < 150; ++i) counts.push_back(i % 37 == 5 ? 0 : 1000 + (i * 7919) % 15000);
+    counts.insert(counts.begin() + 50, size_t{1} << 17);
     counts.push_back(3);
     size_t offset = 0;
     std::vector<std::vector<float>> fused(counts.size()), single(counts.size());

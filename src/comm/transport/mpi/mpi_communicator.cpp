@@ -30,10 +30,13 @@ using Clock = std::chrono::steady_clock;
 
 // MPI counts are int: larger transfers go in pieces of this many elements.
 constexpr size_t kMaxMpiCount = size_t{1} << 30;
-// Fused allreduce packs small buffers into a staging buffer of at most this many bytes and sends
-// it in one MPI call per fill; buffers of kDirectBytes or more go to MPI straight from the caller.
-constexpr size_t kStagingBytes = size_t{16} << 20;
-constexpr size_t kDirectBytes = size_t{1} << 20;
+// Fused allreduce packs small buffers into a staging buffer of this many bytes and reduces it in
+// one MPI call per fill: small enough that a fill is still in cache when it is copied back out,
+// large enough that the per-call latency is amortised over dozens of buffers. Buffers at least
+// this large gain nothing from packing and go to MPI straight from the caller.
+constexpr size_t kStagingBytes = size_t{256} << 10;
+// Deterministic mode reduces in windows of this many bytes (its scratch memory is bounded by it).
+constexpr size_t kWindowBytes = size_t{16} << 20;
 constexpr int kAbortTag = 7001;
 // How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
@@ -560,7 +563,7 @@ void MpiCommunicator::allreduce_one(const void* send, void* recv, size_t count, 
 // kernels, and the slices are shared again (MPI_Allgatherv in place).
 void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
   const size_t elem = dtype_size(dtype);
-  const size_t window = std::max<size_t>(kStagingBytes / elem, static_cast<size_t>(size_));
+  const size_t window = std::max<size_t>(kWindowBytes / elem, static_cast<size_t>(size_));
   const auto n = static_cast<size_t>(size_);
   std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
   std::vector<const void*> sources(n);
@@ -651,7 +654,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
   };
   for (const BufferRef& b : buffers) {
     if (b.count == 0) continue;
-    if (b.count * elem >= kDirectBytes) {
+    if (b.count * elem >= kStagingBytes) {
       allreduce_one(b.send, b.recv, b.count, dtype, op, det);
       continue;
     }
