@@ -9,7 +9,7 @@
 import ctypes
 from collections import namedtuple
 
-from ._lib import c_int, c_size_t, c_uint32, c_uint64, c_void_p, check, declare
+from ._lib import E_BUFS, c_int, c_size_t, c_uint32, c_uint64, c_void_p, check, declare
 
 __all__ = ["partition", "split_round_robin", "weighted_merge", "MergeResult"]
 
@@ -46,7 +46,6 @@ def split_round_robin(samples, workers, worker):
     workers, worker = _unsigned(workers, 32, "workers"), _unsigned(worker, 32, "worker")
     needed = c_size_t()
     status = _split(samples, workers, worker, None, 0, ctypes.byref(needed))
-    from ._lib import E_BUFS
     if status != E_BUFS:
         check(status)  # an argument error; or success, for a worker with no samples
         return np.empty(0, dtype=np.uint64)
