@@ -8,8 +8,9 @@
  * PyTorch-BigGraph's row-wise Adagrad), in O(touched x dim), and zeroes exactly those rows.
  *
  * Concurrency modes, chosen at open (every process on one file must use the same):
- * - GRADSYNC_ACCUM_STRIPED (default): rows share process-shared spin locks kept in the file, row r
- *   using lock r % ceil(rows / rows_per_lock). Exact: no update is ever lost.
+ * - GRADSYNC_ACCUM_STRIPED (default): rows share process-shared spin locks kept in the file: the
+ *   largest power of two <= rows / rows_per_lock of them, rows hashed onto locks (so each lock
+ *   covers rows_per_lock to 2 x rows_per_lock rows). Exact: no update is ever lost.
  * - GRADSYNC_ACCUM_LOCK_FREE: every float is added with an atomic compare-and-swap. Exact.
  * - GRADSYNC_ACCUM_NONE: plain adds (Hogwild). Racy by design: concurrent adds to the same row may
  *   lose updates. The touched set stays exact.

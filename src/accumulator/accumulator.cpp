@@ -20,6 +20,10 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 
+#ifndef GS_ADD_AHEAD
+#define GS_ADD_AHEAD 4
+#endif
+
 namespace gradsync::accumulator {
 
 using table::Table;
@@ -51,14 +55,19 @@ void init_new_aux(void* aux, uint64_t, int64_t rows, void* user) {
 
 }  // namespace
 
+uint64_t lock_count(int64_t rows, uint64_t rows_per_lock) {
+  const uint64_t want = std::max<uint64_t>(1, static_cast<uint64_t>(rows) / rows_per_lock);
+  return uint64_t{1} << (63 - __builtin_clzll(want));  // a power of two <= want, so <= rows
+}
+
 AuxLayout aux_layout(int64_t rows) {
   const auto r = static_cast<uint64_t>(rows);
   AuxLayout l;
   uint64_t locks = 0, list = 0;
   if (__builtin_mul_overflow(r, uint64_t{4}, &locks) || __builtin_mul_overflow(r, uint64_t{8}, &list))
     fail(GRADSYNC_E_INVALID_ARG, "{} rows are too many for an accumulator", rows);
-  l.bitmap_off = l.locks_off + round64(locks);
-  l.list_off = l.bitmap_off + round64((r + 63) / 64 * 8);
+  l.flags_off = l.locks_off + round64(locks);
+  l.list_off = l.flags_off + round64(r);
   l.bytes = l.list_off + list;
   return l;
 }
@@ -89,7 +98,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   fresh.layout_version = 1;
   fresh.concurrency = spec.concurrency == -1 ? static_cast<int32_t>(Concurrency::Striped) : spec.concurrency;
   fresh.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
-  fresh.nlocks = spec.rows >= 1 ? (static_cast<uint64_t>(spec.rows) + fresh.rows_per_lock - 1) / fresh.rows_per_lock : 1;
+  fresh.nlocks = spec.rows >= 1 ? lock_count(spec.rows, fresh.rows_per_lock) : 1;
   ts.init_aux = init_new_aux;
   ts.init_aux_user = &fresh;
 
@@ -100,7 +109,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->aux_header_ = reinterpret_cast<AuxHeader*>(base);
   a->count_ = reinterpret_cast<uint64_t*>(base + layout.count_off);
   a->locks_ = reinterpret_cast<uint32_t*>(base + layout.locks_off);
-  a->bitmap_ = reinterpret_cast<uint64_t*>(base + layout.bitmap_off);
+  a->flags_ = reinterpret_cast<uint8_t*>(base + layout.flags_off);
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
   a->attach_aux(spec);
   return a;
@@ -111,20 +120,15 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
   AuxHeader& h = *aux_header_;
   if (table_->exclusive()) {
     // Nobody else has the file open: lock words and the list may hold the remains of a process that
-    // died mid-add. Reset the locks, rebuild the list from the bitmap, and (re)choose the mode.
+    // died mid-add. Reset the locks, rebuild the list from the flags, and (re)choose the mode.
     const AuxLayout l = aux_layout(rows);
     if (!table_->created()) {
-      std::memset(locks_, 0, l.bitmap_off - l.locks_off);
-      const uint64_t words = (static_cast<uint64_t>(rows) + 63) / 64;
+      std::memset(locks_, 0, l.flags_off - l.locks_off);
       uint64_t n = 0;
-      for (uint64_t w = 0; w < words; ++w) {
-        uint64_t bits = bitmap_[w];
-        if (w == words - 1 && rows % 64 != 0) bits &= (uint64_t{1} << (rows % 64)) - 1;  // stray bits beyond rows
-        bitmap_[w] = bits;
-        while (bits != 0) {
-          list_[n++] = static_cast<int64_t>(w * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)));
-          bits &= bits - 1;
-        }
+      for (int64_t r = 0; r < rows; ++r) {
+        if (flags_[r] == 0) continue;
+        flags_[r] = 1;  // any non-zero byte means touched; normalise it
+        list_[n++] = r;
       }
       *count_ = n;
       const bool valid = h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
@@ -135,11 +139,11 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
       if (spec.concurrency != -1 || !valid) h.concurrency = spec.concurrency == -1 ? 0 : spec.concurrency;
       if (spec.rows_per_lock != -1 || !valid)
         h.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
-      h.nlocks = (static_cast<uint64_t>(rows) + h.rows_per_lock - 1) / h.rows_per_lock;
+      h.nlocks = lock_count(rows, h.rows_per_lock);
     }
   } else {
     GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
-                   h.rows_per_lock >= 1 && h.nlocks >= 1 && h.nlocks <= static_cast<uint64_t>(rows),
+                   h.rows_per_lock >= 1 && h.nlocks == lock_count(rows, h.rows_per_lock),
                GRADSYNC_E_CORRUPT, "'{}': the accumulator state header is damaged", table_->path());
     const auto file_mode = static_cast<Concurrency>(h.concurrency);
     if ((spec.concurrency != -1 && spec.concurrency != h.concurrency) ||
@@ -156,6 +160,7 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
   mode_ = static_cast<Concurrency>(h.concurrency);
   rows_per_lock_ = static_cast<int64_t>(h.rows_per_lock);
   nlocks_ = h.nlocks;
+  lock_shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(nlocks_));
   table_->release_exclusive();
 }
 
@@ -196,18 +201,27 @@ void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0
 
 // ---------------------------------------------------------------- adds
 
-void Accumulator::mark_touched(int64_t row) noexcept {
-  const auto r = static_cast<uint64_t>(row);
-  const uint64_t bit = uint64_t{1} << (r & 63);
-  auto word = atomic(bitmap_[r >> 6]);
-  if ((word.load(std::memory_order_relaxed) & bit) != 0) return;  // the common case: one shared read
-  if ((word.fetch_or(bit, std::memory_order_acq_rel) & bit) != 0) return;
-  const uint64_t slot = atomic(*count_).fetch_add(1, std::memory_order_acq_rel);
-  atomic(list_[slot]).store(row, std::memory_order_release);
+// Rows whose flag this batch flipped, appended to the shared list in chunks: one fetch_add each.
+struct Accumulator::Pending {
+  static constexpr size_t kCap = 1024;
+  int64_t rows[kCap];
+  size_t n = 0;
+};
+
+void Accumulator::append_touched(const int64_t* rows, size_t n) noexcept {
+  if (n == 0) return;
+  const uint64_t slot = atomic(*count_).fetch_add(n, std::memory_order_acq_rel);
+  for (size_t i = 0; i < n; ++i) atomic(list_[slot + i]).store(rows[i], std::memory_order_release);
 }
 
 namespace {
-inline void add_row_plain(float* __restrict g, const float* __restrict s, size_t d) noexcept {
+// Wider vectors mean fewer stores per row waiting in the store buffer when the next row's lock
+// (a locked instruction, which drains it) is taken; the library is built for the baseline ISA, so
+// the widest the CPU has is picked at load time.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default"), noinline))
+#endif
+void add_row_plain(float* __restrict g, const float* __restrict s, size_t d) noexcept {
   for (size_t j = 0; j < d; ++j) g[j] += s[j];
 }
 }  // namespace
@@ -216,11 +230,12 @@ template <Concurrency M>
 void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
   const size_t d = static_cast<size_t>(dim());
   const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
-  constexpr size_t kAhead = 6;
+  constexpr size_t kAhead = GS_ADD_AHEAD;
+  Pending pending;
   auto prefetch = [&](int64_t r) {
     const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
     for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
-    __builtin_prefetch(&bitmap_[static_cast<uint64_t>(r) >> 6], 0, 3);
+    __builtin_prefetch(&flags_[r], 1, 3);
     if constexpr (M == Concurrency::Striped) __builtin_prefetch(stripe_of(r), 1, 3);
   };
   for (size_t i = 0; i < n && i < kAhead; ++i) prefetch(rows[i]);
@@ -229,18 +244,32 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
     const int64_t r = rows[i];
     const float* src = grads + i * d;
     float* g = table_->row_ptr(r);
-    mark_touched(r);  // before the add: a crash can never hide a gradient from apply
+    auto flag = atomic(flags_[r]);
+    // The flag goes up before the add: a crash can never hide a gradient from apply.
     if constexpr (M == Concurrency::Striped) {
       uint32_t* w = stripe_of(r);
       lock_stripe(w);
+      if (flag.load(std::memory_order_relaxed) == 0) {  // the lock orders every writer of this flag
+        flag.store(1, std::memory_order_relaxed);
+        pending.rows[pending.n++] = r;
+      }
       add_row_plain(g, src, d);
       unlock_stripe(w);
-    } else if constexpr (M == Concurrency::LockFree) {
-      for (size_t j = 0; j < d; ++j) atomic(g[j]).fetch_add(src[j], std::memory_order_relaxed);
     } else {
-      add_row_plain(g, src, d);
+      if (flag.load(std::memory_order_relaxed) == 0 && flag.exchange(1, std::memory_order_acq_rel) == 0)
+        pending.rows[pending.n++] = r;
+      if constexpr (M == Concurrency::LockFree) {
+        for (size_t j = 0; j < d; ++j) atomic(g[j]).fetch_add(src[j], std::memory_order_relaxed);
+      } else {
+        add_row_plain(g, src, d);
+      }
+    }
+    if (pending.n == Pending::kCap) {
+      append_touched(pending.rows, pending.n);
+      pending.n = 0;
     }
   }
+  append_touched(pending.rows, pending.n);
 }
 
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }
@@ -299,15 +328,14 @@ void Accumulator::for_each_touched(RowFn&& fn) {
       }
     }
     const auto r = static_cast<uint64_t>(atomic(list_[i]).load(std::memory_order_acquire));
-    const uint64_t bit = uint64_t{1} << (r & 63);
-    // An entry that is out of range or whose bit is clear is the remains of a process that died
+    // An entry that is out of range or whose flag is down is the remains of a process that died
     // mid-append; the next exclusive open rebuilds the list.
-    if (r >= rows || (atomic(bitmap_[r >> 6]).load(std::memory_order_relaxed) & bit) == 0) {
+    if (r >= rows || atomic(flags_[r]).load(std::memory_order_relaxed) == 0) {
       ++stale;
       continue;
     }
     fn(static_cast<int64_t>(r));
-    atomic(bitmap_[r >> 6]).fetch_and(~bit, std::memory_order_acq_rel);
+    atomic(flags_[r]).store(0, std::memory_order_release);
   }
   atomic(*count_).store(0, std::memory_order_release);
   if (stale > 0) GS_LOG_WARN("'{}': skipped {} stale entries of the touched list", table_->path(), stale);

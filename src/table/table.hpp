@@ -109,6 +109,8 @@ class Table {
   void* aux_ = nullptr;
   uint64_t aux_bytes_ = 0;
   uint64_t mapped_bytes_ = 0;
+  void* anon_base_ = nullptr;  // anonymous tables: our own private mapping
+  size_t anon_bytes_ = 0;
 };
 
 // Deterministic uniform value of element `index` of a table filled from `seed`: the same for

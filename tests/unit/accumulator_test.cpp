@@ -344,17 +344,19 @@ TEST_CASE("a lock held by a dead process is taken over; the list is rebuilt when
   const auto layout = gradsync::accumulator::aux_layout(32);
   auto* aux = static_cast<char*>(a->table().aux());
   auto* locks = reinterpret_cast<uint32_t*>(aux + layout.locks_off);
-  locks[5] = static_cast<uint32_t>(dead);  // as if `dead` had died holding row 5's lock
+  REQUIRE(gradsync::accumulator::lock_count(32, 1) == 32);
+  auto lock_of = [&](uint64_t row) { return &locks[(row * 0x9E3779B97F4A7C15ull) >> (64 - 5)]; };
+  *lock_of(5) = static_cast<uint32_t>(dead);  // as if `dead` had died holding row 5's lock
   std::vector<float> g(4, 2.0f);
   a->add(5, g.data(), 4);  // must not hang
   CHECK(all_equal(row_of(*a, 5), 2.0f));
-  CHECK(locks[5] == 0);
+  CHECK(*lock_of(5) == 0);
 
-  // A process that died between setting a touched bit and appending to the list: simulate it,
+  // A process that died between raising a touched flag and appending to the list: simulate it,
   // then reopen alone; the row is in the touched set again.
-  auto* bitmap = reinterpret_cast<uint64_t*>(aux + layout.bitmap_off);
-  bitmap[0] |= uint64_t{1} << 9;
-  locks[7] = 12345678;  // and a stale lock
+  auto* flags = reinterpret_cast<uint8_t*>(aux + layout.flags_off);
+  flags[9] = 1;
+  *lock_of(7) = 12345678;  // and a stale lock
   a.reset();
   holder.reset();
   auto b = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
