@@ -261,7 +261,7 @@ TEST_CASE("seed acceptance: 2 ranks [2,4] and [4,8], mean gives [3,6] on both", 
   for (auto& d : data) REQUIRE(d == std::vector<float>{3, 6});
 }
 
-TEST_CASE("seed acceptance: lengths 4, 7, 4 give every rank the mismatch error; the next round works",
+TEST_CASE("seed acceptance: lengths 4, 7, 4 give every rank the mismatch error, then the next round works",
           "[comm][seed][mismatch]") {
   std::vector<Outcome> first(3);
   std::vector<std::vector<float>> second(3);
@@ -512,7 +512,7 @@ TEST_CASE("a rank that does not arrive: every waiter times out, later calls fail
   }
 }
 
-TEST_CASE("abort from another thread wakes every waiter; reuse fails fast until reset", "[comm][abort]") {
+TEST_CASE("abort from another thread wakes every waiter, and reuse fails fast until reset", "[comm][abort]") {
   const std::string name = unique_name("abort");
   const int n = 3;
   std::vector<std::unique_ptr<Communicator>> comms(n);
