@@ -276,7 +276,10 @@ def run_allreduce(args, data, model, workers):
     each worker used (uneven shards count right) and every replica takes the same step; the
     reduction runs in rank order, so the replicas stay bitwise identical."""
     n = len(data.y_train)
-    steps = -(-n // (workers * args.batch))  # per epoch, the same on every worker
+    # The global minibatch is --batch, split over the workers, so each step is the 1-worker step
+    # (same lr, same number of steps per epoch) computed in parallel: equal accuracy by design.
+    local_batch = -(-args.batch // workers)
+    steps = -(-n // (workers * local_batch))  # per epoch, the same on every worker
     replicas = [model.init(args.seed) for _ in range(workers)]
     samples_done = gs.Counter(0)
     stop = gs.Flag()
@@ -296,7 +299,7 @@ def run_allreduce(args, data, model, workers):
                 for _ in range(args.epochs):
                     order = rng.permutation(share)
                     for step in range(steps):
-                        batch = order[step * args.batch:(step + 1) * args.batch]
+                        batch = order[step * local_batch:(step + 1) * local_batch]
                         if len(batch):
                             loss, grad = model.loss_and_grad(params, data.x_train[batch], data.y_train[batch])
                             if stop.conditional_set(not np.isfinite(loss)):
