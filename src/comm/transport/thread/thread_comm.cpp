@@ -148,6 +148,25 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out + "]";
 }
 
+// One pointer per rank without a heap allocation for the usual group sizes (collectives of small
+// buffers are dominated by fixed costs).
+template <class T>
+class PerRank {
+ public:
+  explicit PerRank(int n) : size_(static_cast<size_t>(n)) {
+    if (size_ > kInline) heap_.resize(size_);
+  }
+  T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  T& operator[](size_t i) noexcept { return data()[i]; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  size_t size_;
+  T inline_[kInline] = {};
+  std::vector<T> heap_;
+};
+
 uint64_t hash_counts(std::span<const BufferRef> buffers) noexcept {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
   for (const auto& b : buffers) {
@@ -380,17 +399,11 @@ void ThreadCommunicator::allreduce(std::span<const BufferRef> buffers, DType dty
   if (total * elem <= kInlineBytes) {
     // Small: everyone reduces the whole vector from the slots' copies; no second barrier.
     const uint64_t round = begin_round(d, buffers);
-    const void* srcs[64];
-    std::vector<const void*> many;
-    const void** src = srcs;
-    if (size_ > 64) {
-      many.resize(static_cast<size_t>(size_));
-      src = many.data();
-    }
+    PerRank<const void*> src(size_);
     size_t offset = 0;
     for (const auto& b : buffers) {
-      for (int r = 0; r < size_; ++r) src[r] = slot(r).inline_data[round & 1] + offset;
-      reduce(dtype, op, src, static_cast<size_t>(size_), b.recv, 0, b.count);
+      for (int r = 0; r < size_; ++r) src[static_cast<size_t>(r)] = slot(r).inline_data[round & 1] + offset;
+      reduce(dtype, op, src.data(), src.size(), b.recv, 0, b.count);
       offset += b.count * elem;
     }
     // Reading the slots is done before this rank arrives at the next round, which is what lets
@@ -400,8 +413,8 @@ void ThreadCommunicator::allreduce(std::span<const BufferRef> buffers, DType dty
 
   const uint64_t round = begin_round(d);
   const Part part = my_part(total);
-  std::vector<const void*> srcs(static_cast<size_t>(size_));
-  std::vector<void*> dsts(static_cast<size_t>(size_));
+  PerRank<const void*> srcs(size_);
+  PerRank<void*> dsts(size_);
   uint64_t offset = 0;
   for (size_t j = 0; j < buffers.size(); ++j) {
     const uint64_t cnt = buffers[j].count;
@@ -436,9 +449,10 @@ void ThreadCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   const uint64_t round = begin_round(d);
   const Part part = my_part(count);
   if (part.len > 0) {
-    std::vector<void*> dsts;
+    PerRank<void*> dsts(size_ - 1);
+    size_t k = 0;
     for (int r = 0; r < size_; ++r) {
-      if (r != root) dsts.push_back(desc_of(r, round).recv);
+      if (r != root) dsts[k++] = desc_of(r, round).recv;
     }
     copy_to_all(dtype, desc_of(root, round).recv, dsts.data(), dsts.size(), part.start, part.start + part.len);
   }
@@ -461,7 +475,7 @@ void ThreadCommunicator::allgather(const void* send, void* recv, size_t total, D
   d.recv = recv;
   const uint64_t round = begin_round(d);
   if (part.len > 0) {
-    std::vector<void*> dsts(static_cast<size_t>(size_));
+    PerRank<void*> dsts(size_);
     for (int r = 0; r < size_; ++r) {
       dsts[static_cast<size_t>(r)] = static_cast<std::byte*>(desc_of(r, round).recv) + part.start * elem;
     }
@@ -489,7 +503,7 @@ void ThreadCommunicator::reduce_scatter(const void* send, void* recv, size_t tot
   d.recv = recv;
   const uint64_t round = begin_round(d);
   if (part.len > 0) {
-    std::vector<const void*> srcs(static_cast<size_t>(size_));
+    PerRank<const void*> srcs(size_);
     for (int r = 0; r < size_; ++r) {
       srcs[static_cast<size_t>(r)] = static_cast<const std::byte*>(desc_of(r, round).send) + part.start * elem;
     }
