@@ -64,9 +64,9 @@ double time_calls(size_t m, F&& call) {
   return median(t);
 }
 
-// One rank of a communicator benchmark; fills us[path][size]. Checks the first result of each size.
-void run_rank(gc::Communicator& comm, bool zero_copy, std::map<size_t, double>& us) {
-  for (size_t m : kSizes) {
+// One rank of a communicator benchmark at one size and data path; checks the first result.
+double run_size(gc::Communicator& comm, size_t m, bool zero_copy) {
+  {
     float* data = nullptr;
     std::vector<float> own;
     if (zero_copy) {
@@ -84,11 +84,21 @@ void run_rank(gc::Communicator& comm, bool zero_copy, std::map<size_t, double>& 
     }
     // Mean keeps the values finite over thousands of calls; it costs the same as sum.
     comm.barrier();
-    us[m] = time_calls(m, [&] {
+    const double us = time_calls(m, [&] {
       comm.allreduce(std::span<const gc::BufferRef>(&buf, 1), gradsync::DType::F32, gradsync::ReduceOp::Mean);
     });
     comm.barrier();
     if (zero_copy) comm.dealloc(data);
+    return us;
+  }
+}
+
+// Both data paths size by size (interleaved, so that both see the same machine load).
+void run_rank(gc::Communicator& comm, bool with_zero_copy, std::map<size_t, double>& copy_us,
+              std::map<size_t, double>& zero_us) {
+  for (size_t m : kSizes) {
+    copy_us[m] = run_size(comm, m, false);
+    if (with_zero_copy) zero_us[m] = run_size(comm, m, true);
   }
 }
 
@@ -110,8 +120,7 @@ bool bench_shm(std::map<size_t, double>& copy_us, std::map<size_t, double>& zero
       o.timeout = std::chrono::milliseconds(60000);
       auto comm = gc::create(o);
       std::map<size_t, double> a, b;
-      run_rank(*comm, false, a);
-      run_rank(*comm, true, b);
+      run_rank(*comm, true, a, b);
       if (r == 0) {
         for (size_t m : kSizes) dprintf(fds[1], "%zu %.6f %.6f\n", m, a[m], b[m]);
       }
@@ -151,7 +160,8 @@ bool bench_threads(std::map<size_t, double>& us) {
         o.name = "bench-threads";
         o.timeout = std::chrono::milliseconds(60000);
         auto comm = gc::create(o);
-        run_rank(*comm, false, r == 0 ? us : other);
+        std::map<size_t, double> unused;
+        run_rank(*comm, false, r == 0 ? us : other, unused);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "thread transport: %s\n", e.what());
         ok = false;

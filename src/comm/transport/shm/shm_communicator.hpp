@@ -14,9 +14,14 @@
 //   reduces the whole payload itself, in rank order (same code, same order: same bits).
 // - zero copy (every rank's buffers lie in its heap of the segment): ranks publish OFFSETS; each
 //   rank reduces its slice straight from the peers' buffers into all of them, then one barrier.
-// - copy (ordinary caller buffers): chunks of kChunkBytes per rank are staged in the segment and
-//   pipelined so that each step (copy out chunk k-2, reduce own slice of k-1, copy in k) needs a
-//   single barrier.
+// - copy (ordinary caller buffers): allreduce streams chunks of kChunkBytes through kStageDepth
+//   stages: each rank stages the slices its peers reduce, reduces its own slice straight from its
+//   own buffer and the peers' stages (into its buffer and the result stage), and copies the other
+//   slices out; each step waits only for the counters it depends on, not for a group barrier.
+//   broadcast, allgather and reduce_scatter stage double-buffered blocks, one barrier per block.
+// A round is decided once (committed when every rank arrived, else aborted for all), so a rank
+// never returns while a peer still uses its buffers; a dead peer (its kernel-held lock is gone)
+// turns every wait into GRADSYNC_E_REMOTE.
 #include <memory>
 
 #include "comm/communicator.hpp"
