@@ -276,27 +276,30 @@ def test_acceptance_over_shared_memory(compress):
     assert [results[0][2], results[1][2]] == [gs.E_REMOTE, gs.E_INVALID_ARG]
 
 
+# Each rank writes its own file: mpirun interleaves the ranks' standard outputs.
 _MPI_WORKER = """
-import json, sys
+import json, os, sys
 sys.path.insert(0, {tests!r})
 import gradsync as gs
 from test_shard import _acceptance_rank
 with gs.Communicator("py-shard-mpi", 0, 1, transport="mpi", timeout_ms=20000) as comm:
-    print(json.dumps([comm.rank, _acceptance_rank(comm, comm.rank, "fp16")]), flush=True)
+    result = _acceptance_rank(comm, comm.rank, "fp16")
+    with open(os.path.join({out!r}, f"rank{{comm.rank}}.json"), "w") as f:
+        json.dump(result, f)
 """
 
 
 @pytest.mark.skipif(not gs.has_feature(gs.FEATURE_MPI_TRANSPORT) or shutil.which("mpirun") is None,
                     reason="no MPI transport in this build, or no mpirun")
-def test_acceptance_over_mpi():
+def test_acceptance_over_mpi(tmp_path):
     import json
 
-    code = _MPI_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    code = _MPI_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), out=str(tmp_path))
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-c", code],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    results = dict(json.loads(line) for line in out.stdout.splitlines() if line.startswith("["))
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)}
     for rank in range(2):
         first, second, status, part = results[rank]
         assert first == [97.0] * 3 and second == [82.0] * 3
