@@ -8,6 +8,8 @@
             comm.allreduce(grad)                            # in place, mean over ranks: 1.5 everywhere
 
     threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+    for t in threads: t.start()
+    for t in threads: t.join()
 
 Results are reduced in rank order, so every rank gets the same bits on every run. Ranks that
 disagree (length, dtype, op, root, collective) all get GradsyncError E_MISMATCH and the next round
