@@ -140,7 +140,11 @@ GRADSYNC_API int gradsync_shard_memory(const gradsync_shard *shard, uint64_t *we
 /** @brief Number of optimizer updates applied so far on this rank. @threadsafety handle */
 GRADSYNC_API int gradsync_shard_updates(const gradsync_shard *shard, int64_t *updates);
 
-/** @brief Change the learning rate (finite, >= 0) for later updates; set the same on every rank. @threadsafety handle */
+/**
+ * @brief Change the learning rate (finite, >= 0) for later updates. Local: set the same on every
+ *        rank; ranks whose options differ get GRADSYNC_E_MISMATCH at the next collective stage.
+ * @threadsafety handle
+ */
 GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard *shard, double lr);
 
 /* ---------------------------------------------------------------- training */
@@ -163,7 +167,7 @@ GRADSYNC_API int gradsync_shard_init(gradsync_shard *shard, const float *weights
  * @retval GRADSYNC_E_INVALID_ARG NULL buffer or count != total (on this rank; GRADSYNC_E_REMOTE on the others)
  * @retval GRADSYNC_E_MISUSE step before init (on this rank; GRADSYNC_E_REMOTE on the others)
  * @retval GRADSYNC_E_ZERO_WEIGHT the sample counts of all ranks sum to 0 (every rank; weights untouched)
- * @retval GRADSYNC_E_MISMATCH ranks called different stages or have different totals or options
+ * @retval GRADSYNC_E_MISMATCH ranks called different stages or have different totals or options (learning rate included)
  * @retval GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from the communicator
  * @threadsafety handle
  */

@@ -63,8 +63,9 @@ __attribute__((target("avx2"))) inline __m256i pack_16(__m256i lo, __m256i hi) n
 __attribute__((target("avx2"))) inline __m256i bf16_rne_8(__m256i x) noexcept {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
+  // Unordered compare of x with itself: all ones exactly for NaN (one instruction, no exception).
+  const __m256 f = _mm256_castsi256_ps(x);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
   const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
   return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
 }

@@ -180,8 +180,18 @@ std::pair<int, std::string> ShardedParameter::take_failure() noexcept {
 }
 
 int64_t ShardedParameter::config_word() const noexcept {
-  return static_cast<int64_t>(options_.compress) | (static_cast<int64_t>(options_.optimizer) << 8) |
-         (static_cast<int64_t>(options_.clip_norm > 0) << 16) | (static_cast<int64_t>(options_.error_feedback) << 17);
+  // Ranks must agree on everything that shapes the update, the learning rate included (set_lr is
+  // local): the low bits name the discrete choices, the high bits hash the numbers (FNV-1a).
+  const double numbers[] = {options_.lr,           options_.momentum,  options_.beta1,
+                            options_.beta2,        options_.eps,       options_.weight_decay,
+                            options_.clamp ? options_.clamp_min : 0.0, options_.clamp ? options_.clamp_max : 0.0,
+                            options_.clip_norm};
+  uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(numbers);
+  for (size_t i = 0; i < sizeof numbers; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  const uint64_t choices = static_cast<uint64_t>(options_.compress) | (static_cast<uint64_t>(options_.optimizer) << 4) |
+                           (static_cast<uint64_t>(options_.clamp) << 8) | (static_cast<uint64_t>(options_.error_feedback) << 9);
+  return static_cast<int64_t>(choices | (hash >> 24 << 16));
 }
 
 void ShardedParameter::init(const float* weights, size_t count) {
@@ -264,7 +274,9 @@ void ShardedParameter::exchange(Stage stage, int status, const std::string& mess
       fail(GRADSYNC_E_MISMATCH, "rank {} has {} parameters, rank {} has {}", rank_, mine.total, j, h.total);
     if (h.config != mine.config)
       fail(GRADSYNC_E_MISMATCH,
-           "rank {} and rank {} disagree on the configuration (codec, optimizer, clipping, error feedback)", rank_, j);
+           "rank {} and rank {} disagree on the options (codec, optimizer, error feedback, clamping, clipping, "
+           "learning rate or another optimizer parameter)",
+           rank_, j);
     weights_of_ranks_[static_cast<size_t>(j)] = static_cast<uint64_t>(h.samples);
   }
 }

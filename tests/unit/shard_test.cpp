@@ -387,7 +387,7 @@ TEST_CASE("a local failure on one rank is an error on every rank, never a hang o
     CHECK(gather_status == std::vector<int>{GRADSYNC_E_REMOTE, GRADSYNC_E_MISUSE});
   }
   SECTION("ranks in different stages or with different options disagree, and say so") {
-    std::vector<int> stage(2), config(2);
+    std::vector<int> stage(2), config(2), lr(2), lr_again(2);
     run_ranks(2, [&](comm::Communicator& cm, int r) {
       ShardedParameter s(cm, 4, sgd(1.0));
       std::vector<float> w(4, 0.0f), g(4, 1.0f);
@@ -401,9 +401,18 @@ TEST_CASE("a local failure on one rank is an error on every rank, never a hang o
       ShardedParameter t(cm, 4, o);
       t.init(w.data(), 4);
       config[static_cast<size_t>(r)] = status_of([&] { t.step(g.data(), 4, 1, w.data(), 4); });
+      // A learning rate changed on one rank only.
+      ShardedParameter u(cm, 4, sgd(1.0));
+      u.init(w.data(), 4);
+      if (r == 1) u.set_lr(0.5);
+      lr[static_cast<size_t>(r)] = status_of([&] { u.step(g.data(), 4, 1, w.data(), 4); });
+      u.set_lr(0.5);
+      lr_again[static_cast<size_t>(r)] = status_of([&] { u.step(g.data(), 4, 1, w.data(), 4); });
     });
     CHECK(stage == std::vector<int>{GRADSYNC_E_MISMATCH, GRADSYNC_E_MISMATCH});
     CHECK(config == std::vector<int>{GRADSYNC_E_MISMATCH, GRADSYNC_E_MISMATCH});
+    CHECK(lr == std::vector<int>{GRADSYNC_E_MISMATCH, GRADSYNC_E_MISMATCH});
+    CHECK(lr_again == std::vector<int>{0, 0});
   }
 }
 
