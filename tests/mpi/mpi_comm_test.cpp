@@ -447,7 +447,7 @@ TEST_CASE("abort from another thread unblocks the waiting rank, reaches every ra
 TEST_CASE("a rank that never arrives gives a timeout, then every call fails fast until reset", "[mpi]") {
   // Start together, so that joining fits in the short deadline even on a loaded machine.
   MPI_Barrier(MPI_COMM_WORLD);
-  auto c = make(true, true, 1000ms);
+  auto c = make(true, true, 2000ms);
   std::vector<float> v(4, 1.0f);
   const BufferRef b{v.data(), v.data(), 4};
   std::string message;
@@ -459,8 +459,8 @@ TEST_CASE("a rank that never arrives gives a timeout, then every call fails fast
     const auto waited = std::chrono::steady_clock::now() - start;
     // Its own deadline, or the notice of a peer whose deadline came first: a timeout either way.
     CHECK(st == GRADSYNC_E_TIMEOUT);
-    CHECK(message.find("within the timeout (1000 ms") != std::string::npos);
-    CHECK(waited < 20s);  // bounded, not a hang (the deadline is 1 s)
+    CHECK(message.find("within the timeout (2000 ms") != std::string::npos);
+    CHECK(waited < 30s);  // bounded, not a hang (the deadline is 2 s)
   }
   // Outside the library: rank 1 waits here until the others have given up.
   MPI_Barrier(MPI_COMM_WORLD);

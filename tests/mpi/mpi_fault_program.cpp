@@ -25,8 +25,14 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   Options o;
   o.transport = Transport::Mpi;
-  o.timeout = mode == "abandon" ? 300ms : 20000ms;
+  o.timeout = 20000ms;
   auto c = create(o);
+  if (mode == "abandon") {
+    // Processes start at different times: meet first, then join the group with the short deadline.
+    c->barrier();
+    o.timeout = 1000ms;
+    c = create(o);
+  }
   const int rank = c->rank();
   std::vector<float> v(1 << 20, 1.0f);
   const BufferRef b{v.data(), v.data(), v.size()};
@@ -61,7 +67,7 @@ int main(int argc, char** argv) {
     }
   } else if (mode == "abandon") {
     if (rank == 1) {
-      std::this_thread::sleep_for(1000ms);
+      std::this_thread::sleep_for(2500ms);
     } else {
       try {
         c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);

@@ -11,7 +11,7 @@ import time
 
 mpirun, program, mode = sys.argv[1:4]
 base = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
-bound = 60  # seconds; the scenarios take 1-3 s, the timeouts inside are 0.3 and 20 s
+bound = 60  # seconds; the scenarios take 1-3 s, the timeouts inside are 1 and 20 s
 
 
 def run(extra, nprocs):
