@@ -216,6 +216,9 @@ class ShmCommunicator final : public Communicator {
   void stop(StopReason reason, int rank) noexcept;
   [[noreturn]] void throw_stopped(bool waiting);
   [[noreturn]] void throw_dead(int r);
+  // Rank r is gone (its lock is free). The stop word knows better who went first and how: a rank
+  // that saw r die and then freed its communicator looks gone too, but r is the one to name.
+  [[noreturn]] void throw_gone(int r);
   [[noreturn]] void throw_timeout(Collective what, uint64_t target);
   void fail_fast() {
     if (header().stop_word.load(std::memory_order_acquire) != 0) throw_stopped(false);
@@ -236,6 +239,13 @@ void ShmCommunicator::stop(StopReason reason, int rank) noexcept {
   header().stop_word.compare_exchange_strong(expected, code, std::memory_order_seq_cst);
   if (reason == StopReason::PeerDied) segment_->close_group();
   notify(header().barrier_wake);
+}
+
+void ShmCommunicator::throw_gone(int r) {
+  const uint32_t code = header().stop_word.load(std::memory_order_acquire);
+  if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
+  if (stop_reason(code) == StopReason::Left) throw_stopped(true);
+  throw_dead(r);
 }
 
 void ShmCommunicator::throw_dead(int r) {
@@ -329,7 +339,7 @@ void ShmCommunicator::wait_ready(Ready&& ready, Clock::time_point deadline, cons
     for (int r = 0; r < size(); ++r) {
       if (r == rank() || segment_->alive(r)) continue;
       stop(StopReason::PeerDied, r);
-      throw_dead(r);
+      throw_gone(r);
     }
     if (Clock::now() >= deadline) {
       stop(StopReason::Timeout, rank());
@@ -353,7 +363,7 @@ void ShmCommunicator::arrive_and_wait(const Round& round, Collective what, bool 
                    !abortable)) {
     case Waited::Ready: return;
     case Waited::Stopped: throw_stopped(true);
-    case Waited::PeerDied: throw_dead(dead_rank_);
+    case Waited::PeerDied: throw_gone(dead_rank_);
     case Waited::TimedOut:
       stop(StopReason::Timeout, rank());
       throw_timeout(what, target);
@@ -389,7 +399,7 @@ ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::fun
   if (outcome == 1) {
     // Nobody runs this round. A rank that saw everyone arrive still needs the reason.
     if (waited == Waited::TimedOut) throw_timeout(static_cast<Collective>(d.collective), target);
-    if (waited == Waited::PeerDied) throw_dead(dead_rank_);
+    if (waited == Waited::PeerDied) throw_gone(dead_rank_);
     throw_stopped(true);
   }
   // Committed: every rank arrived, and every rank runs the round (even if an abort comes now).
@@ -763,7 +773,7 @@ void ShmCommunicator::reset() {
       bool all = true;
       for (int r = 0; r < size(); ++r) all &= counter(r) >= target;
       if (!all) me.reset_request.store(target - 1, std::memory_order_seq_cst);
-      if (waited == Waited::PeerDied) throw_dead(dead_rank_);
+      if (waited == Waited::PeerDied) throw_gone(dead_rank_);
       if (waited == Waited::TimedOut) {
         std::vector<int> missing;
         for (int r = 0; r < size(); ++r) {
