@@ -1,10 +1,33 @@
 #!/usr/bin/env bash
 # The main job: builds libgradsync (all set-up included) and trains the digits classifier
-# through it. Extra arguments go to scripts/train_digits.py.
+# through it: by default data-parallel through the sharded parameter with Adam, comparing 1
+# worker with 4 workers (uncompressed, bf16 and IEEE-half gradients), and writing the loss
+# curves to docs/loss_curves.png. Extra arguments go to scripts/train_digits.py, e.g.
+#   scripts/demo.sh --transport shm              worker processes on this host
+#   scripts/demo.sh --transport mpi --workers 2  under mpirun (started here)
+#   scripts/demo.sh --mode hogwild               lock-free atomic adds instead
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j "$(nproc)" --target gradsync >/dev/null
 export GRADSYNC_LIBRARY="$root/build/libgradsync.so.0"
+
+transport=threads
+workers=2
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --transport) transport="${args[i + 1]:-}" ;;
+    --transport=*) transport="${args[i]#*=}" ;;
+    --workers) workers="${args[i + 1]:-}" ;;
+    --workers=*) workers="${args[i]#*=}" ;;
+  esac
+done
+if [[ "$transport" == mpi ]]; then
+  # One MPI process per worker; as root OpenMPI needs --allow-run-as-root, and --oversubscribe
+  # lets more workers than cores share the machine.
+  exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$workers" -x GRADSYNC_LIBRARY \
+    /usr/bin/python3 "$root/scripts/train_digits.py" "$@"
+fi
 exec /usr/bin/python3 "$root/scripts/train_digits.py" "$@"
