@@ -98,7 +98,8 @@ def _samples(samples):
 class ShardedParameter(Handle):
     """This rank's view of a flat float32 parameter of `total` elements, sharded over `comm`.
 
-    optimizer: "sgd", "momentum", "adam" or "adamw"; lr, momentum, betas, eps, weight_decay as usual.
+    optimizer: "adam" (default), "adamw", "sgd" or "momentum"; lr (default 1e-3), momentum, betas,
+    eps, weight_decay as usual.
     compress: "none", "bf16", "fp16" or "bigdl_fp16" for gradients on the wire; error_feedback
     keeps each rank's compression residual for its next step. clamp=(lo, hi) clamps the aggregated
     gradient; clip_norm scales it to a global L2 norm of at most clip_norm.
@@ -108,7 +109,7 @@ class ShardedParameter(Handle):
 
     _free = lib.gradsync_shard_free
 
-    def __init__(self, comm, total, optimizer="sgd", lr=0.01, compress="none", error_feedback=False,
+    def __init__(self, comm, total, optimizer="adam", lr=1e-3, compress="none", error_feedback=False,
                  momentum=0.9, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clamp=None, clip_norm=None):
         opts = ShardOptions()
         check(lib.gradsync_shard_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))

@@ -141,13 +141,36 @@ def test_bigdl_acceptance_82(compress):
     assert run_ranks(2, body) == [(97.0, 82.0, 2), (97.0, 82.0, 2)]
 
 
+def test_own_optimizer_through_read_slice_and_write_weights():
+    """BigDL's users run their optimizer on the partition: aggregate, read the gradient slice,
+    write the new weight slice, gather."""
+    def body(comm, rank):
+        with gs.ShardedParameter(comm, 5, optimizer="sgd") as p:
+            w = np.arange(5, dtype=np.float32)
+            p.init(w)
+            p.put(np.full(5, 1.0 + rank, dtype=np.float32))  # mean 1.5
+            p.aggregate()
+            offset, length = p.part
+            grad = p.read_slice("gradient")
+            mine = p.read_slice("weights")
+            p.write_weights(mine - 2.0 * grad)
+            p.gather(w)
+            return grad.tolist(), (offset, length), w.tolist(), p.updates
+
+    out = run_ranks(2, body)
+    assert out[0][0] == [1.5] * 3 and out[1][0] == [1.5] * 2
+    assert [o[1] for o in out] == [(0, 3), (3, 2)]
+    assert out[0][2] == out[1][2] == [-3.0, -2.0, -1.0, 0.0, 1.0]
+    assert [o[3] for o in out] == [1, 1]
+
+
 def test_processors_and_zero_count():
     g = np.array([0.3, -0.4, 1.2, 0.0, 5.0], dtype=np.float32)
     norm = float(np.linalg.norm(g.astype(np.float64)))
 
     def body(comm, rank):
-        with gs.ShardedParameter(comm, 5, lr=1.0, clamp=(0, 0)) as a, \
-             gs.ShardedParameter(comm, 5, lr=1.0, clip_norm=0.03) as b:
+        with gs.ShardedParameter(comm, 5, optimizer="sgd", lr=1.0, clamp=(0, 0)) as a, \
+             gs.ShardedParameter(comm, 5, optimizer="sgd", lr=1.0, clip_norm=0.03) as b:
             w1 = np.ones(5, dtype=np.float32)
             a.init(w1)
             a.step(g, w1)
@@ -186,7 +209,7 @@ def test_adam_with_compression_matches_on_every_rank_and_saves_memory():
 
 def test_failure_on_one_rank_raises_on_every_rank():
     def body(comm, rank):
-        with gs.ShardedParameter(comm, 4, lr=1.0) as p:
+        with gs.ShardedParameter(comm, 4, optimizer="sgd", lr=1.0) as p:
             w = np.zeros(4, dtype=np.float32)
             p.init(w)
             bad = np.zeros(3 if rank == 1 else 4, dtype=np.float32)
