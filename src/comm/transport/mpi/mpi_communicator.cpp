@@ -328,6 +328,10 @@ MpiCommunicator::~MpiCommunicator() {
     if (!base_pending_ && base_ != MPI_COMM_NULL) MPI_Comm_free(&base_);
   }
   // An abandoned collective stays counted: the process ends with MPI_Abort when we own MPI.
+  if (holds_abandoned_ && !mpi::we_initialised())
+    GS_LOG_WARN("MPI transport: freeing a communicator whose collective was abandoned ({}); MPI_Finalize may wait "
+                "forever for the missing rank: end the job with MPI_Abort",
+                aborted_reason_);
   if (runtime_acquired_) mpi::release_runtime();
 }
 

@@ -48,6 +48,9 @@ void acquire_runtime() {
     g_we_initialised = true;
     GS_LOG_DEBUG("MPI transport: initialised MPI (thread level {})", provided);
     if (!g_exit_handler) {
+      // Exit handlers and static destructors run in reverse order of registration: constructing
+      // the logger first keeps it alive for the handler's message.
+      (void)gradsync::log::logger();
       std::atexit(finalize_at_exit);
       g_exit_handler = true;
     }
