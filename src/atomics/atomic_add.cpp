@@ -1,5 +1,7 @@
 #include "atomics/atomic_add.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -41,6 +43,15 @@ inline void acquire(std::atomic<uint32_t>& lock) noexcept {
 }
 
 inline void release(std::atomic<uint32_t>& lock) noexcept { lock.store(0, std::memory_order_release); }
+
+// A fork() while another thread holds a stripe lock would leave that lock held forever in the
+// child (its holder does not exist there), and the child's next add on a block hashing to it
+// would spin for ever. The forking thread itself is never inside an add, so in the child every
+// lock is free by construction: release them all.
+void release_all_in_child() noexcept {
+  for (auto& lock : g_stripe_locks) lock.store(0, std::memory_order_relaxed);
+}
+[[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, release_all_in_child);
 
 template <class T>
 inline void plain_add(T* __restrict dst, const T* __restrict src, size_t n) noexcept {

@@ -1,6 +1,9 @@
 // Atomics below the C ABI: counters, flag, mutex and the three atomic-add implementations.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -201,4 +204,32 @@ TEST_CASE("atomic add: special values behave as plain addition", "[atomics]") {
     CHECK(d[4] == inf);
     CHECK(d[5] == 0.0f);
   }
+}
+
+// A fork while another thread is inside an add (holding a stripe lock) must not leave the child
+// unable to add: the child's adds complete. The child is killed by alarm() if it hangs, so the
+// test is bounded either way.
+TEST_CASE("atomic add: a child forked during concurrent adds can still add", "[atomics]") {
+  std::vector<float> dst(256, 0.0f), src(256, 1.0f);
+  std::atomic<bool> running{true};
+  std::thread adder([&] {
+    while (running.load(std::memory_order_relaxed)) add_striped(dst.data(), src.data(), dst.size());
+  });
+  int hung = 0;
+  for (int round = 0; round < 20; ++round) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      alarm(5);
+      for (int i = 0; i < 1000; ++i) add_striped(dst.data(), src.data(), dst.size());
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    hung += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (hung != 0) break;  // one hang is the failure; do not wait out every round
+  }
+  running = false;
+  adder.join();
+  CHECK(hung == 0);
 }
