@@ -71,12 +71,14 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
                       WaitPolicy policy = {}) {
   auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0; };
   if (ready()) return WaitResult::Ready;
-  const auto spin_until = WaitClock::now() + policy.spin;
-  for (uint32_t i = 1;; ++i) {
-    if (ready()) return WaitResult::Ready;
-    if (aborted()) return WaitResult::Aborted;
-    wait_detail::cpu_relax();
-    if ((i & 31) == 0 && WaitClock::now() >= spin_until) break;
+  if (policy.spin.count() > 0) {
+    const auto spin_until = WaitClock::now() + policy.spin;
+    for (uint32_t i = 1;; ++i) {
+      if (ready()) return WaitResult::Ready;
+      if (aborted()) return WaitResult::Aborted;
+      wait_detail::cpu_relax();
+      if ((i & 7) == 0 && WaitClock::now() >= spin_until) break;
+    }
   }
   for (uint32_t i = 0; i < policy.yields; ++i) {
     if (ready()) return WaitResult::Ready;
