@@ -112,6 +112,74 @@ __attribute__((target("avx2"))) void decode_bf16_avx2(const uint16_t* s, size_t 
 }
 void decode_bf16_base(const uint16_t* s, size_t n, float* d) noexcept { decode_loop(s, n, d, bf16_decode); }
 
+// AVX-512 paths (16 lanes, narrowing stores; bf16 rounding by the AVX512-BF16 instruction). They
+// give the same bits as the scalar definitions: vcvtneps2bf16 rounds to nearest even and quiets
+// NaN exactly as bf16_encode does, but reads denormal inputs as zero, so a block holding a
+// denormal takes the integer path instead.
+#define GS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports wrongly (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+GS_AVX512 void encode_bf16_avx512(const float* s, size_t n, uint16_t* d) noexcept {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000), magnitude = _mm512_set1_epi32(0x7fffffff);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(s + i);
+    const __m512i bits = _mm512_castps_si512(x);
+    const __mmask16 denormal =
+        _mm512_testn_epi32_mask(bits, exponent) & _mm512_test_epi32_mask(bits, magnitude);
+    if (denormal == 0) {
+      const __m256bh h = _mm512_cvtneps_pbh(x);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), reinterpret_cast<const __m256i&>(h));
+    } else {
+      for (size_t k = i; k < i + 16; ++k) d[k] = bf16_encode(bits_of(s[k]));
+    }
+  }
+  for (; i < n; ++i) d[i] = bf16_encode(bits_of(s[i]));
+}
+
+GS_AVX512 void encode_bigdl_avx512(const float* s, size_t n, uint16_t* d) noexcept {
+  const __m256i swap = _mm256_setr_epi8(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14, 1, 0, 3, 2, 5, 4, 7, 6, 9,
+                                        8, 11, 10, 13, 12, 15, 14);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i x = _mm512_loadu_si512(s + i);
+    // Truncation turns a NaN into Inf when bits 16-22 are zero and the low half is not: set the quiet bit.
+    const __mmask16 inf_high =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fff0000)), _mm512_set1_epi32(0x7f800000));
+    const __mmask16 fix = inf_high & _mm512_test_epi32_mask(x, _mm512_set1_epi32(0xffff));
+    const __m512i h = _mm512_mask_or_epi32(_mm512_srli_epi32(x, 16), fix, _mm512_srli_epi32(x, 16),
+                                           _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_shuffle_epi8(_mm512_cvtepi32_epi16(h), swap));
+  }
+  for (; i < n; ++i) d[i] = bigdl_encode(bits_of(s[i]));
+}
+
+GS_AVX512 void decode_bf16_avx512(const uint16_t* s, size_t n, float* d) noexcept {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+    _mm512_storeu_si512(d + i, _mm512_slli_epi32(wide, 16));
+  }
+  for (; i < n; ++i) d[i] = float_of(bf16_decode(s[i]));
+}
+
+GS_AVX512 void decode_bigdl_avx512(const uint16_t* s, size_t n, float* d) noexcept {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+    // wide lane = 0x0000HHLL as stored (LL = first byte = high byte of the bf16): swap and shift.
+    const __m512i swapped = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(0xff)), 24),
+                                            _mm512_slli_epi32(_mm512_srli_epi32(wide, 8), 16));
+    _mm512_storeu_si512(d + i, swapped);
+  }
+  for (; i < n; ++i) d[i] = float_of(bigdl_decode(s[i]));
+}
+
+#pragma GCC diagnostic pop
+
 __attribute__((target("avx,f16c"))) void encode_fp16_f16c(const float* s, size_t n, uint16_t* d) noexcept {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -148,13 +216,15 @@ const Kernels& kernels() noexcept {
     __builtin_cpu_init();
     Kernels out;
     const bool avx2 = __builtin_cpu_supports("avx2");
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
     out.f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
     const int b = static_cast<int>(Codec::BigdlFp16), f = static_cast<int>(Codec::Bf16),
               h = static_cast<int>(Codec::Fp16);
-    out.encode[b] = avx2 ? encode_bigdl_avx2 : encode_bigdl_base;
-    out.decode[b] = avx2 ? decode_bigdl_avx2 : decode_bigdl_base;
-    out.encode[f] = avx2 ? encode_bf16_avx2 : encode_bf16_base;
-    out.decode[f] = avx2 ? decode_bf16_avx2 : decode_bf16_base;
+    out.encode[b] = avx512 ? encode_bigdl_avx512 : avx2 ? encode_bigdl_avx2 : encode_bigdl_base;
+    out.decode[b] = avx512 ? decode_bigdl_avx512 : avx2 ? decode_bigdl_avx2 : decode_bigdl_base;
+    out.encode[f] = avx512 ? encode_bf16_avx512 : avx2 ? encode_bf16_avx2 : encode_bf16_base;
+    out.decode[f] = avx512 ? decode_bf16_avx512 : avx2 ? decode_bf16_avx2 : decode_bf16_base;
     out.encode[h] = out.f16c ? encode_fp16_f16c : encode_fp16_base;
     out.decode[h] = out.f16c ? decode_fp16_f16c : decode_fp16_base;
     return out;
