@@ -208,25 +208,63 @@ using DecodeFn = void (*)(const uint16_t*, size_t, float*) noexcept;
 struct Kernels {
   EncodeFn encode[4] = {};
   DecodeFn decode[4] = {};
-  bool f16c = false;
+  bool available = false;
 };
 
+struct Cpu {
+  bool avx2, avx512, f16c;
+};
+
+const Cpu& cpu() noexcept {
+  static const Cpu c = [] {
+    __builtin_cpu_init();
+    return Cpu{__builtin_cpu_supports("avx2") != 0,
+               __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"),
+               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")};
+  }();
+  return c;
+}
+
+// The kernels of one instruction-set path (IEEE half uses F16C on the vector paths).
+Kernels make_kernels(Path path) noexcept {
+  const Cpu& c = cpu();
+  Kernels out;
+  switch (path) {
+    case Path::Portable:
+      out = {{nullptr, encode_bigdl_base, encode_bf16_base, encode_fp16_base},
+             {nullptr, decode_bigdl_base, decode_bf16_base, decode_fp16_base}, true};
+      break;
+    case Path::Avx2:
+      out = {{nullptr, encode_bigdl_avx2, encode_bf16_avx2, encode_fp16_f16c},
+             {nullptr, decode_bigdl_avx2, decode_bf16_avx2, decode_fp16_f16c}, c.avx2 && c.f16c};
+      break;
+    case Path::Avx512:
+      out = {{nullptr, encode_bigdl_avx512, encode_bf16_avx512, encode_fp16_f16c},
+             {nullptr, decode_bigdl_avx512, decode_bf16_avx512, decode_fp16_f16c}, c.avx512 && c.f16c};
+      break;
+  }
+  return out;
+}
+
+// The fastest path of this machine, per codec.
 const Kernels& kernels() noexcept {
   static const Kernels k = [] {
-    __builtin_cpu_init();
-    Kernels out;
-    const bool avx2 = __builtin_cpu_supports("avx2");
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-    out.f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    const Cpu& c = cpu();
+    Kernels out = make_kernels(Path::Portable);
     const int b = static_cast<int>(Codec::BigdlFp16), f = static_cast<int>(Codec::Bf16),
               h = static_cast<int>(Codec::Fp16);
-    out.encode[b] = avx512 ? encode_bigdl_avx512 : avx2 ? encode_bigdl_avx2 : encode_bigdl_base;
-    out.decode[b] = avx512 ? decode_bigdl_avx512 : avx2 ? decode_bigdl_avx2 : decode_bigdl_base;
-    out.encode[f] = avx512 ? encode_bf16_avx512 : avx2 ? encode_bf16_avx2 : encode_bf16_base;
-    out.decode[f] = avx512 ? decode_bf16_avx512 : avx2 ? decode_bf16_avx2 : decode_bf16_base;
-    out.encode[h] = out.f16c ? encode_fp16_f16c : encode_fp16_base;
-    out.decode[h] = out.f16c ? decode_fp16_f16c : decode_fp16_base;
+    const Kernels best = make_kernels(c.avx512 ? Path::Avx512 : Path::Avx2);
+    if (c.avx512 || c.avx2) {
+      for (int i : {b, f}) {
+        out.encode[i] = best.encode[i];
+        out.decode[i] = best.decode[i];
+      }
+    }
+    if (c.f16c) {
+      out.encode[h] = encode_fp16_f16c;
+      out.decode[h] = decode_fp16_f16c;
+    }
     return out;
   }();
   return k;
@@ -288,7 +326,17 @@ Codec to_codec(int32_t value, bool allow_none) {
   return static_cast<Codec>(value);
 }
 
-bool fp16_uses_f16c() noexcept { return kernels().f16c; }
+bool fp16_uses_f16c() noexcept { return cpu().f16c; }
+
+bool path_available(Path path) noexcept { return make_kernels(path).available; }
+
+void encode_via(Path path, Codec c, const float* src, size_t n, uint16_t* dst) noexcept {
+  make_kernels(path).encode[static_cast<int>(c)](src, n, dst);
+}
+
+void decode_via(Path path, Codec c, const uint16_t* src, size_t n, float* dst) noexcept {
+  make_kernels(path).decode[static_cast<int>(c)](src, n, dst);
+}
 
 void encode(Codec c, const float* src, size_t n, uint16_t* dst) noexcept {
   kernels().encode[static_cast<int>(c)](src, n, dst);

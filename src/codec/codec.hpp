@@ -45,6 +45,13 @@ void encode_with_feedback(Codec c, const float* src, size_t n, float* residual, 
 // Whether the Fp16 codec uses the F16C instructions on this machine.
 bool fp16_uses_f16c() noexcept;
 
+// The instruction-set paths, each giving the same bits; encode()/decode() pick the fastest this
+// machine has. Tests run every available path through these.
+enum class Path : int { Portable = 0, Avx2 = 1, Avx512 = 2 };
+bool path_available(Path path) noexcept;
+void encode_via(Path path, Codec c, const float* src, size_t n, uint16_t* dst) noexcept;
+void decode_via(Path path, Codec c, const uint16_t* src, size_t n, float* dst) noexcept;
+
 // Scalar reference conversions (also used for tails), exposed for tests.
 uint16_t float_to_half_scalar(float f) noexcept;
 float half_to_float_scalar(uint16_t h) noexcept;

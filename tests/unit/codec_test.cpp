@@ -225,28 +225,39 @@ TEST_CASE("vector encoders give the reference bits, specials included", "[codec]
                      0x3f808000u, 0x3f818000u, 0x00000001u, 0x80000000u, 0x7f80ffffu, 0x7f810000u, 0x007fffffu,
                      0x00008000u, 0x0000ffffu, 0x80408000u, 0x00018000u})
     for (int lane = 0; lane < 17; ++lane) in.push_back(from_bits(u));
-  std::vector<uint16_t> out(in.size());
-  codec::encode(Codec::Bf16, in.data(), in.size(), out.data());
-  size_t bf16_differ = 0;
-  for (size_t i = 0; i < in.size(); ++i) bf16_differ += out[i] != bf16_ref(to_bits(in[i]));
-  CHECK(bf16_differ == 0);
-  codec::encode(Codec::BigdlFp16, in.data(), in.size(), out.data());
-  size_t bigdl_differ = 0;
-  for (size_t i = 0; i < in.size(); ++i) bigdl_differ += out[i] != bigdl_ref(to_bits(in[i]));
-  CHECK(bigdl_differ == 0);
-  // And back: every 16-bit pattern decodes to its definition in the vector decoders.
   std::vector<uint16_t> all(65536 + 5);
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
-  std::vector<float> back(all.size());
-  codec::decode(Codec::Bf16, all.data(), all.size(), back.data());
-  size_t bf16_back = 0;
-  for (size_t i = 0; i < all.size(); ++i) bf16_back += to_bits(back[i]) != static_cast<uint32_t>(all[i]) << 16;
-  CHECK(bf16_back == 0);
-  codec::decode(Codec::BigdlFp16, all.data(), all.size(), back.data());
-  size_t bigdl_back = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
-    const uint32_t swapped = ((all[i] & 0xffu) << 8) | (all[i] >> 8);
-    bigdl_back += to_bits(back[i]) != swapped << 16;
+  int paths = 0;
+  for (codec::Path path : {codec::Path::Portable, codec::Path::Avx2, codec::Path::Avx512}) {
+    if (!codec::path_available(path)) continue;
+    ++paths;
+    INFO("path " << static_cast<int>(path));
+    std::vector<uint16_t> out(in.size());
+    codec::encode_via(path, Codec::Bf16, in.data(), in.size(), out.data());
+    size_t bf16_differ = 0;
+    for (size_t i = 0; i < in.size(); ++i) bf16_differ += out[i] != bf16_ref(to_bits(in[i]));
+    CHECK(bf16_differ == 0);
+    codec::encode_via(path, Codec::BigdlFp16, in.data(), in.size(), out.data());
+    size_t bigdl_differ = 0;
+    for (size_t i = 0; i < in.size(); ++i) bigdl_differ += out[i] != bigdl_ref(to_bits(in[i]));
+    CHECK(bigdl_differ == 0);
+    codec::encode_via(path, Codec::Fp16, in.data(), in.size(), out.data());
+    size_t half_differ = 0;
+    for (size_t i = 0; i < in.size(); ++i) half_differ += out[i] != codec::float_to_half_scalar(in[i]);
+    CHECK(half_differ == 0);
+    // And back: every 16-bit pattern decodes to its definition.
+    std::vector<float> back(all.size());
+    codec::decode_via(path, Codec::Bf16, all.data(), all.size(), back.data());
+    size_t bf16_back = 0;
+    for (size_t i = 0; i < all.size(); ++i) bf16_back += to_bits(back[i]) != static_cast<uint32_t>(all[i]) << 16;
+    CHECK(bf16_back == 0);
+    codec::decode_via(path, Codec::BigdlFp16, all.data(), all.size(), back.data());
+    size_t bigdl_back = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const uint32_t swapped = ((all[i] & 0xffu) << 8) | (all[i] >> 8);
+      bigdl_back += to_bits(back[i]) != swapped << 16;
+    }
+    CHECK(bigdl_back == 0);
   }
-  CHECK(bigdl_back == 0);
+  CHECK(paths >= 1);  // the portable path always exists
 }
