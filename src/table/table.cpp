@@ -505,6 +505,9 @@ void Table::fill_uniform(uint64_t seed, float lo, float hi) {
 void Table::flush() {
   if (fd_ < 0 || read_only_) return;  // nothing of ours to make durable
   std::lock_guard lock(flush_mutex_);
+  GS_REQUIRE(!fatal_, GRADSYNC_E_IO,
+             "'{}': an earlier flush failed while writing its header; the handle is unusable, reopen the file",
+             path_);
   // 1. data and aux region, then 2. the next header slot: a crash between the two leaves the
   // previous header, which describes the same shape, so the file always opens.
   if (::msync(base_ + kDataOffset, mapped_bytes_ - kDataOffset, MS_SYNC) != 0)
@@ -521,8 +524,15 @@ void Table::flush() {
   FileHeader next = header_;
   next.generation = g + 1;
   next.checksum = header_checksum(next);
-  write_header_slot(next, static_cast<int>(next.generation & 1));
-  if (::fdatasync(fd_) != 0) fail(GRADSYNC_E_IO, "cannot sync the header of '{}': {}", path_, errno_text(errno));
+  // A header write that failed half-way leaves the on-disk slots in an unknown state: as LMDB
+  // does, refuse further flushes through this handle (a reopen picks the valid slot).
+  try {
+    write_header_slot(next, static_cast<int>(next.generation & 1));
+    if (::fdatasync(fd_) != 0) fail(GRADSYNC_E_IO, "cannot sync the header of '{}': {}", path_, errno_text(errno));
+  } catch (...) {
+    fatal_ = true;
+    throw;
+  }
   generation_ = next.generation;
 }
 

@@ -98,6 +98,7 @@ class Table {
   bool read_only_ = false;
   bool created_ = false;
   bool exclusive_ = false;
+  bool fatal_ = false;  // a header write failed: flush refuses to go on (guarded by flush_mutex_)
   int64_t rows_ = 0;
   int64_t dim_ = 0;
   FileHeader header_{};
