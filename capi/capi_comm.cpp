@@ -3,14 +3,11 @@
 #include <limits>
 #include <vector>
 
+#include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "comm/communicator.hpp"
 #include "gradsync/comm.h"
 
-struct gradsync_comm : gradsync::capi::Handle<gradsync::capi::Kind::Comm> {
-  explicit gradsync_comm(std::unique_ptr<gradsync::comm::Communicator> c) : impl(std::move(c)) {}
-  std::unique_ptr<gradsync::comm::Communicator> impl;
-};
 
 namespace {
 using gradsync::DType;

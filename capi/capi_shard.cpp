@@ -3,6 +3,7 @@
 #include <limits>
 #include <memory>
 
+#include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "comm/communicator.hpp"
 #include "gradsync/shard.h"
@@ -11,10 +12,6 @@
 // The communicator handle as capi/capi_comm.cpp defines it. This definition must stay
 // token-for-token identical to that one (one definition rule); it is repeated here because the
 // shard borrows the communicator behind a gradsync_comm handle.
-struct gradsync_comm : gradsync::capi::Handle<gradsync::capi::Kind::Comm> {
-  explicit gradsync_comm(std::unique_ptr<gradsync::comm::Communicator> c) : impl(std::move(c)) {}
-  std::unique_ptr<gradsync::comm::Communicator> impl;
-};
 
 struct gradsync_shard : gradsync::capi::Handle<gradsync::capi::Kind::Shard> {
   gradsync_shard(gradsync::comm::Communicator& comm, uint64_t total, const gradsync::shard::Options& options)
