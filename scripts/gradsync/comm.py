@@ -22,9 +22,10 @@ import weakref
 
 import numpy as np
 
+from .dataparallel import partition
 from ._lib import (Handle, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare, lib)
 
-__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "partition"]
+__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
@@ -82,12 +83,6 @@ def _free_buffer(comm, address):
     # Runs when the last view of an array from Communicator.empty is collected.
     if comm._ptr:
         lib.gradsync_comm_free_buffer(comm._ptr, address)
-
-
-def partition(total, parts, index):
-    """(start, length) of part `index` of `total` elements over `parts` ranks: the library's rule."""
-    base, extra = divmod(total, parts)
-    return index * base + min(index, extra), base + (1 if index < extra else 0)
 
 
 def _transport(value):
