@@ -192,6 +192,10 @@ static void test_bad_input(void) {
   EXPECT_MESSAGE("send buffer is NULL for count 4");
   EXPECT(gradsync_comm_allreduce(comm, x, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
   EXPECT(gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_reduce_scatter(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_allgather(comm, NULL, NULL, 0, GRADSYNC_F32) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_broadcast(comm, NULL, 0, GRADSYNC_F32, 0) == GRADSYNC_OK);
+  EXPECT(gradsync_comm_weighted_mean(comm, NULL, NULL, 0, GRADSYNC_F64, 1, &total) == GRADSYNC_OK && total == 1);
   EXPECT(gradsync_comm_allreduce(comm, x, x, 4, 99, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
   EXPECT_MESSAGE("unknown dtype 99");
   EXPECT(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, -3) == GRADSYNC_E_INVALID_ARG);

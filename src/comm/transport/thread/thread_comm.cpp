@@ -503,7 +503,7 @@ void ThreadCommunicator::reduce_scatter(const void* send, void* recv, size_t tot
     fail_if_aborted("reduce_scatter");
     GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED,
                "reduce_scatter of {} is not supported (f32, f64, i32, i64 are)", dtype_name(dtype));
-    std::memmove(recv, send, total * elem);
+    if (total > 0) std::memmove(recv, send, total * elem);  // NULL buffers are allowed for 0 elements
     return;
   }
   Descriptor d;
