@@ -40,8 +40,8 @@ const std::vector<size_t> kSizes = {1, 1024, 65536, 1u << 20, 16u << 20};
 int iterations(size_t m) {
   if (m <= 1024) return 3000;
   if (m <= 65536) return 600;
-  if (m <= (1u << 20)) return 60;
-  return 12;
+  if (m <= (1u << 20)) return 100;
+  return 25;
 }
 
 double median(std::vector<double> v) {
