@@ -173,7 +173,7 @@ void run_allreduce_case(Communicator& c, ReduceOp op, size_t count, bool exact) 
   // In place gives the same bits.
   const BufferRef in_place{send.data(), send.data(), count};
   c.allreduce(std::span<const BufferRef>(&in_place, 1), dtype_of<T>(), op);
-  CHECK(std::memcmp(send.data(), recv.data(), count * sizeof(T)) == 0);
+  CHECK((count == 0 || std::memcmp(send.data(), recv.data(), count * sizeof(T)) == 0));
   CHECK(same_on_every_rank(hash_bytes(recv.data(), count * sizeof(T))));
 }
 

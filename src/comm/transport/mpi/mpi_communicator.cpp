@@ -546,7 +546,8 @@ bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept
 }
 
 std::byte* MpiCommunicator::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  // Never null, so that offsets into an empty scratch stay defined.
+  if (scratch_.size() < std::max<size_t>(bytes, 64)) scratch_.resize(std::max<size_t>(bytes, 64));
   return scratch_.data();
 }
 
@@ -712,7 +713,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
   const size_t elem = dtype_size(dtype);
   const Part mine = my_part(total);
   if (size_ == 1) {
-    if (send != nullptr) std::memmove(recv, send, total * elem);
+    if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
   // Every rank sees the same total here (the fingerprints matched), so all fail alike.
@@ -725,7 +726,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
     counts[r] = static_cast<int>(p.len);
     displs[r] = static_cast<int>(p.start);
   }
-  const void* from = send == nullptr || send == at(recv, mine.start, elem) ? MPI_IN_PLACE : send;
+  const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
   check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
                        mpi_type(dtype), comm_),
         "MPI_Allgatherv");
@@ -743,7 +744,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   const size_t elem = dtype_size(dtype);
   const Part mine = my_part(total);
   if (size_ == 1) {
-    if (recv != send) std::memmove(recv, send, total * elem);
+    if (recv != send && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
   GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
