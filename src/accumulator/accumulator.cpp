@@ -218,7 +218,7 @@ namespace {
 // Wider vectors mean fewer stores per row waiting in the store buffer when the next row's lock
 // (a locked instruction, which drains it) is taken; the library is built for the baseline ISA, so
 // the widest the CPU has is picked at load time.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default"), noinline))
 #endif
 void add_row_plain(float* __restrict g, const float* __restrict s, size_t d) noexcept {
