@@ -90,7 +90,7 @@ int main() {
     // One call per sample (ranks meet in a barrier first), many samples, variants rotating: the
     // median then shrugs off a shared machine's bursts better than long back-to-back batches.
     const int batch = m <= 1024 ? 10 : 1;
-    const int reps = m >= (16 << 20) ? 9 : m >= (1 << 20) ? 41 : 201;
+    const int reps = m >= (16 << 20) ? 21 : m >= (1 << 20) ? 101 : 201;
     measure(v, reps, batch, raw);
     const double base = median(v[0].per_call);
     if (rank == 0) {
