@@ -24,6 +24,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// memcmp of n bytes that accepts the NULL data() of empty vectors (memcmp itself must not get NULL).
+bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
 std::string unique_name(const std::string& base) {
   static std::atomic<int> counter{0};
   return base + "#" + std::to_string(counter++);
@@ -173,7 +176,7 @@ void check_allreduce(int n, const std::vector<size_t>& sizes, const std::vector<
     for (size_t i = 0; i < c.count; ++i) expected[i] = reference_one(c.op, c.in, i);
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r);
-      REQUIRE(std::memcmp(c.out[static_cast<size_t>(r)].data(), expected.data(), c.count * sizeof(T)) == 0);
+      REQUIRE(same_bytes(c.out[static_cast<size_t>(r)].data(), expected.data(), c.count * sizeof(T)));
     }
   }
 }
@@ -215,8 +218,8 @@ TEST_CASE("allreduce of 1M floats is right and bitwise identical across runs", "
     require_all_ok(outcomes);
   }
   for (int r = 0; r < n; ++r) {
-    REQUIRE(std::memcmp(first[r].data(), first[0].data(), count * sizeof(float)) == 0);
-    REQUIRE(std::memcmp(second[r].data(), first[0].data(), count * sizeof(float)) == 0);
+    REQUIRE(same_bytes(first[r].data(), first[0].data(), count * sizeof(float)));
+    REQUIRE(same_bytes(second[r].data(), first[0].data(), count * sizeof(float)));
   }
 }
 
@@ -243,8 +246,8 @@ TEST_CASE("fused allreduce equals one allreduce per buffer, bitwise", "[comm][al
       require_all_ok(outcomes);
       for (int r = 0; r < n; ++r) {
         for (size_t j = 0; j < counts.size(); ++j) {
-          REQUIRE(std::memcmp(fused[r][j].data(), single[r][j].data(), counts[j] * sizeof(float)) == 0);
-          REQUIRE(std::memcmp(fused[r][j].data(), fused[0][j].data(), counts[j] * sizeof(float)) == 0);
+          REQUIRE(same_bytes(fused[r][j].data(), single[r][j].data(), counts[j] * sizeof(float)));
+          REQUIRE(same_bytes(fused[r][j].data(), fused[0][j].data(), counts[j] * sizeof(float)));
         }
       }
     }
@@ -385,8 +388,8 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier over 1-8 ranks", "[c
         const auto p = gradsync::partition(count, n, r);
         for (size_t i = 0; i < p.len; ++i) {
           const double want = reference_one(ReduceOp::Sum, inputs, p.start + i);
-          REQUIRE(std::memcmp(&rs_out[r][i], &want, sizeof want) == 0);
-          REQUIRE(std::memcmp(&rs_in_place[r][p.start + i], &want, sizeof want) == 0);
+          REQUIRE(same_bytes(&rs_out[r][i], &want, sizeof want));
+          REQUIRE(same_bytes(&rs_in_place[r][p.start + i], &want, sizeof want));
         }
       }
     }
@@ -447,9 +450,9 @@ TEST_CASE("weighted mean equals the generic staged implementation bitwise, small
       for (int r = 0; r < n; ++r) {
         INFO("ranks " << n << " count " << count << " rank " << r);
         REQUIRE(totals[r] == static_cast<uint64_t>(3 * n * (n - 1) / 2 + n));
-        REQUIRE(std::memcmp(fast_f[r].data(), generic_f[r].data(), count * sizeof(float)) == 0);
-        REQUIRE(std::memcmp(fast_f[r].data(), fast_f[0].data(), count * sizeof(float)) == 0);
-        REQUIRE(std::memcmp(fast_d[r].data(), generic_d[r].data(), count * sizeof(double)) == 0);
+        REQUIRE(same_bytes(fast_f[r].data(), generic_f[r].data(), count * sizeof(float)));
+        REQUIRE(same_bytes(fast_f[r].data(), fast_f[0].data(), count * sizeof(float)));
+        REQUIRE(same_bytes(fast_d[r].data(), generic_d[r].data(), count * sizeof(double)));
       }
     }
   }
