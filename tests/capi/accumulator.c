@@ -7,24 +7,15 @@
 #include <unistd.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              gradsync_last_error_message());                                  \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
-#define HAS(needle) (strstr(gradsync_last_error_message(), (needle)) != NULL)
 
 static gradsync_accum *shared_accum = NULL;
 static float ones[64];
 
 static void *add_ones(void *arg) {
   (void)arg;
-  CHECK(gradsync_accum_add(shared_accum, 0, ones, 64) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add(shared_accum, 0, ones, 64), GRADSYNC_OK);
   return NULL;
 }
 
@@ -59,44 +50,44 @@ static void seed_acceptance(const char *path, int32_t concurrency) {
   o.rows = 100;
   o.dim = 64;
   o.concurrency = concurrency;
-  CHECK(gradsync_accum_open(&a, path, &o) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_open(&a, path, &o), GRADSYNC_OK);
   CHECK(gradsync_accum_get_concurrency(a, &mode, NULL) == GRADSYNC_OK && mode == concurrency);
 
-  CHECK(gradsync_accum_add(a, 0, ones, 64) == GRADSYNC_OK);
-  CHECK(gradsync_accum_add(a, 0, twos, 64) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add(a, 0, ones, 64), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add(a, 0, twos, 64), GRADSYNC_OK);
   CHECK(row_is(a, 0, 3.0f));
-  CHECK(gradsync_accum_add(a, 0, x, 64) == GRADSYNC_OK);
-  CHECK(gradsync_accum_zero(a) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add(a, 0, x, 64), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_zero(a), GRADSYNC_OK);
   CHECK(row_is(a, 0, 0.0f));
 
   shared_accum = a;
   for (i = 0; i < 10; ++i) CHECK(pthread_create(&threads[i], NULL, add_ones, NULL) == 0);
   for (i = 0; i < 10; ++i) pthread_join(threads[i], NULL);
   CHECK(row_is(a, 0, 10.0f));
-  CHECK(gradsync_accum_zero(a) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_zero(a), GRADSYNC_OK);
 
   to.mode = GRADSYNC_TABLE_ANONYMOUS;
   to.rows = 100;
   to.dim = 64;
-  CHECK(gradsync_table_open(&params, NULL, &to) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_open(&params, NULL, &to), GRADSYNC_OK);
   for (i = 0; i < 64; ++i) p[i] = 10.0f;
-  CHECK(gradsync_table_set(params, 0, p, 64) == GRADSYNC_OK);
-  CHECK(gradsync_accum_add(a, 0, ones, 64) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_set(params, 0, p, 64), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add(a, 0, ones, 64), GRADSYNC_OK);
   CHECK(gradsync_accum_touched_count(a, &n) == GRADSYNC_OK && n == 1);
-  CHECK(gradsync_accum_touched(a, touched, 0, &needed) == GRADSYNC_E_BUFS && needed == 1 && HAS("1 rows are touched"));
+  CHECK(gradsync_accum_touched(a, touched, 0, &needed) == GRADSYNC_E_BUFS && needed == 1 && check_message_has("1 rows are touched"));
   CHECK(gradsync_accum_touched(a, touched, 4, &needed) == GRADSYNC_OK && needed == 1 && touched[0] == 0);
   sgd.lr = 0.1;
-  CHECK(gradsync_accum_apply(a, params, &sgd, NULL) == GRADSYNC_OK);
-  CHECK(gradsync_table_get(params, 0, p, 64) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_apply(a, params, &sgd, NULL), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_get(params, 0, p, 64), GRADSYNC_OK);
   for (i = 0; i < 64; ++i) CHECK(p[i] > 9.9f - 1e-6f && p[i] < 9.9f + 1e-6f);
   CHECK(row_is(a, 0, 0.0f));
   CHECK(gradsync_accum_touched_count(a, &n) == GRADSYNC_OK && n == 0);
 
   /* a 32-float add to a dim-64 table, and other bad input */
-  CHECK(gradsync_accum_add(a, 0, ones, 32) == GRADSYNC_E_INVALID_ARG && HAS("the gradient has 32 floats"));
-  CHECK(gradsync_accum_add(a, 100, ones, 64) == GRADSYNC_E_OUT_OF_RANGE && HAS("row 100 out of range [0, 100)"));
-  CHECK(gradsync_accum_add(a, 0, NULL, 64) == GRADSYNC_E_INVALID_ARG);
-  CHECK(gradsync_accum_add_batch(a, NULL, 1, ones, 64) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS_MSG(gradsync_accum_add(a, 0, ones, 32), GRADSYNC_E_INVALID_ARG, "the gradient has 32 floats");
+  CHECK_STATUS_MSG(gradsync_accum_add(a, 100, ones, 64), GRADSYNC_E_OUT_OF_RANGE, "row 100 out of range [0, 100)");
+  CHECK_STATUS(gradsync_accum_add(a, 0, NULL, 64), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_accum_add_batch(a, NULL, 1, ones, 64), GRADSYNC_E_INVALID_ARG);
   CHECK(gradsync_accum_touched_count(a, &n) == GRADSYNC_OK && n == 0);
   gradsync_table_free(params);
   gradsync_accum_free(a);
@@ -104,7 +95,7 @@ static void seed_acceptance(const char *path, int32_t concurrency) {
   /* reopen with another dim -> mismatch */
   o.mode = GRADSYNC_TABLE_OPEN;
   o.dim = 32;
-  CHECK(gradsync_accum_open(&b, path, &o) == GRADSYNC_E_MISMATCH && b == NULL && HAS("file has 100 x 64, asked for 100 x 32"));
+  CHECK(gradsync_accum_open(&b, path, &o) == GRADSYNC_E_MISMATCH && b == NULL && check_message_has("file has 100 x 64, asked for 100 x 32"));
   unlink(path);
 }
 
@@ -129,41 +120,41 @@ int main(void) {
 
   CHECK(gradsync_accum_options_init(&from_fn, sizeof from_fn) == GRADSYNC_OK && memcmp(&from_fn, &o, sizeof o) == 0);
   CHECK(gradsync_optimizer_init(&opt_fn, sizeof opt_fn) == GRADSYNC_OK && memcmp(&opt_fn, &opt, sizeof opt) == 0);
-  CHECK(gradsync_optimizer_init(&opt_fn, 4) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_optimizer_init(&opt_fn, 4), GRADSYNC_E_INVALID_ARG);
 
   /* anonymous, repeated ids summed, row-wise Adagrad with its state table */
   o.mode = GRADSYNC_TABLE_ANONYMOUS;
   o.rows = 10;
   o.dim = 8;
   o.rows_per_lock = 0;
-  CHECK(gradsync_accum_open(&a, NULL, &o) == GRADSYNC_E_INVALID_ARG && HAS("rows_per_lock"));
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, NULL, &o), GRADSYNC_E_INVALID_ARG, "rows_per_lock");
   o.rows_per_lock = 4;
   o.concurrency = 7;
-  CHECK(gradsync_accum_open(&a, NULL, &o) == GRADSYNC_E_INVALID_ARG && HAS("unknown concurrency mode 7"));
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, NULL, &o), GRADSYNC_E_INVALID_ARG, "unknown concurrency mode 7");
   o.concurrency = GRADSYNC_UNSET_I32;
-  CHECK(gradsync_accum_open(&a, NULL, &o) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_open(&a, NULL, &o), GRADSYNC_OK);
   for (i = 0; i < 32; ++i) g[i] = 1.0f;
-  CHECK(gradsync_accum_add_batch(a, ids, 4, g, 32) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_accum_add_batch(a, ids, 4, g, 32), GRADSYNC_OK);
   CHECK(gradsync_accum_get(a, 2, out, 8) == GRADSYNC_OK && out[0] == 2.0f);
   CHECK(gradsync_accum_view(a, &view, &bytes) == GRADSYNC_OK && bytes == 10 * 8 * 4 && ((const float *)view)[5 * 8] == 1.0f);
   ids[3] = 10;
-  CHECK(gradsync_accum_add_batch(a, ids, 4, g, 32) == GRADSYNC_E_OUT_OF_RANGE && HAS("row 10 (entry 3 of 4)"));
+  CHECK_STATUS_MSG(gradsync_accum_add_batch(a, ids, 4, g, 32), GRADSYNC_E_OUT_OF_RANGE, "row 10 (entry 3 of 4)");
   CHECK(gradsync_accum_get(a, 2, out, 8) == GRADSYNC_OK && out[0] == 2.0f); /* nothing written */
 
   to.mode = GRADSYNC_TABLE_ANONYMOUS;
   to.rows = 10;
   to.dim = 8;
-  CHECK(gradsync_table_open(&params, NULL, &to) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_open(&params, NULL, &to), GRADSYNC_OK);
   to.dim = 1;
-  CHECK(gradsync_table_open(&state, NULL, &to) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_open(&state, NULL, &to), GRADSYNC_OK);
   to.dim = 4;
-  CHECK(gradsync_table_open(&narrow, NULL, &to) == GRADSYNC_OK);
-  CHECK(gradsync_accum_apply(a, narrow, &opt, NULL) == GRADSYNC_E_MISMATCH && HAS("parameter table has 10 x 4"));
+  CHECK_STATUS(gradsync_table_open(&narrow, NULL, &to), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_accum_apply(a, narrow, &opt, NULL), GRADSYNC_E_MISMATCH, "parameter table has 10 x 4");
   opt.kind = GRADSYNC_OPTIM_ROW_ADAGRAD;
   opt.lr = 0.5;
-  CHECK(gradsync_accum_apply(a, params, &opt, NULL) == GRADSYNC_E_INVALID_ARG && HAS("state table"));
-  CHECK(gradsync_accum_apply(a, params, &opt, narrow) == GRADSYNC_E_MISMATCH);
-  CHECK(gradsync_accum_apply(a, params, &opt, state) == GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_accum_apply(a, params, &opt, NULL), GRADSYNC_E_INVALID_ARG, "state table");
+  CHECK_STATUS(gradsync_accum_apply(a, params, &opt, narrow), GRADSYNC_E_MISMATCH);
+  CHECK_STATUS(gradsync_accum_apply(a, params, &opt, state), GRADSYNC_OK);
   CHECK(gradsync_table_get(state, 2, out, 1) == GRADSYNC_OK && out[0] == 4.0f); /* mean(2^2) */
   CHECK(gradsync_table_get(params, 2, out, 8) == GRADSYNC_OK && out[0] > -0.5f - 1e-6f && out[0] < -0.5f + 1e-6f);
   CHECK(gradsync_table_get(params, 5, out, 8) == GRADSYNC_OK && out[0] > -0.5f - 1e-6f && out[0] < -0.5f + 1e-6f);
@@ -171,17 +162,16 @@ int main(void) {
 
   /* wrong handle kinds, NULL handles, free(NULL) */
   CHECK(gradsync_accum_apply(a, (gradsync_table *)(void *)a, &opt, state) == GRADSYNC_E_MISUSE &&
-        HAS("expected a table, got a accumulator"));
-  CHECK(gradsync_accum_add(NULL, 0, g, 8) == GRADSYNC_E_MISUSE && HAS("NULL accumulator handle"));
-  CHECK(gradsync_table_flush((gradsync_table *)(void *)a) == GRADSYNC_E_MISUSE);
-  CHECK(gradsync_accum_zero(NULL) == GRADSYNC_E_MISUSE);
-  CHECK(gradsync_accum_touched(a, NULL, 5, NULL) == GRADSYNC_E_INVALID_ARG);
+        check_message_has("expected a table, got a accumulator"));
+  CHECK_STATUS_MSG(gradsync_accum_add(NULL, 0, g, 8), GRADSYNC_E_MISUSE, "NULL accumulator handle");
+  CHECK_STATUS(gradsync_table_flush((gradsync_table *)(void *)a), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_accum_zero(NULL), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_accum_touched(a, NULL, 5, NULL), GRADSYNC_E_INVALID_ARG);
   gradsync_accum_free(NULL);
   gradsync_table_free(params);
   gradsync_table_free(state);
   gradsync_table_free(narrow);
   gradsync_accum_free(a);
   rmdir(dir);
-  if (failures == 0) printf("capi accumulator: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return check_report("capi accumulator");
 }

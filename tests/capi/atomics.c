@@ -7,24 +7,8 @@
 #include <string.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
-#define CHECK_MSG(status, expected, text)                                                         \
-  do {                                                                                            \
-    CHECK((status) == (expected));                                                                \
-    if (strstr(gradsync_last_error_message(), (text)) == NULL) {                                  \
-      fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__,                     \
-              gradsync_last_error_message(), (text));                                             \
-      failures++;                                                                                 \
-    }                                                                                             \
-  } while (0)
 
 /* ---- Caffe2's checksum: counter 20000, 100 threads x 200 fetch-adds of -1 ---- */
 struct checksum_args {
@@ -58,10 +42,10 @@ static void test_caffe2_checksum(void) {
     int32_t v32 = -1;
     int64_t v64 = -1;
     int t;
-    CHECK(gradsync_counter32_create(&counter32, 20000) == GRADSYNC_OK);
-    CHECK(gradsync_counter32_create(&checksum32, 0) == GRADSYNC_OK);
-    CHECK(gradsync_counter64_create(&counter64, 20000) == GRADSYNC_OK);
-    CHECK(gradsync_counter64_create(&checksum64, 0) == GRADSYNC_OK);
+    CHECK_STATUS(gradsync_counter32_create(&counter32, 20000), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_counter32_create(&checksum32, 0), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_counter64_create(&counter64, 20000), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_counter64_create(&checksum64, 0), GRADSYNC_OK);
     for (t = 0; t < kThreads; ++t) {
       args[t].counter32 = counter32;
       args[t].checksum32 = checksum32;
@@ -86,35 +70,35 @@ static void test_caffe2_checksum(void) {
 }
 
 static void test_counters(void) {
-  gradsync_counter32 *c32 = (gradsync_counter32 *)&failures; /* overwritten with NULL on failure */
+  gradsync_counter32 *c32 = (gradsync_counter32 *)&check_failures; /* overwritten with NULL on failure */
   gradsync_counter64 *c64 = NULL;
   gradsync_flag *flag = NULL;
   int32_t old32 = 0, new32 = 0, v32 = 0;
   int64_t old64 = 0, new64 = 0, v64 = 0;
 
-  CHECK_MSG(gradsync_counter32_create(NULL, 1), GRADSYNC_E_INVALID_ARG, "NULL");
+  CHECK_STATUS_MSG(gradsync_counter32_create(NULL, 1), GRADSYNC_E_INVALID_ARG, "NULL");
   CHECK(gradsync_counter32_create(&c32, INT32_MAX) == GRADSYNC_OK && c32 != NULL);
-  CHECK(gradsync_counter32_fetch_add(c32, 1, &old32, &new32) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_counter32_fetch_add(c32, 1, &old32, &new32), GRADSYNC_OK);
   CHECK(old32 == INT32_MAX && new32 == INT32_MIN); /* wraps, defined */
-  CHECK(gradsync_counter32_store(c32, 7) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_counter32_store(c32, 7), GRADSYNC_OK);
   CHECK(gradsync_counter32_load(c32, &v32) == GRADSYNC_OK && v32 == 7);
-  CHECK_MSG(gradsync_counter32_load(c32, NULL), GRADSYNC_E_INVALID_ARG, "value out-parameter is NULL");
+  CHECK_STATUS_MSG(gradsync_counter32_load(c32, NULL), GRADSYNC_E_INVALID_ARG, "value out-parameter is NULL");
 
-  CHECK(gradsync_counter64_create(&c64, INT64_MIN) == GRADSYNC_OK);
-  CHECK(gradsync_counter64_fetch_add(c64, -1, &old64, &new64) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_counter64_create(&c64, INT64_MIN), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_counter64_fetch_add(c64, -1, &old64, &new64), GRADSYNC_OK);
   CHECK(old64 == INT64_MIN && new64 == INT64_MAX);
-  CHECK(gradsync_counter64_store(c64, -5) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_counter64_store(c64, -5), GRADSYNC_OK);
   CHECK(gradsync_counter64_load(c64, &v64) == GRADSYNC_OK && v64 == -5);
 
   /* NULL and wrong-kind handles: MISUSE naming both kinds, never a crash */
-  CHECK_MSG(gradsync_counter32_fetch_add(NULL, 1, &old32, &new32), GRADSYNC_E_MISUSE, "NULL counter32 handle");
-  CHECK_MSG(gradsync_counter64_load(NULL, &v64), GRADSYNC_E_MISUSE, "NULL counter64 handle");
-  CHECK_MSG(gradsync_counter64_fetch_add((gradsync_counter64 *)c32, 1, NULL, NULL), GRADSYNC_E_MISUSE,
+  CHECK_STATUS_MSG(gradsync_counter32_fetch_add(NULL, 1, &old32, &new32), GRADSYNC_E_MISUSE, "NULL counter32 handle");
+  CHECK_STATUS_MSG(gradsync_counter64_load(NULL, &v64), GRADSYNC_E_MISUSE, "NULL counter64 handle");
+  CHECK_STATUS_MSG(gradsync_counter64_fetch_add((gradsync_counter64 *)c32, 1, NULL, NULL), GRADSYNC_E_MISUSE,
             "expected a counter64, got a counter32");
-  CHECK(gradsync_flag_create(&flag) == GRADSYNC_OK);
-  CHECK_MSG(gradsync_counter32_store((gradsync_counter32 *)flag, 1), GRADSYNC_E_MISUSE,
+  CHECK_STATUS(gradsync_flag_create(&flag), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_counter32_store((gradsync_counter32 *)flag, 1), GRADSYNC_E_MISUSE,
             "expected a counter32, got a flag");
-  CHECK_MSG(gradsync_flag_reset((gradsync_flag *)c64), GRADSYNC_E_MISUSE, "expected a flag, got a counter64");
+  CHECK_STATUS_MSG(gradsync_flag_reset((gradsync_flag *)c64), GRADSYNC_E_MISUSE, "expected a flag, got a counter64");
   /* The counters are unchanged by the rejected calls. */
   CHECK(gradsync_counter32_load(c32, &v32) == GRADSYNC_OK && v32 == 7);
   CHECK(gradsync_counter64_load(c64, &v64) == GRADSYNC_OK && v64 == -5);
@@ -129,19 +113,19 @@ static void test_counters(void) {
 static void test_flag(void) {
   gradsync_flag *flag = NULL;
   int32_t set = -1;
-  CHECK_MSG(gradsync_flag_create(NULL), GRADSYNC_E_INVALID_ARG, "NULL");
-  CHECK(gradsync_flag_create(&flag) == GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_flag_create(NULL), GRADSYNC_E_INVALID_ARG, "NULL");
+  CHECK_STATUS(gradsync_flag_create(&flag), GRADSYNC_OK);
   CHECK(gradsync_flag_check(flag, &set) == GRADSYNC_OK && set == 0);
   CHECK(gradsync_flag_conditional_set(flag, 0, &set) == GRADSYNC_OK && set == 0);
   CHECK(gradsync_flag_conditional_set(flag, 42, &set) == GRADSYNC_OK && set == 1);
   CHECK(gradsync_flag_conditional_set(flag, 0, &set) == GRADSYNC_OK && set == 1); /* sticky */
-  CHECK(gradsync_flag_conditional_set(flag, 0, NULL) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_flag_conditional_set(flag, 0, NULL), GRADSYNC_OK);
   CHECK(gradsync_flag_check(flag, &set) == GRADSYNC_OK && set == 1);
-  CHECK(gradsync_flag_reset(flag) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_flag_reset(flag), GRADSYNC_OK);
   CHECK(gradsync_flag_check(flag, &set) == GRADSYNC_OK && set == 0);
-  CHECK_MSG(gradsync_flag_check(flag, NULL), GRADSYNC_E_INVALID_ARG, "is_set out-parameter is NULL");
-  CHECK_MSG(gradsync_flag_check(NULL, &set), GRADSYNC_E_MISUSE, "NULL flag handle");
-  CHECK_MSG(gradsync_flag_conditional_set(NULL, 1, &set), GRADSYNC_E_MISUSE, "NULL flag handle");
+  CHECK_STATUS_MSG(gradsync_flag_check(flag, NULL), GRADSYNC_E_INVALID_ARG, "is_set out-parameter is NULL");
+  CHECK_STATUS_MSG(gradsync_flag_check(NULL, &set), GRADSYNC_E_MISUSE, "NULL flag handle");
+  CHECK_STATUS_MSG(gradsync_flag_conditional_set(NULL, 1, &set), GRADSYNC_E_MISUSE, "NULL flag handle");
   gradsync_flag_free(NULL);
   gradsync_flag_free(flag);
 }
@@ -177,13 +161,13 @@ static void test_mutex(void) {
   pthread_t thread;
   int32_t acquired = -1;
 
-  CHECK_MSG(gradsync_mutex_create(NULL), GRADSYNC_E_INVALID_ARG, "NULL");
-  CHECK(gradsync_mutex_create(&m) == GRADSYNC_OK);
-  CHECK_MSG(gradsync_mutex_unlock(m), GRADSYNC_E_NOT_OWNER, "not locked");
+  CHECK_STATUS_MSG(gradsync_mutex_create(NULL), GRADSYNC_E_INVALID_ARG, "NULL");
+  CHECK_STATUS(gradsync_mutex_create(&m), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_mutex_unlock(m), GRADSYNC_E_NOT_OWNER, "not locked");
   CHECK(gradsync_mutex_try_lock(m, &acquired) == GRADSYNC_OK && acquired == 1);
-  CHECK_MSG(gradsync_mutex_lock(m), GRADSYNC_E_MISUSE, "already held by this thread");
-  CHECK_MSG(gradsync_mutex_try_lock(m, &acquired), GRADSYNC_E_MISUSE, "already held by this thread");
-  CHECK_MSG(gradsync_mutex_lock_timeout(m, 5), GRADSYNC_E_MISUSE, "already held by this thread");
+  CHECK_STATUS_MSG(gradsync_mutex_lock(m), GRADSYNC_E_MISUSE, "already held by this thread");
+  CHECK_STATUS_MSG(gradsync_mutex_try_lock(m, &acquired), GRADSYNC_E_MISUSE, "already held by this thread");
+  CHECK_STATUS_MSG(gradsync_mutex_lock_timeout(m, 5), GRADSYNC_E_MISUSE, "already held by this thread");
 
   memset(&probe, 0, sizeof probe);
   probe.mutex = m;
@@ -191,36 +175,36 @@ static void test_mutex(void) {
   CHECK(pthread_create(&thread, NULL, probe_from_other_thread, &probe) == 0);
   CHECK(pthread_join(thread, NULL) == 0);
   CHECK(probe.try_status == GRADSYNC_OK && probe.acquired == 0); /* busy is not an error */
-  CHECK(probe.timeout_status == GRADSYNC_E_TIMEOUT);
-  CHECK(probe.unlock_status == GRADSYNC_E_NOT_OWNER);
+  CHECK_STATUS(probe.timeout_status, GRADSYNC_E_TIMEOUT);
+  CHECK_STATUS(probe.unlock_status, GRADSYNC_E_NOT_OWNER);
   CHECK(strstr(probe.unlock_message, "held by thread") != NULL);
 
-  CHECK(gradsync_mutex_unlock(m) == GRADSYNC_OK);
-  CHECK(gradsync_mutex_lock(m) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_unlock(m), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_lock(m), GRADSYNC_OK);
   /* A waiter with a long timeout gets the lock once it is released. */
   memset(&probe, 0, sizeof probe);
   probe.mutex = m;
   probe.timeout_status = 1;
   CHECK(pthread_create(&thread, NULL, lock_and_unlock, &probe) == 0);
-  CHECK(gradsync_mutex_unlock(m) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_unlock(m), GRADSYNC_OK);
   CHECK(pthread_join(thread, NULL) == 0);
   CHECK(probe.timeout_status == GRADSYNC_OK && probe.unlock_status == GRADSYNC_OK);
 
-  CHECK(gradsync_mutex_lock_timeout(m, 0) == GRADSYNC_OK); /* free: 0 ms suffices */
-  CHECK_MSG(gradsync_mutex_lock_timeout(m, -1), GRADSYNC_E_INVALID_ARG, "timeout_ms must be >= 0");
-  CHECK(gradsync_mutex_unlock(m) == GRADSYNC_OK);
-  CHECK(gradsync_mutex_lock_timeout(m, INT64_MAX) == GRADSYNC_OK); /* huge timeouts do not overflow */
-  CHECK(gradsync_mutex_unlock(m) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_lock_timeout(m, 0), GRADSYNC_OK); /* free: 0 ms suffices */
+  CHECK_STATUS_MSG(gradsync_mutex_lock_timeout(m, -1), GRADSYNC_E_INVALID_ARG, "timeout_ms must be >= 0");
+  CHECK_STATUS(gradsync_mutex_unlock(m), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_lock_timeout(m, INT64_MAX), GRADSYNC_OK); /* huge timeouts do not overflow */
+  CHECK_STATUS(gradsync_mutex_unlock(m), GRADSYNC_OK);
 
-  CHECK_MSG(gradsync_mutex_lock(NULL), GRADSYNC_E_MISUSE, "NULL mutex handle");
-  CHECK_MSG(gradsync_mutex_try_lock(m, NULL), GRADSYNC_E_INVALID_ARG, "acquired out-parameter is NULL");
-  CHECK(gradsync_counter32_create(&counter, 0) == GRADSYNC_OK);
-  CHECK_MSG(gradsync_mutex_lock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
-  CHECK_MSG(gradsync_mutex_unlock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
+  CHECK_STATUS_MSG(gradsync_mutex_lock(NULL), GRADSYNC_E_MISUSE, "NULL mutex handle");
+  CHECK_STATUS_MSG(gradsync_mutex_try_lock(m, NULL), GRADSYNC_E_INVALID_ARG, "acquired out-parameter is NULL");
+  CHECK_STATUS(gradsync_counter32_create(&counter, 0), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_mutex_lock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
+  CHECK_STATUS_MSG(gradsync_mutex_unlock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
   gradsync_counter32_free(counter);
 
   /* Freeing a locked mutex is defined: the lock goes with it. */
-  CHECK(gradsync_mutex_lock(m) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_mutex_lock(m), GRADSYNC_OK);
   gradsync_mutex_free(m);
   gradsync_mutex_free(NULL);
 }
@@ -267,20 +251,20 @@ static void test_atomic_add(void) {
   for (i = 0; i < kN; ++i) wrong += dst[i] != (float)(kThreads * kReps * (int)(i % 4));
   CHECK(wrong == 0);
 
-  CHECK(gradsync_atomic_add_f64(d64, s64, 4) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_atomic_add_f64(d64, s64, 4), GRADSYNC_OK);
   CHECK(d64[0] == 1.5 && d64[3] == 4.5);
 
   /* zero elements: nothing to touch, NULL allowed */
-  CHECK(gradsync_atomic_add_f32(NULL, NULL, 0) == GRADSYNC_OK);
-  CHECK_MSG(gradsync_atomic_add_f32(NULL, src, 4), GRADSYNC_E_INVALID_ARG, "dst is NULL");
-  CHECK_MSG(gradsync_atomic_add_f32(dst, NULL, 4), GRADSYNC_E_INVALID_ARG, "src is NULL");
-  CHECK_MSG(gradsync_atomic_add_f32(dst, src, SIZE_MAX), GRADSYNC_E_INVALID_ARG, "does not fit");
-  CHECK_MSG(gradsync_atomic_add_f64(d64, s64, SIZE_MAX / 4), GRADSYNC_E_INVALID_ARG, "does not fit");
-  CHECK_MSG(gradsync_atomic_add_f32(dst + 1, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
-  CHECK_MSG(gradsync_atomic_add_f32(dst, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
-  CHECK(gradsync_atomic_add_f32(dst + 4, dst, 4) == GRADSYNC_OK); /* adjacent is fine */
-  CHECK_MSG(gradsync_atomic_add_f32((float *)(raw + 1), src, 2), GRADSYNC_E_INVALID_ARG, "not aligned");
-  CHECK_MSG(gradsync_atomic_add_f64((double *)(raw + 4), s64, 2), GRADSYNC_E_INVALID_ARG, "not aligned to 8");
+  CHECK_STATUS(gradsync_atomic_add_f32(NULL, NULL, 0), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32(NULL, src, 4), GRADSYNC_E_INVALID_ARG, "dst is NULL");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst, NULL, 4), GRADSYNC_E_INVALID_ARG, "src is NULL");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst, src, SIZE_MAX), GRADSYNC_E_INVALID_ARG, "does not fit");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f64(d64, s64, SIZE_MAX / 4), GRADSYNC_E_INVALID_ARG, "does not fit");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst + 1, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
+  CHECK_STATUS(gradsync_atomic_add_f32(dst + 4, dst, 4), GRADSYNC_OK); /* adjacent is fine */
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32((float *)(raw + 1), src, 2), GRADSYNC_E_INVALID_ARG, "not aligned");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f64((double *)(raw + 4), s64, 2), GRADSYNC_E_INVALID_ARG, "not aligned to 8");
   free(dst);
   free(src);
 }
@@ -291,10 +275,5 @@ int main(void) {
   test_flag();
   test_mutex();
   test_atomic_add();
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("atomics C API: all checks passed\n");
-  return 0;
+  return check_report("atomics C API");
 }

@@ -7,26 +7,10 @@
 #include <string.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
 
-#define EXPECT(cond)                                                                \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "%s:%d: expectation failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, gradsync_last_error_message());                      \
-      failures++;                                                                   \
-    }                                                                               \
-  } while (0)
 
-#define EXPECT_MESSAGE(fragment)                                                          \
-  do {                                                                                    \
-    if (strstr(gradsync_last_error_message(), (fragment)) == NULL) {                      \
-      fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__,         \
-              gradsync_last_error_message(), (fragment));                                 \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 static gradsync_comm *join(const char *name, int32_t rank, int32_t size, int64_t timeout_ms) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
@@ -68,8 +52,8 @@ static void test_pair_mean(void) {
   for (i = 0; i < 2; ++i) pthread_create(&t[i], NULL, pair_worker, &args[i]);
   for (i = 0; i < 2; ++i) pthread_join(t[i], NULL);
   for (i = 0; i < 2; ++i) {
-    EXPECT(args[i].status == GRADSYNC_OK);
-    EXPECT(args[i].data[0] == 3.0f && args[i].data[1] == 6.0f);
+    CHECK_STATUS(args[i].status, GRADSYNC_OK);
+    CHECK(args[i].data[0] == 3.0f && args[i].data[1] == 6.0f);
   }
 }
 
@@ -112,13 +96,13 @@ static void test_trio_mismatch(void) {
   }
   for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
   for (i = 0; i < 3; ++i) {
-    EXPECT(args[i].first_status == GRADSYNC_E_MISMATCH);
+    CHECK_STATUS(args[i].first_status, GRADSYNC_E_MISMATCH);
     if (strstr(args[i].first_message, "rank 1 called allreduce count 7 but rank 0 count 4") == NULL) {
       fprintf(stderr, "rank %d: unexpected mismatch message: %s\n", i, args[i].first_message);
-      failures++;
+      check_failed();
     }
-    EXPECT(args[i].second_status == GRADSYNC_OK);
-    for (k = 0; k < 4; ++k) EXPECT(args[i].second[k] == 3.0f);
+    CHECK_STATUS(args[i].second_status, GRADSYNC_OK);
+    for (k = 0; k < 4; ++k) CHECK(args[i].second[k] == 3.0f);
   }
 }
 
@@ -134,99 +118,99 @@ static void test_bad_input(void) {
   size_t counts[1];
 
   /* options */
-  EXPECT(gradsync_comm_options_init(NULL, sizeof opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_options_init(&opts, 4) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_options_init(&opts, sizeof opts) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_create(NULL, &opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_create(&comm, NULL) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(comm == NULL);
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG); /* size and rank unset */
+  CHECK_STATUS(gradsync_comm_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_options_init(&opts, 4), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_options_init(&opts, sizeof opts), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_create(NULL, &opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_create(&comm, NULL), GRADSYNC_E_INVALID_ARG);
+  CHECK(comm == NULL);
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG); /* size and rank unset */
   opts.size = 2;
   opts.rank = 2;
   strcpy(opts.name, "capi-bad");
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_OUT_OF_RANGE);
-  EXPECT_MESSAGE("rank 2 out of range [0, 2)");
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_OUT_OF_RANGE);
+  CHECK_MESSAGE("rank 2 out of range [0, 2)");
   opts.rank = 0;
   opts.size = 0;
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
   opts.size = 1;
   opts.timeout_ms = 0;
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
   opts.timeout_ms = 1000;
   opts.name[0] = '\0';
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT_MESSAGE("group name is empty");
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("group name is empty");
   opts.transport = 7;
   strcpy(opts.name, "capi-bad");
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
   opts.transport = GRADSYNC_TRANSPORT_THREAD;
 
   /* a size-1 group: returns at once */
-  EXPECT(gradsync_comm_create(&comm, &opts) == GRADSYNC_OK);
-  EXPECT(comm != NULL);
-  EXPECT(gradsync_comm_rank(comm, &v) == GRADSYNC_OK && v == 0);
-  EXPECT(gradsync_comm_size(comm, &v) == GRADSYNC_OK && v == 1);
-  EXPECT(gradsync_comm_transport(comm, &v) == GRADSYNC_OK && v == GRADSYNC_TRANSPORT_THREAD);
-  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, GRADSYNC_MEAN) == GRADSYNC_OK);
-  EXPECT(x[0] == 1 && x[3] == 4);
+  CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_OK);
+  CHECK(comm != NULL);
+  CHECK(gradsync_comm_rank(comm, &v) == GRADSYNC_OK && v == 0);
+  CHECK(gradsync_comm_size(comm, &v) == GRADSYNC_OK && v == 1);
+  CHECK(gradsync_comm_transport(comm, &v) == GRADSYNC_OK && v == GRADSYNC_TRANSPORT_THREAD);
+  CHECK_STATUS(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, GRADSYNC_MEAN), GRADSYNC_OK);
+  CHECK(x[0] == 1 && x[3] == 4);
 
   /* NULL handles and out-parameters */
-  EXPECT(gradsync_comm_allreduce(NULL, x, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_comm_barrier(NULL) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_comm_abort(NULL) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_comm_reset(NULL) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_comm_rank(NULL, &v) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_comm_rank(comm, NULL) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_size(comm, NULL) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_transport(comm, NULL) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_allreduce(NULL, x, x, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_barrier(NULL), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_abort(NULL), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_reset(NULL), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_rank(NULL, &v), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_rank(comm, NULL), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_size(comm, NULL), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_transport(comm, NULL), GRADSYNC_E_INVALID_ARG);
   /* the wrong kind of handle */
   {
     gradsync_counter32 *counter = NULL;
-    EXPECT(gradsync_counter32_create(&counter, 0) == GRADSYNC_OK);
-    EXPECT(gradsync_comm_barrier((gradsync_comm *)(void *)counter) == GRADSYNC_E_MISUSE);
+    CHECK_STATUS(gradsync_counter32_create(&counter, 0), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_comm_barrier((gradsync_comm *)(void *)counter), GRADSYNC_E_MISUSE);
     gradsync_counter32_free(counter);
   }
 
   /* NULL buffers, bad dtype and op, root out of range, huge counts */
-  EXPECT(gradsync_comm_allreduce(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
-  EXPECT_MESSAGE("send buffer is NULL for count 4");
-  EXPECT(gradsync_comm_allreduce(comm, x, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_reduce_scatter(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_allgather(comm, NULL, NULL, 0, GRADSYNC_F32) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_broadcast(comm, NULL, 0, GRADSYNC_F32, 0) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_weighted_mean(comm, NULL, NULL, 0, GRADSYNC_F64, 1, &total) == GRADSYNC_OK && total == 1);
-  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, 99, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
-  EXPECT_MESSAGE("unknown dtype 99");
-  EXPECT(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, -3) == GRADSYNC_E_INVALID_ARG);
-  EXPECT_MESSAGE("unknown reduction op -3");
-  EXPECT(gradsync_comm_allreduce(comm, x, x, SIZE_MAX / 2, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
-  EXPECT_MESSAGE("too large");
-  EXPECT(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, 1) == GRADSYNC_E_OUT_OF_RANGE);
-  EXPECT_MESSAGE("root 1 out of range [0, 1)");
-  EXPECT(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, -1) == GRADSYNC_E_OUT_OF_RANGE);
-  EXPECT(gradsync_comm_broadcast(comm, NULL, 4, GRADSYNC_F32, 0) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_allgather(comm, x, NULL, 4, GRADSYNC_F32) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_reduce_scatter(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_I32, 1, &total) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 0, &total) == GRADSYNC_E_ZERO_WEIGHT);
-  EXPECT(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 5, &total) == GRADSYNC_OK && total == 5);
-  EXPECT(gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
+  CHECK_STATUS(gradsync_comm_allreduce(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("send buffer is NULL for count 4");
+  CHECK_STATUS(gradsync_comm_allreduce(comm, x, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_reduce_scatter(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_allgather(comm, NULL, NULL, 0, GRADSYNC_F32), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_broadcast(comm, NULL, 0, GRADSYNC_F32, 0), GRADSYNC_OK);
+  CHECK(gradsync_comm_weighted_mean(comm, NULL, NULL, 0, GRADSYNC_F64, 1, &total) == GRADSYNC_OK && total == 1);
+  CHECK_STATUS(gradsync_comm_allreduce(comm, x, x, 4, 99, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("unknown dtype 99");
+  CHECK_STATUS(gradsync_comm_allreduce(comm, x, x, 4, GRADSYNC_F32, -3), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("unknown reduction op -3");
+  CHECK_STATUS(gradsync_comm_allreduce(comm, x, x, SIZE_MAX / 2, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("too large");
+  CHECK_STATUS(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, 1), GRADSYNC_E_OUT_OF_RANGE);
+  CHECK_MESSAGE("root 1 out of range [0, 1)");
+  CHECK_STATUS(gradsync_comm_broadcast(comm, x, 4, GRADSYNC_F32, -1), GRADSYNC_E_OUT_OF_RANGE);
+  CHECK_STATUS(gradsync_comm_broadcast(comm, NULL, 4, GRADSYNC_F32, 0), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_allgather(comm, x, NULL, 4, GRADSYNC_F32), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_reduce_scatter(comm, NULL, x, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_I32, 1, &total), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 0, &total), GRADSYNC_E_ZERO_WEIGHT);
+  CHECK(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 5, &total) == GRADSYNC_OK && total == 5);
+  CHECK(gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
          GRADSYNC_E_INVALID_ARG);
   sends[0] = x;
   recvs[0] = x;
   counts[0] = 4;
-  EXPECT(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
   recvs[0] = NULL;
-  EXPECT(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
+  CHECK(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
          GRADSYNC_E_INVALID_ARG);
 
   /* abort, fail fast, reset */
-  EXPECT(gradsync_comm_abort(comm) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_barrier(comm) == GRADSYNC_E_ABORTED);
-  EXPECT_MESSAGE("aborted");
-  EXPECT(gradsync_comm_reset(comm) == GRADSYNC_OK);
-  EXPECT(gradsync_comm_barrier(comm) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_abort(comm), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_E_ABORTED);
+  CHECK_MESSAGE("aborted");
+  CHECK_STATUS(gradsync_comm_reset(comm), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_OK);
 
   gradsync_comm_free(comm);
   gradsync_comm_free(NULL);
@@ -240,9 +224,9 @@ static void test_timeout(void) {
   opts.size = 2;
   opts.timeout_ms = 200;
   strcpy(opts.name, "capi-lonely");
-  EXPECT(gradsync_comm_create(&a, &opts) == GRADSYNC_E_TIMEOUT);
-  EXPECT(a == NULL);
-  EXPECT_MESSAGE("did not join within 200 ms");
+  CHECK_STATUS(gradsync_comm_create(&a, &opts), GRADSYNC_E_TIMEOUT);
+  CHECK(a == NULL);
+  CHECK_MESSAGE("did not join within 200 ms");
 }
 
 int main(void) {
@@ -250,10 +234,5 @@ int main(void) {
   test_trio_mismatch();
   test_bad_input();
   test_timeout();
-  if (failures) {
-    fprintf(stderr, "%d failure(s)\n", failures);
-    return 1;
-  }
-  printf("comm C API: all passed\n");
-  return 0;
+  return check_report("comm C API");
 }

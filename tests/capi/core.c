@@ -5,15 +5,8 @@
 #include <string.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                     \
-    }                                                                 \
-  } while (0)
 
 static int log_lines = 0;
 static void on_log(void *user, int32_t level, const char *message) {
@@ -25,8 +18,8 @@ static void on_log(void *user, int32_t level, const char *message) {
 
 static void *fail_on_other_thread(void *arg) {
   (void)arg;
-  CHECK(gradsync_comm_create(NULL, NULL) == GRADSYNC_E_INVALID_ARG);
-  CHECK(strstr(gradsync_last_error_message(), "NULL") != NULL);
+  CHECK_STATUS(gradsync_comm_create(NULL, NULL), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("NULL");
   return NULL;
 }
 
@@ -67,33 +60,28 @@ int main(void) {
   CHECK(pthread_create(&thread, NULL, fail_on_other_thread, NULL) == 0);
   pthread_join(thread, NULL);
   CHECK(strcmp(gradsync_last_error_message(), "") == 0);
-  CHECK(gradsync_comm_options_init(NULL, sizeof opts) == GRADSYNC_E_INVALID_ARG);
-  CHECK(gradsync_last_error_status() == GRADSYNC_E_INVALID_ARG);
-  CHECK(strstr(gradsync_last_error_message(), "gradsync_comm_options_init") != NULL);
+  CHECK_STATUS(gradsync_comm_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_last_error_status(), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("gradsync_comm_options_init");
 
   /* options: the init function equals the macro; an older (smaller) struct is refused when it
    * lacks version-1 fields; a newer (larger) one is filled only up to what the library knows. */
-  CHECK(gradsync_comm_options_init(&from_fn, sizeof from_fn) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_options_init(&from_fn, sizeof from_fn), GRADSYNC_OK);
   CHECK(memcmp(&from_fn, &opts, sizeof opts) == 0);
-  CHECK(gradsync_comm_options_init(&from_fn, 8) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_options_init(&from_fn, 8), GRADSYNC_E_INVALID_ARG);
   memset(big, 0xAB, sizeof big);
-  CHECK(gradsync_comm_options_init((gradsync_comm_options *)(void *)big, sizeof big) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_options_init((gradsync_comm_options *)(void *)big, sizeof big), GRADSYNC_OK);
   CHECK(((gradsync_comm_options *)(void *)big)->struct_size == sizeof(gradsync_comm_options));
   CHECK(big[sizeof big - 1] == 0); /* zeroed tail: no garbage reaches a newer library */
 
   /* logging */
-  CHECK(gradsync_set_log_level(7) == GRADSYNC_E_INVALID_ARG);
-  CHECK(gradsync_set_log_level(GRADSYNC_LOG_ERROR) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_set_log_level(7), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_set_log_level(GRADSYNC_LOG_ERROR), GRADSYNC_OK);
   CHECK(gradsync_get_log_level() == GRADSYNC_LOG_ERROR);
-  CHECK(gradsync_set_log_callback(on_log, &user, GRADSYNC_LOG_TRACE) == GRADSYNC_OK);
-  CHECK(gradsync_comm_options_init(NULL, 0) == GRADSYNC_E_INVALID_ARG); /* failures log at debug */
+  CHECK_STATUS(gradsync_set_log_callback(on_log, &user, GRADSYNC_LOG_TRACE), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_options_init(NULL, 0), GRADSYNC_E_INVALID_ARG); /* failures log at debug */
   CHECK(user >= 1);
-  CHECK(gradsync_set_log_callback(NULL, NULL, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_set_log_callback(NULL, NULL, GRADSYNC_LOG_WARN), GRADSYNC_OK);
 
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return EXIT_FAILURE;
-  }
-  printf("core: all checks passed\n");
-  return EXIT_SUCCESS;
+  return check_report("core");
 }

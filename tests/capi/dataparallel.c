@@ -5,42 +5,26 @@
 #include <string.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
-#define CHECK_MSG(status, expected, text)                                                         \
-  do {                                                                                            \
-    CHECK((status) == (expected));                                                                \
-    if (strstr(gradsync_last_error_message(), (text)) == NULL) {                                  \
-      fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__,                     \
-              gradsync_last_error_message(), (text));                                             \
-      failures++;                                                                                 \
-    }                                                                                             \
-  } while (0)
 
 static void test_partition(void) {
   const uint64_t expected[3][2] = {{0, 4}, {4, 3}, {7, 3}};
   uint64_t start = 99, len = 99;
   uint32_t i;
   for (i = 0; i < 3; ++i) {
-    CHECK(gradsync_partition(10, 3, i, &start, &len) == GRADSYNC_OK);
+    CHECK_STATUS(gradsync_partition(10, 3, i, &start, &len), GRADSYNC_OK);
     CHECK(start == expected[i][0] && len == expected[i][1]);
   }
   CHECK(gradsync_partition(5, 3, 2, &start, &len) == GRADSYNC_OK && start == 4 && len == 1);
   CHECK(gradsync_partition(2, 5, 4, &start, &len) == GRADSYNC_OK && start == 2 && len == 0); /* N < P */
   CHECK(gradsync_partition(UINT64_MAX, 1, 0, &start, &len) == GRADSYNC_OK && start == 0 && len == UINT64_MAX);
   start = len = 99;
-  CHECK_MSG(gradsync_partition(10, 3, 3, &start, &len), GRADSYNC_E_OUT_OF_RANGE, "part 3 out of range [0, 3)");
-  CHECK_MSG(gradsync_partition(10, 0, 0, &start, &len), GRADSYNC_E_INVALID_ARG, "parts must be > 0");
+  CHECK_STATUS_MSG(gradsync_partition(10, 3, 3, &start, &len), GRADSYNC_E_OUT_OF_RANGE, "part 3 out of range [0, 3)");
+  CHECK_STATUS_MSG(gradsync_partition(10, 0, 0, &start, &len), GRADSYNC_E_INVALID_ARG, "parts must be > 0");
   CHECK(start == 99 && len == 99);
-  CHECK_MSG(gradsync_partition(10, 3, 0, NULL, &len), GRADSYNC_E_INVALID_ARG, "NULL");
-  CHECK_MSG(gradsync_partition(10, 3, 0, &start, NULL), GRADSYNC_E_INVALID_ARG, "NULL");
+  CHECK_STATUS_MSG(gradsync_partition(10, 3, 0, NULL, &len), GRADSYNC_E_INVALID_ARG, "NULL");
+  CHECK_STATUS_MSG(gradsync_partition(10, 3, 0, &start, NULL), GRADSYNC_E_INVALID_ARG, "NULL");
 }
 
 static void test_round_robin(void) {
@@ -55,16 +39,16 @@ static void test_round_robin(void) {
     CHECK(memcmp(out, expected[k], sizes[k] * sizeof(uint64_t)) == 0);
   }
   out[0] = 77;
-  CHECK_MSG(gradsync_split_round_robin(10, 3, 0, out, 3, &needed), GRADSYNC_E_BUFS, "gets 4 indices but out holds only 3");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, out, 3, &needed), GRADSYNC_E_BUFS, "gets 4 indices but out holds only 3");
   CHECK(needed == 4 && out[0] == 77); /* nothing written */
   CHECK(gradsync_split_round_robin(0, 3, 2, NULL, 0, &needed) == GRADSYNC_OK && needed == 0);
   CHECK(gradsync_split_round_robin(2, 5, 4, NULL, 0, &needed) == GRADSYNC_OK && needed == 0);
-  CHECK_MSG(gradsync_split_round_robin(10, 0, 0, out, 8, &needed), GRADSYNC_E_INVALID_ARG, "workers must be > 0");
-  CHECK_MSG(gradsync_split_round_robin(10, 3, 3, out, 8, &needed), GRADSYNC_E_OUT_OF_RANGE, "worker 3 out of range [0, 3)");
-  CHECK_MSG(gradsync_split_round_robin(10, 3, 0, out, 8, NULL), GRADSYNC_E_INVALID_ARG, "needed");
-  CHECK_MSG(gradsync_split_round_robin(10, 3, 0, NULL, 8, &needed), GRADSYNC_E_INVALID_ARG, "out is NULL");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 0, 0, out, 8, &needed), GRADSYNC_E_INVALID_ARG, "workers must be > 0");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 3, out, 8, &needed), GRADSYNC_E_OUT_OF_RANGE, "worker 3 out of range [0, 3)");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, out, 8, NULL), GRADSYNC_E_INVALID_ARG, "needed");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, NULL, 8, &needed), GRADSYNC_E_INVALID_ARG, "out is NULL");
   /* A huge sample count is only a size, never an allocation. */
-  CHECK(gradsync_split_round_robin(UINT64_MAX, 1, 0, NULL, 0, &needed) == GRADSYNC_E_BUFS);
+  CHECK_STATUS(gradsync_split_round_robin(UINT64_MAX, 1, 0, NULL, 0, &needed), GRADSYNC_E_BUFS);
   CHECK(needed == SIZE_MAX);
 }
 
@@ -78,7 +62,7 @@ static void test_weighted_merge(void) {
   double loss = -1;
   uint64_t total = 0;
 
-  CHECK(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_OK);
   CHECK(out[0] == 2.0f && out[1] == 4.0f && loss == 1.0 && total == 20);
 
   {
@@ -88,7 +72,7 @@ static void test_weighted_merge(void) {
     uint64_t n2[2] = {1, 3};
     double loss2[2] = {2.0, 0.0};
     float out1[1] = {0};
-    CHECK(gradsync_weighted_merge_f32(g2, l2, n2, loss2, 2, out1, 1, &loss, &total) == GRADSYNC_OK);
+    CHECK_STATUS(gradsync_weighted_merge_f32(g2, l2, n2, loss2, 2, out1, 1, &loss, &total), GRADSYNC_OK);
     CHECK(out1[0] == 1.0f && loss == 0.5 && total == 4);
     /* without losses: the gradient and count only */
     CHECK(gradsync_weighted_merge_f32(g2, l2, n2, NULL, 2, out1, 1, NULL, &total) == GRADSYNC_OK && total == 4);
@@ -97,32 +81,32 @@ static void test_weighted_merge(void) {
   /* errors: nothing written, never NaN */
   out[0] = out[1] = -1;
   counts[0] = counts[1] = 0;
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_ZERO_WEIGHT,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_ZERO_WEIGHT,
             "total sample count of 2 workers is 0");
   CHECK(out[0] == -1 && !isnan(out[0]));
   counts[0] = counts[1] = 1;
   lens[1] = 3;
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_MISMATCH,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_MISMATCH,
             "worker 1 gradient has 3 elements, but the output has 2");
   lens[1] = 2;
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "workers must be > 0");
-  CHECK_MSG(gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "grads array is NULL");
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "lens array is NULL");
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "counts array is NULL");
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "losses is NULL");
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "out is NULL");
   counts[0] = UINT64_MAX;
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "overflows");
   counts[0] = 1;
   grads[1] = NULL;
-  CHECK_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
             "worker 1 gradient is NULL");
   CHECK(out[0] == -1 && out[1] == -1);
 }
@@ -131,10 +115,5 @@ int main(void) {
   test_partition();
   test_round_robin();
   test_weighted_merge();
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("dataparallel C API: all checks passed\n");
-  return 0;
+  return check_report("dataparallel C API");
 }

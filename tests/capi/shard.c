@@ -7,20 +7,9 @@
 #include <string.h>
 
 #include "gradsync/gradsync.h"
+#include "check.h"
 
-static int failures = 0;
-static pthread_mutex_t failures_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define EXPECT(cond)                                                                              \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      pthread_mutex_lock(&failures_lock);                                                         \
-      fprintf(stderr, "%s:%d: expectation failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              gradsync_last_error_message());                                                     \
-      failures++;                                                                                 \
-      pthread_mutex_unlock(&failures_lock);                                                       \
-    }                                                                                             \
-  } while (0)
 
 static gradsync_comm *join(const char *name, int32_t rank, int32_t size) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
@@ -60,10 +49,10 @@ static void *part_worker(void *p) {
   if (comm == NULL) return NULL;
   s10 = make_shard(comm, 10, NULL);
   s5 = make_shard(comm, 5, NULL);
-  EXPECT(gradsync_shard_part(s10, -1, 0, &a->part10[0], &a->part10[1]) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_part(s10, -1, 1, &a->part10_bigdl[0], &a->part10_bigdl[1]) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_part(s5, -1, 0, &a->part5[0], &a->part5[1]) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_ranges(s10, 1, a->ranges, 6, &a->needed) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_part(s10, -1, 0, &a->part10[0], &a->part10[1]), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_part(s10, -1, 1, &a->part10_bigdl[0], &a->part10_bigdl[1]), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_part(s5, -1, 0, &a->part5[0], &a->part5[1]), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_ranges(s10, 1, a->ranges, 6, &a->needed), GRADSYNC_OK);
   a->bufs_status = gradsync_shard_ranges(s10, 0, small, 3, &a->needed);
   gradsync_shard_free(s10);
   gradsync_shard_free(s5);
@@ -88,23 +77,23 @@ static void *pair_worker(void *p) {
   const float grad3[3] = {0.3f, -0.4f, 1.2f};
   if (comm == NULL) return NULL;
 
-  EXPECT(gradsync_shard_options_init(&opts, sizeof opts) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_options_init(&opts, sizeof opts), GRADSYNC_OK);
   opts.optimizer = GRADSYNC_SHARD_SGD;
   opts.lr = 1.0;
   s = make_shard(comm, 1, &opts);
-  EXPECT(gradsync_shard_init(s, &w, 1) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_init(s, &w, 1), GRADSYNC_OK);
   g = a->rank == 0 ? 2.0f : 4.0f;
-  EXPECT(gradsync_shard_step(s, &g, &w, 1, 1) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_step(s, &g, &w, 1, 1), GRADSYNC_OK);
   a->after_step = w;
   g = a->rank == 0 ? 10.0f : 20.0f;
-  EXPECT(gradsync_shard_put(s, &g, 1, 1) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_aggregate(s) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_update(s) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_gather(s, &w, 1) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_put(s, &g, 1, 1), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_aggregate(s), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_update(s), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_gather(s, &w, 1), GRADSYNC_OK);
   a->after_staged = w;
   /* a count of 0 on every rank: an error on every rank, weights untouched */
   a->zero_status = gradsync_shard_step(s, &g, &w, 1, 0);
-  EXPECT(w == 82.0f);
+  CHECK(w == 82.0f);
   /* NULL gradient on rank 1: its own error there, GRADSYNC_E_REMOTE on rank 0, no hang */
   a->bad_step_status = gradsync_shard_step(s, a->rank == 1 ? NULL : &g, &w, 1, 1);
   a->recovered = gradsync_shard_step(s, &g, &w, 1, 1);
@@ -116,8 +105,8 @@ static void *pair_worker(void *p) {
   opts.clamp_max = 0.0;
   s = make_shard(comm, 3, &opts);
   a->clamped[0] = a->clamped[1] = a->clamped[2] = 1.0f;
-  EXPECT(gradsync_shard_init(s, a->clamped, 3) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_step(s, grad3, a->clamped, 3, 1) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_init(s, a->clamped, 3), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_step(s, grad3, a->clamped, 3, 1), GRADSYNC_OK);
   gradsync_shard_free(s);
 
   /* L2 clipping at 0.03 */
@@ -125,8 +114,8 @@ static void *pair_worker(void *p) {
   opts.clip_norm = 0.03;
   s = make_shard(comm, 3, &opts);
   memset(a->clipped, 0, sizeof a->clipped);
-  EXPECT(gradsync_shard_init(s, a->clipped, 3) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_step(s, grad3, a->clipped, 3, 1) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_init(s, a->clipped, 3), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_step(s, grad3, a->clipped, 3, 1), GRADSYNC_OK);
   gradsync_shard_free(s);
   gradsync_comm_free(comm);
   return NULL;
@@ -141,58 +130,58 @@ static void bad_input(void) {
   int64_t updates = -1;
   float w[4] = {0, 0, 0, 0};
   if (comm == NULL) {
-    failures++;
+    check_failed();
     return;
   }
   gradsync_shard_free(NULL); /* no-op */
-  EXPECT(gradsync_shard_create(NULL, comm, 4, NULL) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_create(&s, NULL, 4, NULL) == GRADSYNC_E_MISUSE && s == NULL);
-  EXPECT(gradsync_shard_create(&s, comm, 0, NULL) == GRADSYNC_E_INVALID_ARG && s == NULL);
-  EXPECT(strstr(gradsync_last_error_message(), "total parameter count is 0") != NULL);
-  EXPECT(gradsync_shard_create(&s, comm, UINT64_MAX, NULL) == GRADSYNC_E_INVALID_ARG && s == NULL);
+  CHECK_STATUS(gradsync_shard_create(NULL, comm, 4, NULL), GRADSYNC_E_INVALID_ARG);
+  CHECK(gradsync_shard_create(&s, NULL, 4, NULL) == GRADSYNC_E_MISUSE && s == NULL);
+  CHECK(gradsync_shard_create(&s, comm, 0, NULL) == GRADSYNC_E_INVALID_ARG && s == NULL);
+  CHECK_MESSAGE("total parameter count is 0");
+  CHECK(gradsync_shard_create(&s, comm, UINT64_MAX, NULL) == GRADSYNC_E_INVALID_ARG && s == NULL);
   opts.struct_size = 8;
-  EXPECT(gradsync_shard_create(&s, comm, 4, &opts) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
   opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
   opts.compress = 9;
-  EXPECT(gradsync_shard_create(&s, comm, 4, &opts) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
   opts.compress = GRADSYNC_CODEC_BF16;
   opts.optimizer = 42;
-  EXPECT(gradsync_shard_create(&s, comm, 4, &opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(strstr(gradsync_last_error_message(), "unknown optimizer 42") != NULL);
+  CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("unknown optimizer 42");
   opts.optimizer = GRADSYNC_SHARD_ADAM;
   opts.beta1 = 1.5;
-  EXPECT(gradsync_shard_create(&s, comm, 4, &opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(strstr(gradsync_last_error_message(), "beta1") != NULL);
+  CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("beta1");
   /* a newer caller's larger struct: zeros beyond what we know are fine */
   memset(big, 0, sizeof big);
-  EXPECT(gradsync_shard_options_init((gradsync_shard_options *)(void *)big, sizeof big) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_options_init(NULL, sizeof opts) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_options_init(&opts, 4) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_options_init((gradsync_shard_options *)(void *)big, sizeof big), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_options_init(&opts, 4), GRADSYNC_E_INVALID_ARG);
   opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
   opts.optimizer = GRADSYNC_SHARD_ADAM;
-  EXPECT(gradsync_shard_create(&s, comm, 4, &opts) == GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_OK);
 
   /* NULL handle, wrong kind of handle */
-  EXPECT(gradsync_shard_part(NULL, -1, 0, &off, &len) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_shard_step((gradsync_shard *)(void *)comm, w, w, 4, 1) == GRADSYNC_E_MISUSE);
-  EXPECT(strstr(gradsync_last_error_message(), "expected a shard, got a comm") != NULL);
-  EXPECT(gradsync_shard_part(s, 1, 0, &off, &len) == GRADSYNC_E_OUT_OF_RANGE);
-  EXPECT(strstr(gradsync_last_error_message(), "rank 1 out of range [0, 1)") != NULL);
-  EXPECT(gradsync_shard_memory(s, &wb, &ob, &bb) == GRADSYNC_OK);
-  EXPECT(wb == 16 && ob == 32);
+  CHECK_STATUS(gradsync_shard_part(NULL, -1, 0, &off, &len), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_shard_step((gradsync_shard *)(void *)comm, w, w, 4, 1), GRADSYNC_E_MISUSE);
+  CHECK_MESSAGE("expected a shard, got a comm");
+  CHECK_STATUS(gradsync_shard_part(s, 1, 0, &off, &len), GRADSYNC_E_OUT_OF_RANGE);
+  CHECK_MESSAGE("rank 1 out of range [0, 1)");
+  CHECK_STATUS(gradsync_shard_memory(s, &wb, &ob, &bb), GRADSYNC_OK);
+  CHECK(wb == 16 && ob == 32);
   /* states: step before init, update without aggregate, sizes */
-  EXPECT(gradsync_shard_step(s, w, w, 4, 1) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_shard_init(s, w, 3) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_init(s, w, 4) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_update(s) == GRADSYNC_E_MISUSE);
-  EXPECT(gradsync_shard_gather(s, w, 4) == GRADSYNC_E_MISUSE); /* reports the failed update */
-  EXPECT(gradsync_shard_step(s, w, w, 5, 1) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_read_slice(s, 7, w, 4) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_read_slice(s, GRADSYNC_SHARD_WEIGHTS, w, 2) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_set_lr(s, -1.0) == GRADSYNC_E_INVALID_ARG);
-  EXPECT(gradsync_shard_step(s, w, w, 4, 1) == GRADSYNC_OK);
-  EXPECT(gradsync_shard_updates(s, &updates) == GRADSYNC_OK && updates == 1);
-  EXPECT(gradsync_shard_updates(s, NULL) == GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_step(s, w, w, 4, 1), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_shard_init(s, w, 3), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_init(s, w, 4), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_update(s), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_shard_gather(s, w, 4), GRADSYNC_E_MISUSE); /* reports the failed update */
+  CHECK_STATUS(gradsync_shard_step(s, w, w, 5, 1), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_read_slice(s, 7, w, 4), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_read_slice(s, GRADSYNC_SHARD_WEIGHTS, w, 2), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_set_lr(s, -1.0), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_shard_step(s, w, w, 4, 1), GRADSYNC_OK);
+  CHECK(gradsync_shard_updates(s, &updates) == GRADSYNC_OK && updates == 1);
+  CHECK_STATUS(gradsync_shard_updates(s, NULL), GRADSYNC_E_INVALID_ARG);
   gradsync_shard_free(s);
   gradsync_comm_free(comm);
 }
@@ -213,11 +202,11 @@ int main(void) {
     const uint64_t p10[3][2] = {{0, 4}, {4, 3}, {7, 3}}, p5[3][2] = {{0, 2}, {2, 2}, {4, 1}};
     const uint64_t bigdl[6] = {1, 4, 5, 3, 8, 3};
     for (r = 0; r < 3; ++r) {
-      EXPECT(parts[r].part10[0] == p10[r][0] && parts[r].part10[1] == p10[r][1]);
-      EXPECT(parts[r].part10_bigdl[0] == p10[r][0] + 1 && parts[r].part10_bigdl[1] == p10[r][1]);
-      EXPECT(parts[r].part5[0] == p5[r][0] && parts[r].part5[1] == p5[r][1]);
-      EXPECT(memcmp(parts[r].ranges, bigdl, sizeof bigdl) == 0);
-      EXPECT(parts[r].bufs_status == GRADSYNC_E_BUFS && parts[r].needed == 6);
+      CHECK(parts[r].part10[0] == p10[r][0] && parts[r].part10[1] == p10[r][1]);
+      CHECK(parts[r].part10_bigdl[0] == p10[r][0] + 1 && parts[r].part10_bigdl[1] == p10[r][1]);
+      CHECK(parts[r].part5[0] == p5[r][0] && parts[r].part5[1] == p5[r][1]);
+      CHECK(memcmp(parts[r].ranges, bigdl, sizeof bigdl) == 0);
+      CHECK(parts[r].bufs_status == GRADSYNC_E_BUFS && parts[r].needed == 6);
     }
   }
 
@@ -232,20 +221,19 @@ int main(void) {
     const float grad3[3] = {0.3f, -0.4f, 1.2f};
     int i;
     for (r = 0; r < 2; ++r) {
-      EXPECT(pairs[r].after_step == 97.0f);
-      EXPECT(pairs[r].after_staged == 82.0f);
-      EXPECT(pairs[r].zero_status == GRADSYNC_E_ZERO_WEIGHT);
-      EXPECT(pairs[r].recovered == GRADSYNC_OK);
+      CHECK(pairs[r].after_step == 97.0f);
+      CHECK(pairs[r].after_staged == 82.0f);
+      CHECK_STATUS(pairs[r].zero_status, GRADSYNC_E_ZERO_WEIGHT);
+      CHECK_STATUS(pairs[r].recovered, GRADSYNC_OK);
       for (i = 0; i < 3; ++i) {
-        EXPECT(pairs[r].clamped[i] == 1.0f);
-        EXPECT(fabs(pairs[r].clipped[i] + grad3[i] * 0.03 / norm) < 1e-7);
+        CHECK(pairs[r].clamped[i] == 1.0f);
+        CHECK(fabs(pairs[r].clipped[i] + grad3[i] * 0.03 / norm) < 1e-7);
       }
     }
-    EXPECT(pairs[0].bad_step_status == GRADSYNC_E_REMOTE);
-    EXPECT(pairs[1].bad_step_status == GRADSYNC_E_INVALID_ARG);
+    CHECK_STATUS(pairs[0].bad_step_status, GRADSYNC_E_REMOTE);
+    CHECK_STATUS(pairs[1].bad_step_status, GRADSYNC_E_INVALID_ARG);
   }
 
   bad_input();
-  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-  return failures ? 1 : 0;
+  return check_report("shard C API");
 }

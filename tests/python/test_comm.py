@@ -1,5 +1,4 @@
 """The communicator from Python: ranks are Python threads (ctypes releases the GIL in every call)."""
-import itertools
 import threading
 import time
 
@@ -7,32 +6,7 @@ import numpy as np
 import pytest
 
 import gradsync as gs
-
-_names = itertools.count()
-
-
-def run_ranks(size, body, timeout_ms=20000):
-    """Run body(comm, rank) on `size` threads forming one fresh group; return results or raise the first error."""
-    name = f"pytest-{next(_names)}"
-    results, errors = [None] * size, [None] * size
-
-    def worker(rank):
-        try:
-            with gs.Communicator(name, rank, size, timeout_ms=timeout_ms) as comm:
-                results[rank] = body(comm, rank)
-        except BaseException as exc:  # reported on the main thread
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive(), "a rank did not finish"
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+from conftest import fresh_group_name, run_ranks
 
 
 def test_seed_two_ranks_mean():
@@ -93,7 +67,7 @@ def test_weighted_mean_by_sample_count():
 
 
 def test_timeout_abort_and_reset():
-    name = f"pytest-{next(_names)}"
+    name = fresh_group_name()
     comms = [None, None]
 
     def join(rank):
@@ -154,7 +128,7 @@ def test_bad_arguments():
     assert info.value.status == gs.E_OUT_OF_RANGE
     with pytest.raises(ValueError):
         gs.Communicator("pytest-bad", 0, 1, transport="pigeons")
-    with gs.Communicator(f"pytest-{next(_names)}", 0, 1) as comm:
+    with gs.Communicator(fresh_group_name(), 0, 1) as comm:
         with pytest.raises(TypeError):
             comm.allreduce(np.ones(3, np.float16))
         with pytest.raises(ValueError):

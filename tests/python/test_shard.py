@@ -1,43 +1,16 @@
 """Codecs and the sharded parameter through ctypes, on the thread transport."""
-import itertools
 import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import uuid
 
 import numpy as np
 import pytest
 
 import gradsync as gs
-
-_names = itertools.count()
-
-
-def run_ranks(size, body, timeout_ms=20000):
-    """Run body(comm, rank) on `size` threads of one group; returns the results by rank."""
-    name = f"py-shard-{next(_names)}"
-    results, errors = [None] * size, [None] * size
-
-    def worker(rank):
-        try:
-            with gs.Communicator(name, rank, size, timeout_ms=timeout_ms) as comm:
-                results[rank] = body(comm, rank)
-        except BaseException as exc:  # reported on the main thread
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive(), "a rank did not finish"
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+from conftest import run_ranks
 
 
 def status_of(fn):
