@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/reduce.hpp"
@@ -89,6 +90,18 @@ std::string describe(const Fingerprint& f) {
   for (const std::string& p : parts) joined += (joined.empty() ? "" : ", ") + p;
   if (joined.empty()) return fmt::format("{} #{}", kind_name(f.kind), f.seq);
   return fmt::format("{} #{} ({})", kind_name(f.kind), f.seq, joined);
+}
+
+// The library's partition of `total` elements over n ranks as MPI's int counts and
+// displacements (callers have checked that total fits in an int).
+std::pair<std::vector<int>, std::vector<int>> partition_counts(size_t total, size_t n) {
+  std::vector<int> counts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    const Part p = partition(total, n, r);
+    counts[r] = static_cast<int>(p.len);
+    displs[r] = static_cast<int>(p.start);
+  }
+  return {std::move(counts), std::move(displs)};
 }
 
 MPI_Datatype mpi_type(DType t) noexcept {
@@ -720,12 +733,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
   GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
              "allgather of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
   const auto n = static_cast<size_t>(size_);
-  std::vector<int> counts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    const Part p = partition(total, n, r);
-    counts[r] = static_cast<int>(p.len);
-    displs[r] = static_cast<int>(p.start);
-  }
+  const auto [counts, displs] = partition_counts(total, n);
   const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
   check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
                        mpi_type(dtype), comm_),
@@ -750,12 +758,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
              "reduce_scatter of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
   const auto n = static_cast<size_t>(size_);
-  std::vector<int> counts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    const Part p = partition(total, n, r);
-    counts[r] = static_cast<int>(p.len);
-    displs[r] = static_cast<int>(p.start);
-  }
+  const auto [counts, displs] = partition_counts(total, n);
   if (deterministic_for(dtype, op)) {
     std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
     for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
