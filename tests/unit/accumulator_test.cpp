@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -30,17 +32,6 @@ using gradsync::table::Table;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    char tmpl[] = "/tmp/gradsync-accum-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string file(const char* name) const { return (dir / name).string(); }
-};
 
 AccumSpec aspec(const std::string& path, OpenMode mode, int64_t rows, int64_t dim, int32_t conc = -1,
                 int64_t rows_per_lock = -1) {

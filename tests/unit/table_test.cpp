@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,17 +25,6 @@ using gradsync::table::Table;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    char tmpl[] = "/tmp/gradsync-table-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string file(const char* name) const { return (dir / name).string(); }
-};
 
 OpenSpec spec(const std::string& path, OpenMode mode, int64_t rows, int64_t dim) {
   OpenSpec s;
