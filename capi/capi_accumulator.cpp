@@ -6,6 +6,7 @@
 #include "accumulator/accumulator.hpp"
 #include "capi/capi_table.hpp"
 #include "capi/guard.hpp"
+#include "capi/options.hpp"
 #include "gradsync/accumulator.h"
 
 struct gradsync_accum : gradsync::capi::Handle<gradsync::capi::Kind::Accumulator> {
@@ -22,13 +23,9 @@ constexpr size_t kOptionsV1Size = offsetof(gradsync_accum_options, rows_per_lock
 constexpr size_t kOptimizerV1Size = offsetof(gradsync_optimizer, eps) + sizeof(double);
 
 acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* user) {
-  gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
-  if (user != nullptr) {
-    GS_REQUIRE(user->struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG,
-               "options struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
-               kOptionsV1Size);
-    std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
-  }
+  const gradsync_accum_options defaults = GRADSYNC_ACCUM_OPTIONS_INIT;
+  const gradsync_accum_options o =
+      user == nullptr ? defaults : gradsync::capi::read_options(user, defaults, kOptionsV1Size, "options");
   acc::AccumSpec spec;
   GS_REQUIRE(o.mode >= GRADSYNC_TABLE_CREATE && o.mode <= GRADSYNC_TABLE_ANONYMOUS, GRADSYNC_E_INVALID_ARG,
              "unknown table mode {}", o.mode);
@@ -55,13 +52,9 @@ acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* use
 }
 
 acc::OptimizerSpec parse_optimizer(const gradsync_optimizer* user) {
-  gradsync_optimizer o = GRADSYNC_OPTIMIZER_INIT;
-  if (user != nullptr) {
-    GS_REQUIRE(user->struct_size >= kOptimizerV1Size, GRADSYNC_E_INVALID_ARG,
-               "optimizer struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
-               kOptimizerV1Size);
-    std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
-  }
+  const gradsync_optimizer defaults = GRADSYNC_OPTIMIZER_INIT;
+  const gradsync_optimizer o =
+      user == nullptr ? defaults : gradsync::capi::read_options(user, defaults, kOptimizerV1Size, "optimizer");
   GS_REQUIRE(o.kind == GRADSYNC_OPTIM_SGD || o.kind == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {}", o.kind);
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
@@ -76,29 +69,19 @@ acc::OptimizerSpec parse_optimizer(const gradsync_optimizer* user) {
 
 gradsync_accum* mut(const gradsync_accum* a) { return check(const_cast<gradsync_accum*>(a)); }
 
-template <class T>
-int init_struct(T* out, size_t struct_size, size_t v1_size, T defaults, const char* function) {
-  return guard(function, [&] {
-    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "struct pointer is NULL");
-    GS_REQUIRE(struct_size >= v1_size, GRADSYNC_E_INVALID_ARG, "struct_size {} is smaller than version 1's {}",
-               struct_size, v1_size);
-    defaults.struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof(T)));
-    std::memset(static_cast<void*>(out), 0, struct_size);
-    std::memcpy(static_cast<void*>(out), &defaults, std::min(struct_size, sizeof(T)));
-  });
-}
 }  // namespace
 
 extern "C" {
 
 GRADSYNC_API int gradsync_accum_options_init(gradsync_accum_options* opts, size_t struct_size) {
-  gradsync_accum_options d = GRADSYNC_ACCUM_OPTIONS_INIT;
-  return init_struct(opts, struct_size, kOptionsV1Size, d, __func__);
+  const gradsync_accum_options defaults = GRADSYNC_ACCUM_OPTIONS_INIT;
+  return guard(__func__, [&] { gradsync::capi::init_options(opts, struct_size, defaults, kOptionsV1Size, "options"); });
 }
 
 GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer* opt, size_t struct_size) {
-  gradsync_optimizer d = GRADSYNC_OPTIMIZER_INIT;
-  return init_struct(opt, struct_size, kOptimizerV1Size, d, __func__);
+  const gradsync_optimizer defaults = GRADSYNC_OPTIMIZER_INIT;
+  return guard(__func__,
+               [&] { gradsync::capi::init_options(opt, struct_size, defaults, kOptimizerV1Size, "optimizer"); });
 }
 
 GRADSYNC_API int gradsync_accum_open(gradsync_accum** out, const char* path, const gradsync_accum_options* opts) {

@@ -5,6 +5,7 @@
 
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
+#include "capi/options.hpp"
 #include "comm/communicator.hpp"
 #include "gradsync/comm.h"
 
@@ -24,11 +25,7 @@ gradsync_comm_options default_options() {
 // Copies what the caller's version of the struct has; later fields keep their defaults.
 gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
   GS_REQUIRE(user != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
-  GS_REQUIRE(user->struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG,
-             "options struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
-             kOptionsV1Size);
-  gradsync_comm_options o = default_options();
-  std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
+  const gradsync_comm_options o = gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
 
   gradsync::comm::Options out;
@@ -72,15 +69,8 @@ void require_buffer(const void* p, size_t count, DType dtype, const char* what) 
 extern "C" {
 
 GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options* opts, size_t struct_size) {
-  return guard(__func__, [&] {
-    GS_REQUIRE(opts != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
-    GS_REQUIRE(struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG, "struct_size {} is smaller than version 1's {}",
-               struct_size, kOptionsV1Size);
-    gradsync_comm_options defaults = default_options();
-    std::memset(static_cast<void*>(opts), 0, struct_size);
-    std::memcpy(static_cast<void*>(opts), &defaults, std::min(struct_size, sizeof defaults));
-    opts->struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof defaults));
-  });
+  return guard(__func__,
+               [&] { gradsync::capi::init_options(opts, struct_size, default_options(), kOptionsV1Size, "options"); });
 }
 
 GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_options* opts) {

@@ -5,6 +5,7 @@
 
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
+#include "capi/options.hpp"
 #include "comm/communicator.hpp"
 #include "gradsync/shard.h"
 #include "shard/sharded_parameter.hpp"
@@ -31,13 +32,9 @@ gradsync_shard_options default_options() {
 }
 
 gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
-  gradsync_shard_options o = default_options();
-  if (user != nullptr) {
-    GS_REQUIRE(user->struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG,
-               "options struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
-               kOptionsV1Size);
-    std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
-  }
+  const gradsync_shard_options o = user == nullptr ? default_options()
+                                                  : gradsync::capi::read_options(user, default_options(),
+                                                                                 kOptionsV1Size, "options");
   gradsync::shard::Options out;
   GS_REQUIRE(o.optimizer >= GRADSYNC_SHARD_SGD && o.optimizer <= GRADSYNC_SHARD_ADAMW, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", o.optimizer);
@@ -66,15 +63,8 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
 extern "C" {
 
 GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options* opts, size_t struct_size) {
-  return guard(__func__, [&] {
-    GS_REQUIRE(opts != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
-    GS_REQUIRE(struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG, "struct_size {} is smaller than version 1's {}",
-               struct_size, kOptionsV1Size);
-    const gradsync_shard_options defaults = default_options();
-    std::memset(static_cast<void*>(opts), 0, struct_size);
-    std::memcpy(static_cast<void*>(opts), &defaults, std::min(struct_size, sizeof defaults));
-    opts->struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof defaults));
-  });
+  return guard(__func__,
+               [&] { gradsync::capi::init_options(opts, struct_size, default_options(), kOptionsV1Size, "options"); });
 }
 
 GRADSYNC_API int gradsync_shard_create(gradsync_shard** out, gradsync_comm* comm, uint64_t total,

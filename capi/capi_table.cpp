@@ -5,6 +5,7 @@
 
 #include "capi/capi_table.hpp"
 #include "capi/guard.hpp"
+#include "capi/options.hpp"
 #include "gradsync/table.h"
 
 namespace {
@@ -20,13 +21,9 @@ gradsync_table_options default_options() {
 }
 
 tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user) {
-  gradsync_table_options o = default_options();
-  if (user != nullptr) {
-    GS_REQUIRE(user->struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG,
-               "options struct_size {} is smaller than version 1's {} (not initialised?)", user->struct_size,
-               kOptionsV1Size);
-    std::memcpy(&o, user, std::min<size_t>(user->struct_size, sizeof o));
-  }
+  const gradsync_table_options o = user == nullptr ? default_options()
+                                                  : gradsync::capi::read_options(user, default_options(),
+                                                                                 kOptionsV1Size, "options");
   tbl::OpenSpec spec;
   GS_REQUIRE(o.mode >= GRADSYNC_TABLE_CREATE && o.mode <= GRADSYNC_TABLE_ANONYMOUS, GRADSYNC_E_INVALID_ARG,
              "unknown table mode {}", o.mode);
@@ -63,15 +60,8 @@ gradsync_table* mut(const gradsync_table* t) { return check(const_cast<gradsync_
 extern "C" {
 
 GRADSYNC_API int gradsync_table_options_init(gradsync_table_options* opts, size_t struct_size) {
-  return guard(__func__, [&] {
-    GS_REQUIRE(opts != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
-    GS_REQUIRE(struct_size >= kOptionsV1Size, GRADSYNC_E_INVALID_ARG, "struct_size {} is smaller than version 1's {}",
-               struct_size, kOptionsV1Size);
-    gradsync_table_options o = default_options();
-    o.struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof o));
-    std::memset(static_cast<void*>(opts), 0, struct_size);
-    std::memcpy(opts, &o, std::min(struct_size, sizeof o));
-  });
+  return guard(__func__,
+               [&] { gradsync::capi::init_options(opts, struct_size, default_options(), kOptionsV1Size, "options"); });
 }
 
 GRADSYNC_API int gradsync_table_open(gradsync_table** out, const char* path, const gradsync_table_options* opts) {
