@@ -6,7 +6,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "temp_dir.hpp"
+#include "test_support.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -53,17 +53,6 @@ std::unique_ptr<Table> anon_table(int64_t rows, int64_t dim) {
   return Table::open(s);
 }
 
-template <class F>
-void expect_error(F&& f, int status, const std::string& needle) {
-  try {
-    f();
-    FAIL("expected status " << status << " (" << needle << ")");
-  } catch (const Error& e) {
-    INFO(e.what());
-    CHECK(e.status() == status);
-    CHECK(std::string(e.what()).find(needle) != std::string::npos);
-  }
-}
 
 std::vector<float> row_of(Accumulator& a, int64_t r) {
   std::vector<float> out(static_cast<size_t>(a.dim()));

@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "temp_dir.hpp"
+#include "test_support.hpp"
 
 #include <cstdio>
 #include <cstring>
@@ -35,18 +35,6 @@ OpenSpec spec(const std::string& path, OpenMode mode, int64_t rows, int64_t dim)
   return s;
 }
 
-// Runs f, which must throw gradsync::Error with `status` and a message containing `needle`.
-template <class F>
-void expect_error(F&& f, int status, const std::string& needle) {
-  try {
-    f();
-    FAIL("expected status " << status << " (" << needle << ")");
-  } catch (const Error& e) {
-    INFO(e.what());
-    CHECK(e.status() == status);
-    CHECK(std::string(e.what()).find(needle) != std::string::npos);
-  }
-}
 
 FileHeader read_slot(const std::string& path, int slot) {
   FileHeader h{};
