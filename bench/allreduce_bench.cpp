@@ -129,7 +129,7 @@ class SpinBarrier {
     gradsync::wait_until(
         word_, [&] { return word_.value.load(std::memory_order_acquire) != gen; },
         gradsync::WaitClock::now() + std::chrono::minutes(2), nullptr, ~0u,
-        gradsync::WaitPolicy{std::chrono::microseconds(1), 0});
+        gradsync::WaitPolicy{std::chrono::microseconds(1), std::chrono::nanoseconds(0)});
   }
 
  private:

@@ -44,11 +44,18 @@ struct Traits {
   }
 };
 
+// The kernel bodies are always inlined into one entry point per instruction set (fold_for_cpu
+// below), which is where the loop over elements is vectorised: 256-bit vectors roughly double the
+// rate from cache over the SSE2 baseline, and keep a large allreduce at the memory-bandwidth bound.
+// Vector and scalar code give the same bits: each element is still folded in rank order with the
+// same IEEE operations (no FMA is involved, and min/max vectorise only with the scalar semantics).
+#define GS_KERNEL [[gnu::always_inline]] inline
+
 // Fixed number of sources: one pass, the fold over ranks unrolled at compile time, so the loop over
 // elements vectorises. ivdep: dst either is one of the sources (dependence distance 0) or overlaps
 // none, which is the documented precondition, so no runtime alias check is needed.
 template <class Tr, size_t... K>
-void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Elem* dst, size_t begin, size_t end,
+GS_KERNEL void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Elem* dst, size_t begin, size_t end,
                 std::index_sequence<K...>) noexcept {
   using T = typename Tr::Elem;
   constexpr size_t n = sizeof...(K);
@@ -63,7 +70,7 @@ void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Elem* dst, si
 
 // Any number of sources: fold block by block through an accumulator that stays in L1.
 template <class Tr>
-void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename Tr::Elem* dst, size_t begin,
+GS_KERNEL void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename Tr::Elem* dst, size_t begin,
                   size_t end) noexcept {
   using Acc = typename Tr::Acc;
   constexpr size_t kChunk = 512;
@@ -82,7 +89,7 @@ void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename T
 }
 
 template <class Tr>
-void fold(const void* const* raw, size_t nsrcs, void* raw_dst, size_t begin, size_t end) noexcept {
+GS_KERNEL void fold(const void* const* raw, size_t nsrcs, void* raw_dst, size_t begin, size_t end) noexcept {
   using T = typename Tr::Elem;
   const T* const* srcs = reinterpret_cast<const T* const*>(raw);
   T* dst = static_cast<T*>(raw_dst);
@@ -101,13 +108,35 @@ void fold(const void* const* raw, size_t nsrcs, void* raw_dst, size_t begin, siz
 
 using FoldFn = void (*)(const void* const*, size_t, void*, size_t, size_t) noexcept;
 
+template <class Tr>
+void fold_baseline(const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) noexcept {
+  fold<Tr>(srcs, nsrcs, dst, begin, end);
+}
+
+#if defined(__x86_64__)
+template <class Tr>
+__attribute__((target("avx2"))) void fold_avx2(const void* const* srcs, size_t nsrcs, void* dst, size_t begin,
+                                               size_t end) noexcept {
+  fold<Tr>(srcs, nsrcs, dst, begin, end);
+}
+#endif
+
+template <class Tr>
+FoldFn fold_for_cpu() noexcept {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") != 0;
+  if (avx2) return &fold_avx2<Tr>;
+#endif
+  return &fold_baseline<Tr>;
+}
+
 template <class T>
 FoldFn pick_op(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::Sum: return &fold<Traits<T, ReduceOp::Sum>>;
-    case ReduceOp::Mean: return &fold<Traits<T, ReduceOp::Mean>>;
-    case ReduceOp::Min: return &fold<Traits<T, ReduceOp::Min>>;
-    case ReduceOp::Max: return &fold<Traits<T, ReduceOp::Max>>;
+    case ReduceOp::Sum: return fold_for_cpu<Traits<T, ReduceOp::Sum>>();
+    case ReduceOp::Mean: return fold_for_cpu<Traits<T, ReduceOp::Mean>>();
+    case ReduceOp::Min: return fold_for_cpu<Traits<T, ReduceOp::Min>>();
+    case ReduceOp::Max: return fold_for_cpu<Traits<T, ReduceOp::Max>>();
   }
   return nullptr;
 }

@@ -12,6 +12,7 @@
 //   waiter:  wait_until(word, ready, deadline [, abort flag])
 // notify() bumps word.value and issues FUTEX_WAKE only when word.sleepers > 0; a sleeper registers
 // in `sleepers` before re-checking the condition and sleeping on `value`.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -37,18 +38,22 @@ void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
 void cpu_relax() noexcept;
 }  // namespace wait_detail
 
-// How long to spin and how often to yield before sleeping. The spin is bounded in time, and short:
-// a peer on another core publishes within a microsecond or two, while on 2 cores shared by 4-8
-// ranks (or by other processes) every spinning microsecond is stolen from the rank being waited
-// for. Yielding is kept to a few rounds: under load sched_yield hands the core to whatever else is
-// runnable, possibly for a whole time slice, while a futex sleeper is woken first.
+// How long to spin, then how long to yield, before sleeping. Both are bounded in time, and the
+// yielding stops early after one yield that kept this thread off the core for longer than
+// slow_yield: somebody else ran a whole time slice, so yielding again would only lose another.
 struct WaitPolicy {
   std::chrono::nanoseconds spin{20000};
-  uint32_t yields = 2;
+  std::chrono::nanoseconds yield_for{5000};
+  std::chrono::nanoseconds slow_yield{std::chrono::nanoseconds::max()};
 };
 
-// For waits where the ranks outnumber the cores: nobody we wait for can run while we spin.
-inline constexpr WaitPolicy kOversubscribedWait{std::chrono::nanoseconds{1000}, 1};
+// How a wait went: the phase it ended in (ready, aborted or timed out), and whether it left the
+// yield phase because of a slow yield.
+enum class WaitPhase { Spin, Yield, Sleep };
+struct WaitTrace {
+  WaitPhase ended_in = WaitPhase::Spin;
+  bool slow_yield = false;
+};
 
 // Makes waiters on `word` re-check their condition. Call after publishing the condition (seq_cst).
 // Costs one load when nobody sleeps: the bump and the syscall happen only for registered sleepers,
@@ -68,8 +73,11 @@ inline void notify(WaitWord& word) noexcept {
 template <class Ready>
 WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
                       const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u,
-                      WaitPolicy policy = {}) {
+                      WaitPolicy policy = {}, WaitTrace* trace = nullptr) {
   auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0; };
+  WaitTrace trace_sink;
+  WaitTrace& how = trace != nullptr ? *trace : trace_sink;
+  how = WaitTrace{};
   if (ready()) return WaitResult::Ready;
   if (policy.spin.count() > 0) {
     const auto spin_until = WaitClock::now() + policy.spin;
@@ -80,11 +88,23 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
       if ((i & 7) == 0 && WaitClock::now() >= spin_until) break;
     }
   }
-  for (uint32_t i = 0; i < policy.yields; ++i) {
-    if (ready()) return WaitResult::Ready;
-    if (aborted()) return WaitResult::Aborted;
-    std::this_thread::yield();
+  how.ended_in = WaitPhase::Yield;
+  if (policy.yield_for.count() > 0) {
+    auto now = WaitClock::now();
+    const auto yield_until = now + policy.yield_for;
+    do {
+      if (ready()) return WaitResult::Ready;
+      if (aborted()) return WaitResult::Aborted;
+      std::this_thread::yield();
+      const auto before = now;
+      now = WaitClock::now();
+      if (now - before > policy.slow_yield) {
+        how.slow_yield = true;
+        break;
+      }
+    } while (now < yield_until);
   }
+  how.ended_in = WaitPhase::Sleep;
   for (;;) {
     // Registration, then the re-check of the condition: both seq_cst, the Dekker half of notify().
     word.sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -108,5 +128,60 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
     if (done) return result;
   }
 }
+
+// wait_until with budgets that adapt to how the machine behaves, for one waiter (a rank) that
+// waits many times for the same peers.
+// - Spinning pays when the awaited rank runs on another core (a wake from a futex sleep costs
+//   ~25 us on an idle core). A wait that ends while spinning doubles the spin budget; one that
+//   gets past it halves it, down to nothing (on a loaded machine the awaited rank is rarely
+//   running while we spin; measured round trips grow from ~3 us without spinning to ~110 us with
+//   20 us of spin).
+// - Yielding pays when ranks outnumber cores: the awaited rank is runnable on OUR core, and a yield
+//   lets it run at once (a 4-rank round on 2 cores takes ~2 us instead of ~35 us of futex
+//   hand-offs). It does not pay when other processes hold the cores: a yield then hands one of them
+//   a whole time slice. So yielding stops at the first slow yield (> kSlowYield off the core), and
+//   the next waits skip it; a wait that ends while yielding restores the full budget.
+// - Otherwise the waiter sleeps on the futex.
+// Every 64th wait probes with a short spin and the full yield budget, so both come back when the
+// machine changes. Not thread-safe: one per waiting thread.
+class AdaptiveWait {
+ public:
+  // ranks: how many threads or processes of the group run on this host.
+  explicit AdaptiveWait(int ranks) noexcept
+      : max_spin_(static_cast<unsigned>(ranks) > std::max(1u, std::thread::hardware_concurrency())
+                      ? std::chrono::nanoseconds{0}
+                      : std::chrono::nanoseconds{50000}),
+        spin_(max_spin_ / 4) {}
+
+  template <class Ready>
+  WaitResult operator()(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
+                        const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u) {
+    // Already there: says nothing about whether waiting actively pays (counting it as a success
+    // would let the last arriver's spin budget grow and then burn a shared core when it is first).
+    if (ready()) return WaitResult::Ready;
+    const bool probe = (++waits_ & 63) == 0;
+    const WaitPolicy policy{probe ? std::max(spin_, std::min(kProbeSpin, max_spin_)) : spin_,
+                            probe ? kMaxYield : yield_, kSlowYield};
+    WaitTrace trace;
+    const WaitResult result = wait_until(word, ready, deadline, abort, abort_mask, policy, &trace);
+    if (trace.ended_in == WaitPhase::Spin) {
+      spin_ = std::min(std::max(policy.spin, spin_ * 2), max_spin_);
+    } else if (!probe) {
+      spin_ = spin_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : spin_ / 2;
+    }
+    if (trace.ended_in == WaitPhase::Yield) yield_ = kMaxYield;
+    if (trace.slow_yield) yield_ = std::chrono::nanoseconds{0};
+    return result;
+  }
+
+ private:
+  static constexpr std::chrono::nanoseconds kProbeSpin{2000};
+  static constexpr std::chrono::nanoseconds kMaxYield{500000};
+  static constexpr std::chrono::nanoseconds kSlowYield{100000};
+  const std::chrono::nanoseconds max_spin_;
+  std::chrono::nanoseconds spin_;
+  std::chrono::nanoseconds yield_ = kMaxYield;
+  uint64_t waits_ = 0;
+};
 
 }  // namespace gradsync

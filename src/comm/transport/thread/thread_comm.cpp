@@ -216,30 +216,10 @@ class ThreadCommunicator final : public Communicator {
   void finish_round(uint64_t round);
   void leave() noexcept;
 
-  // wait_until with an adaptive spin. A wait that spun to success doubles the budget, one that had
-  // to sleep halves it, down to no spin at all: when the machine is oversubscribed (more ranks than
-  // cores, or other processes) the awaited rank is rarely running while we spin, and measured
-  // round trips grow from ~3 us without spinning to ~15 us with 2 us of spin and ~110 us with
-  // 20 us. Every 64th wait probes with a short spin, so the budget comes back when cores free up.
   template <class Ready>
   WaitResult timed_wait(Ready&& ready, WaitClock::time_point deadline, const std::atomic<uint32_t>* abort = nullptr,
                         uint32_t mask = ~0u) {
-    // Already there: says nothing about whether spinning pays (counting it as a success would let
-    // the last arriver's budget grow without bound and then burn a shared core when it is first).
-    if (ready()) return WaitResult::Ready;
-    const bool probe = (++waits_ & 63) == 0 && spin_ < kProbeSpin;
-    const auto budget = probe ? kProbeSpin : spin_;
-    // Yield only while spinning pays: under load a yield can hand the core away for a whole time
-    // slice, while a futex sleeper is woken (and scheduled) first.
-    const uint32_t yields = budget >= kProbeSpin ? 1 : 0;
-    const auto start = WaitClock::now();
-    const WaitResult result = wait_until(group_->doorbell, ready, deadline, abort, mask, WaitPolicy{budget, yields});
-    if (WaitClock::now() - start <= budget) {
-      spin_ = std::min(std::max(budget, spin_ * 2), max_spin_);
-    } else if (!probe) {
-      spin_ = spin_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : spin_ / 2;
-    }
-    return result;
+    return waiter_(group_->doorbell, ready, deadline, abort, mask);
   }
 
   const Descriptor& desc_of(int r, uint64_t round) const noexcept { return slot(r).desc[round & 1]; }
@@ -250,12 +230,7 @@ class ThreadCommunicator final : public Communicator {
   const std::chrono::milliseconds timeout_;
   const bool check_mismatch_;
   uint64_t round_ = 0;
-  static constexpr std::chrono::nanoseconds kProbeSpin{2000};
-  uint64_t waits_ = 0;
-  // Spinning only pays when every rank has a core of its own.
-  const std::chrono::nanoseconds max_spin_{
-      static_cast<unsigned>(size_) <= std::max(1u, std::thread::hardware_concurrency()) ? 50000 : 2000};
-  std::chrono::nanoseconds spin_{max_spin_ / 4};
+  AdaptiveWait waiter_{size_};
 };
 
 void ThreadCommunicator::fail_if_aborted(const char* what) const {
