@@ -230,6 +230,7 @@ class ShmCommunicator final : public Communicator {
   uint64_t round_ = 0;
   uint64_t barriers_ = 0;
   uint64_t chunks_ = 0;  // copy-path chunks of every allreduce so far (the same count on every rank)
+  AdaptiveWait waiter_{options_.size};
   int dead_rank_ = -1;
 };
 
@@ -297,7 +298,7 @@ ShmCommunicator::Waited ShmCommunicator::wait_all(WaitWord& word, Counter&& coun
   };
   for (;;) {
     const auto slice = std::min(deadline, Clock::now() + kLivenessInterval);
-    switch (wait_until(word, ready, slice, stop_word)) {
+    switch (waiter_(word, ready, slice, stop_word)) {
       case WaitResult::Ready:
         if (dead.empty()) return Waited::Ready;
         return Waited::PeerDied;
@@ -331,7 +332,7 @@ template <class Ready>
 void ShmCommunicator::wait_ready(Ready&& ready, Clock::time_point deadline, const char* what) {
   for (;;) {
     const auto slice = std::min(deadline, Clock::now() + kLivenessInterval);
-    switch (wait_until(header().barrier_wake, ready, slice, &header().stop_word)) {
+    switch (waiter_(header().barrier_wake, ready, slice, &header().stop_word)) {
       case WaitResult::Ready: return;
       case WaitResult::Aborted: throw_stopped(true);
       case WaitResult::Timeout: break;
