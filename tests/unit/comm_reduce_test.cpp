@@ -187,3 +187,90 @@ TEST_CASE("wait_until: ready, timeout, abort, and a wake from another thread", "
   aborter.join();
   REQUIRE(word.sleepers.load() == 0);
 }
+
+TEST_CASE("wait_until reports the phase a wait ended in", "[comm][wait]") {
+  using namespace std::chrono_literals;
+  gradsync::WaitWord word;
+  std::atomic<uint32_t> flag{0};
+  auto ready = [&] { return flag.load(std::memory_order_seq_cst) != 0; };
+  auto set_later = [&](std::chrono::milliseconds after) {
+    return std::thread([&, after] {
+      std::this_thread::sleep_for(after);
+      flag.store(1, std::memory_order_seq_cst);
+      gradsync::notify(word);
+    });
+  };
+  gradsync::WaitTrace trace;
+
+  SECTION("a long spin budget ends in the spin") {
+    std::thread t = set_later(5ms);
+    REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 30s, nullptr, ~0u,
+                                 gradsync::WaitPolicy{20s, 0s}, &trace) == gradsync::WaitResult::Ready);
+    t.join();
+    REQUIRE(trace.ended_in == gradsync::WaitPhase::Spin);
+  }
+  SECTION("a long yield budget ends in the yields") {
+    std::thread t = set_later(5ms);
+    REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 30s, nullptr, ~0u,
+                                 gradsync::WaitPolicy{0s, 20s}, &trace) == gradsync::WaitResult::Ready);
+    t.join();
+    REQUIRE(trace.ended_in == gradsync::WaitPhase::Yield);
+    REQUIRE_FALSE(trace.slow_yield);
+  }
+  SECTION("a slow yield ends the yields, and the wait sleeps") {
+    std::thread t = set_later(20ms);
+    // Every yield takes longer than 0 ns, so the first one counts as slow.
+    REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 30s, nullptr, ~0u,
+                                 gradsync::WaitPolicy{0s, 20s, 0ns}, &trace) == gradsync::WaitResult::Ready);
+    t.join();
+    REQUIRE(trace.slow_yield);
+    REQUIRE(trace.ended_in == gradsync::WaitPhase::Sleep);
+  }
+  SECTION("no budgets: straight to sleep, and a timeout there") {
+    REQUIRE(gradsync::wait_until(word, ready, gradsync::WaitClock::now() + 20ms, nullptr, ~0u,
+                                 gradsync::WaitPolicy{0s, 0s}, &trace) == gradsync::WaitResult::Timeout);
+    REQUIRE(trace.ended_in == gradsync::WaitPhase::Sleep);
+  }
+  REQUIRE(word.sleepers.load() == 0);
+}
+
+TEST_CASE("AdaptiveWait loses no wake-up in a ping-pong, whatever its budgets become", "[comm][wait]") {
+  using namespace std::chrono_literals;
+  // More players than cores exercises the yield phase; the slow phases shrink and restore the
+  // budgets many times over 3000 hand-offs.
+  const int players = static_cast<int>(std::thread::hardware_concurrency()) + 2;
+  constexpr uint64_t kRounds = 3000;
+  gradsync::WaitWord word;
+  std::atomic<uint64_t> turn{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < players; ++p) {
+    threads.emplace_back([&, p] {
+      gradsync::AdaptiveWait wait(players);
+      for (uint64_t t = static_cast<uint64_t>(p); t < kRounds; t += static_cast<uint64_t>(players)) {
+        if (wait(word, [&] { return turn.load(std::memory_order_seq_cst) == t; }, gradsync::WaitClock::now() + 60s) !=
+            gradsync::WaitResult::Ready) {
+          failures.fetch_add(1);
+          return;
+        }
+        turn.store(t + 1, std::memory_order_seq_cst);
+        gradsync::notify(word);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(failures.load() == 0);
+  REQUIRE(turn.load() == kRounds);
+
+  gradsync::AdaptiveWait wait(2);
+  std::atomic<uint32_t> abort_flag{0};
+  auto never = [] { return false; };
+  REQUIRE(wait(word, never, gradsync::WaitClock::now() + 20ms) == gradsync::WaitResult::Timeout);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(10ms);
+    abort_flag.store(1, std::memory_order_seq_cst);
+    gradsync::notify(word);
+  });
+  REQUIRE(wait(word, never, gradsync::WaitClock::now() + 30s, &abort_flag) == gradsync::WaitResult::Aborted);
+  aborter.join();
+}
