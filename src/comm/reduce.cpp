@@ -1,6 +1,7 @@
 #include "comm/reduce.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -121,11 +122,15 @@ __attribute__((target("avx2"))) void fold_avx2(const void* const* srcs, size_t n
 }
 #endif
 
+std::atomic<KernelIsa>& isa_in_use() noexcept {
+  static std::atomic<KernelIsa> isa{best_kernel_isa()};
+  return isa;
+}
+
 template <class Tr>
 FoldFn fold_for_cpu() noexcept {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2") != 0;
-  if (avx2) return &fold_avx2<Tr>;
+  if (isa_in_use().load(std::memory_order_relaxed) == KernelIsa::Avx2) return &fold_avx2<Tr>;
 #endif
   return &fold_baseline<Tr>;
 }
@@ -156,6 +161,17 @@ FoldFn pick(DType dtype, ReduceOp op) {
 }
 
 }  // namespace
+
+KernelIsa best_kernel_isa() noexcept {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) return KernelIsa::Avx2;
+#endif
+  return KernelIsa::Baseline;
+}
+
+void use_kernel_isa(KernelIsa isa) noexcept {
+  isa_in_use().store(isa == KernelIsa::Avx2 ? best_kernel_isa() : KernelIsa::Baseline, std::memory_order_relaxed);
+}
 
 void reduce(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) {
   GS_REQUIRE(nsrcs >= 1, GRADSYNC_E_INVALID_ARG, "reduction over {} sources", nsrcs);

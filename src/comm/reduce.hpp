@@ -39,6 +39,13 @@ void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noe
 // src[begin, end) into every dsts[k][begin, end), blockwise so src is read from memory once.
 void copy_to_all(DType dtype, const void* src, void* const* dsts, size_t ndsts, size_t begin, size_t end) noexcept;
 
+// The instruction set of the kernels: the best the CPU has unless told otherwise. Every ISA gives
+// the same bits (tests compare them); use_kernel_isa exists so that tests can run each one, and it
+// never selects an ISA the CPU lacks.
+enum class KernelIsa { Baseline, Avx2 };
+KernelIsa best_kernel_isa() noexcept;
+void use_kernel_isa(KernelIsa isa) noexcept;
+
 // Elements per block of reduce_to_all/copy_to_all: small enough that a block of every source
 // plus the destination stays in L1/L2, large enough to amortise the loop set-up.
 constexpr size_t kBlockBytes = 16 * 1024;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -273,4 +274,57 @@ TEST_CASE("AdaptiveWait loses no wake-up in a ping-pong, whatever its budgets be
   });
   REQUIRE(wait(word, never, gradsync::WaitClock::now() + 30s, &abort_flag) == gradsync::WaitResult::Aborted);
   aborter.join();
+}
+
+namespace {
+
+// Random values with the awkward ones mixed in: signed zeros, infinities, NaN, subnormals, extremes.
+template <class T>
+std::vector<T> awkward_values(size_t n, std::mt19937_64& rng) {
+  std::vector<T> v(n);
+  std::uniform_int_distribution<int> pick(0, 15);
+  for (auto& x : v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      using L = std::numeric_limits<T>;
+      const T special[] = {T(0), -T(0), L::infinity(), -L::infinity(), L::quiet_NaN(), L::denorm_min(), L::max(),
+                           L::lowest()};
+      const int k = pick(rng);
+      x = k < 8 ? special[k] : std::uniform_real_distribution<T>(-1e3, 1e3)(rng);
+    } else {
+      x = static_cast<T>(rng());
+    }
+  }
+  return v;
+}
+
+template <class T>
+void compare_isas(DType dtype) {
+  std::mt19937_64 rng(7);
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max}) {
+    for (size_t n : {1u, 2u, 3u, 4u, 8u, 9u}) {
+      const size_t count = 1037;  // not a multiple of any vector width
+      std::vector<std::vector<T>> srcs;
+      std::vector<const void*> ptrs;
+      for (size_t k = 0; k < n; ++k) srcs.push_back(awkward_values<T>(count, rng));
+      for (auto& s : srcs) ptrs.push_back(s.data());
+      std::vector<T> out[2] = {std::vector<T>(count), std::vector<T>(count)};
+      const comm::KernelIsa isas[2] = {comm::KernelIsa::Baseline, comm::best_kernel_isa()};
+      for (int i = 0; i < 2; ++i) {
+        comm::use_kernel_isa(isas[i]);
+        comm::reduce(dtype, op, ptrs.data(), n, out[i].data(), 3, count);  // an unaligned start
+      }
+      INFO("op " << static_cast<int>(op) << ", " << n << " sources");
+      REQUIRE(same_bytes(out[0].data() + 3, out[1].data() + 3, (count - 3) * sizeof(T)));
+    }
+  }
+  comm::use_kernel_isa(comm::best_kernel_isa());
+}
+
+}  // namespace
+
+TEST_CASE("the vector kernels give the bits of the baseline kernels", "[comm][reduce]") {
+  SECTION("f32") { compare_isas<float>(DType::F32); }
+  SECTION("f64") { compare_isas<double>(DType::F64); }
+  SECTION("i32") { compare_isas<int32_t>(DType::I32); }
+  SECTION("i64") { compare_isas<int64_t>(DType::I64); }
 }
