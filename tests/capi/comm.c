@@ -97,7 +97,7 @@ static void test_trio_mismatch(void) {
   for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
   for (i = 0; i < 3; ++i) {
     CHECK_STATUS(args[i].first_status, GRADSYNC_E_MISMATCH);
-    if (strstr(args[i].first_message, "rank 1 called allreduce count 7 but rank 0 count 4") == NULL) {
+    if (strstr(args[i].first_message, "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") == NULL) {
       fprintf(stderr, "rank %d: unexpected mismatch message: %s\n", i, args[i].first_message);
       check_failed();
     }

@@ -27,7 +27,7 @@ def test_seed_mismatch_on_every_rank_then_next_round_works():
 
     for rank, (error, first, second) in enumerate(run_ranks(3, body)):
         assert error.status == gs.E_MISMATCH
-        assert "rank 1 called allreduce count 7 but rank 0 count 4" in error.message
+        assert "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)" in error.message
         assert (first == 1.0).all()  # nothing written
         assert second.tolist() == [3.0] * 4
 

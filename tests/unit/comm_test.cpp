@@ -284,7 +284,7 @@ TEST_CASE("seed acceptance: lengths 4, 7, 4 give every rank the mismatch error, 
   for (int r = 0; r < 3; ++r) {
     INFO(first[r].message);
     REQUIRE(first[r].status == GRADSYNC_E_MISMATCH);
-    REQUIRE(first[r].message.find("rank 1 called allreduce count 7 but rank 0 count 4") != std::string::npos);
+    REQUIRE(first[r].message.find("rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") != std::string::npos);
     REQUIRE(untouched[r] == std::vector<float>(r == 1 ? 7 : 4, static_cast<float>(r + 1)));
     REQUIRE(second[r] == std::vector<float>(4, 3.0f));
   }
@@ -301,21 +301,21 @@ TEST_CASE("every kind of disagreement is a mismatch on every rank, and nothing i
     c.allreduce(std::span<const BufferRef>(&b, 1), t, op);
   };
   std::vector<Variant> variants{
-      {"count", "count 3 but rank 0 count 4", [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
-      {"count (large)", "count 5000 but rank 0 count 6000",
+      {"count", "rank 2 called allreduce of 3 f32 (sum) but rank 0 called allreduce of 4 f32 (sum)", [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
+      {"count (large)", "allreduce of 5000 f32 (sum) but rank 0 called allreduce of 6000 f32 (sum)",
        [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 5000 : 6000, DType::F32, ReduceOp::Sum); }},
-      {"dtype", "dtype i32 but rank 0 dtype f32",
+      {"dtype", "allreduce of 2 i32 (sum) but rank 0 called allreduce of 2 f32 (sum)",
        [&](Communicator& c, int r, auto& v) { ar(c, v, 2, r == 2 ? DType::I32 : DType::F32, ReduceOp::Sum); }},
-      {"op", "op max but rank 0 op sum",
+      {"op", "allreduce of 4 f32 (max) but rank 0 called allreduce of 4 f32 (sum)",
        [&](Communicator& c, int r, auto& v) { ar(c, v, 4, DType::F32, r == 2 ? ReduceOp::Max : ReduceOp::Sum); }},
-      {"root", "root 1 but rank 0 root 0",
+      {"root", "broadcast of 4 f32 from root 1 but rank 0 called broadcast of 4 f32 from root 0",
        [&](Communicator& c, int r, auto& v) { c.broadcast(v.data(), 4, DType::F32, r == 2 ? 1 : 0); }},
-      {"collective", "called broadcast but rank 0 called allreduce",
+      {"collective", "called broadcast of 4 f32 from root 0 but rank 0 called allreduce of 4 f32 (sum)",
        [&](Communicator& c, int r, auto& v) {
          if (r == 2) c.broadcast(v.data(), 4, DType::F32, 0);
          else ar(c, v, 4, DType::F32, ReduceOp::Sum);
        }},
-      {"buffers", "allreduce with 1 buffers but rank 0 with 2 buffers",
+      {"buffers", "allreduce of 4 f32 (sum) but rank 0 called allreduce of 2 buffers (4 f32 in all) (sum)",
        [&](Communicator& c, int r, auto& v) {
          std::vector<BufferRef> bufs{{v.data(), v.data(), 2}, {v.data() + 2, v.data() + 2, 2}};
          if (r == 2) bufs = {{v.data(), v.data(), 4}};  // same total, split differently

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/call_signature.hpp"
 #include "comm/reduce.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "common/error.hpp"
@@ -43,54 +44,15 @@ constexpr int kAbortTag = 7001;
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 constexpr auto kSpinPhase = std::chrono::milliseconds(2);
 
-enum class Kind : int32_t { Allreduce = 1, AllreduceMany = 2, Broadcast = 3, Allgather = 4, ReduceScatter = 5,
-                            Barrier = 6 };
-
-const char* kind_name(int32_t kind) noexcept {
-  switch (static_cast<Kind>(kind)) {
-    case Kind::Allreduce: return "allreduce";
-    case Kind::AllreduceMany: return "allreduce_many";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::Allgather: return "allgather";
-    case Kind::ReduceScatter: return "reduce_scatter";
-    case Kind::Barrier: return "barrier";
-  }
-  return "unknown collective";
-}
-
 // What a rank is about to do; every rank compares every rank's before moving data.
 struct Fingerprint {
-  uint64_t seq = 0;
-  uint64_t count = 0;   // elements (fused: all buffers together)
-  uint64_t layout = 0;  // fused: hash of the per-buffer counts
-  int32_t kind = 0;
-  int32_t dtype = -1;
-  int32_t op = -1;
-  int32_t root = -1;  // broadcast: root; fused: number of buffers
+  uint64_t seq = 0;  // the call's number on this communicator
+  CallSignature call;
 };
-static_assert(sizeof(Fingerprint) == 40, "the fingerprint is exchanged as raw bytes");
+static_assert(std::is_trivially_copyable_v<Fingerprint> && sizeof(Fingerprint) == 48,
+              "the fingerprint is exchanged as raw bytes");
 
-bool operator==(const Fingerprint& a, const Fingerprint& b) noexcept {
-  return std::memcmp(&a, &b, sizeof a) == 0;
-}
-
-std::string describe(const Fingerprint& f) {
-  std::vector<std::string> parts;
-  switch (static_cast<Kind>(f.kind)) {
-    case Kind::Barrier: break;
-    case Kind::AllreduceMany:
-      parts.push_back(fmt::format("{} buffers of {} elements in all, layout {:016x}", f.root, f.count, f.layout));
-      break;
-    default: parts.push_back(fmt::format("count {}", f.count)); break;
-  }
-  if (f.dtype >= 0) parts.emplace_back(dtype_name(static_cast<DType>(f.dtype)));
-  if (f.op >= 0) parts.emplace_back(op_name(static_cast<ReduceOp>(f.op)));
-  if (static_cast<Kind>(f.kind) == Kind::Broadcast) parts.push_back(fmt::format("root {}", f.root));
-  std::string joined;
-  for (const std::string& p : parts) joined += (joined.empty() ? "" : ", ") + p;
-  if (joined.empty()) return fmt::format("{} #{}", kind_name(f.kind), f.seq);
-  return fmt::format("{} #{} ({})", kind_name(f.kind), f.seq, joined);
-}
+std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", describe(f.call), f.seq); }
 
 // The library's partition of `total` elements over n ranks as MPI's int counts and
 // displacements (callers have checked that total fits in an int).
@@ -546,11 +508,16 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
   }
   if (!options_.check_mismatch) return;
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
+  const Fingerprint& first = rv.all[0].fp;
   for (int r = 1; r < size_; ++r) {
-    if (rv.all[static_cast<size_t>(r)].fp == rv.all[0].fp) continue;
-    fail(GRADSYNC_E_MISMATCH, "ranks disagree (seen on rank {}): rank 0 called {} but rank {} called {}", rank_,
-         describe(rv.all[0].fp), r, describe(rv.all[static_cast<size_t>(r)].fp));
+    const uint64_t seq = rv.all[static_cast<size_t>(r)].fp.seq;
+    if (seq != first.seq) {
+      fail(GRADSYNC_E_MISMATCH, "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)",
+           r, seq, first.seq);
+    }
   }
+  require_same_calls("MPI communicator", first.seq, size_,
+                     [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; });
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
@@ -607,29 +574,13 @@ void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t 
   }
 }
 
-uint64_t layout_hash(std::span<const BufferRef> buffers) noexcept {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
-  for (const BufferRef& b : buffers) {
-    uint64_t c = b.count;
-    for (int i = 0; i < 8; ++i, c >>= 8) h = (h ^ (c & 0xff)) * 1099511628211ull;
-  }
-  return h;
-}
-
 void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
   GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
              op_name(op), dtype_name(dtype));
   size_t total = 0;
   for (const BufferRef& b : buffers) total += b.count;
   Fingerprint fp;
-  fp.kind = static_cast<int32_t>(buffers.size() == 1 ? Kind::Allreduce : Kind::AllreduceMany);
-  fp.count = total;
-  fp.dtype = static_cast<int32_t>(dtype);
-  fp.op = static_cast<int32_t>(op);
-  if (buffers.size() != 1) {
-    fp.layout = layout_hash(buffers);
-    fp.root = static_cast<int32_t>(std::min<size_t>(buffers.size(), INT32_MAX));
-  }
+  fp.call = allreduce_call(buffers, dtype, op);
   const size_t elem = dtype_size(dtype);
   // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
   if (size_ > 1 && total * elem <= kInlineBytes) {
@@ -704,10 +655,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   Fingerprint fp;
-  fp.kind = static_cast<int32_t>(Kind::Broadcast);
-  fp.count = count;
-  fp.dtype = static_cast<int32_t>(dtype);
-  fp.root = root;
+  fp.call = broadcast_call(count, dtype, root);
   arrive(fp);
   if (size_ == 1) return;
   const size_t elem = dtype_size(dtype);
@@ -719,9 +667,7 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
 
 void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
   Fingerprint fp;
-  fp.kind = static_cast<int32_t>(Kind::Allgather);
-  fp.count = total;
-  fp.dtype = static_cast<int32_t>(dtype);
+  fp.call = allgather_call(total, dtype);
   arrive(fp);
   const size_t elem = dtype_size(dtype);
   const Part mine = my_part(total);
@@ -744,10 +690,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
              op_name(op), dtype_name(dtype));
   Fingerprint fp;
-  fp.kind = static_cast<int32_t>(Kind::ReduceScatter);
-  fp.count = total;
-  fp.dtype = static_cast<int32_t>(dtype);
-  fp.op = static_cast<int32_t>(op);
+  fp.call = reduce_scatter_call(total, dtype, op);
   arrive(fp);
   const size_t elem = dtype_size(dtype);
   const Part mine = my_part(total);
@@ -783,7 +726,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
 
 void MpiCommunicator::barrier() {
   Fingerprint fp;
-  fp.kind = static_cast<int32_t>(Kind::Barrier);
+  fp.call = barrier_call();
   // The rendezvous completes only once every rank has arrived: it is the barrier.
   arrive(fp);
 }

@@ -26,6 +26,7 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
+#include "comm/call_signature.hpp"
 #include "common/wait.hpp"
 
 namespace gradsync::comm::shm {
@@ -33,7 +34,7 @@ namespace gradsync::comm::shm {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 // Per rank, per round parity: a small collective's whole payload travels inline here, so it
 // needs only one barrier.
 constexpr size_t kSmallBytes = 16 * 1024;
@@ -61,18 +62,10 @@ constexpr StopReason stop_reason(uint32_t code) noexcept { return static_cast<St
 constexpr int stop_rank(uint32_t code) noexcept { return static_cast<int>((code >> 8) & 0xfffu) - 1; }
 constexpr uint32_t stop_epoch(uint32_t code) noexcept { return code >> 20; }
 
-enum class Collective : uint32_t { Allreduce = 1, Broadcast = 2, Allgather = 3, ReduceScatter = 4, Barrier = 5 };
-
-// What a rank is about to do in a round; peers compare them before touching each other's data.
+// What a rank is about to do in a round; peers compare the calls before touching each other's data.
 struct Descriptor {
-  uint32_t collective;
-  int32_t dtype;
-  int32_t op;  // -1 when the collective has none
-  int32_t root;
-  uint64_t count;  // total elements over all buffers
-  uint64_t nbufs;
-  uint64_t counts_hash;  // FNV-1a of the fused list's counts
-  uint32_t zero_copy;    // every buffer lies in this rank's heap; offsets in the table
+  CallSignature call;
+  uint32_t zero_copy;  // every buffer lies in this rank's heap; offsets in the table
   uint32_t pad;
   uint64_t round;
 };

@@ -22,7 +22,6 @@ namespace {
 
 using shm::BufferOffsets;
 using shm::Clock;
-using shm::Collective;
 using shm::Header;
 using shm::Descriptor;
 using shm::kChunkBytes;
@@ -40,48 +39,6 @@ using shm::StopReason;
 
 // While waiting, peers' liveness is checked this often (a dead peer is reported within it).
 constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
-
-const char* collective_name(uint32_t c) {
-  switch (static_cast<Collective>(c)) {
-    case Collective::Allreduce: return "allreduce";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Allgather: return "allgather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::Barrier: return "barrier";
-  }
-  return "unknown collective";
-}
-
-std::string describe(const Descriptor& d) {
-  const auto c = static_cast<Collective>(d.collective);
-  if (c == Collective::Barrier) return "barrier";
-  const char* dt = dtype_name(static_cast<DType>(d.dtype));
-  std::string s = collective_name(d.collective);
-  if (c == Collective::Allreduce && d.nbufs != 1) {
-    s += fmt::format(" of {} buffers ({} {} in all)", d.nbufs, d.count, dt);
-  } else {
-    s += fmt::format(" of {} {}", d.count, dt);
-  }
-  if (d.op >= 0) s += fmt::format(" ({})", op_name(static_cast<ReduceOp>(d.op)));
-  if (c == Collective::Broadcast) s += fmt::format(" from root {}", d.root);
-  return s;
-}
-
-bool same_call(const Descriptor& a, const Descriptor& b) {
-  return a.collective == b.collective && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
-         a.count == b.count && a.nbufs == b.nbufs && a.counts_hash == b.counts_hash;
-}
-
-uint64_t hash_counts(std::span<const BufferRef> buffers) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& b : buffers) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (b.count >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  }
-  return h;
-}
 
 // Results bigger than the caches are copied out with non-temporal stores: the destination is
 // written once and not read back soon, so this saves the read-for-ownership of every line (a third
@@ -281,7 +238,7 @@ void ShmCommunicator::throw_timeout(Collective what, uint64_t target) {
     if (segment_->slot(r).arrivals.load(std::memory_order_acquire) < target) missing.push_back(r);
   }
   fail(GRADSYNC_E_TIMEOUT, "shm group '{}' timed out: rank(s) {} did not arrive at {} within {} ms", segment_->group(),
-       fmt::join(missing, ", "), collective_name(static_cast<uint32_t>(what)), options_.timeout.count());
+       fmt::join(missing, ", "), collective_name(what), options_.timeout.count());
 }
 
 template <class Counter>
@@ -399,19 +356,13 @@ ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::fun
   }
   if (outcome == 1) {
     // Nobody runs this round. A rank that saw everyone arrive still needs the reason.
-    if (waited == Waited::TimedOut) throw_timeout(static_cast<Collective>(d.collective), target);
+    if (waited == Waited::TimedOut) throw_timeout(d.call.collective, target);
     if (waited == Waited::PeerDied) throw_gone(dead_rank_);
     throw_stopped(true);
   }
   // Committed: every rank arrived, and every rank runs the round (even if an abort comes now).
-  const Descriptor& first = segment_->slot(0).desc[round.parity];
-  for (int r = 1; r < size(); ++r) {
-    const Descriptor& other = segment_->slot(r).desc[round.parity];
-    if (!same_call(first, other)) {
-      fail(GRADSYNC_E_MISMATCH, "shm group '{}' call {}: rank 0 called {} but rank {} called {}", segment_->group(),
-           round.number, describe(first), r, describe(other));
-    }
-  }
+  require_same_calls(fmt::format("shm group '{}'", segment_->group()), round.number, size(),
+                     [&](int r) -> const CallSignature& { return segment_->slot(r).desc[round.parity].call; });
   for (int r = 0; r < size(); ++r) round.all_zero_copy &= segment_->slot(r).desc[round.parity].zero_copy != 0;
   return round;
 }
@@ -434,12 +385,7 @@ void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
                 segment_->own_heap_offset(buffers[i].recv, buffers[i].count * es) != kNoOffset;
   }
   Descriptor d{};
-  d.collective = static_cast<uint32_t>(Collective::Allreduce);
-  d.dtype = static_cast<int32_t>(dtype);
-  d.op = static_cast<int32_t>(op);
-  d.count = total;
-  d.nbufs = buffers.size();
-  d.counts_hash = hash_counts(buffers);
+  d.call = allreduce_call(buffers, dtype, op);
   d.zero_copy = zero_copy ? 1 : 0;
   const Round round = begin_round(d, [&](uint64_t parity) {
     if (small) {
@@ -561,12 +507,7 @@ void ShmCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   const bool small = bytes <= kSmallBytes;
   const bool zero_copy = !small && is_root && segment_->own_heap_offset(buf, bytes) != kNoOffset;
   Descriptor d{};
-  d.collective = static_cast<uint32_t>(Collective::Broadcast);
-  d.dtype = static_cast<int32_t>(dtype);
-  d.op = -1;
-  d.root = root;
-  d.count = count;
-  d.nbufs = 1;
+  d.call = broadcast_call(count, dtype, root);
   d.zero_copy = zero_copy ? 1 : 0;
   const Round round = begin_round(d, [&](uint64_t parity) {
     if (!is_root) return;
@@ -616,11 +557,7 @@ void ShmCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
   const bool small = total * es <= kSmallBytes;
   const bool zero_copy = !small && segment_->own_heap_offset(own, mine.len * es) != kNoOffset;
   Descriptor d{};
-  d.collective = static_cast<uint32_t>(Collective::Allgather);
-  d.dtype = static_cast<int32_t>(dtype);
-  d.op = -1;
-  d.count = total;
-  d.nbufs = 1;
+  d.call = allgather_call(total, dtype);
   d.zero_copy = zero_copy ? 1 : 0;
   const Round round = begin_round(d, [&](uint64_t parity) {
     if (small) {
@@ -685,11 +622,7 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   const bool small = total * es <= kSmallBytes;
   const bool zero_copy = !small && segment_->own_heap_offset(send, total * es) != kNoOffset;
   Descriptor d{};
-  d.collective = static_cast<uint32_t>(Collective::ReduceScatter);
-  d.dtype = static_cast<int32_t>(dtype);
-  d.op = static_cast<int32_t>(op);
-  d.count = total;
-  d.nbufs = 1;
+  d.call = reduce_scatter_call(total, dtype, op);
   d.zero_copy = zero_copy ? 1 : 0;
   const Round round = begin_round(d, [&](uint64_t parity) {
     if (small) {
@@ -747,8 +680,7 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
 void ShmCommunicator::barrier() {
   if (size() == 1) return fail_fast();
   Descriptor d{};
-  d.collective = static_cast<uint32_t>(Collective::Barrier);
-  d.op = -1;
+  d.call = barrier_call();
   begin_round(d, nullptr);
 }
 

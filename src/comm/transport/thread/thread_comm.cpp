@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/call_signature.hpp"
 #include "comm/communicator.hpp"
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
@@ -42,31 +43,11 @@
 namespace gradsync::comm {
 namespace {
 
-enum class Kind : uint32_t { Allreduce = 1, Broadcast, Allgather, ReduceScatter, Barrier, WeightedMean };
-
-const char* kind_name(Kind k) noexcept {
-  switch (k) {
-    case Kind::Allreduce: return "allreduce";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::Allgather: return "allgather";
-    case Kind::ReduceScatter: return "reduce_scatter";
-    case Kind::Barrier: return "barrier";
-    case Kind::WeightedMean: return "weighted_mean";
-  }
-  return "unknown collective";
-}
-
 // What a rank called in one round. Pointers are valid while the caller is inside the call.
 struct Descriptor {
-  Kind kind = Kind::Barrier;
-  DType dtype = DType::F32;
-  ReduceOp op = ReduceOp::Sum;
-  int32_t root = 0;
-  uint64_t count = 0;        // total elements (allreduce: over all buffers)
-  uint64_t nbufs = 0;        // allreduce: number of buffers
-  uint64_t counts_hash = 0;  // allreduce: fingerprint of the per-buffer counts
+  CallSignature call;
   uint64_t round = 0;
-  uint64_t weight = 0;       // weighted_mean: this rank's sample count
+  uint64_t weight = 0;  // weighted_mean: this rank's sample count
   const BufferRef* bufs = nullptr;
   const void* send = nullptr;
   void* recv = nullptr;
@@ -167,15 +148,6 @@ class PerRank {
   std::vector<T> heap_;
 };
 
-uint64_t hash_counts(std::span<const BufferRef> buffers) noexcept {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
-  for (const auto& b : buffers) {
-    uint64_t c = b.count;
-    for (int i = 0; i < 8; ++i, c >>= 8) h = (h ^ (c & 0xff)) * 1099511628211ull;
-  }
-  return h;
-}
-
 class ThreadCommunicator final : public Communicator {
  public:
   ThreadCommunicator(const Options& options, std::shared_ptr<Group> group)
@@ -249,10 +221,10 @@ void ThreadCommunicator::throw_round_aborted(const Descriptor& d) const {
   const uint32_t s = group_->state.load(std::memory_order_acquire);
   const std::string why = group_->abort_reason();
   if (s & kTimedOut) {
-    fail(GRADSYNC_E_TIMEOUT, "{} (call {}) on rank {} of group '{}' failed: {}", kind_name(d.kind), d.round, rank_,
+    fail(GRADSYNC_E_TIMEOUT, "{} (call {}) on rank {} of group '{}' failed: {}", collective_name(d.call.collective), d.round, rank_,
          group_->name, why);
   }
-  fail(GRADSYNC_E_ABORTED, "{} (call {}) on rank {} of group '{}' failed: the group was aborted ({})", kind_name(d.kind),
+  fail(GRADSYNC_E_ABORTED, "{} (call {}) on rank {} of group '{}' failed: the group was aborted ({})", collective_name(d.call.collective),
        d.round, rank_, group_->name, why);
 }
 
@@ -273,14 +245,14 @@ bool ThreadCommunicator::all_reached(uint64_t index) const noexcept {
 }
 
 uint64_t ThreadCommunicator::begin_round(Descriptor d, std::span<const BufferRef> inline_from) {
-  fail_if_aborted(kind_name(d.kind));
+  fail_if_aborted(collective_name(d.call.collective));
   const uint64_t round = ++round_;
   d.round = round;
   Slot& me = mine();
   me.desc[round & 1] = d;
   if (!inline_from.empty()) {
     std::byte* out = me.inline_data[round & 1];
-    const size_t elem = dtype_size(d.dtype);
+    const size_t elem = dtype_size(static_cast<DType>(d.call.dtype));
     for (const auto& b : inline_from) {
       if (b.count == 0) continue;
       std::memcpy(out, b.send, b.count * elem);
@@ -310,7 +282,7 @@ uint64_t ThreadCommunicator::begin_round(Descriptor d, std::span<const BufferRef
           if (slot(r).progress.load(std::memory_order_acquire) < index) missing.push_back(r);
         }
         group_->set_aborted(true, fmt::format("rank(s) {} did not arrive at {} (call {}) within {} ms", rank_list(missing),
-                                              kind_name(d.kind), round, timeout_.count()));
+                                              collective_name(d.call.collective), round, timeout_.count()));
       } else if (want == 1) {
         // Aborted by abort() or a leaving rank: the state already says why; wake the others.
         notify(group_->doorbell);
@@ -320,35 +292,19 @@ uint64_t ThreadCommunicator::begin_round(Descriptor d, std::span<const BufferRef
   }
   if (outcome == 1) throw_round_aborted(d);
   if (check_mismatch_) verify(round);
-  const Descriptor& agreed = desc_of(0, round);
-  if ((agreed.kind == Kind::Allreduce || agreed.kind == Kind::ReduceScatter) && !reducible(agreed.dtype)) {
-    fail(GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported (f32, f64, i32, i64 are)", kind_name(agreed.kind),
-         dtype_name(agreed.dtype));
+  const CallSignature& agreed = desc_of(0, round).call;
+  const auto dtype = static_cast<DType>(agreed.dtype);
+  if ((agreed.collective == Collective::Allreduce || agreed.collective == Collective::ReduceScatter) &&
+      !reducible(dtype)) {
+    fail(GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported (f32, f64, i32, i64 are)",
+         collective_name(agreed.collective), dtype_name(dtype));
   }
   return round;
 }
 
 void ThreadCommunicator::verify(uint64_t round) const {
-  const Descriptor& a = desc_of(0, round);
-  for (int r = 1; r < size_; ++r) {
-    const Descriptor& b = desc_of(r, round);
-    auto mismatch = [&](const std::string& what_b, const std::string& what_a) {
-      fail(GRADSYNC_E_MISMATCH, "group '{}' call {}: rank {} called {} but rank 0 {}", group_->name, round, r, what_b,
-           what_a);
-    };
-    if (b.kind != a.kind) mismatch(kind_name(b.kind), fmt::format("called {}", kind_name(a.kind)));
-    const char* k = kind_name(a.kind);
-    if (a.kind == Kind::Barrier) continue;
-    if (b.dtype != a.dtype) mismatch(fmt::format("{} dtype {}", k, dtype_name(b.dtype)), fmt::format("dtype {}", dtype_name(a.dtype)));
-    if (b.count != a.count) mismatch(fmt::format("{} count {}", k, b.count), fmt::format("count {}", a.count));
-    if ((a.kind == Kind::Allreduce || a.kind == Kind::ReduceScatter) && b.op != a.op)
-      mismatch(fmt::format("{} op {}", k, op_name(b.op)), fmt::format("op {}", op_name(a.op)));
-    if (a.kind == Kind::Broadcast && b.root != a.root)
-      mismatch(fmt::format("{} root {}", k, b.root), fmt::format("root {}", a.root));
-    if (a.kind == Kind::Allreduce && (b.nbufs != a.nbufs || b.counts_hash != a.counts_hash))
-      mismatch(fmt::format("{} with {} buffers", k, b.nbufs),
-               fmt::format("with {} buffers{}", a.nbufs, a.nbufs == b.nbufs ? " of other sizes (same total)" : ""));
-  }
+  require_same_calls(fmt::format("group '{}'", group_->name), round, size_,
+                     [&](int r) -> const CallSignature& { return desc_of(r, round).call; });
 }
 
 void ThreadCommunicator::finish_round(uint64_t round) {
@@ -374,12 +330,7 @@ void ThreadCommunicator::allreduce(std::span<const BufferRef> buffers, DType dty
     return;
   }
   Descriptor d;
-  d.kind = Kind::Allreduce;
-  d.dtype = dtype;
-  d.op = op;
-  d.count = total;
-  d.nbufs = buffers.size();
-  d.counts_hash = hash_counts(buffers);
+  d.call = allreduce_call(buffers, dtype, op);
   d.bufs = buffers.data();
   const size_t elem = dtype_size(dtype);
 
@@ -428,10 +379,7 @@ void ThreadCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
     return;
   }
   Descriptor d;
-  d.kind = Kind::Broadcast;
-  d.dtype = dtype;
-  d.root = root;
-  d.count = count;
+  d.call = broadcast_call(count, dtype, root);
   d.recv = buf;
   const uint64_t round = begin_round(d);
   const Part part = my_part(count);
@@ -455,9 +403,7 @@ void ThreadCommunicator::allgather(const void* send, void* recv, size_t total, D
     return;
   }
   Descriptor d;
-  d.kind = Kind::Allgather;
-  d.dtype = dtype;
-  d.count = total;
+  d.call = allgather_call(total, dtype);
   d.send = send != nullptr ? send : static_cast<const std::byte*>(recv) + part.start * elem;
   d.recv = recv;
   const uint64_t round = begin_round(d);
@@ -482,10 +428,7 @@ void ThreadCommunicator::reduce_scatter(const void* send, void* recv, size_t tot
     return;
   }
   Descriptor d;
-  d.kind = Kind::ReduceScatter;
-  d.dtype = dtype;
-  d.op = op;
-  d.count = total;
+  d.call = reduce_scatter_call(total, dtype, op);
   d.send = send;
   d.recv = recv;
   const uint64_t round = begin_round(d);
@@ -505,7 +448,7 @@ void ThreadCommunicator::barrier() {
     return;
   }
   Descriptor d;
-  d.kind = Kind::Barrier;
+  d.call = barrier_call();
   begin_round(d);
 }
 
@@ -524,9 +467,7 @@ void ThreadCommunicator::weighted_mean(const void* send, void* recv, size_t coun
   }
   const size_t elem = dtype_size(dtype);
   Descriptor d;
-  d.kind = Kind::WeightedMean;
-  d.dtype = dtype;
-  d.count = count;
+  d.call = weighted_mean_call(count, dtype);
   d.send = send;
   d.recv = recv;
   d.weight = weight;

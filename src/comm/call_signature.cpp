@@ -1,0 +1,92 @@
+#include "comm/call_signature.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+namespace gradsync::comm {
+namespace {
+
+uint64_t hash_counts(std::span<const BufferRef> buffers) noexcept {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts' bytes
+  for (const auto& b : buffers) {
+    uint64_t c = b.count;
+    for (int i = 0; i < 8; ++i, c >>= 8) h = (h ^ (c & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
+
+CallSignature make(Collective c, uint64_t count, DType dtype) noexcept {
+  CallSignature s;
+  s.collective = c;
+  s.count = count;
+  s.dtype = static_cast<int32_t>(dtype);
+  return s;
+}
+
+}  // namespace
+
+const char* collective_name(Collective c) noexcept {
+  switch (c) {
+    case Collective::Allreduce: return "allreduce";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Allgather: return "allgather";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::Barrier: return "barrier";
+    case Collective::WeightedMean: return "weighted_mean";
+  }
+  return "unknown collective";
+}
+
+CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) noexcept {
+  uint64_t total = 0;
+  for (const auto& b : buffers) total += b.count;
+  CallSignature s = make(Collective::Allreduce, total, dtype);
+  s.op = static_cast<int32_t>(op);
+  s.nbufs = buffers.size();
+  s.layout = hash_counts(buffers);
+  return s;
+}
+
+CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept {
+  CallSignature s = make(Collective::Broadcast, count, dtype);
+  s.root = root;
+  return s;
+}
+
+CallSignature allgather_call(uint64_t total, DType dtype) noexcept { return make(Collective::Allgather, total, dtype); }
+
+CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept {
+  CallSignature s = make(Collective::ReduceScatter, total, dtype);
+  s.op = static_cast<int32_t>(op);
+  return s;
+}
+
+CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept {
+  return make(Collective::WeightedMean, count, dtype);
+}
+
+CallSignature barrier_call() noexcept { return CallSignature{}; }
+
+std::string describe(const CallSignature& call) {
+  if (call.collective == Collective::Barrier) return "barrier";
+  const char* dt = dtype_name(static_cast<DType>(call.dtype));
+  std::string s = collective_name(call.collective);
+  if (call.collective == Collective::Allreduce && call.nbufs != 1) {
+    s += fmt::format(" of {} buffers ({} {} in all)", call.nbufs, call.count, dt);
+  } else {
+    s += fmt::format(" of {} {}", call.count, dt);
+  }
+  if (call.op >= 0) s += fmt::format(" ({})", op_name(static_cast<ReduceOp>(call.op)));
+  if (call.collective == Collective::Broadcast) s += fmt::format(" from root {}", call.root);
+  return s;
+}
+
+void fail_mismatch(std::string_view where, uint64_t call, int rank, const CallSignature& theirs,
+                   const CallSignature& rank0) {
+  std::string a = describe(theirs);
+  const std::string b = describe(rank0);
+  // Same words, different calls: fused lists of the same total, split differently.
+  if (a == b) a += " with other buffer sizes";
+  fail(GRADSYNC_E_MISMATCH, "{} call {}: rank {} called {} but rank 0 called {}", where, call, rank, a, b);
+}
+
+}  // namespace gradsync::comm

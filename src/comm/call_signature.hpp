@@ -1,0 +1,73 @@
+#pragma once
+// What a rank called in one round of collectives, in one form for every transport.
+//
+// Before any data moves, each transport compares every rank's signature with rank 0's, from a table
+// that every rank sees alike (the thread transport's slots, the shared segment's descriptors, the
+// MPI fingerprint exchange), so every rank reaches the same verdict and throws the same
+// E_MISMATCH, naming both sides in the same words whatever the transport.
+//
+// Plain old data with a fixed layout: it lives in process memory, in a shared-memory segment that
+// processes of different builds may map, and on the wire as raw bytes.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "comm/communicator.hpp"
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+
+namespace gradsync::comm {
+
+enum class Collective : int32_t {
+  Allreduce = 1,
+  Broadcast = 2,
+  Allgather = 3,
+  ReduceScatter = 4,
+  Barrier = 5,
+  WeightedMean = 6,
+};
+
+const char* collective_name(Collective c) noexcept;
+
+struct CallSignature {
+  uint64_t count = 0;   // elements; for a fused allreduce, all buffers together
+  uint64_t nbufs = 0;   // allreduce: buffers in the list (1 when not fused); 0 otherwise
+  uint64_t layout = 0;  // allreduce: FNV-1a of the per-buffer counts; 0 otherwise
+  Collective collective = Collective::Barrier;
+  int32_t dtype = -1;  // a DType, or -1 (barrier)
+  int32_t op = -1;     // a ReduceOp, or -1 when the collective has none
+  int32_t root = -1;   // broadcast's root, or -1
+
+  friend bool operator==(const CallSignature&, const CallSignature&) = default;
+};
+static_assert(std::is_trivially_copyable_v<CallSignature> && sizeof(CallSignature) == 40,
+              "the signature is shared between processes and sent as raw bytes: keep its layout");
+
+CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) noexcept;
+CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept;
+CallSignature allgather_call(uint64_t total, DType dtype) noexcept;
+CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept;
+CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept;
+CallSignature barrier_call() noexcept;
+
+// "allreduce of 7 f32 (sum)", "allreduce of 2 buffers (7 f32 in all) (sum)",
+// "broadcast of 10 f32 from root 1", "barrier".
+std::string describe(const CallSignature& call);
+
+// Throws E_MISMATCH "<where> call <n>: rank r called <theirs> but rank 0 called <rank 0's>".
+[[noreturn]] void fail_mismatch(std::string_view where, uint64_t call, int rank, const CallSignature& theirs,
+                                const CallSignature& rank0);
+
+// Compares every rank's signature with rank 0's: signature_of(r) for r in [0, size).
+template <class SignatureOf>
+void require_same_calls(std::string_view where, uint64_t call, int size, SignatureOf&& signature_of) {
+  const CallSignature& first = signature_of(0);
+  for (int r = 1; r < size; ++r) {
+    const CallSignature& other = signature_of(r);
+    if (!(other == first)) fail_mismatch(where, call, r, other, first);
+  }
+}
+
+}  // namespace gradsync::comm
