@@ -188,6 +188,23 @@ GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* s
   });
 }
 
+GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                        int32_t dtype) {
+  return guard(__func__, [&] {
+    auto* c = check(comm);
+    const DType t = gradsync::to_dtype(dtype);
+    const size_t recv_count = c->impl->my_part(total_count).len * static_cast<size_t>(c->impl->size());
+    require_buffer(send, total_count, t, "send");
+    require_buffer(recv, recv_count, t, "recv");
+    const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+    const size_t es = gradsync::dtype_size(t);
+    GS_REQUIRE(total_count == 0 || recv_count == 0 || s + total_count * es <= r || r + recv_count * es <= s,
+               GRADSYNC_E_INVALID_ARG, "send [{}, +{} elements) overlaps recv [{}, +{} elements)", send, total_count,
+               static_cast<const void*>(recv), recv_count);
+    c->impl->alltoall(send, recv, total_count, t);
+  });
+}
+
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {
   return guard(__func__, [&] { check(comm)->impl->barrier(); });
 }

@@ -224,6 +224,20 @@ GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
                                               int32_t dtype, int32_t op);
 
+/**
+ * @brief Exchange parts: send (total_count elements) is split into one part per rank by the
+ *        partition rule, and part j goes to rank j. recv receives size blocks of this rank's part
+ *        length, rank i's block at offset i * (this rank's part length), in rank order.
+ *
+ * The exchange of compressed reduce-scatters and of expert routing. Any dtype (nothing is
+ * combined, bits are moved as they are). recv holds size * part length elements; send and recv
+ * must not overlap.
+ * @retval GRADSYNC_E_INVALID_ARG NULL or overlapping buffers
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                        int32_t dtype);
+
 /** @brief Wait until every rank has arrived. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
 

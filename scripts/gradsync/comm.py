@@ -73,6 +73,7 @@ declare("gradsync_comm_allreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_si
 declare("gradsync_comm_weighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64))
 declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
+declare("gradsync_comm_alltoall", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
 declare("gradsync_comm_alloc", c_int, _P, c_size_t, ctypes.POINTER(c_void_p))
@@ -245,6 +246,18 @@ class Communicator(Handle):
             raise ValueError(f"out has {recv.size} {recv.dtype} elements; this rank's part is {length} {send.dtype}")
         check(lib.gradsync_comm_reduce_scatter(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
                                                _op(op)))
+        return recv
+
+    def alltoall(self, array, out=None):
+        """Send part j of `array` (parts by the partition rule) to rank j. Returns an array of
+        shape (size, part length): row i is rank i's part for this rank (into `out` when given)."""
+        send = _array(array, "array", writable=False)
+        start, length = self.part(send.size)
+        recv = np.empty((self.size, length), dtype=send.dtype) if out is None else _array(out, "out")
+        if recv.size != self.size * length or recv.dtype != send.dtype:
+            raise ValueError(f"out has {recv.size} {recv.dtype} elements; alltoall gives {self.size} x {length} "
+                             f"{send.dtype}")
+        check(lib.gradsync_comm_alltoall(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype]))
         return recv
 
     def barrier(self):

@@ -32,6 +32,7 @@ const char* collective_name(Collective c) noexcept {
     case Collective::ReduceScatter: return "reduce_scatter";
     case Collective::Barrier: return "barrier";
     case Collective::WeightedMean: return "weighted_mean";
+    case Collective::Alltoall: return "alltoall";
   }
   return "unknown collective";
 }
@@ -63,6 +64,8 @@ CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noex
 CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept {
   return make(Collective::WeightedMean, count, dtype);
 }
+
+CallSignature alltoall_call(uint64_t total, DType dtype) noexcept { return make(Collective::Alltoall, total, dtype); }
 
 CallSignature barrier_call() noexcept { return CallSignature{}; }
 

@@ -27,6 +27,7 @@ enum class Collective : int32_t {
   ReduceScatter = 4,
   Barrier = 5,
   WeightedMean = 6,
+  Alltoall = 7,
 };
 
 const char* collective_name(Collective c) noexcept;
@@ -50,6 +51,7 @@ CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept;
 CallSignature allgather_call(uint64_t total, DType dtype) noexcept;
 CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept;
 CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept;
+CallSignature alltoall_call(uint64_t total, DType dtype) noexcept;
 CallSignature barrier_call() noexcept;
 
 // "allreduce of 7 f32 (sum)", "allreduce of 2 buffers (7 f32 in all) (sum)",

@@ -62,6 +62,10 @@ class Communicator {
   virtual void allgather(const void* send, void* recv, size_t total, DType dtype) = 0;
   // send holds total elements; recv receives this rank's part (it may alias send at that offset).
   virtual void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) = 0;
+  // send holds total elements, split into size() parts by the partition rule: part j goes to rank j.
+  // recv receives size() blocks of this rank's part length, rank i's block at i * my_part(total).len.
+  // send and recv must not overlap. Any dtype (nothing is combined).
+  virtual void alltoall(const void* send, void* recv, size_t total, DType dtype) = 0;
   virtual void barrier() = 0;
   virtual void abort() noexcept = 0;
   virtual void reset() = 0;

@@ -57,6 +57,42 @@ static void test_pair_mean(void) {
   }
 }
 
+/* ---- alltoall over 2 ranks of 5 elements: parts [0, 3) and [3, 5); rank r sends 10r + i */
+typedef struct {
+  int32_t rank;
+  int32_t recv[6];
+  int status;
+} alltoall_arg;
+
+static void *alltoall_worker(void *p) {
+  alltoall_arg *a = (alltoall_arg *)p;
+  int32_t send[5];
+  int i;
+  gradsync_comm *comm = join("capi-alltoall", a->rank, 2, 20000);
+  if (comm == NULL) {
+    a->status = -1000;
+    return NULL;
+  }
+  for (i = 0; i < 5; ++i) send[i] = 10 * a->rank + i;
+  a->status = gradsync_comm_alltoall(comm, send, a->recv, 5, GRADSYNC_I32);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void test_alltoall(void) {
+  pthread_t t[2];
+  alltoall_arg args[2] = {{0, {-1, -1, -1, -1, -1, -1}, 0}, {1, {-1, -1, -1, -1, -1, -1}, 0}};
+  const int32_t want0[6] = {0, 1, 2, 10, 11, 12}; /* part 0 (3 elements) of rank 0, then of rank 1 */
+  const int32_t want1[6] = {3, 4, 13, 14, -1, -1}; /* part 1 (2 elements) of each; the rest untouched */
+  int i;
+  for (i = 0; i < 2; ++i) pthread_create(&t[i], NULL, alltoall_worker, &args[i]);
+  for (i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+  CHECK_STATUS(args[0].status, GRADSYNC_OK);
+  CHECK_STATUS(args[1].status, GRADSYNC_OK);
+  CHECK(memcmp(args[0].recv, want0, sizeof want0) == 0);
+  CHECK(memcmp(args[1].recv, want1, sizeof want1) == 0);
+}
+
 /* ---- 3 ranks with lengths 4, 7, 4: all get the mismatch error; then [2..], [3..], [4..] -> 3.0 */
 typedef struct {
   int32_t rank;
@@ -178,6 +214,12 @@ static void test_bad_input(void) {
   CHECK_STATUS(gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_reduce_scatter(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_allgather(comm, NULL, NULL, 0, GRADSYNC_F32), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_alltoall(comm, NULL, NULL, 0, GRADSYNC_F32), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_alltoall(NULL, x, x + 4, 4, GRADSYNC_F32), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_alltoall(comm, NULL, x, 4, GRADSYNC_F32), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_alltoall(comm, x, NULL, 4, GRADSYNC_F32), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS(gradsync_comm_alltoall(comm, x, x + 2, 4, GRADSYNC_F32), GRADSYNC_E_INVALID_ARG);
+  CHECK_MESSAGE("overlaps recv");
   CHECK_STATUS(gradsync_comm_broadcast(comm, NULL, 0, GRADSYNC_F32, 0), GRADSYNC_OK);
   CHECK(gradsync_comm_weighted_mean(comm, NULL, NULL, 0, GRADSYNC_F64, 1, &total) == GRADSYNC_OK && total == 1);
   CHECK_STATUS(gradsync_comm_allreduce(comm, x, x, 4, 99, GRADSYNC_SUM), GRADSYNC_E_INVALID_ARG);
@@ -231,6 +273,7 @@ static void test_timeout(void) {
 
 int main(void) {
   test_pair_mean();
+  test_alltoall();
   test_trio_mismatch();
   test_bad_input();
   test_timeout();

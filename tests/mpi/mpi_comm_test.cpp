@@ -358,6 +358,30 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier", "[mpi]") {
   }
 }
 
+TEST_CASE("alltoall: rank i's part j lands in rank j's block i", "[mpi]") {
+  auto c = make();
+  const int n = c->size();
+  for (size_t total : {size_t{0}, static_cast<size_t>(n - 1), size_t{10}, size_t{100003}}) {
+    INFO("total " << total);
+    const Part mine = c->my_part(total);
+    std::vector<int64_t> send(total), recv(mine.len * static_cast<size_t>(n), -1);
+    for (size_t k = 0; k < total; ++k) send[k] = c->rank() * 1000000 + static_cast<int64_t>(k);
+    c->alltoall(send.data(), recv.data(), total, DType::I64);
+    for (int i = 0; i < n; ++i) {
+      for (size_t k = 0; k < mine.len; ++k) {
+        CHECK(recv[static_cast<size_t>(i) * mine.len + k] == i * 1000000 + static_cast<int64_t>(mine.start + k));
+      }
+    }
+  }
+  std::vector<float> send(c->rank() == 1 ? 10 : 12, 1.0f), recv(send.size(), -1.0f);
+  std::string message;
+  const int st = status_of([&] { c->alltoall(send.data(), recv.data(), send.size(), DType::F32); }, &message);
+  for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+  CHECK(message.find("rank 1 called alltoall of 10 f32 but rank 0 called alltoall of 12 f32") != std::string::npos);
+  CHECK(recv == std::vector<float>(send.size(), -1.0f));
+  c->barrier();
+}
+
 TEST_CASE("mismatch of op, dtype, root or collective: every rank errs, nobody moves data", "[mpi]") {
   for (bool deterministic : {true, false}) {
     auto c = make(deterministic);

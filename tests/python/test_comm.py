@@ -59,6 +59,22 @@ def test_collectives_and_dtypes():
         assert out["rs"].tolist() == [6.0] * gs.partition(total, n, rank)[1]
 
 
+def test_alltoall_sends_part_j_to_rank_j():
+    total = 11  # parts of 4, 4 and 3 over 3 ranks
+
+    def body(comm, rank):
+        got = comm.alltoall(np.arange(total, dtype=np.int64) + 100 * rank)
+        with pytest.raises(ValueError):
+            comm.alltoall(np.zeros(total, dtype=np.int64), out=np.zeros(2, dtype=np.int64))
+        return got
+
+    for rank, got in enumerate(run_ranks(3, body)):
+        start, length = gs.partition(total, 3, rank)
+        assert got.shape == (3, length)
+        for i in range(3):
+            assert got[i].tolist() == [100 * i + k for k in range(start, start + length)]
+
+
 def test_weighted_mean_by_sample_count():
     grads = [np.array([4.0], np.float32), np.array([0.0], np.float32)]
     totals = run_ranks(2, lambda comm, r: comm.weighted_mean(grads[r], [1, 3][r]))

@@ -306,8 +306,31 @@ void check_reduce_scatter(gradsync_comm* c, size_t total, int32_t op, bool in_se
   }
 }
 
+// Rank i's part for this rank lands in block i; both data paths (segment or ordinary memory).
+template <class T>
+void check_alltoall(gradsync_comm* c, size_t total, bool in_segment) {
+  const size_t base = total / g_size, extra = total % g_size;
+  const size_t start = g_rank * base + std::min<size_t>(g_rank, extra);
+  const size_t len = base + (size_t(g_rank) < extra ? 1 : 0);
+  Buffer<T> send(c, total, in_segment), recv(c, len * g_size, in_segment);
+  for (size_t i = 0; i < total; ++i) send.data[i] = input<T>(g_rank, i, 13);
+  for (size_t i = 0; i < len * g_size; ++i) recv.data[i] = T(-1);
+  OK(gradsync_comm_alltoall(c, send.data, recv.data, total, dtype_of<T>()));
+  for (int r = 0; r < g_size; ++r) {
+    for (size_t i = 0; i < len; ++i) {
+      const T want = input<T>(r, start + i, 13);
+      EXPECT(std::memcmp(&recv.data[r * len + i], &want, sizeof(T)) == 0, "alltoall of %zu: rank %d's element %zu",
+             total, r, i);
+    }
+  }
+}
+
 void case_collectives(gradsync_comm* c) {
   for (size_t count : sizes()) {
+    for (bool in_segment : {false, true}) {
+      check_alltoall<float>(c, count, in_segment);
+      check_alltoall<int64_t>(c, count, in_segment);
+    }
     for (int root = 0; root < g_size; ++root) {
       check_broadcast<float>(c, count, root, false);
       check_broadcast<double>(c, count, root, true);

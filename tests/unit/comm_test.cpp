@@ -396,6 +396,63 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier over 1-8 ranks", "[c
   }
 }
 
+TEST_CASE("alltoall: rank i's part j lands in rank j's block i, for any dtype", "[comm][collectives]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n > 1 ? n - 1 : 1), size_t{1001}, size_t{70000}}) {
+      INFO("ranks " << n << " count " << count);
+      // Element k of rank r's send is r * 1e6 + k: the block from rank i at this rank's part start
+      // + k must hold i * 1e6 + part.start + k.
+      std::vector<std::vector<int64_t>> wide(n);
+      std::vector<std::vector<uint16_t>> half(n);  // bf16 bits, moved untouched
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        const auto part = comm.my_part(count);
+        std::vector<int64_t> send(count);
+        std::vector<uint16_t> send16(count);
+        for (size_t k = 0; k < count; ++k) {
+          send[k] = static_cast<int64_t>(r) * 1000000 + static_cast<int64_t>(k);
+          send16[k] = static_cast<uint16_t>(r * 4096 + static_cast<int>(k % 4096));
+        }
+        wide[r].assign(part.len * static_cast<size_t>(n), -1);
+        comm.alltoall(send.data(), wide[r].data(), count, DType::I64);
+        half[r].assign(part.len * static_cast<size_t>(n), 0xFFFF);
+        comm.alltoall(send16.data(), half[r].data(), count, DType::BF16);
+      });
+      require_all_ok(outcomes);
+      for (int r = 0; r < n; ++r) {
+        const auto p = gradsync::partition(count, n, r);
+        for (int i = 0; i < n; ++i) {
+          for (size_t k = 0; k < p.len; ++k) {
+            const size_t at = static_cast<size_t>(i) * p.len + k;
+            REQUIRE(wide[r][at] == static_cast<int64_t>(i) * 1000000 + static_cast<int64_t>(p.start + k));
+            REQUIRE(half[r][at] == static_cast<uint16_t>(i * 4096 + static_cast<int>((p.start + k) % 4096)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("alltoall: ranks that disagree on the total all get the mismatch, and nothing is written",
+          "[comm][mismatch]") {
+  std::vector<Outcome> got(3);
+  std::vector<std::vector<float>> recv(3);
+  auto outcomes = run_group(3, [&](Communicator& comm, int r) {
+    const size_t total = r == 1 ? 10 : 12;
+    std::vector<float> send(total, 1.0f);
+    recv[r].assign(3 * comm.my_part(total).len, -1.0f);
+    got[r] = attempt([&] { comm.alltoall(send.data(), recv[r].data(), total, DType::F32); });
+    comm.barrier();
+  });
+  require_all_ok(outcomes);
+  for (int r = 0; r < 3; ++r) {
+    INFO(got[r].message);
+    REQUIRE(got[r].status == GRADSYNC_E_MISMATCH);
+    REQUIRE(got[r].message.find("rank 1 called alltoall of 10 f32 but rank 0 called alltoall of 12 f32") !=
+            std::string::npos);
+    for (float v : recv[r]) REQUIRE(v == -1.0f);
+  }
+}
+
 TEST_CASE("weighted mean: the data-parallel merge, and a zero total weight on every rank", "[comm][weighted]") {
   std::vector<std::vector<float>> grads{{4.0f}, {0.0f}};
   std::vector<uint64_t> totals(2);

@@ -176,6 +176,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, size_t total, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
   void abort() noexcept override;
   void reset() override;
@@ -684,6 +685,29 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
   check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
                        mpi_type(dtype), comm_),
         "MPI_Allgatherv");
+}
+
+void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  Fingerprint fp;
+  fp.call = alltoall_call(total, dtype);
+  arrive(fp);
+  const size_t elem = dtype_size(dtype);
+  if (size_ == 1) {
+    if (total > 0) std::memcpy(recv, send, total * elem);
+    return;
+  }
+  const auto n = static_cast<size_t>(size_);
+  const Part mine = my_part(total);
+  // Every rank sees the same total here, so all fail alike; recv's last block ends by total + n.
+  GS_REQUIRE(total <= INT_MAX - n, GRADSYNC_E_INVALID_ARG,
+             "alltoall of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX - n);
+  const auto [send_counts, send_displs] = partition_counts(total, n);
+  const std::vector<int> recv_counts(n, static_cast<int>(mine.len));
+  std::vector<int> recv_displs(n);
+  for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
+  check(MPI_Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
+                      recv_displs.data(), mpi_type(dtype), comm_),
+        "MPI_Alltoallv");
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {

@@ -133,6 +133,7 @@ class ShmCommunicator final : public Communicator {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, size_t total, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
   void abort() noexcept override;
   void reset() override;
@@ -673,6 +674,69 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
         std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
       }
       arrive_and_wait(round, Collective::ReduceScatter, true);
+    }
+  }
+}
+
+void ShmCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (size() == 1) {
+    fail_fast();
+    if (total > 0) std::memcpy(out, in, total * es);
+    return;
+  }
+  const bool small = total * es <= kSmallBytes;
+  const bool zero_copy = !small && segment_->own_heap_offset(send, total * es) != kNoOffset;
+  Descriptor d{};
+  d.call = alltoall_call(total, dtype);
+  d.zero_copy = zero_copy ? 1 : 0;
+  const Round round = begin_round(d, [&](uint64_t parity) {
+    if (small) {
+      if (total > 0) std::memcpy(segment_->small_area(rank(), parity), send, total * es);
+    } else if (zero_copy) {
+      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(send, 0), kNoOffset};
+    }
+  });
+  if (small || round.all_zero_copy) {
+    for (uint64_t r = 0; r < n; ++r) {
+      const char* from = small ? segment_->small_area(static_cast<int>(r), round.parity)
+                               : at(segment_->table(static_cast<int>(r), round.parity)[0].send);
+      if (mine.len > 0) std::memcpy(out + r * mine.len * es, from + mine.start * es, mine.len * es);
+    }
+    // Zero copy: peers may not reuse their send buffers until everyone has read its part.
+    if (!small) arrive_and_wait(round, Collective::Alltoall, false);
+    return;
+  }
+  // Copy path, laid out as reduce_scatter's: in step k every rank stages block k of every part (n
+  // slots of `block` elements) and copies block k-1 of its own part out of every rank's slot.
+  const uint64_t block = kChunkBytes / es / n;
+  const uint64_t longest = partition(total, n, 0).len;
+  const uint64_t steps = (longest + block - 1) / block;
+  for (uint64_t k = 0; k <= steps; ++k) {
+    if (k >= 1) {
+      const uint64_t c = k - 1;
+      if (c * block < mine.len) {
+        const uint64_t len = std::min(block, mine.len - c * block);
+        for (uint64_t r = 0; r < n; ++r) {
+          std::memcpy(out + (r * mine.len + c * block) * es,
+                      segment_->in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es,
+                      len * es);
+        }
+      }
+    }
+    if (k < steps) {
+      char* stage = segment_->in_area(rank(), k & 1);
+      for (uint64_t j = 0; j < n; ++j) {
+        const Part p = partition(total, n, j);
+        if (k * block >= p.len) continue;
+        const uint64_t len = std::min(block, p.len - k * block);
+        std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
+      }
+      arrive_and_wait(round, Collective::Alltoall, true);
     }
   }
 }

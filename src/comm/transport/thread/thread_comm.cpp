@@ -164,6 +164,7 @@ class ThreadCommunicator final : public Communicator {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, size_t total, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override;
@@ -438,6 +439,31 @@ void ThreadCommunicator::reduce_scatter(const void* send, void* recv, size_t tot
       srcs[static_cast<size_t>(r)] = static_cast<const std::byte*>(desc_of(r, round).send) + part.start * elem;
     }
     reduce(dtype, op, srcs.data(), srcs.size(), recv, 0, part.len);
+  }
+  finish_round(round);
+}
+
+// Each rank pulls its part of every peer's send into its own recv: peers' buffers are only read,
+// and the completion barrier keeps them alive while others read them.
+void ThreadCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const Part part = my_part(total);
+  const size_t elem = dtype_size(dtype);
+  if (size_ == 1) {
+    fail_if_aborted("alltoall");
+    if (total > 0) std::memcpy(recv, send, total * elem);
+    return;
+  }
+  Descriptor d;
+  d.call = alltoall_call(total, dtype);
+  d.send = send;
+  d.recv = recv;
+  const uint64_t round = begin_round(d);
+  if (part.len > 0) {
+    auto* out = static_cast<std::byte*>(recv);
+    for (int r = 0; r < size_; ++r) {
+      const auto* from = static_cast<const std::byte*>(desc_of(r, round).send) + part.start * elem;
+      std::memcpy(out + static_cast<size_t>(r) * part.len * elem, from, part.len * elem);
+    }
   }
   finish_round(round);
 }
