@@ -136,10 +136,8 @@ ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, con
   } else {
     own_.assign(len, 0.0f);
     if (options_.error_feedback) residual_.assign(total, 0.0f);
-    // Rank j's block holds its gradient without its own part: at most N - N/P elements.
-    const uint64_t block = total - total / static_cast<uint64_t>(size_);
-    block_words_ = static_cast<size_t>((block + 1) / 2);
-    wire_.assign(block_words_ * static_cast<size_t>(size_), 0u);
+    wire_out_.assign(total, 0u);
+    wire_in_.assign(len * static_cast<size_t>(size_), 0u);
   }
   headers_.resize(static_cast<size_t>(size_));
   weights_of_ranks_.resize(static_cast<size_t>(size_));
@@ -155,7 +153,7 @@ uint64_t ShardedParameter::optimizer_bytes() const noexcept {
 
 uint64_t ShardedParameter::buffer_bytes() const noexcept {
   return (staging_.size() + own_.size() + residual_.size() + grad_.size()) * sizeof(float) +
-         wire_.size() * sizeof(uint32_t);
+         (wire_out_.size() + wire_in_.size()) * sizeof(uint16_t);
 }
 
 void ShardedParameter::set_lr(double lr) {
@@ -218,16 +216,16 @@ void ShardedParameter::stage_gradient(const float* gradient) {
     std::copy_n(gradient, total_, staging_.begin());
     return;
   }
-  // This rank's block: the gradient without its own part (kept in f32, it never travels).
-  auto* block = reinterpret_cast<uint16_t*>(wire_.data() + static_cast<size_t>(rank_) * block_words_);
+  // The parts that travel, encoded in place; this rank's own part stays in f32 and never travels.
+  uint16_t* wire = wire_out_.data();
   const uint64_t start = part_.start, end = part_.start + part_.len;
   const codec::Codec c = options_.compress;
   if (options_.error_feedback) {
-    codec::encode_with_feedback(c, gradient, start, residual_.data(), block);
-    codec::encode_with_feedback(c, gradient + end, total_ - end, residual_.data() + end, block + start);
+    codec::encode_with_feedback(c, gradient, start, residual_.data(), wire);
+    codec::encode_with_feedback(c, gradient + end, total_ - end, residual_.data() + end, wire + end);
   } else {
-    codec::encode(c, gradient, start, block);
-    codec::encode(c, gradient + end, total_ - end, block + start);
+    codec::encode(c, gradient, start, wire);
+    codec::encode(c, gradient + end, total_ - end, wire + end);
   }
   std::copy_n(gradient + start, part_.len, own_.begin());
 }
@@ -313,8 +311,9 @@ void ShardedParameter::reduce(const float* gradient) {
     else
       comm_.reduce_scatter(send, out, total_, DType::F32, ReduceOp::Sum);
   } else {
-    if (size_ > 1)
-      comm_.allgather(nullptr, wire_.data(), wire_.size(), DType::I32);
+    // Each rank receives only its own part from every peer: (P-1)/P of N halves, half the bytes
+    // of the uncompressed reduce-scatter.
+    if (size_ > 1) comm_.alltoall(wire_out_.data(), wire_in_.data(), total_, DType::BF16);
     // Decode and sum in rank order, in f32, rounding once per add and never to 16 bits.
     std::fill(grad_.begin(), grad_.end(), 0.0f);
     for (int j = 0; j < size_; ++j) {
@@ -324,12 +323,11 @@ void ShardedParameter::reduce(const float* gradient) {
         for (size_t i = 0; i < len; ++i) out[i] += s * own_[i];
         continue;
       }
-      const auto* block = reinterpret_cast<const uint16_t*>(wire_.data() + static_cast<size_t>(j) * block_words_);
-      const uint64_t at = rank_ < j ? part_.start : part_.start - part_of(j).len;
+      const uint16_t* block = wire_in_.data() + static_cast<size_t>(j) * len;
       if (equal)
-        codec::accumulate(options_.compress, block + at, len, out);
+        codec::accumulate(options_.compress, block, len, out);
       else
-        codec::accumulate_scaled(options_.compress, block + at, len, s, out);
+        codec::accumulate_scaled(options_.compress, block, len, s, out);
     }
   }
   if (equal)

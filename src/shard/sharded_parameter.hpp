@@ -6,6 +6,7 @@
 // One training step is:
 //   put       local    the rank's gradient (and sample count) is staged, encoded if compressed
 //   aggregate collect  reduce-scatter: rank r gets the weighted mean of everyone's part r
+//                      (compressed: an alltoall of the encoded parts, decoded and summed in f32)
 //   update    local    the optimizer updates the rank's weight slice
 //   gather    collect  allgather of the new weight slices (always full precision)
 // step() runs all four in one call without copying the caller's gradient.
@@ -120,8 +121,8 @@ class ShardedParameter {
   std::vector<float> staging_;   // uncompressed: a gradient copy of N floats (put, weighted step)
   std::vector<float> own_;       // compressed: this rank's own part, kept in f32
   std::vector<float> residual_;  // compressed with error feedback: N floats
-  std::vector<uint32_t> wire_;   // compressed: P blocks of block_words_ (16-bit pairs)
-  size_t block_words_ = 0;
+  std::vector<uint16_t> wire_out_;  // compressed: the encoded gradient, N halves (own part unused)
+  std::vector<uint16_t> wire_in_;   // compressed: every rank's encoded copy of this rank's part
   std::vector<Header> headers_;
 
   bool initialised_ = false;
