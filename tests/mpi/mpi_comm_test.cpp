@@ -216,7 +216,8 @@ TEST_CASE("seed: lengths 4, 7, 4 -> mismatch on every rank, then the next round 
   const int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean); }, &message);
   CHECK(st == GRADSYNC_E_MISMATCH);
   CHECK(message.find("rank 0 called allreduce") != std::string::npos);
-  CHECK(message.find("MPI communicator call 0: rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") != std::string::npos);
+  CHECK(message.find("MPI communicator call 0: rank 1 called allreduce of 7 f32 (mean) but rank 0 called "
+                     "allreduce of 4 f32 (mean)") != std::string::npos);
   for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
   CHECK(v == std::vector<float>(len, 1.0f));  // nobody moved data
   // Then a round with [2,...] on even ranks and [4,...] on odd ones gives 3.0 (even rank counts).
@@ -311,7 +312,8 @@ TEST_CASE("fused allreduce: ranks with different buffer layouts get a mismatch",
   std::string message;
   const int st = status_of([&] { c->allreduce(refs, DType::F32, ReduceOp::Sum); }, &message);
   CHECK(st == GRADSYNC_E_MISMATCH);
-  CHECK(message.find("rank 1 called allreduce of 2 buffers (20 f32 in all) (sum) with other buffer sizes but rank 0 called allreduce of 2 buffers (20 f32 in all) (sum)") != std::string::npos);
+  CHECK(message.find("rank 1 called allreduce of 2 buffers (20 f32 in all) (sum) with other buffer sizes but rank 0 "
+                     "called allreduce of 2 buffers (20 f32 in all) (sum)") != std::string::npos);
   c->barrier();
 }
 
@@ -392,7 +394,8 @@ TEST_CASE("mismatch of op, dtype, root or collective: every rank errs, nobody mo
 
     int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, odd ? ReduceOp::Max : ReduceOp::Sum); }, &message);
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
-    CHECK(message.find("rank 1 called allreduce of 16 f32 (max) but rank 0 called allreduce of 16 f32 (sum)") != std::string::npos);
+    CHECK(message.find("rank 1 called allreduce of 16 f32 (max) but rank 0 called allreduce of 16 f32 (sum)") !=
+          std::string::npos);
 
     const BufferRef bi{v.data(), v.data(), 8};
     st = status_of([&] { c->allreduce(std::span<const BufferRef>(odd ? &bi : &b, 1), odd ? DType::F64 : DType::F32, ReduceOp::Sum); });
@@ -400,7 +403,8 @@ TEST_CASE("mismatch of op, dtype, root or collective: every rank errs, nobody mo
 
     st = status_of([&] { c->broadcast(v.data(), v.size(), DType::F32, odd ? 1 : 0); }, &message);
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
-    CHECK(message.find("broadcast of 16 f32 from root 1 but rank 0 called broadcast of 16 f32 from root 0") != std::string::npos);
+    CHECK(message.find("broadcast of 16 f32 from root 1 but rank 0 called broadcast of 16 f32 from root 0") !=
+          std::string::npos);
 
     st = status_of([&] {
       if (odd) c->barrier();

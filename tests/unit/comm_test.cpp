@@ -284,7 +284,8 @@ TEST_CASE("seed acceptance: lengths 4, 7, 4 give every rank the mismatch error, 
   for (int r = 0; r < 3; ++r) {
     INFO(first[r].message);
     REQUIRE(first[r].status == GRADSYNC_E_MISMATCH);
-    REQUIRE(first[r].message.find("rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") != std::string::npos);
+    REQUIRE(first[r].message.find("rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") !=
+            std::string::npos);
     REQUIRE(untouched[r] == std::vector<float>(r == 1 ? 7 : 4, static_cast<float>(r + 1)));
     REQUIRE(second[r] == std::vector<float>(4, 3.0f));
   }

@@ -222,11 +222,11 @@ void ThreadCommunicator::throw_round_aborted(const Descriptor& d) const {
   const uint32_t s = group_->state.load(std::memory_order_acquire);
   const std::string why = group_->abort_reason();
   if (s & kTimedOut) {
-    fail(GRADSYNC_E_TIMEOUT, "{} (call {}) on rank {} of group '{}' failed: {}", collective_name(d.call.collective), d.round, rank_,
-         group_->name, why);
+    fail(GRADSYNC_E_TIMEOUT, "{} (call {}) on rank {} of group '{}' failed: {}", collective_name(d.call.collective),
+         d.round, rank_, group_->name, why);
   }
-  fail(GRADSYNC_E_ABORTED, "{} (call {}) on rank {} of group '{}' failed: the group was aborted ({})", collective_name(d.call.collective),
-       d.round, rank_, group_->name, why);
+  fail(GRADSYNC_E_ABORTED, "{} (call {}) on rank {} of group '{}' failed: the group was aborted ({})",
+       collective_name(d.call.collective), d.round, rank_, group_->name, why);
 }
 
 // Only the rank that completes the barrier wakes the sleepers: waking them at every arrival would
