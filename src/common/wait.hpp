@@ -140,7 +140,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
 //   lets it run at once (a 4-rank round on 2 cores takes ~2 us instead of ~35 us of futex
 //   hand-offs). It does not pay when other processes hold the cores: a yield then hands one of them
 //   a whole time slice. So yielding stops at the first slow yield (> kSlowYield off the core), and
-//   the next waits skip it; a wait that ends while yielding restores the full budget.
+//   the next waits skip it; a wait that ends while yielding restores the full budget (500 us when
+//   ranks outnumber cores, a token 2 us otherwise).
 // - Otherwise the waiter sleeps on the futex.
 // Every 64th wait probes with a short spin and the full yield budget, so both come back when the
 // machine changes. Not thread-safe: one per waiting thread.
@@ -148,10 +149,11 @@ class AdaptiveWait {
  public:
   // ranks: how many threads or processes of the group run on this host.
   explicit AdaptiveWait(int ranks) noexcept
-      : max_spin_(static_cast<unsigned>(ranks) > std::max(1u, std::thread::hardware_concurrency())
-                      ? std::chrono::nanoseconds{0}
-                      : std::chrono::nanoseconds{50000}),
-        spin_(max_spin_ / 4) {}
+      : oversubscribed_(static_cast<unsigned>(ranks) > std::max(1u, std::thread::hardware_concurrency())),
+        max_spin_(oversubscribed_ ? std::chrono::nanoseconds{0} : kMaxSpin),
+        max_yield_(oversubscribed_ ? kMaxYield : kProbeYield),
+        spin_(max_spin_ / 4),
+        yield_(max_yield_) {}
 
   template <class Ready>
   WaitResult operator()(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
@@ -161,7 +163,7 @@ class AdaptiveWait {
     if (ready()) return WaitResult::Ready;
     const bool probe = (++waits_ & 63) == 0;
     const WaitPolicy policy{probe ? std::max(spin_, std::min(kProbeSpin, max_spin_)) : spin_,
-                            probe ? kMaxYield : yield_, kSlowYield};
+                            probe ? max_yield_ : yield_, kSlowYield};
     WaitTrace trace;
     const WaitResult result = wait_until(word, ready, deadline, abort, abort_mask, policy, &trace);
     if (trace.ended_in == WaitPhase::Spin) {
@@ -169,18 +171,24 @@ class AdaptiveWait {
     } else if (!probe) {
       spin_ = spin_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : spin_ / 2;
     }
-    if (trace.ended_in == WaitPhase::Yield) yield_ = kMaxYield;
+    if (trace.ended_in == WaitPhase::Yield) yield_ = max_yield_;
     if (trace.slow_yield) yield_ = std::chrono::nanoseconds{0};
     return result;
   }
 
  private:
+  static constexpr std::chrono::nanoseconds kMaxSpin{50000};
   static constexpr std::chrono::nanoseconds kProbeSpin{2000};
+  // With a core per rank a yield is only a slower spin (or a gift to another process), so it is
+  // kept to a token; with ranks outnumbering cores it is how the awaited rank gets to run.
   static constexpr std::chrono::nanoseconds kMaxYield{500000};
+  static constexpr std::chrono::nanoseconds kProbeYield{2000};
   static constexpr std::chrono::nanoseconds kSlowYield{100000};
+  const bool oversubscribed_;
   const std::chrono::nanoseconds max_spin_;
+  const std::chrono::nanoseconds max_yield_;
   std::chrono::nanoseconds spin_;
-  std::chrono::nanoseconds yield_ = kMaxYield;
+  std::chrono::nanoseconds yield_;
   uint64_t waits_ = 0;
 };
 
