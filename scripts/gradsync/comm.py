@@ -33,7 +33,9 @@ TRANSPORT_MPI = 2
 TRANSPORTS = {"threads": TRANSPORT_THREAD, "thread": TRANSPORT_THREAD, "shm": TRANSPORT_SHM, "mpi": TRANSPORT_MPI}
 
 OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
-_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3}
+# float16 (IEEE half) moves through broadcast, allgather and alltoall; reductions refuse it.
+_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
+           np.dtype(np.float16): 5}
 
 NAME_MAX = 64
 UNSET_I32 = -(2 ** 31)
@@ -109,7 +111,7 @@ def _array(a, name, writable=True):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
     if a.dtype not in _DTYPES:
-        raise TypeError(f"{name} has dtype {a.dtype}; expected float32, float64, int32 or int64")
+        raise TypeError(f"{name} has dtype {a.dtype}; expected float32, float64, int32, int64 or float16")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
     if writable and not a.flags.writeable:

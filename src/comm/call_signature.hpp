@@ -62,13 +62,14 @@ std::string describe(const CallSignature& call);
 [[noreturn]] void fail_mismatch(std::string_view where, uint64_t call, int rank, const CallSignature& theirs,
                                 const CallSignature& rank0);
 
-// Compares every rank's signature with rank 0's: signature_of(r) for r in [0, size).
-template <class SignatureOf>
-void require_same_calls(std::string_view where, uint64_t call, int size, SignatureOf&& signature_of) {
+// Compares every rank's signature with rank 0's: signature_of(r) for r in [0, size). where() names
+// the group for the message; it is called only on a mismatch (this check runs on every call).
+template <class Where, class SignatureOf>
+void require_same_calls(Where&& where, uint64_t call, int size, SignatureOf&& signature_of) {
   const CallSignature& first = signature_of(0);
   for (int r = 1; r < size; ++r) {
     const CallSignature& other = signature_of(r);
-    if (!(other == first)) fail_mismatch(where, call, r, other, first);
+    if (!(other == first)) fail_mismatch(where(), call, r, other, first);
   }
 }
 

@@ -36,6 +36,8 @@ namespace wait_detail {
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept;
 void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
 void cpu_relax() noexcept;
+// The CPUs this process may run on (its affinity mask, as taskset and cpusets set it), at least 1.
+int usable_cpus() noexcept;
 }  // namespace wait_detail
 
 // How long to spin, then how long to yield, before sleeping. Both are bounded in time, and the
@@ -100,6 +102,7 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
       now = WaitClock::now();
       if (now - before > policy.slow_yield) {
         how.slow_yield = true;
+        if (ready()) return WaitResult::Ready;  // (still a slow yield: the caller learns from it)
         break;
       }
     } while (now < yield_until);
@@ -140,8 +143,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
 //   lets it run at once (a 4-rank round on 2 cores takes ~2 us instead of ~35 us of futex
 //   hand-offs). It does not pay when other processes hold the cores: a yield then hands one of them
 //   a whole time slice. So yielding stops at the first slow yield (> kSlowYield off the core), and
-//   the next waits skip it; a wait that ends while yielding restores the full budget (500 us when
-//   ranks outnumber cores, a token 2 us otherwise).
+//   the next waits skip it; a wait that yields in vain halves the budget; a wait that ends while
+//   yielding restores the full budget (500 us when ranks outnumber cores, a token 2 us otherwise).
 // - Otherwise the waiter sleeps on the futex.
 // Every 64th wait probes with a short spin and the full yield budget, so both come back when the
 // machine changes. Not thread-safe: one per waiting thread.
@@ -149,7 +152,7 @@ class AdaptiveWait {
  public:
   // ranks: how many threads or processes of the group run on this host.
   explicit AdaptiveWait(int ranks) noexcept
-      : oversubscribed_(static_cast<unsigned>(ranks) > std::max(1u, std::thread::hardware_concurrency())),
+      : oversubscribed_(ranks > wait_detail::usable_cpus()),
         max_spin_(oversubscribed_ ? std::chrono::nanoseconds{0} : kMaxSpin),
         max_yield_(oversubscribed_ ? kMaxYield : kProbeYield),
         spin_(max_spin_ / 4),
@@ -171,8 +174,13 @@ class AdaptiveWait {
     } else if (!probe) {
       spin_ = spin_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : spin_ / 2;
     }
-    if (trace.ended_in == WaitPhase::Yield) yield_ = max_yield_;
-    if (trace.slow_yield) yield_ = std::chrono::nanoseconds{0};
+    if (trace.slow_yield) {
+      yield_ = std::chrono::nanoseconds{0};
+    } else if (trace.ended_in == WaitPhase::Yield) {
+      yield_ = max_yield_;
+    } else if (trace.ended_in == WaitPhase::Sleep && !probe) {
+      yield_ = yield_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : yield_ / 2;
+    }
     return result;
   }
 
@@ -190,6 +198,12 @@ class AdaptiveWait {
   std::chrono::nanoseconds spin_;
   std::chrono::nanoseconds yield_;
   uint64_t waits_ = 0;
+
+ public:
+  // The current budgets, for tests.
+  std::chrono::nanoseconds spin_budget() const noexcept { return spin_; }
+  std::chrono::nanoseconds yield_budget() const noexcept { return yield_; }
+  std::chrono::nanoseconds max_yield_budget() const noexcept { return max_yield_; }
 };
 
 }  // namespace gradsync

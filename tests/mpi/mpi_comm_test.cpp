@@ -216,7 +216,7 @@ TEST_CASE("seed: lengths 4, 7, 4 -> mismatch on every rank, then the next round 
   const int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean); }, &message);
   CHECK(st == GRADSYNC_E_MISMATCH);
   CHECK(message.find("rank 0 called allreduce") != std::string::npos);
-  CHECK(message.find("MPI communicator call 0: rank 1 called allreduce of 7 f32 (mean) but rank 0 called "
+  CHECK(message.find("MPI communicator call 1: rank 1 called allreduce of 7 f32 (mean) but rank 0 called "
                      "allreduce of 4 f32 (mean)") != std::string::npos);
   for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
   CHECK(v == std::vector<float>(len, 1.0f));  // nobody moved data

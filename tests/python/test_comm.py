@@ -64,15 +64,20 @@ def test_alltoall_sends_part_j_to_rank_j():
 
     def body(comm, rank):
         got = comm.alltoall(np.arange(total, dtype=np.int64) + 100 * rank)
+        halves = comm.alltoall((np.arange(total) + 100 * rank).astype(np.float16))  # moved bit for bit
         with pytest.raises(ValueError):
             comm.alltoall(np.zeros(total, dtype=np.int64), out=np.zeros(2, dtype=np.int64))
-        return got
+        with pytest.raises(gs.GradsyncError) as refused:
+            comm.allreduce(np.ones(4, dtype=np.float16))
+        return got, halves, refused.value.status
 
-    for rank, got in enumerate(run_ranks(3, body)):
+    for rank, (got, halves, refused) in enumerate(run_ranks(3, body)):
         start, length = gs.partition(total, 3, rank)
-        assert got.shape == (3, length)
+        assert got.shape == (3, length) and halves.shape == (3, length) and halves.dtype == np.float16
         for i in range(3):
             assert got[i].tolist() == [100 * i + k for k in range(start, start + length)]
+            assert halves[i].tolist() == [float(100 * i + k) for k in range(start, start + length)]
+        assert refused == gs.E_UNSUPPORTED
 
 
 def test_weighted_mean_by_sample_count():
@@ -146,7 +151,7 @@ def test_bad_arguments():
         gs.Communicator("pytest-bad", 0, 1, transport="pigeons")
     with gs.Communicator(fresh_group_name(), 0, 1) as comm:
         with pytest.raises(TypeError):
-            comm.allreduce(np.ones(3, np.float16))
+            comm.allreduce(np.ones(3, np.uint8))
         with pytest.raises(ValueError):
             comm.allreduce(np.ones((4, 4), np.float32)[:, 1])
         with pytest.raises(gs.GradsyncError) as info:

@@ -297,8 +297,14 @@ std::vector<T> awkward_values(size_t n, std::mt19937_64& rng) {
   return v;
 }
 
+// Restores the best kernels whatever happens in the test.
+struct BestKernelsAfter {
+  ~BestKernelsAfter() { comm::use_kernel_isa(comm::best_kernel_isa()); }
+};
+
 template <class T>
 void compare_isas(DType dtype) {
+  BestKernelsAfter restore;
   std::mt19937_64 rng(7);
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max}) {
     for (size_t n : {1u, 2u, 3u, 4u, 8u, 9u}) {
@@ -317,14 +323,35 @@ void compare_isas(DType dtype) {
       REQUIRE(same_bytes(out[0].data() + 3, out[1].data() + 3, (count - 3) * sizeof(T)));
     }
   }
-  comm::use_kernel_isa(comm::best_kernel_isa());
 }
 
 }  // namespace
 
 TEST_CASE("the vector kernels give the bits of the baseline kernels", "[comm][reduce]") {
+  if (comm::best_kernel_isa() == comm::KernelIsa::Baseline) WARN("no AVX2 on this CPU: baseline against itself");
   SECTION("f32") { compare_isas<float>(DType::F32); }
   SECTION("f64") { compare_isas<double>(DType::F64); }
   SECTION("i32") { compare_isas<int32_t>(DType::I32); }
   SECTION("i64") { compare_isas<int64_t>(DType::I64); }
+}
+
+TEST_CASE("AdaptiveWait: a wait that yields in vain shrinks the yield budget, a slow yield zeroes it",
+          "[comm][wait]") {
+  using namespace std::chrono_literals;
+  gradsync::WaitWord word;
+  std::atomic<uint32_t> flag{0};
+  auto ready = [&] { return flag.load(std::memory_order_seq_cst) != 0; };
+  // More ranks than any machine has cores: no spin, the full yield budget.
+  gradsync::AdaptiveWait wait(1 << 20);
+  REQUIRE(wait.spin_budget() == 0ns);
+  REQUIRE(wait.yield_budget() == wait.max_yield_budget());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(30ms);  // far beyond the yield budget: the wait ends asleep
+    flag.store(1, std::memory_order_seq_cst);
+    gradsync::notify(word);
+  });
+  REQUIRE(wait(word, ready, gradsync::WaitClock::now() + 30s) == gradsync::WaitResult::Ready);
+  setter.join();
+  // Halved (yielded in vain) or zeroed (a yield lost the core to another process): smaller either way.
+  REQUIRE(wait.yield_budget() < wait.max_yield_budget());
 }

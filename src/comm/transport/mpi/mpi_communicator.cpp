@@ -478,7 +478,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 
 void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem) {
   throw_if_aborted();
-  fp.seq = seq_++;
+  fp.seq = ++seq_;  // calls are numbered from 1, as the other transports number their rounds
   if (size_ == 1) return;
   const auto deadline = Clock::now() + options_.timeout;
   MPI_Request request = MPI_REQUEST_NULL;
@@ -517,7 +517,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
            r, seq, first.seq);
     }
   }
-  require_same_calls("MPI communicator", first.seq, size_,
+  require_same_calls([] { return std::string("MPI communicator"); }, first.seq, size_,
                      [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; });
 }
 

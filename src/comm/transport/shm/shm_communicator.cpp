@@ -362,7 +362,7 @@ ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::fun
     throw_stopped(true);
   }
   // Committed: every rank arrived, and every rank runs the round (even if an abort comes now).
-  require_same_calls(fmt::format("shm group '{}'", segment_->group()), round.number, size(),
+  require_same_calls([&] { return fmt::format("shm group '{}'", segment_->group()); }, round.number, size(),
                      [&](int r) -> const CallSignature& { return segment_->slot(r).desc[round.parity].call; });
   for (int r = 0; r < size(); ++r) round.all_zero_copy &= segment_->slot(r).desc[round.parity].zero_copy != 0;
   return round;

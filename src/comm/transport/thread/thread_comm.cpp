@@ -304,7 +304,7 @@ uint64_t ThreadCommunicator::begin_round(Descriptor d, std::span<const BufferRef
 }
 
 void ThreadCommunicator::verify(uint64_t round) const {
-  require_same_calls(fmt::format("group '{}'", group_->name), round, size_,
+  require_same_calls([&] { return fmt::format("group '{}'", group_->name); }, round, size_,
                      [&](int r) -> const CallSignature& { return desc_of(r, round).call; });
 }
 
