@@ -161,6 +161,12 @@ class ShmCommunicator final : public Communicator {
   // area) return on abort or timeout; the others (zero copy: peers are using this rank's buffers)
   // wait for every live peer whatever the deadline says.
   void arrive_and_wait(const Round& round, Collective what, bool abortable);
+  // The copy path of reduce_scatter and alltoall: in step k every rank stages block k of every
+  // part of `in` (part j in slot j, `block` elements each) and consumes block k-1 of its own part
+  // from every rank's stage: consume(first element, length, from) with from[r] rank r's slot.
+  template <class Consume>
+  void exchange_parts(const Round& round, Collective what, const char* in, uint64_t total, size_t es,
+                      Consume&& consume);
   void arrive();
   // Waits until counter(r) >= target for every rank r. `stop` (the stop word, or nullptr) makes
   // the wait return when set; `outlive_deadline` waits past the deadline (logging) while the
@@ -649,33 +655,11 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
     arrive_and_wait(round, Collective::ReduceScatter, false);
     return;
   }
-  // Copy path: in step k every rank stages block k of every part (n slots of `block` elements)
-  // and reduces block k-1 of its own part from all ranks' slots.
-  const uint64_t block = kChunkBytes / es / n;
-  const uint64_t longest = partition(total, n, 0).len;
-  const uint64_t steps = (longest + block - 1) / block;
   char* out = static_cast<char*>(recv);
-  for (uint64_t k = 0; k <= steps; ++k) {
-    if (k >= 1) {
-      const uint64_t c = k - 1;
-      if (c * block < mine.len) {
-        const uint64_t len = std::min(block, mine.len - c * block);
-        for (size_t r = 0; r < n; ++r)
-          srcs[r] = segment_->in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es;
-        reduce(dtype, op, srcs.data(), n, out + c * block * es, 0, len);
-      }
-    }
-    if (k < steps) {
-      char* stage = segment_->in_area(rank(), k & 1);
-      for (uint64_t j = 0; j < n; ++j) {
-        const Part p = partition(total, n, j);
-        if (k * block >= p.len) continue;
-        const uint64_t len = std::min(block, p.len - k * block);
-        std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
-      }
-      arrive_and_wait(round, Collective::ReduceScatter, true);
-    }
-  }
+  exchange_parts(round, Collective::ReduceScatter, in, total, es,
+                 [&](uint64_t first, uint64_t len, const void* const* from) {
+                   reduce(dtype, op, from, n, out + first * es, 0, len);
+                 });
 }
 
 void ShmCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
@@ -711,21 +695,27 @@ void ShmCommunicator::alltoall(const void* send, void* recv, size_t total, DType
     if (!small) arrive_and_wait(round, Collective::Alltoall, false);
     return;
   }
-  // Copy path, laid out as reduce_scatter's: in step k every rank stages block k of every part (n
-  // slots of `block` elements) and copies block k-1 of its own part out of every rank's slot.
+  exchange_parts(round, Collective::Alltoall, in, total, es, [&](uint64_t first, uint64_t len, const void* const* from) {
+    for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
+  });
+}
+
+template <class Consume>
+void ShmCommunicator::exchange_parts(const Round& round, Collective what, const char* in, uint64_t total, size_t es,
+                                     Consume&& consume) {
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
   const uint64_t block = kChunkBytes / es / n;
-  const uint64_t longest = partition(total, n, 0).len;
-  const uint64_t steps = (longest + block - 1) / block;
+  const uint64_t steps = (partition(total, n, 0).len + block - 1) / block;
+  std::vector<const void*> from(n);
   for (uint64_t k = 0; k <= steps; ++k) {
     if (k >= 1) {
       const uint64_t c = k - 1;
       if (c * block < mine.len) {
-        const uint64_t len = std::min(block, mine.len - c * block);
         for (uint64_t r = 0; r < n; ++r) {
-          std::memcpy(out + (r * mine.len + c * block) * es,
-                      segment_->in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es,
-                      len * es);
+          from[r] = segment_->in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es;
         }
+        consume(c * block, std::min(block, mine.len - c * block), from.data());
       }
     }
     if (k < steps) {
@@ -736,7 +726,7 @@ void ShmCommunicator::alltoall(const void* send, void* recv, size_t total, DType
         const uint64_t len = std::min(block, p.len - k * block);
         std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
       }
-      arrive_and_wait(round, Collective::Alltoall, true);
+      arrive_and_wait(round, what, true);
     }
   }
 }
