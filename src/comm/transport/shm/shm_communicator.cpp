@@ -157,6 +157,9 @@ class ShmCommunicator final : public Communicator {
   // or buffer offsets), meets the others, and decides the round. Throws E_MISMATCH on every rank
   // when the descriptors disagree.
   Round begin_round(Descriptor d, const std::function<void(uint64_t parity)>& publish);
+  // begin_round for a collective whose peers read this rank's whole send buffer (bytes long): it is
+  // copied into the small area when small, or published as an offset when it lies in the segment.
+  Round begin_round_reading(const CallSignature& call, const void* send, uint64_t bytes);
   // One barrier inside a round. Abortable barriers (the copy path: peers only touch the staging
   // area) return on abort or timeout; the others (zero copy: peers are using this rank's buffers)
   // wait for every live peer whatever the deadline says.
@@ -372,6 +375,22 @@ ShmCommunicator::Round ShmCommunicator::begin_round(Descriptor d, const std::fun
                      [&](int r) -> const CallSignature& { return segment_->slot(r).desc[round.parity].call; });
   for (int r = 0; r < size(); ++r) round.all_zero_copy &= segment_->slot(r).desc[round.parity].zero_copy != 0;
   return round;
+}
+
+ShmCommunicator::Round ShmCommunicator::begin_round_reading(const CallSignature& call, const void* send,
+                                                            uint64_t bytes) {
+  const bool small = bytes <= kSmallBytes;
+  const bool zero_copy = !small && segment_->own_heap_offset(send, bytes) != kNoOffset;
+  Descriptor d{};
+  d.call = call;
+  d.zero_copy = zero_copy ? 1 : 0;
+  return begin_round(d, [&](uint64_t parity) {
+    if (small) {
+      if (bytes > 0) std::memcpy(segment_->small_area(rank(), parity), send, bytes);
+    } else if (zero_copy) {
+      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(send, 0), kNoOffset};
+    }
+  });
 }
 
 void ShmCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
@@ -627,17 +646,7 @@ void ShmCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
     return;
   }
   const bool small = total * es <= kSmallBytes;
-  const bool zero_copy = !small && segment_->own_heap_offset(send, total * es) != kNoOffset;
-  Descriptor d{};
-  d.call = reduce_scatter_call(total, dtype, op);
-  d.zero_copy = zero_copy ? 1 : 0;
-  const Round round = begin_round(d, [&](uint64_t parity) {
-    if (small) {
-      if (total > 0) std::memcpy(segment_->small_area(rank(), parity), send, total * es);
-    } else if (zero_copy) {
-      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(send, 0), kNoOffset};
-    }
-  });
+  const Round round = begin_round_reading(reduce_scatter_call(total, dtype, op), send, total * es);
   GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "reduce_scatter does not reduce {} (f32, f64, i32, i64 only)",
              dtype_name(dtype));
   std::vector<const void*> srcs(n);
@@ -674,17 +683,7 @@ void ShmCommunicator::alltoall(const void* send, void* recv, size_t total, DType
     return;
   }
   const bool small = total * es <= kSmallBytes;
-  const bool zero_copy = !small && segment_->own_heap_offset(send, total * es) != kNoOffset;
-  Descriptor d{};
-  d.call = alltoall_call(total, dtype);
-  d.zero_copy = zero_copy ? 1 : 0;
-  const Round round = begin_round(d, [&](uint64_t parity) {
-    if (small) {
-      if (total > 0) std::memcpy(segment_->small_area(rank(), parity), send, total * es);
-    } else if (zero_copy) {
-      segment_->table(rank(), parity)[0] = {segment_->own_heap_offset(send, 0), kNoOffset};
-    }
-  });
+  const Round round = begin_round_reading(alltoall_call(total, dtype), send, total * es);
   if (small || round.all_zero_copy) {
     for (uint64_t r = 0; r < n; ++r) {
       const char* from = small ? segment_->small_area(static_cast<int>(r), round.parity)
