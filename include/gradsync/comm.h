@@ -14,8 +14,8 @@
  *   thread unblocks every waiter with GRADSYNC_E_ABORTED. After a timeout or abort every call fails
  *   fast with GRADSYNC_E_ABORTED until the group is reset (gradsync_comm_reset) or freed.
  * - A group of size 1 returns at once, leaving the buffers as they are (recv = send).
- * - Partition rule (reduce-scatter, allgather): part i of n elements over p ranks starts at
- *   i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
+ * - Partition rule (reduce-scatter, allgather, alltoall): part i of n elements over p ranks
+ *   starts at i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
  *
  * Shared-memory transport (GRADSYNC_TRANSPORT_SHM; processes of one host):
  * - Group: the processes that create a communicator with the same name (rank, size, name as for
@@ -73,8 +73,8 @@
  *   MPI cannot interrupt: a rank that dies inside one is handled by mpirun (it ends the job). A
  *   rank arriving at the very instant the others time out can enter that transfer alone; it is
  *   released when the timed-out ranks' exit handler calls MPI_Abort. allgather and
- *   reduce_scatter take at most 2^31-1 elements (MPI's int counts); allreduce and broadcast have
- *   no such limit.
+ *   reduce_scatter take at most 2^31-1 elements (MPI's int counts), alltoall 2^31-1 minus the
+ *   group size; allreduce and broadcast have no such limit.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
