@@ -128,6 +128,30 @@ def buffer_pointer(array, dtype=None, writable=True, name="buffer"):
     return ctypes.c_void_p(arr.ctypes.data), arr.size
 
 
+def numpy_array(a, name, dtypes, writable=True):
+    """The numpy array `a` itself, checked: one of `dtypes`, C-contiguous, and writable when asked.
+
+    Never a copy: a silent copy would make in-place results vanish.
+    """
+    import numpy as np
+
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    allowed = [np.dtype(d) for d in dtypes]
+    if a.dtype not in allowed:
+        raise TypeError(f"{name} has dtype {a.dtype}; expected {' or '.join(str(d) for d in allowed)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return a
+
+
+def address(a):
+    """The address of a numpy array's data, for a void* argument."""
+    return ctypes.c_void_p(a.ctypes.data)
+
+
 class Handle:
     """Base of the handle classes: owns one C handle, freed by close(), `with` or garbage collection."""
 

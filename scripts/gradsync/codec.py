@@ -8,11 +8,9 @@ Codecs: "bigdl_fp16" (BigDL's "FP16": bfloat16 by truncation, big-endian, readab
 "bf16" (bfloat16, round to nearest even), "fp16" (IEEE half, round to nearest even, F16C when the
 CPU has it). NaN stays NaN, Inf stays Inf. Encoded arrays are numpy uint16, one per float.
 """
-import ctypes
-
 import numpy as np
 
-from ._lib import c_int, c_int32, c_size_t, c_void_p, check, declare, lib
+from ._lib import address, c_int, c_int32, c_size_t, c_void_p, check, declare, lib, numpy_array
 
 __all__ = ["CODECS", "encode", "decode", "add_encoded", "accumulate_encoded"]
 
@@ -35,19 +33,10 @@ def codec_id(codec):
 
 
 def _checked(a, dtype, name, writable):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype != np.dtype(dtype):
-        raise TypeError(f"{name} has dtype {a.dtype}, expected {np.dtype(dtype)}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable")
-    return a
+    return numpy_array(a, name, (dtype,), writable)
 
 
-def _p(a):
-    return c_void_p(a.ctypes.data)
+_p = address
 
 
 def encode(array, codec, out=None):

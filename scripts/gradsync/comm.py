@@ -23,7 +23,8 @@ import weakref
 import numpy as np
 
 from .dataparallel import partition
-from ._lib import (Handle, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare, lib)
+from ._lib import (Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
+                   lib, numpy_array)
 
 __all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS"]
 
@@ -107,20 +108,10 @@ def _op(value):
 
 
 def _array(a, name, writable=True):
-    """The numpy array itself (never a copy: a silent copy would lose in-place results)."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype not in _DTYPES:
-        raise TypeError(f"{name} has dtype {a.dtype}; expected float32, float64, int32, int64 or float16")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable")
-    return a
+    return numpy_array(a, name, _DTYPES, writable)
 
 
-def _ptr(a):
-    return c_void_p(a.ctypes.data)
+_ptr = address
 
 
 class Communicator(Handle):

@@ -23,8 +23,8 @@ from ctypes import c_double
 
 import numpy as np
 
-from ._lib import (Handle, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check,
-                   declare, lib)
+from ._lib import (Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check,
+                   declare, lib, numpy_array)
 from .codec import codec_id
 
 __all__ = ["ShardedParameter", "OPTIMIZERS"]
@@ -76,19 +76,10 @@ declare("gradsync_shard_gather", c_int, _P, _P, c_size_t)
 
 
 def _f32(a, name, writable):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype != np.float32:
-        raise TypeError(f"{name} has dtype {a.dtype}, expected float32")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable")
-    return a
+    return numpy_array(a, name, (np.float32,), writable)
 
 
-def _p(a):
-    return c_void_p(a.ctypes.data)
+_p = address
 
 
 def _samples(samples):

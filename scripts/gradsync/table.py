@@ -17,7 +17,7 @@ import ctypes
 import numpy as np
 
 from ._lib import (E_BUFS, E_INVALID_ARG, GradsyncError, Handle, c_int, c_int32, c_int64, c_size_t, c_uint32,
-                   c_uint64, c_void_p, check, declare, lib)
+                   c_uint64, c_void_p, check, declare, lib, numpy_array)
 
 c_double = ctypes.c_double
 
@@ -84,13 +84,7 @@ declare("gradsync_accum_view", c_int, c_void_p, _P(c_void_p), _P(c_size_t))
 def _f32(x, name, writable=False):
     """A float32 C-contiguous array of x, without copying numpy input (wrong dtypes are refused)."""
     if isinstance(x, np.ndarray):
-        if x.dtype != np.float32:
-            raise TypeError(f"{name} has dtype {x.dtype}, expected float32 (no silent copies)")
-        if not x.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-        if writable and not x.flags.writeable:
-            raise ValueError(f"{name} must be writable")
-        return x
+        return numpy_array(x, name, (np.float32,), writable)
     if writable:
         raise TypeError(f"{name} must be a writable float32 numpy array")
     return np.ascontiguousarray(x, dtype=np.float32)
