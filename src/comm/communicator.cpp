@@ -5,26 +5,32 @@
 #endif
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <vector>
 
 namespace gradsync::comm {
 
+// The staged form of comm::weighted_mean (reduce.hpp) for transports that move data through a
+// sum allreduce: each rank's contribution in double (+0 for weight 0), the weights beside them,
+// summed in rank order, divided once. The same operations in the same order, so the same bits.
 void Communicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                  uint64_t* total_weight) {
   GS_REQUIRE(dtype == DType::F32 || dtype == DType::F64, GRADSYNC_E_INVALID_ARG,
              "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
   // Weights travel as doubles beside the products: exact for counts below 2^53.
   GS_REQUIRE(weight <= (uint64_t{1} << 53), GRADSYNC_E_INVALID_ARG, "weight {} exceeds 2^53", weight);
-  std::vector<double> staged(count + 1);
+  std::vector<double> staged(count + 1, 0.0);
   const double w = static_cast<double>(weight);
-  if (dtype == DType::F32) {
-    const float* in = static_cast<const float*>(send);
-    for (size_t i = 0; i < count; ++i) staged[i] = w * static_cast<double>(in[i]);
-  } else {
-    const double* in = static_cast<const double*>(send);
-    for (size_t i = 0; i < count; ++i) staged[i] = w * in[i];
+  if (weight != 0) {
+    if (dtype == DType::F32) {
+      const float* in = static_cast<const float*>(send);
+      for (size_t i = 0; i < count; ++i) staged[i] = w * static_cast<double>(in[i]);
+    } else {
+      const double* in = static_cast<const double*>(send);
+      for (size_t i = 0; i < count; ++i) staged[i] = w * in[i];
+    }
   }
   staged[count] = w;
   const BufferRef buffer{staged.data(), staged.data(), staged.size()};
@@ -32,6 +38,11 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
   const double total = staged[count];
   if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
   GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+  // A group of one leaves the data as it is, bit for bit (w * x / w would quiet a signalling NaN).
+  if (size() == 1) {
+    if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+    return;
+  }
   if (dtype == DType::F32) {
     float* out = static_cast<float*>(recv);
     for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(staged[i] / total);
@@ -39,6 +50,15 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
     double* out = static_cast<double*>(recv);
     for (size_t i = 0; i < count; ++i) out[i] = staged[i] / total;
   }
+}
+
+const char* transport_name(Transport t) noexcept {
+  switch (t) {
+    case Transport::Thread: return "thread";
+    case Transport::Shm: return "shm";
+    case Transport::Mpi: return "mpi";
+  }
+  return "unknown";
 }
 
 Communicator::~Communicator() {

@@ -27,6 +27,7 @@
 namespace gradsync::comm {
 
 enum class Transport : int32_t { Thread = 0, Shm = 1, Mpi = 2 };
+const char* transport_name(Transport t) noexcept;
 
 struct Options {
   Transport transport = Transport::Thread;

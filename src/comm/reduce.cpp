@@ -197,6 +197,39 @@ void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsr
   }
 }
 
+namespace {
+template <class T>
+void weighted_mean_of(const void* const* srcs, const double* weights, size_t nsrcs, double total, T* out, size_t begin,
+                      size_t end) noexcept {
+  constexpr size_t kBlock = 512;
+  double acc[kBlock];
+  for (size_t lo = begin; lo < end; lo += kBlock) {
+    const size_t len = std::min(kBlock, end - lo);
+    for (size_t r = 0; r < nsrcs; ++r) {
+      const T* s = static_cast<const T*>(srcs[r]) + lo;
+      const double w = weights[r];
+      if (r == 0) {
+        if (w == 0) std::fill(acc, acc + len, 0.0);
+        else for (size_t j = 0; j < len; ++j) acc[j] = w * static_cast<double>(s[j]);
+      } else if (w != 0) {
+        for (size_t j = 0; j < len; ++j) acc[j] += w * static_cast<double>(s[j]);
+      } else {
+        for (size_t j = 0; j < len; ++j) acc[j] += 0.0;
+      }
+    }
+    T* o = out + (lo - begin);
+    for (size_t j = 0; j < len; ++j) o[j] = static_cast<T>(acc[j] / total);
+  }
+}
+}  // namespace
+
+void weighted_mean(DType dtype, const void* const* srcs, const double* weights, size_t nsrcs, double total, void* dst,
+                   size_t begin, size_t end) {
+  if (dtype == DType::F32) return weighted_mean_of(srcs, weights, nsrcs, total, static_cast<float*>(dst), begin, end);
+  if (dtype == DType::F64) return weighted_mean_of(srcs, weights, nsrcs, total, static_cast<double*>(dst), begin, end);
+  fail(GRADSYNC_E_INVALID_ARG, "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
+}
+
 void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept {
   if (src == dst || begin >= end) return;
   const size_t elem = dtype_size(dtype);

@@ -33,6 +33,14 @@ void reduce(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, voi
 void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* const* dsts, size_t ndsts,
                    size_t begin, size_t end);
 
+// The weighted mean, the one definition every transport follows: rank r contributes
+// c_r = (weights[r] == 0 ? +0.0 : weights[r] * src_r[i]) in double (so a rank with weight 0
+// contributes nothing, even NaN or inf), the contributions are summed in rank order starting from
+// c_0, and the sum is divided once by `total` and rounded once to the dtype (f32 or f64).
+// dst[i - begin] for i in [begin, end), from sources indexed from element 0; dst may alias a source.
+void weighted_mean(DType dtype, const void* const* srcs, const double* weights, size_t nsrcs, double total, void* dst,
+                   size_t begin, size_t end);
+
 // dst[i] = src[i] for i in [begin, end) (elements of dtype); a no-op when dst == src.
 void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept;
 

@@ -31,6 +31,16 @@ enum class WaitResult { Ready, Timeout, Aborted };
 
 using WaitClock = std::chrono::steady_clock;
 
+// now + timeout, saturating: a timeout of up to INT64_MAX ms is a deadline that never passes
+// rather than an overflow into the past.
+inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
+  const auto now = WaitClock::now();
+  if (timeout.count() <= 0) return now;
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(WaitClock::time_point::max() - now);
+  if (timeout >= room) return WaitClock::time_point::max();
+  return now + std::chrono::duration_cast<WaitClock::duration>(timeout);
+}
+
 namespace wait_detail {
 // Sleeps while *word == expected, at most `timeout`; wakes early on FUTEX_WAKE or a signal.
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept;

@@ -657,7 +657,15 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   Fingerprint fp;
   fp.call = broadcast_call(count, dtype, root);
+  // Checked before the exchange only when nothing else would catch it: with the fingerprint
+  // exchange every rank sees every root, and all fail alike just after it.
+  if (!options_.check_mismatch) {
+    GS_REQUIRE(root >= 0 && root < size_, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, {})", root,
+               size_);
+  }
   arrive(fp);
+  GS_REQUIRE(root >= 0 && root < size_, GRADSYNC_E_OUT_OF_RANGE,
+             "broadcast (call {}): root {} is out of range [0, {}) on every rank", seq_, root, size_);
   if (size_ == 1) return;
   const size_t elem = dtype_size(dtype);
   for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {

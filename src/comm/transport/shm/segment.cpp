@@ -92,17 +92,11 @@ uint64_t new_generation() {
 }  // namespace
 
 Layout compute_layout(int size, uint64_t heap_bytes_per_rank) {
-  const uint64_t n = static_cast<uint64_t>(size);
   Layout l{};
-  l.slots_offset = align_up(sizeof(Header), 64);
-  l.tables_offset = align_up(l.slots_offset + n * sizeof(RankSlot), 64);
-  l.small_offset = align_up(l.tables_offset + n * 2 * kMaxTableBuffers * sizeof(BufferOffsets), kPage);
-  l.in_offset = align_up(l.small_offset + n * 2 * kSmallBytes, kPage);
-  l.out_offset = align_up(l.in_offset + n * kStageDepth * kChunkBytes, kPage);
-  l.heap_offset = align_up(l.out_offset + kStageDepth * kChunkBytes, kPage);
-  l.control_bytes = l.heap_offset;
+  l.control = control_layout(size, sizeof(Header));
+  l.heap_offset = l.control.end;
   l.heap_bytes_per_rank = heap_bytes_per_rank;
-  l.total_bytes = l.heap_offset + n * heap_bytes_per_rank;
+  l.total_bytes = l.heap_offset + static_cast<uint64_t>(size) * heap_bytes_per_rank;
   return l;
 }
 
@@ -120,27 +114,6 @@ std::string segment_name(const std::string& group) {
     }
   }
   return out;
-}
-
-RankSlot& Segment::slot(int r) const noexcept {
-  return reinterpret_cast<RankSlot*>(base_ + header_->slots_offset)[r];
-}
-
-BufferOffsets* Segment::table(int r, uint64_t parity) const noexcept {
-  return reinterpret_cast<BufferOffsets*>(base_ + header_->tables_offset) +
-         (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;
-}
-
-char* Segment::small_area(int r, uint64_t parity) const noexcept {
-  return base_ + header_->small_offset + (static_cast<uint64_t>(r) * 2 + parity) * kSmallBytes;
-}
-
-char* Segment::in_area(int r, uint64_t stage) const noexcept {
-  return base_ + header_->in_offset + (static_cast<uint64_t>(r) * kStageDepth + stage % kStageDepth) * kChunkBytes;
-}
-
-char* Segment::out_area(uint64_t stage) const noexcept {
-  return base_ + header_->out_offset + (stage % kStageDepth) * kChunkBytes;
 }
 
 std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int size, Clock::time_point deadline) {
@@ -231,8 +204,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       try {
         object.truncate(0);  // drops every old byte: nothing of a stale run survives
         object.truncate(static_cast<bip::offset_t>(l.total_bytes));
-        reserve_space(fd, 0, l.control_bytes, fmt::format("the control area of shm group '{}'", name));
-        init = bip::mapped_region(object, bip::read_write, 0, l.control_bytes);
+        reserve_space(fd, 0, l.heap_offset, fmt::format("the control area of shm group '{}'", name));
+        init = bip::mapped_region(object, bip::read_write, 0, l.heap_offset);
       } catch (...) {
         // Nobody else uses it (we hold the set-up lock, no member is alive): leave no junk behind.
         bip::shared_memory_object::remove(shm_name.c_str());
@@ -248,15 +221,9 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       h->size = size;
       h->creator_pid = static_cast<int32_t>(getpid());
       h->total_bytes = l.total_bytes;
-      h->control_bytes = l.control_bytes;
-      h->slots_offset = l.slots_offset;
-      h->tables_offset = l.tables_offset;
-      h->small_offset = l.small_offset;
-      h->in_offset = l.in_offset;
-      h->out_offset = l.out_offset;
       h->heap_offset = l.heap_offset;
       h->heap_bytes_per_rank = l.heap_bytes_per_rank;
-      RankSlot* slots = reinterpret_cast<RankSlot*>(static_cast<char*>(init.get_address()) + l.slots_offset);
+      RankSlot* slots = reinterpret_cast<RankSlot*>(static_cast<char*>(init.get_address()) + l.control.slots);
       for (int r = 0; r < size; ++r) new (&slots[r]) RankSlot();
       h->magic.store(kSegmentMagic, std::memory_order_release);
     }
@@ -266,7 +233,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       bip::mapped_region peek(object, bip::read_only, 0, 0);
       const Header* h = static_cast<const Header*>(peek.get_address());
       const RankSlot* slots = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) +
-                                                                h->slots_offset);
+                                                                control_layout(h->size, sizeof(Header)).slots);
       fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name,
            slots[rank].pid.load());
     }
@@ -280,6 +247,9 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     }
     seg->base_ = static_cast<char*>(seg->region_.get_address());
     seg->header_ = reinterpret_cast<Header*>(seg->base_);
+    seg->layout_ = compute_layout(size, seg->header_->heap_bytes_per_rank);
+    seg->control_ = ControlArea(&seg->header_->words, seg->base_, seg->layout_.control, size,
+                                reinterpret_cast<uintptr_t>(seg->base_));
     RankSlot& mine = seg->slot(rank);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
@@ -328,8 +298,8 @@ void Segment::close_group() noexcept {
 uint64_t Segment::own_heap_offset(const void* p, size_t bytes) const noexcept {
   const char* c = static_cast<const char*>(p);
   const char* heap = base_ + header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank;
-  if (c < heap || c > heap + header_->heap_bytes_per_rank) return kNoOffset;
-  if (bytes > static_cast<uint64_t>(heap + header_->heap_bytes_per_rank - c)) return kNoOffset;
+  if (c < heap || c > heap + header_->heap_bytes_per_rank) return kNoAddress;
+  if (bytes > static_cast<uint64_t>(heap + header_->heap_bytes_per_rank - c)) return kNoAddress;
   return static_cast<uint64_t>(c - base_);
 }
 
@@ -396,9 +366,9 @@ void Segment::leave() noexcept {
   close_group();
   // Peers still waiting on this rank learn that it left (rather than died).
   uint32_t none = 0;
-  header_->stop_word.compare_exchange_strong(
-      none, stop_code(StopReason::Left, rank_, header_->reset_epoch.load(std::memory_order_acquire)));
-  notify(header_->barrier_wake);
+  header_->words.stop_word.compare_exchange_strong(
+      none, stop_code(StopReason::Left, rank_, header_->words.reset_epoch.load(std::memory_order_acquire)));
+  notify(header_->words.wake);
   try {
     ofd_lock(fd_, kRankLockByte + rank_, F_UNLCK);
     if (have_setup) {

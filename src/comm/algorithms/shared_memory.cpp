@@ -1,0 +1,652 @@
+// The collectives of every transport whose ranks share memory (threads of one process; processes
+// mapping one /dev/shm segment), written once over a Fabric and the round engine. Each collective
+// picks one of three data paths, the same choice on every rank:
+// - inline (payload <= kInlineBytes): the payload travels in the rank's inline area; one barrier,
+//   and every rank reduces the whole (tiny) vector itself, in rank order (same code, same bits).
+// - direct (every rank's buffers are reachable by its peers: always for threads, buffers from
+//   comm.alloc() for shm): ranks publish addresses; each rank reduces ITS slice (partition rule
+//   over the concatenation of all buffers) straight from the peers' buffers into all of them, then
+//   a completion barrier keeps every caller in the call while peers touch its buffers. Element i
+//   is read and written only by the owner of its slice, all reads of a block before any write, so
+//   in place needs no extra phase.
+// - copy (shm, ordinary caller buffers): allreduce streams chunks of kChunkBytes through
+//   kStageDepth stages: each rank stages the slices its peers reduce, reduces its own slice
+//   straight from its own buffer and the peers' stages (into its buffer and the result stage),
+//   and copies the other slices out; each step waits only for the counters it depends on.
+//   broadcast, allgather, reduce_scatter and alltoall stage double-buffered blocks, one barrier
+//   per block.
+// Parity double buffering of descriptors and inline areas is enough: a rank can only overwrite its
+// round-r area in round r+2, which it cannot enter before every rank has arrived at round r+1,
+// i.e. finished reading round r.
+#include "comm/algorithms/shared_memory.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "comm/engine/round_engine.hpp"
+#include "comm/reduce.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+// Results bigger than the caches are copied out with non-temporal stores: the destination is
+// written once and not read back soon, so this saves the read-for-ownership of every line (a third
+// of the copy path's memory traffic). Smaller results stay in cache for the caller.
+constexpr uint64_t kStreamingBytes = 8u << 20;
+
+void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
+#if defined(__SSE2__)
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// The fused list seen as one concatenated vector of elements.
+class Concat {
+ public:
+  Concat(std::span<const BufferRef> buffers, size_t elem) : buffers_(buffers), elem_(elem) {
+    starts_.reserve(buffers.size() + 1);
+    uint64_t total = 0;
+    for (const auto& b : buffers) {
+      starts_.push_back(total);
+      total += b.count;
+    }
+    starts_.push_back(total);
+  }
+  uint64_t total() const { return starts_.back(); }
+  const char* send(size_t i) const { return static_cast<const char*>(buffers_[i].send); }
+  char* recv(size_t i) const { return static_cast<char*>(buffers_[i].recv); }
+  uint64_t start(size_t i) const { return starts_[i]; }
+
+  // f(buffer index, first element within it, last, position of that first element in [begin, end)).
+  template <class F>
+  void for_range(uint64_t begin, uint64_t end, F&& f) const {
+    if (begin >= end) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (; i < buffers_.size() && starts_[i] < end; ++i) {
+      const uint64_t lo = std::max(begin, starts_[i]), hi = std::min(end, starts_[i + 1]);
+      if (lo < hi) f(i, lo - starts_[i], hi - starts_[i], lo - begin);
+    }
+  }
+  void gather(uint64_t begin, uint64_t end, char* dst) const {
+    for_range(begin, end, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+      std::memcpy(dst + at * elem_, static_cast<const char*>(buffers_[i].send) + a * elem_, (b - a) * elem_);
+    });
+  }
+  void scatter(uint64_t begin, uint64_t end, const char* src, bool streaming) const {
+    for_range(begin, end, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+      char* dst = static_cast<char*>(buffers_[i].recv) + a * elem_;
+      if (streaming) {
+        copy_streaming(dst, src + at * elem_, (b - a) * elem_);
+      } else {
+        std::memcpy(dst, src + at * elem_, (b - a) * elem_);
+      }
+    });
+  }
+
+ private:
+  std::span<const BufferRef> buffers_;
+  size_t elem_;
+  std::vector<uint64_t> starts_;
+};
+
+// One pointer per rank without a heap allocation for the usual group sizes (collectives of small
+// buffers are dominated by fixed costs).
+template <class T>
+class PerRank {
+ public:
+  explicit PerRank(size_t n) : size_(n) {
+    if (size_ > kInline) heap_.resize(size_);
+  }
+  T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  T& operator[](size_t i) noexcept { return data()[i]; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  size_t size_;
+  T inline_[kInline] = {};
+  std::vector<T> heap_;
+};
+
+using Round = RoundEngine::Round;
+
+class SharedMemoryCommunicator final : public Communicator {
+ public:
+  SharedMemoryCommunicator(const Options& options, std::unique_ptr<Fabric> fabric)
+      : options_(options),
+        fabric_(std::move(fabric)),
+        control_(fabric_->control()),
+        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch) {}
+  ~SharedMemoryCommunicator() override { engine_.leave(); }
+
+  int rank() const noexcept override { return options_.rank; }
+  int size() const noexcept override { return options_.size; }
+  Transport transport() const noexcept override { return fabric_->transport(); }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void allgather(const void* send, void* recv, size_t total, DType dtype) override;
+  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
+  void barrier() override;
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override;
+  void abort() noexcept override { engine_.abort(); }
+  void reset() override { engine_.reset(); }
+  void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }
+  void dealloc(void* p) override { fabric_->dealloc(p); }
+
+ private:
+  // begin() for a collective whose peers read this rank's whole send buffer (bytes long): it is
+  // copied into the inline area when small, or published as an address when peers reach it.
+  Round begin_reading(const CallSignature& call, const void* send, uint64_t bytes);
+  // The copy path of allreduce over the concatenation `all` (also the weighted mean's, on its
+  // staged contributions).
+  void pipeline_allreduce(const Round& round, const Concat& all, DType dtype, ReduceOp op);
+  // The copy path of reduce_scatter and alltoall: in step k every rank stages block k of every
+  // part of `in` (part j in slot j, `block` elements each) and consumes block k-1 of its own part
+  // from every rank's stage: consume(first element, length, from) with from[r] rank r's slot.
+  template <class Consume>
+  void exchange_parts(const Round& round, Collective what, const char* in, uint64_t total, size_t es,
+                      Consume&& consume);
+  // A group of one: nothing to agree on, but the group's failure still fails the call.
+  bool alone() {
+    if (size() != 1) return false;
+    engine_.fail_fast();
+    return true;
+  }
+  static void require_reducible(const char* what, DType dtype) {
+    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported (f32, f64, i32, i64 are)", what,
+               dtype_name(dtype));
+  }
+
+  Options options_;
+  std::unique_ptr<Fabric> fabric_;
+  const ControlArea& control_;
+  RoundEngine engine_;
+};
+
+Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes) {
+  const bool small = bytes <= kInlineBytes;
+  const uint64_t address = small ? kNoAddress : fabric_->address_of(send, bytes);
+  Descriptor d{};
+  d.call = call;
+  d.direct = address != kNoAddress ? 1 : 0;
+  return engine_.begin(d, [&](uint64_t parity) {
+    if (small) {
+      if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), send, bytes);
+    } else if (address != kNoAddress) {
+      control_.table(rank(), parity)[0] = {address, kNoAddress};
+    }
+  });
+}
+
+void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  if (alone()) {
+    require_reducible("allreduce", dtype);
+    for (const auto& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
+    return;
+  }
+  const Concat all(buffers, es);
+  const uint64_t total = all.total();
+  const bool small = total * es <= kInlineBytes;
+  bool direct = !small && buffers.size() <= kMaxTableBuffers;
+  for (size_t i = 0; i < buffers.size() && direct; ++i) {
+    direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
+             fabric_->address_of(buffers[i].recv, buffers[i].count * es) != kNoAddress;
+  }
+  Descriptor d{};
+  d.call = allreduce_call(buffers, dtype, op);
+  d.direct = direct ? 1 : 0;
+  const Round round = engine_.begin(d, [&](uint64_t parity) {
+    if (small) {
+      all.gather(0, total, control_.inline_area(rank(), parity));
+    } else if (direct) {
+      BufferAddress* table = control_.table(rank(), parity);
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        table[i] = {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)};
+      }
+    }
+  });
+  const size_t n = static_cast<size_t>(size());
+  PerRank<const void*> srcs(n);
+  PerRank<void*> dsts(n);
+
+  if (small) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+      reduce(dtype, op, srcs.data(), n, buffers[i].recv, 0, buffers[i].count);
+    }
+    // Reading the inline areas is done before this rank arrives at the next round, which is what
+    // lets peers reuse this parity two rounds later.
+    return;
+  }
+
+  if (round.all_direct) {
+    const Part mine = my_part(total);
+    all.for_range(mine.start, mine.start + mine.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t) {
+      // This rank's own recv first: the reduced block lands there and is copied on from cache.
+      for (size_t k = 0; k < n; ++k) {
+        const int r = static_cast<int>((static_cast<size_t>(rank()) + k) % n);
+        const BufferAddress& o = control_.table(r, round.parity)[i];
+        srcs[static_cast<size_t>(r)] = control_.at(o.send);
+        dsts[k] = control_.at(o.recv);
+      }
+      reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
+    });
+    // Peers may not reuse their buffers until everyone has written its slice into them.
+    engine_.barrier(round, Collective::Allreduce, true);
+    return;
+  }
+  pipeline_allreduce(round, all, dtype, op);
+}
+
+// A pipeline of kStageDepth chunks. Each rank stages chunk j of its input, reduces its slice of
+// chunk j from every rank's stage into the shared result stage, and copies the whole result of
+// chunk j out, each step as soon as its inputs are there and its stage is free, as the peers'
+// counters say. No lockstep: a rank runs ahead while a peer is descheduled.
+void SharedMemoryCommunicator::pipeline_allreduce(const Round& round, const Concat& all, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t total = all.total();
+  const size_t n = static_cast<size_t>(size());
+  const uint64_t per_chunk = kChunkBytes / es;
+  const uint64_t chunks = (total + per_chunk - 1) / per_chunk;
+  const uint64_t base = engine_.chunks();  // group-wide index of this round's first chunk
+  auto chunk_len = [&](uint64_t k) { return std::min(per_chunk, total - k * per_chunk); };
+  auto least = [&](std::atomic<uint64_t> RankSlot::*counter) {
+    uint64_t m = ~uint64_t{0};
+    for (int r = 0; r < size(); ++r) m = std::min(m, (control_.slot(r).*counter).load(std::memory_order_seq_cst));
+    return m;
+  };
+  const bool streaming = total * es >= kStreamingBytes;
+  PerRank<const void*> srcs(n);
+  uint64_t staged = 0, reduced = 0, drained = 0;  // this round's chunks done by this rank
+  // Stage j+base is free once every rank reduced chunk j+base-depth; the result stage once every
+  // rank drained it.
+  auto can_stage = [&] { return staged < chunks && least(&RankSlot::reduced) + kStageDepth > base + staged; };
+  auto can_reduce = [&] {
+    return reduced < staged && least(&RankSlot::staged) > base + reduced &&
+           least(&RankSlot::drained) + kStageDepth > base + reduced;
+  };
+  auto can_drain = [&] { return drained < reduced && least(&RankSlot::reduced) > base + drained; };
+  while (drained < chunks) {
+    bool moved = false;
+    if (can_drain()) {
+      // This rank's own slice is already in place (written by its reduction).
+      const uint64_t first = drained * per_chunk;
+      const Part own = partition(chunk_len(drained), n, static_cast<uint64_t>(rank()));
+      const char* out = control_.out_area(base + drained);
+      all.scatter(first, first + own.start, out, streaming);
+      all.scatter(first + own.start + own.len, first + chunk_len(drained), out + (own.start + own.len) * es, streaming);
+      engine_.publish(&RankSlot::drained, base + ++drained);
+      moved = true;
+    }
+    if (can_reduce()) {
+      // The own slice comes straight from the caller's buffer (it was never staged), and its result
+      // goes straight into the caller's buffer as well as into the result stage for the peers.
+      const uint64_t first = reduced * per_chunk;
+      const Part own = partition(chunk_len(reduced), n, static_cast<uint64_t>(rank()));
+      char* out = control_.out_area(base + reduced);
+      all.for_range(first + own.start, first + own.start + own.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t at) {
+        const uint64_t in_chunk = (own.start + at) * es;
+        for (size_t r = 0; r < n; ++r) {
+          srcs[r] = static_cast<int>(r) == rank() ? all.send(i) + a * es
+                                                  : control_.in_area(static_cast<int>(r), base + reduced) + in_chunk;
+        }
+        void* dst[2] = {all.recv(i) + a * es, out + in_chunk};
+        reduce_to_all(dtype, op, srcs.data(), n, dst, 2, 0, b - a);
+      });
+      engine_.publish(&RankSlot::reduced, base + ++reduced);
+      moved = true;
+    }
+    if (can_stage()) {
+      // Only the slices the peers reduce; this rank's own slice is read in place.
+      const uint64_t first = staged * per_chunk;
+      const Part own = partition(chunk_len(staged), n, static_cast<uint64_t>(rank()));
+      char* stage = control_.in_area(rank(), base + staged);
+      all.gather(first, first + own.start, stage);
+      all.gather(first + own.start + own.len, first + chunk_len(staged), stage + (own.start + own.len) * es);
+      engine_.publish(&RankSlot::staged, base + ++staged);
+      moved = true;
+    }
+    if (!moved) engine_.wait_for([&] { return can_drain() || can_reduce() || can_stage(); }, round, "allreduce");
+  }
+  engine_.set_chunks(base + chunks);
+  // The round ends together: a rank that failed mid-pipeline decided this barrier failed, so no rank
+  // returns OK without it.
+  engine_.barrier(round, Collective::Allreduce, false);
+}
+
+void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (alone()) {
+    GS_REQUIRE(root == 0, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, 1)", root);
+    return;
+  }
+  const size_t es = dtype_size(dtype);
+  const uint64_t bytes = count * es;
+  const bool is_root = rank() == root;
+  const bool small = bytes <= kInlineBytes;
+  const uint64_t address = !small && is_root ? fabric_->address_of(buf, bytes) : kNoAddress;
+  Descriptor d{};
+  d.call = broadcast_call(count, dtype, root);
+  d.direct = address != kNoAddress ? 1 : 0;
+  const Round round = engine_.begin(d, [&](uint64_t parity) {
+    if (!is_root) return;
+    if (small) {
+      if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), buf, bytes);
+    } else if (address != kNoAddress) {
+      control_.table(rank(), parity)[0] = {address, kNoAddress};
+    }
+  });
+  char* out = static_cast<char*>(buf);
+  if (small) {
+    if (!is_root && bytes > 0) std::memcpy(out, control_.inline_area(root, round.parity), bytes);
+    return;
+  }
+  if (engine_.desc(root, round.parity).direct != 0) {
+    if (!is_root) std::memcpy(out, control_.at(control_.table(root, round.parity)[0].send), bytes);
+    engine_.barrier(round, Collective::Broadcast, true);
+    return;
+  }
+  // Copy path: the root stages chunk k while the others copy out chunk k-1.
+  const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  auto chunk_bytes = [&](uint64_t k) { return std::min<uint64_t>(kChunkBytes, bytes - k * kChunkBytes); };
+  for (uint64_t k = 0; k <= chunks; ++k) {
+    if (k >= 1 && !is_root) {
+      const uint64_t c = k - 1;
+      std::memcpy(out + c * kChunkBytes, control_.in_area(root, c & 1), chunk_bytes(c));
+    }
+    if (k < chunks) {
+      if (is_root) std::memcpy(control_.in_area(rank(), k & 1), out + k * kChunkBytes, chunk_bytes(k));
+      engine_.barrier(round, Collective::Broadcast, false);
+    }
+  }
+}
+
+void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
+  char* out = static_cast<char*>(recv);
+  const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
+  if (alone()) {
+    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+    return;
+  }
+  const bool small = total * es <= kInlineBytes;
+  const uint64_t address = small ? kNoAddress : fabric_->address_of(own, mine.len * es);
+  const bool direct = address != kNoAddress && fabric_->address_of(recv, total * es) != kNoAddress;
+  Descriptor d{};
+  d.call = allgather_call(total, dtype);
+  d.direct = direct ? 1 : 0;
+  const Round round = engine_.begin(d, [&](uint64_t parity) {
+    if (small) {
+      std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
+    } else if (direct) {
+      control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
+    }
+  });
+  if (small) {
+    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+    for (uint64_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == rank()) continue;
+      const Part p = partition(total, n, r);
+      std::memcpy(out + p.start * es, control_.inline_area(static_cast<int>(r), round.parity), p.len * es);
+    }
+    return;
+  }
+  if (round.all_direct) {
+    // Each rank writes its own part into every rank's recv (read once, written N times).
+    if (mine.len > 0) {
+      PerRank<void*> dsts(n);
+      for (uint64_t k = 0; k < n; ++k) {
+        const int r = static_cast<int>((static_cast<uint64_t>(rank()) + k) % n);
+        dsts[k] = control_.at(control_.table(r, round.parity)[0].recv) + mine.start * es;
+      }
+      copy_to_all(dtype, own, dsts.data(), n, 0, mine.len);
+    }
+    engine_.barrier(round, Collective::Allgather, true);
+    return;
+  }
+  if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+  // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
+  const uint64_t block = kChunkBytes / es;
+  const uint64_t longest = partition(total, n, 0).len;
+  const uint64_t steps = (longest + block - 1) / block;
+  for (uint64_t k = 0; k <= steps; ++k) {
+    if (k >= 1) {
+      const uint64_t c = k - 1;
+      for (uint64_t r = 0; r < n; ++r) {
+        const Part p = partition(total, n, r);
+        if (static_cast<int>(r) == rank() || c * block >= p.len) continue;
+        const uint64_t len = std::min(block, p.len - c * block);
+        std::memcpy(out + (p.start + c * block) * es, control_.in_area(static_cast<int>(r), c & 1), len * es);
+      }
+    }
+    if (k < steps) {
+      if (k * block < mine.len) {
+        const uint64_t len = std::min(block, mine.len - k * block);
+        std::memcpy(control_.in_area(rank(), k & 1), own + k * block * es, len * es);
+      }
+      engine_.barrier(round, Collective::Allgather, false);
+    }
+  }
+}
+
+void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t n = static_cast<size_t>(size());
+  const Part mine = my_part(total);
+  const char* in = static_cast<const char*>(send);
+  if (alone()) {
+    require_reducible("reduce_scatter", dtype);
+    if (total > 0) std::memmove(recv, send, total * es);  // NULL buffers are allowed for 0 elements
+    return;
+  }
+  const bool small = total * es <= kInlineBytes;
+  const Round round = begin_reading(reduce_scatter_call(total, dtype, op), send, total * es);
+  PerRank<const void*> srcs(n);
+  if (small) {
+    for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
+    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+    return;
+  }
+  if (round.all_direct) {
+    // recv may be this rank's own part of send: the kernel allows dst == a source.
+    for (size_t r = 0; r < n; ++r)
+      srcs[r] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].send) + mine.start * es;
+    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+    engine_.barrier(round, Collective::ReduceScatter, true);
+    return;
+  }
+  char* out = static_cast<char*>(recv);
+  exchange_parts(round, Collective::ReduceScatter, in, total, es,
+                 [&](uint64_t first, uint64_t len, const void* const* from) {
+                   reduce(dtype, op, from, n, out + first * es, 0, len);
+                 });
+}
+
+void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (alone()) {
+    if (total > 0) std::memcpy(out, in, total * es);
+    return;
+  }
+  const bool small = total * es <= kInlineBytes;
+  const Round round = begin_reading(alltoall_call(total, dtype), send, total * es);
+  if (small || round.all_direct) {
+    for (uint64_t r = 0; r < n; ++r) {
+      const char* from = small ? control_.inline_area(static_cast<int>(r), round.parity)
+                               : control_.at(control_.table(static_cast<int>(r), round.parity)[0].send);
+      if (mine.len > 0) std::memcpy(out + r * mine.len * es, from + mine.start * es, mine.len * es);
+    }
+    // Direct: peers may not reuse their send buffers until everyone has read its part.
+    if (!small) engine_.barrier(round, Collective::Alltoall, true);
+    return;
+  }
+  exchange_parts(round, Collective::Alltoall, in, total, es, [&](uint64_t first, uint64_t len, const void* const* from) {
+    for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
+  });
+}
+
+template <class Consume>
+void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective what, const char* in, uint64_t total,
+                                              size_t es, Consume&& consume) {
+  const uint64_t n = static_cast<uint64_t>(size());
+  const Part mine = my_part(total);
+  const uint64_t block = kChunkBytes / es / n;
+  const uint64_t steps = (partition(total, n, 0).len + block - 1) / block;
+  PerRank<const void*> from(n);
+  for (uint64_t k = 0; k <= steps; ++k) {
+    if (k >= 1) {
+      const uint64_t c = k - 1;
+      if (c * block < mine.len) {
+        for (uint64_t r = 0; r < n; ++r) {
+          from[r] = control_.in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es;
+        }
+        consume(c * block, std::min(block, mine.len - c * block), from.data());
+      }
+    }
+    if (k < steps) {
+      char* stage = control_.in_area(rank(), k & 1);
+      for (uint64_t j = 0; j < n; ++j) {
+        const Part p = partition(total, n, j);
+        if (k * block >= p.len) continue;
+        const uint64_t len = std::min(block, p.len - k * block);
+        std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);
+      }
+      engine_.barrier(round, what, false);
+    }
+  }
+}
+
+void SharedMemoryCommunicator::barrier() {
+  if (alone()) return;
+  Descriptor d{};
+  d.call = barrier_call();
+  engine_.begin(d, [](uint64_t) {});
+}
+
+// comm::weighted_mean (reduce.hpp) on the three paths. The engine has checked every rank's dtype
+// and weight, so every rank fails alike and nothing is read or written on a bad one.
+void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                                             uint64_t* total_weight) {
+  if (size() == 1) {
+    engine_.fail_fast();
+    Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
+    return;
+  }
+  const size_t es = dtype_size(dtype);
+  const bool small = count * es <= kInlineBytes;
+  const uint64_t address = small ? kNoAddress : fabric_->address_of(send, count * es);
+  const bool direct = address != kNoAddress && fabric_->address_of(recv, count * es) != kNoAddress;
+  Descriptor d{};
+  d.call = weighted_mean_call(count, dtype);
+  d.weight = weight;
+  d.direct = direct ? 1 : 0;
+  const Round round = engine_.begin(d, [&](uint64_t parity) {
+    if (small) {
+      if (count > 0) std::memcpy(control_.inline_area(rank(), parity), send, count * es);
+    } else if (direct) {
+      control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
+    }
+  });
+  const size_t n = static_cast<size_t>(size());
+  PerRank<double> w(n);
+  uint64_t total = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const uint64_t wr = engine_.desc(static_cast<int>(r), round.parity).weight;
+    w[r] = static_cast<double>(wr);
+    total += wr;
+  }
+  if (total_weight != nullptr) *total_weight = total;
+  const double denom = static_cast<double>(total);
+  // Every rank sees the same total, so every rank fails alike, before anyone touches a buffer.
+  GS_REQUIRE(total > 0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+  PerRank<const void*> srcs(n);
+  if (small) {
+    for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity);
+    comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, recv, 0, count);
+    return;
+  }
+  if (round.all_direct) {
+    {
+      const Part part = my_part(count);
+      for (size_t r = 0; r < n; ++r) srcs[r] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].send);
+      // Into this rank's recv, then on to the others from cache, block by block.
+      const size_t block = kBlockBytes / es;
+      PerRank<void*> dsts(n - 1);
+      size_t k = 0;
+      for (size_t r = 0; r < n; ++r) {
+        if (static_cast<int>(r) != rank()) dsts[k++] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].recv);
+      }
+      for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
+        const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);
+        char* mine_out = static_cast<char*>(recv) + lo * es;
+        comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, mine_out, lo, hi);
+        for (size_t j = 0; j < n - 1; ++j) std::memcpy(static_cast<char*>(dsts[j]) + lo * es, mine_out, (hi - lo) * es);
+      }
+    }
+    engine_.barrier(round, Collective::WeightedMean, true);
+    return;
+  }
+  // Copy path: the contributions in double go through the allreduce pipeline (a sum in rank order
+  // from c_0, the same operations as the kernel), then one division.
+  std::vector<double> staged(count, 0.0);
+  if (weight != 0) {
+    const double wr = static_cast<double>(weight);
+    if (dtype == DType::F32) {
+      for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<double>(static_cast<const float*>(send)[i]);
+    } else {
+      for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<const double*>(send)[i];
+    }
+  }
+  const BufferRef buffer{staged.data(), staged.data(), count};
+  pipeline_allreduce(round, Concat(std::span<const BufferRef>(&buffer, 1), sizeof(double)), DType::F64, ReduceOp::Sum);
+  if (dtype == DType::F32) {
+    for (size_t i = 0; i < count; ++i) static_cast<float*>(recv)[i] = static_cast<float>(staged[i] / denom);
+  } else {
+    for (size_t i = 0; i < count; ++i) static_cast<double*>(recv)[i] = staged[i] / denom;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric) {
+  return std::make_unique<SharedMemoryCommunicator>(options, std::move(fabric));
+}
+
+}  // namespace gradsync::comm

@@ -1,0 +1,12 @@
+#pragma once
+// The collectives over a shared-memory Fabric (see shared_memory.cpp for the data paths).
+#include <memory>
+
+#include "comm/communicator.hpp"
+#include "comm/engine/fabric.hpp"
+
+namespace gradsync::comm {
+
+std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric);
+
+}  // namespace gradsync::comm

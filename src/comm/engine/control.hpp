@@ -1,0 +1,142 @@
+#pragma once
+// The control block of a group whose ranks share memory (threads of one process, or processes
+// mapping one /dev/shm segment): the words the round engine agrees through, the per-rank slots,
+// and the areas where ranks publish small payloads, buffer addresses and staged chunks.
+//
+// Plain atomics and trivially copyable data only, at fixed offsets, because the same structures
+// live in process memory (thread transport) and in a segment mapped by processes of possibly
+// different builds (shm transport). Only the owner of a slot writes it; group words change only by
+// CAS (decision, stop, epoch) so the first writer wins.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/call_signature.hpp"
+#include "common/wait.hpp"
+
+namespace gradsync::comm {
+
+// A small collective's whole payload travels inline, per rank and round parity, so it needs only
+// one barrier. The same threshold on every shared-memory transport.
+constexpr size_t kInlineBytes = 16 * 1024;
+// The copy path stages its input in chunks of this many bytes per rank, kStageDepth of them in
+// flight, so that a rank can run a few chunks ahead of a descheduled peer instead of lockstepping.
+constexpr size_t kChunkBytes = 256 * 1024;
+constexpr uint64_t kStageDepth = 4;
+// Per rank and round parity: addresses of buffers that peers read and write directly; longer
+// fused lists take the copy path.
+constexpr size_t kMaxTableBuffers = 256;
+constexpr uint64_t kNoAddress = ~uint64_t{0};
+
+// Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
+enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4 };
+
+// The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | reset epoch modulo 4096 (bits 20-31).
+// The epoch lets a reset clear only the stops older than itself.
+constexpr uint32_t stop_code(StopReason reason, int rank, uint32_t epoch) noexcept {
+  return static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8) | ((epoch & 0xfffu) << 20);
+}
+constexpr StopReason stop_reason(uint32_t code) noexcept { return static_cast<StopReason>(code & 0xffu); }
+constexpr int stop_rank(uint32_t code) noexcept { return static_cast<int>((code >> 8) & 0xfffu) - 1; }
+constexpr uint32_t stop_epoch(uint32_t code) noexcept { return code >> 20; }
+
+// The decision word: (barrier index << 1) | aborted, for the latest barrier whose fate is decided.
+constexpr uint64_t decision_code(uint64_t barrier, bool aborted) noexcept { return (barrier << 1) | (aborted ? 1 : 0); }
+
+// What a rank is about to do in a round; peers compare the calls before touching each other's data.
+struct Descriptor {
+  CallSignature call;
+  uint32_t direct;  // every buffer is reachable by the peers; its addresses are in the table
+  uint32_t pad;
+  uint64_t round;
+  uint64_t weight;  // weighted mean: this rank's sample count
+};
+static_assert(std::is_trivially_copyable_v<Descriptor>);
+
+struct alignas(64) RankSlot {
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> reset_request;  // the reset epoch this rank asks for
+  std::atomic<uint64_t> generation;     // shm: the segment generation this rank joined
+  // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
+  // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
+  alignas(64) std::atomic<uint64_t> arrivals;
+  // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
+  // reduced, result copied out. Peers read them to know when a stage is full or free again.
+  alignas(64) std::atomic<uint64_t> staged;
+  alignas(64) std::atomic<uint64_t> reduced;
+  alignas(64) std::atomic<uint64_t> drained;
+  // This rank's round, barrier and chunk counts when it asked for a reset, by epoch parity.
+  uint64_t reset_rounds[2];
+  uint64_t reset_arrivals[2];
+  uint64_t reset_chunks[2];
+  alignas(64) Descriptor desc[2];  // by round parity
+};
+
+// The group's own words.
+struct GroupWords {
+  WaitWord wake;  // every wait of the group sleeps here
+  // Why the group stopped (stop_code); non-zero makes every abortable wait return.
+  alignas(64) std::atomic<uint32_t> stop_word;
+  std::atomic<uint32_t> reset_epoch;  // completed resets
+  // decision_code of the latest decided barrier: one CAS decides, for every rank, whether a
+  // barrier went ahead (every rank arrived) or failed.
+  alignas(64) std::atomic<uint64_t> decision;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+struct BufferAddress {
+  uint64_t send;
+  uint64_t recv;
+};
+
+// Where each part of the control block lies, as offsets from its start (after `header_bytes`).
+struct ControlLayout {
+  uint64_t slots, tables, inline_data, stage_in, stage_out, end;
+};
+ControlLayout control_layout(int size, uint64_t header_bytes) noexcept;
+
+// A view of one group's control block: where each rank's slot and areas are, and how a
+// published address becomes a pointer in this process.
+class ControlArea {
+ public:
+  ControlArea() = default;
+  // `block` holds the layout computed for `size`; `words` may lie inside it (shm header) or not.
+  // Published addresses are offsets from address_base (0 for plain pointers).
+  ControlArea(GroupWords* words, char* block, const ControlLayout& layout, int size, uintptr_t address_base) noexcept
+      : words_(words),
+        slots_(reinterpret_cast<RankSlot*>(block + layout.slots)),
+        tables_(reinterpret_cast<BufferAddress*>(block + layout.tables)),
+        inline_(block + layout.inline_data),
+        in_(block + layout.stage_in),
+        out_(block + layout.stage_out),
+        size_(size),
+        address_base_(address_base) {}
+
+  GroupWords& words() const noexcept { return *words_; }
+  RankSlot& slot(int r) const noexcept { return slots_[r]; }
+  BufferAddress* table(int r, uint64_t parity) const noexcept {
+    return tables_ + (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;
+  }
+  char* inline_area(int r, uint64_t parity) const noexcept {
+    return inline_ + (static_cast<uint64_t>(r) * 2 + parity) * kInlineBytes;
+  }
+  char* in_area(int r, uint64_t stage) const noexcept {
+    return in_ + (static_cast<uint64_t>(r) * kStageDepth + stage % kStageDepth) * kChunkBytes;
+  }
+  char* out_area(uint64_t stage) const noexcept { return out_ + (stage % kStageDepth) * kChunkBytes; }
+  char* at(uint64_t address) const noexcept { return reinterpret_cast<char*>(address_base_ + address); }
+  int size() const noexcept { return size_; }
+
+ private:
+  GroupWords* words_ = nullptr;
+  RankSlot* slots_ = nullptr;
+  BufferAddress* tables_ = nullptr;
+  char* inline_ = nullptr;
+  char* in_ = nullptr;
+  char* out_ = nullptr;
+  int size_ = 0;
+  uintptr_t address_base_ = 0;
+};
+
+}  // namespace gradsync::comm

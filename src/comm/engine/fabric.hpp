@@ -1,0 +1,45 @@
+#pragma once
+// What the round engine and the shared-memory collectives need from a transport whose ranks
+// share memory: where the group's control block is, how a peer reaches this rank's buffers,
+// whether a peer is alive, and memory for buffers. Everything else (the round protocol, the
+// algorithms, the errors) is written once above it, in engine/ and algorithms/.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "comm/engine/control.hpp"
+
+namespace gradsync::comm {
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+
+  const ControlArea& control() const noexcept { return control_; }
+  virtual Transport transport() const noexcept = 0;
+  virtual const std::string& group() const noexcept = 0;
+
+  // The address a peer uses to reach [p, p + bytes) of this rank (ControlArea::at turns it back
+  // into a pointer), or kNoAddress when peers cannot reach it: the copy path then stages it.
+  virtual uint64_t address_of(const void* p, size_t bytes) const noexcept = 0;
+  // Whether peers touch memory the caller owns outright while they run a direct round (thread
+  // transport: the caller's own buffers). Then a rank must wait for its peers to finish with its
+  // buffers whatever the deadline says; otherwise (buffers in a shared segment that outlives the
+  // call) it may give up at the deadline or on abort, and the group fails the round for everyone.
+  virtual bool peers_use_private_memory() const noexcept = 0;
+
+  // False once rank r is gone for good (its process died, or it freed its communicator).
+  virtual bool alive(int r) const = 0;
+  virtual int pid(int r) const noexcept = 0;
+  // A peer died: nobody may join what is left of the group.
+  virtual void close_group() noexcept = 0;
+
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void dealloc(void* p) = 0;
+
+ protected:
+  ControlArea control_;
+};
+
+}  // namespace gradsync::comm

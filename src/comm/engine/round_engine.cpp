@@ -1,0 +1,230 @@
+#include "comm/engine/round_engine.hpp"
+
+#include <algorithm>
+
+#include "comm/reduce.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm {
+
+RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch)
+    : fabric_(fabric),
+      control_(fabric.control()),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      check_mismatch_(check_mismatch),
+      waiter_(size) {}
+
+std::string RoundEngine::where(uint64_t call) const {
+  return fmt::format("{} group '{}' call {}", transport_name(fabric_.transport()), fabric_.group(), call);
+}
+
+void RoundEngine::stop(StopReason reason, int rank) noexcept {
+  uint32_t expected = 0;
+  const uint32_t code = stop_code(reason, rank, words().reset_epoch.load(std::memory_order_acquire));
+  words().stop_word.compare_exchange_strong(expected, code, std::memory_order_seq_cst);
+  if (reason == StopReason::PeerDied) fabric_.close_group();
+  notify(words().wake);
+}
+
+bool RoundEngine::decide(uint64_t index, bool failed) noexcept {
+  std::atomic<uint64_t>& decision = words().decision;
+  uint64_t cur = decision.load(std::memory_order_seq_cst);
+  for (;;) {
+    const uint64_t decided = cur >> 1;
+    if (decided > index) return true;
+    if (decided == index) return (cur & 1) == 0;
+    if (decision.compare_exchange_weak(cur, decision_code(index, failed), std::memory_order_seq_cst)) return !failed;
+  }
+}
+
+void RoundEngine::arrive() noexcept {
+  // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
+  control_.slot(rank_).arrivals.store(++barriers_, std::memory_order_seq_cst);
+  notify(words().wake);
+}
+
+bool RoundEngine::check_peers() {
+  bool gone = false;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || fabric_.alive(r)) continue;
+    if (dead_rank_ < 0) dead_rank_ = r;
+    stop(StopReason::PeerDied, r);
+    dead_.resize(static_cast<size_t>(size_), 0);
+    dead_[static_cast<size_t>(r)] = 1;
+    gone = true;
+  }
+  return gone;
+}
+
+void RoundEngine::fail_fast() {
+  if (words().stop_word.load(std::memory_order_acquire) != 0) throw_stopped(false, round_ + 1);
+}
+
+void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers) {
+  const bool hold = hold_buffers && fabric_.peers_use_private_memory();
+  arrive();
+  const uint64_t target = barriers_;
+  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
+  const Waited waited = wait_all(counter, target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable);
+  if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
+  if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(what), round.number, target);
+}
+
+// Every rank sees the same descriptors, so every rank reaches the same verdict and nothing is
+// written on a disagreement. Arguments that only the group can judge (a root, a dtype the kernels
+// do not reduce, a weight) are checked here too, after the signatures agree, so a bad argument on
+// one rank fails every rank in the same round.
+void RoundEngine::verify(const Round& round) const {
+  if (check_mismatch_) {
+    require_same_calls([&] { return where(round.number); }, round.number, size_,
+                       [&](int r) -> const CallSignature& { return desc(r, round.parity).call; });
+  }
+  for (int r = 0; r < size_; ++r) {
+    const CallSignature& call = desc(r, round.parity).call;
+    const auto dtype = static_cast<DType>(call.dtype);
+    if (call.collective == Collective::Broadcast && (call.root < 0 || call.root >= size_)) {
+      fail(GRADSYNC_E_OUT_OF_RANGE, "{}: rank {} passed root {} out of range [0, {}) ({})", where(round.number), r,
+           call.root, size_, describe(call));
+    }
+    if ((call.collective == Collective::Allreduce || call.collective == Collective::ReduceScatter) &&
+        !reducible(dtype)) {
+      fail(GRADSYNC_E_UNSUPPORTED, "{}: {} of {} is not supported (f32, f64, i32, i64 are)", where(round.number),
+           collective_name(call.collective), dtype_name(dtype));
+    }
+    if (call.collective == Collective::WeightedMean) {
+      if (dtype != DType::F32 && dtype != DType::F64) {
+        fail(GRADSYNC_E_INVALID_ARG, "{}: weighted mean needs f32 or f64, got {}", where(round.number),
+             dtype_name(dtype));
+      }
+      const uint64_t w = desc(r, round.parity).weight;
+      if (w > (uint64_t{1} << 53)) {
+        fail(GRADSYNC_E_INVALID_ARG, "{}: rank {} passed weight {}, which exceeds 2^53", where(round.number), r, w);
+      }
+    }
+  }
+}
+
+void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint64_t target) {
+  if (why == Waited::PeerDied) throw_gone(dead_rank_, call);
+  // A timeout, this rank's or a peer's: name the ranks that had not arrived, as every waiter saw.
+  if (stop_reason(words().stop_word.load(std::memory_order_acquire)) == StopReason::Timeout) {
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      if (control_.slot(r).arrivals.load(std::memory_order_acquire) < target) missing.push_back(r);
+    }
+    if (!missing.empty()) {
+      fail(GRADSYNC_E_TIMEOUT, "{}: timed out: rank(s) [{}] did not arrive at {} within {} ms", where(call),
+           fmt::join(missing, ", "), what, timeout_.count());
+    }
+  }
+  throw_stopped(true, call);
+}
+
+void RoundEngine::throw_dead(int r) {
+  fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of {} group '{}' died; free the group and form a new one", r,
+       fabric_.pid(r), transport_name(fabric_.transport()), fabric_.group());
+}
+
+// Rank r is gone. The stop word knows better who went first and how: a rank that saw r die and then
+// freed its communicator looks gone too, but r is the one to name.
+void RoundEngine::throw_gone(int r, uint64_t call) {
+  const uint32_t code = words().stop_word.load(std::memory_order_acquire);
+  if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
+  if (stop_reason(code) == StopReason::Left) throw_stopped(true, call);
+  throw_dead(r);
+}
+
+void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
+  uint32_t code = words().stop_word.load(std::memory_order_acquire);
+  // A round decided failed by a peer: its stop is published before its decision.
+  const int who = stop_rank(code);
+  const int pid = who >= 0 && who < size_ ? fabric_.pid(who) : 0;
+  const std::string w = where(call);
+  switch (stop_reason(code)) {
+    case StopReason::PeerDied: throw_dead(who);
+    case StopReason::Timeout:
+      if (waiting) {
+        fail(GRADSYNC_E_TIMEOUT, "{}: timed out (rank {} waited {} ms for a peer); reset or free the group", w, who,
+             timeout_.count());
+      }
+      fail(GRADSYNC_E_ABORTED, "{}: the group is stopped after a timeout (seen by rank {}); reset or free it", w, who);
+    case StopReason::Left:
+      fail(GRADSYNC_E_ABORTED, "{}: rank {} left the group (its communicator was freed, pid {}); free the group and "
+           "form a new one", w, who, pid);
+    case StopReason::Aborted:
+    case StopReason::None:
+      break;
+  }
+  fail(GRADSYNC_E_ABORTED, "{}: the group was aborted (abort() called on rank {}, pid {}); call reset() on every rank "
+       "or free it", w, who, pid);
+}
+
+void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
+
+void RoundEngine::leave() noexcept {
+  uint32_t none = 0;
+  words().stop_word.compare_exchange_strong(
+      none, stop_code(StopReason::Left, rank_, words().reset_epoch.load(std::memory_order_acquire)),
+      std::memory_order_seq_cst);
+  notify(words().wake);
+}
+
+void RoundEngine::reset() {
+  GroupWords& g = words();
+  const uint32_t target = g.reset_epoch.load(std::memory_order_acquire) + 1;
+  if (size_ > 1) {
+    // Every rank posts its request with its round, barrier and chunk counts; once all have, the
+    // counts are quiescent and every rank adopts the same maxima. A rank that gives up retracts its
+    // request, so a reset can be retried.
+    RankSlot& me = control_.slot(rank_);
+    me.reset_rounds[target & 1] = round_;
+    me.reset_arrivals[target & 1] = barriers_;
+    me.reset_chunks[target & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
+    me.reset_request.store(target, std::memory_order_seq_cst);
+    notify(g.wake);
+    auto counter = [&](int r) { return uint64_t{control_.slot(r).reset_request.load(std::memory_order_seq_cst)}; };
+    const Waited waited = wait_all(counter, target, deadline_after(timeout_), WaitMode::Deadline);
+    if (waited != Waited::Ready) {
+      // Only retract if not everyone made it: otherwise the others already went ahead.
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (counter(r) < target) missing.push_back(r);
+      }
+      if (!missing.empty()) me.reset_request.store(target - 1, std::memory_order_seq_cst);
+      if (waited == Waited::PeerDied) throw_gone(dead_rank_, round_ + 1);
+      if (!missing.empty()) {
+        fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
+             transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
+      }
+    }
+    uint64_t rounds = 0, arrivals = 0, chunks = 0;
+    for (int r = 0; r < size_; ++r) {
+      rounds = std::max(rounds, control_.slot(r).reset_rounds[target & 1]);
+      arrivals = std::max(arrivals, control_.slot(r).reset_arrivals[target & 1]);
+      chunks = std::max(chunks, control_.slot(r).reset_chunks[target & 1]);
+    }
+    round_ = rounds;
+    barriers_ = arrivals;
+    chunks_ = chunks;
+    me.arrivals.store(arrivals, std::memory_order_seq_cst);
+    me.staged.store(chunks, std::memory_order_seq_cst);
+    me.reduced.store(chunks, std::memory_order_seq_cst);
+    me.drained.store(chunks, std::memory_order_seq_cst);
+  }
+  const uint32_t code = g.stop_word.load(std::memory_order_acquire);
+  if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
+  if (stop_reason(code) == StopReason::Left) throw_stopped(false, round_ + 1);
+  // Clear only stops older than this reset; a newer abort (from a rank already past it) stays.
+  uint32_t epoch = g.reset_epoch.load(std::memory_order_acquire);
+  while (static_cast<int32_t>(epoch - target) < 0 &&
+         !g.reset_epoch.compare_exchange_weak(epoch, target, std::memory_order_acq_rel)) {
+  }
+  uint32_t s = g.stop_word.load(std::memory_order_acquire);
+  while (s != 0 && ((stop_epoch(s) - (target & 0xfffu)) & 0x800u) != 0 &&
+         !g.stop_word.compare_exchange_weak(s, 0, std::memory_order_acq_rel)) {
+  }
+}
+
+}  // namespace gradsync::comm

@@ -1,0 +1,199 @@
+#pragma once
+// The round protocol, written once for every transport whose ranks share memory (threads,
+// shared-memory processes): agreement, call signatures, deadlines, abort, reset, peer death and
+// the errors that report them. The collectives (algorithms/) call it; the transports (transport/)
+// only provide a Fabric.
+//
+// A collective is one round: each rank publishes a Descriptor of its call in its slot (by round
+// parity), then meets the others at the round's arrival barrier. Barriers are counted over the
+// group's life (RankSlot::arrivals); a round may have more (a completion barrier while peers use
+// this rank's buffers, one per staged block on the copy path).
+//
+// Every barrier is DECIDED once for all ranks, by one CAS on GroupWords::decision:
+// - a rank that saw every rank arrive wants "went ahead"; one that saw an abort, its deadline or a
+//   dead peer wants "failed"; the first CAS wins and every rank adopts it, so no rank returns OK for
+//   a call that another rank reports failed;
+// - a decision for a LATER barrier than the one a rank is deciding means that barrier went ahead:
+//   no rank gets past a barrier that failed (it must reset first, and reset needs every rank, this
+//   one included);
+// - a rank that fails between barriers (the copy pipeline) decides the next barrier failed before
+//   it throws, so its peers fail there too instead of completing without it.
+// After a failure the stop word (first cause wins) makes every call fail fast until reset()
+// realigns the ranks: every rank adopts the largest round and barrier counts posted, so the next
+// call is the same call on every rank.
+//
+// tests/model/round.pml models this protocol for 2 and 3 ranks and checks it exhaustively.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/call_signature.hpp"
+#include "comm/engine/control.hpp"
+#include "comm/engine/fabric.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/wait.hpp"
+
+namespace gradsync::comm {
+
+class RoundEngine {
+ public:
+  struct Round {
+    uint64_t number;  // the call's number on this communicator (1, 2, ...), the same on every rank
+    uint64_t parity;  // which of the two descriptor and inline areas this round uses
+    WaitClock::time_point deadline;
+    bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
+  };
+
+  RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch);
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const ControlArea& control() const noexcept { return control_; }
+  Fabric& fabric() const noexcept { return fabric_; }
+
+  // Throws the group's failure when it is stopped (abort, timeout, dead or departed peer).
+  void fail_fast();
+  // Publishes d (after publish(parity) has filled this rank's inline area or address table), meets
+  // every rank at the arrival barrier and decides the round. Throws on a failed round, and
+  // E_MISMATCH (or the argument's error) on every rank alike when the calls disagree.
+  template <class Publish>
+  Round begin(Descriptor d, Publish&& publish);
+  // A barrier inside a round. When peers may still be using this rank's private buffers
+  // (`hold_buffers` on a fabric whose peers use private memory), it waits for them whatever the
+  // deadline or an abort says: returning would let a peer write into freed memory.
+  void barrier(const Round& round, Collective what, bool hold_buffers);
+  // Waits for a condition on the peers' copy-path counters. On abort, deadline or a dead peer it
+  // decides the round's next barrier failed, so every rank fails the round, then throws.
+  template <class Ready>
+  void wait_for(Ready&& ready, const Round& round, const char* what);
+
+  const Descriptor& desc(int r, uint64_t parity) const noexcept { return control_.slot(r).desc[parity]; }
+  // Copy-path chunks of every allreduce so far (the same count on every rank); reset aligns it.
+  uint64_t chunks() const noexcept { return chunks_; }
+  void set_chunks(uint64_t c) noexcept { chunks_ = c; }
+  // Publishes a copy-path counter of this rank and wakes the waiters.
+  void publish(std::atomic<uint64_t> RankSlot::*counter, uint64_t value) noexcept {
+    (control_.slot(rank_).*counter).store(value, std::memory_order_seq_cst);
+    notify(control_.words().wake);
+  }
+
+  void abort() noexcept;
+  void reset();
+  // This rank is leaving (its communicator is being freed): peers waiting on it fail.
+  void leave() noexcept;
+
+ private:
+  enum class Waited { Ready, Stopped, TimedOut, PeerDied };
+  // What ends a wait besides its condition: the stop word, the deadline and a dead peer
+  // (Abortable); the deadline and a dead peer (Deadline); only a dead peer, after the live peers
+  // are there (Hold: peers are using this rank's buffers).
+  enum class WaitMode { Abortable, Deadline, Hold };
+
+  GroupWords& words() const noexcept { return control_.words(); }
+  void stop(StopReason reason, int rank) noexcept;
+  // Decides barrier `index` for every rank; true when it went ahead.
+  bool decide(uint64_t index, bool failed) noexcept;
+  void arrive() noexcept;
+  // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it.
+  template <class Counter>
+  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point deadline, WaitMode mode);
+  // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
+  bool check_peers();
+  void verify(const Round& round) const;
+  [[noreturn]] void throw_failed(Waited why, const char* what, uint64_t call, uint64_t target);
+  [[noreturn]] void throw_stopped(bool waiting, uint64_t call);
+  [[noreturn]] void throw_dead(int r);
+  [[noreturn]] void throw_gone(int r, uint64_t call);
+  std::string where(uint64_t call) const;
+
+  Fabric& fabric_;
+  const ControlArea& control_;
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const bool check_mismatch_;
+  uint64_t round_ = 0;
+  uint64_t barriers_ = 0;
+  uint64_t chunks_ = 0;
+  int dead_rank_ = -1;
+  std::vector<char> dead_;
+  AdaptiveWait waiter_;
+};
+
+// While waiting, peers' liveness is checked this often (a dead peer is reported within it).
+inline constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
+
+template <class Counter>
+RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point deadline,
+                                          WaitMode mode) {
+  dead_.clear();
+  auto ready = [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (counter(r) < target && (dead_.empty() || !dead_[static_cast<size_t>(r)])) return false;
+    }
+    return true;
+  };
+  for (;;) {
+    const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
+    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr)) {
+      case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
+      case WaitResult::Aborted: return Waited::Stopped;
+      case WaitResult::Timeout: break;
+    }
+    if (check_peers() && mode != WaitMode::Hold) return Waited::PeerDied;
+    if (WaitClock::now() >= deadline) {
+      if (mode != WaitMode::Hold) return Waited::TimedOut;
+      GS_LOG_WARN("group '{}' rank {}: peers still use this rank's buffers after {} ms; waiting for them",
+                  fabric_.group(), rank_, timeout_.count());
+      deadline = deadline_after(timeout_);
+    }
+  }
+}
+
+template <class Publish>
+RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
+  fail_fast();
+  Round round{++round_, 0, deadline_after(timeout_), true};
+  round.parity = round.number & 1;
+  d.round = round.number;
+  publish(round.parity);
+  control_.slot(rank_).desc[round.parity] = d;
+  arrive();
+  const uint64_t target = barriers_;
+  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
+  const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable);
+  // The stop is published before the verdict, so whoever reads "failed" finds the reason.
+  if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
+  if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(d.call.collective), round.number, target);
+  // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
+  verify(round);
+  for (int r = 0; r < size_; ++r) round.all_direct &= desc(r, round.parity).direct != 0;
+  return round;
+}
+
+template <class Ready>
+void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) {
+  for (;;) {
+    const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
+    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word);
+    if (result == WaitResult::Ready) return;
+    Waited why = Waited::Stopped;
+    if (result == WaitResult::Timeout) {
+      if (check_peers()) {
+        why = Waited::PeerDied;
+      } else if (WaitClock::now() >= round.deadline) {
+        why = Waited::TimedOut;
+        stop(StopReason::Timeout, rank_);
+      } else {
+        continue;
+      }
+    }
+    // The peers meet again at this rank's next barrier: it fails for all of them.
+    decide(barriers_ + 1, true);
+    throw_failed(why, what, round.number, barriers_ + 1);
+  }
+}
+
+}  // namespace gradsync::comm
