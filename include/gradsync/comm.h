@@ -8,12 +8,21 @@
  *   in place.
  * - Deterministic: each element is reduced in rank order, never in arrival order, so every rank
  *   gets bitwise the same result on every run (on MPI when `deterministic` is set).
+ * - One outcome per call (thread and shared-memory transports; MPI below): either every rank
+ *   returns GRADSYNC_OK with the same result, or every rank gets an error for that call, whatever
+ *   races it (completion, abort, timeout, a dying peer). After an error and gradsync_comm_reset on every rank, the next call is the same call
+ *   on every rank. On an error, recv buffers hold unspecified data (a zero-copy shm buffer may
+ *   still be written by a stopped peer until the reset returns).
  * - Never hangs: ranks that disagree in a round (count, dtype, op, root, collective) all get
- *   GRADSYNC_E_MISMATCH naming both sides, and the next round works. A rank that does not arrive
- *   within the timeout gives GRADSYNC_E_TIMEOUT on every waiting rank; gradsync_comm_abort from any
- *   thread unblocks every waiter with GRADSYNC_E_ABORTED. After a timeout or abort every call fails
- *   fast with GRADSYNC_E_ABORTED until the group is reset (gradsync_comm_reset) or freed.
- * - A group of size 1 returns at once, leaving the buffers as they are (recv = send).
+ *   GRADSYNC_E_MISMATCH naming both sides, and the next round works. An argument that only the
+ *   group can judge (a broadcast root, a dtype the reduction lacks, a weight) fails every rank in
+ *   that same call, naming the rank that passed it. A rank that does not arrive within the
+ *   timeout gives GRADSYNC_E_TIMEOUT on every waiting rank; gradsync_comm_abort from any thread
+ *   unblocks every waiter with GRADSYNC_E_ABORTED. After a timeout or abort every call fails fast
+ *   with GRADSYNC_E_ABORTED until the group is reset (gradsync_comm_reset) or freed.
+ * - Weighted mean: sum over ranks of weight * x in double, in rank order, divided once by the
+ *   total weight and rounded once; a rank of weight 0 contributes nothing, even NaN or inf.
+ * - A group of size 1 returns at once, leaving the buffers bit for bit as they are (recv = send).
  * - Partition rule (reduce-scatter, allgather, alltoall): part i of n elements over p ranks
  *   starts at i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
  *
