@@ -243,7 +243,9 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
 
   if (small) {
     for (size_t i = 0; i < buffers.size(); ++i) {
-      for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+      for (size_t r = 0; r < n; ++r) {
+        srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+      }
       reduce(dtype, op, srcs.data(), n, buffers[i].recv, 0, buffers[i].count);
     }
     // Reading the inline areas is done before this rank arrives at the next round, which is what
@@ -517,9 +519,10 @@ void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t tot
     if (!small) engine_.barrier(round, Collective::Alltoall, true);
     return;
   }
-  exchange_parts(round, Collective::Alltoall, in, total, es, [&](uint64_t first, uint64_t len, const void* const* from) {
-    for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
-  });
+  exchange_parts(round, Collective::Alltoall, in, total, es,
+                 [&](uint64_t first, uint64_t len, const void* const* from) {
+                   for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
+                 });
 }
 
 template <class Consume>
@@ -611,7 +614,8 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
       PerRank<void*> dsts(n - 1);
       size_t k = 0;
       for (size_t r = 0; r < n; ++r) {
-        if (static_cast<int>(r) != rank()) dsts[k++] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].recv);
+        if (static_cast<int>(r) == rank()) continue;
+        dsts[k++] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].recv);
       }
       for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
         const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);

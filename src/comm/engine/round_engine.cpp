@@ -16,9 +16,11 @@ RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::millis
       check_mismatch_(check_mismatch),
       waiter_(size) {}
 
-std::string RoundEngine::where(uint64_t call) const {
-  return fmt::format("{} group '{}' call {}", transport_name(fabric_.transport()), fabric_.group(), call);
+std::string RoundEngine::group_name() const {
+  return fmt::format("{} group '{}'", transport_name(fabric_.transport()), fabric_.group());
 }
+
+std::string RoundEngine::where(uint64_t call) const { return fmt::format("{} call {}", group_name(), call); }
 
 void RoundEngine::stop(StopReason reason, int rank) noexcept {
   uint32_t expected = 0;
@@ -72,38 +74,41 @@ void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers
   if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(what), round.number, target);
 }
 
-// Every rank sees the same descriptors, so every rank reaches the same verdict and nothing is
-// written on a disagreement. Arguments that only the group can judge (a root, a dtype the kernels
-// do not reduce, a weight) are checked here too, after the signatures agree, so a bad argument on
-// one rank fails every rank in the same round.
-void RoundEngine::verify(const Round& round) const {
-  if (check_mismatch_) {
-    require_same_calls([&] { return where(round.number); }, round.number, size_,
-                       [&](int r) -> const CallSignature& { return desc(r, round.parity).call; });
-  }
-  for (int r = 0; r < size_; ++r) {
-    const CallSignature& call = desc(r, round.parity).call;
-    const auto dtype = static_cast<DType>(call.dtype);
-    if (call.collective == Collective::Broadcast && (call.root < 0 || call.root >= size_)) {
-      fail(GRADSYNC_E_OUT_OF_RANGE, "{}: rank {} passed root {} out of range [0, {}) ({})", where(round.number), r,
-           call.root, size_, describe(call));
+void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
+                  const std::function<const CallSignature&(int)>& signature_of,
+                  const std::function<uint64_t(int)>& weight_of) {
+  if (compare && entries > 1) require_same_calls(where, call, entries, signature_of);
+  for (int r = 0; r < entries; ++r) {
+    const CallSignature& c = signature_of(r);
+    const auto dtype = static_cast<DType>(c.dtype);
+    if (c.collective == Collective::Broadcast && (c.root < 0 || c.root >= size)) {
+      fail(GRADSYNC_E_OUT_OF_RANGE, "{} call {}: rank {} passed root {} out of range [0, {}) ({})", where(), call, r,
+           c.root, size,
+           describe(c));
     }
-    if ((call.collective == Collective::Allreduce || call.collective == Collective::ReduceScatter) &&
-        !reducible(dtype)) {
-      fail(GRADSYNC_E_UNSUPPORTED, "{}: {} of {} is not supported (f32, f64, i32, i64 are)", where(round.number),
-           collective_name(call.collective), dtype_name(dtype));
+    if ((c.collective == Collective::Allreduce || c.collective == Collective::ReduceScatter) && !reducible(dtype)) {
+      fail(GRADSYNC_E_UNSUPPORTED, "{} call {}: {} of {} is not supported (f32, f64, i32, i64 are)", where(), call,
+           collective_name(c.collective), dtype_name(dtype));
     }
-    if (call.collective == Collective::WeightedMean) {
+    if (c.collective == Collective::WeightedMean) {
       if (dtype != DType::F32 && dtype != DType::F64) {
-        fail(GRADSYNC_E_INVALID_ARG, "{}: weighted mean needs f32 or f64, got {}", where(round.number),
+        fail(GRADSYNC_E_INVALID_ARG, "{} call {}: weighted mean needs f32 or f64, got {}", where(), call,
              dtype_name(dtype));
       }
-      const uint64_t w = desc(r, round.parity).weight;
+      const uint64_t w = weight_of(r);
       if (w > (uint64_t{1} << 53)) {
-        fail(GRADSYNC_E_INVALID_ARG, "{}: rank {} passed weight {}, which exceeds 2^53", where(round.number), r, w);
+        fail(GRADSYNC_E_INVALID_ARG, "{} call {}: rank {} passed weight {}, which exceeds 2^53", where(), call, r, w);
       }
     }
   }
+}
+
+// Every rank sees the same descriptors, so every rank reaches the same verdict and nothing is
+// written on a disagreement.
+void RoundEngine::verify(const Round& round) const {
+  verify_round([&] { return group_name(); }, round.number, size_, size_, check_mismatch_,
+               [&](int r) -> const CallSignature& { return desc(r, round.parity).call; },
+               [&](int r) { return desc(r, round.parity).weight; });
 }
 
 void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint64_t target) {

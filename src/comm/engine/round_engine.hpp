@@ -24,6 +24,7 @@
 //
 // tests/model/round.pml models this protocol for 2 and 3 ranks and checks it exhaustively.
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,17 @@
 #include "common/wait.hpp"
 
 namespace gradsync::comm {
+
+// Judges one round's calls from the table of every rank's call that every rank sees alike (the
+// shared descriptors, MPI's fingerprint exchange), so every rank reaches the same verdict: the
+// signatures must agree (when `compare`), then arguments that only the group can judge (a root, a
+// dtype the kernels do not reduce, a weight) are checked, naming the rank that passed them.
+// where() names the group ("thread group 'train'"); messages add the call number.
+// signature_of(r) and weight_of(r) for r in [0, entries): entries is the group's size, or 1 when a
+// transport skips the exchange and judges only this rank's own call.
+void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
+                  const std::function<const CallSignature&(int)>& signature_of,
+                  const std::function<uint64_t(int)>& weight_of);
 
 class RoundEngine {
  public:
@@ -106,6 +118,7 @@ class RoundEngine {
   [[noreturn]] void throw_stopped(bool waiting, uint64_t call);
   [[noreturn]] void throw_dead(int r);
   [[noreturn]] void throw_gone(int r, uint64_t call);
+  std::string group_name() const;
   std::string where(uint64_t call) const;
 
   Fabric& fabric_;
@@ -166,7 +179,9 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable);
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(d.call.collective), round.number, target);
+  if (!decide(target, waited != Waited::Ready)) {
+    throw_failed(waited, collective_name(d.call.collective), round.number, target);
+  }
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
   for (int r = 0; r < size_; ++r) round.all_direct &= desc(r, round.parity).direct != 0;

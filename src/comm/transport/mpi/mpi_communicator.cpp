@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "comm/engine/round_engine.hpp"
 #include "comm/reduce.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "common/error.hpp"
@@ -479,10 +480,15 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem) {
   throw_if_aborted();
   fp.seq = ++seq_;  // calls are numbered from 1, as the other transports number their rounds
-  if (size_ == 1) return;
-  const auto deadline = Clock::now() + options_.timeout;
+  auto where = [] { return std::string("MPI communicator"); };
+  const auto own = [&](int) -> const CallSignature& { return fp.call; };
+  const auto no_weight = [](int) { return uint64_t{0}; };
+  if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, no_weight);
+  const auto deadline = deadline_after(options_.timeout);
   MPI_Request request = MPI_REQUEST_NULL;
   if (!options_.check_mismatch && inline_buffers == nullptr) {
+    // Without the exchange only this rank's own arguments can be judged, before anything moves.
+    verify_round(where, fp.seq, size_, 1, false, own, no_weight);
     check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
     // An Ibarrier references no memory of ours.
     wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
@@ -507,7 +513,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     rendezvous_->all.resize(static_cast<size_t>(size_));
     throw;
   }
-  if (!options_.check_mismatch) return;
+  if (!options_.check_mismatch) return verify_round(where, fp.seq, size_, 1, false, own, no_weight);
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
   const Fingerprint& first = rv.all[0].fp;
   for (int r = 1; r < size_; ++r) {
@@ -517,8 +523,8 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
            r, seq, first.seq);
     }
   }
-  require_same_calls([] { return std::string("MPI communicator"); }, first.seq, size_,
-                     [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; });
+  verify_round(where, first.seq, size_, size_, true,
+               [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; }, no_weight);
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
@@ -576,8 +582,6 @@ void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t 
 }
 
 void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
-  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
-             op_name(op), dtype_name(dtype));
   size_t total = 0;
   for (const BufferRef& b : buffers) total += b.count;
   Fingerprint fp;
@@ -657,15 +661,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   Fingerprint fp;
   fp.call = broadcast_call(count, dtype, root);
-  // Checked before the exchange only when nothing else would catch it: with the fingerprint
-  // exchange every rank sees every root, and all fail alike just after it.
-  if (!options_.check_mismatch) {
-    GS_REQUIRE(root >= 0 && root < size_, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, {})", root,
-               size_);
-  }
   arrive(fp);
-  GS_REQUIRE(root >= 0 && root < size_, GRADSYNC_E_OUT_OF_RANGE,
-             "broadcast (call {}): root {} is out of range [0, {}) on every rank", seq_, root, size_);
   if (size_ == 1) return;
   const size_t elem = dtype_size(dtype);
   for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {
@@ -719,8 +715,6 @@ void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
-  GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
-             op_name(op), dtype_name(dtype));
   Fingerprint fp;
   fp.call = reduce_scatter_call(total, dtype, op);
   arrive(fp);

@@ -158,8 +158,9 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
       fail(status, "{}", why);
     };
     if (group->size != options.size) {
-      refuse(GRADSYNC_E_MISMATCH, fmt::format("rank {} joined group '{}' with size {} but its other members use size {}",
-                                              options.rank, options.name, options.size, group->size));
+      refuse(GRADSYNC_E_MISMATCH,
+             fmt::format("rank {} joined group '{}' with size {} but its other members use size {}", options.rank,
+                         options.name, options.size, group->size));
     }
     const auto r = static_cast<size_t>(options.rank);
     if (group->present[r]) {
