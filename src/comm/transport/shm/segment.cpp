@@ -188,10 +188,18 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         std::this_thread::sleep_for(kPollInterval);
         continue;
       }
-      GS_REQUIRE(existing_size == size, GRADSYNC_E_MISMATCH,
-                 "shm group '{}': this member (rank {}) says size {}, but the group was created with size {} "
-                 "(by pid {})",
-                 name, rank, size, existing_size, existing_creator);
+      if (existing_size != size) {
+        if (!formed) {
+          bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+          Header* h = static_cast<Header*>(mark.get_address());
+          h->refused_rank.store(rank, std::memory_order_relaxed);
+          h->refused_size.store(size, std::memory_order_relaxed);
+          h->refused_pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+        }
+        fail(GRADSYNC_E_MISMATCH,
+             "shm group '{}': this member (rank {}) says size {}, but the group was created with size {} (by pid {})",
+             name, rank, size, existing_size, existing_creator);
+      }
     } else {
       // Fresh, half-initialised, or left by a run whose members are all dead: build it anew.
       if (valid) {
@@ -275,6 +283,10 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       }
     }
     if (missing.empty()) break;
+    if (const int32_t pid = seg->header_->refused_pid.load(std::memory_order_acquire); pid != 0) {
+      fail(GRADSYNC_E_MISMATCH, "shm group '{}' (size {}) cannot form: rank {} (pid {}) tried to join it with size {}",
+           name, size, seg->header_->refused_rank.load(), pid, seg->header_->refused_size.load());
+    }
     if (Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
            fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
