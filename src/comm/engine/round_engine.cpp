@@ -190,7 +190,8 @@ void RoundEngine::reset() {
     me.reset_request.store(target, std::memory_order_seq_cst);
     notify(g.wake);
     auto counter = [&](int r) { return uint64_t{control_.slot(r).reset_request.load(std::memory_order_seq_cst)}; };
-    const Waited waited = wait_all(counter, target, deadline_after(timeout_), WaitMode::Deadline);
+    WaitClock::time_point deadline{};
+    const Waited waited = wait_all(counter, target, deadline, WaitMode::Deadline);
     if (waited != Waited::Ready) {
       // Only retract if not everyone made it: otherwise the others already went ahead.
       std::vector<int> missing;

@@ -54,7 +54,8 @@ class RoundEngine {
   struct Round {
     uint64_t number;  // the call's number on this communicator (1, 2, ...), the same on every rank
     uint64_t parity;  // which of the two descriptor and inline areas this round uses
-    WaitClock::time_point deadline;
+    // Set at the round's first wait (a clock read the rank that arrives last never pays).
+    mutable WaitClock::time_point deadline{};
     bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
   };
 
@@ -110,7 +111,11 @@ class RoundEngine {
   void arrive() noexcept;
   // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it.
   template <class Counter>
-  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point deadline, WaitMode mode);
+  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode);
+  // The deadline of a wait that starts now, unless one is set already.
+  void start_deadline(WaitClock::time_point& deadline) const noexcept {
+    if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_);
+  }
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
   void verify(const Round& round) const;
@@ -139,7 +144,7 @@ class RoundEngine {
 inline constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 
 template <class Counter>
-RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point deadline,
+RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
                                           WaitMode mode) {
   dead_.clear();
   auto ready = [&] {
@@ -148,6 +153,8 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
     }
     return true;
   };
+  if (ready()) return Waited::Ready;
+  start_deadline(deadline);
   for (;;) {
     const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
     switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr)) {
@@ -168,7 +175,7 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
 template <class Publish>
 RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   fail_fast();
-  Round round{++round_, 0, deadline_after(timeout_), true};
+  Round round{++round_, 0, {}, true};
   round.parity = round.number & 1;
   d.round = round.number;
   publish(round.parity);
@@ -190,6 +197,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
 
 template <class Ready>
 void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) {
+  start_deadline(round.deadline);
   for (;;) {
     const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
     WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word);
