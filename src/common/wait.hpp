@@ -16,6 +16,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
+#include <ratio>
 #include <thread>
 
 namespace gradsync {
@@ -32,13 +34,19 @@ enum class WaitResult { Ready, Timeout, Aborted };
 using WaitClock = std::chrono::steady_clock;
 
 // now + timeout, saturating: a timeout of up to INT64_MAX ms is a deadline that never passes
-// rather than an overflow into the past.
+// rather than an overflow into the past. Computed in the clock's own ticks: the headroom left
+// after now, converted down to milliseconds (truncating, so a timeout below it always fits).
+static_assert(std::ratio_less_equal_v<WaitClock::period, std::milli>, "deadline_after converts ms to ticks");
 inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
+  using Ticks = WaitClock::duration;
   const auto now = WaitClock::now();
-  if (timeout.count() <= 0) return now;
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(WaitClock::time_point::max() - now);
-  if (timeout >= room) return WaitClock::time_point::max();
-  return now + std::chrono::duration_cast<WaitClock::duration>(timeout);
+  if (timeout <= std::chrono::milliseconds::zero()) return now;
+  const Ticks::rep since = now.time_since_epoch().count();
+  // A clock before its epoch has at least the whole positive range ahead of it.
+  const Ticks::rep room = since >= 0 ? std::numeric_limits<Ticks::rep>::max() - since
+                                     : std::numeric_limits<Ticks::rep>::max();
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Ticks(room))) return WaitClock::time_point::max();
+  return now + std::chrono::duration_cast<Ticks>(timeout);
 }
 
 namespace wait_detail {
@@ -168,19 +176,36 @@ class AdaptiveWait {
         spin_(max_spin_ / 4),
         yield_(max_yield_) {}
 
+  // peer_on_this_cpu: the awaited rank was last seen on the CPU this thread runs on (the kernel
+  // tends to wake a sleeper on its waker's CPU, and two ranks that wake each other through futexes
+  // can stay paired on one CPU). Spinning then only delays it and sleeping costs a wake-up per
+  // round, while a yield lets it run at once: such a wait yields, and teaches the budgets nothing.
   template <class Ready>
   WaitResult operator()(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
-                        const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u) {
+                        const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u,
+                        bool peer_on_this_cpu = false) {
     // Already there: says nothing about whether waiting actively pays (counting it as a success
     // would let the last arriver's spin budget grow and then burn a shared core when it is first).
     if (ready()) return WaitResult::Ready;
+    if (peer_on_this_cpu && !oversubscribed_) {
+      return wait_until(word, ready, deadline, abort, abort_mask,
+                        WaitPolicy{std::chrono::nanoseconds{0}, kMaxYield, kSlowYield});
+    }
     const bool probe = (++waits_ & 63) == 0;
     const WaitPolicy policy{probe ? std::max(spin_, std::min(kProbeSpin, max_spin_)) : spin_,
                             probe ? max_yield_ : yield_, kSlowYield};
     WaitTrace trace;
+    const auto start = WaitClock::now();
     const WaitResult result = wait_until(word, ready, deadline, abort, abort_mask, policy, &trace);
     if (trace.ended_in == WaitPhase::Spin) {
       spin_ = std::min(std::max(policy.spin, spin_ * 2), max_spin_);
+    } else if (const auto took = WaitClock::now() - start;
+               trace.ended_in == WaitPhase::Sleep && result == WaitResult::Ready && took <= max_spin_) {
+      // A sleep that a spin within the budget would have caught: most of it was the futex wake-up
+      // itself. Without this, two ranks that both fell asleep once keep waking each other through
+      // the kernel (~20 us a round instead of ~0.2 us), since neither ever spins long enough for the
+      // other, still asleep, to answer: the run stays slow for good.
+      spin_ = std::min(std::max(std::chrono::duration_cast<std::chrono::nanoseconds>(took), spin_ * 2), max_spin_);
     } else if (!probe) {
       spin_ = spin_ / 2 < std::chrono::nanoseconds{100} ? std::chrono::nanoseconds{0} : spin_ / 2;
     }

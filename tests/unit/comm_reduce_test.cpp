@@ -355,3 +355,55 @@ TEST_CASE("AdaptiveWait: a wait that yields in vain shrinks the yield budget, a 
   // Halved (yielded in vain) or zeroed (a yield lost the core to another process): smaller either way.
   REQUIRE(wait.yield_budget() < wait.max_yield_budget());
 }
+
+TEST_CASE("AdaptiveWait: a short sleep grows the spin budget, a long one does not", "[comm][wait]") {
+  using namespace std::chrono_literals;
+  gradsync::WaitWord word;
+  std::atomic<uint32_t> flag{0};
+  auto ready = [&] { return flag.load(std::memory_order_seq_cst) != 0; };
+  gradsync::AdaptiveWait wait(1);  // one rank: never oversubscribed, so it may spin
+  // Wake the waiter only once it sleeps on the futex: the wait then ends in the sleep phase, after
+  // about one futex wake-up, well within the spin budget's ceiling (50 us) on an idle machine, and
+  // anyway far below a millisecond.
+  auto wake_when_asleep = [&](std::chrono::microseconds extra) {
+    flag.store(0);
+    std::thread setter([&] {
+      while (word.sleepers.load(std::memory_order_seq_cst) == 0) std::this_thread::yield();
+      std::this_thread::sleep_for(extra);
+      flag.store(1, std::memory_order_seq_cst);
+      gradsync::notify(word);
+    });
+    REQUIRE(wait(word, ready, gradsync::WaitClock::now() + 30s) == gradsync::WaitResult::Ready);
+    setter.join();
+  };
+  // Drive the spin budget to nothing with long sleeps first (each halves it).
+  for (int i = 0; i < 20 && wait.spin_budget() > 0ns; ++i) wake_when_asleep(std::chrono::microseconds(2000));
+  REQUIRE(wait.spin_budget() == 0ns);
+  // A sleep that a spin would have caught grows the budget back: two ranks that both fell asleep
+  // would otherwise keep waking each other through the kernel for good. Retried, since a loaded
+  // machine can make a single wake-up slower than the ceiling.
+  bool grew = false;
+  for (int i = 0; i < 50 && !grew; ++i) {
+    wake_when_asleep(std::chrono::microseconds(0));
+    grew = wait.spin_budget() > 0ns;
+  }
+  REQUIRE(grew);
+}
+
+TEST_CASE("AdaptiveWait: a peer on this CPU is yielded to, and the budgets learn nothing from it", "[comm][wait]") {
+  using namespace std::chrono_literals;
+  gradsync::WaitWord word;
+  std::atomic<uint32_t> flag{0};
+  auto ready = [&] { return flag.load(std::memory_order_seq_cst) != 0; };
+  gradsync::AdaptiveWait wait(1);
+  const auto spin = wait.spin_budget(), yield = wait.yield_budget();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(20ms);
+    flag.store(1, std::memory_order_seq_cst);
+    gradsync::notify(word);
+  });
+  REQUIRE(wait(word, ready, gradsync::WaitClock::now() + 30s, nullptr, ~0u, true) == gradsync::WaitResult::Ready);
+  setter.join();
+  REQUIRE(wait.spin_budget() == spin);
+  REQUIRE(wait.yield_budget() == yield);
+}

@@ -60,6 +60,8 @@ struct alignas(64) RankSlot {
   // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
   // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
   alignas(64) std::atomic<uint64_t> arrivals;
+  // The CPU this rank last arrived from (a hint for the waits of its peers; see AdaptiveWait).
+  std::atomic<int32_t> cpu;
   // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
   // reduced, result copied out. Peers read them to know when a stage is full or free again.
   alignas(64) std::atomic<uint64_t> staged;

@@ -1,5 +1,7 @@
 #include "comm/engine/round_engine.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "comm/reduce.hpp"
@@ -42,9 +44,23 @@ bool RoundEngine::decide(uint64_t index, bool failed) noexcept {
 }
 
 void RoundEngine::arrive() noexcept {
+  RankSlot& me = control_.slot(rank_);
+  me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
   // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
-  control_.slot(rank_).arrivals.store(++barriers_, std::memory_order_seq_cst);
+  me.arrivals.store(++barriers_, std::memory_order_seq_cst);
   notify(words().wake);
+}
+
+bool RoundEngine::awaited_on_this_cpu(uint64_t target) const noexcept {
+  const int cpu = sched_getcpu();
+  for (int r = 0; r < size_; ++r) {
+    const RankSlot& s = control_.slot(r);
+    if (r != rank_ && s.arrivals.load(std::memory_order_relaxed) < target &&
+        s.cpu.load(std::memory_order_relaxed) == cpu) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool RoundEngine::check_peers() {

@@ -116,6 +116,8 @@ class RoundEngine {
   void start_deadline(WaitClock::time_point& deadline) const noexcept {
     if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_);
   }
+  // Whether a rank that has not reached barrier `target` was last seen on this thread's CPU.
+  bool awaited_on_this_cpu(uint64_t target) const noexcept;
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
   void verify(const Round& round) const;
@@ -157,7 +159,8 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
   start_deadline(deadline);
   for (;;) {
     const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
-    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr)) {
+    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr, ~0u,
+                    awaited_on_this_cpu(target))) {
       case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
       case WaitResult::Aborted: return Waited::Stopped;
       case WaitResult::Timeout: break;
