@@ -25,6 +25,7 @@
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/wait.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -192,8 +193,12 @@ class MpiCommunicator final : public Communicator {
   // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
   // (the memory the requests use), aborts the communicator, tells the peers, and throws.
   // `label` names the wait when fp is null; otherwise the fingerprint does (built only on failure).
+  // `local_abort`: gradsync_comm_abort on this rank ends the wait (not in a round's commit phase,
+  // where it takes effect at the next call instead).
   void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
-            std::shared_ptr<void> keepalive, bool watch_notices);
+            std::shared_ptr<void> keepalive, bool watch_notices, bool local_abort = true);
+  // The commit phase of a round, after its arrival exchange: see arrive().
+  void commit(const Fingerprint& fp, Clock::time_point deadline);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject);
   void send_notices(int status, int subject) noexcept;
   [[noreturn]] void fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what);
@@ -254,7 +259,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
       GS_REQUIRE(!inter, GRADSYNC_E_INVALID_ARG, "mpi_fcomm {} is an intercommunicator; an intracommunicator is needed",
                  options.mpi_fcomm);
     }
-    const auto deadline = Clock::now() + options_.timeout;
+    const auto deadline = deadline_after(options_.timeout);
     // Our own communicators, so our traffic never matches the host's. Non-blocking dups, so a
     // rank that never joins gives a timeout here too.
     auto fresh = std::make_shared<FreshComms>();
@@ -430,7 +435,8 @@ int MpiCommunicator::dead_peer() const noexcept {
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label,
-                           const Fingerprint* fp, std::shared_ptr<void> keepalive, bool watch_notices) {
+                           const Fingerprint* fp, std::shared_ptr<void> keepalive, bool watch_notices,
+                           bool local_abort) {
   const auto start = Clock::now();
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   auto next_liveness = start + kLivenessPeriod;
@@ -438,7 +444,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
     int done = 0;
     check(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
-    if (abort_requested_.load()) {
+    if (local_abort && abort_requested_.load()) {
       abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()), GRADSYNC_E_ABORTED,
               rank_);
       fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
@@ -477,6 +483,21 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   }
 }
 
+// A round is decided in two phases, so that ranks never disagree on whether it happened when an
+// abort races it (MPI cannot cancel a collective, and there is no shared word to CAS):
+// - arrival: the fingerprint exchange (or a barrier). A rank aborted here abandons it and notifies
+//   its peers; it never posts the commit, so the round fails on every rank.
+// - commit: a barrier that a rank posts only after its arrival completed, i.e. once every rank has
+//   arrived. An abort on this rank no longer abandons it (it fails the next call instead): the
+//   commit then completes everywhere unless a peer abandoned its arrival (its notice fails the
+//   commit on every rank), a peer dies, or the deadline passes.
+// Only then does data move, through MPI's own collectives, which every rank has committed to.
+void MpiCommunicator::commit(const Fingerprint& fp, Clock::time_point deadline) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  wait(&request, 1, deadline, nullptr, &fp, nullptr, true, false);
+}
+
 void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem) {
   throw_if_aborted();
   fp.seq = ++seq_;  // calls are numbered from 1, as the other transports number their rounds
@@ -492,6 +513,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
     // An Ibarrier references no memory of ours.
     wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
+    commit(fp, deadline);
     return;
   }
   Rendezvous& rv = *rendezvous_;
@@ -513,6 +535,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     rendezvous_->all.resize(static_cast<size_t>(size_));
     throw;
   }
+  commit(fp, deadline);
   if (!options_.check_mismatch) return verify_round(where, fp.seq, size_, 1, false, own, no_weight);
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
   const Fingerprint& first = rv.all[0].fp;
@@ -763,7 +786,7 @@ void MpiCommunicator::reset() {
   // which is never used again, so a late completion cannot be mistaken for a new round.
   // The abort being recovered from must not abort its own recovery; one during the reset does.
   abort_requested_.store(false);
-  const auto deadline = Clock::now() + options_.timeout;
+  const auto deadline = deadline_after(options_.timeout);
   auto fresh = std::make_shared<FreshComms>();
   if (size_ > 1) {
     check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
