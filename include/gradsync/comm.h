@@ -8,9 +8,9 @@
  *   in place.
  * - Deterministic: each element is reduced in rank order, never in arrival order, so every rank
  *   gets bitwise the same result on every run (on MPI when `deterministic` is set).
- * - One outcome per call (thread and shared-memory transports; MPI below): either every rank
- *   returns GRADSYNC_OK with the same result, or every rank gets an error for that call, whatever
- *   races it (completion, abort, timeout, a dying peer). After an error and gradsync_comm_reset on every rank, the next call is the same call
+ * - One outcome per call: either every rank returns GRADSYNC_OK with the same result, or every
+ *   rank gets an error for that call, whatever races it (completion, abort, timeout, a dying
+ *   peer; on MPI, see its limit below). After an error and gradsync_comm_reset on every rank, the next call is the same call
  *   on every rank. On an error, recv buffers hold unspecified data (a zero-copy shm buffer may
  *   still be written by a stopped peer until the reset returns).
  * - Never hangs: ranks that disagree in a round (count, dtype, op, root, collective) all get
@@ -23,6 +23,14 @@
  * - Weighted mean: sum over ranks of weight * x in double, in rank order, divided once by the
  *   total weight and rounded once; a rank of weight 0 contributes nothing, even NaN or inf.
  * - A group of size 1 returns at once, leaving the buffers bit for bit as they are (recv = send).
+ * - One thread at a time per handle, checked: a collective, gradsync_comm_reset,
+ *   gradsync_comm_alloc or gradsync_comm_free_buffer (or a collective stage of a shard made on
+ *   the communicator) called while another thread is inside one of them on the same handle fails
+ *   at once with GRADSYNC_E_MISUSE and touches nothing; the running call is unaffected. Exempt:
+ *   gradsync_comm_abort (any thread, any time) and the rank, size and transport getters (values
+ *   fixed at creation). gradsync_comm_free during a call on another thread: see there.
+ * - Timeouts: any timeout_ms up to INT64_MAX (GRADSYNC_NO_TIMEOUT) works; a deadline too far to
+ *   represent saturates to one that never passes, never overflowing into the past.
  * - Partition rule (reduce-scatter, allgather, alltoall): part i of n elements over p ranks
  *   starts at i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements.
  *
@@ -65,7 +73,12 @@
  * - check_mismatch (default 1): before each collective the ranks exchange a 40-byte fingerprint
  *   (collective, count, dtype, op, root, sequence number) with a non-blocking MPI_Iallgather; on a
  *   difference every rank returns GRADSYNC_E_MISMATCH before any data moves. 0 replaces it by an
- *   MPI_Ibarrier that still enforces the deadline.
+ *   MPI_Ibarrier that still enforces the deadline (and judges only this rank's own arguments).
+ * - One outcome per call: after the arrival exchange every rank posts a commit barrier; an abort
+ *   on a rank whose exchange is in flight fails the call on every rank, one that comes later fails
+ *   the next call. A timeout that expires on one rank while its peers complete the commit (a rank
+ *   stalled for timeout_ms between the two phases) can still end that call differently on them;
+ *   every rank then fails its next call until the reset.
  * - Deadlines and what happens after a timeout: the arrival exchange above is polled against
  *   timeout_ms, so a rank that never arrives gives GRADSYNC_E_TIMEOUT; the timed-out rank tells the
  *   others (they get GRADSYNC_E_TIMEOUT too if waiting, GRADSYNC_E_ABORTED on their next call).
@@ -106,8 +119,23 @@ typedef enum gradsync_transport {
 
 #define GRADSYNC_COMM_OPTIONS_VERSION 1
 #define GRADSYNC_COMM_NAME_MAX 64
+/**
+ * timeout_ms for "wait as long as it takes": a deadline that never passes. A rank that never
+ * arrives then blocks the others until gradsync_comm_abort, or until it dies or frees its
+ * communicator (which its peers see); prefer a finite timeout where a peer may hang.
+ */
+#define GRADSYNC_NO_TIMEOUT INT64_MAX
 
-/** Options of gradsync_comm_create. Fill with gradsync_comm_options_init or GRADSYNC_COMM_OPTIONS_INIT. */
+/**
+ * Options of gradsync_comm_create. Fill with gradsync_comm_options_init or GRADSYNC_COMM_OPTIONS_INIT.
+ *
+ * struct_size and version are checked: version 1 up to the library's version with a struct_size
+ * between version 1's and the library's sizeof (an older header: later fields keep their
+ * defaults), or a newer version with a larger struct_size (at most 4096) whose bytes past the
+ * library's sizeof are all 0 (a newer header whose new fields are left at 0). Anything else
+ * (0, garbage, a newer field set that this library cannot honour) is GRADSYNC_E_INVALID_ARG
+ * naming the field and the accepted values.
+ */
 typedef struct gradsync_comm_options {
   uint32_t struct_size;    /**< sizeof(gradsync_comm_options) as the caller compiled it */
   uint32_t version;        /**< GRADSYNC_COMM_OPTIONS_VERSION */
@@ -117,7 +145,7 @@ typedef struct gradsync_comm_options {
   int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 (see above) */
   int32_t check_mismatch;  /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
   int32_t reserved0;       /**< must be 0 */
-  int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000 */
+  int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000; GRADSYNC_NO_TIMEOUT */
   int64_t mpi_fcomm;       /**< MPI: communicator as its Fortran handle (MPI_Comm_c2f); UNSET = MPI_COMM_WORLD */
   char name[GRADSYNC_COMM_NAME_MAX]; /**< group name, NUL-terminated: members with the same name form one group */
   /* append only */
@@ -145,7 +173,8 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @brief Join a group as one rank. Collective: returns once every rank of the group has joined,
  *        or fails with GRADSYNC_E_TIMEOUT when one has not within the timeout.
  * @param[out] out the new communicator; NULL on failure
- * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport)
+ * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport,
+ *         struct_size or version that fit no version of the struct)
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
  * @retval GRADSYNC_E_MISMATCH members of one name disagree on size
  * @retval GRADSYNC_E_MISUSE the rank has already joined this group
@@ -156,7 +185,19 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  */
 GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_options *opts);
 
-/** @brief Leave the group and release local resources; NULL is a no-op. @threadsafety handle */
+/**
+ * @brief Leave the group and release local resources; NULL is a no-op.
+ *
+ * If another thread is inside a call on this communicator, free aborts the group (as
+ * gradsync_comm_abort does: that call returns GRADSYNC_E_ABORTED, and so do the peers' calls) and
+ * waits for that call to return before releasing anything, so it never destroys the communicator
+ * under a running call. After an abort every wait ends, so this wait is short. (A free from inside
+ * a call on the same thread, i.e. from a log callback, which must not call back, cannot wait: it
+ * aborts that call, logs an error and leaves the communicator allocated.) A call that starts once
+ * free has begun uses a freed handle. Shards made on the communicator stay valid handles, to be
+ * freed as usual; their collective stages fail with GRADSYNC_E_MISUSE.
+ * @threadsafety handle (a call running on another thread is aborted and waited for, see above)
+ */
 GRADSYNC_API void gradsync_comm_free(gradsync_comm *comm);
 
 /**
@@ -168,6 +209,7 @@ GRADSYNC_API int gradsync_comm_abort(gradsync_comm *comm);
 
 /**
  * @brief Clear an abort or timeout so the group can be used again. Collective: every rank calls it.
+ * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_reset(gradsync_comm *comm);
@@ -188,6 +230,8 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
  * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)
  * @retval GRADSYNC_E_TIMEOUT a rank did not arrive in time; GRADSYNC_E_ABORTED the group is aborted
  * @retval GRADSYNC_E_REMOTE a peer process died (SHM, MPI on one host)
+ * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle (this call did nothing),
+ *         or a NULL, freed or wrong kind of handle; the same for every collective below
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
