@@ -10,9 +10,9 @@
  *   gets bitwise the same result on every run (on MPI when `deterministic` is set).
  * - One outcome per call: either every rank returns GRADSYNC_OK with the same result, or every
  *   rank gets an error for that call, whatever races it (completion, abort, timeout, a dying
- *   peer; on MPI, see its limit below). After an error and gradsync_comm_reset on every rank, the next call is the same call
- *   on every rank. On an error, recv buffers hold unspecified data (a zero-copy shm buffer may
- *   still be written by a stopped peer until the reset returns).
+ *   peer; on MPI, see its limit below). After an error and gradsync_comm_reset on every rank,
+ *   the next call is the same call on every rank. On an error, recv buffers hold unspecified data
+ *   (a zero-copy shm buffer may still be written by a stopped peer until the reset returns).
  * - Never hangs: ranks that disagree in a round (count, dtype, op, root, collective) all get
  *   GRADSYNC_E_MISMATCH naming both sides, and the next round works. An argument that only the
  *   group can judge (a broadcast root, a dtype the reduction lacks, a weight) fails every rank in
