@@ -19,6 +19,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "optim/optim.hpp"
 
 #ifndef GS_ADD_AHEAD
 #define GS_ADD_AHEAD 4
@@ -387,12 +388,9 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
       float lr;
       void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
       void operator()(int64_t r) {
-        float* __restrict pr = p.row_ptr(r);
-        float* __restrict gr = g.row_ptr(r);
-        for (size_t j = 0; j < d; ++j) {
-          pr[j] -= lr * gr[j];
-          gr[j] = 0.0f;
-        }
+        float* gr = g.row_ptr(r);
+        optim::sgd(p.row_ptr(r), gr, d, lr, 0.0f);
+        std::fill(gr, gr + d, 0.0f);
       }
     } fn{*table_, params, d, lr};
     for_each_touched(fn);
@@ -418,17 +416,9 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
     float lr, eps;
     void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
     void operator()(int64_t r) {
-      float* __restrict pr = p.row_ptr(r);
-      float* __restrict gr = g.row_ptr(r);
-      float sum = 0.0f;
-      for (size_t j = 0; j < d; ++j) sum += gr[j] * gr[j];
-      float& st = *s.row_ptr(r);
-      st += sum / static_cast<float>(d);
-      const float scale = lr / (std::sqrt(st) + eps);
-      for (size_t j = 0; j < d; ++j) {
-        pr[j] -= scale * gr[j];
-        gr[j] = 0.0f;
-      }
+      float* gr = g.row_ptr(r);
+      optim::row_adagrad(p.row_ptr(r), gr, *s.row_ptr(r), d, lr, eps);
+      std::fill(gr, gr + d, 0.0f);
     }
   } fn{*table_, params, *state, d, lr, opt.eps};
   for_each_touched(fn);

@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "gradsync/errors.h"
+#include "optim/optim.hpp"
 
 namespace gradsync::shard {
 namespace {
@@ -35,39 +36,6 @@ struct Problem {
     }
   }
 };
-
-// The optimizer kernels. Elementwise float arithmetic without fused multiply-add, so every rank
-// and every run gives the same bits; no-math-errno lets sqrt vectorise (same correctly rounded result).
-void sgd(float* __restrict w, const float* __restrict g, size_t n, float lr, float wd) noexcept {
-  for (size_t i = 0; i < n; ++i) {
-    const float grad = g[i] + wd * w[i];
-    w[i] -= lr * grad;
-  }
-}
-
-void momentum_sgd(float* __restrict w, const float* __restrict g, float* __restrict v, size_t n, float lr, float wd,
-                  float mu) noexcept {
-  for (size_t i = 0; i < n; ++i) {
-    const float grad = g[i] + wd * w[i];
-    v[i] = mu * v[i] + grad;
-    w[i] -= lr * v[i];
-  }
-}
-
-__attribute__((optimize("no-math-errno"))) void adam(float* __restrict w, const float* __restrict g,
-                                                     float* __restrict m, float* __restrict v, size_t n,
-                                                     float step_size, float inv_sqrt_bc2, float eps, float b1,
-                                                     float b2, float l2, float decay) noexcept {
-  const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-  for (size_t i = 0; i < n; ++i) {
-    const float weight = w[i] * decay;  // decoupled decay (AdamW); decay == 1 otherwise
-    const float grad = g[i] + l2 * w[i];
-    m[i] = b1 * m[i] + c1 * grad;
-    v[i] = b2 * v[i] + c2 * grad * grad;
-    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
-    w[i] = weight - step_size * m[i] / denom;
-  }
-}
 
 // Sum of squares in double with a fixed association (8 running sums), so it vectorises and is
 // still the same on every run.
@@ -358,16 +326,16 @@ void ShardedParameter::apply_optimizer() {
   const size_t len = part_.len;
   const float lr = static_cast<float>(options_.lr), wd = static_cast<float>(options_.weight_decay);
   switch (options_.optimizer) {
-    case Optimizer::Sgd: sgd(weights_.data(), grad_.data(), len, lr, wd); break;
+    case Optimizer::Sgd: optim::sgd(weights_.data(), grad_.data(), len, lr, wd); break;
     case Optimizer::Momentum:
-      momentum_sgd(weights_.data(), grad_.data(), state1_.data(), len, lr, wd, static_cast<float>(options_.momentum));
+      optim::momentum_sgd(weights_.data(), grad_.data(), state1_.data(), len, lr, wd, static_cast<float>(options_.momentum));
       break;
     case Optimizer::Adam:
     case Optimizer::AdamW: {
       const double t = static_cast<double>(updates_ + 1);
       const double bc1 = 1.0 - std::pow(options_.beta1, t), bc2 = 1.0 - std::pow(options_.beta2, t);
       const bool decoupled = options_.optimizer == Optimizer::AdamW;
-      adam(weights_.data(), grad_.data(), state1_.data(), state2_.data(), len, static_cast<float>(options_.lr / bc1),
+      optim::adam(weights_.data(), grad_.data(), state1_.data(), state2_.data(), len, static_cast<float>(options_.lr / bc1),
            static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(options_.eps),
            static_cast<float>(options_.beta1), static_cast<float>(options_.beta2), decoupled ? 0.0f : wd,
            decoupled ? static_cast<float>(1.0 - options_.lr * options_.weight_decay) : 1.0f);

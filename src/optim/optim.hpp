@@ -1,0 +1,28 @@
+#pragma once
+// The optimizer kernels, once for every component that updates parameters: the accumulator's
+// apply (SGD and row-wise Adagrad on the touched rows) and the sharded parameter's step (SGD,
+// momentum, Adam, AdamW on its slice).
+//
+// Elementwise float arithmetic without fused multiply-add, so every rank and every run gives the
+// same bits.
+#include <cstddef>
+
+namespace gradsync::optim {
+
+// w -= lr * (g + wd * w). With wd == 0 the decay term is left out, not multiplied by zero (an
+// infinite weight stays infinite rather than turning NaN).
+void sgd(float* __restrict w, const float* __restrict g, size_t n, float lr, float wd) noexcept;
+
+// v = mu * v + (g + wd * w); w -= lr * v.
+void momentum_sgd(float* __restrict w, const float* __restrict g, float* __restrict v, size_t n, float lr, float wd,
+                  float mu) noexcept;
+
+// Adam with bias correction folded into step_size and inv_sqrt_bc2; l2 is the coupled weight decay
+// (Adam), decay the decoupled one as a factor (AdamW: 1 - lr * wd; 1 otherwise).
+void adam(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v, size_t n,
+          float step_size, float inv_sqrt_bc2, float eps, float b1, float b2, float l2, float decay) noexcept;
+
+// PyTorch-BigGraph's row-wise Adagrad on one row of n: state += mean(g^2); w -= lr * g / (sqrt(state) + eps).
+void row_adagrad(float* __restrict w, const float* __restrict g, float& state, size_t n, float lr, float eps) noexcept;
+
+}  // namespace gradsync::optim
