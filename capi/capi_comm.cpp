@@ -10,10 +10,127 @@
 #include "gradsync/comm.h"
 
 
+namespace gradsync::capi {
+namespace {
+// The links this thread is inside, so that close() can tell a free from inside a call on the
+// same thread (a log callback that calls back) from one on another thread.
+thread_local const void* t_inside = nullptr;
+}  // namespace
+
+CommLink::CommLink(std::unique_ptr<comm::Communicator> impl, std::string description)
+    : impl_(std::move(impl)),
+      description_(std::move(description)),
+      rank_(impl_->rank()),
+      size_(impl_->size()),
+      transport_(impl_->transport()) {}
+
+CommLink::Call::Call(std::shared_ptr<CommLink> link, const char* function) : link_(std::move(link)) {
+  CommLink& l = *link_;
+  if ((l.state_.load() & kClosed) != 0) l.fail_closed();
+  const char* holder = nullptr;
+  if (!l.holder_.compare_exchange_strong(holder, function)) {
+    if (l.held_by_this_thread()) {
+      fail(GRADSYNC_E_MISUSE,
+           "{} is already in a call on this thread ({}): a log callback must not call back into gradsync",
+           l.description_, holder);
+    }
+    fail(GRADSYNC_E_MISUSE,
+         "{} is already in a call on another thread ({}); a handle must not be used by two threads at once",
+         l.description_, holder);
+  }
+  if (!l.acquire()) {
+    l.holder_.store(nullptr);
+    l.fail_closed();
+  }
+  inside_ = Inside{&l, static_cast<const Inside*>(t_inside)};
+  t_inside = &inside_;
+}
+
+CommLink::Call::~Call() {
+  t_inside = inside_.outer;
+  link_->holder_.store(nullptr);
+  link_->release();
+}
+
+void CommLink::abort(std::shared_ptr<CommLink> link) {
+  CommLink& l = *link;  // `link` keeps it alive through release(), whatever a waiting close does
+  if (!l.acquire()) l.fail_closed();
+  const Inside inside{&l, static_cast<const Inside*>(t_inside)};
+  t_inside = &inside;
+  struct Leave {
+    CommLink& l;
+    const Inside& inside;
+    ~Leave() {
+      t_inside = inside.outer;
+      l.release();
+    }
+  } leave{l, inside};
+  l.impl_->abort();
+}
+
+// A free while another thread is inside a call on the communicator aborts that call (it returns
+// GRADSYNC_E_ABORTED) and waits for it to return before destroying anything. The alternatives are
+// worse: destroying at once frees the object under the running call, and leaking leaves this
+// rank in the group, so its peers would wait for it until their timeout. The wait is short,
+// because after an abort every wait of a collective ends; what an abort cannot stop is bounded
+// work (a copy that peers are finishing on this rank's buffers, an MPI transfer under way). The
+// one wait that could never end, for a call on this very thread (a free from a log callback
+// inside the call), is refused: that call is aborted and the communicator leaked, with an error.
+bool CommLink::close() noexcept {
+  const uint32_t before = state_.fetch_or(kClosed);
+  if ((before & kClosed) != 0) {
+    GS_LOG_ERROR("gradsync_comm_free: {} is already being freed by another thread; this free does nothing",
+                 description_);
+    return false;
+  }
+  if (held_by_this_thread()) {
+    impl_->abort();
+    GS_LOG_ERROR("gradsync_comm_free: {} was freed from inside a call on it on the same thread (a log callback "
+                 "must not call back into gradsync): that call is aborted and the communicator is not released",
+                 description_);
+    return false;
+  }
+  // A call counted before the closed bit has taken holder_ already, so it is seen here.
+  if (const char* holder = holder_.load(); holder != nullptr) {
+    GS_LOG_WARN("gradsync_comm_free: {} is in a call on another thread ({}): aborting it and waiting for it to return",
+                description_, holder);
+    impl_->abort();
+  }
+  for (uint32_t state = state_.load(); state != kClosed; state = state_.load()) state_.wait(state);
+  impl_.reset();
+  return true;
+}
+
+void CommLink::fail_closed() const {
+  fail(GRADSYNC_E_MISUSE,
+       "{} was freed (gradsync_comm_free): neither it nor a shard made on it can communicate any more", description_);
+}
+
+bool CommLink::acquire() noexcept {
+  if ((state_.fetch_add(kUser) & kClosed) == 0) return true;
+  release();
+  return false;
+}
+
+void CommLink::release() noexcept {
+  if ((state_.fetch_sub(kUser) & kClosed) != 0) state_.notify_all();
+}
+
+bool CommLink::held_by_this_thread() const noexcept {
+  for (auto* in = static_cast<const Inside*>(t_inside); in != nullptr; in = in->outer) {
+    if (in->link == this) return true;
+  }
+  return false;
+}
+
+}  // namespace gradsync::capi
+
 namespace {
 using gradsync::DType;
 using gradsync::capi::check;
+using gradsync::capi::CommLink;
 using gradsync::capi::guard;
+using gradsync::comm::Communicator;
 
 constexpr size_t kOptionsV1Size = offsetof(gradsync_comm_options, name) + GRADSYNC_COMM_NAME_MAX;
 
@@ -57,6 +174,25 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
   return out;
 }
 
+// "communicator 'train' (thread transport, rank 0 of 2)": how messages about a handle name it.
+std::string describe(const gradsync::comm::Options& options, const Communicator& c) {
+  const char* transport = gradsync::comm::transport_name(c.transport());
+  if (c.transport() == gradsync::comm::Transport::Mpi) {
+    return fmt::format("communicator ({} transport, rank {} of {})", transport, c.rank(), c.size());
+  }
+  return fmt::format("communicator '{}' ({} transport, rank {} of {})", options.name, transport, c.rank(), c.size());
+}
+
+// The body of an entry point that runs the communicator: it holds the handle's in-call word, so
+// a second thread calling at the same time gets GRADSYNC_E_MISUSE (see capi/comm_handle.hpp).
+template <class F>
+int with_comm(const char* function, gradsync_comm* comm, F&& body) noexcept {
+  return guard(function, [&] {
+    const CommLink::Call call(check(comm)->link, function);
+    body(call.comm());
+  });
+}
+
 // A buffer of count elements must exist and its byte size must fit in size_t (huge counts are errors).
 void require_buffer(const void* p, size_t count, DType dtype, const char* what) {
   GS_REQUIRE(count <= std::numeric_limits<size_t>::max() / 8 / gradsync::dtype_size(dtype), GRADSYNC_E_INVALID_ARG,
@@ -75,59 +211,68 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options* opts, size_t 
 
 GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_options* opts) {
   return gradsync::capi::create(__func__, out, [&] {
-    auto impl = gradsync::comm::create(parse_options(opts));
-    return new gradsync_comm(std::move(impl));
+    const auto options = parse_options(opts);
+    auto impl = gradsync::comm::create(options);
+    std::string description = describe(options, *impl);
+    return new gradsync_comm(std::make_shared<CommLink>(std::move(impl), std::move(description)));
   });
 }
 
-GRADSYNC_API void gradsync_comm_free(gradsync_comm* comm) { gradsync::capi::destroy(comm); }
+GRADSYNC_API void gradsync_comm_free(gradsync_comm* comm) {
+  if (comm == nullptr) return;
+  try {
+    check(comm);
+  } catch (const gradsync::Error& e) {
+    GS_LOG_ERROR("gradsync_comm_free: {}", e.what());
+    return;
+  }
+  if (comm->link->close()) delete comm;
+}
 
 GRADSYNC_API int gradsync_comm_abort(gradsync_comm* comm) {
-  return guard(__func__, [&] { check(comm)->impl->abort(); });
+  return guard(__func__, [&] { CommLink::abort(check(comm)->link); });
 }
 
 GRADSYNC_API int gradsync_comm_reset(gradsync_comm* comm) {
-  return guard(__func__, [&] { check(comm)->impl->reset(); });
+  return with_comm(__func__, comm, [&](Communicator& c) { c.reset(); });
 }
 
 GRADSYNC_API int gradsync_comm_rank(const gradsync_comm* comm, int32_t* rank) {
   return guard(__func__, [&] {
     GS_REQUIRE(rank != nullptr, GRADSYNC_E_INVALID_ARG, "rank out-parameter is NULL");
-    *rank = check(comm)->impl->rank();
+    *rank = check(comm)->link->rank();
   });
 }
 
 GRADSYNC_API int gradsync_comm_size(const gradsync_comm* comm, int32_t* size) {
   return guard(__func__, [&] {
     GS_REQUIRE(size != nullptr, GRADSYNC_E_INVALID_ARG, "size out-parameter is NULL");
-    *size = check(comm)->impl->size();
+    *size = check(comm)->link->size();
   });
 }
 
 GRADSYNC_API int gradsync_comm_transport(const gradsync_comm* comm, int32_t* transport) {
   return guard(__func__, [&] {
     GS_REQUIRE(transport != nullptr, GRADSYNC_E_INVALID_ARG, "transport out-parameter is NULL");
-    *transport = static_cast<int32_t>(check(comm)->impl->transport());
+    *transport = static_cast<int32_t>(check(comm)->link->transport());
   });
 }
 
 GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, void* recv, size_t count,
                                          int32_t dtype, int32_t op) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     const auto o = gradsync::to_op(op);
     require_buffer(send, count, t, "send");
     require_buffer(recv, count, t, "recv");
     const gradsync::comm::BufferRef buffer{send, recv, count};
-    c->impl->allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
+    c.allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
   });
 }
 
 GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* const* sends, void* const* recvs,
                                               const size_t* counts, size_t nbufs, int32_t dtype, int32_t op) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     const auto o = gradsync::to_op(op);
     GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
@@ -139,60 +284,55 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* c
       require_buffer(recvs[i], counts[i], t, "recv");
       buffers[i] = {send, recvs[i], counts[i]};
     }
-    c->impl->allreduce(buffers, t, o);
+    c.allreduce(buffers, t, o);
   });
 }
 
 GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,
                                              int32_t dtype, uint64_t weight, uint64_t* total_weight) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     require_buffer(send, count, t, "send");
     require_buffer(recv, count, t, "recv");
-    c->impl->weighted_mean(send, recv, count, t, weight, total_weight);
+    c.weighted_mean(send, recv, count, t, weight, total_weight);
   });
 }
 
 GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm* comm, void* buf, size_t count, int32_t dtype, int32_t root) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     require_buffer(buf, count, t, "broadcast");
     // The root is checked inside the round, so a root that one rank gets wrong fails every rank.
-    c->impl->broadcast(buf, count, t, root);
+    c.broadcast(buf, count, t, root);
   });
 }
 
 GRADSYNC_API int gradsync_comm_allgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                          int32_t dtype) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     require_buffer(recv, total_count, t, "recv");
-    if (send != nullptr) require_buffer(send, c->impl->my_part(total_count).len, t, "send");
-    c->impl->allgather(send, recv, total_count, t);
+    if (send != nullptr) require_buffer(send, c.my_part(total_count).len, t, "send");
+    c.allgather(send, recv, total_count, t);
   });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                               int32_t dtype, int32_t op) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     const auto o = gradsync::to_op(op);
     require_buffer(send, total_count, t, "send");
-    require_buffer(recv, c->impl->my_part(total_count).len, t, "recv");
-    c->impl->reduce_scatter(send, recv, total_count, t, o);
+    require_buffer(recv, c.my_part(total_count).len, t, "recv");
+    c.reduce_scatter(send, recv, total_count, t, o);
   });
 }
 
 GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                         int32_t dtype) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
-    const size_t recv_count = c->impl->my_part(total_count).len * static_cast<size_t>(c->impl->size());
+    const size_t recv_count = c.my_part(total_count).len * static_cast<size_t>(c.size());
     require_buffer(send, total_count, t, "send");
     require_buffer(recv, recv_count, t, "recv");
     const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
@@ -200,28 +340,26 @@ GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, v
     GS_REQUIRE(total_count == 0 || recv_count == 0 || s + total_count * es <= r || r + recv_count * es <= s,
                GRADSYNC_E_INVALID_ARG, "send [{}, +{} elements) overlaps recv [{}, +{} elements)", send, total_count,
                static_cast<const void*>(recv), recv_count);
-    c->impl->alltoall(send, recv, total_count, t);
+    c.alltoall(send, recv, total_count, t);
   });
 }
 
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {
-  return guard(__func__, [&] { check(comm)->impl->barrier(); });
+  return with_comm(__func__, comm, [&](Communicator& c) { c.barrier(); });
 }
 
 GRADSYNC_API int gradsync_comm_alloc(gradsync_comm* comm, size_t bytes, void** ptr) {
   if (ptr != nullptr) *ptr = nullptr;
-  return guard(__func__, [&] {
-    auto* c = check(comm);
+  return with_comm(__func__, comm, [&](Communicator& c) {
     GS_REQUIRE(ptr != nullptr, GRADSYNC_E_INVALID_ARG, "ptr out-parameter is NULL");
     GS_REQUIRE(bytes > 0, GRADSYNC_E_INVALID_ARG, "bytes is 0");
-    *ptr = c->impl->alloc(bytes);
+    *ptr = c.alloc(bytes);
   });
 }
 
 GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm* comm, void* ptr) {
-  return guard(__func__, [&] {
-    auto* c = check(comm);
-    if (ptr != nullptr) c->impl->dealloc(ptr);
+  return with_comm(__func__, comm, [&](Communicator& c) {
+    if (ptr != nullptr) c.dealloc(ptr);
   });
 }
 

@@ -10,19 +10,32 @@
 #include "gradsync/shard.h"
 #include "shard/sharded_parameter.hpp"
 
-// The communicator handle as capi/capi_comm.cpp defines it. This definition must stay
-// token-for-token identical to that one (one definition rule); it is repeated here because the
-// shard borrows the communicator behind a gradsync_comm handle.
-
+// The shard holds its communicator's link, not the communicator: the parameter below keeps a
+// reference to the communicator, used only by the collective stages, and those run inside a
+// CommLink::Call, which fails with GRADSYNC_E_MISUSE once gradsync_comm_free has destroyed it
+// (and while another thread is in a call on it).
 struct gradsync_shard : gradsync::capi::Handle<gradsync::capi::Kind::Shard> {
-  gradsync_shard(gradsync::comm::Communicator& comm, uint64_t total, const gradsync::shard::Options& options)
-      : impl(comm, total, options) {}
+  gradsync_shard(std::shared_ptr<gradsync::capi::CommLink> l, uint64_t total, const gradsync::shard::Options& options)
+      : link(std::move(l)), impl(link->communicator(), total, options) {}
+  std::shared_ptr<gradsync::capi::CommLink> link;
   gradsync::shard::ShardedParameter impl;
 };
 
 namespace {
 using gradsync::capi::check;
+using gradsync::capi::CommLink;
 using gradsync::capi::guard;
+
+// The body of a collective stage: it runs the communicator, so it holds the communicator's
+// in-call word like the communicator's own entry points do.
+template <class F>
+int with_comm(const char* function, gradsync_shard* shard, F&& body) noexcept {
+  return guard(function, [&] {
+    auto* s = check(shard);
+    const CommLink::Call call(s->link, function);
+    body(s->impl);
+  });
+}
 
 constexpr size_t kOptionsV1Size = offsetof(gradsync_shard_options, clip_norm) + sizeof(double);
 
@@ -72,7 +85,7 @@ GRADSYNC_API int gradsync_shard_create(gradsync_shard** out, gradsync_comm* comm
   return gradsync::capi::create(__func__, out, [&] {
     auto* c = check(comm);
     const auto options = parse_options(opts);
-    return new gradsync_shard(*c->impl, total, options);
+    return new gradsync_shard(c->link, total, options);
   });
 }
 
@@ -140,7 +153,8 @@ GRADSYNC_API int gradsync_shard_init(gradsync_shard* shard, const float* weights
 
 GRADSYNC_API int gradsync_shard_step(gradsync_shard* shard, const float* gradient, float* weights, size_t count,
                                      uint64_t samples) {
-  return guard(__func__, [&] { check(shard)->impl.step(gradient, count, samples, weights, count); });
+  return with_comm(__func__, shard,
+                   [&](gradsync::shard::ShardedParameter& s) { s.step(gradient, count, samples, weights, count); });
 }
 
 GRADSYNC_API int gradsync_shard_put(gradsync_shard* shard, const float* gradient, size_t count, uint64_t samples) {
@@ -148,7 +162,7 @@ GRADSYNC_API int gradsync_shard_put(gradsync_shard* shard, const float* gradient
 }
 
 GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard* shard) {
-  return guard(__func__, [&] { check(shard)->impl.aggregate(); });
+  return with_comm(__func__, shard, [&](gradsync::shard::ShardedParameter& s) { s.aggregate(); });
 }
 
 GRADSYNC_API int gradsync_shard_update(gradsync_shard* shard) {
@@ -169,7 +183,7 @@ GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard* shard, const float
 }
 
 GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, size_t count) {
-  return guard(__func__, [&] { check(shard)->impl.gather(weights, count); });
+  return with_comm(__func__, shard, [&](gradsync::shard::ShardedParameter& s) { s.gather(weights, count); });
 }
 
 }  // extern "C"

@@ -1,12 +1,94 @@
 #pragma once
 // The object behind a gradsync_comm handle, shared by the shims that take a communicator
-// (capi_comm.cpp, capi_shard.cpp).
+// (capi_comm.cpp, capi_shard.cpp), and what turns misuse of it into errors:
+// - One call at a time. Every entry point that runs the communicator (the collectives, reset,
+//   alloc and free_buffer, a shard's collective stages) holds the handle while it runs, by a
+//   compare-exchange of the in-call word; a second thread gets GRADSYNC_E_MISUSE naming the holder
+//   instead of racing the first inside a transport that is not thread-safe. abort is exempt:
+//   stopping a call from another thread is its purpose. The rank, size and transport getters are
+//   too: they read values fixed at creation.
+// - Free during a call: CommLink::close aborts the call and waits for it to return.
+// - Shards outlive their communicator safely: a shard holds the link, not the handle, and its
+//   collective stages find the link closed (GRADSYNC_E_MISUSE) once the communicator is freed.
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "capi/handle.hpp"
 #include "comm/communicator.hpp"
 
+namespace gradsync::capi {
+
+class CommLink {
+  // A thread's stack of the links it is inside (in a call or an abort), innermost first.
+  struct Inside {
+    const CommLink* link;
+    const Inside* outer;
+  };
+
+ public:
+  // description names the communicator in messages: "communicator 'train' (thread transport, rank 0 of 2)".
+  CommLink(std::unique_ptr<comm::Communicator> impl, std::string description);
+  CommLink(const CommLink&) = delete;
+  CommLink& operator=(const CommLink&) = delete;
+
+  // One entry point's hold on the link, from construction to destruction. Holds a reference to
+  // the link too, so that letting go (and waking a waiting close) never touches a link that close
+  // has let go of.
+  class Call {
+   public:
+    // Throws GRADSYNC_E_MISUSE when another call holds the link or it is closed.
+    Call(std::shared_ptr<CommLink> link, const char* function);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    comm::Communicator& comm() const noexcept { return *link_->impl_; }
+
+   private:
+    std::shared_ptr<CommLink> link_;
+    Inside inside_;
+  };
+
+  int32_t rank() const noexcept { return rank_; }
+  int32_t size() const noexcept { return size_; }
+  comm::Transport transport() const noexcept { return transport_; }
+  // The communicator, for what only reads it while the link is open (a shard's constructor).
+  comm::Communicator& communicator() const noexcept { return *impl_; }
+
+  // gradsync_comm_abort: any thread, also while a call runs; GRADSYNC_E_MISUSE once closed. Takes
+  // its own reference, for the same reason as Call.
+  static void abort(std::shared_ptr<CommLink> link);
+  // gradsync_comm_free. Returns true when the communicator is destroyed and the handle may go.
+  bool close() noexcept;
+
+ private:
+  // The state word: the closed bit, and above it the number of calls and aborts using the
+  // communicator, which close waits to fall to 0 before destroying it. A count rather than a bit:
+  // a call that has just let go of holder_ and the next one may both be counted for an instant.
+  static constexpr uint32_t kClosed = 1u, kUser = 2u;
+
+  [[noreturn]] void fail_closed() const;
+  // Counts a user in; false (and nothing counted) once the link is closed. Checked after taking
+  // holder_, so a close either sees the user and waits for it, or the user sees the close.
+  bool acquire() noexcept;
+  // Counts a user out, waking a close that waits for it.
+  void release() noexcept;
+  bool held_by_this_thread() const noexcept;
+
+  std::atomic<uint32_t> state_{0};
+  // The in-call word: the entry point in a call, nullptr when none. The lock of "one call at a
+  // time", and what the refused caller's message names.
+  std::atomic<const char*> holder_{nullptr};
+  std::unique_ptr<comm::Communicator> impl_;
+  const std::string description_;
+  const int32_t rank_, size_;
+  const comm::Transport transport_;
+};
+
+}  // namespace gradsync::capi
+
 struct gradsync_comm : gradsync::capi::Handle<gradsync::capi::Kind::Comm> {
-  explicit gradsync_comm(std::unique_ptr<gradsync::comm::Communicator> c) : impl(std::move(c)) {}
-  std::unique_ptr<gradsync::comm::Communicator> impl;
+  explicit gradsync_comm(std::shared_ptr<gradsync::capi::CommLink> l) : link(std::move(l)) {}
+  std::shared_ptr<gradsync::capi::CommLink> link;
 };

@@ -16,6 +16,11 @@ disagree (length, dtype, op, root, collective) all get GradsyncError E_MISMATCH 
 works; a missing rank gives E_TIMEOUT on the others; abort() from any thread wakes every waiter.
 Arrays are passed without copying (C-contiguous numpy arrays of float32, float64, int32 or int64),
 and the GIL is released during every call, so Python threads run collectives truly in parallel.
+
+One Communicator is used by one thread at a time (each rank its own): a second thread calling it
+while a call runs gets GradsyncError E_MISUSE at once, and the running call is unaffected; abort()
+and the rank/size/transport properties are the exceptions. close() while another thread is in a
+call aborts that call (it raises E_ABORTED) and returns once it has left the library.
 """
 import ctypes
 import weakref
@@ -26,7 +31,7 @@ from .dataparallel import partition
 from ._lib import (Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
                    lib, numpy_array)
 
-__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS"]
+__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
@@ -41,6 +46,7 @@ _DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32):
 NAME_MAX = 64
 UNSET_I32 = -(2 ** 31)
 UNSET_I64 = -(2 ** 63)
+NO_TIMEOUT = 2 ** 63 - 1  # timeout_ms of a deadline that never passes (GRADSYNC_NO_TIMEOUT)
 
 
 class CommOptions(ctypes.Structure):
@@ -118,7 +124,8 @@ class Communicator(Handle):
     """One rank of a group. Collective: the constructor returns once all `size` ranks have joined.
 
     name: the group's name (ranks with the same name form one group); rank in [0, size);
-    timeout_ms: deadline of joining and of every collective (default: the library's, 300 s);
+    timeout_ms: deadline of joining and of every collective (default: the library's, 300 s;
+    NO_TIMEOUT: none);
     transport: "threads" (default; ranks are threads of this process), "shm" (ranks are processes
     of this host, meeting in /dev/shm/gradsync.<name>; see empty() for zero-copy arrays), or "mpi"
     (ranks are the processes of an mpirun job: name, rank and size come from MPI, so

@@ -95,7 +95,8 @@ class ShardedParameter(Handle):
     keeps each rank's compression residual for its next step. clamp=(lo, hi) clamps the aggregated
     gradient; clip_norm scales it to a global L2 norm of at most clip_norm.
     The communicator is borrowed (kept alive by this object); every rank creates its own shard with
-    the same arguments.
+    the same arguments. Once the communicator is closed, the collective stages (step, aggregate,
+    gather) raise E_MISUSE; the local calls still work.
     """
 
     _free = lib.gradsync_shard_free

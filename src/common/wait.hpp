@@ -45,7 +45,9 @@ inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout) n
   // A clock before its epoch has at least the whole positive range ahead of it.
   const Ticks::rep room = since >= 0 ? std::numeric_limits<Ticks::rep>::max() - since
                                      : std::numeric_limits<Ticks::rep>::max();
-  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Ticks(room))) return WaitClock::time_point::max();
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Ticks(room))) {
+    return WaitClock::time_point::max();
+  }
   return now + std::chrono::duration_cast<Ticks>(timeout);
 }
 

@@ -1,13 +1,18 @@
 /* The communicator through the C ABI, as a C99 user with pthreads sees it: the seed's acceptance
- * cases and bad input at every entry point. */
+ * cases, bad input at every entry point, versioned options, timeouts without end, and misuse
+ * from two threads. */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gradsync/gradsync.h"
 #include "check.h"
+#include "two_threads.h"
 
 
 
@@ -271,11 +276,237 @@ static void test_timeout(void) {
   CHECK_MESSAGE("did not join within 200 ms");
 }
 
+/* ---- versioned options: struct_size and version are checked, garbage is refused by name */
+static int create_alone(const void *opts) {
+  gradsync_comm *comm = NULL;
+  const int status = gradsync_comm_create(&comm, (const gradsync_comm_options *)opts);
+  if (status == GRADSYNC_OK) {
+    CHECK(comm != NULL);
+    gradsync_comm_free(comm);
+  } else {
+    CHECK(comm == NULL);
+  }
+  return status;
+}
+
+static void test_options_versions(void) {
+  gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
+  unsigned char *exact, *newer;
+  const size_t extra = 16;
+  char expected[128];
+  opts.rank = 0;
+  opts.size = 1;
+  strcpy(opts.name, "capi-options-versions");
+  CHECK_STATUS(create_alone(&opts), GRADSYNC_OK);
+
+  opts.version = 0;
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.version 0");
+  CHECK_MESSAGE("(accepted: 1, or later from a newer header)");
+  opts.version = GRADSYNC_COMM_OPTIONS_VERSION;
+
+  opts.struct_size = 0;
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.struct_size 0");
+  CHECK_MESSAGE("accepted: ");
+  /* garbage far beyond the struct: refused before anything past the struct is read */
+  opts.struct_size = 0xFFFFFFFFu;
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.struct_size 4294967295");
+  /* a version-1 struct cannot be larger than this library's */
+  opts.struct_size = (uint32_t)(sizeof opts + extra);
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "larger than version 1");
+  /* a newer version must have appended fields */
+  opts.struct_size = (uint32_t)sizeof opts;
+  opts.version = GRADSYNC_COMM_OPTIONS_VERSION + 1;
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "is newer than this library's");
+  opts.version = GRADSYNC_COMM_OPTIONS_VERSION;
+
+  /* the smallest struct the library accepts (version 1, today all of it) in memory of exactly that
+   * size: nothing past it is read (AddressSanitizer builds would see it) */
+  exact = (unsigned char *)malloc(sizeof opts);
+  CHECK(exact != NULL);
+  if (exact != NULL) {
+    memcpy(exact, &opts, sizeof opts);
+    CHECK_STATUS(create_alone(exact), GRADSYNC_OK);
+    free(exact);
+  }
+
+  /* a newer header's struct: accepted while its unknown fields are 0, refused naming the byte once one is set */
+  newer = (unsigned char *)calloc(1, sizeof opts + extra);
+  CHECK(newer != NULL);
+  if (newer != NULL) {
+    gradsync_comm_options *n = (gradsync_comm_options *)(void *)newer;
+    memcpy(newer, &opts, sizeof opts);
+    n->struct_size = (uint32_t)(sizeof opts + extra);
+    n->version = GRADSYNC_COMM_OPTIONS_VERSION + 1;
+    CHECK_STATUS(create_alone(newer), GRADSYNC_OK);
+    newer[sizeof opts + 3] = 1;
+    CHECK_STATUS_MSG(create_alone(newer), GRADSYNC_E_INVALID_ARG, "does not know");
+    sprintf(expected, "byte %u of %u is not 0", (unsigned)(sizeof opts + 3), (unsigned)(sizeof opts + extra));
+    CHECK_MESSAGE(expected);
+    free(newer);
+  }
+}
+
+/* ---- timeout_ms = GRADSYNC_NO_TIMEOUT (INT64_MAX): joining and every collective work */
+typedef struct {
+  gradsync_comm **comms;
+  int *late_started;
+  int32_t rank;
+  int allreduce_status, barrier_status, broadcast_status, late_status;
+  double sum[3];
+  int32_t bcast[4];
+} forever_arg;
+
+static void *forever_worker(void *p) {
+  forever_arg *a = (forever_arg *)p;
+  gradsync_comm *comm = a->comms[a->rank];
+  int i;
+  for (i = 0; i < 3; ++i) a->sum[i] = (double)(a->rank + 1) * (i + 1);
+  for (i = 0; i < 4; ++i) a->bcast[i] = a->rank == 1 ? 40 + i : -1;
+  a->allreduce_status = gradsync_comm_allreduce(comm, a->sum, a->sum, 3, GRADSYNC_F64, GRADSYNC_SUM);
+  a->barrier_status = gradsync_comm_barrier(comm);
+  a->broadcast_status = gradsync_comm_broadcast(comm, a->bcast, 4, GRADSYNC_I32, 1);
+  /* a round where rank 0 surely waits, its deadline computed from INT64_MAX ms: rank 1 comes only
+   * once rank 0 is inside that call (an overflowed deadline would lie in the past: E_TIMEOUT) */
+  if (a->rank == 1) {
+    while (!get_flag(a->late_started)) sched_yield();
+    if (wait_until_in_call(a->comms[0]) != 0) {
+      gradsync_comm_abort(comm); /* release rank 0 */
+      return NULL;
+    }
+    /* lets rank 0 get past spinning to where its deadline counts; no outcome depends on it */
+    {
+      const struct timespec pause = {0, 20 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+    }
+  } else {
+    set_flag(a->late_started);
+  }
+  RETRY_WHILE_PROBED(a->late_status, gradsync_comm_barrier(comm));
+  return NULL;
+}
+
+static void test_no_timeout(void) {
+  gradsync_comm *comms[2];
+  forever_arg args[2];
+  pthread_t t[2];
+  int late_started = 0;
+  int i;
+  CHECK(GRADSYNC_NO_TIMEOUT == INT64_MAX);
+  if (join_pair("capi-no-timeout", GRADSYNC_NO_TIMEOUT, comms) != 0) return;
+  memset(args, 0, sizeof args);
+  for (i = 0; i < 2; ++i) {
+    args[i].comms = comms;
+    args[i].late_started = &late_started;
+    args[i].rank = i;
+    pthread_create(&t[i], NULL, forever_worker, &args[i]);
+  }
+  for (i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+  for (i = 0; i < 2; ++i) {
+    CHECK_STATUS(args[i].allreduce_status, GRADSYNC_OK);
+    CHECK(args[i].sum[0] == 3.0 && args[i].sum[1] == 6.0 && args[i].sum[2] == 9.0);
+    CHECK_STATUS(args[i].barrier_status, GRADSYNC_OK);
+    CHECK_STATUS(args[i].broadcast_status, GRADSYNC_OK);
+    CHECK(args[i].bcast[0] == 40 && args[i].bcast[3] == 43);
+    CHECK_STATUS(args[i].late_status, GRADSYNC_OK);
+  }
+  gradsync_comm_free(comms[0]);
+  gradsync_comm_free(comms[1]);
+}
+
+/* ---- one handle, two threads: the second caller is refused, the first is unaffected */
+typedef struct {
+  gradsync_comm *comm;
+  float data[2];
+  int status;
+  int returned; /* a flag: set once the call has returned */
+} caller_arg;
+
+static void *caller_worker(void *p) {
+  caller_arg *a = (caller_arg *)p;
+  RETRY_WHILE_PROBED(a->status, gradsync_comm_allreduce(a->comm, a->data, a->data, 2, GRADSYNC_F32, GRADSYNC_SUM));
+  set_flag(&a->returned);
+  return NULL;
+}
+
+static void test_two_threads_one_handle(void) {
+  gradsync_comm *comms[2];
+  caller_arg first = {NULL, {1, 2}, -1000, 0};
+  float mine[2] = {7, 7}, peer[2] = {10, 20};
+  void *p = NULL;
+  int32_t v = -1;
+  pthread_t t;
+  if (join_pair("capi-busy", 20000, comms) != 0) return;
+  first.comm = comms[0];
+  /* rank 0's allreduce on another thread waits for rank 1, which comes last, from this thread */
+  pthread_create(&t, NULL, caller_worker, &first);
+  if (wait_until_in_call(comms[0]) == 0) {
+    CHECK_STATUS_MSG(gradsync_comm_barrier(comms[0]), GRADSYNC_E_MISUSE,
+                     "gradsync_comm_barrier: communicator 'capi-busy' (thread transport, rank 0 of 2) is already in a "
+                     "call on another thread (gradsync_comm_allreduce); a handle must not be used by two threads at once");
+    CHECK_STATUS_MSG(gradsync_comm_allreduce(comms[0], mine, mine, 2, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_MISUSE,
+                     "already in a call on another thread");
+    CHECK(mine[0] == 7 && mine[1] == 7); /* refused untouched */
+    CHECK_STATUS(gradsync_comm_reset(comms[0]), GRADSYNC_E_MISUSE);
+    CHECK_STATUS(gradsync_comm_alloc(comms[0], 64, &p), GRADSYNC_E_MISUSE);
+    CHECK(p == NULL);
+    /* read-only getters stay available */
+    CHECK(gradsync_comm_rank(comms[0], &v) == GRADSYNC_OK && v == 0);
+    CHECK(gradsync_comm_size(comms[0], &v) == GRADSYNC_OK && v == 2);
+    CHECK(!get_flag(&first.returned)); /* the refusals did not end (or fail) the running call */
+  }
+  CHECK_STATUS(gradsync_comm_allreduce(comms[1], peer, peer, 2, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
+  pthread_join(t, NULL);
+  CHECK_STATUS(first.status, GRADSYNC_OK);
+  CHECK(first.data[0] == 11 && first.data[1] == 22 && peer[0] == 11 && peer[1] == 22);
+  /* the handle is free again once the call returned, and the group was not disturbed */
+  CHECK_STATUS(gradsync_comm_alloc(comms[0], 64, &p), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_free_buffer(comms[0], p), GRADSYNC_OK);
+  first.data[0] = 1;
+  first.data[1] = 2;
+  first.returned = 0;
+  pthread_create(&t, NULL, caller_worker, &first);
+  peer[0] = 10;
+  peer[1] = 20;
+  CHECK_STATUS(gradsync_comm_allreduce(comms[1], peer, peer, 2, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
+  pthread_join(t, NULL);
+  CHECK_STATUS(first.status, GRADSYNC_OK);
+  CHECK(first.data[0] == 11 && peer[1] == 22);
+  gradsync_comm_free(comms[0]);
+  gradsync_comm_free(comms[1]);
+}
+
+/* ---- free while another thread is inside a call: the call is aborted, free waits for it */
+static void test_free_during_call(void) {
+  gradsync_comm *comms[2];
+  caller_arg blocked = {NULL, {1, 2}, -1000, 0};
+  pthread_t t;
+  if (join_pair("capi-free-busy", 20000, comms) != 0) return;
+  blocked.comm = comms[0];
+  pthread_create(&t, NULL, caller_worker, &blocked); /* waits for rank 1, which never calls */
+  if (wait_until_in_call(comms[0]) != 0) {
+    gradsync_comm_abort(comms[0]);
+    pthread_join(t, NULL);
+    gradsync_comm_free(comms[0]);
+    gradsync_comm_free(comms[1]);
+    return;
+  }
+  gradsync_comm_free(comms[0]); /* returns once the call has left the communicator */
+  pthread_join(t, NULL);
+  CHECK_STATUS(blocked.status, GRADSYNC_E_ABORTED);
+  /* the peer learns of it at its next call, and does not hang */
+  CHECK_STATUS(gradsync_comm_barrier(comms[1]), GRADSYNC_E_ABORTED);
+  gradsync_comm_free(comms[1]);
+}
+
 int main(void) {
   test_pair_mean();
   test_alltoall();
   test_trio_mismatch();
   test_bad_input();
   test_timeout();
+  test_options_versions();
+  test_no_timeout();
+  test_two_threads_one_handle();
+  test_free_during_call();
   return check_report("comm C API");
 }

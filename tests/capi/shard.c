@@ -1,5 +1,7 @@
 /* The sharded parameter through the C ABI, as a C99 user with pthreads sees it: BigDL's
- * acceptance cases, the gradient processors, errors on every rank, and bad input. */
+ * acceptance cases, the gradient processors, errors on every rank, bad input, and misuse of the
+ * communicator under it (another thread in a call on it, a shard used after it was freed). */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -8,6 +10,7 @@
 
 #include "gradsync/gradsync.h"
 #include "check.h"
+#include "two_threads.h"
 
 
 
@@ -142,6 +145,9 @@ static void bad_input(void) {
   opts.struct_size = 8;
   CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
   opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
+  opts.version = 0; /* every options struct checks its version (capi/options.hpp) */
+  CHECK_STATUS_MSG(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG, "options.version 0");
+  opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
   opts.compress = 9;
   CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
   opts.compress = GRADSYNC_CODEC_BF16;
@@ -184,6 +190,86 @@ static void bad_input(void) {
   CHECK_STATUS(gradsync_shard_updates(s, NULL), GRADSYNC_E_INVALID_ARG);
   gradsync_shard_free(s);
   gradsync_comm_free(comm);
+}
+
+/* ---- a shard whose communicator was freed: its collective stages are refused, its local calls work */
+static void shard_after_comm_free(void) {
+  gradsync_comm *comm = join("capi-shard-orphan", 0, 1);
+  gradsync_shard *s;
+  float w[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, out[4];
+  uint64_t off = 9, len = 9;
+  if (comm == NULL) {
+    check_failed();
+    return;
+  }
+  s = make_shard(comm, 4, NULL);
+  if (s == NULL) {
+    check_failed();
+    gradsync_comm_free(comm);
+    return;
+  }
+  CHECK_STATUS(gradsync_shard_init(s, w, 4), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_step(s, g, out, 4, 1), GRADSYNC_OK);
+  gradsync_comm_free(comm);
+  /* (a group of one never communicates: without the check these would return OK) */
+  CHECK_STATUS_MSG(gradsync_shard_step(s, g, out, 4, 1), GRADSYNC_E_MISUSE,
+                   "gradsync_shard_step: communicator 'capi-shard-orphan' (thread transport, rank 0 of 1) was freed "
+                   "(gradsync_comm_free)");
+  CHECK_STATUS(gradsync_shard_put(s, g, 4, 1), GRADSYNC_OK); /* local */
+  CHECK_STATUS_MSG(gradsync_shard_aggregate(s), GRADSYNC_E_MISUSE, "was freed");
+  CHECK_STATUS_MSG(gradsync_shard_gather(s, out, 4), GRADSYNC_E_MISUSE, "was freed");
+  /* local calls read only the shard: its slice is still there, as the last good step left it */
+  CHECK(gradsync_shard_part(s, -1, 0, &off, &len) == GRADSYNC_OK && off == 0 && len == 4);
+  CHECK_STATUS(gradsync_shard_read_slice(s, GRADSYNC_SHARD_WEIGHTS, out, 4), GRADSYNC_OK);
+  CHECK(out[0] == 1.0f - 0.01f && out[3] == 4.0f - 0.01f);
+  gradsync_shard_free(s);
+}
+
+/* ---- a shard's collective stage holds its communicator: another thread's call on it is refused */
+typedef struct {
+  gradsync_shard *shard;
+  float grad[2], weights[2];
+  int status;
+} stage_arg;
+
+static void *stage_worker(void *p) {
+  stage_arg *a = (stage_arg *)p;
+  RETRY_WHILE_PROBED(a->status, gradsync_shard_step(a->shard, a->grad, a->weights, 2, 1));
+  return NULL;
+}
+
+static void shard_stage_holds_comm(void) {
+  gradsync_comm *comms[2];
+  gradsync_shard *shards[2];
+  gradsync_shard_options opts = GRADSYNC_SHARD_OPTIONS_INIT;
+  const float start[2] = {1, 1};
+  stage_arg first = {NULL, {1, 2}, {0, 0}, -1000};
+  float grad1[2] = {3, 6}, weights1[2] = {0, 0};
+  pthread_t t;
+  int r;
+  if (join_pair("capi-shard-busy", 20000, comms) != 0) return;
+  opts.lr = 0.5;
+  for (r = 0; r < 2; ++r) {
+    shards[r] = make_shard(comms[r], 2, &opts);
+    CHECK_STATUS(gradsync_shard_init(shards[r], start, 2), GRADSYNC_OK);
+  }
+  first.shard = shards[0];
+  pthread_create(&t, NULL, stage_worker, &first); /* waits in its step for rank 1 */
+  if (wait_until_in_call(comms[0]) == 0) {
+    CHECK_STATUS_MSG(gradsync_comm_barrier(comms[0]), GRADSYNC_E_MISUSE,
+                     "is already in a call on another thread (gradsync_shard_step)");
+    CHECK_STATUS_MSG(gradsync_shard_gather(shards[0], weights1, 2), GRADSYNC_E_MISUSE,
+                     "is already in a call on another thread (gradsync_shard_step)");
+  }
+  CHECK_STATUS(gradsync_shard_step(shards[1], grad1, weights1, 2, 1), GRADSYNC_OK);
+  pthread_join(t, NULL);
+  CHECK_STATUS(first.status, GRADSYNC_OK);
+  /* mean gradient (2, 4), lr 0.5, from weights (1, 1): (0, -1) on both ranks */
+  CHECK(first.weights[0] == 0.0f && first.weights[1] == -1.0f);
+  CHECK(weights1[0] == 0.0f && weights1[1] == -1.0f);
+  for (r = 0; r < 2; ++r) gradsync_shard_free(shards[r]);
+  gradsync_comm_free(comms[0]);
+  gradsync_comm_free(comms[1]);
 }
 
 int main(void) {
@@ -235,5 +321,7 @@ int main(void) {
   }
 
   bad_input();
+  shard_after_comm_free();
+  shard_stage_holds_comm();
   return check_report("shard C API");
 }

@@ -176,3 +176,104 @@ def test_threads_run_collectives_in_parallel():
 
     results = run_ranks(2, body)
     assert np.array_equal(results[0], results[1]) and (results[0] == 1.0).all()
+
+
+def test_no_timeout():
+    # INT64_MAX ms: a deadline that never passes, not one that overflowed into the past
+    def body(comm, rank):
+        x = comm.allreduce(np.array([rank + 1.0, 2.0 * (rank + 1)]), op="sum")
+        comm.barrier()
+        b = comm.broadcast(np.arange(3, dtype=np.int32) * (rank + 1), root=1)
+        return x.tolist(), b.tolist()
+
+    assert gs.NO_TIMEOUT == 2 ** 63 - 1
+    assert run_ranks(2, body, timeout_ms=gs.NO_TIMEOUT) == [([3.0, 6.0], [0, 2, 4])] * 2
+
+
+def join_pair(timeout_ms=20000):
+    """Both ranks of a fresh 2-rank group, to drive from one thread."""
+    name = fresh_group_name()
+    comms = [None, None]
+
+    def join(rank):
+        comms[rank] = gs.Communicator(name, rank, 2, timeout_ms=timeout_ms)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert None not in comms
+    return comms
+
+
+BUSY = "already in a call on another thread"
+
+
+def wait_until_in_call(comm):
+    """Returns once another thread is inside a call on comm: exactly then is a second caller refused."""
+    while True:
+        try:
+            comm.empty(1)  # allocates and (collected at once) frees: a call that never blocks
+        except gs.GradsyncError as exc:
+            assert exc.status == gs.E_MISUSE and BUSY in exc.message, exc
+            return
+        time.sleep(0)
+
+
+def in_thread(call):
+    """Runs call() on a new thread, again while it meets the prober above; returns (thread, outcome)."""
+    outcome = {}
+
+    def run():
+        while True:
+            try:
+                outcome["result"] = call()
+                return
+            except gs.GradsyncError as exc:
+                if exc.status == gs.E_MISUSE and BUSY in exc.message:
+                    continue
+                outcome["error"] = exc
+                return
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_two_threads_on_one_communicator():
+    a, b = join_pair()
+    x = np.array([1.0, 2.0], np.float32)
+    thread, outcome = in_thread(lambda: a.allreduce(x, op="sum"))  # waits for rank 1
+    wait_until_in_call(a)
+    mine = np.full(2, 7.0, np.float32)
+    with pytest.raises(gs.GradsyncError) as info:
+        a.allreduce(mine, op="sum")
+    assert info.value.status == gs.E_MISUSE
+    assert (f"is {BUSY} (gradsync_comm_allreduce); a handle must not be used by two threads at once"
+            in info.value.message)
+    assert (mine == 7.0).all()
+    with pytest.raises(gs.GradsyncError) as info:
+        a.barrier()
+    assert info.value.status == gs.E_MISUSE
+    assert (a.rank, a.size) == (0, 2)  # read-only properties stay available
+    assert thread.is_alive()  # the refusals did not end the running call
+    assert b.allreduce(np.array([10.0, 20.0], np.float32), op="sum").tolist() == [11.0, 22.0]
+    thread.join(30)
+    assert "error" not in outcome and x.tolist() == [11.0, 22.0]
+    a.close()
+    b.close()
+
+
+def test_close_during_a_call_on_another_thread():
+    a, b = join_pair()
+    thread, outcome = in_thread(lambda: a.allreduce(np.ones(3, np.float32)))  # rank 1 never calls
+    wait_until_in_call(a)
+    a.close()  # aborts that call and waits for it to leave the library
+    thread.join(30)
+    assert not thread.is_alive()
+    assert outcome["error"].status == gs.E_ABORTED
+    with pytest.raises(gs.GradsyncError) as info:
+        b.barrier()
+    assert info.value.status == gs.E_ABORTED
+    b.close()

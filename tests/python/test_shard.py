@@ -301,3 +301,22 @@ def test_acceptance_over_mpi(tmp_path):
         assert first == [97.0] * 3 and second == [82.0] * 3
         assert tuple(part) == [(0, 2), (2, 1)][rank]
     assert [results[0][2], results[1][2]] == [gs.E_REMOTE, gs.E_INVALID_ARG]
+
+
+def test_shard_after_its_communicator_is_closed():
+    comm = gs.Communicator(f"pytest-shard-orphan-{uuid.uuid4().hex[:8]}", 0, 1)
+    p = gs.ShardedParameter(comm, 4, optimizer="sgd", lr=0.5)
+    p.init(np.ones(4, np.float32))
+    w = np.empty(4, np.float32)
+    p.step(np.ones(4, np.float32), w)
+    assert w.tolist() == [0.5] * 4
+    comm.close()
+    # a group of one never communicates: without the check this step would succeed
+    with pytest.raises(gs.GradsyncError) as info:
+        p.step(np.ones(4, np.float32), w)
+    assert info.value.status == gs.E_MISUSE and "was freed (gradsync_comm_free)" in info.value.message
+    with pytest.raises(gs.GradsyncError) as info:
+        p.gather(w)
+    assert info.value.status == gs.E_MISUSE
+    assert p.part == (0, 4) and p.read_slice().tolist() == [0.5] * 4  # local calls still work
+    p.close()
