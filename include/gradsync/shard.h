@@ -91,8 +91,9 @@ GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options *opts, size_
  * @brief Create this rank's view of a sharded parameter of `total` floats. Local (no communication);
  *        every rank of the communicator creates one with the same total and options.
  * @param[out] out the new handle; NULL on failure
- * @param[in] comm the communicator, borrowed: it must outlive the shard, and must not be used by
- *            another thread while a collective stage of the shard runs
+ * @param[in] comm the communicator, shared with the shard: once it is freed, the shard's collective
+ *            stages fail with GRADSYNC_E_MISUSE (its local calls keep working); a collective stage
+ *            and a call on the communicator from another thread at once is GRADSYNC_E_MISUSE too
  * @param[in] total number of parameters, >= 1 (fewer than ranks is allowed: some parts are empty)
  * @param[in] opts options, or NULL for the defaults
  * @retval GRADSYNC_E_INVALID_ARG total is 0 or too large, or an option is out of range (the message names it)
