@@ -237,6 +237,8 @@ class AdaptiveWait {
   uint64_t waits_ = 0;
 
  public:
+  // Ranks outnumber this process's CPUs: waits yield rather than spin, whatever else is known.
+  bool oversubscribed() const noexcept { return oversubscribed_; }
   // The current budgets, for tests.
   std::chrono::nanoseconds spin_budget() const noexcept { return spin_; }
   std::chrono::nanoseconds yield_budget() const noexcept { return yield_; }

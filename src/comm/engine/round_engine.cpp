@@ -45,13 +45,14 @@ bool RoundEngine::decide(uint64_t index, bool failed) noexcept {
 
 void RoundEngine::arrive() noexcept {
   RankSlot& me = control_.slot(rank_);
-  me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  if (!waiter_.oversubscribed()) me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
   // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
   me.arrivals.store(++barriers_, std::memory_order_seq_cst);
   notify(words().wake);
 }
 
 bool RoundEngine::awaited_on_this_cpu(uint64_t target) const noexcept {
+  if (waiter_.oversubscribed()) return false;  // the waits yield anyway
   const int cpu = sched_getcpu();
   for (int r = 0; r < size_; ++r) {
     const RankSlot& s = control_.slot(r);
