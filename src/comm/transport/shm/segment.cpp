@@ -282,11 +282,13 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
              s.pid.load(), name);
       }
     }
-    if (missing.empty()) break;
+    // Checked before completeness: a refusal is recorded only while the group is incomplete, so a
+    // member that sees every rank joined also sees any refusal, and all members agree.
     if (const int32_t pid = seg->header_->refused_pid.load(std::memory_order_acquire); pid != 0) {
       fail(GRADSYNC_E_MISMATCH, "shm group '{}' (size {}) cannot form: rank {} (pid {}) tried to join it with size {}",
            name, size, seg->header_->refused_rank.load(), pid, seg->header_->refused_size.load());
     }
+    if (missing.empty()) break;
     if (Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
            fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);

@@ -58,8 +58,8 @@ struct Group {
   int joined = 0;
   int members = 0;
   std::atomic<uint32_t> formed{0};
-  // Set when a joiner is refused (size disagreement, rank claimed twice): every waiting member
-  // fails with it at once instead of at the deadline.
+  // Set when a joiner claims another size while the group forms: the group cannot form, so its
+  // waiting members fail at once and later joiners are refused until the last member withdraws.
   std::atomic<uint32_t> broken{0};
   std::string broken_reason;
 };
@@ -148,24 +148,27 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
     auto& entry = reg.groups[options.name];
     if (!entry) entry = std::make_shared<Group>(options.name, options.size);
     group = entry;
-    // A refused joiner breaks the forming group: its members learn it now, not at their deadline.
-    auto refuse = [&](int status, std::string why) {
-      if (!group->formed.load(std::memory_order_relaxed) && group->members > 0) {
+    // A group whose members disagree on its size cannot form as configured: every member fails
+    // now (not at its deadline), and so does every later joiner until the group is gone, so the
+    // outcome does not depend on who arrived first.
+    if (group->broken.load(std::memory_order_relaxed)) {
+      fail(GRADSYNC_E_MISMATCH, "rank {} cannot join group '{}': {}", options.rank, options.name,
+           group->broken_reason);
+    }
+    if (group->size != options.size) {
+      const std::string why = fmt::format("rank {} joined group '{}' with size {} but its other members use size {}",
+                                          options.rank, options.name, options.size, group->size);
+      if (!group->formed.load(std::memory_order_relaxed)) {
         group->broken_reason = why;
         group->broken.store(1, std::memory_order_seq_cst);
         notify(group->words->wake);
       }
-      fail(status, "{}", why);
-    };
-    if (group->size != options.size) {
-      refuse(GRADSYNC_E_MISMATCH,
-             fmt::format("rank {} joined group '{}' with size {} but its other members use size {}", options.rank,
-                         options.name, options.size, group->size));
+      fail(GRADSYNC_E_MISMATCH, "{}", why);
     }
     const auto r = static_cast<size_t>(options.rank);
     if (group->present[r]) {
-      refuse(GRADSYNC_E_MISUSE, fmt::format("rank {} has already joined group '{}' (two threads claim one rank)",
-                                            options.rank, options.name));
+      fail(GRADSYNC_E_MISUSE, "rank {} has already joined group '{}' (two threads claim one rank)", options.rank,
+           options.name);
     }
     if (group->formed.load(std::memory_order_relaxed)) {
       std::vector<int> still;
