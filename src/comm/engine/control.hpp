@@ -43,6 +43,16 @@ constexpr uint32_t stop_epoch(uint32_t code) noexcept { return code >> 20; }
 // The decision word: (barrier index << 1) | aborted, for the latest barrier whose fate is decided.
 constexpr uint64_t decision_code(uint64_t barrier, bool aborted) noexcept { return (barrier << 1) | (aborted ? 1 : 0); }
 
+// The reset word: epoch (bits 32-63) | attempt (bits 1-31) | open (bit 0). An epoch opens at
+// attempt 0, moves to the next attempt when a rank gives up waiting, and closes (done) once every
+// rank has asked for the same attempt. Only ever grows, so a CAS on it cannot be fooled (no ABA).
+constexpr uint64_t reset_code(uint32_t epoch, uint32_t attempt, bool open) noexcept {
+  return (uint64_t{epoch} << 32) | (uint64_t{attempt & 0x7fffffffu} << 1) | (open ? 1 : 0);
+}
+constexpr uint32_t reset_code_epoch(uint64_t code) noexcept { return static_cast<uint32_t>(code >> 32); }
+constexpr uint32_t reset_code_attempt(uint64_t code) noexcept { return static_cast<uint32_t>(code >> 1) & 0x7fffffffu; }
+constexpr bool reset_code_open(uint64_t code) noexcept { return (code & 1) != 0; }
+
 // What a rank is about to do in a round; peers compare the calls before touching each other's data.
 struct Descriptor {
   CallSignature call;
@@ -55,7 +65,6 @@ static_assert(std::is_trivially_copyable_v<Descriptor>);
 
 struct alignas(64) RankSlot {
   std::atomic<int32_t> pid;
-  std::atomic<uint32_t> reset_request;  // the reset epoch this rank asks for
   std::atomic<uint64_t> generation;     // shm: the segment generation this rank joined
   // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
   // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
@@ -67,7 +76,9 @@ struct alignas(64) RankSlot {
   alignas(64) std::atomic<uint64_t> staged;
   alignas(64) std::atomic<uint64_t> reduced;
   alignas(64) std::atomic<uint64_t> drained;
-  // This rank's round, barrier and chunk counts when it asked for a reset, by epoch parity.
+  // The reset attempt this rank takes part in (reset_code(epoch, attempt, open)), and its round,
+  // barrier and chunk counts for it, by epoch parity.
+  alignas(64) std::atomic<uint64_t> reset_request;
   uint64_t reset_rounds[2];
   uint64_t reset_arrivals[2];
   uint64_t reset_chunks[2];
@@ -79,7 +90,10 @@ struct GroupWords {
   WaitWord wake;  // every wait of the group sleeps here
   // Why the group stopped (stop_code); non-zero makes every abortable wait return.
   alignas(64) std::atomic<uint32_t> stop_word;
-  std::atomic<uint32_t> reset_epoch;  // completed resets
+  std::atomic<uint32_t> reset_epoch;  // completed resets (tags stop codes)
+  // reset_code of the latest reset epoch: one CAS decides, for every rank, whether an attempt
+  // went ahead (closed) or was given up (moved to the next attempt).
+  alignas(64) std::atomic<uint64_t> reset_state;
   // decision_code of the latest decided barrier: one CAS decides, for every rank, whether a
   // barrier went ahead (every rank arrived) or failed.
   alignas(64) std::atomic<uint64_t> decision;

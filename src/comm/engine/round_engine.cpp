@@ -195,59 +195,83 @@ void RoundEngine::leave() noexcept {
 
 void RoundEngine::reset() {
   GroupWords& g = words();
-  const uint32_t target = g.reset_epoch.load(std::memory_order_acquire) + 1;
-  if (size_ > 1) {
-    // Every rank posts its request with its round, barrier and chunk counts; once all have, the
-    // counts are quiescent and every rank adopts the same maxima. A rank that gives up retracts its
-    // request, so a reset can be retried.
-    RankSlot& me = control_.slot(rank_);
-    me.reset_rounds[target & 1] = round_;
-    me.reset_arrivals[target & 1] = barriers_;
-    me.reset_chunks[target & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
-    me.reset_request.store(target, std::memory_order_seq_cst);
-    notify(g.wake);
-    auto counter = [&](int r) { return uint64_t{control_.slot(r).reset_request.load(std::memory_order_seq_cst)}; };
-    WaitClock::time_point deadline{};
-    const Waited waited = wait_all(counter, target, deadline, WaitMode::Deadline);
-    if (waited != Waited::Ready) {
-      // Only retract if not everyone made it: otherwise the others already went ahead.
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        if (counter(r) < target) missing.push_back(r);
-      }
-      if (!missing.empty()) me.reset_request.store(target - 1, std::memory_order_seq_cst);
-      if (waited == Waited::PeerDied) throw_gone(dead_rank_, round_ + 1);
-      if (!missing.empty()) {
-        fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
-             transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
-      }
-    }
-    uint64_t rounds = 0, arrivals = 0, chunks = 0;
-    for (int r = 0; r < size_; ++r) {
-      rounds = std::max(rounds, control_.slot(r).reset_rounds[target & 1]);
-      arrivals = std::max(arrivals, control_.slot(r).reset_arrivals[target & 1]);
-      chunks = std::max(chunks, control_.slot(r).reset_chunks[target & 1]);
-    }
-    round_ = rounds;
-    barriers_ = arrivals;
-    chunks_ = chunks;
-    me.arrivals.store(arrivals, std::memory_order_seq_cst);
-    me.staged.store(chunks, std::memory_order_seq_cst);
-    me.reduced.store(chunks, std::memory_order_seq_cst);
-    me.drained.store(chunks, std::memory_order_seq_cst);
-  }
+  uint32_t epoch = g.reset_epoch.load(std::memory_order_acquire) + 1;
+  if (size_ > 1) epoch = reset_together();
   const uint32_t code = g.stop_word.load(std::memory_order_acquire);
   if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
   if (stop_reason(code) == StopReason::Left) throw_stopped(false, round_ + 1);
   // Clear only stops older than this reset; a newer abort (from a rank already past it) stays.
-  uint32_t epoch = g.reset_epoch.load(std::memory_order_acquire);
-  while (static_cast<int32_t>(epoch - target) < 0 &&
-         !g.reset_epoch.compare_exchange_weak(epoch, target, std::memory_order_acq_rel)) {
+  uint32_t done = g.reset_epoch.load(std::memory_order_acquire);
+  while (static_cast<int32_t>(done - epoch) < 0 &&
+         !g.reset_epoch.compare_exchange_weak(done, epoch, std::memory_order_acq_rel)) {
   }
   uint32_t s = g.stop_word.load(std::memory_order_acquire);
-  while (s != 0 && ((stop_epoch(s) - (target & 0xfffu)) & 0x800u) != 0 &&
+  while (s != 0 && ((stop_epoch(s) - (epoch & 0xfffu)) & 0x800u) != 0 &&
          !g.stop_word.compare_exchange_weak(s, 0, std::memory_order_acq_rel)) {
   }
+}
+
+// Every rank asks for the open attempt of the epoch with its counts; the attempt is decided once,
+// by a CAS on reset_state: closed when some rank saw every request (the reset happened, for every
+// rank), or moved to the next attempt by a rank whose deadline passed first (it failed, for every
+// rank that asked; they all call reset again and meet at the next attempt). So no rank goes on
+// from a reset that another rank reports failed: it would run one call more than that rank.
+uint32_t RoundEngine::reset_together() {
+  GroupWords& g = words();
+  uint64_t state = g.reset_state.load(std::memory_order_seq_cst);
+  while (!reset_code_open(state)) {
+    const uint64_t opened = reset_code(reset_code_epoch(state) + 1, 0, true);
+    if (g.reset_state.compare_exchange_weak(state, opened, std::memory_order_seq_cst)) state = opened;
+  }
+  const uint32_t epoch = reset_code_epoch(state);
+  const uint32_t attempt = reset_code_attempt(state);
+  // A barrier decided failed before any rank arrived at it (a pipeline that failed between
+  // barriers) is spent too: the next round must use a later one.
+  const uint64_t decided = g.decision.load(std::memory_order_seq_cst) >> 1;
+  RankSlot& me = control_.slot(rank_);
+  me.reset_rounds[epoch & 1] = round_;
+  me.reset_arrivals[epoch & 1] = std::max(barriers_, decided);
+  me.reset_chunks[epoch & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
+  me.reset_request.store(state, std::memory_order_seq_cst);
+  notify(g.wake);
+
+  auto posted = [&](int r) { return control_.slot(r).reset_request.load(std::memory_order_seq_cst) == state; };
+  // A decided attempt counts as "everyone there", so the wait ends as soon as it is decided.
+  auto counter = [&](int r) { return uint64_t{posted(r) || g.reset_state.load(std::memory_order_seq_cst) != state}; };
+  WaitClock::time_point deadline{};
+  const Waited waited = wait_all(counter, 1, deadline, WaitMode::Deadline);
+  if (waited == Waited::PeerDied) throw_gone(dead_rank_, round_ + 1);
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (!posted(r)) missing.push_back(r);
+  }
+  uint64_t cur = state;
+  const uint64_t verdict = missing.empty() ? reset_code(epoch, attempt, false) : reset_code(epoch, attempt + 1, true);
+  if (g.reset_state.compare_exchange_strong(cur, verdict, std::memory_order_seq_cst)) cur = verdict;
+  notify(g.wake);
+  const bool closed = reset_code_epoch(cur) > epoch || !reset_code_open(cur);
+  if (!closed) {
+    if (missing.empty()) {
+      fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: a peer gave up waiting for the others; call reset "
+           "again on every rank", transport_name(fabric_.transport()), fabric_.group(), rank_);
+    }
+    fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
+         transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
+  }
+  uint64_t rounds = 0, arrivals = 0, chunks = 0;
+  for (int r = 0; r < size_; ++r) {
+    rounds = std::max(rounds, control_.slot(r).reset_rounds[epoch & 1]);
+    arrivals = std::max(arrivals, control_.slot(r).reset_arrivals[epoch & 1]);
+    chunks = std::max(chunks, control_.slot(r).reset_chunks[epoch & 1]);
+  }
+  round_ = rounds;
+  barriers_ = arrivals;
+  chunks_ = chunks;
+  me.arrivals.store(arrivals, std::memory_order_seq_cst);
+  me.staged.store(chunks, std::memory_order_seq_cst);
+  me.reduced.store(chunks, std::memory_order_seq_cst);
+  me.drained.store(chunks, std::memory_order_seq_cst);
+  return epoch;
 }
 
 }  // namespace gradsync::comm

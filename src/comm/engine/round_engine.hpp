@@ -20,7 +20,8 @@
 //   it throws, so its peers fail there too instead of completing without it.
 // After a failure the stop word (first cause wins) makes every call fail fast until reset()
 // realigns the ranks: every rank adopts the largest round and barrier counts posted, so the next
-// call is the same call on every rank.
+// call is the same call on every rank. A reset is decided once for all ranks as well (reset_state):
+// it either happens for every rank or fails for every rank that asked.
 //
 // tests/model/round.pml models this protocol for 2 and 3 ranks and checks it exhaustively.
 #include <chrono>
@@ -121,6 +122,8 @@ class RoundEngine {
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
   void verify(const Round& round) const;
+  // The multi-rank part of reset(): decides the reset with the peers; returns its epoch.
+  uint32_t reset_together();
   [[noreturn]] void throw_failed(Waited why, const char* what, uint64_t call, uint64_t target);
   [[noreturn]] void throw_stopped(bool waiting, uint64_t call);
   [[noreturn]] void throw_dead(int r);
