@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-pytest python3-sklearn python3-networkx python3-matplotlib
   clang-14 libclang-rt-14-dev
+  spin
 )
 
 missing=()

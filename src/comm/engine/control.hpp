@@ -31,14 +31,30 @@ constexpr uint64_t kNoAddress = ~uint64_t{0};
 // Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
 enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4 };
 
-// The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | reset epoch modulo 4096 (bits 20-31).
-// The epoch lets a reset clear only the stops older than itself.
-constexpr uint32_t stop_code(StopReason reason, int rank, uint32_t epoch) noexcept {
-  return static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8) | ((epoch & 0xfffu) << 20);
+// The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | generation modulo 4096 (bits 20-31).
+// Every stop counts the generation up and a reset clears only the reason, so a reset can clear
+// exactly the stop it recovers from: a newer stop has another value, and the CAS leaves it.
+constexpr uint32_t kStopReasonMask = 0xffu;
+constexpr uint32_t stop_code(StopReason reason, int rank, uint32_t generation) noexcept {
+  return static_cast<uint32_t>(reason) | (static_cast<uint32_t>(rank + 1) << 8) | ((generation & 0xfffu) << 20);
 }
-constexpr StopReason stop_reason(uint32_t code) noexcept { return static_cast<StopReason>(code & 0xffu); }
+constexpr StopReason stop_reason(uint32_t code) noexcept { return static_cast<StopReason>(code & kStopReasonMask); }
 constexpr int stop_rank(uint32_t code) noexcept { return static_cast<int>((code >> 8) & 0xfffu) - 1; }
-constexpr uint32_t stop_epoch(uint32_t code) noexcept { return code >> 20; }
+constexpr uint32_t stop_generation(uint32_t code) noexcept { return code >> 20; }
+// The same stop, cleared (its generation kept).
+constexpr uint32_t stop_cleared(uint32_t code) noexcept { return code & ~((uint32_t{1} << 20) - 1); }
+// Whether stop word a is newer than b: a later generation, or the same one cleared.
+constexpr bool stop_newer(uint32_t a, uint32_t b) noexcept {
+  const uint32_t ahead = (stop_generation(a) - stop_generation(b)) & 0xfffu;
+  return ahead != 0 ? ahead < 0x800u : (stop_reason(a) == StopReason::None && stop_reason(b) != StopReason::None);
+}
+// Stops the group unless it is stopped already (first cause wins). Call notify() after.
+inline void raise_stop(std::atomic<uint32_t>& word, StopReason reason, int rank) noexcept {
+  uint32_t cur = word.load(std::memory_order_seq_cst);
+  while (stop_reason(cur) == StopReason::None &&
+         !word.compare_exchange_weak(cur, stop_code(reason, rank, stop_generation(cur) + 1), std::memory_order_seq_cst)) {
+  }
+}
 
 // The decision word: (barrier index << 1) | aborted, for the latest barrier whose fate is decided.
 constexpr uint64_t decision_code(uint64_t barrier, bool aborted) noexcept { return (barrier << 1) | (aborted ? 1 : 0); }
@@ -82,15 +98,15 @@ struct alignas(64) RankSlot {
   uint64_t reset_rounds[2];
   uint64_t reset_arrivals[2];
   uint64_t reset_chunks[2];
+  uint32_t reset_stop[2];  // the stop word this rank saw when it asked
   alignas(64) Descriptor desc[2];  // by round parity
 };
 
 // The group's own words.
 struct GroupWords {
   WaitWord wake;  // every wait of the group sleeps here
-  // Why the group stopped (stop_code); non-zero makes every abortable wait return.
+  // Why the group stopped (stop_code); a reason makes every abortable wait return.
   alignas(64) std::atomic<uint32_t> stop_word;
-  std::atomic<uint32_t> reset_epoch;  // completed resets (tags stop codes)
   // reset_code of the latest reset epoch: one CAS decides, for every rank, whether an attempt
   // went ahead (closed) or was given up (moved to the next attempt).
   alignas(64) std::atomic<uint64_t> reset_state;

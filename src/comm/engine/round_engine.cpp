@@ -25,9 +25,7 @@ std::string RoundEngine::group_name() const {
 std::string RoundEngine::where(uint64_t call) const { return fmt::format("{} call {}", group_name(), call); }
 
 void RoundEngine::stop(StopReason reason, int rank) noexcept {
-  uint32_t expected = 0;
-  const uint32_t code = stop_code(reason, rank, words().reset_epoch.load(std::memory_order_acquire));
-  words().stop_word.compare_exchange_strong(expected, code, std::memory_order_seq_cst);
+  raise_stop(words().stop_word, reason, rank);
   if (reason == StopReason::PeerDied) fabric_.close_group();
   notify(words().wake);
 }
@@ -78,7 +76,7 @@ bool RoundEngine::check_peers() {
 }
 
 void RoundEngine::fail_fast() {
-  if (words().stop_word.load(std::memory_order_acquire) != 0) throw_stopped(false, round_ + 1);
+  if (stop_reason(words().stop_word.load(std::memory_order_acquire)) != StopReason::None) throw_stopped(false, round_ + 1);
 }
 
 void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers) {
@@ -186,28 +184,22 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
 void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
 
 void RoundEngine::leave() noexcept {
-  uint32_t none = 0;
-  words().stop_word.compare_exchange_strong(
-      none, stop_code(StopReason::Left, rank_, words().reset_epoch.load(std::memory_order_acquire)),
-      std::memory_order_seq_cst);
+  raise_stop(words().stop_word, StopReason::Left, rank_);
   notify(words().wake);
 }
 
 void RoundEngine::reset() {
   GroupWords& g = words();
-  uint32_t epoch = g.reset_epoch.load(std::memory_order_acquire) + 1;
-  if (size_ > 1) epoch = reset_together();
+  const uint32_t from = size_ > 1 ? reset_together() : g.stop_word.load(std::memory_order_acquire);
   const uint32_t code = g.stop_word.load(std::memory_order_acquire);
   if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
   if (stop_reason(code) == StopReason::Left) throw_stopped(false, round_ + 1);
-  // Clear only stops older than this reset; a newer abort (from a rank already past it) stays.
-  uint32_t done = g.reset_epoch.load(std::memory_order_acquire);
-  while (static_cast<int32_t>(done - epoch) < 0 &&
-         !g.reset_epoch.compare_exchange_weak(done, epoch, std::memory_order_acq_rel)) {
-  }
-  uint32_t s = g.stop_word.load(std::memory_order_acquire);
-  while (s != 0 && ((stop_epoch(s) - (epoch & 0xfffu)) & 0x800u) != 0 &&
-         !g.stop_word.compare_exchange_weak(s, 0, std::memory_order_acq_rel)) {
+  // Clear the stop the ranks recovered from, and nothing newer: a stop raised since (perhaps seen
+  // already by a rank that left the reset first) has another generation, so the CAS leaves it.
+  // Every rank clears before it returns, so none starts its next call on the old stop.
+  uint32_t expected = from;
+  if (stop_reason(from) != StopReason::None) {
+    g.stop_word.compare_exchange_strong(expected, stop_cleared(from), std::memory_order_seq_cst);
   }
 }
 
@@ -232,6 +224,7 @@ uint32_t RoundEngine::reset_together() {
   me.reset_rounds[epoch & 1] = round_;
   me.reset_arrivals[epoch & 1] = std::max(barriers_, decided);
   me.reset_chunks[epoch & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
+  me.reset_stop[epoch & 1] = g.stop_word.load(std::memory_order_seq_cst);
   me.reset_request.store(state, std::memory_order_seq_cst);
   notify(g.wake);
 
@@ -259,7 +252,9 @@ uint32_t RoundEngine::reset_together() {
          transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
   }
   uint64_t rounds = 0, arrivals = 0, chunks = 0;
+  uint32_t from = control_.slot(0).reset_stop[epoch & 1];
   for (int r = 0; r < size_; ++r) {
+    if (stop_newer(control_.slot(r).reset_stop[epoch & 1], from)) from = control_.slot(r).reset_stop[epoch & 1];
     rounds = std::max(rounds, control_.slot(r).reset_rounds[epoch & 1]);
     arrivals = std::max(arrivals, control_.slot(r).reset_arrivals[epoch & 1]);
     chunks = std::max(chunks, control_.slot(r).reset_chunks[epoch & 1]);
@@ -271,7 +266,7 @@ uint32_t RoundEngine::reset_together() {
   me.staged.store(chunks, std::memory_order_seq_cst);
   me.reduced.store(chunks, std::memory_order_seq_cst);
   me.drained.store(chunks, std::memory_order_seq_cst);
-  return epoch;
+  return from;
 }
 
 }  // namespace gradsync::comm

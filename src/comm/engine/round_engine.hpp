@@ -23,7 +23,8 @@
 // call is the same call on every rank. A reset is decided once for all ranks as well (reset_state):
 // it either happens for every rank or fails for every rank that asked.
 //
-// tests/model/round.pml models this protocol for 2 and 3 ranks and checks it exhaustively.
+// tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
+// every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -122,7 +123,8 @@ class RoundEngine {
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
   void verify(const Round& round) const;
-  // The multi-rank part of reset(): decides the reset with the peers; returns its epoch.
+  // The multi-rank part of reset(): decides the reset with the peers; returns the stop word it
+  // recovers from (the newest any rank saw when it asked).
   uint32_t reset_together();
   [[noreturn]] void throw_failed(Waited why, const char* what, uint64_t call, uint64_t target);
   [[noreturn]] void throw_stopped(bool waiting, uint64_t call);
@@ -162,7 +164,7 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
   start_deadline(deadline);
   for (;;) {
     const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
-    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr, ~0u,
+    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr, kStopReasonMask,
                     awaited_on_this_cpu(target))) {
       case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
       case WaitResult::Aborted: return Waited::Stopped;
@@ -206,7 +208,7 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
   start_deadline(round.deadline);
   for (;;) {
     const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
-    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word);
+    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask);
     if (result == WaitResult::Ready) return;
     Waited why = Waited::Stopped;
     if (result == WaitResult::Timeout) {

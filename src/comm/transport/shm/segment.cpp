@@ -379,9 +379,7 @@ void Segment::leave() noexcept {
   }
   close_group();
   // Peers still waiting on this rank learn that it left (rather than died).
-  uint32_t none = 0;
-  header_->words.stop_word.compare_exchange_strong(
-      none, stop_code(StopReason::Left, rank_, header_->words.reset_epoch.load(std::memory_order_acquire)));
+  raise_stop(header_->words.stop_word, StopReason::Left, rank_);
   notify(header_->words.wake);
   try {
     ofd_lock(fd_, kRankLockByte + rank_, F_UNLCK);

@@ -1,0 +1,444 @@
+/*
+ * The round protocol of src/comm/engine/round_engine.{hpp,cpp}, as a Promela model that spin
+ * checks over every interleaving of its events: completion, abort, timeout, reset and death.
+ *
+ * Ranks run K calls each; every call is one of the round shapes the collectives use (chosen
+ * nondeterministically, the same on every rank, as real calls are). After a failed call a rank
+ * calls reset until it succeeds, then goes on with its next call, as a training loop does.
+ * Checked at every step:
+ *   - agreement: for every call, every rank that finished it reports the same outcome, and an OK
+ *     call has the same round number on every rank (the ranks stay aligned through resets);
+ *   - cause: a rank only fails a call when the stop word says why (no spurious failure);
+ *   - no hang: every wait without a deadline (a completion that holds buffers) ends, and resets
+ *     do not loop forever (spin reports invalid end states and assertion failures).
+ * Deadlines that pass while a peer is merely slow are spent from a budget (TIMEOUTS); a deadline
+ * also passes whenever nothing else in the system can move (spin's `timeout`), as a real one
+ * would. Shared words change atomically where the engine uses one atomic operation (a CAS, a
+ * store) and in separate steps where the engine reads several words one after the other.
+ *
+ * The MUTANT_* switches restore earlier rules that were wrong; tests/model/check.sh requires
+ * that spin finds a violation for each, so the model is known to catch what it claims.
+ */
+
+#ifndef N
+#define N 2
+#endif
+#ifndef K
+#define K 2
+#endif
+#ifndef ABORTS
+#define ABORTS 1
+#endif
+#ifndef TIMEOUTS
+#define TIMEOUTS 1
+#endif
+#ifndef DEATHS
+#define DEATHS 0
+#endif
+
+/* Round shapes. */
+#define INLINE 0   /* the arrival barrier only: inline payloads, barrier() */
+#define HOLD 1     /* + a completion barrier that waits for live peers whatever happens (thread, direct buffers) */
+#define COMPLETE 2 /* + an abortable completion barrier (shm zero-copy; the broadcast copy path) */
+#define PIPE 3     /* + the copy pipeline's waits on peers' counters, then an abortable closing barrier */
+
+/* Wait results. */
+#define READY 0
+#define STOPPED 1
+#define TIMEDOUT 2
+#define PEERDIED 3
+
+/* Stop reasons. */
+#define ABORTED 1
+#define TIMEOUT_STOP 2
+#define DEAD 3
+
+#define OK 1
+#define FAILED 2
+
+#if N == 2
+#define FORALL(c) (c(0) && c(1))
+#define EXISTS(c) (c(0) || c(1))
+#elif N == 3
+#define FORALL(c) (c(0) && c(1) && c(2))
+#define EXISTS(c) (c(0) || c(1) || c(2))
+#else
+#error "the model is written for 2 or 3 ranks"
+#endif
+
+/* GroupWords */
+byte stop_reason;  /* the stop word: first cause wins */
+byte stop_gen;     /* ... and its generation: every stop counts one up, a clear keeps it */
+byte dec_index;    /* the decision word: latest decided barrier */
+bool dec_failed;
+byte rs_epoch;     /* the reset word */
+byte rs_attempt;
+bool rs_open;
+
+/* RankSlot */
+byte arrivals[N];
+byte staged[N];
+bool alive[N];
+byte req_e[N];
+byte req_a[N];
+byte post_round[2 * N];
+byte post_arr[2 * N];
+byte post_chunks[2 * N];
+byte post_stop_reason[2 * N];
+byte post_stop_gen[2 * N];
+
+byte shape[K];
+byte outcome[N * K];
+byte okround[N * K];
+
+byte aborts = ABORTS;
+byte timeouts = TIMEOUTS;
+byte deaths = DEATHS;
+
+#define ARRIVED(r) (arrivals[r] >= target)
+#define ARRIVED_OR_DEAD(r) (arrivals[r] >= target || !alive[r])
+#define IS_DEAD(r) (!alive[r])
+#define STAGED(r) (staged[r] >= chunks + 1)
+#define ASKED(r) (req_e[r] == my_e && req_a[r] == my_a)
+#define ASKED_OLD(r) (req_e[r] >= my_e)
+
+#define MAX(a, b) ((a) > (b) -> (a) : (b))
+
+/* stop(): one CAS loop on the stop word. */
+inline stop(why) {
+#ifdef MUTANT_TAG
+  /* the earlier rule: tagged with the reset epoch, read apart from the CAS */
+  e = rs_epoch;
+  atomic {
+    if
+    :: stop_reason == 0 -> stop_reason = why; stop_gen = e
+    :: else -> skip
+    fi
+  }
+#else
+  atomic {
+    if
+    :: stop_reason == 0 -> stop_reason = why; stop_gen++
+    :: else -> skip
+    fi
+  }
+#endif
+}
+
+/* decide(): one CAS loop on the decision word. */
+inline decide(index, failing) {
+  atomic {
+    if
+#ifdef MUTANT_DECIDE
+    /* the earlier rule: a decision for this barrier or a later one is this barrier's outcome */
+    :: dec_index >= index -> went = !dec_failed
+#else
+    :: dec_index > index -> went = 1  /* nobody gets past a failed barrier without a reset */
+    :: dec_index == index -> went = !dec_failed
+#endif
+    :: dec_index < index -> dec_index = index; dec_failed = failing; went = !failing
+    fi
+  }
+}
+
+/* A deadline may pass at any moment while the budget lasts, and whenever nothing else can move. */
+#define DEADLINE_PASSES \
+  :: atomic { timeouts > 0 -> timeouts-- }; res = TIMEDOUT; break \
+  :: timeout -> res = TIMEDOUT; break
+
+inline die_here() {
+#if DEATHS > 0
+  if
+  :: atomic { deaths > 0 -> deaths--; alive[me] = 0 }; goto dead
+  :: skip
+  fi
+#else
+  skip
+#endif
+}
+
+/* Arrival at the next barrier, the abortable wait, the verdict. */
+inline barrier_abortable() {
+  barriers++;
+  arrivals[me] = barriers;
+  die_here();
+  target = barriers;
+  do
+  :: FORALL(ARRIVED) -> res = READY; break
+  :: stop_reason != 0 -> res = STOPPED; break
+  :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED; break
+  DEADLINE_PASSES
+  od;
+  if
+  :: res == TIMEDOUT -> stop(TIMEOUT_STOP)
+  :: else -> skip
+  fi;
+  decide(target, res != READY);
+  if
+  :: !went -> goto failed
+  :: else -> skip
+  fi
+}
+
+/* A completion barrier while peers use this rank's private buffers: only live peers count. */
+inline barrier_hold() {
+  barriers++;
+  arrivals[me] = barriers;
+  die_here();
+  target = barriers;
+  FORALL(ARRIVED_OR_DEAD);
+  if
+  :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED
+  :: else -> res = READY
+  fi;
+  decide(target, res != READY);
+  if
+  :: !went -> goto failed
+  :: else -> skip
+  fi
+}
+
+/* The copy pipeline: publish this rank's chunk, wait for the peers' (wait_for). */
+inline pipeline() {
+  staged[me] = chunks + 1;
+  do
+  :: FORALL(STAGED) -> res = READY; break
+  :: stop_reason != 0 -> res = STOPPED; break
+  :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED; break
+  DEADLINE_PASSES
+  od;
+  if
+  :: res != READY ->
+     if
+     :: res == TIMEDOUT -> stop(TIMEOUT_STOP)
+     :: else -> skip
+     fi;
+     /* the peers meet again at this rank's next barrier: it fails for all of them */
+     decide(barriers + 1, 1);
+     goto failed
+  :: else -> skip
+  fi;
+  die_here();
+  chunks++
+}
+
+/* Agreement, checked as each outcome is recorded. */
+inline record(v) {
+  atomic {
+    outcome[me * K + k] = v;
+    okround[me * K + k] = (v == OK -> round : 0);
+    r = 0;
+    do
+    :: r < N ->
+       assert(outcome[r * K + k] == 0 || (outcome[r * K + k] == v && okround[r * K + k] == okround[me * K + k]));
+       r++
+    :: else -> break
+    od
+  }
+}
+
+#ifndef MUTANT_RETRACT
+/* reset(): join the open attempt (opening the next epoch if none is open), post this rank's
+ * counts, wait for every rank's request, decide the attempt by CAS. */
+inline reset() {
+  atomic {
+    if
+    :: !rs_open -> rs_epoch++; rs_attempt = 0; rs_open = 1
+    :: else -> skip
+    fi;
+    my_e = rs_epoch;
+    my_a = rs_attempt
+  }
+  p = (my_e % 2) * N + me;
+  post_round[p] = round;
+#ifdef MUTANT_SKIP
+  /* the earlier rule: only the barriers this rank arrived at are spent */
+  post_arr[p] = barriers;
+#else
+  post_arr[p] = MAX(barriers, dec_index);
+#endif
+  post_chunks[p] = MAX(chunks, staged[me]);
+  atomic { post_stop_reason[p] = stop_reason; post_stop_gen[p] = stop_gen }
+  atomic { req_e[me] = my_e; req_a[me] = my_a }
+  die_here();
+  do
+  :: FORALL(ASKED) || rs_epoch != my_e || rs_attempt != my_a || !rs_open -> res = READY; break
+  :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED; break
+  DEADLINE_PASSES
+  od;
+  if
+  :: res == PEERDIED -> goto dead_group
+  :: else -> skip
+  fi;
+  all_asked = FORALL(ASKED);
+  atomic {
+    if
+    :: rs_epoch == my_e && rs_attempt == my_a && rs_open ->
+       if
+       :: all_asked -> rs_open = 0
+       :: else -> rs_attempt++
+       fi
+    :: else -> skip
+    fi;
+    closed = (rs_epoch > my_e || !rs_open)
+  }
+  /* a reset that keeps failing is a hang */
+  assert(rs_attempt < 8);
+}
+#else
+/* The earlier reset: wait for every rank's request for the next epoch; one that gives up
+ * retracts its request, although a peer may have seen it already and gone ahead. */
+inline reset() {
+  my_e = rs_epoch + 1;
+  p = (my_e % 2) * N + me;
+  post_round[p] = round;
+  post_arr[p] = MAX(barriers, dec_index);
+  post_chunks[p] = MAX(chunks, staged[me]);
+  atomic { post_stop_reason[p] = stop_reason; post_stop_gen[p] = stop_gen }
+  req_e[me] = my_e;
+  do
+  :: FORALL(ASKED_OLD) -> res = READY; break
+  :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED; break
+  DEADLINE_PASSES
+  od;
+  if
+  :: res == PEERDIED -> goto dead_group
+  :: else -> skip
+  fi;
+  closed = 1;
+  if
+  :: res != READY && !FORALL(ASKED_OLD) -> req_e[me] = my_e - 1; closed = 0
+  :: else -> atomic { if :: rs_epoch < my_e -> rs_epoch = my_e :: else -> skip fi }
+  fi;
+  assert(rs_epoch < 8);
+}
+#endif
+
+proctype Rank(byte me) {
+  byte k, r, p, e, target, res, my_e, my_a, sr, sg;
+  byte round, barriers, chunks;
+  bool went, closed, all_asked;
+
+  do
+  :: k == K -> break
+  :: k < K ->
+     /* fail_fast */
+     if
+     :: stop_reason != 0 -> goto failed
+     :: else -> skip
+     fi;
+     round++;
+     barrier_abortable();
+     if
+     :: shape[k] == INLINE -> skip
+     :: shape[k] == HOLD -> barrier_hold()
+     :: shape[k] == COMPLETE -> barrier_abortable()
+     :: shape[k] == PIPE -> pipeline(); barrier_abortable()
+     fi;
+     record(OK);
+     k++;
+     goto next;
+failed:
+     /* every failure names its cause: the stop word is set before any verdict "failed" */
+     assert(stop_reason != 0);
+     record(FAILED);
+     if
+     :: stop_reason == DEAD -> goto dead_group
+     :: else -> skip
+     fi;
+again:
+     reset();
+     if
+     :: !closed -> goto again
+     :: else -> skip
+     fi;
+     /* adopt the largest counts posted for this epoch */
+     round = 0; barriers = 0; chunks = 0; r = 0; sr = 0; sg = 0;
+     do
+     :: r < N ->
+        p = (my_e % 2) * N + r;
+        round = MAX(round, post_round[p]);
+        barriers = MAX(barriers, post_arr[p]);
+        chunks = MAX(chunks, post_chunks[p]);
+        /* the latest stop posted: a later generation, or the same one cleared */
+        if
+        :: post_stop_gen[p] > sg || (post_stop_gen[p] == sg && post_stop_reason[p] == 0) ->
+           sg = post_stop_gen[p]; sr = post_stop_reason[p]
+        :: else -> skip
+        fi;
+        r++
+     :: else -> break
+     od;
+     arrivals[me] = barriers;
+     staged[me] = chunks;
+     if
+     :: stop_reason == DEAD -> goto dead_group
+     :: else -> skip
+     fi;
+#ifdef MUTANT_TAG
+     /* the earlier rule: clear every stop tagged before this reset */
+     atomic {
+       if
+       :: stop_reason != 0 && stop_gen < my_e -> stop_reason = 0
+       :: else -> skip
+       fi
+     }
+#else
+     /* clear the stop the ranks reset from, and nothing newer; each rank does before it leaves */
+     atomic {
+       if
+       :: sr != 0 && stop_reason == sr && stop_gen == sg -> stop_reason = 0
+       :: else -> skip
+       fi
+     }
+#endif
+     k++;
+next:
+     skip
+  od;
+  goto end;
+dead:
+  /* this rank died: it records nothing more */
+  goto end;
+dead_group:
+  /* a peer died: the survivor frees the group */
+  skip;
+end:
+  skip
+}
+
+active proctype Aborter() {
+  byte e;
+  do
+  :: aborts > 0 -> aborts--; stop(ABORTED)
+  :: aborts == 0 -> break
+  od
+}
+
+init {
+  byte i;
+  atomic {
+    i = 0;
+    do
+    :: i < K ->
+       if
+       :: shape[i] = INLINE
+       :: shape[i] = HOLD
+       :: shape[i] = COMPLETE
+       :: shape[i] = PIPE
+       fi;
+       i++
+    :: else -> break
+    od;
+    i = 0;
+    do
+    :: i < N -> alive[i] = 1; i++
+    :: else -> break
+    od;
+    i = 0;
+    do
+    :: i < N -> run Rank(i); i++
+    :: else -> break
+    od
+  }
+}
