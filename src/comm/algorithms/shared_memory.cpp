@@ -412,7 +412,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
   d.direct = direct ? 1 : 0;
   const Round round = engine_.begin(d, [&](uint64_t parity) {
     if (small) {
-      std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
+      if (mine.len > 0) std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
     } else if (direct) {
       control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
     }
@@ -422,7 +422,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
     for (uint64_t r = 0; r < n; ++r) {
       if (static_cast<int>(r) == rank()) continue;
       const Part p = partition(total, n, r);
-      std::memcpy(out + p.start * es, control_.inline_area(static_cast<int>(r), round.parity), p.len * es);
+      if (p.len > 0) std::memcpy(out + p.start * es, control_.inline_area(static_cast<int>(r), round.parity), p.len * es);
     }
     return;
   }
