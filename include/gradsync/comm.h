@@ -40,8 +40,9 @@
  *   A late joiner within timeout_ms is fine. A segment left by a crashed run (no live member, or
  *   never finished) is rebuilt; a running group whose member died is never joined. Members that
  *   disagree on size get GRADSYNC_E_MISMATCH; a rank that is already in the group, alive,
- *   GRADSYNC_E_MISUSE. The last member to leave removes the segment. Use a communicator only in
- *   the process that created it (not across fork()).
+ *   GRADSYNC_E_MISUSE (for a group still forming, see gradsync_comm_create). The last member to
+ *   leave removes the segment. Use a communicator only in the process that created it (not
+ *   across fork()).
  * - Space: the segment's control area is reserved with posix_fallocate after checking what
  *   /dev/shm has (statvfs), and so is every gradsync_comm_alloc buffer: a full /dev/shm gives
  *   GRADSYNC_E_NO_SPACE, never SIGBUS.
@@ -178,6 +179,9 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
  * @retval GRADSYNC_E_MISMATCH members of one name disagree on size
  * @retval GRADSYNC_E_MISUSE the rank has already joined this group
+ *         (While a group forms, either of these breaks it: every member waiting for it fails at
+ *         once with the same status, naming the cause, and so does every later joiner until the
+ *         waiting members have given up. A formed group only refuses the joiner.)
  * @retval GRADSYNC_E_UNSUPPORTED the transport is not in this build
  * @retval GRADSYNC_E_NO_SPACE (SHM) /dev/shm has not the space for the group's segment
  * @retval GRADSYNC_E_REMOTE (SHM) a member died while the group was forming

@@ -551,6 +551,21 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (k == "dup_forming") {
+    // Rank 0 waits for its peer; a second process then claims rank 0 as well: both fail, rank 0 at once.
+    int st = 0;
+    if (g_rank == 0) {
+      gradsync_comm* c = join(g_group, 0, 2, 60000, &st);
+      expect_status(st, GRADSYNC_E_MISUSE, "rank 0 told of the second claim", {"rank 0", "claimed a second time"});
+      EXPECT(c == nullptr, "handle set on failure");
+    } else {
+      await_file("/dev/shm/gradsync." + g_group);
+      gradsync_comm* c = join(g_group, 0, 2, 1500, &st);
+      expect_status(st, GRADSYNC_E_MISUSE, "claiming a rank twice", {"already joined"});
+      EXPECT(c == nullptr, "handle set on failure");
+    }
+    return 0;
+  }
   if (k == "late" && g_rank == g_size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
   const int64_t timeout = k == "timeout" ? 1000 : k == "abort" || k.rfind("kill", 0) == 0 ? 60000 : 20000;

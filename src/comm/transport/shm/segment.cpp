@@ -89,6 +89,16 @@ uint64_t new_generation() {
   return (r ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^ (uint64_t(getpid()) << 16)) | 1;
 }
 
+// Written under the set-up lock by a joiner that a forming group refuses: the group cannot form
+// as configured, and its members learn it at their next poll.
+void refuse_forming(const bip::shared_memory_object& object, int rank, int size) {
+  bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+  Header* h = static_cast<Header*>(mark.get_address());
+  h->refused_rank.store(rank, std::memory_order_relaxed);
+  h->refused_size.store(size, std::memory_order_relaxed);
+  h->refused_pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+}
+
 }  // namespace
 
 Layout compute_layout(int size, uint64_t heap_bytes_per_rank) {
@@ -189,13 +199,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         continue;
       }
       if (existing_size != size) {
-        if (!formed) {
-          bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
-          Header* h = static_cast<Header*>(mark.get_address());
-          h->refused_rank.store(rank, std::memory_order_relaxed);
-          h->refused_size.store(size, std::memory_order_relaxed);
-          h->refused_pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
-        }
+        if (!formed) refuse_forming(object, rank, size);
         fail(GRADSYNC_E_MISMATCH,
              "shm group '{}': this member (rank {}) says size {}, but the group was created with size {} (by pid {})",
              name, rank, size, existing_size, existing_creator);
@@ -238,6 +242,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
 
     // Claim the rank: its lock is our liveness for as long as the process lives.
     if (!ofd_lock(fd, kRankLockByte + rank, F_WRLCK)) {
+      if (valid && !formed) refuse_forming(object, rank, size);
       bip::mapped_region peek(object, bip::read_only, 0, 0);
       const Header* h = static_cast<const Header*>(peek.get_address());
       const RankSlot* slots = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) +
@@ -285,8 +290,13 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     // Checked before completeness: a refusal is recorded only while the group is incomplete, so a
     // member that sees every rank joined also sees any refusal, and all members agree.
     if (const int32_t pid = seg->header_->refused_pid.load(std::memory_order_acquire); pid != 0) {
+      const int32_t who = seg->header_->refused_rank.load(), claimed = seg->header_->refused_size.load();
+      if (claimed == size) {
+        fail(GRADSYNC_E_MISUSE, "shm group '{}' (size {}) cannot form: rank {} was claimed a second time (by pid {})",
+             name, size, who, pid);
+      }
       fail(GRADSYNC_E_MISMATCH, "shm group '{}' (size {}) cannot form: rank {} (pid {}) tried to join it with size {}",
-           name, size, seg->header_->refused_rank.load(), pid, seg->header_->refused_size.load());
+           name, size, who, pid, claimed);
     }
     if (missing.empty()) break;
     if (Clock::now() >= deadline) {

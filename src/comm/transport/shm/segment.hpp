@@ -51,8 +51,9 @@ struct Header {
   uint64_t heap_bytes_per_rank;
   alignas(64) std::atomic<uint32_t> state;  // a GroupState
   std::atomic<uint32_t> joined;
-  // A joiner refused for claiming another size leaves its rank, size and pid here (pid last), so
-  // the forming members fail at once rather than wait out their deadline for it.
+  // A joiner refused while the group forms (it claims another size, or a rank already claimed)
+  // leaves its rank, size and pid here (pid last), so the forming members fail at once rather than
+  // wait out their deadline for it.
   std::atomic<int32_t> refused_rank;
   std::atomic<int32_t> refused_size;
   std::atomic<int32_t> refused_pid;

@@ -58,9 +58,11 @@ struct Group {
   int joined = 0;
   int members = 0;
   std::atomic<uint32_t> formed{0};
-  // Set when a joiner claims another size while the group forms: the group cannot form, so its
-  // waiting members fail at once and later joiners are refused until the last member withdraws.
+  // Set when a joiner claims another size, or a rank already claimed, while the group forms: the
+  // group cannot form, so its waiting members fail at once and later joiners are refused until
+  // the last member withdraws.
   std::atomic<uint32_t> broken{0};
+  int broken_status = 0;
   std::string broken_reason;
 };
 
@@ -148,27 +150,30 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
     auto& entry = reg.groups[options.name];
     if (!entry) entry = std::make_shared<Group>(options.name, options.size);
     group = entry;
-    // A group whose members disagree on its size cannot form as configured: every member fails
-    // now (not at its deadline), and so does every later joiner until the group is gone, so the
-    // outcome does not depend on who arrived first.
+    // A forming group whose members disagree on its size, or where two threads claim one rank,
+    // cannot form as configured: every member fails now (not at its deadline), and so does every
+    // later joiner until the last member has withdrawn, whoever arrived first.
     if (group->broken.load(std::memory_order_relaxed)) {
-      fail(GRADSYNC_E_MISMATCH, "rank {} cannot join group '{}': {}", options.rank, options.name,
+      fail(group->broken_status, "rank {} cannot join group '{}': {}", options.rank, options.name,
            group->broken_reason);
     }
-    if (group->size != options.size) {
-      const std::string why = fmt::format("rank {} joined group '{}' with size {} but its other members use size {}",
-                                          options.rank, options.name, options.size, group->size);
+    auto refuse = [&](int status, const std::string& why) {
       if (!group->formed.load(std::memory_order_relaxed)) {
+        group->broken_status = status;
         group->broken_reason = why;
         group->broken.store(1, std::memory_order_seq_cst);
         notify(group->words->wake);
       }
-      fail(GRADSYNC_E_MISMATCH, "{}", why);
+      fail(status, "{}", why);
+    };
+    if (group->size != options.size) {
+      refuse(GRADSYNC_E_MISMATCH, fmt::format("rank {} joined group '{}' with size {} but its other members use size {}",
+                                              options.rank, options.name, options.size, group->size));
     }
     const auto r = static_cast<size_t>(options.rank);
     if (group->present[r]) {
-      fail(GRADSYNC_E_MISUSE, "rank {} has already joined group '{}' (two threads claim one rank)", options.rank,
-           options.name);
+      refuse(GRADSYNC_E_MISUSE, fmt::format("rank {} has already joined group '{}' (two threads claim one rank)",
+                                            options.rank, options.name));
     }
     if (group->formed.load(std::memory_order_relaxed)) {
       std::vector<int> still;
@@ -204,7 +209,7 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
         if (it != reg.groups.end() && it->second == group) reg.groups.erase(it);
       }
       if (waited == WaitResult::Aborted) {
-        fail(GRADSYNC_E_MISMATCH, "rank {} of group '{}' could not form the group: {}", options.rank, options.name,
+        fail(group->broken_status, "rank {} of group '{}' could not form the group: {}", options.rank, options.name,
              group->broken_reason);
       }
       fail(GRADSYNC_E_TIMEOUT, "rank {} of group '{}': rank(s) {} did not join within {} ms", options.rank,
