@@ -89,6 +89,24 @@ uint64_t new_generation() {
   return (r ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^ (uint64_t(getpid()) << 16)) | 1;
 }
 
+// A segment that another user created, or that others may open, could be read or rewritten under
+// the group (its gradients, its control words): refuse it before reading a byte. Ours are created
+// 0600 (O_EXCL), so this only ever refuses a segment someone else put there.
+void require_private(int fd, const std::string& shm_name, const std::string& group) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "fstat of /dev/shm/{} failed: {}", shm_name, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(GRADSYNC_E_PERMISSION, "/dev/shm/{} is not a regular file", shm_name);
+  if (st.st_uid != geteuid()) {
+    fail(GRADSYNC_E_PERMISSION, "shared-memory segment /dev/shm/{} belongs to uid {}, not to this user (uid {}): "
+         "another user created group '{}' first; refusing to use it (pick another name)", shm_name, st.st_uid,
+         geteuid(), group);
+  }
+  if ((st.st_mode & 077) != 0) {
+    fail(GRADSYNC_E_PERMISSION, "shared-memory segment /dev/shm/{} has mode {:04o}, which lets other users open it; "
+         "refusing to use it (remove it, or make it 0600)", shm_name, st.st_mode & 07777);
+  }
+}
+
 // Written under the set-up lock by a joiner that a forming group refuses: the group cannot form
 // as configured, and its members learn it at their next poll.
 void refuse_forming(const bip::shared_memory_object& object, int rank, int size) {
@@ -148,9 +166,14 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       object = bip::shared_memory_object(bip::open_or_create, shm_name.c_str(), bip::read_write,
                                          bip::permissions(0600));
     } catch (const bip::interprocess_exception& e) {
+      if (e.get_native_error() == EACCES) {
+        fail(GRADSYNC_E_PERMISSION, "cannot open shared-memory segment /dev/shm/{}: it belongs to another user "
+             "(someone else uses the group name '{}'; pick another)", shm_name, name);
+      }
       fail(GRADSYNC_E_IO, "cannot open shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
     }
     const int fd = object.get_mapping_handle().handle;
+    require_private(fd, shm_name, name);
     if (!ofd_lock(fd, kSetupLockByte, F_WRLCK)) {
       std::this_thread::sleep_for(kPollInterval);
       continue;
