@@ -28,8 +28,9 @@ cmake -S "$work/consumer" -B "$work/consumer/build" -DCMAKE_PREFIX_PATH="$work/p
 cmake --build "$work/consumer/build" >/dev/null
 LD_LIBRARY_PATH="$work/prefix/lib" "$work/consumer/build/consumer"
 
-libdir=$(ls -d "$work"/prefix/lib*/pkgconfig | head -n1)
-sed -i "s|^prefix=.*|prefix=$work/prefix|" "$libdir/gradsync.pc"
+# The installed .pc file as it is, from a prefix moved after the install: it must be relocatable.
+mv "$work/prefix" "$work/moved"
+libdir=$(find "$work/moved" -type d -name pkgconfig | head -n1)
 # shellcheck disable=SC2046
 cc "$work/consumer/main.c" -o "$work/consumer/pc" $(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs gradsync)
 LD_LIBRARY_PATH="$(dirname "$libdir")" "$work/consumer/pc"
