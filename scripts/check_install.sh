@@ -34,4 +34,7 @@ libdir=$(find "$work/moved" -type d -name pkgconfig | head -n1)
 # shellcheck disable=SC2046
 cc "$work/consumer/main.c" -o "$work/consumer/pc" $(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs gradsync)
 LD_LIBRARY_PATH="$(dirname "$libdir")" "$work/consumer/pc"
-echo "ok: find_package and pkg-config consumers built and ran"
+# The Python package installed beside the library finds it, from any directory, with no set-up.
+(cd "$work" && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$work/moved/share/gradsync/python" \
+  /usr/bin/python3 -c "import gradsync; print('python: gradsync', gradsync.version())")
+echo "ok: find_package, pkg-config and Python consumers built and ran"

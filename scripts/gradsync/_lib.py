@@ -49,7 +49,17 @@ def _candidates():
     if env:
         yield env
         return
-    root = pathlib.Path(__file__).resolve().parents[2]
+    here = pathlib.Path(__file__).resolve().parent
+    # A wheel carries the library inside the package.
+    if (here / SONAME).exists():
+        yield str(here / SONAME)
+    # cmake --install puts the package in <prefix>/share/gradsync/python/gradsync, the library in
+    # <prefix>/lib or <prefix>/lib/<multiarch>.
+    if len(here.parents) >= 4 and here.parents[1].name == "gradsync" and here.parents[2].name == "share":
+        prefix = here.parents[3]
+        for path in sorted(prefix.glob("lib*/" + SONAME)) + sorted(prefix.glob("lib/*/" + SONAME)):
+            yield str(path)
+    root = here.parents[1]
     for build in ("build", "build-release"):
         path = root / build / SONAME
         if path.exists():
