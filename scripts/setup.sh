@@ -10,6 +10,7 @@ packages=(
   python3 python3-numpy python3-pytest python3-sklearn python3-networkx python3-matplotlib
   clang-14 libclang-rt-14-dev
   spin
+  python3-venv python3-pip python3-setuptools python3-wheel
 )
 
 missing=()

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The Python package the normal way, offline: pip builds the wheel from this checkout with Debian's
+# setuptools (the library compiled by CMake inside it), a fresh virtual environment installs it,
+# and `import gradsync` works from any directory with nothing else set.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 -m pip wheel --no-build-isolation --no-deps -q -w "$work/dist" "$root"
+/usr/bin/python3 -m venv --system-site-packages "$work/venv"
+"$work/venv/bin/pip" install -q --no-index --no-deps "$work"/dist/gradsync-*.whl
+cd /
+env -u GRADSYNC_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH "$work/venv/bin/python" - <<'PY'
+import os, threading
+import numpy as np
+import gradsync as gs
+where = os.path.dirname(gs.__file__)
+assert "site-packages" in where and os.path.exists(os.path.join(where, "libgradsync.so.0")), where
+out = [None, None]
+def worker(rank):
+    with gs.Communicator("wheel", rank, 2) as comm:
+        out[rank] = comm.allreduce(np.full(4, rank + 1, np.float32), op="sum")
+threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert all((o == 3).all() for o in out), out
+print("wheel: gradsync", gs.version(), "from", where, "- a 2-thread allreduce gives", out[0])
+PY

@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Builds libgradsync with CMake and ships it inside the Python package (pip install ., pip wheel .).
+
+Offline (no package index), use the build tools Debian ships: pip install --no-build-isolation .
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+ROOT = pathlib.Path(__file__).resolve().parent
+SONAME = "libgradsync.so.0"
+
+
+class BuildWithLibrary(build_py):
+    def run(self):
+        super().run()
+        build = pathlib.Path(self.build_lib).resolve().parent / "cmake-gradsync"
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                               "-DGRADSYNC_BUILD_TESTS=OFF", "-DGRADSYNC_BUILD_BENCH=OFF"])
+        subprocess.check_call(["cmake", "--build", str(build), "--target", "gradsync", "-j", str(os.cpu_count() or 1)])
+        target = pathlib.Path(self.build_lib) / "gradsync" / SONAME
+        shutil.copyfile((build / SONAME).resolve(), target)
+        os.chmod(target, 0o755)
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a compiled library, so it is specific to this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithLibrary}, distclass=BinaryDistribution)
