@@ -275,6 +275,8 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* c
   return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     const auto o = gradsync::to_op(op);
+    GS_REQUIRE(nbufs <= GRADSYNC_MAX_FUSED_BUFFERS, GRADSYNC_E_INVALID_ARG,
+               "{} buffers exceed GRADSYNC_MAX_FUSED_BUFFERS ({})", nbufs, GRADSYNC_MAX_FUSED_BUFFERS);
     GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
                "recvs or counts is NULL for {} buffers", nbufs);
     std::vector<gradsync::comm::BufferRef> buffers(nbufs);

@@ -77,6 +77,11 @@ void init_options(T* out, size_t struct_size, T defaults, size_t v1_size, const 
   GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "{} pointer is NULL", what);
   GS_REQUIRE(struct_size >= v1_size, GRADSYNC_E_INVALID_ARG, "{} struct_size {} is smaller than version 1's {}", what,
              struct_size, v1_size);
+  // A larger struct comes from a newer header (its tail is zeroed); beyond the bound it is a bad
+  // size, not a struct: zeroing it would write past the caller's object.
+  GS_REQUIRE(struct_size <= kMaxOptionsStructSize, GRADSYNC_E_INVALID_ARG,
+             "{} struct_size {} exceeds the largest options struct any version can have ({})", what, struct_size,
+             kMaxOptionsStructSize);
   defaults.struct_size = static_cast<uint32_t>(std::min(struct_size, sizeof(T)));
   std::memset(static_cast<void*>(out), 0, struct_size);
   std::memcpy(static_cast<void*>(out), &defaults, std::min(struct_size, sizeof(T)));

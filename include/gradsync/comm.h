@@ -142,7 +142,7 @@ typedef struct gradsync_comm_options {
   uint32_t version;        /**< GRADSYNC_COMM_OPTIONS_VERSION */
   int32_t transport;       /**< a gradsync_transport value; default THREAD */
   int32_t rank;            /**< this member's rank in [0, size) (THREAD, SHM; MPI takes it from MPI) */
-  int32_t size;            /**< number of ranks (THREAD, SHM; MPI takes it from MPI) */
+  int32_t size;            /**< number of ranks, 1 to 1024 (THREAD, SHM; MPI takes it from MPI) */
   int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 (see above) */
   int32_t check_mismatch;  /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
   int32_t reserved0;       /**< must be 0 */
@@ -241,11 +241,16 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
 GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
                                          int32_t dtype, int32_t op);
 
+/** The most buffers one gradsync_comm_allreduce_many call takes (a bound on the caller's arrays). */
+#define GRADSYNC_MAX_FUSED_BUFFERS (1u << 20)
+
 /**
  * @brief One allreduce over a list of buffers (a gradient bucket), same results as one call each.
  * @param sends nbufs pointers, or NULL for all in place; an entry may equal its recv
  * @param recvs nbufs pointers
  * @param counts nbufs element counts
+ * @param nbufs number of buffers, at most GRADSYNC_MAX_FUSED_BUFFERS
+ * @retval GRADSYNC_E_INVALID_ARG more than GRADSYNC_MAX_FUSED_BUFFERS buffers
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,

@@ -161,6 +161,8 @@ static void test_bad_input(void) {
   /* options */
   CHECK_STATUS(gradsync_comm_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_comm_options_init(&opts, 4), GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS_MSG(gradsync_comm_options_init(&opts, (size_t)-1), GRADSYNC_E_INVALID_ARG, "exceeds");
+  CHECK_STATUS(gradsync_table_options_init(NULL, (size_t)-1), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_comm_options_init(&opts, sizeof opts), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_create(NULL, &opts), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_comm_create(&comm, NULL), GRADSYNC_E_INVALID_ARG);
@@ -174,6 +176,8 @@ static void test_bad_input(void) {
   opts.rank = 0;
   opts.size = 0;
   CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
+  opts.size = 1000000; /* refused before anything is allocated for it */
+  CHECK_STATUS_MSG(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG, "exceeds the maximum 1024");
   opts.size = 1;
   opts.timeout_ms = 0;
   CHECK_STATUS(gradsync_comm_create(&comm, &opts), GRADSYNC_E_INVALID_ARG);
@@ -251,6 +255,8 @@ static void test_bad_input(void) {
   recvs[0] = NULL;
   CHECK(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
          GRADSYNC_E_INVALID_ARG);
+  CHECK_STATUS_MSG(gradsync_comm_allreduce_many(comm, sends, recvs, counts, (size_t)-1, GRADSYNC_F32, GRADSYNC_SUM),
+                   GRADSYNC_E_INVALID_ARG, "GRADSYNC_MAX_FUSED_BUFFERS");
 
   /* abort, fail fast, reset */
   CHECK_STATUS(gradsync_comm_abort(comm), GRADSYNC_OK);

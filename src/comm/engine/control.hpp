@@ -27,6 +27,9 @@ constexpr uint64_t kStageDepth = 4;
 // fused lists take the copy path.
 constexpr size_t kMaxTableBuffers = 256;
 constexpr uint64_t kNoAddress = ~uint64_t{0};
+// The most ranks a shared-memory group (threads or processes) has: its control block grows with
+// the size (slots, inline areas, stages), so a size is checked before anything is allocated.
+constexpr int kMaxLocalRanks = 1024;
 
 // Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
 enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4 };

@@ -37,7 +37,7 @@ constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian
 constexpr uint32_t kFormatVersion = 5;
 constexpr off_t kSetupLockByte = 0;
 constexpr off_t kRankLockByte = 1;
-constexpr int kMaxRanks = 1024;
+constexpr int kMaxRanks = kMaxLocalRanks;
 
 enum class GroupState : uint32_t { Open = 0, Closing = 1 };
 struct Header {

@@ -138,6 +138,8 @@ class ThreadFabric final : public Fabric {
 
 std::unique_ptr<Communicator> create_thread_communicator(const Options& options) {
   GS_REQUIRE(options.size >= 1, GRADSYNC_E_INVALID_ARG, "size must be at least 1, got {}", options.size);
+  GS_REQUIRE(options.size <= kMaxLocalRanks, GRADSYNC_E_INVALID_ARG, "thread group size {} exceeds the maximum {}",
+             options.size, kMaxLocalRanks);
   GS_REQUIRE(options.rank >= 0 && options.rank < options.size, GRADSYNC_E_OUT_OF_RANGE, "rank {} out of range [0, {})",
              options.rank, options.size);
   GS_REQUIRE(!options.name.empty(), GRADSYNC_E_INVALID_ARG, "group name is empty");
