@@ -5,9 +5,17 @@
 //
 // Elementwise float arithmetic without fused multiply-add, so every rank and every run gives the
 // same bits.
+#include <cmath>
 #include <cstddef>
+#include <limits>
 
 namespace gradsync::optim {
+
+// Whether a hyperparameter given as double survives the kernels' float: 1e300 is finite as a
+// double but infinite as a float, and would turn every updated weight into inf or NaN.
+inline bool finite_in_float(double x) noexcept {
+  return std::isfinite(x) && std::fabs(x) <= std::numeric_limits<float>::max();
+}
 
 // w -= lr * (g + wd * w). With wd == 0 the decay term is left out, not multiplied by zero (an
 // infinite weight stays infinite rather than turning NaN).

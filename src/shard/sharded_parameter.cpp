@@ -61,7 +61,7 @@ const char* optimizer_name(Optimizer o) noexcept {
 }
 
 void validate(const Options& o) {
-  auto finite = [](double x) { return std::isfinite(x); };
+  auto finite = [](double x) { return optim::finite_in_float(x); };
   GS_REQUIRE(static_cast<int32_t>(o.optimizer) >= 0 && static_cast<int32_t>(o.optimizer) <= 3, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", static_cast<int32_t>(o.optimizer));
   GS_REQUIRE(finite(o.lr) && o.lr >= 0, GRADSYNC_E_INVALID_ARG, "lr must be finite and >= 0, got {}", o.lr);
@@ -125,7 +125,7 @@ uint64_t ShardedParameter::buffer_bytes() const noexcept {
 }
 
 void ShardedParameter::set_lr(double lr) {
-  GS_REQUIRE(std::isfinite(lr) && lr >= 0, GRADSYNC_E_INVALID_ARG, "lr must be finite and >= 0, got {}", lr);
+  GS_REQUIRE(optim::finite_in_float(lr) && lr >= 0, GRADSYNC_E_INVALID_ARG, "lr must be finite and >= 0, got {}", lr);
   options_.lr = lr;
 }
 

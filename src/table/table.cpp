@@ -196,7 +196,11 @@ uint64_t splitmix64(uint64_t x) noexcept {
 float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) noexcept {
   const uint64_t bits = splitmix64(splitmix64(seed) ^ index) >> 40;  // 24 random bits
   const float u = static_cast<float>(bits) * (1.0f / 16777216.0f);
-  return lo + (hi - lo) * u;
+  const float width = hi - lo;
+  // A range wider than the largest float (-FLT_MAX to FLT_MAX) is spanned in double, so every
+  // value stays finite; narrower ones keep the float formula (and its values, for old seeds).
+  if (!std::isfinite(width)) return static_cast<float>(lo + (static_cast<double>(hi) - lo) * u);
+  return lo + width * u;
 }
 
 Table::~Table() {

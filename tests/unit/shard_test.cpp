@@ -433,6 +433,8 @@ TEST_CASE("one rank needs no communication, options are validated", "[shard]") {
     if (status(o, 0) != GRADSYNC_E_INVALID_ARG) throw std::runtime_error("total 0 accepted");
     o.lr = -1;
     if (status(o) != GRADSYNC_E_INVALID_ARG) throw std::runtime_error("negative lr accepted");
+    o.lr = 1e300;  // finite as a double, infinite as the kernels' float
+    if (status(o) != GRADSYNC_E_INVALID_ARG) throw std::runtime_error("lr 1e300 accepted");
     o = Options{};
     o.clamp = true;
     o.clamp_min = 1;

@@ -6,10 +6,12 @@
 
 #include "test_support.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,14 @@ TEST_CASE("uniform init is deterministic and within bounds, anonymous or file", 
   CHECK(a->data()[0] == 0.0f);
   a->fill_uniform(42, -0.25f, 0.75f);
   CHECK(std::memcmp(f->data(), a->data(), f->data_bytes()) == 0);
+  // The widest range there is: hi - lo overflows float, yet every value is finite and in range.
+  a->fill_uniform(7, -std::numeric_limits<float>::max(), std::numeric_limits<float>::max());
+  bool signs[2] = {false, false};
+  for (size_t i = 0; i < a->data_bytes() / sizeof(float); ++i) {
+    REQUIRE(std::isfinite(a->data()[i]));
+    signs[a->data()[i] < 0] = true;
+  }
+  CHECK((signs[0] && signs[1]));
   a->flush();  // a no-op without a file
 }
 
