@@ -178,3 +178,32 @@ def test_empty_on_the_thread_transport_is_ordinary_memory():
 
 def test_shm_feature_is_reported():
     assert gs.has_feature(gs.FEATURE_SHM_TRANSPORT)
+
+
+def _under_address_limit(rank, nranks, queue, name, headroom):
+    import resource
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    limit = vm + headroom
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        with gs.Communicator(name, 0, 1, transport="shm", timeout_ms=5000) as c:
+            out = c.allreduce(np.arange(4, dtype=np.float32), op="sum")
+            queue.put((rank, ("ok", out.tolist())))
+    except gs.GradsyncError as e:
+        queue.put((rank, ("error", e.status, str(e))))
+
+
+@pytest.mark.parametrize("headroom_mb", [4096, 16])
+def test_a_group_fits_an_address_space_limit_or_fails_clearly_leaving_nothing(headroom_mb):
+    # The heaps share a quarter of the process's address-space limit: with room to spare the group
+    # forms; with almost none it fails with E_NOMEM. Either way no segment is left behind.
+    name = _group("vlimit")
+    results, codes = _run(_under_address_limit, 1, name, headroom_mb << 20)
+    assert codes == [0]
+    if headroom_mb == 4096:
+        assert results[0] == ("ok", [0.0, 1.0, 2.0, 3.0])
+    else:
+        assert results[0][0] == "error" and results[0][1] == gs.E_NOMEM, results[0]
+        assert "address space" in results[0][2]
+    assert not os.path.exists(f"/dev/shm/gradsync.{name}")

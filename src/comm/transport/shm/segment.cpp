@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -71,6 +72,16 @@ uint64_t shm_capacity(int fd) {
   struct statvfs vfs {};
   if (fstatvfs(fd, &vfs) != 0) fail(GRADSYNC_E_IO, "fstatvfs on /dev/shm failed: {}", std::strerror(errno));
   return static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+}
+
+// Every member maps every rank's heap (peers read buffers in place), so the group's address space
+// is size x heap. Under an address-space limit (ulimit -v) the heaps share a quarter of it, leaving
+// the rest to the process: a group must not fail to map, or starve its host, for space it may
+// never use.
+uint64_t heap_budget_per_rank(int size) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return ~uint64_t{0};
+  return static_cast<uint64_t>(rl.rlim_cur) / 4 / static_cast<uint64_t>(size) / kPage * kPage;
 }
 
 // Backs [offset, offset+bytes) with real pages now, so that a later touch cannot SIGBUS.
@@ -233,7 +244,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         GS_LOG_WARN("shm group '{}': reclaiming the segment /dev/shm/{} left by a run whose members all died", name,
                     shm_name);
       }
-      const uint64_t heap = std::min(kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage));
+      const uint64_t heap = std::min({kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage),
+                                      heap_budget_per_rank(size)});
       const Layout l = compute_layout(size, heap);
       bip::mapped_region init;
       try {
@@ -279,7 +291,15 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       seg->region_ = bip::mapped_region(seg->object_, bip::read_write);
     } catch (const bip::interprocess_exception& e) {
       ofd_lock(fd, kRankLockByte + rank, F_UNLCK);
-      fail(GRADSYNC_E_IO, "cannot map shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
+      struct stat now {};
+      fstat(fd, &now);
+      // Leave nothing behind: with no member left (we hold the set-up lock), the segment goes.
+      bool others = false;
+      for (int r = 0; r < size && !others; ++r) others = ofd_held_by_other(fd, kRankLockByte + r);
+      if (!others) bip::shared_memory_object::remove(shm_name.c_str());
+      fail(e.get_native_error() == ENOMEM ? GRADSYNC_E_NOMEM : GRADSYNC_E_IO,
+           "cannot map shared-memory segment /dev/shm/{} ({} bytes of address space for {} ranks): {}", shm_name,
+           static_cast<uint64_t>(now.st_size), size, e.what());
     }
     seg->base_ = static_cast<char*>(seg->region_.get_address());
     seg->header_ = reinterpret_cast<Header*>(seg->base_);
