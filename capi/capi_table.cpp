@@ -51,6 +51,12 @@ tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user
              "uniform init needs finite lo <= hi, got [{}, {}]", o.lo, o.hi);
   spec.lo = static_cast<float>(o.lo);
   spec.hi = static_cast<float>(o.hi);
+  GS_REQUIRE(o.file_mode >= 0 && o.file_mode <= 0777, GRADSYNC_E_INVALID_ARG,
+             "file_mode {:o} is not a set of permission bits (0 to 0777)", o.file_mode);
+  GS_REQUIRE(o.allow_other_owner == 0 || o.allow_other_owner == 1, GRADSYNC_E_INVALID_ARG,
+             "allow_other_owner must be 0 or 1, got {}", o.allow_other_owner);
+  spec.file_mode = static_cast<uint32_t>(o.file_mode);
+  spec.allow_other_owner = o.allow_other_owner == 1;
   return spec;
 }
 

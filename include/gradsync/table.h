@@ -43,7 +43,7 @@ typedef enum gradsync_table_init {
   GRADSYNC_TABLE_INIT_UNIFORM = 1 /**< uniform in [lo, hi], a deterministic function of seed and element index */
 } gradsync_table_init;
 
-#define GRADSYNC_TABLE_OPTIONS_VERSION 1
+#define GRADSYNC_TABLE_OPTIONS_VERSION 2
 
 /** Options of gradsync_table_open. Fill with GRADSYNC_TABLE_OPTIONS_INIT or gradsync_table_options_init. */
 typedef struct gradsync_table_options {
@@ -58,13 +58,17 @@ typedef struct gradsync_table_options {
   uint64_t seed;        /**< seed of GRADSYNC_TABLE_INIT_UNIFORM */
   double lo;            /**< lower bound of GRADSYNC_TABLE_INIT_UNIFORM (default -0.5) */
   double hi;            /**< upper bound of GRADSYNC_TABLE_INIT_UNIFORM (default 0.5) */
+  /* version 2 */
+  int32_t file_mode;         /**< permission bits of a created file, exactly (umask ignored); default 0600 */
+  int32_t allow_other_owner; /**< 1: open a file owned by another user; default 0 (GRADSYNC_E_PERMISSION) */
   /* append only */
 } gradsync_table_options;
 
 #define GRADSYNC_TABLE_OPTIONS_INIT                                                                     \
   {                                                                                                   \
     sizeof(gradsync_table_options), GRADSYNC_TABLE_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, \
-        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_F32, GRADSYNC_TABLE_INIT_ZEROS, 0, -0.5, 0.5  \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_F32, GRADSYNC_TABLE_INIT_ZEROS, 0, -0.5, 0.5, \
+        0600, 0                                                                                       \
   }
 
 /**

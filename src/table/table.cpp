@@ -236,6 +236,17 @@ void Table::write_header_slot(const FileHeader& h, int slot) {
   pwrite_exact(fd_, page, sizeof page, static_cast<off_t>(slot * kPageBytes), path_);
 }
 
+namespace {
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  return "special file";
+}
+}  // namespace
+
 std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
   const bool creating = spec.mode != OpenMode::Open;
   GS_REQUIRE(spec.mode >= OpenMode::Create && spec.mode <= OpenMode::Anonymous, GRADSYNC_E_INVALID_ARG,
@@ -295,12 +306,30 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
 
   // Opens an existing file; false if it does not exist (and the mode may create it).
   auto open_existing = [&]() -> bool {
-    int fd = ::open(spec.path.c_str(), (spec.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO at the path must not block the open; it is refused below.
+    int fd = ::open(spec.path.c_str(), (spec.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-      if (errno == ENOENT && spec.mode == OpenMode::CreateOrOpen) return false;
-      fail(GRADSYNC_E_IO, "cannot open '{}': {}", spec.path, errno_text(errno));
+      const int err = errno;
+      struct stat link {};
+      if (err == ENOENT && ::lstat(spec.path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+        fail(GRADSYNC_E_IO, "cannot open '{}': it is a symbolic link to a file that does not exist", spec.path);
+      }
+      if (err == ENOENT && spec.mode == OpenMode::CreateOrOpen) return false;
+      fail(err == EACCES ? GRADSYNC_E_PERMISSION : GRADSYNC_E_IO, "cannot open '{}': {}", spec.path, errno_text(err));
     }
     t->fd_ = fd;
+    {
+      struct stat st{};
+      if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", spec.path, errno_text(errno));
+      GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_INVALID_ARG, "'{}' is not a regular file but a {}", spec.path,
+                 file_type_name(st.st_mode));
+      // Another user's file could hold anything, and change under us: trusted only when asked.
+      GS_REQUIRE(spec.allow_other_owner || st.st_uid == ::geteuid(), GRADSYNC_E_PERMISSION,
+                 "'{}' belongs to uid {}, not to this user (uid {}); refusing to use another user's file unless "
+                 "allow_other_owner is set", spec.path, st.st_uid, ::geteuid());
+      if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        fail(GRADSYNC_E_IO, "cannot set up '{}': {}", spec.path, errno_text(errno));
+    }
     // A shared flock marks "open by someone"; whoever gets it exclusively is alone and may repair.
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
       t->exclusive_ = true;
@@ -311,7 +340,6 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     }
     struct stat st{};
     if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", spec.path, errno_text(errno));
-    GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_INVALID_ARG, "'{}' is not a regular file", spec.path);
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     GS_REQUIRE(size >= kDataOffset, GRADSYNC_E_CORRUPT,
                "'{}' is {} bytes, shorter than its two header pages ({} bytes): not a table file or truncated",
@@ -362,9 +390,14 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
   // ever sees a half-initialised table and a crash during creation leaves no file at `path`.
   auto create_new = [&]() -> bool {
     const std::string tmp = fmt::format("{}.creating.{}.{}", spec.path, ::getpid(), g_tmp_counter.fetch_add(1));
-    int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) fail(GRADSYNC_E_IO, "cannot create '{}': {}", tmp, errno_text(errno));
     t->fd_ = fd;
+    if (::fchmod(fd, static_cast<mode_t>(spec.file_mode)) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      fail(GRADSYNC_E_IO, "cannot set mode {:04o} on '{}': {}", spec.file_mode, tmp, errno_text(err));
+    }
     bool linked = false;
     try {
       flock_retry(fd, LOCK_EX);

@@ -38,6 +38,10 @@ struct OpenSpec {
   // Keep the exclusive file lock of a lone opener until release_exclusive(), to repair the aux
   // region first; otherwise open() downgrades it to shared before returning.
   bool keep_exclusive = false;
+  // Mode of a newly created file (exactly, whatever the umask): private unless the caller shares.
+  uint32_t file_mode = 0600;
+  // An existing file owned by another user is refused unless the caller trusts it.
+  bool allow_other_owner = false;
 };
 
 class Table {

@@ -21,6 +21,7 @@
 
 #include "gradsync/comm.h"
 #include "gradsync/errors.h"
+#include "gradsync/table.h"
 
 namespace {
 
@@ -129,6 +130,83 @@ void test_running_group_is_private() {
   std::printf("ok   a running group's segment is 0600 and closed to another user\n");
 }
 
+// A directory both users may write, as /tmp is (sticky, so only owners delete their files).
+std::string shared_dir() {
+  static const std::string dir = [] {
+    std::string d = "/tmp/gradsync-xuser-" + std::to_string(getpid());
+    mkdir(d.c_str(), 01777);
+    chmod(d.c_str(), 01777);
+    return d;
+  }();
+  return dir;
+}
+
+int open_table(const std::string& path, int mode, int allow_other_owner, gradsync_table** out) {
+  gradsync_table_options o;
+  gradsync_table_options_init(&o, sizeof o);
+  o.mode = mode;
+  o.rows = 4;
+  o.dim = 2;
+  o.allow_other_owner = allow_other_owner;
+  *out = nullptr;
+  return gradsync_table_open(out, path.c_str(), &o);
+}
+
+void test_squatted_table() {
+  const std::string path = shared_dir() + "/squatted.table";
+  // The attacker plants a valid table where the victim will open one.
+  const int rc = as_attacker([&] {
+    gradsync_table* t = nullptr;
+    if (open_table(path, GRADSYNC_TABLE_CREATE, 0, &t) != GRADSYNC_OK) return 1;
+    gradsync_table_free(t);
+    return chmod(path.c_str(), 0666) == 0 ? 0 : 2;
+  });
+  EXPECT(rc == 0, "the attacker could not plant its table (%d)", rc);
+  gradsync_table* t = nullptr;
+  const int st = open_table(path, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, &t);
+  const std::string msg = gradsync_last_error_message();
+  EXPECT(st == GRADSYNC_E_PERMISSION && t == nullptr, "opening another user's table gave %d: %s", st, msg.c_str());
+  EXPECT(msg.find("belongs to uid " + std::to_string(attacker_uid)) != std::string::npos, "message: %s", msg.c_str());
+  // Trusting it is the caller's explicit choice.
+  EXPECT(open_table(path, GRADSYNC_TABLE_OPEN, 1, &t) == GRADSYNC_OK, "allow_other_owner: %s",
+         gradsync_last_error_message());
+  gradsync_table_free(t);
+  unlink(path.c_str());
+  std::printf("ok   a table planted by another user is refused unless allow_other_owner: %s\n", msg.c_str());
+}
+
+void test_table_is_private() {
+  const std::string path = shared_dir() + "/private.table";
+  gradsync_table* t = nullptr;
+  EXPECT(open_table(path, GRADSYNC_TABLE_CREATE, 0, &t) == GRADSYNC_OK, "creating: %s", gradsync_last_error_message());
+  struct stat sb {};
+  EXPECT(stat(path.c_str(), &sb) == 0 && (sb.st_mode & 07777) == 0600, "a new table has mode %04o",
+         sb.st_mode & 07777);
+  const int rc = as_attacker([&] { return ::open(path.c_str(), O_RDONLY) < 0 && errno == EACCES ? 0 : 1; });
+  EXPECT(rc == 0, "the attacker could read the victim's table");
+  gradsync_table_free(t);
+  unlink(path.c_str());
+  std::printf("ok   a new table is 0600: another user cannot read it\n");
+}
+
+void test_what_is_at_the_path() {
+  const std::string fifo = shared_dir() + "/fifo.table";
+  EXPECT(mkfifo(fifo.c_str(), 0600) == 0, "mkfifo");
+  gradsync_table* t = nullptr;
+  int st = open_table(fifo, GRADSYNC_TABLE_OPEN, 0, &t);  // must not block on the FIFO
+  std::string msg = gradsync_last_error_message();
+  EXPECT(st == GRADSYNC_E_INVALID_ARG && msg.find("FIFO") != std::string::npos, "a FIFO gave %d: %s", st, msg.c_str());
+  unlink(fifo.c_str());
+  const std::string link = shared_dir() + "/dangling.table";
+  EXPECT(symlink("/nonexistent/target", link.c_str()) == 0, "symlink");
+  st = open_table(link, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, &t);
+  msg = gradsync_last_error_message();
+  EXPECT(st == GRADSYNC_E_IO && msg.find("symbolic link") != std::string::npos, "a dangling link gave %d: %s", st,
+         msg.c_str());
+  unlink(link.c_str());
+  std::printf("ok   a FIFO or a dangling symlink at a table path is named, without blocking\n");
+}
+
 }  // namespace
 
 int main() {
@@ -148,6 +226,10 @@ int main() {
   test_squatted_segment(0600);
   test_own_segment_open_to_others();
   test_running_group_is_private();
+  test_squatted_table();
+  test_table_is_private();
+  test_what_is_at_the_path();
+  rmdir(shared_dir().c_str());
   std::printf("cross_user: %d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }
