@@ -354,6 +354,17 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
       if (status[s] != GRADSYNC_OK) continue;
       if (pick < 0 || slots[s].generation > slots[pick].generation) pick = s;
     }
+    if (status[0] == GRADSYNC_OK && status[1] == GRADSYNC_OK) {
+      // Two valid slots describe one file: every field but the generation (and the checksum that
+      // covers it) must agree, or one of them was forged or written by another program.
+      FileHeader a = slots[0], b = slots[1];
+      a.generation = b.generation = 0;
+      a.checksum = b.checksum = 0;
+      GS_REQUIRE(std::memcmp(&a, &b, sizeof a) == 0, GRADSYNC_E_CORRUPT,
+                 "'{}': its two header slots disagree (rows {} and {}, dim {} and {}, file bytes {} and {}); only the "
+                 "generation may differ", spec.path, slots[0].rows, slots[1].rows, slots[0].dim, slots[1].dim,
+                 slots[0].file_bytes, slots[1].file_bytes);
+    }
     if (pick < 0) {
       const int st_out = (status[0] == GRADSYNC_E_VERSION_MISMATCH || status[1] == GRADSYNC_E_VERSION_MISMATCH)
                              ? GRADSYNC_E_VERSION_MISMATCH

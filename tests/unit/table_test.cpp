@@ -239,6 +239,18 @@ TEST_CASE("header slots alternate; a damaged slot falls back to the other", "[ta
   write_bytes(path, 40, &junk, sizeof junk);
   write_bytes(path, 4096 + 40, &junk, sizeof junk);
   expect_error([&] { Table::open(spec(path, OpenMode::Open, -1, -1)); }, GRADSYNC_E_CORRUPT, "checksum");
+
+  // A newer slot that is valid on its own but describes another shape (8 x 8 for 16 x 4, the
+  // same bytes) is a forgery, not a newer header: the slots must agree on all but the generation.
+  const auto forged = tmp.file("forged.gst");
+  Table::open(spec(forged, OpenMode::Create, 16, 4));
+  FileHeader h = read_slot(forged, 1);
+  h.rows = 8;
+  h.dim = 8;
+  h.generation = 7;
+  h.checksum = fnv1a64(&h, offsetof(FileHeader, checksum));
+  write_bytes(forged, 4096, &h, sizeof h);
+  expect_error([&] { Table::open(spec(forged, OpenMode::Open, -1, -1)); }, GRADSYNC_E_CORRUPT, "disagree");
 }
 
 TEST_CASE("bad files: magic, byte order, version, sizes", "[table]") {
