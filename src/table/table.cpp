@@ -522,8 +522,8 @@ void Table::set(int64_t row, const float* values, size_t count) {
 
 void Table::gather(const int64_t* rows, size_t n, float* out, size_t count) const {
   GS_REQUIRE(n == 0 || out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+  check_count(count, n, "the output buffer");  // first: a bad n must not walk the ids
   check_rows(rows, n);
-  check_count(count, n, "the output buffer");
   const size_t d = static_cast<size_t>(dim_);
   for (size_t i = 0; i < n; ++i) std::memcpy(out + i * d, row_ptr(rows[i]), d * sizeof(float));
 }
@@ -531,8 +531,8 @@ void Table::gather(const int64_t* rows, size_t n, float* out, size_t count) cons
 void Table::scatter(const int64_t* rows, size_t n, const float* values, size_t count) {
   check_writable();
   GS_REQUIRE(n == 0 || values != nullptr, GRADSYNC_E_INVALID_ARG, "values are NULL");
+  check_count(count, n, "the values");  // first: a bad n must not walk the ids
   check_rows(rows, n);
-  check_count(count, n, "the values");
   const size_t d = static_cast<size_t>(dim_);
   for (size_t i = 0; i < n; ++i) std::memcpy(row_ptr(rows[i]), values + i * d, d * sizeof(float));
 }

@@ -184,6 +184,12 @@ TEST_CASE("gather and scatter check every id before touching any row", "[table]"
   expect_error([&] { t->prefetch(bad.data(), 3); }, GRADSYNC_E_OUT_OF_RANGE, "row 10");
   t->prefetch(ids.data(), ids.size());
   t->gather(nullptr, 0, nullptr, 0);  // an empty batch is fine
+  // A row count whose n x dim overflows is refused before a single id is read (ASan sees the ids
+  // array of 4 walked past otherwise).
+  const size_t huge = SIZE_MAX / 3 + 1;
+  expect_error([&] { t->gather(ids.data(), huge, out.data(), out.size()); }, GRADSYNC_E_INVALID_ARG, "rows x dim 3");
+  expect_error([&] { t->scatter(ids.data(), huge, vals.data(), vals.size()); }, GRADSYNC_E_INVALID_ARG,
+               "rows x dim 3");
 }
 
 TEST_CASE("read-only open reads and refuses writes", "[table]") {
