@@ -49,9 +49,20 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
                                                   : gradsync::capi::read_options(user, default_options(),
                                                                                  kOptionsV1Size, "options");
   gradsync::shard::Options out;
-  GS_REQUIRE(o.optimizer >= GRADSYNC_SHARD_SGD && o.optimizer <= GRADSYNC_SHARD_ADAMW, GRADSYNC_E_INVALID_ARG,
-             "unknown optimizer {} (0 sgd, 1 momentum, 2 adam, 3 adamw)", o.optimizer);
-  out.optimizer = static_cast<gradsync::shard::Optimizer>(o.optimizer);
+  // Version 1 had its own numbering, where 1 was momentum; since version 2 the field holds the
+  // library's one optimizer enum.
+  const int32_t kind = o.version == 1 && o.optimizer == 1 ? GRADSYNC_OPTIM_MOMENTUM : o.optimizer;
+  GS_REQUIRE(kind != GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_UNSUPPORTED,
+             "row-wise Adagrad updates rows of a table (gradsync_accum_apply); a sharded parameter takes SGD, "
+             "MOMENTUM, ADAM or ADAMW");
+  GS_REQUIRE(kind >= GRADSYNC_OPTIM_SGD && kind <= GRADSYNC_OPTIM_MOMENTUM, GRADSYNC_E_INVALID_ARG,
+             "unknown optimizer {} (0 sgd, 2 adam, 3 adamw, 4 momentum)", o.optimizer);
+  switch (kind) {
+    case GRADSYNC_OPTIM_SGD: out.optimizer = gradsync::shard::Optimizer::Sgd; break;
+    case GRADSYNC_OPTIM_MOMENTUM: out.optimizer = gradsync::shard::Optimizer::Momentum; break;
+    case GRADSYNC_OPTIM_ADAM: out.optimizer = gradsync::shard::Optimizer::Adam; break;
+    default: out.optimizer = gradsync::shard::Optimizer::AdamW; break;
+  }
   out.compress = gradsync::codec::to_codec(o.compress, true);
   GS_REQUIRE(o.error_feedback == 0 || o.error_feedback == 1, GRADSYNC_E_INVALID_ARG, "error_feedback must be 0 or 1, got {}",
              o.error_feedback);

@@ -66,11 +66,8 @@ typedef struct gradsync_accum_options {
         GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64                   \
   }
 
-/** Optimizers of gradsync_accum_apply (the `kind` field). */
-typedef enum gradsync_optimizer_kind {
-  GRADSYNC_OPTIM_SGD = 0,        /**< p -= lr * g */
-  GRADSYNC_OPTIM_ROW_ADAGRAD = 1 /**< PyTorch-BigGraph's: s[r] += mean(g^2); p -= lr * g / (sqrt(s[r]) + eps) */
-} gradsync_optimizer_kind;
+/* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and
+   ROW_ADAGRAD here. */
 
 #define GRADSYNC_OPTIMIZER_VERSION 1
 

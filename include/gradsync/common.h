@@ -37,6 +37,19 @@ typedef enum gradsync_op {
 /** Size in bytes of one element of a dtype, 0 for an unknown dtype. @threadsafety any */
 GRADSYNC_API size_t gradsync_dtype_size(int32_t dtype);
 
+/**
+ * The optimizers, one enum for every component; each takes the ones it supports:
+ * gradsync_accum_apply SGD and ROW_ADAGRAD, a sharded parameter SGD, MOMENTUM, ADAM and ADAMW
+ * (others give GRADSYNC_E_UNSUPPORTED). wd is the weight decay of the sharded parameter.
+ */
+typedef enum gradsync_optimizer_kind {
+  GRADSYNC_OPTIM_SGD = 0,         /**< w -= lr·(g + wd·w) */
+  GRADSYNC_OPTIM_ROW_ADAGRAD = 1, /**< PyTorch-BigGraph's: s[r] += mean(g²); w -= lr·g / (sqrt(s[r]) + eps) */
+  GRADSYNC_OPTIM_ADAM = 2,        /**< Adam with bias correction; weight decay as an L2 term in g */
+  GRADSYNC_OPTIM_ADAMW = 3,       /**< Adam with decoupled weight decay: w -= lr·wd·w */
+  GRADSYNC_OPTIM_MOMENTUM = 4     /**< v = μ·v + (g + wd·w); w -= lr·v */
+} gradsync_optimizer_kind;
+
 /** Features that a build may or may not contain. */
 typedef enum gradsync_feature {
   GRADSYNC_FEATURE_THREAD_TRANSPORT = 1, /**< communicator among threads of one process */

@@ -38,10 +38,10 @@ typedef struct gradsync_shard gradsync_shard;
 
 /** Optimizers run by the owner of each slice. */
 typedef enum gradsync_shard_optimizer {
-  GRADSYNC_SHARD_SGD = 0,      /**< w -= lr·(g + wd·w) */
-  GRADSYNC_SHARD_MOMENTUM = 1, /**< v = μ·v + (g + wd·w); w -= lr·v */
-  GRADSYNC_SHARD_ADAM = 2,     /**< Adam with bias correction; weight decay as an L2 term in g */
-  GRADSYNC_SHARD_ADAMW = 3     /**< Adam with decoupled weight decay: w -= lr·wd·w */
+  GRADSYNC_SHARD_SGD = GRADSYNC_OPTIM_SGD,           /**< former name of GRADSYNC_OPTIM_SGD */
+  GRADSYNC_SHARD_MOMENTUM = GRADSYNC_OPTIM_MOMENTUM, /**< former name of GRADSYNC_OPTIM_MOMENTUM */
+  GRADSYNC_SHARD_ADAM = GRADSYNC_OPTIM_ADAM,         /**< former name of GRADSYNC_OPTIM_ADAM */
+  GRADSYNC_SHARD_ADAMW = GRADSYNC_OPTIM_ADAMW        /**< former name of GRADSYNC_OPTIM_ADAMW */
 } gradsync_shard_optimizer;
 
 /** Which slice gradsync_shard_read_slice copies. */
@@ -50,13 +50,14 @@ typedef enum gradsync_shard_slice {
   GRADSYNC_SHARD_GRADIENT = 1 /**< this rank's slice of the last aggregated (processed) gradient */
 } gradsync_shard_slice;
 
-#define GRADSYNC_SHARD_OPTIONS_VERSION 1
+#define GRADSYNC_SHARD_OPTIONS_VERSION 2
 
 /** Options of gradsync_shard_create. Fill with gradsync_shard_options_init or GRADSYNC_SHARD_OPTIONS_INIT. */
 typedef struct gradsync_shard_options {
   uint32_t struct_size;   /**< sizeof(gradsync_shard_options) as the caller compiled it */
   uint32_t version;       /**< GRADSYNC_SHARD_OPTIONS_VERSION */
-  int32_t optimizer;      /**< a gradsync_shard_optimizer; default SGD */
+  int32_t optimizer;      /**< a gradsync_optimizer_kind (SGD, MOMENTUM, ADAM, ADAMW); default SGD. In a
+                               version 1 struct (built with an older header) 1 means MOMENTUM */
   int32_t compress;       /**< a gradsync_codec for gradients on the wire; default NONE */
   int32_t error_feedback; /**< 1: keep each rank's compression residual and add it to its next gradient */
   int32_t clamp;          /**< 1: clamp the aggregated gradient to [clamp_min, clamp_max] */

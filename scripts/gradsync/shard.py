@@ -29,7 +29,7 @@ from .codec import codec_id
 
 __all__ = ["ShardedParameter", "OPTIMIZERS"]
 
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 3}
+OPTIMIZERS = {"sgd": 0, "adam": 2, "adamw": 3, "momentum": 4}  # gradsync_optimizer_kind
 _SLICES = {"weights": 0, "gradient": 1}
 
 

@@ -154,6 +154,26 @@ static void bad_input(void) {
   opts.optimizer = 42;
   CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
   CHECK_MESSAGE("unknown optimizer 42");
+  /* One optimizer enum: row-wise Adagrad is the accumulator's; a version 1 struct (an older
+     header) still means momentum by 1, as it did; momentum keeps one state float per weight. */
+  opts.optimizer = GRADSYNC_OPTIM_ROW_ADAGRAD;
+  CHECK_STATUS_MSG(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_UNSUPPORTED, "gradsync_accum_apply");
+  {
+    uint64_t state_bytes = 0;
+    int version;
+    for (version = 1; version <= 2; ++version) {
+      opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
+      opts.version = (uint32_t)version;
+      opts.optimizer = version == 1 ? 1 : GRADSYNC_OPTIM_MOMENTUM;
+      CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_OK);
+      CHECK_STATUS(gradsync_shard_memory(s, NULL, &state_bytes, NULL), GRADSYNC_OK);
+      CHECK(state_bytes == 4 * sizeof(float));
+      gradsync_shard_free(s);
+      s = NULL;
+    }
+  }
+  opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
+  opts.compress = GRADSYNC_CODEC_BF16;
   opts.optimizer = GRADSYNC_SHARD_ADAM;
   opts.beta1 = 1.5;
   CHECK_STATUS(gradsync_shard_create(&s, comm, 4, &opts), GRADSYNC_E_INVALID_ARG);
