@@ -183,6 +183,13 @@ class SharedMemoryCommunicator final : public Communicator {
     engine_.fail_fast();
     return true;
   }
+  // Rank r's published [address, address + bytes) as a pointer; a range outside the memory peers
+  // may publish (a member gone bad) stops the group rather than being touched.
+  char* peer(const Round& round, int r, uint64_t address, uint64_t bytes) {
+    char* p = control_.reach(address, bytes);
+    if (p == nullptr) engine_.refuse_peer_buffer(round, r, address, bytes);
+    return p;
+  }
   static void require_reducible(const char* what, DType dtype) {
     GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported (f32, f64, i32, i64 are)", what,
                dtype_name(dtype));
@@ -260,8 +267,9 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
       for (size_t k = 0; k < n; ++k) {
         const int r = static_cast<int>((static_cast<size_t>(rank()) + k) % n);
         const BufferAddress& o = control_.table(r, round.parity)[i];
-        srcs[static_cast<size_t>(r)] = control_.at(o.send);
-        dsts[k] = control_.at(o.recv);
+        const uint64_t bytes = buffers[i].count * es;
+        srcs[static_cast<size_t>(r)] = peer(round, r, o.send, bytes);
+        dsts[k] = peer(round, r, o.recv, bytes);
       }
       reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
     });
@@ -375,7 +383,7 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
     return;
   }
   if (engine_.desc(root, round.parity).direct != 0) {
-    if (!is_root) std::memcpy(out, control_.at(control_.table(root, round.parity)[0].send), bytes);
+    if (!is_root) std::memcpy(out, peer(round, root, control_.table(root, round.parity)[0].send, bytes), bytes);
     engine_.barrier(round, Collective::Broadcast, true);
     return;
   }
@@ -432,7 +440,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
       PerRank<void*> dsts(n);
       for (uint64_t k = 0; k < n; ++k) {
         const int r = static_cast<int>((static_cast<uint64_t>(rank()) + k) % n);
-        dsts[k] = control_.at(control_.table(r, round.parity)[0].recv) + mine.start * es;
+        dsts[k] = peer(round, r, control_.table(r, round.parity)[0].recv, total * es) + mine.start * es;
       }
       copy_to_all(dtype, own, dsts.data(), n, 0, mine.len);
     }
@@ -485,7 +493,8 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size
   if (round.all_direct) {
     // recv may be this rank's own part of send: the kernel allows dst == a source.
     for (size_t r = 0; r < n; ++r)
-      srcs[r] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].send) + mine.start * es;
+      srcs[r] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].send, total * es) +
+                mine.start * es;
     reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
     engine_.barrier(round, Collective::ReduceScatter, true);
     return;
@@ -512,7 +521,8 @@ void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t tot
   if (small || round.all_direct) {
     for (uint64_t r = 0; r < n; ++r) {
       const char* from = small ? control_.inline_area(static_cast<int>(r), round.parity)
-                               : control_.at(control_.table(static_cast<int>(r), round.parity)[0].send);
+                               : peer(round, static_cast<int>(r),
+                                      control_.table(static_cast<int>(r), round.parity)[0].send, total * es);
       if (mine.len > 0) std::memcpy(out + r * mine.len * es, from + mine.start * es, mine.len * es);
     }
     // Direct: peers may not reuse their send buffers until everyone has read its part.
@@ -608,14 +618,17 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
   if (round.all_direct) {
     {
       const Part part = my_part(count);
-      for (size_t r = 0; r < n; ++r) srcs[r] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].send);
+      for (size_t r = 0; r < n; ++r) {
+        srcs[r] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].send, count * es);
+      }
       // Into this rank's recv, then on to the others from cache, block by block.
       const size_t block = kBlockBytes / es;
       PerRank<void*> dsts(n - 1);
       size_t k = 0;
       for (size_t r = 0; r < n; ++r) {
         if (static_cast<int>(r) == rank()) continue;
-        dsts[k++] = control_.at(control_.table(static_cast<int>(r), round.parity)[0].recv);
+        dsts[k++] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].recv,
+                         count * es);
       }
       for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
         const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);

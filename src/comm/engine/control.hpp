@@ -32,7 +32,8 @@ constexpr uint64_t kNoAddress = ~uint64_t{0};
 constexpr int kMaxLocalRanks = 1024;
 
 // Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
-enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4 };
+// Corrupt: a rank found a peer's published buffer outside the memory peers may publish.
+enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5 };
 
 // The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | generation modulo 4096 (bits 20-31).
 // Every stop counts the generation up and a reset clears only the reason, so a reset can clear
@@ -161,6 +162,17 @@ class ControlArea {
   }
   char* out_area(uint64_t stage) const noexcept { return out_ + (stage % kStageDepth) * kChunkBytes; }
   char* at(uint64_t address) const noexcept { return reinterpret_cast<char*>(address_base_ + address); }
+  // The pointer for a peer's published [address, address + bytes), or nullptr when the range is
+  // not inside the memory peers may publish (set_reachable): a member gone bad cannot make its
+  // peers read or write elsewhere.
+  char* reach(uint64_t address, uint64_t bytes) const noexcept {
+    if (address < reach_lo_ || address > reach_hi_ || bytes > reach_hi_ - address) return nullptr;
+    return at(address);
+  }
+  void set_reachable(uint64_t lo, uint64_t hi) noexcept {
+    reach_lo_ = lo;
+    reach_hi_ = hi;
+  }
   int size() const noexcept { return size_; }
 
  private:
@@ -172,6 +184,8 @@ class ControlArea {
   char* out_ = nullptr;
   int size_ = 0;
   uintptr_t address_base_ = 0;
+  uint64_t reach_lo_ = 0;
+  uint64_t reach_hi_ = ~uint64_t{0};
 };
 
 }  // namespace gradsync::comm

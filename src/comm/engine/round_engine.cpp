@@ -173,6 +173,9 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
     case StopReason::Left:
       fail(GRADSYNC_E_ABORTED, "{}: rank {} left the group (its communicator was freed, pid {}); free the group and "
            "form a new one", w, who, pid);
+    case StopReason::Corrupt:
+      fail(GRADSYNC_E_CORRUPT, "{}: rank {} stopped the group: a peer published a buffer outside the group's shared "
+           "heaps (a member gone bad); reset or free it", w, who);
     case StopReason::Aborted:
     case StopReason::None:
       break;
@@ -182,6 +185,13 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
 }
 
 void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
+
+void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes) {
+  stop(StopReason::Corrupt, rank_);
+  decide(barriers_ + 1, true);
+  fail(GRADSYNC_E_CORRUPT, "{}: rank {} published a buffer [{:#x}, +{}) outside the group's shared heaps; the group "
+       "is stopped (reset or free it)", where(round.number), r, address, bytes);
+}
 
 void RoundEngine::leave() noexcept {
   raise_stop(words().stop_word, StopReason::Left, rank_);

@@ -94,6 +94,10 @@ class RoundEngine {
     notify(control_.words().wake);
   }
 
+  // Rank r published a buffer that this rank may not touch (ControlArea::reach): the group fails
+  // this round on every rank (its next barrier is decided failed) and stops; throws E_CORRUPT.
+  [[noreturn]] void refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes);
+
   void abort() noexcept;
   void reset();
   // This rank is leaving (its communicator is being freed): peers waiting on it fail.

@@ -306,6 +306,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     seg->layout_ = compute_layout(size, seg->header_->heap_bytes_per_rank);
     seg->control_ = ControlArea(&seg->header_->words, seg->base_, seg->layout_.control, size,
                                 reinterpret_cast<uintptr_t>(seg->base_));
+  // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
+  seg->control_.set_reachable(seg->layout_.heap_offset, seg->layout_.total_bytes);
     RankSlot& mine = seg->slot(rank);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);

@@ -1,0 +1,104 @@
+// A member gone bad: a process of the group's own user scribbles over the shared-memory control
+// area. Whatever it writes, its peers must not read or write outside the group's heaps: they fail
+// with an error instead of a signal. The scribbler here is real: it maps the real segment, as a
+// buggy or hostile member would, and rewrites the buffer addresses rank 1 publishes.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/engine/control.hpp"
+#include "comm/transport/shm/segment.hpp"
+#include "common/error.hpp"
+#include "gradsync/errors.h"
+
+using namespace std::chrono_literals;
+namespace comm = gradsync::comm;
+
+TEST_CASE("a member that rewrites published buffer addresses makes its peers fail, never fault", "[comm][shm]") {
+  const std::string name = "hostile-" + std::to_string(::getpid());
+  constexpr size_t kCount = 1 << 16;  // 256 KiB: the direct (zero-copy) path, not inline
+  constexpr int kCalls = 200;
+  std::atomic<bool> formed[2] = {false, false}, done{false};
+  std::vector<int> status(2, 0);
+  std::vector<std::string> message(2);
+  std::vector<int> ok_calls(2, 0);
+  std::vector<int> wrong(2, 0);
+
+  std::thread scribbler([&] {
+    while (!(formed[0] && formed[1])) std::this_thread::sleep_for(1ms);
+    std::string path = "/";
+    path += comm::shm::segment_name(name);
+    const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    const comm::ControlLayout layout = comm::control_layout(2, sizeof(comm::shm::Header));
+    auto* base = static_cast<char*>(::mmap(nullptr, layout.end, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(base != MAP_FAILED);
+    ::close(fd);
+    auto* tables = reinterpret_cast<comm::BufferAddress*>(base + layout.tables);
+    const comm::BufferAddress bad[] = {{uint64_t{1} << 60, uint64_t{1} << 60}, {0, 0}, {~uint64_t{0} - 8, 64}};
+    for (uint64_t i = 0; !done.load(); ++i) {
+      for (uint64_t parity = 0; parity < 2; ++parity) {
+        std::atomic_ref<uint64_t>(tables[(1 * 2 + parity) * comm::kMaxTableBuffers].send).store(bad[i % 3].send);
+        std::atomic_ref<uint64_t>(tables[(1 * 2 + parity) * comm::kMaxTableBuffers].recv).store(bad[i % 3].recv);
+      }
+      std::this_thread::yield();
+    }
+    ::munmap(base, layout.end);
+  });
+
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      comm::Options o;
+      o.transport = comm::Transport::Shm;
+      o.name = name;
+      o.rank = r;
+      o.size = 2;
+      o.timeout = 20000ms;
+      auto c = comm::create(o);
+      auto* buf = static_cast<float*>(c->alloc(kCount * sizeof(float)));
+      formed[r] = true;
+      try {
+        for (int call = 0; call < kCalls; ++call) {
+          // Rank 0 comes late, so rank 1's published addresses sit in the segment a while.
+          if (r == 0) std::this_thread::sleep_for(1ms);
+          for (size_t i = 0; i < kCount; ++i) buf[i] = static_cast<float>(r + 1);
+          comm::BufferRef b{buf, buf, kCount};
+          c->allreduce(std::span<const comm::BufferRef>(&b, 1), gradsync::DType::F32, gradsync::ReduceOp::Sum);
+          for (size_t i = 0; i < kCount; ++i) wrong[r] += buf[i] != 3.0f;
+          ++ok_calls[r];
+        }
+      } catch (const gradsync::Error& e) {
+        status[r] = e.status();
+        message[r] = e.what();
+      }
+      c->dealloc(buf);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  done = true;
+  scribbler.join();
+
+  INFO(message[0] << " / " << message[1]);
+  // Every address written is outside the heaps, so no call reads scribbled memory: an OK call
+  // is right, and the first call that saw a scribbled address fails on both ranks alike.
+  CHECK(wrong[0] == 0);
+  CHECK(wrong[1] == 0);
+  CHECK(ok_calls[0] == ok_calls[1]);
+  REQUIRE(ok_calls[0] < kCalls);  // the scribbler got in at least once
+  CHECK(status[0] == GRADSYNC_E_CORRUPT);
+  CHECK(status[1] == GRADSYNC_E_CORRUPT);
+  CHECK((message[0] + message[1]).find("rank 1 published a buffer") != std::string::npos);
+}
