@@ -36,7 +36,7 @@ _UNSET_I64 = -(1 << 63)
 class _TableOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("mode", c_int32), ("read_only", c_int32),
                 ("rows", c_int64), ("dim", c_int64), ("dtype", c_int32), ("init", c_int32), ("seed", c_uint64),
-                ("lo", c_double), ("hi", c_double)]
+                ("lo", c_double), ("hi", c_double), ("file_mode", c_int32), ("allow_other_owner", c_int32)]
 
 
 class _AccumOptions(ctypes.Structure):
