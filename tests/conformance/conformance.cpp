@@ -165,7 +165,9 @@ void allreduce_case(Ctx& x, int32_t op, size_t count, bool in_place) {
 
 void s_allreduce(Ctx& x) {
   const int32_t ops[] = {GRADSYNC_SUM, GRADSYNC_MEAN, GRADSYNC_MIN, GRADSYNC_MAX};
-  for (const size_t count : {size_t{1}, size_t{7}, size_t{4099}}) {
+  // Empty, fewer elements than ranks, not divisible by them, around the inline limit.
+  const size_t fewer = static_cast<size_t>(x.size > 1 ? x.size - 1 : 1);
+  for (const size_t count : {size_t{0}, size_t{1}, fewer, size_t{7}, size_t{1025}, size_t{4099}}) {
     for (const int32_t op : ops) {
       const bool in_place = (count + static_cast<size_t>(op)) % 2 == 0;
       allreduce_case<float>(x, op, count, in_place);
@@ -245,6 +247,30 @@ void s_weighted_mean(Ctx& x) {
   weighted_case<float>(x, 10);
   weighted_case<double>(x, 10);
   weighted_case<float>(x, 70000);
+  // A total weight of 0 (every shard empty) is an error on every rank, and recv is untouched.
+  std::vector<float> send(6, 1.0f), recv(6, -2.0f);
+  FAILS(x, gradsync_comm_weighted_mean(x.c, send.data(), recv.data(), 6, GRADSYNC_F32, 0, nullptr),
+        GRADSYNC_E_ZERO_WEIGHT, "");
+  CHECK(x, recv == std::vector<float>(6, -2.0f), "recv written on a zero total weight");
+}
+
+void next_call_works(Ctx& x);
+
+void s_seed(Ctx& x) {
+  // The library's first acceptance case: 2 ranks [2,4] and [4,8], mean gives [3,6] on both; with
+  // 3 ranks, lengths 4, 7, 4 give every rank the mismatch error, then the next round works.
+  if (x.size == 2) {
+    float v[2] = {2.0f * static_cast<float>(x.rank + 1), 4.0f * static_cast<float>(x.rank + 1)};
+    OK(x, gradsync_comm_allreduce(x.c, v, v, 2, GRADSYNC_F32, GRADSYNC_MEAN));
+    CHECK(x, v[0] == 3.0f && v[1] == 6.0f, "got [%g, %g]", static_cast<double>(v[0]), static_cast<double>(v[1]));
+  } else {
+    std::vector<float> v(7, 1.0f);
+    const size_t count = x.rank == 1 ? 7 : 4;
+    FAILS(x, gradsync_comm_allreduce(x.c, v.data(), v.data(), count, GRADSYNC_F32, GRADSYNC_MEAN),
+          GRADSYNC_E_MISMATCH, "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)");
+    CHECK(x, v == std::vector<float>(7, 1.0f), "a buffer was written on a mismatch");
+    next_call_works(x);
+  }
 }
 
 void s_broadcast(Ctx& x) {
@@ -324,7 +350,7 @@ void s_bad_root(Ctx& x) {
 void s_unsupported_dtype(Ctx& x) {
   std::vector<uint16_t> v(8, 0x3f80);
   FAILS(x, gradsync_comm_allreduce(x.c, v.data(), v.data(), 8, GRADSYNC_BF16, GRADSYNC_SUM), GRADSYNC_E_UNSUPPORTED,
-        "");
+        "bf16");
   next_call_works(x);
 }
 
@@ -384,8 +410,10 @@ struct Scenario {
 const char* needs_peers(const Ctx& x) { return x.size < 2 ? "needs 2 or more ranks" : nullptr; }
 const char* needs_one(const Ctx& x) { return x.size != 1 ? "a group of one only" : nullptr; }
 const char* always(const Ctx&) { return nullptr; }
+const char* seed_sizes(const Ctx& x) { return x.size == 2 || x.size == 3 ? nullptr : "the seed cases have 2 or 3 ranks"; }
 
 const Scenario kScenarios[] = {
+    {"the seed: [2,4] and [4,8] mean to [3,6]; lengths 4, 7, 4 mismatch on every rank", s_seed, seed_sizes},
     {"allreduce: every dtype and op, sizes 1 to 300001, bitwise equal to the rank-order reference", s_allreduce, always},
     {"allreduce on the communicator's own buffers", s_allreduce_alloc, always},
     {"allreduce_many equals one allreduce per buffer", s_allreduce_many, always},
