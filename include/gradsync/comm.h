@@ -229,6 +229,9 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
 
 /**
  * @brief recv[i] = op over ranks of send[i], reduced in rank order, identical on every rank.
+ *
+ * Every dtype: bf16 and f16 are accumulated in f32 (in rank order, on MPI too) and rounded once,
+ * to nearest even.
  * @param send count elements; may equal recv (in place)
  * @param recv count elements
  * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)

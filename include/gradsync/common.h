@@ -22,8 +22,8 @@ typedef enum gradsync_dtype {
   GRADSYNC_F64 = 1,  /**< IEEE binary64 */
   GRADSYNC_I32 = 2,  /**< int32_t */
   GRADSYNC_I64 = 3,  /**< int64_t */
-  GRADSYNC_BF16 = 4, /**< bfloat16 (wire format of compression) */
-  GRADSYNC_F16 = 5   /**< IEEE binary16 (wire format of compression) */
+  GRADSYNC_BF16 = 4, /**< bfloat16 (reduced in f32, rounded once; also a compression wire format) */
+  GRADSYNC_F16 = 5   /**< IEEE binary16 (reduced in f32, rounded once; also a compression wire format) */
 } gradsync_dtype;
 
 /** Reduction operations. */

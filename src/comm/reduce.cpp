@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "codec/codec.hpp"
 #include "common/error.hpp"
 
 namespace gradsync::comm {
@@ -146,6 +147,37 @@ FoldFn pick_op(ReduceOp op) noexcept {
   return nullptr;
 }
 
+// Half precision: each block of every source is widened to f32 by the codec (at memory speed),
+// folded in rank order with the f32 arithmetic, and narrowed once, to nearest even. So a bf16 or
+// f16 reduction gives the bits of the f32 reduction of the same values, rounded once.
+template <codec::Codec C, ReduceOp Op>
+void fold_half(const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) noexcept {
+  using Tr = Traits<float, Op>;
+  constexpr size_t kChunk = 512;
+  float acc[kChunk], in[kChunk];
+  for (size_t lo = begin; lo < end; lo += kChunk) {
+    const size_t len = std::min(kChunk, end - lo);
+    codec::decode(C, static_cast<const uint16_t*>(srcs[0]) + lo, len, acc);
+    for (size_t k = 1; k < nsrcs; ++k) {
+      codec::decode(C, static_cast<const uint16_t*>(srcs[k]) + lo, len, in);
+      for (size_t j = 0; j < len; ++j) acc[j] = Tr::combine(acc[j], in[j]);
+    }
+    for (size_t j = 0; j < len; ++j) acc[j] = Tr::finish(acc[j], nsrcs);
+    codec::encode(C, acc, len, static_cast<uint16_t*>(dst) + lo);
+  }
+}
+
+template <codec::Codec C>
+FoldFn pick_half(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return &fold_half<C, ReduceOp::Sum>;
+    case ReduceOp::Mean: return &fold_half<C, ReduceOp::Mean>;
+    case ReduceOp::Min: return &fold_half<C, ReduceOp::Min>;
+    case ReduceOp::Max: return &fold_half<C, ReduceOp::Max>;
+  }
+  return nullptr;
+}
+
 FoldFn pick(DType dtype, ReduceOp op) {
   FoldFn fn = nullptr;
   switch (dtype) {
@@ -153,10 +185,11 @@ FoldFn pick(DType dtype, ReduceOp op) {
     case DType::F64: fn = pick_op<double>(op); break;
     case DType::I32: fn = pick_op<int32_t>(op); break;
     case DType::I64: fn = pick_op<int64_t>(op); break;
-    default: break;
+    case DType::BF16: fn = pick_half<codec::Codec::Bf16>(op); break;
+    case DType::F16: fn = pick_half<codec::Codec::Fp16>(op); break;
   }
-  GS_REQUIRE(fn != nullptr, GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported (f32, f64, i32, i64 are)",
-             op_name(op), dtype_name(dtype));
+  GS_REQUIRE(fn != nullptr, GRADSYNC_E_UNSUPPORTED, "{} reduction of {} is not supported", op_name(op),
+             dtype_name(dtype));
   return fn;
 }
 

@@ -6,7 +6,8 @@
 // order in which ranks arrived, so every rank and every run produces the same bits. Mean is the
 // sum divided by the number of sources; integer mean truncates toward zero (C++ division).
 // Integer sums wrap (two's complement, never undefined behaviour); i32 mean sums in 64 bits so
-// it never wraps.
+// it never wraps. bf16 and f16 are accumulated in f32 (in rank order) and rounded once, to
+// nearest even, at the end.
 //
 // Aliasing: dst may be one of the sources (same address, element for element), which is what
 // in-place collectives need; partially overlapping ranges are not allowed.
@@ -17,9 +18,10 @@
 
 namespace gradsync::comm {
 
-// Whether the kernels can reduce this dtype (f32, f64, i32, i64). Copies work for any dtype.
+// Whether the kernels can reduce this dtype (all of them today). Copies work for any dtype.
 constexpr bool reducible(DType dtype) noexcept {
-  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::I32 || dtype == DType::I64;
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::I32 || dtype == DType::I64 ||
+         dtype == DType::BF16 || dtype == DType::F16;
 }
 
 // dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrcs-1][i] for i in [begin, end), in rank order.

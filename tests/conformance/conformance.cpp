@@ -347,10 +347,66 @@ void s_bad_root(Ctx& x) {
   next_call_works(x);
 }
 
+// bf16 by hand (round to nearest even on the upper half of the f32), f16 by the compiler's IEEE
+// half type: independent of the library's codecs.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t to_f16(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+float from_f16(uint16_t u) {
+  _Float16 h;
+  std::memcpy(&h, &u, 2);
+  return static_cast<float>(h);
+}
+
+void s_half_precision(Ctx& x) {
+  // bf16 and f16: accumulated in f32 in rank order, rounded once, the same bits on every rank.
+  struct Half {
+    int32_t dtype;
+    uint16_t (*to)(float);
+    float (*from)(uint16_t);
+  };
+  for (const Half h : {Half{GRADSYNC_BF16, to_bf16, from_bf16}, Half{GRADSYNC_F16, to_f16, from_f16}}) {
+    for (const int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN, GRADSYNC_MIN, GRADSYNC_MAX}) {
+      for (const size_t count : {size_t{5}, size_t{100003}}) {
+        auto half_of = [&](int r, size_t i) { return h.to(input<float>(r, i)); };
+        std::vector<uint16_t> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = half_of(x.rank, i);
+        OK(x, gradsync_comm_allreduce(x.c, v.data(), v.data(), count, h.dtype, op));
+        size_t wrong = 0;
+        for (size_t i = 0; i < count; ++i) {
+          float acc = h.from(half_of(0, i));
+          for (int r = 1; r < x.size; ++r) {
+            const float b = h.from(half_of(r, i));
+            acc = op == GRADSYNC_MIN ? (b < acc ? b : acc) : op == GRADSYNC_MAX ? (acc < b ? b : acc) : acc + b;
+          }
+          if (op == GRADSYNC_MEAN) acc /= static_cast<float>(x.size);
+          wrong += v[i] != h.to(acc);
+        }
+        CHECK(x, wrong == 0, "dtype %d op %d count %zu: %zu elements differ", h.dtype, op, count, wrong);
+      }
+    }
+  }
+}
+
 void s_unsupported_dtype(Ctx& x) {
-  std::vector<uint16_t> v(8, 0x3f80);
-  FAILS(x, gradsync_comm_allreduce(x.c, v.data(), v.data(), 8, GRADSYNC_BF16, GRADSYNC_SUM), GRADSYNC_E_UNSUPPORTED,
-        "bf16");
+  // A weighted mean of integers has no meaning here: every rank refuses it in that same call.
+  std::vector<int32_t> v(8, 1);
+  FAILS(x, gradsync_comm_weighted_mean(x.c, v.data(), v.data(), 8, GRADSYNC_I32, 1, nullptr), GRADSYNC_E_INVALID_ARG,
+        "weighted mean needs f32 or f64");
   next_call_works(x);
 }
 
@@ -424,7 +480,8 @@ const Scenario kScenarios[] = {
     {"a count that one rank disagrees on: E_MISMATCH on every rank, then the next call works", s_mismatch, needs_peers},
     {"a root out of range on one rank (E_MISMATCH naming it) or on all (E_OUT_OF_RANGE), on every rank", s_bad_root,
      needs_peers},
-    {"a dtype the reduction lacks: E_UNSUPPORTED on every rank", s_unsupported_dtype, always},
+    {"bf16 and f16 reductions: f32 accumulation in rank order, one rounding", s_half_precision, always},
+    {"a dtype the operation lacks (weighted mean of i32): E_INVALID_ARG on every rank", s_unsupported_dtype, always},
     {"abort from one rank while the others wait, fail fast, reset", s_abort, needs_peers},
     {"a rank late past the deadline: E_TIMEOUT for the waiters, reset", s_timeout, needs_peers},
     {"a group of one leaves the bits as they are", s_group_of_one_keeps_bits, needs_one},

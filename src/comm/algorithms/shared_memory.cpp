@@ -191,7 +191,7 @@ class SharedMemoryCommunicator final : public Communicator {
     return p;
   }
   static void require_reducible(const char* what, DType dtype) {
-    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported (f32, f64, i32, i64 are)", what,
+    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported", what,
                dtype_name(dtype));
   }
 

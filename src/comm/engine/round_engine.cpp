@@ -102,7 +102,7 @@ void verify_round(const std::function<std::string()>& where, uint64_t call, int 
            describe(c));
     }
     if ((c.collective == Collective::Allreduce || c.collective == Collective::ReduceScatter) && !reducible(dtype)) {
-      fail(GRADSYNC_E_UNSUPPORTED, "{} call {}: {} of {} is not supported (f32, f64, i32, i64 are)", where(), call,
+      fail(GRADSYNC_E_UNSUPPORTED, "{} call {}: {} of {} is not supported", where(), call,
            collective_name(c.collective), dtype_name(dtype));
     }
     if (c.collective == Collective::WeightedMean) {

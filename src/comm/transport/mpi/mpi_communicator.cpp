@@ -551,8 +551,10 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
-  // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps: MPI cannot.
-  return options_.deterministic || force_deterministic_ || (dtype == DType::I32 && op == ReduceOp::Mean);
+  // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps, and half precision
+  // accumulates in f32: MPI can do neither.
+  return options_.deterministic || force_deterministic_ || (dtype == DType::I32 && op == ReduceOp::Mean) ||
+         dtype == DType::BF16 || dtype == DType::F16;
 }
 
 std::byte* MpiCommunicator::scratch(size_t bytes) {
