@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
+#include "gradsync/log.h"
 
 using gradsync::DType;
 using gradsync::ReduceOp;
@@ -654,4 +656,30 @@ TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free 
   }
   for (auto& t : ts) t.join();
   require_all_ok(pair);
+}
+
+TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[comm][log]") {
+  struct Lines {
+    std::mutex mutex;
+    std::vector<std::string> all;
+  } lines;
+  auto capture = [](void* user, int32_t, const char* message) {
+    auto* l = static_cast<Lines*>(user);
+    std::lock_guard lock(l->mutex);
+    l->all.emplace_back(message);
+  };
+  REQUIRE(gradsync_set_log_callback(capture, &lines, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  // Rank 1 is late past the first report (5 s), well within the deadline.
+  auto outcomes = run_group(2, [&](Communicator& comm, int r) {
+    if (r == 1) std::this_thread::sleep_for(5500ms);
+    float v = 1;
+    BufferRef b{&v, &v, 1};
+    comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+  });
+  REQUIRE(gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  require_all_ok(outcomes);
+  bool named = false;
+  for (const auto& l : lines.all) named |= l.find("call 1 allreduce: rank 0 waiting 5 s for rank(s) 1") != std::string::npos;
+  INFO((lines.all.empty() ? std::string("no lines") : lines.all.front()));
+  CHECK(named);
 }

@@ -84,7 +84,9 @@ void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers
   arrive();
   const uint64_t target = barriers_;
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
-  const Waited waited = wait_all(counter, target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable);
+  const Waited waited =
+      wait_all(counter, target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable, collective_name(what),
+               round.number);
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(what), round.number, target);
 }
@@ -140,6 +142,12 @@ void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint
     }
   }
   throw_stopped(true, call);
+}
+
+void RoundEngine::report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
+                                     std::chrono::nanoseconds waited) const {
+  GS_LOG_WARN("{} {}: rank {} waiting {} s for rank(s) {}", where(call), what, rank_,
+              std::chrono::duration_cast<std::chrono::seconds>(waited).count(), fmt::join(missing, ", "));
 }
 
 void RoundEngine::throw_dead(int r) {
@@ -242,7 +250,7 @@ uint32_t RoundEngine::reset_together() {
   // A decided attempt counts as "everyone there", so the wait ends as soon as it is decided.
   auto counter = [&](int r) { return uint64_t{posted(r) || g.reset_state.load(std::memory_order_seq_cst) != state}; };
   WaitClock::time_point deadline{};
-  const Waited waited = wait_all(counter, 1, deadline, WaitMode::Deadline);
+  const Waited waited = wait_all(counter, 1, deadline, WaitMode::Deadline, "reset", round_ + 1);
   if (waited == Waited::PeerDied) throw_gone(dead_rank_, round_ + 1);
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {

@@ -115,9 +115,13 @@ class RoundEngine {
   // Decides barrier `index` for every rank; true when it went ahead.
   bool decide(uint64_t index, bool failed) noexcept;
   void arrive() noexcept;
-  // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it.
+  // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it. A wait
+  // that lasts logs, now and then, the ranks it is waiting for at `what` of call `call`.
   template <class Counter>
-  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode);
+  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
+                  const char* what, uint64_t call);
+  void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
+                         std::chrono::nanoseconds waited) const;
   // The deadline of a wait that starts now, unless one is set already.
   void start_deadline(WaitClock::time_point& deadline) const noexcept {
     if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_);
@@ -153,10 +157,13 @@ class RoundEngine {
 
 // While waiting, peers' liveness is checked this often (a dead peer is reported within it).
 inline constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
+// A wait this long is logged (a warning naming the ranks not there), and again every interval.
+inline constexpr auto kStragglerReportAfter = std::chrono::seconds(5);
+inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
 
 template <class Counter>
 RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
-                                          WaitMode mode) {
+                                          WaitMode mode, const char* what, uint64_t call) {
   dead_.clear();
   auto ready = [&] {
     for (int r = 0; r < size_; ++r) {
@@ -166,6 +173,8 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
   };
   if (ready()) return Waited::Ready;
   start_deadline(deadline);
+  const auto started = WaitClock::now();
+  auto next_report = started + kStragglerReportAfter;
   for (;;) {
     const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
     switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr, kStopReasonMask,
@@ -175,6 +184,14 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
       case WaitResult::Timeout: break;
     }
     if (check_peers() && mode != WaitMode::Hold) return Waited::PeerDied;
+    if (const auto now = WaitClock::now(); now >= next_report) {
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (counter(r) < target) missing.push_back(r);
+      }
+      if (!missing.empty()) report_stragglers(missing, what, call, now - started);
+      next_report = now + kStragglerReportEvery;
+    }
     if (WaitClock::now() >= deadline) {
       if (mode != WaitMode::Hold) return Waited::TimedOut;
       GS_LOG_WARN("group '{}' rank {}: peers still use this rank's buffers after {} ms; waiting for them",
@@ -195,7 +212,8 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   arrive();
   const uint64_t target = barriers_;
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
-  const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable);
+  const Waited waited =
+      wait_all(counter, target, round.deadline, WaitMode::Abortable, collective_name(d.call.collective), round.number);
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   if (!decide(target, waited != Waited::Ready)) {
