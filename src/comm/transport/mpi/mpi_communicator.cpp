@@ -440,6 +440,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   const auto start = Clock::now();
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   auto next_liveness = start + kLivenessPeriod;
+  auto next_report = start + kStragglerReportAfter;
   for (uint64_t polls = 0;; ++polls) {
     int done = 0;
     check(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
@@ -464,6 +465,13 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
         fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
              peers_[static_cast<size_t>(dead)].pid);
       }
+    }
+    if (now >= next_report) {
+      // MPI does not say which ranks have not posted their part: the late rank is the one not
+      // logging this.
+      GS_LOG_WARN("{} on rank {} of {}: waiting {} s for the other ranks", what(), rank_, size_,
+                  std::chrono::duration_cast<std::chrono::seconds>(now - start).count());
+      next_report = now + kStragglerReportEvery;
     }
     if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
