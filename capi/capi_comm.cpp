@@ -233,6 +233,10 @@ GRADSYNC_API int gradsync_comm_abort(gradsync_comm* comm) {
   return guard(__func__, [&] { CommLink::abort(check(comm)->link); });
 }
 
+GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm* comm, gradsync_interrupt_fn fn, void* user_data) {
+  return with_comm(__func__, comm, [&](Communicator& c) { c.set_interrupt({fn, user_data}); });
+}
+
 GRADSYNC_API int gradsync_comm_reset(gradsync_comm* comm) {
   return with_comm(__func__, comm, [&](Communicator& c) { c.reset(); });
 }

@@ -211,6 +211,21 @@ GRADSYNC_API void gradsync_comm_free(gradsync_comm *comm);
  */
 GRADSYNC_API int gradsync_comm_abort(gradsync_comm *comm);
 
+/** Asked by a waiting call whether its caller wants out; non-zero means yes. */
+typedef int (*gradsync_interrupt_fn)(void *user_data);
+
+/**
+ * @brief Let the host interrupt this rank's waits (Ctrl-C in Python): while a collective of this
+ *        communicator waits for its peers, fn(user_data) is called now and then (every 10 to
+ *        100 ms) on the waiting thread; a non-zero return aborts the group as gradsync_comm_abort
+ *        does, and the call returns GRADSYNC_E_ABORTED (so do its peers', except on MPI, where
+ *        an abort is local: see above).
+ * @param fn the check, or NULL to remove it
+ * @param user_data passed to fn
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm *comm, gradsync_interrupt_fn fn, void *user_data);
+
 /**
  * @brief Clear an abort or timeout so the group can be used again. Collective: every rank calls it.
  * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle

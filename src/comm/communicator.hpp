@@ -40,6 +40,15 @@ struct Options {
   std::string name;
 };
 
+// Asked now and then (every 10 to 100 ms) by a call of this communicator that is waiting for its
+// peers, on the waiting thread: true means the caller wants out (Ctrl-C in a host language), and
+// the group is aborted. Empty by default.
+struct InterruptCheck {
+  int (*fn)(void* user) = nullptr;
+  void* user = nullptr;
+  bool operator()() const { return fn != nullptr && fn(user) != 0; }
+};
+
 // One buffer of a fused allreduce.
 struct BufferRef {
   const void* send;
@@ -86,6 +95,12 @@ class Communicator {
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
   }
+
+  // Set while no call runs (the C API's one-call-at-a-time rule makes that so).
+  void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
+
+ protected:
+  InterruptCheck interrupt_;
 
  private:
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator

@@ -504,6 +504,41 @@ static void test_free_during_call(void) {
   gradsync_comm_free(comms[1]);
 }
 
+static void *reset_worker(void *comm) {
+  CHECK_STATUS(gradsync_comm_reset((gradsync_comm *)comm), GRADSYNC_OK);
+  return NULL;
+}
+
+/* The host's interrupt check: says "out" on its 3rd call while rank 0 waits for a rank 1 that has
+   not come; the wait ends with E_ABORTED (long before its 60 s deadline), rank 1's late call finds
+   the group aborted, and a reset on both ranks recovers it. */
+static int third_call(void *user) {
+  int *calls = (int *)user;
+  return ++*calls >= 3;
+}
+
+static void test_interrupt(void) {
+  gradsync_comm *comms[2];
+  float x[4] = {1, 1, 1, 1};
+  int calls = 0;
+  if (join_pair("capi-interrupt", 60000, comms) != 0) return;
+  CHECK_STATUS(gradsync_comm_set_interrupt(NULL, third_call, &calls), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_comm_set_interrupt(comms[0], third_call, &calls), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_comm_allreduce(comms[0], x, x, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_ABORTED,
+                   "abort() called on rank 0");
+  CHECK(calls == 3);
+  CHECK_STATUS(gradsync_comm_allreduce(comms[1], x, x, 4, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_ABORTED);
+  CHECK_STATUS(gradsync_comm_set_interrupt(comms[0], NULL, NULL), GRADSYNC_OK);
+  {
+    pthread_t t;
+    pthread_create(&t, NULL, reset_worker, comms[1]);
+    CHECK_STATUS(gradsync_comm_reset(comms[0]), GRADSYNC_OK);
+    pthread_join(t, NULL);
+  }
+  gradsync_comm_free(comms[0]);
+  gradsync_comm_free(comms[1]);
+}
+
 int main(void) {
   test_pair_mean();
   test_alltoall();
@@ -514,5 +549,6 @@ int main(void) {
   test_no_timeout();
   test_two_threads_one_handle();
   test_free_during_call();
+  test_interrupt();
   return check_report("comm C API");
 }

@@ -144,7 +144,7 @@ class SharedMemoryCommunicator final : public Communicator {
       : options_(options),
         fabric_(std::move(fabric)),
         control_(fabric_->control()),
-        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch) {}
+        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_) {}
   ~SharedMemoryCommunicator() override { engine_.leave(); }
 
   int rank() const noexcept override { return options_.rank; }

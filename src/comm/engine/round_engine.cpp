@@ -9,13 +9,15 @@
 
 namespace gradsync::comm {
 
-RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch)
+RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch,
+                         const InterruptCheck& interrupt)
     : fabric_(fabric),
       control_(fabric.control()),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       check_mismatch_(check_mismatch),
+      interrupt_(interrupt),
       waiter_(size) {}
 
 std::string RoundEngine::group_name() const {

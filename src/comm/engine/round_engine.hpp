@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "comm/communicator.hpp"
 #include "comm/engine/control.hpp"
 #include "comm/engine/fabric.hpp"
 #include "common/error.hpp"
@@ -61,7 +62,9 @@ class RoundEngine {
     bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
   };
 
-  RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch);
+  // interrupt is asked while waits last (InterruptCheck); it must outlive the engine.
+  RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch,
+              const InterruptCheck& interrupt);
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -147,6 +150,7 @@ class RoundEngine {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const bool check_mismatch_;
+  const InterruptCheck& interrupt_;
   uint64_t round_ = 0;
   uint64_t barriers_ = 0;
   uint64_t chunks_ = 0;
@@ -182,6 +186,10 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
       case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
       case WaitResult::Aborted: return Waited::Stopped;
       case WaitResult::Timeout: break;
+    }
+    if (mode == WaitMode::Abortable && interrupt_()) {
+      abort();
+      return Waited::Stopped;
     }
     if (check_peers() && mode != WaitMode::Hold) return Waited::PeerDied;
     if (const auto now = WaitClock::now(); now >= next_report) {
@@ -233,7 +241,9 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
     WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask);
     if (result == WaitResult::Ready) return;
     Waited why = Waited::Stopped;
-    if (result == WaitResult::Timeout) {
+    if (result == WaitResult::Timeout && interrupt_()) {
+      abort();
+    } else if (result == WaitResult::Timeout) {
       if (check_peers()) {
         why = Waited::PeerDied;
       } else if (WaitClock::now() >= round.deadline) {

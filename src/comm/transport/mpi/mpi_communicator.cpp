@@ -460,6 +460,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
     const auto now = Clock::now();
     if (now >= next_liveness) {
       next_liveness = now + kLivenessPeriod;
+      if (local_abort && interrupt_()) abort();  // acted on at the next poll, as an abort
       if (const int dead = dead_peer(); dead >= 0) {
         abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead);
         fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
