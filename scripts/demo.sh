@@ -2,16 +2,23 @@
 # The main job: builds libgradsync (all set-up included) and trains the digits classifier
 # through it: by default data-parallel through the sharded parameter with Adam, comparing 1
 # worker with 4 workers (uncompressed, bf16 and IEEE-half gradients), and writing the loss
-# curves to docs/loss_curves.png. Extra arguments go to scripts/train_digits.py, e.g.
+# curves to loss_curves.png in BUILD/demo-output (never into the source tree; --out DIR
+# elsewhere). Extra arguments go to scripts/train_digits.py, e.g.
 #   scripts/demo.sh --transport shm              worker processes on this host
 #   scripts/demo.sh --transport mpi --workers 2  under mpirun (started here)
 #   scripts/demo.sh --mode hogwild               lock-free atomic adds instead
+#   scripts/demo.sh --out /tmp/digits            the loss curves there
+#   BUILD_DIR=/tmp/gs-build scripts/demo.sh      build (and outputs) outside the checkout, which
+#                                                may then be read-only
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build}"
 "$root/scripts/setup.sh"
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$root/build" -j "$(nproc)" --target gradsync >/dev/null
-export GRADSYNC_LIBRARY="$root/build/libgradsync.so.0"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$(nproc)" --target gradsync >/dev/null
+export GRADSYNC_LIBRARY="$build/libgradsync.so.0"
+# The default output directory; an --out among the arguments comes later and wins.
+out=(--out "$build/demo-output")
 
 transport=threads
 workers=2
@@ -28,6 +35,6 @@ if [[ "$transport" == mpi ]]; then
   # One MPI process per worker; as root OpenMPI needs --allow-run-as-root, and --oversubscribe
   # lets more workers than cores share the machine.
   exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$workers" -x GRADSYNC_LIBRARY \
-    /usr/bin/python3 "$root/scripts/train_digits.py" "$@"
+    /usr/bin/python3 "$root/scripts/train_digits.py" "${out[@]}" "$@"
 fi
-exec /usr/bin/python3 "$root/scripts/train_digits.py" "$@"
+exec /usr/bin/python3 "$root/scripts/train_digits.py" "${out[@]}" "$@"

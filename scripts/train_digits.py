@@ -21,13 +21,17 @@ evaluation helpers below):
             --transport threads (threads of this process), shm (the demo starts N worker
             processes on this host), or mpi (run under mpirun: each process is one worker). It
             compares 1 worker with N workers for each --compress choice on the same global batches
-            and writes the loss curves to docs/loss_curves.png.
+            and writes the loss curves to loss_curves.png in the output directory (--out).
 
 Every invocation also runs the same mode with 1 worker, so the throughput and accuracy of N
 workers are printed beside the 1-worker baseline measured in the same run.
 
+Outputs go to --out DIR (default build/demo-output in the checkout, or a temporary directory when
+that is not writable), never into the source tree: docs/loss_curves.png is the README's figure,
+a copy of one run's plot, and this demo leaves it alone.
+
     scripts/demo.sh                               # builds the library, then runs this
-    scripts/train_digits.py --workers 4 --epochs 20
+    scripts/train_digits.py --workers 4 --epochs 20 --out /tmp/digits
     scripts/train_digits.py --mode sharded --transport shm --compress bf16
     mpirun -np 2 /usr/bin/python3 scripts/train_digits.py --transport mpi
 """
@@ -39,6 +43,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -49,7 +54,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gradsync as gs  # noqa: E402
 
 DIGITS_CSV = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
-DEFAULT_PLOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "loss_curves.png")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_out_dir():
+    """build/demo-output in the checkout if it can be written, else a directory under the temp dir."""
+    candidate = os.path.join(ROOT, "build", "demo-output")
+    try:
+        os.makedirs(candidate, exist_ok=True)
+        if os.access(candidate, os.W_OK):
+            return candidate
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), "gradsync-demo-output")
 
 
 # --------------------------------------------------------------------------- data
@@ -567,9 +584,10 @@ def main_sharded(args, data, model):
         print(f"{r.workers} x {r.mode:<18} {r.accuracy * 100:>12.2f}% {(r.accuracy - base.accuracy) * 100:>+11.2f}% "
               f"{r.optimizer_bytes:>16,d} bytes")
     print("every worker ended with bitwise identical weights in every run")
-    if args.plot:
-        plot_loss_curves(results, args.plot)
-        print(f"loss curves: {args.plot}")
+    if args.plot != "":
+        path = args.plot or os.path.join(args.out or default_out_dir(), "loss_curves.png")
+        plot_loss_curves(results, path)
+        print(f"loss curves: {path}")
     # Within noise: the held-out set has ~450 samples; allow 2 percentage points.
     worst = max(abs(r.accuracy - base.accuracy) for r in results)
     if worst > 0.02:
@@ -611,8 +629,11 @@ def parse_args(argv=None):
                              "starts), mpi (under mpirun, one worker per process)")
     parser.add_argument("--compress", choices=("none", "bf16", "fp16", "all"), default="all",
                         help="sharded mode: gradient compression on the wire; all (default) compares the three")
-    parser.add_argument("--plot", default=DEFAULT_PLOT,
-                        help="sharded mode: PNG of the loss curves (default docs/loss_curves.png; '' for none)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default build/demo-output in the checkout, or a temporary "
+                             "directory if that is not writable)")
+    parser.add_argument("--plot", default=None,
+                        help="sharded mode: PNG of the loss curves (default OUT/loss_curves.png; '' for none)")
     args = parser.parse_args(argv)
     if args.lr is None:
         args.lr = 0.01 if args.mode == "sharded" else 0.1
