@@ -174,7 +174,9 @@ class MLP:
 class ProgressBar:
     """One line on stderr, redrawn in place on a terminal; every 10% otherwise (logs stay short)."""
 
-    def __init__(self, total, label, stream=sys.stderr, width=30):
+    def __init__(self, total, label, stream=None, width=30):
+        # sys.stderr looked up now, not at import: a host (pytest) may have replaced it since.
+        stream = sys.stderr if stream is None else stream
         self.total, self.label, self.stream, self.width = max(total, 1), label, stream, width
         self.tty = stream.isatty()
         self.start = time.perf_counter()
@@ -602,7 +604,8 @@ MODES = {"hogwild": run_hogwild, "allreduce": run_allreduce, "sharded": run_shar
 # --------------------------------------------------------------------------- main
 
 
-def report(results, stream=sys.stdout):
+def report(results, stream=None):
+    stream = sys.stdout if stream is None else stream  # looked up now: a host may have replaced it
     base = results[0]
     print(f"\n{'mode':<10} {'workers':>7} {'samples/s':>11} {'vs 1 worker':>12} {'start loss':>11} "
           f"{'final loss':>11} {'held-out acc':>13}", file=stream)
