@@ -23,6 +23,8 @@ and the rank/size/transport properties are the exceptions. close() while another
 call aborts that call (it raises E_ABORTED) and returns once it has left the library.
 """
 import ctypes
+import signal
+import threading
 import weakref
 
 import numpy as np
@@ -42,6 +44,56 @@ OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
 # float16 (IEEE half): moved bit for bit, and reduced in f32 with one rounding.
 _DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
            np.dtype(np.float16): 5}
+
+# Ctrl-C while the main thread waits in a collective. Python runs signal handlers only between the
+# main thread's bytecodes, and the main thread is inside the library; so the library asks
+# _interrupt_check now and then from the waiting thread (gradsync_comm_set_interrupt). Entering it
+# lets Python run the pending handler: ours only records the interrupt while a call waits (an
+# exception raised inside a C callback would be lost), the check answers "out", the library aborts
+# the group (its peers get E_ABORTED; on MPI the abort is local), and the call raises
+# KeyboardInterrupt as it returns. A program with its own SIGINT handler keeps it.
+_main_thread = threading.main_thread()
+_waiting = 0  # calls of the main thread inside the library
+_interrupted = False
+
+
+def _on_sigint(signum, frame):
+    global _interrupted
+    if _waiting:
+        _interrupted = True
+    else:
+        signal.default_int_handler(signum, frame)
+
+
+def _interrupt_check(_user):
+    return 1 if _interrupted else 0
+
+
+_InterruptFn = ctypes.CFUNCTYPE(c_int, c_void_p)
+_interrupt_fn = _InterruptFn(_interrupt_check)
+
+
+def _watch_ctrl_c():
+    if threading.current_thread() is _main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _blocking(fn, *args):
+    """Calls a collective; a Ctrl-C that came while it waited raises KeyboardInterrupt."""
+    global _waiting, _interrupted
+    main = threading.current_thread() is _main_thread
+    if main:
+        _waiting += 1
+    try:
+        status = fn(*args)
+    finally:
+        if main:
+            _waiting -= 1
+    if main and _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt
+    check(status)
+
 
 NAME_MAX = 64
 UNSET_I32 = -(2 ** 31)
@@ -73,6 +125,7 @@ declare("gradsync_comm_options_init", c_int, ctypes.POINTER(CommOptions), c_size
 declare("gradsync_comm_create", c_int, ctypes.POINTER(_P), ctypes.POINTER(CommOptions))
 declare("gradsync_comm_free", None, _P)
 declare("gradsync_comm_abort", c_int, _P)
+declare("gradsync_comm_set_interrupt", c_int, _P, _InterruptFn, _P)
 declare("gradsync_comm_reset", c_int, _P)
 declare("gradsync_comm_rank", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_size", c_int, _P, ctypes.POINTER(c_int32))
@@ -162,6 +215,8 @@ class Communicator(Handle):
         out = c_void_p()
         check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
         super().__init__(out)
+        check(lib.gradsync_comm_set_interrupt(self.ptr, _interrupt_fn, None))
+        _watch_ctrl_c()
 
     def _query(self, fn):
         v = c_int32()
@@ -190,7 +245,8 @@ class Communicator(Handle):
         recv = send if out is None else _array(out, "out")
         if recv.shape != send.shape or recv.dtype != send.dtype:
             raise ValueError(f"out has shape {recv.shape} {recv.dtype}, array {send.shape} {send.dtype}")
-        check(lib.gradsync_comm_allreduce(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)))
+        _blocking(lib.gradsync_comm_allreduce, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
+                  _op(op))
         return recv
 
     def allreduce_many(self, arrays, op="mean"):
@@ -205,7 +261,7 @@ class Communicator(Handle):
         n = len(arrays)
         recvs = (c_void_p * n)(*[a.ctypes.data for a in arrays])
         counts = (c_size_t * n)(*[a.size for a in arrays])
-        check(lib.gradsync_comm_allreduce_many(self.ptr, None, recvs, counts, n, _DTYPES[dtype], _op(op)))
+        _blocking(lib.gradsync_comm_allreduce_many, self.ptr, None, recvs, counts, n, _DTYPES[dtype], _op(op))
         return arrays
 
     def weighted_mean(self, array, weight, out=None):
@@ -213,14 +269,14 @@ class Communicator(Handle):
         send = _array(array, "array", writable=out is None)
         recv = send if out is None else _array(out, "out")
         total = c_uint64()
-        check(lib.gradsync_comm_weighted_mean(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
-                                              int(weight), ctypes.byref(total)))
+        _blocking(lib.gradsync_comm_weighted_mean, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
+                  int(weight), ctypes.byref(total))
         return total.value
 
     def broadcast(self, array, root=0):
         """Copy root's array into every rank's array (in place). Returns the array."""
         a = _array(array, "array")
-        check(lib.gradsync_comm_broadcast(self.ptr, _ptr(a), a.size, _DTYPES[a.dtype], int(root)))
+        _blocking(lib.gradsync_comm_broadcast, self.ptr, _ptr(a), a.size, _DTYPES[a.dtype], int(root))
         return a
 
     def allgather(self, array, part=None):
@@ -233,8 +289,8 @@ class Communicator(Handle):
             start, length = self.part(recv.size)
             if send.size != length or send.dtype != recv.dtype:
                 raise ValueError(f"part has {send.size} {send.dtype} elements; this rank's part is {length} {recv.dtype}")
-        check(lib.gradsync_comm_allgather(self.ptr, None if send is None else _ptr(send), _ptr(recv), recv.size,
-                                          _DTYPES[recv.dtype]))
+        _blocking(lib.gradsync_comm_allgather, self.ptr, None if send is None else _ptr(send), _ptr(recv), recv.size,
+                  _DTYPES[recv.dtype])
         return recv
 
     def reduce_scatter(self, array, op="mean", out=None):
@@ -244,8 +300,8 @@ class Communicator(Handle):
         recv = np.empty(length, dtype=send.dtype) if out is None else _array(out, "out")
         if recv.size != length or recv.dtype != send.dtype:
             raise ValueError(f"out has {recv.size} {recv.dtype} elements; this rank's part is {length} {send.dtype}")
-        check(lib.gradsync_comm_reduce_scatter(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
-                                               _op(op)))
+        _blocking(lib.gradsync_comm_reduce_scatter, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
+                  _op(op))
         return recv
 
     def alltoall(self, array, out=None):
@@ -257,11 +313,11 @@ class Communicator(Handle):
         if recv.size != self.size * length or recv.dtype != send.dtype:
             raise ValueError(f"out has {recv.size} {recv.dtype} elements; alltoall gives {self.size} x {length} "
                              f"{send.dtype}")
-        check(lib.gradsync_comm_alltoall(self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype]))
+        _blocking(lib.gradsync_comm_alltoall, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype])
         return recv
 
     def barrier(self):
-        check(lib.gradsync_comm_barrier(self.ptr))
+        _blocking(lib.gradsync_comm_barrier, self.ptr)
 
     def empty(self, shape, dtype=np.float32):
         """An uninitialised array for this group's collectives.
