@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // add_batch throughput of the sparse gradient accumulator on a 1M x 128 table (batches of 65,536
 // row ids, uniform and Zipf-skewed, 1 and 2 threads) per concurrency mode, beside a plain
 // single-thread loop, the no-sync (Hogwild) mode and the seed's design (one reader-writer lock per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Allreduce among threads: the thread transport beside two baselines measured in the same run.
 //
 //   bound: the memory-bandwidth bound, a STREAM-like kernel on the same N threads doing exactly the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Atomic float add (Hogwild) against a plain racy `dst[i] += src[i]`, measured in the same run.
 //
 // For each size and thread count, every thread adds its own src into ONE shared dst (the Hogwild

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sharded parameter (ZeRO-1) against the unsharded baseline, and the codecs against a plain
 // F16C loop, each measured in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared-memory transport benchmark: 2 processes, allreduce (sum, f32, in place) of M floats for
 // M in {1, 1K, 64K, 1M, 16M}, through both data paths (copy: ordinary caller buffers; zero copy:
 // buffers from Communicator::alloc in the segment), beside two baselines measured in the same run:

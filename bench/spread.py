@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Runs benchmark programs several times, interleaved, and prints the spread of their figures.
 
 The machine is shared and noisy: one run says little, the best run says less. This runs each

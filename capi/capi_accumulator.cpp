@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the sparse gradient accumulator (include/gradsync/accumulator.h).
 #include <cmath>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the atomics (include/gradsync/atomics.h).
 #include <algorithm>
 #include <chrono>

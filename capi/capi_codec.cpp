@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the codecs (include/gradsync/codec.h).
 #include <cstdint>
 #include <limits>

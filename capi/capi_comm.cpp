@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the communicator (include/gradsync/comm.h) over gradsync::comm::Communicator.
 #include <cstring>
 #include <limits>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Version, status strings, the thread-local last error, logging, and feature queries.
 #include <cpuid.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the data-parallel helpers (include/gradsync/dataparallel.h).
 #include <limits>
 #include <span>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the sharded parameter (include/gradsync/shard.h).
 #include <cstring>
 #include <limits>

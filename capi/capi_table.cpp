@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C shims of the memory-mapped table (include/gradsync/table.h) over gradsync::table::Table.
 #include <cmath>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The table handle, shared with the accumulator's shims (apply takes tables).
 #include <memory>

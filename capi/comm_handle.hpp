@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The object behind a gradsync_comm handle, shared by the shims that take a communicator
 // (capi_comm.cpp, capi_shard.cpp), and what turns misuse of it into errors:

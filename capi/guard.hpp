@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The exception firewall: every extern "C" body is `return gradsync::capi::guard(__func__, [&] { ... });`.
 // No exception crosses the C ABI; each becomes a status plus the thread-local message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Every object behind a C handle starts with a magic word naming its kind. Entry points check it
 // first, so a NULL handle, the wrong kind of handle, or (while its memory is not reused) a freed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Options structs carry their size and version first, so callers compiled against an older or
 // newer header keep working. These two helpers are the one place that rule is implemented.

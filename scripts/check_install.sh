@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs a build into a scratch prefix and builds a consumer against it twice: through
 # find_package(gradsync) and through pkg-config. Proves the packaging works for another project.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI stages beyond the test command and the ASan/UBSan run: each scripts/ci.d/*.sh is one stage
 # (ThreadSanitizer, fuzzing, ...), run in name order; any failure fails CI.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The main job: builds libgradsync (all set-up included) and trains the digits classifier
 # through it: by default data-parallel through the sharded parameter with Adam, comparing 1
 # worker with 4 workers (uncompressed, bf16 and IEEE-half gradients), and writing the loss

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs, from Debian 12's packages, whatever libgradsync needs to build, test and run its demos.
 # Safe to run again: it installs only what is missing.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds libgradsync and runs every test: C++ unit tests, C ABI tests, Python tests, and the
 # multi-process (shared memory, MPI) suites. Does all set-up on a fresh Debian 12 machine.
 #   scripts/test.sh                 Release build in build/

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Train a handwritten-digits classifier through libgradsync: the library's main demo.
 
 The data set is the 8x8 digits that Debian's python3-sklearn ships (1797 images, 10 classes).

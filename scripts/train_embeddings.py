@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Second demo: node embeddings trained through memory-mapped tables and the sparse gradient
 accumulator of libgradsync, from Python, with N threads.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI transport beside raw MPI_Allreduce, 2 ranks (bench/mpi/run.sh):
 // - allreduce of M floats, M in {1, 1K, 64K, 1M, 16M}: raw MPI_Allreduce; the transport with its
 //   default fingerprint check; with the check off (a plain Ibarrier rendezvous keeps the

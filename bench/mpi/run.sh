@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the MPI transport benchmark with 2 ranks on this host:
 #   bench/mpi/run.sh [BUILD_DIR]      (default: build/)
 # Medians of interleaved repetitions; every figure is printed beside raw MPI measured in the same run.

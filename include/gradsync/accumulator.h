@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file accumulator.h
  * @brief The sparse gradient accumulator: a gradient table (rows x dim f32, in a memory-mapped

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file atomics.h
  * @brief Atomics for asynchronous (Hogwild) training: counters, sticky flags, an owned mutex,

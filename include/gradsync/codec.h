@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file codec.h
  * @brief 16-bit codecs for gradients on the wire: array in, array out, vectorised.

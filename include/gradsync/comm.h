@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file comm.h
  * @brief The communicator: a group of ranks and their collectives, over one interface for every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file common.h
  * @brief Types shared by every component: element types, reduction ops, sentinels, and the

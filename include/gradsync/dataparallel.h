@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file dataparallel.h
  * @brief Data-parallel helpers that need no communication: the library's partition rule, a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file errors.h
  * @brief Status codes and the per-thread error message.

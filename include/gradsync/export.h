@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file export.h
  * @brief Symbol export and C linkage macros shared by every public header.

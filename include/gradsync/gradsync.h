@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file gradsync.h
  * @brief libgradsync: gradient synchronisation for data-parallel training, behind a C ABI.

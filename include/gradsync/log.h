@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file log.h
  * @brief Logging: libgradsync logs through its own logger (never the host's), to stderr by

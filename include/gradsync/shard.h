@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file shard.h
  * @brief The sharded parameter (Intel BigDL's AllReduceParameter, ZeRO stage 1) over any

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file table.h
  * @brief Tables of rows x dim f32 in memory-mapped files (or anonymous memory): embeddings,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI stage, under ThreadSanitizer: the communicator's unit tests (thread transport, reduction
 # kernels, futex and adaptive waits), the atomics (counters, flag, mutex, the three atomic-add
 # implementations under 4 threads) and the atomics' C-API test (Caffe2's 100-thread checksum).

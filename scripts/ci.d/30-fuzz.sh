@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI stage: libFuzzer (clang-14, ASan + UBSan) opens arbitrary bytes as a table and as an
 # accumulator's gradient file, for a bounded number of executions from a seed corpus of valid and
 # damaged files. Any crash, hang (> 10 s per input), or unexpected status fails the stage.

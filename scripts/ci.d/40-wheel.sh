@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Python package the normal way, offline: pip builds the wheel from this checkout with Debian's
 # setuptools (the library compiled by CMake inside it), a fresh virtual environment installs it,
 # and `import gradsync` works from any directory with nothing else set.

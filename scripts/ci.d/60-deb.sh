@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Debian packages: cpack builds libgradsync0 and libgradsync-dev from the main build, apt installs
 # them on this machine (as a user of a fresh Debian 12 would), and a C program through pkg-config,
 # a CMake project through find_package and Python through the installed package all use them.

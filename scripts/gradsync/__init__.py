@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Python bindings of libgradsync through ctypes: no compiler needed, numpy arrays passed without copying.
 
     import gradsync as gs

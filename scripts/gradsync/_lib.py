@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading libgradsync and declaring its C functions for ctypes.
 
 The library is found, in order, at the path in GRADSYNC_LIBRARY, in the build tree beside this

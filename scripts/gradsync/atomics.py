@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Atomics for asynchronous (Hogwild) training: Counter, Flag, Mutex and atomic_add.
 
     import numpy as np, gradsync as gs

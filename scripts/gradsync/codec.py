@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """16-bit codecs for gradients on the wire, over numpy arrays (vectorised C, no Python loops).
 
     import numpy as np, gradsync as gs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The communicator: a group of ranks and their collectives (allreduce, broadcast, ...).
 
     import threading, numpy as np, gradsync as gs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Version, feature queries and logging."""
 import ctypes
 import logging

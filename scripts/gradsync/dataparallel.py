@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Data-parallel helpers: partition, split_round_robin, weighted_merge.
 
     import gradsync as gs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The sharded parameter (BigDL's AllReduceParameter, ZeRO-1) over any communicator.
 
     import numpy as np, gradsync as gs

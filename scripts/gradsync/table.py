@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory-mapped tables and the sparse gradient accumulator.
 
     import numpy as np, gradsync as gs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The sparse gradient accumulator: a gradient table (rows x dim f32, in a file or anonymous
 // memory) plus the set of rows touched since the last apply/zero. Many threads, and several

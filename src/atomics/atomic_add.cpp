@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "atomics/atomic_add.hpp"
 
 #include <pthread.h>

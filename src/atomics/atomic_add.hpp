@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // dst[i] += src[i] with every element's read-modify-write indivisible: no update is lost when
 // several threads add into the same array at once (Hogwild SGD). Three implementations are kept

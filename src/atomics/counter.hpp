@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Caffe2's AtomicFetchAdd / AtomicFetchAdd64, without its mutex: one lock-free atomic word.
 // Arithmetic happens on the unsigned type of the same width, so overflow wraps modulo 2^bits

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Caffe2's CreateAtomicBool / ConditionalSetAtomicBool / CheckAtomicBool. The flag is sticky:
 // conditional_set(false) never clears it (as in Caffe2, where workers raise a shared "stop" flag

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Caffe2's CreateMutex, with what it lacked: try_lock, a bounded wait, and ownership. The lock
 // state (locked, owner thread) lives under a short internal std::mutex and waiters sleep on a

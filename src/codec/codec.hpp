@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // 16-bit codecs for gradients on the wire. Every codec stores one uint16_t per float.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/call_signature.hpp"
 
 #include <spdlog/fmt/fmt.h>

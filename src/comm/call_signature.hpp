@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What a rank called in one round of collectives, in one form for every transport.
 //

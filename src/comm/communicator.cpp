@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/communicator.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #if GRADSYNC_HAVE_MPI

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The communicator: the one interface that every transport (threads, shared memory, MPI)
 // implements, and that the C API in capi/capi_comm.cpp and the sharded parameter sit on.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Rank-order reduction kernels shared by every transport whose ranks see each other's memory
 // (threads of one process; processes over shared memory).

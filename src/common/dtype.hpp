@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Element types and reduction ops as the C++ internals see them; the values equal the C enums.
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internal error type. C++ code below the C ABI throws gradsync::Error with a status and an exact
 // message; the capi guard turns it into the status code and the thread-local message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // libgradsync's own spdlog logger, named "gradsync" and never registered in spdlog's global
 // registry, so a host process that uses spdlog itself is unaffected.

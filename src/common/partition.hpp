@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The library's one partition rule (BigDL's): part i of n elements over p parts starts at
 // i*(n/p) + min(i, n%p) and holds n/p + (i < n%p) elements. n < p gives empty trailing parts.

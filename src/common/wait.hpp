@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Waiting for a condition published through atomics, within a process AND across processes that
 // share memory (the words may live in a shared-memory segment).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers of data-parallel training that need no communication: which samples a worker owns,
 // and how per-worker updates merge into one (weighted by each worker's sample count).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The optimizer kernels, once for every component that updates parameters: the accumulator's
 // apply (SGD and row-wise Adagrad on the touched rows) and the sharded parameter's step (SGD,

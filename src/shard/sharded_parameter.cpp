@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "shard/sharded_parameter.hpp"
 
 #include <algorithm>

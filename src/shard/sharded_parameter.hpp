@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The sharded parameter (BigDL's AllReduceParameter, ZeRO stage 1) over any communicator.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // On-disk format of a table file (docs/file-format.md is the reference for users).
 //

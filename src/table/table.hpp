@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A table of rows x dim f32 in a memory-mapped file (or anonymous memory): the embedding and
 // gradient storage of the accumulator. Format and crash rules: src/table/format.hpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The accumulator through the C ABI: the seed acceptance, threads, touched set, apply, bad input. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Atomics through the C ABI: Caffe2's checksum with pthreads, the flag, the owned mutex, the
  * atomic float add, and bad input at every entry point. */
 #include <pthread.h>

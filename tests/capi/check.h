@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The checks every C ABI test shares. Header-only with static state: each C ABI test is its
  * own executable, and this file is not globbed as a test. Failures are counted under a mutex
  * because several tests check from worker threads. */

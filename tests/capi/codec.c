@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The codecs through the C ABI: BigDL's acceptance values, compressed add into a slice, bounds. */
 #include <math.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The communicator through the C ABI, as a C99 user with pthreads sees it: the seed's acceptance
  * cases, bad input at every entry point, versioned options, timeouts without end, and misuse
  * from two threads. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The core of the ABI from C: version, statuses, per-thread errors, logging, features, options. */
 #include <pthread.h>
 #include <stdio.h>

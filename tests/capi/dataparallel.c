@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Data-parallel helpers through the C ABI: the examples and bad input. */
 #include <math.h>
 #include <stdint.h>

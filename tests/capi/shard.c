@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The sharded parameter through the C ABI, as a C99 user with pthreads sees it: BigDL's
  * acceptance cases, the gradient processors, errors on every rank, bad input, and misuse of the
  * communicator under it (another thread in a call on it, a shard used after it was freed). */

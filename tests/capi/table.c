@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Tables through the C ABI: modes, shape mismatch, durability across reopen, bad input. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>

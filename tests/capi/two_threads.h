@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers of the C ABI tests that drive one communicator from two threads: both ranks of a group
  * as handles of this process, and a way to know, without sleeping or timing, that another thread
  * is inside a call on a handle. Include after check.h, in a file that defines _POSIX_C_SOURCE. */

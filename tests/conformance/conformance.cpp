@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator's semantics, once, for every transport: the one place where what comm.h
 // promises "on every transport alike" is tested. The same scenarios run over threads of one
 // process, over processes sharing memory (fork), and over MPI (under a real mpirun), through the

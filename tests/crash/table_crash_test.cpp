@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SIGKILL a process in the middle of table writes, accumulator adds, applies, flushes and table
 // creation, at random moments, N times; after every kill reopen and check:
 //  - every file opens (never a torn header, never a half-created file under its name);

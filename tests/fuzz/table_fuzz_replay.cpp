@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replays hand-made damaged files through the fuzz entry point and checks each gives its clear
 // error (or opens, where a good slot remains). `--write-corpus DIR` writes them as a seed corpus.
 #include <unistd.h>

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks the round protocol's model (round.pml) with spin over every interleaving, in the
 # configurations below, and checks that each earlier, wrong rule (the MUTANT_* switches) is caught.
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The round protocol of src/comm/engine/round_engine.{hpp,cpp}, as a Promela model that spin
  * checks over every interleaving of its events: completion, abort, timeout, reset and death.

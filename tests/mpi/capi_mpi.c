@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The MPI transport through the C API of the shared library, as a C99 MPI program would use it:
  * the host initialises MPI itself, hands over a communicator of its own as its Fortran handle
  * (MPI_Comm_c2f), keeps using MPI beside us, and finalises MPI itself (the library must not). */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator's test cases on the MPI transport, run by ctest under a real mpirun with 2, 3
 // and 4 ranks. Every rank runs the same test cases in the same order; every wait is bounded by the
 // communicator's timeout, so a failing rank cannot hang the others.

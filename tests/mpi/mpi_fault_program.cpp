@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault scenarios of the MPI transport, run under mpirun by run_fault.py, which checks what the
 // job printed and how mpirun ended. Modes:
 //   kill         rank 1 is SIGKILLed at a random point of a loop of allreduces; the others keep calling.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runs one fault scenario of mpi_fault_program under mpirun and checks how the job ended.
 
 usage: run_fault.py MPIRUN PROGRAM MODE

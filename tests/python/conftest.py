@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the Python tests; import them with `from conftest import run_ranks`."""
 import itertools
 import threading

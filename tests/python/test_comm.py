@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The communicator from Python: ranks are Python threads (ctypes releases the GIL in every call)."""
 import threading
 import time

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The demos, shortened: the embeddings learn more than popularity on graphs with structure, only
 popularity on a graph without it, the runs are reproducible, and outputs go where --out says,
 never into the source tree."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ctrl-C in a rank blocked in a collective: KeyboardInterrupt at once, and the group is aborted so
 its peers are told (E_ABORTED) instead of waiting out their timeout. A real SIGINT, in a child
 interpreter whose main thread is the blocked rank."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the Python bindings copy by hand from the C headers must match them: status codes, the ABI
 version, and every options struct the bindings pass, field for field. Parses the headers, so a
 change on one side without the other fails here."""

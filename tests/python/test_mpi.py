@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The MPI transport from Python: `mpirun -np N /usr/bin/python3 script` with Communicator(transport="mpi").
 
 Each test writes a rank script, runs it under a real mpirun (bounded by a subprocess timeout, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Codecs and the sharded parameter through ctypes, on the thread transport."""
 import multiprocessing as mp
 import os

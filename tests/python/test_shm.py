@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shared-memory transport from Python: real processes (multiprocessing, spawn), same API."""
 import multiprocessing as mp
 import os

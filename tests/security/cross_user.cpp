@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attacks by another local user, played by a real second user: run as root, the test forks and
 // drops the child to `nobody` (setresuid), which plays the attacker against the parent's groups.
 // Each attack must end in a clear error on the victim's side, with nothing of the victim's readable.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Starts the ranks of one shared-memory test case as real processes (fork/exec of shm_worker),
 // waits for them with a bound (no test can hang), and checks how each one ended:
 //   shm_driver <path to shm_worker> <case> <ranks>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank of a shared-memory communicator test, as a real process: started by shm_driver
 // (fork/exec) as `shm_worker <case> <rank> <size> <group>`. Uses only the public C API.
 // Exits 0 when this rank saw exactly what the case expects; otherwise prints why and exits 1.

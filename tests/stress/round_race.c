@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* comm.h promises one outcome per call: every rank returns GRADSYNC_OK with the same result, or
  * every rank fails that call, whatever races it; after a reset the next call is the same call on
  * every rank. An abort racing a round's completion once broke this (one rank OK, another

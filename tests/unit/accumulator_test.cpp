@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sparse gradient accumulator: seed acceptance, modes under threads and real processes,
 // apply (SGD, row-wise Adagrad), validation that writes nothing, and recovery of shared state.
 #include <signal.h>

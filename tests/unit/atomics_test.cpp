@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Atomics below the C ABI: counters, flag, mutex and the three atomic-add implementations.
 #include <catch2/catch.hpp>
 

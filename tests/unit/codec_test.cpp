@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The 16-bit gradient codecs: BigDL's own acceptance cases, rounding, NaN/Inf, F16C equivalence.
 #include <catch2/catch.hpp>
 

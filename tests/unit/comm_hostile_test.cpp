@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A member gone bad: a process of the group's own user scribbles over the shared-memory control
 // area. Whatever it writes, its peers must not read or write outside the group's heaps: they fail
 // with an error instead of a signal. The scribbler here is real: it maps the real segment, as a

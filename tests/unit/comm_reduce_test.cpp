@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rank-order reduction kernels and the futex wait, below every shared-address-space transport.
 #include <catch2/catch.hpp>
 

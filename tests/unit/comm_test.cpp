@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator over the thread transport: collectives against a rank-order reference, bitwise
 // agreement across ranks and runs, and the failure modes (mismatch, timeout, abort, duplicate rank,
 // reuse after abort, reset, a rank leaving). Catch2 assertions run on the main thread only: the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data-parallel helpers below the C ABI: the round-robin deal and the weighted merge.
 #include <catch2/catch.hpp>
 

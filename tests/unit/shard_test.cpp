@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sharded parameter over the thread transport: BigDL's acceptance cases, weighting, the
 // gradient processors, compression, optimizers against a reference, and error propagation.
 #include <catch2/catch.hpp>

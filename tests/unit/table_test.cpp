@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Memory-mapped tables: modes, shape checks, header slots, corruption, durability, row access.
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collectives of every transport whose ranks share memory (threads of one process; processes
 // mapping one /dev/shm segment), written once over a Fabric and the round engine. Each collective
 // picks one of three data paths, the same choice on every rank:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The collectives over a shared-memory Fabric (see shared_memory.cpp for the data paths).
 #include <memory>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The control block of a group whose ranks share memory (threads of one process, or processes
 // mapping one /dev/shm segment): the words the round engine agrees through, the per-rank slots,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What the round engine and the shared-memory collectives need from a transport whose ranks
 // share memory: where the group's control block is, how a peer reaches this rank's buffers,

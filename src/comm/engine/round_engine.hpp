@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The round protocol, written once for every transport whose ranks share memory (threads,
 // shared-memory processes): agreement, call signatures, deadlines, abort, reset, peer death and

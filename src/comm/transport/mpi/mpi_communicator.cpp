@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/transport/mpi/mpi_communicator.hpp"
 
 #include <sched.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The communicator over MPI: processes across machines, same interface as the thread transport.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Process-wide MPI state shared by every MPI communicator of this process: who initialised MPI,
 // the thread level it provides, and whether some communicator abandoned a collective (after a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The shared-memory segment of one shm group ("gradsync.<name>" in /dev/shm): its layout, the
 // rendezvous that creates, joins or reclaims it, the liveness of its members, and the per-rank

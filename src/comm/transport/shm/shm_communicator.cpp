@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared-memory transport's fabric: the group's segment (segment.hpp: layout, rendezvous,
 // liveness, heaps). Addresses are offsets into the segment, so only buffers in this rank's heap
 // (gradsync_comm_alloc) are reachable by peers; the others take the copy path through the

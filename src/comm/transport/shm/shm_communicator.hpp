@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The shared-memory transport: processes of one host that join a named group through a segment
 // in /dev/shm (see segment.hpp for its layout and rendezvous).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The thread transport: ranks are threads of one process that form a group by name. Its fabric is
 // the group's control block in process memory, plain pointers as addresses (every buffer of every
 // rank is directly reachable, so rounds take the inline or the direct path), and a registry of
