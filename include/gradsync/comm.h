@@ -44,6 +44,10 @@
  *   GRADSYNC_E_MISUSE (for a group still forming, see gradsync_comm_create). The last member to
  *   leave removes the segment. Use a communicator only in the process that created it (not
  *   across fork()).
+ * - Trust: the segment is created 0600 and used only if it belongs to the caller with no
+ *   group/other access. Every buffer address a member publishes is bounds-checked against the
+ *   group's heaps before a peer touches it: a member gone bad stops the group, and every rank's
+ *   call fails with GRADSYNC_E_CORRUPT (reset or free it), rather than a fault.
  * - Space: the segment's control area is reserved with posix_fallocate after checking what
  *   /dev/shm has (statvfs), and so is every gradsync_comm_alloc buffer: a full /dev/shm gives
  *   GRADSYNC_E_NO_SPACE, never SIGBUS.
@@ -186,6 +190,10 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @retval GRADSYNC_E_UNSUPPORTED the transport is not in this build
  * @retval GRADSYNC_E_NO_SPACE (SHM) /dev/shm has not the space for the group's segment
  * @retval GRADSYNC_E_REMOTE (SHM) a member died while the group was forming
+ * @retval GRADSYNC_E_PERMISSION (SHM) the group's segment belongs to another user, or others may
+ *         open it (it is created 0600; pick another name, or remove it)
+ * @retval GRADSYNC_E_NOMEM (SHM) the segment cannot be mapped (under an address-space limit the
+ *         heaps take at most a quarter of it); nothing is left behind
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_options *opts);
