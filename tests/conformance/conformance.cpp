@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "gradsync/gradsync.h"
+#include "../half_reference.hpp"
 
 namespace {
 
@@ -348,30 +349,10 @@ void s_bad_root(Ctx& x) {
   next_call_works(x);
 }
 
-// bf16 by hand (round to nearest even on the upper half of the f32), f16 by the compiler's IEEE
-// half type: independent of the library's codecs.
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t to_f16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-float from_f16(uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return static_cast<float>(h);
-}
+using half_reference::from_bf16;
+using half_reference::from_f16;
+using half_reference::to_bf16;
+using half_reference::to_f16;
 
 void s_half_precision(Ctx& x) {
   // bf16 and f16: accumulated in f32 in rank order, rounded once, the same bits on every rank.

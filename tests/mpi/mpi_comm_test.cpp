@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,7 +18,7 @@
 
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
-#include "gradsync/log.h"
+#include "../unit/test_support.hpp"
 
 using namespace gradsync;
 using namespace gradsync::comm;
@@ -472,22 +471,10 @@ TEST_CASE("many communicators, created and freed in turn, do not disturb each ot
 }
 
 TEST_CASE("a wait that lasts is logged at warning level on the ranks that wait", "[mpi]") {
-  struct Lines {
-    std::mutex mutex;
-    std::vector<std::string> all;
-  } lines;
-  auto capture = [](void* user, int32_t, const char* message) {
-    auto* l = static_cast<Lines*>(user);
-    std::lock_guard lock(l->mutex);
-    l->all.emplace_back(message);
-  };
   auto c = make();
-  REQUIRE(gradsync_set_log_callback(capture, &lines, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  LogLines lines(GRADSYNC_LOG_WARN);
   const int last = c->size() - 1;
   if (c->rank() == last) std::this_thread::sleep_for(std::chrono::milliseconds(5500));  // past the first report
   c->barrier();
-  REQUIRE(gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
-  bool logged = false;
-  for (const auto& l : lines.all) logged |= l.find("waiting 5 s for the other ranks") != std::string::npos;
-  if (c->rank() != last) CHECK(logged);
+  if (c->rank() != last) CHECK(lines.contains("waiting 5 s for the other ranks"));
 }

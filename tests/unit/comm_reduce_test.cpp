@@ -12,6 +12,7 @@
 
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
+#include "../half_reference.hpp"
 #include "common/wait.hpp"
 
 using gradsync::DType;
@@ -137,33 +138,10 @@ TEST_CASE("integer mean truncates toward zero", "[comm][reduce]") {
   REQUIRE(out == INT32_MAX);
 }
 
-namespace {
-// Independent of the codecs: the compiler's IEEE half type, and bf16 by hand (round to nearest
-// even on the upper 16 bits of the f32; NaN kept a quiet NaN).
-uint16_t to_f16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
-}
-float from_f16(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return static_cast<float>(h);
-}
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t bits) {
-  const uint32_t x = uint32_t{bits} << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-}  // namespace
+using half_reference::from_bf16;
+using half_reference::from_f16;
+using half_reference::to_bf16;
+using half_reference::to_f16;
 
 TEST_CASE("bf16 and f16 reduce in f32, in rank order, rounded once", "[comm][reduce]") {
   struct Half {

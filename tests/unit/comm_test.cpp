@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -17,7 +16,7 @@
 
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
-#include "gradsync/log.h"
+#include "test_support.hpp"
 
 using gradsync::DType;
 using gradsync::ReduceOp;
@@ -660,16 +659,7 @@ TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free 
 }
 
 TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[comm][log]") {
-  struct Lines {
-    std::mutex mutex;
-    std::vector<std::string> all;
-  } lines;
-  auto capture = [](void* user, int32_t, const char* message) {
-    auto* l = static_cast<Lines*>(user);
-    std::lock_guard lock(l->mutex);
-    l->all.emplace_back(message);
-  };
-  REQUIRE(gradsync_set_log_callback(capture, &lines, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+  LogLines lines(GRADSYNC_LOG_WARN);
   // Rank 1 is late past the first report (5 s), well within the deadline.
   auto outcomes = run_group(2, [&](Communicator& comm, int r) {
     if (r == 1) std::this_thread::sleep_for(5500ms);
@@ -677,10 +667,7 @@ TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[
     BufferRef b{&v, &v, 1};
     comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
   });
-  REQUIRE(gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
   require_all_ok(outcomes);
-  bool named = false;
-  for (const auto& l : lines.all) named |= l.find("call 1 allreduce: rank 0 waiting 5 s for rank(s) 1") != std::string::npos;
-  INFO((lines.all.empty() ? std::string("no lines") : lines.all.front()));
-  CHECK(named);
+  INFO(lines.first());
+  CHECK(lines.contains("call 1 allreduce: rank 0 waiting 5 s for rank(s) 1"));
 }

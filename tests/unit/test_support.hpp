@@ -4,11 +4,14 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "common/error.hpp"
+#include "gradsync/log.h"
 
 // A scratch directory under /tmp for tests that need real files; removed with everything in it.
 
@@ -37,3 +40,33 @@ void expect_error(F&& f, int status, const std::string& needle) {
     CHECK(std::string(e.what()).find(needle) != std::string::npos);
   }
 }
+
+// Collects the library's log lines at or above a level while it lives (the host callback).
+struct LogLines {
+  explicit LogLines(int level) {
+    REQUIRE(gradsync_set_log_callback(&LogLines::capture, this, level) == GRADSYNC_OK);
+  }
+  ~LogLines() { gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN); }
+  LogLines(const LogLines&) = delete;
+  LogLines& operator=(const LogLines&) = delete;
+  bool contains(const std::string& fragment) {
+    std::lock_guard lock(mutex);
+    for (const auto& l : all) {
+      if (l.find(fragment) != std::string::npos) return true;
+    }
+    return false;
+  }
+  std::string first() {
+    std::lock_guard lock(mutex);
+    return all.empty() ? std::string("no lines") : all.front();
+  }
+
+ private:
+  static void capture(void* user, int32_t, const char* message) {
+    auto* self = static_cast<LogLines*>(user);
+    std::lock_guard lock(self->mutex);
+    self->all.emplace_back(message);
+  }
+  std::mutex mutex;
+  std::vector<std::string> all;
+};
