@@ -20,28 +20,5 @@ trap cleanup EXIT
 ls "$work"/debs/*.deb
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$work"/debs/*.deb >/dev/null
 
-mkdir -p "$work/consumer"
-cat > "$work/consumer/main.c" <<'C'
-#include <gradsync/gradsync.h>
-#include <stdio.h>
-int main(void) {
-  printf("gradsync %s abi %d\n", gradsync_version_string(), gradsync_abi_version());
-  return gradsync_abi_version() == GRADSYNC_ABI_VERSION ? 0 : 1;
-}
-C
-cat > "$work/consumer/CMakeLists.txt" <<'C'
-cmake_minimum_required(VERSION 3.18)
-project(consumer C)
-find_package(gradsync 0.1 REQUIRED)
-add_executable(consumer main.c)
-target_link_libraries(consumer PRIVATE gradsync::gradsync)
-C
-# shellcheck disable=SC2046
-cc "$work/consumer/main.c" -o "$work/consumer/pc" $(pkg-config --cflags --libs gradsync)
-env -u LD_LIBRARY_PATH "$work/consumer/pc"
-cmake -S "$work/consumer" -B "$work/consumer/build" >/dev/null
-cmake --build "$work/consumer/build" >/dev/null
-env -u LD_LIBRARY_PATH "$work/consumer/build/consumer"
-(cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH=/usr/share/gradsync/python \
-  /usr/bin/python3 -c "import gradsync; print('python: gradsync', gradsync.version(), gradsync.lib._name)")
+"$root/scripts/check_consumers.sh" /usr
 echo "ok: the .deb packages install, and C, CMake and Python consumers use them"
