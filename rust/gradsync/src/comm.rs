@@ -1,0 +1,544 @@
+// SPDX-License-Identifier: Apache-2.0
+//! [`Communicator`]: a group of ranks and its collectives (comm.h), over threads of one process,
+//! processes of one host (shared memory) or MPI.
+
+use crate::error::{check, invalid, Result};
+use crate::types::{Element, ReduceOp};
+use gradsync_sys as sys;
+use std::ffi::c_void;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::size_of;
+use std::ops::{Deref, DerefMut};
+use std::ptr::{self, NonNull};
+
+/// `gradsync_transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Transport {
+    /// Threads of one process, grouped by name.
+    Thread = sys::GRADSYNC_TRANSPORT_THREAD,
+    /// Processes of one host, grouped by name through `/dev/shm/gradsync.<name>`.
+    Shm = sys::GRADSYNC_TRANSPORT_SHM,
+    /// Processes over MPI (when the library was built with it; rank and size come from MPI).
+    Mpi = sys::GRADSYNC_TRANSPORT_MPI,
+}
+
+impl Transport {
+    fn from_raw(value: i32) -> Transport {
+        match value {
+            sys::GRADSYNC_TRANSPORT_SHM => Transport::Shm,
+            sys::GRADSYNC_TRANSPORT_MPI => Transport::Mpi,
+            _ => Transport::Thread,
+        }
+    }
+}
+
+/// Options of [`Communicator::new`] (`gradsync_comm_options`); unset fields keep the library's
+/// defaults (300 s timeout, mismatch checks on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommOptions {
+    name: String,
+    rank: i32,
+    size: i32,
+    transport: Transport,
+    timeout_ms: Option<i64>,
+    deterministic: Option<bool>,
+    check_mismatch: Option<bool>,
+    mpi_fcomm: Option<i64>,
+}
+
+impl CommOptions {
+    /// Rank `rank` of a group of `size` members called `name` (at most 63 bytes, no NUL), over
+    /// threads unless [`transport`](Self::transport) says otherwise.
+    pub fn new(name: &str, rank: i32, size: i32) -> CommOptions {
+        CommOptions {
+            name: name.to_owned(),
+            rank,
+            size,
+            transport: Transport::Thread,
+            timeout_ms: None,
+            deterministic: None,
+            check_mismatch: None,
+            mpi_fcomm: None,
+        }
+    }
+    /// The transport (default [`Transport::Thread`]).
+    #[must_use]
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+    /// Deadline of joining and of each collective, > 0 ms ([`i64::MAX`]: none).
+    #[must_use]
+    pub fn timeout_ms(mut self, timeout_ms: i64) -> Self {
+        self.timeout_ms = Some(timeout_ms);
+        self
+    }
+    /// Rank-order reduction on MPI (threads and shared memory always are).
+    #[must_use]
+    pub fn deterministic(mut self, on: bool) -> Self {
+        self.deterministic = Some(on);
+        self
+    }
+    /// Whether ranks that disagree in a round are detected (default on).
+    #[must_use]
+    pub fn check_mismatch(mut self, on: bool) -> Self {
+        self.check_mismatch = Some(on);
+        self
+    }
+    /// MPI: the host's communicator as its Fortran handle (`MPI_Comm_c2f`); default MPI_COMM_WORLD.
+    #[must_use]
+    pub fn mpi_fcomm(mut self, fcomm: i64) -> Self {
+        self.mpi_fcomm = Some(fcomm);
+        self
+    }
+
+    fn to_raw(&self) -> Result<sys::gradsync_comm_options> {
+        let mut raw = sys::GRADSYNC_COMM_OPTIONS_INIT;
+        let bytes = self.name.as_bytes();
+        if bytes.contains(&0) {
+            return Err(invalid("CommOptions", format!("group name {:?} contains a NUL byte", self.name)));
+        }
+        if bytes.len() >= sys::GRADSYNC_COMM_NAME_MAX {
+            return Err(invalid(
+                "CommOptions",
+                format!("group name has {} bytes, at most {} fit", bytes.len(), sys::GRADSYNC_COMM_NAME_MAX - 1),
+            ));
+        }
+        for (dst, &src) in raw.name.iter_mut().zip(bytes) {
+            *dst = src as sys::c_char;
+        }
+        raw.transport = self.transport as i32;
+        raw.rank = self.rank;
+        raw.size = self.size;
+        if let Some(ms) = self.timeout_ms {
+            raw.timeout_ms = ms;
+        }
+        if let Some(on) = self.deterministic {
+            raw.deterministic = on as i32;
+        }
+        if let Some(on) = self.check_mismatch {
+            raw.check_mismatch = on as i32;
+        }
+        if let Some(fcomm) = self.mpi_fcomm {
+            raw.mpi_fcomm = fcomm;
+        }
+        Ok(raw)
+    }
+}
+
+/// Start and length of part `index` of `n` elements over `parts` parts (the partition rule).
+pub(crate) fn part_of(n: usize, parts: usize, index: usize) -> (usize, usize) {
+    let (q, r) = (n / parts, n % parts);
+    (index * q + index.min(r), q + usize::from(index < r))
+}
+
+/// One rank of a group (`gradsync_comm`): deterministic collectives on slices of `f32`, `f64`,
+/// `i32` or `i64` ([`Element`]).
+///
+/// Semantics are the library's (comm.h): every rank gets bitwise the same result; either every
+/// rank's call succeeds or every rank's call fails; ranks that disagree (count, dtype, op, root)
+/// all get [`status::MISMATCH`](crate::status::MISMATCH) and the next call works; a rank that does
+/// not arrive in time gives `TIMEOUT`, after which calls fail with `ABORTED` until every rank calls
+/// [`reset`](Self::reset). Errors that this wrapper finds before calling C (slices of inconsistent
+/// lengths) are local to the calling rank, like the library's own argument checks.
+///
+/// **Thread safety**: `Send`, not `Sync`. The C rule is "one thread at a time per handle", so a
+/// communicator may move to another thread but is not shared; the exception, `gradsync_comm_abort`
+/// from any thread at any time, is available through [`abort_handle`](Self::abort_handle).
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<gradsync::Communicator>(); // not Sync: one thread at a time
+/// ```
+///
+/// Dropping it calls `gradsync_comm_free` (leaves the group; the peers' calls then fail with
+/// `ABORTED`).
+pub struct Communicator {
+    raw: NonNull<sys::gradsync_comm>,
+    rank: i32,
+    size: i32,
+    transport: Transport,
+}
+
+// SAFETY: comm.h allows a handle to be used from any thread, one thread at a time; a &mut-free
+// API over a value that is not Sync guarantees exactly that. Use in another *process* (fork) is not
+// possible from safe Rust.
+unsafe impl Send for Communicator {}
+
+impl Communicator {
+    /// Joins the group (`gradsync_comm_create`): returns once every rank has joined, or fails with
+    /// `TIMEOUT`. The error's message is read on this thread right after the C call.
+    pub fn new(options: &CommOptions) -> Result<Communicator> {
+        let raw_opts = options.to_raw()?;
+        let mut out = ptr::null_mut();
+        check(unsafe { sys::gradsync_comm_create(&mut out, &raw_opts) })?;
+        let raw = NonNull::new(out).expect("gradsync_comm_create returned OK and a NULL handle");
+        let mut comm = Communicator { raw, rank: 0, size: 0, transport: Transport::Thread };
+        // The getters of values fixed at creation; they cannot fail on a live handle.
+        let (mut rank, mut size, mut transport) = (0i32, 0i32, 0i32);
+        check(unsafe { sys::gradsync_comm_rank(comm.raw.as_ptr(), &mut rank) })?;
+        check(unsafe { sys::gradsync_comm_size(comm.raw.as_ptr(), &mut size) })?;
+        check(unsafe { sys::gradsync_comm_transport(comm.raw.as_ptr(), &mut transport) })?;
+        comm.rank = rank;
+        comm.size = size;
+        comm.transport = Transport::from_raw(transport);
+        Ok(comm)
+    }
+
+    /// Rank `rank` of the thread group `name` of `size` members, with the default timeout.
+    pub fn threads(name: &str, rank: i32, size: i32) -> Result<Communicator> {
+        Communicator::new(&CommOptions::new(name, rank, size))
+    }
+
+    /// Rank `rank` of the shared-memory group `name` of `size` processes of this host.
+    pub fn shm(name: &str, rank: i32, size: i32) -> Result<Communicator> {
+        Communicator::new(&CommOptions::new(name, rank, size).transport(Transport::Shm))
+    }
+
+    /// This member's rank.
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+    /// The number of ranks.
+    pub fn size(&self) -> i32 {
+        self.size
+    }
+    /// The transport.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+    /// The raw handle, for calls into [`gradsync_sys`]; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::gradsync_comm {
+        self.raw.as_ptr()
+    }
+
+    fn raw(&self) -> *mut sys::gradsync_comm {
+        self.raw.as_ptr()
+    }
+
+    fn my_part(&self, n: usize) -> (usize, usize) {
+        part_of(n, self.size.max(1) as usize, self.rank as usize)
+    }
+
+    /// `recv[i] = op over ranks of send[i]` (`gradsync_comm_allreduce`). `send` and `recv` have the
+    /// same length (else a local `INVALID_ARG`).
+    pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(invalid(
+                "Communicator::allreduce",
+                format!("send has {} elements, recv {}", send.len(), recv.len()),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_allreduce(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                send.len(),
+                T::DTYPE as i32,
+                op as i32,
+            )
+        })
+    }
+
+    /// In-place allreduce of `buf` (`gradsync_comm_allreduce` with send == recv).
+    pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let p = buf.as_mut_ptr() as *mut c_void;
+        check(unsafe { sys::gradsync_comm_allreduce(self.raw(), p, p, buf.len(), T::DTYPE as i32, op as i32) })
+    }
+
+    /// One fused in-place allreduce over several buffers, e.g. a gradient bucket
+    /// (`gradsync_comm_allreduce_many`); the same results as one call each.
+    pub fn allreduce_many<T: Element>(&self, bufs: &mut [&mut [T]], op: ReduceOp) -> Result<()> {
+        let recvs: Vec<*mut c_void> = bufs.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
+        let counts: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        check(unsafe {
+            sys::gradsync_comm_allreduce_many(
+                self.raw(),
+                ptr::null(),
+                recvs.as_ptr(),
+                counts.as_ptr(),
+                bufs.len(),
+                T::DTYPE as i32,
+                op as i32,
+            )
+        })
+    }
+
+    /// `recv = Σ wᵢ·sendᵢ / Σ wᵢ` with `weight` this rank's sample count
+    /// (`gradsync_comm_weighted_mean`; `f32` and `f64` only). Returns `Σ wᵢ`.
+    pub fn weighted_mean<T: Element>(&self, send: &[T], recv: &mut [T], weight: u64) -> Result<u64> {
+        if send.len() != recv.len() {
+            return Err(invalid(
+                "Communicator::weighted_mean",
+                format!("send has {} elements, recv {}", send.len(), recv.len()),
+            ));
+        }
+        let mut total = 0u64;
+        check(unsafe {
+            sys::gradsync_comm_weighted_mean(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                send.len(),
+                T::DTYPE as i32,
+                weight,
+                &mut total,
+            )
+        })?;
+        Ok(total)
+    }
+
+    /// In-place weighted mean of `buf`; returns `Σ wᵢ`.
+    pub fn weighted_mean_in_place<T: Element>(&self, buf: &mut [T], weight: u64) -> Result<u64> {
+        let p = buf.as_mut_ptr() as *mut c_void;
+        let mut total = 0u64;
+        check(unsafe {
+            sys::gradsync_comm_weighted_mean(self.raw(), p, p, buf.len(), T::DTYPE as i32, weight, &mut total)
+        })?;
+        Ok(total)
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf` (`gradsync_comm_broadcast`).
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: i32) -> Result<()> {
+        check(unsafe {
+            sys::gradsync_comm_broadcast(self.raw(), buf.as_mut_ptr() as *mut c_void, buf.len(), T::DTYPE as i32, root)
+        })
+    }
+
+    /// Gathers every rank's part into `recv` (`gradsync_comm_allgather`); `send` is this rank's
+    /// part of `recv.len()` elements by the partition rule ([`part`](Self::part)).
+    pub fn allgather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let (_, len) = self.my_part(recv.len());
+        if send.len() != len {
+            return Err(invalid(
+                "Communicator::allgather",
+                format!(
+                    "rank {}'s part of {} elements over {} ranks has {} elements, send has {}",
+                    self.rank,
+                    recv.len(),
+                    self.size,
+                    len,
+                    send.len()
+                ),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_allgather(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                recv.len(),
+                T::DTYPE as i32,
+            )
+        })
+    }
+
+    /// Allgather with this rank's part already in place in `buf` at its offset.
+    pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        check(unsafe {
+            sys::gradsync_comm_allgather(
+                self.raw(),
+                ptr::null(),
+                buf.as_mut_ptr() as *mut c_void,
+                buf.len(),
+                T::DTYPE as i32,
+            )
+        })
+    }
+
+    /// Reduces `send` over ranks; this rank receives its part (by the partition rule) into `recv`
+    /// (`gradsync_comm_reduce_scatter`), whose length must be that part's.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let (_, len) = self.my_part(send.len());
+        if recv.len() != len {
+            return Err(invalid(
+                "Communicator::reduce_scatter",
+                format!(
+                    "rank {}'s part of {} elements over {} ranks has {} elements, recv has {}",
+                    self.rank,
+                    send.len(),
+                    self.size,
+                    len,
+                    recv.len()
+                ),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_reduce_scatter(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                send.len(),
+                T::DTYPE as i32,
+                op as i32,
+            )
+        })
+    }
+
+    /// Reduce-scatter in place: this rank's part of `buf` (at its offset) receives the reduction;
+    /// the rest of `buf` is left unspecified.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let (start, _) = self.my_part(buf.len());
+        let base = buf.as_mut_ptr();
+        check(unsafe {
+            sys::gradsync_comm_reduce_scatter(
+                self.raw(),
+                base as *const c_void,
+                base.add(start) as *mut c_void,
+                buf.len(),
+                T::DTYPE as i32,
+                op as i32,
+            )
+        })
+    }
+
+    /// Exchanges parts (`gradsync_comm_alltoall`): `send` is split by the partition rule and part
+    /// j goes to rank j; `recv` holds `size` blocks of this rank's part length, in rank order.
+    pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let (_, len) = self.my_part(send.len());
+        let want = len.checked_mul(self.size as usize);
+        if want != Some(recv.len()) {
+            return Err(invalid(
+                "Communicator::alltoall",
+                format!("recv must hold {} ranks x {} elements, it has {}", self.size, len, recv.len()),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_alltoall(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                send.len(),
+                T::DTYPE as i32,
+            )
+        })
+    }
+
+    /// Waits until every rank has arrived (`gradsync_comm_barrier`).
+    pub fn barrier(&self) -> Result<()> {
+        check(unsafe { sys::gradsync_comm_barrier(self.raw()) })
+    }
+
+    /// Aborts the group (`gradsync_comm_abort`): every rank blocked in, or later entering, a
+    /// collective gets `ABORTED` until [`reset`](Self::reset). To abort from another thread while
+    /// this one waits in a collective, use [`abort_handle`](Self::abort_handle).
+    pub fn abort(&self) -> Result<()> {
+        check(unsafe { sys::gradsync_comm_abort(self.raw()) })
+    }
+
+    /// Clears an abort or timeout so the group can be used again (`gradsync_comm_reset`).
+    /// Collective: every rank calls it.
+    pub fn reset(&self) -> Result<()> {
+        check(unsafe { sys::gradsync_comm_reset(self.raw()) })
+    }
+
+    /// A handle that can only abort this group, and may be used from any thread (`Send + Sync`,
+    /// `Copy`) while this communicator is in a collective, e.g. from a watchdog in
+    /// `std::thread::scope`. It borrows the communicator, so it cannot outlive it.
+    pub fn abort_handle(&self) -> AbortHandle<'_> {
+        AbortHandle { raw: self.raw, _comm: PhantomData }
+    }
+
+    /// Start and length of `rank`'s part of `n` elements, by the partition rule that allgather,
+    /// reduce-scatter and alltoall use.
+    pub fn part(&self, n: usize, rank: i32) -> (usize, usize) {
+        part_of(n, self.size.max(1) as usize, rank.max(0) as usize)
+    }
+
+    /// `len` zeroed elements of memory from this communicator (`gradsync_comm_alloc`): on the
+    /// shared-memory transport it lies in the group's segment, and collectives whose buffers all
+    /// come from here run zero copy. Freed (`gradsync_comm_free_buffer`) when dropped.
+    pub fn alloc<T: Element>(&self, len: usize) -> Result<CommBuffer<'_, T>> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| invalid("Communicator::alloc", format!("{} elements overflow the address space", len)))?;
+        let mut p: *mut c_void = ptr::null_mut();
+        check(unsafe { sys::gradsync_comm_alloc(self.raw(), bytes, &mut p) })?;
+        let p = NonNull::new(p as *mut T).expect("gradsync_comm_alloc returned OK and NULL");
+        // SAFETY: `bytes` writable bytes, aligned to 4096; zeroed so that the slice is initialised.
+        unsafe { ptr::write_bytes(p.as_ptr() as *mut u8, 0, bytes) };
+        Ok(CommBuffer { comm: self, ptr: p, len })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: owned handle, freed once; no call can run on it (not Sync, and &mut self).
+        unsafe { sys::gradsync_comm_free(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+/// Aborts a [`Communicator`]'s group from any thread (`gradsync_comm_abort`, "any thread, any
+/// time"). Borrowed from the communicator by [`Communicator::abort_handle`].
+#[derive(Clone, Copy, Debug)]
+pub struct AbortHandle<'a> {
+    raw: NonNull<sys::gradsync_comm>,
+    _comm: PhantomData<&'a Communicator>,
+}
+
+// SAFETY: the only call made through it is gradsync_comm_abort, documented `any-abort`: callable
+// from any thread, also while another thread is inside a collective on the handle. The borrow keeps
+// the communicator (and so the handle) alive.
+unsafe impl Send for AbortHandle<'_> {}
+unsafe impl Sync for AbortHandle<'_> {}
+
+impl AbortHandle<'_> {
+    /// Aborts the group: the collective running on the communicator's thread returns `ABORTED`,
+    /// and so do the peers'. The error message, if any, is read on the calling thread.
+    pub fn abort(&self) -> Result<()> {
+        check(unsafe { sys::gradsync_comm_abort(self.raw.as_ptr()) })
+    }
+}
+
+/// Memory from [`Communicator::alloc`], usable as a slice; freed when dropped. It borrows the
+/// communicator (so it is neither `Send` nor `Sync`, and cannot outlive it).
+///
+/// On the shared-memory transport, after a collective on it fails, a stopped peer may still write
+/// the buffer until [`Communicator::reset`] returns (comm.h): do not read it in between.
+pub struct CommBuffer<'c, T: Element> {
+    comm: &'c Communicator,
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+impl<T: Element> Deref for CommBuffer<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: len initialised elements, alive until drop.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> DerefMut for CommBuffer<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as above, and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> Drop for CommBuffer<'_, T> {
+    fn drop(&mut self) {
+        // Nothing to report to: a failure here (never expected) leaves the buffer to
+        // gradsync_comm_free, which releases every buffer still allocated.
+        let _ = unsafe { sys::gradsync_comm_free_buffer(self.comm.raw(), self.ptr.as_ptr() as *mut c_void) };
+    }
+}
+
+impl<T: Element + fmt::Debug> fmt::Debug for CommBuffer<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
