@@ -201,6 +201,29 @@ void require_buffer(const void* p, size_t count, DType dtype, const char* what) 
   GS_REQUIRE(p != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "{} buffer is NULL for count {}", what, count);
 }
 
+// The collectives that reduce read and write elements as their type, so a buffer must be aligned
+// as an array of that type is (a misaligned one would be undefined behaviour in the kernels).
+void require_aligned(const void* p, DType dtype, const char* what) {
+  const size_t es = gradsync::dtype_size(dtype);
+  GS_REQUIRE(reinterpret_cast<uintptr_t>(p) % es == 0, GRADSYNC_E_INVALID_ARG,
+             "{} buffer {} is not aligned to its {}-byte elements ({})", what, p, es, gradsync::dtype_name(dtype));
+}
+
+// Buffer a (a_count elements) and buffer b must not overlap, except in place: a exactly at
+// `in_place` (a position inside b). Peers read the send buffer while recv is written, so any other
+// overlap races them (and copying it is undefined behaviour). Counts have passed require_buffer, so
+// the byte sizes do not overflow.
+void require_disjoint(const void* a, size_t a_count, const char* a_name, const void* b, size_t b_count,
+                      const char* b_name, DType dtype, const void* in_place) {
+  const size_t es = gradsync::dtype_size(dtype);
+  const size_t a_bytes = a_count * es, b_bytes = b_count * es;
+  if (a_bytes == 0 || b_bytes == 0 || a == in_place) return;
+  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  GS_REQUIRE(pa + a_bytes <= pb || pb + b_bytes <= pa, GRADSYNC_E_INVALID_ARG,
+             "{} [{}, +{} bytes) overlaps {} [{}, +{} bytes); in place, {} must be {}", a_name, a, a_bytes, b_name, b,
+             b_bytes, a_name, in_place);
+}
+
 }  // namespace
 
 extern "C" {
@@ -270,6 +293,9 @@ GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, 
     const auto o = gradsync::to_op(op);
     require_buffer(send, count, t, "send");
     require_buffer(recv, count, t, "recv");
+    require_aligned(send, t, "send");
+    require_aligned(recv, t, "recv");
+    require_disjoint(send, count, "send", recv, count, "recv", t, recv);
     const gradsync::comm::BufferRef buffer{send, recv, count};
     c.allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
   });
@@ -289,6 +315,9 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* c
       const void* send = sends != nullptr ? sends[i] : recvs[i];
       require_buffer(send, counts[i], t, "send");
       require_buffer(recvs[i], counts[i], t, "recv");
+      require_aligned(send, t, "send");
+      require_aligned(recvs[i], t, "recv");
+      require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
       buffers[i] = {send, recvs[i], counts[i]};
     }
     c.allreduce(buffers, t, o);
@@ -301,6 +330,9 @@ GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm* comm, const void* se
     const DType t = gradsync::to_dtype(dtype);
     require_buffer(send, count, t, "send");
     require_buffer(recv, count, t, "recv");
+    require_aligned(send, t, "send");
+    require_aligned(recv, t, "recv");
+    require_disjoint(send, count, "send", recv, count, "recv", t, recv);
     c.weighted_mean(send, recv, count, t, weight, total_weight);
   });
 }
@@ -319,7 +351,13 @@ GRADSYNC_API int gradsync_comm_allgather(gradsync_comm* comm, const void* send, 
   return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     require_buffer(recv, total_count, t, "recv");
-    if (send != nullptr) require_buffer(send, c.my_part(total_count).len, t, "send");
+    if (send != nullptr) {
+      const gradsync::Part mine = c.my_part(total_count);
+      require_buffer(send, mine.len, t, "send");
+      // in place: this rank's part already at its offset in recv
+      const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + mine.start * gradsync::dtype_size(t);
+      require_disjoint(send, mine.len, "send", recv, total_count, "recv", t, own);
+    }
     c.allgather(send, recv, total_count, t);
   });
 }
@@ -329,8 +367,14 @@ GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* s
   return with_comm(__func__, comm, [&](Communicator& c) {
     const DType t = gradsync::to_dtype(dtype);
     const auto o = gradsync::to_op(op);
+    const gradsync::Part mine = c.my_part(total_count);
     require_buffer(send, total_count, t, "send");
-    require_buffer(recv, c.my_part(total_count).len, t, "recv");
+    require_buffer(recv, mine.len, t, "recv");
+    require_aligned(send, t, "send");
+    require_aligned(recv, t, "recv");
+    // in place: recv at this rank's offset in send
+    const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + mine.start * gradsync::dtype_size(t);
+    require_disjoint(recv, mine.len, "recv", send, total_count, "send", t, own);
     c.reduce_scatter(send, recv, total_count, t, o);
   });
 }

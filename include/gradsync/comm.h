@@ -6,7 +6,11 @@
  *
  * Switching transport is one field of the options. Semantics common to every transport:
  * - Buffers are caller-owned and borrowed for the duration of a call only; send == recv means
- *   in place.
+ *   in place (reduce-scatter and allgather: the part at this rank's offset); send and recv that
+ *   overlap otherwise are GRADSYNC_E_INVALID_ARG. The collectives that reduce (allreduce,
+ *   allreduce_many, weighted_mean, reduce_scatter) take buffers aligned to the element size, as
+ *   a C array of that type is; a misaligned one is GRADSYNC_E_INVALID_ARG. (broadcast, allgather
+ *   and alltoall move bytes and take any alignment.)
  * - Deterministic: each element is reduced in rank order, never in arrival order, so every rank
  *   gets bitwise the same result on every run (on MPI when `deterministic` is set).
  * - One outcome per call: either every rank returns GRADSYNC_OK with the same result, or every

@@ -122,7 +122,8 @@ GRADSYNC_API int gradsync_table_created(const gradsync_table *table, int32_t *cr
 GRADSYNC_API int gradsync_table_get(const gradsync_table *table, int64_t row, float *out, size_t count);
 
 /**
- * @brief Overwrite row `row` with values (count must equal dim).
+ * @brief Overwrite row `row` with values (count must equal dim). values may point into this table
+ *        (read from gradsync_table_view), even into the row itself.
  * @retval GRADSYNC_E_MISUSE the table is read-only
  * @threadsafety any (not synchronised with other writers of the same row)
  */
@@ -138,7 +139,8 @@ GRADSYNC_API int gradsync_table_gather(const gradsync_table *table, const int64_
 
 /**
  * @brief Write n rows from values (n x dim, row after row). Every id is checked before any row is
- *        written; with repeated ids the last one wins.
+ *        written; with repeated ids the last one wins. values may point into this table; rows are
+ *        written in order, each from values as they are when it is written.
  * @threadsafety any (not synchronised with other writers of the same rows)
  */
 GRADSYNC_API int gradsync_table_scatter(gradsync_table *table, const int64_t *rows, size_t n, const float *values,

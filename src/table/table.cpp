@@ -518,7 +518,8 @@ void Table::set(int64_t row, const float* values, size_t count) {
   GS_REQUIRE(values != nullptr, GRADSYNC_E_INVALID_ARG, "values are NULL");
   check_row(row);
   check_count(count, 1, "the row");
-  std::memcpy(row_ptr(row), values, count * sizeof(float));
+  // memmove: values may be read from this table's own view (gradsync_table_view), even overlapping the row.
+  std::memmove(row_ptr(row), values, count * sizeof(float));
 }
 
 void Table::gather(const int64_t* rows, size_t n, float* out, size_t count) const {
@@ -535,7 +536,7 @@ void Table::scatter(const int64_t* rows, size_t n, const float* values, size_t c
   check_count(count, n, "the values");  // first: a bad n must not walk the ids
   check_rows(rows, n);
   const size_t d = static_cast<size_t>(dim_);
-  for (size_t i = 0; i < n; ++i) std::memcpy(row_ptr(rows[i]), values + i * d, d * sizeof(float));
+  for (size_t i = 0; i < n; ++i) std::memmove(row_ptr(rows[i]), values + i * d, d * sizeof(float));  // as in set()
 }
 
 void Table::fill_zero() {
