@@ -96,6 +96,7 @@ struct Ctx {
   std::string first;
   std::vector<gradsync_comm*> groups;  // this scenario's own groups
   int serial = 0;
+  std::string broken;  // why the main group cannot be recovered (a peer died): the run stops
 
   void fail_at(int line, const char* fmt, ...) __attribute__((format(printf, 3, 4))) {
     va_list ap;
@@ -489,7 +490,8 @@ void s_allreduce(Ctx& x) {
 }
 
 // The order in which ranks arrive changes nothing: ranks come in one order, then in the opposite
-// one, and both times the result is the rank-order reference (1M floats: many chunks).
+// one (and in place), and both times the result is the rank-order reference (1M floats: many
+// chunks), the same on every rank.
 void s_arrival_order(Ctx& x) {
   const size_t count = size_t{1} << 20;
   const uint64_t seed = 77;
@@ -504,9 +506,10 @@ void s_arrival_order(Ctx& x) {
   for (int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN}) {
     const auto& want = op == GRADSYNC_SUM ? sum : mean;
     for (int run = 0; run < 2; ++run) {
-      std::vector<float> out(count);
+      std::vector<float> out = run == 1 ? mine : std::vector<float>(count);  // the second run in place
       sleep_ms(5 * (run == 0 ? x.rank : x.size - 1 - x.rank));
-      if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, mine.data(), out.data(), count, GRADSYNC_F32, op))) continue;
+      const float* send = run == 1 ? out.data() : mine.data();
+      if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, send, out.data(), count, GRADSYNC_F32, op))) continue;
       if (check) {
         EXPECT_BITS(F32, x, want.data(), out.data(), count, "allreduce %s of %zu, arrival order %d", op_name(op), count,
                     run);
@@ -1354,7 +1357,10 @@ void align(Ctx& x) {
             gradsync_last_error_message());
   st = gradsync_comm_reset(x.c);
   if (st == GRADSYNC_OK) st = gradsync_comm_barrier(x.c);
-  if (st != GRADSYNC_OK) x.fail_at(__LINE__, "the main group did not recover: %d: %s", st, gradsync_last_error_message());
+  if (st != GRADSYNC_OK) {
+    x.broken = gradsync_last_error_message();
+    x.fail_at(__LINE__, "the main group did not recover: %d: %s", st, x.broken.c_str());
+  }
 }
 
 // Resets (collective, harmless on a working group; on MPI a group that timed out must be reset
@@ -1421,12 +1427,21 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     }
     s.run(x);
     align(x);
-    close_groups(x);
-    align(x);
+    if (x.broken.empty()) close_groups(x);
+    if (x.broken.empty()) align(x);
     const Record mine = make_record(x);
+    // With the main group gone the later scenarios cannot run: each is failed once, not retried.
+    Ctx rest = x;
+    rest.failures = 1;
+    rest.first = "not run: the main group is broken: " + x.broken;
     if (ledger != nullptr) {
       ledger->rec[i][x.rank] = mine;
       ledger->done[x.rank].store(i + 1, std::memory_order_release);
+      if (!x.broken.empty()) {
+        for (int j = i + 1; j < kCount; ++j) ledger->rec[j][x.rank] = make_record(rest);
+        ledger->done[x.rank].store(kCount, std::memory_order_release);
+        break;
+      }
       continue;
     }
     // MPI: the records travel to every rank through the main group (no side channel under mpirun).
@@ -1445,6 +1460,15 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     }
     if (x.rank == 0) tally.line(s, all.data(), x.size, "");
     else for (const Record& r : all) tally.failed += r.failures > 0;
+    if (!x.broken.empty()) {
+      for (int j = i + 1; j < kCount; ++j) {
+        if (!selected(kScenarios[j], filter) || kScenarios[j].not_applicable(x) != nullptr) continue;
+        const Record r = make_record(rest);
+        if (x.rank == 0) tally.line(kScenarios[j], &r, 1, "");
+        else ++tally.failed;
+      }
+      break;
+    }
   }
   alarm(0);
   if (x.mpi() && x.rank == 0) tally.summary(transport, x.size);
@@ -1619,9 +1643,11 @@ int run_processes(int size, const std::string& name, const char* filter) {
       ok = false;
     }
   }
-  // comm.h: the last member to leave removes the segment; a clean run leaves nothing behind.
+  // comm.h: the last member to leave removes the segment, so a clean run leaves nothing behind
+  // (a rank that crashed leaves its groups' segments, removed here all the same).
   const std::string left = remove_segments(name);
-  if (!left.empty()) {
+  const bool clean = std::all_of(ended.begin(), ended.end(), [](const std::string& e) { return e.empty(); });
+  if (!left.empty() && clean && !v.hung) {
     std::printf("FAIL segments left behind in /dev/shm: %s\n", left.c_str());
     ok = false;
   }
