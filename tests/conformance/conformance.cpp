@@ -753,6 +753,7 @@ void s_allgather(Ctx& x) {
       allgather_case<BF16>(x, total, mode, ++seed);
     }
   }
+  for (int mode = 0; mode < 4; ++mode) allgather_case<F32>(x, 300007, mode, ++seed);  // pipeline chunks
 }
 
 // This rank's part of the reduction. Modes: 0 recv apart, 1 recv inside send at this rank's
@@ -787,6 +788,9 @@ void s_reduce_scatter(Ctx& x) {
       reduce_scatter_case<F16>(x, total, GRADSYNC_MAX, mode, ++seed);
     }
   }
+  for (int mode = 0; mode < 4; ++mode) {
+    for (int32_t op : kOps) reduce_scatter_case<F32>(x, 300007, op, mode, ++seed);  // pipeline chunks
+  }
 }
 
 // Rank i's part j lands in rank j's block i: recv holds size blocks of this rank's part length.
@@ -818,6 +822,7 @@ void s_alltoall(Ctx& x) {
       alltoall_case<F64>(x, total, from_comm, ++seed);
     }
   }
+  for (bool from_comm : {false, true}) alltoall_case<F32>(x, 300007, from_comm, ++seed);  // pipeline chunks
 }
 
 void s_barrier(Ctx& x) {
@@ -1197,7 +1202,7 @@ void s_timeout(Ctx& x) {
   const bool late = x.rank == x.size - 1;
   if (late) {
     sleep_ms(kShortTimeoutMs + 700);  // well past the waiters' deadline, even on a loaded machine
-    EXPECT_STATUS(x, gradsync_comm_barrier(g), GRADSYNC_E_ABORTED);
+    EXPECT_STATUS(x, gradsync_comm_barrier(g), GRADSYNC_E_ABORTED, "time");  // "timed out", "timeout"
   } else {
     std::vector<float> v(4, 1.0f);
     const auto start = Clock::now();
