@@ -1,11 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The communicator over the thread transport, through the internal C++ API: what only this
-// transport or its internals have (the staged weighted mean as a second implementation, joining
-// and leaving a group of threads, the messages that name the missing or aborting rank, the
-// straggler log). The semantics every transport shares (collectives against the rank-order
-// reference, mismatches, bad arguments, abort, timeout and reset) are in the conformance suite
-// (tests/conformance), which runs them over threads too. Catch2 assertions run on the main thread
-// only: the rank threads record what they saw and the main thread checks it.
+// The communicator over the thread transport: collectives against a rank-order reference, bitwise
+// agreement across ranks and runs, and the failure modes (mismatch, timeout, abort, duplicate rank,
+// reuse after abort, reset, a rank leaving). Catch2 assertions run on the main thread only: the
+// rank threads record what they saw and the main thread checks it.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -92,6 +89,30 @@ void require_all_ok(const std::vector<Outcome>& outcomes) {
 }
 
 template <class T>
+T reference_one(ReduceOp op, const std::vector<std::vector<T>>& in, size_t i) {
+  const size_t n = in.size();
+  if constexpr (std::is_floating_point_v<T>) {
+    T v = in[0][i];
+    for (size_t k = 1; k < n; ++k) {
+      const T x = in[k][i];
+      if (op == ReduceOp::Min) v = x < v ? x : v;
+      else if (op == ReduceOp::Max) v = v < x ? x : v;
+      else v = v + x;
+    }
+    return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
+  } else {
+    if (op == ReduceOp::Min || op == ReduceOp::Max) {
+      T v = in[0][i];
+      for (size_t k = 1; k < n; ++k) v = op == ReduceOp::Min ? std::min(v, in[k][i]) : std::max(v, in[k][i]);
+      return v;
+    }
+    int64_t s = 0;  // the test values are small: no wrap
+    for (size_t k = 0; k < n; ++k) s += in[k][i];
+    return static_cast<T>(op == ReduceOp::Mean ? s / static_cast<int64_t>(n) : s);
+  }
+}
+
+template <class T>
 std::vector<T> values(size_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<T> v(count);
@@ -105,7 +126,316 @@ std::vector<T> values(size_t count, uint64_t seed) {
   return v;
 }
 
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  else if constexpr (std::is_same_v<T, double>) return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
+  else return DType::I64;
+}
+
+template <class T>
+void check_allreduce(int n, const std::vector<size_t>& sizes, const std::vector<ReduceOp>& ops) {
+  struct Case {
+    size_t count;
+    ReduceOp op;
+    bool in_place;
+    std::vector<std::vector<T>> in;   // per rank
+    std::vector<std::vector<T>> out;  // per rank
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 1;
+  for (size_t count : sizes) {
+    for (ReduceOp op : ops) {
+      for (bool in_place : {true, false}) {
+        Case c{count, op, in_place, {}, {}};
+        for (int r = 0; r < n; ++r) {
+          c.in.push_back(values<T>(count, seed++));
+          c.out.emplace_back(count, T(-1));
+        }
+        cases.push_back(std::move(c));
+      }
+    }
+  }
+  auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+    for (auto& c : cases) {
+      auto& in = c.in[static_cast<size_t>(r)];
+      auto& out = c.out[static_cast<size_t>(r)];
+      if (c.in_place) {
+        out = in;
+        BufferRef b{out.data(), out.data(), c.count};
+        comm.allreduce(std::span<const BufferRef>(&b, 1), dtype_of<T>(), c.op);
+      } else {
+        BufferRef b{in.data(), out.data(), c.count};
+        comm.allreduce(std::span<const BufferRef>(&b, 1), dtype_of<T>(), c.op);
+      }
+    }
+  });
+  require_all_ok(outcomes);
+  for (auto& c : cases) {
+    INFO("ranks " << n << " count " << c.count << " op " << gradsync::op_name(c.op) << " in place " << c.in_place);
+    std::vector<T> expected(c.count);
+    for (size_t i = 0; i < c.count; ++i) expected[i] = reference_one(c.op, c.in, i);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      REQUIRE(same_bytes(c.out[static_cast<size_t>(r)].data(), expected.data(), c.count * sizeof(T)));
+    }
+  }
+}
+
+const std::vector<ReduceOp> kAllOps{ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max};
+
 }  // namespace
+
+TEST_CASE("allreduce of 1M floats is right and bitwise identical across runs", "[comm][allreduce]") {
+  for (int n : {2, 3, 4, 8}) {
+    check_allreduce<float>(n, {1u << 20}, {ReduceOp::Sum, ReduceOp::Mean});
+  }
+  // Two runs with different arrival orders give the same bits.
+  const int n = 4;
+  const size_t count = 1 << 20;
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < n; ++r) in.push_back(values<float>(count, 100 + r));
+  std::vector<std::vector<float>> first, second;
+  for (auto* result : {&first, &second}) {
+    result->assign(n, std::vector<float>(count));
+    const bool reverse = result == &second;
+    auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+      // Ranks arrive in opposite orders in the two runs.
+      std::this_thread::sleep_for(std::chrono::milliseconds(reverse ? (n - r) * 5 : r * 5));
+      BufferRef b{in[static_cast<size_t>(r)].data(), (*result)[static_cast<size_t>(r)].data(), count};
+      comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+    });
+    require_all_ok(outcomes);
+  }
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(same_bytes(first[r].data(), first[0].data(), count * sizeof(float)));
+    REQUIRE(same_bytes(second[r].data(), first[0].data(), count * sizeof(float)));
+  }
+}
+
+TEST_CASE("fused allreduce equals one allreduce per buffer, bitwise", "[comm][allreduce]") {
+  for (int n : {2, 3, 4}) {
+    for (const std::vector<size_t>& counts :
+         {std::vector<size_t>{3, 0, 5, 2}, std::vector<size_t>{1000, 3, 70000, 1}, std::vector<size_t>{1, 1}}) {
+      std::vector<std::vector<std::vector<float>>> fused(static_cast<size_t>(n)), single(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        for (size_t j = 0; j < counts.size(); ++j) {
+          fused[static_cast<size_t>(r)].push_back(values<float>(counts[j], static_cast<uint64_t>(r * 100 + j)));
+        }
+        single[static_cast<size_t>(r)] = fused[static_cast<size_t>(r)];
+      }
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        std::vector<BufferRef> bufs;
+        for (auto& v : fused[static_cast<size_t>(r)]) bufs.push_back({v.data(), v.data(), v.size()});
+        comm.allreduce(bufs, DType::F32, ReduceOp::Mean);
+        for (auto& v : single[static_cast<size_t>(r)]) {
+          BufferRef b{v.data(), v.data(), v.size()};
+          comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Mean);
+        }
+      });
+      require_all_ok(outcomes);
+      for (int r = 0; r < n; ++r) {
+        for (size_t j = 0; j < counts.size(); ++j) {
+          REQUIRE(same_bytes(fused[r][j].data(), single[r][j].data(), counts[j] * sizeof(float)));
+          REQUIRE(same_bytes(fused[r][j].data(), fused[0][j].data(), counts[j] * sizeof(float)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("every kind of disagreement is a mismatch on every rank, and nothing is written", "[comm][mismatch]") {
+  struct Variant {
+    const char* name;
+    const char* expect;  // a piece of the message
+    std::function<void(Communicator&, int, std::vector<float>&)> call;
+  };
+  auto ar = [](Communicator& c, std::vector<float>& v, size_t count, DType t, ReduceOp op) {
+    BufferRef b{v.data(), v.data(), count};
+    c.allreduce(std::span<const BufferRef>(&b, 1), t, op);
+  };
+  std::vector<Variant> variants{
+      {"count", "rank 2 called allreduce of 3 f32 (sum) but rank 0 called allreduce of 4 f32 (sum)", [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
+      {"count (large)", "allreduce of 5000 f32 (sum) but rank 0 called allreduce of 6000 f32 (sum)",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 5000 : 6000, DType::F32, ReduceOp::Sum); }},
+      {"dtype", "allreduce of 2 i32 (sum) but rank 0 called allreduce of 2 f32 (sum)",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, 2, r == 2 ? DType::I32 : DType::F32, ReduceOp::Sum); }},
+      {"op", "allreduce of 4 f32 (max) but rank 0 called allreduce of 4 f32 (sum)",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, 4, DType::F32, r == 2 ? ReduceOp::Max : ReduceOp::Sum); }},
+      {"root", "broadcast of 4 f32 from root 1 but rank 0 called broadcast of 4 f32 from root 0",
+       [&](Communicator& c, int r, auto& v) { c.broadcast(v.data(), 4, DType::F32, r == 2 ? 1 : 0); }},
+      {"collective", "called broadcast of 4 f32 from root 0 but rank 0 called allreduce of 4 f32 (sum)",
+       [&](Communicator& c, int r, auto& v) {
+         if (r == 2) c.broadcast(v.data(), 4, DType::F32, 0);
+         else ar(c, v, 4, DType::F32, ReduceOp::Sum);
+       }},
+      {"buffers", "allreduce of 4 f32 (sum) but rank 0 called allreduce of 2 buffers (4 f32 in all) (sum)",
+       [&](Communicator& c, int r, auto& v) {
+         std::vector<BufferRef> bufs{{v.data(), v.data(), 2}, {v.data() + 2, v.data() + 2, 2}};
+         if (r == 2) bufs = {{v.data(), v.data(), 4}};  // same total, split differently
+         c.allreduce(bufs, DType::F32, ReduceOp::Sum);
+       }},
+  };
+  for (auto& variant : variants) {
+    INFO("variant " << variant.name);
+    std::vector<Outcome> got(3);
+    std::vector<std::vector<float>> after(3);
+    std::vector<std::vector<float>> next(3);
+    auto outcomes = run_group(3, [&](Communicator& comm, int r) {
+      std::vector<float> v(6000, static_cast<float>(r + 1));
+      got[r] = attempt([&] { variant.call(comm, r, v); });
+      after[r] = v;
+      std::vector<float> w{static_cast<float>(r)};
+      BufferRef b{w.data(), w.data(), 1};
+      comm.allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+      next[r] = w;
+    });
+    require_all_ok(outcomes);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r << ": " << got[r].message);
+      REQUIRE(got[r].status == GRADSYNC_E_MISMATCH);
+      REQUIRE(got[r].message.find(variant.expect) != std::string::npos);
+      REQUIRE(after[r] == std::vector<float>(6000, static_cast<float>(r + 1)));
+      REQUIRE(next[r] == std::vector<float>{3.0f});
+    }
+  }
+}
+
+TEST_CASE("broadcast, allgather, reduce_scatter and barrier over 1-8 ranks", "[comm][collectives]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n > 1 ? n - 1 : 1), size_t{1001}, size_t{20000}}) {
+      INFO("ranks " << n << " count " << count);
+      const int root = n - 1;
+      std::vector<std::vector<double>> bcast(n), gather_in_place(n), gather(n), rs_out(n), rs_in_place(n);
+      std::vector<std::vector<double>> inputs;
+      for (int r = 0; r < n; ++r) inputs.push_back(values<double>(count, 500 + r));
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        const auto part = comm.my_part(count);
+        // broadcast from the last rank
+        bcast[r] = r == root ? inputs[r] : std::vector<double>(count, -1.0);
+        comm.broadcast(bcast[r].data(), count, DType::F64, root);
+        // allgather: each rank contributes its part of its own input, in place and not
+        gather_in_place[r].assign(count, -1.0);
+        std::copy_n(inputs[r].begin() + part.start, part.len, gather_in_place[r].begin() + part.start);
+        comm.allgather(nullptr, gather_in_place[r].data(), count, DType::F64);
+        gather[r].assign(count, -1.0);
+        comm.allgather(inputs[r].data() + part.start, gather[r].data(), count, DType::F64);
+        // reduce_scatter: out of place, and in place into the part of send
+        rs_out[r].assign(part.len, -1.0);
+        comm.reduce_scatter(inputs[r].data(), rs_out[r].data(), count, DType::F64, ReduceOp::Sum);
+        rs_in_place[r] = inputs[r];
+        comm.reduce_scatter(rs_in_place[r].data(), rs_in_place[r].data() + part.start, count, DType::F64,
+                            ReduceOp::Sum);
+        comm.barrier();
+      });
+      require_all_ok(outcomes);
+      std::vector<double> gathered(count);
+      for (int r = 0; r < n; ++r) {
+        const auto p = gradsync::partition(count, n, r);
+        std::copy_n(inputs[r].begin() + p.start, p.len, gathered.begin() + p.start);
+      }
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        REQUIRE(bcast[r] == inputs[root]);
+        REQUIRE(gather_in_place[r] == gathered);
+        REQUIRE(gather[r] == gathered);
+        const auto p = gradsync::partition(count, n, r);
+        for (size_t i = 0; i < p.len; ++i) {
+          const double want = reference_one(ReduceOp::Sum, inputs, p.start + i);
+          REQUIRE(same_bytes(&rs_out[r][i], &want, sizeof want));
+          REQUIRE(same_bytes(&rs_in_place[r][p.start + i], &want, sizeof want));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("alltoall: rank i's part j lands in rank j's block i, for any dtype", "[comm][collectives]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n > 1 ? n - 1 : 1), size_t{1001}, size_t{70000}}) {
+      INFO("ranks " << n << " count " << count);
+      // Element k of rank r's send is r * 1e6 + k: the block from rank i at this rank's part start
+      // + k must hold i * 1e6 + part.start + k.
+      std::vector<std::vector<int64_t>> wide(n);
+      std::vector<std::vector<uint16_t>> half(n);  // bf16 bits, moved untouched
+      auto outcomes = run_group(n, [&](Communicator& comm, int r) {
+        const auto part = comm.my_part(count);
+        std::vector<int64_t> send(count);
+        std::vector<uint16_t> send16(count);
+        for (size_t k = 0; k < count; ++k) {
+          send[k] = static_cast<int64_t>(r) * 1000000 + static_cast<int64_t>(k);
+          send16[k] = static_cast<uint16_t>(r * 4096 + static_cast<int>(k % 4096));
+        }
+        wide[r].assign(part.len * static_cast<size_t>(n), -1);
+        comm.alltoall(send.data(), wide[r].data(), count, DType::I64);
+        half[r].assign(part.len * static_cast<size_t>(n), 0xFFFF);
+        comm.alltoall(send16.data(), half[r].data(), count, DType::BF16);
+      });
+      require_all_ok(outcomes);
+      for (int r = 0; r < n; ++r) {
+        const auto p = gradsync::partition(count, n, r);
+        for (int i = 0; i < n; ++i) {
+          for (size_t k = 0; k < p.len; ++k) {
+            const size_t at = static_cast<size_t>(i) * p.len + k;
+            REQUIRE(wide[r][at] == static_cast<int64_t>(i) * 1000000 + static_cast<int64_t>(p.start + k));
+            REQUIRE(half[r][at] == static_cast<uint16_t>(i * 4096 + static_cast<int>((p.start + k) % 4096)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("alltoall: ranks that disagree on the total all get the mismatch, and nothing is written",
+          "[comm][mismatch]") {
+  std::vector<Outcome> got(3);
+  std::vector<std::vector<float>> recv(3);
+  auto outcomes = run_group(3, [&](Communicator& comm, int r) {
+    const size_t total = r == 1 ? 10 : 12;
+    std::vector<float> send(total, 1.0f);
+    recv[r].assign(3 * comm.my_part(total).len, -1.0f);
+    got[r] = attempt([&] { comm.alltoall(send.data(), recv[r].data(), total, DType::F32); });
+    comm.barrier();
+  });
+  require_all_ok(outcomes);
+  for (int r = 0; r < 3; ++r) {
+    INFO(got[r].message);
+    REQUIRE(got[r].status == GRADSYNC_E_MISMATCH);
+    REQUIRE(got[r].message.find("rank 1 called alltoall of 10 f32 but rank 0 called alltoall of 12 f32") !=
+            std::string::npos);
+    for (float v : recv[r]) REQUIRE(v == -1.0f);
+  }
+}
+
+TEST_CASE("weighted mean: the data-parallel merge, and a zero total weight on every rank", "[comm][weighted]") {
+  std::vector<std::vector<float>> grads{{4.0f}, {0.0f}};
+  std::vector<uint64_t> totals(2);
+  std::vector<Outcome> zero(2), zero_large(2), huge(2);
+  std::vector<std::vector<double>> untouched(2);
+  auto outcomes = run_group(2, [&](Communicator& comm, int r) {
+    comm.weighted_mean(grads[r].data(), grads[r].data(), 1, DType::F32, r == 0 ? 1 : 3, &totals[r]);
+    std::vector<double> g{1.0, 2.0};
+    zero[r] = attempt([&] { comm.weighted_mean(g.data(), g.data(), 2, DType::F64, 0, nullptr); });
+    std::vector<double> big(50000, 1.5);
+    zero_large[r] = attempt([&] { comm.weighted_mean(big.data(), big.data(), big.size(), DType::F64, 0, nullptr); });
+    huge[r] = attempt([&] {
+      comm.weighted_mean(big.data(), big.data(), big.size(), DType::F64, r == 1 ? (uint64_t{1} << 60) : 1, nullptr);
+    });
+    untouched[r] = big;
+  });
+  require_all_ok(outcomes);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(grads[r][0] == 1.0f);
+    REQUIRE(totals[r] == 4);
+    REQUIRE(zero[r].status == GRADSYNC_E_ZERO_WEIGHT);
+    REQUIRE(zero_large[r].status == GRADSYNC_E_ZERO_WEIGHT);
+    INFO(huge[r].message);
+    REQUIRE(huge[r].status == GRADSYNC_E_INVALID_ARG);
+    REQUIRE(huge[r].message.find("rank 1 passed weight") != std::string::npos);
+    REQUIRE(untouched[r] == std::vector<double>(50000, 1.5));
+  }
+}
 
 TEST_CASE("weighted mean equals the generic staged implementation bitwise, small and large", "[comm][weighted]") {
   for (int n : {2, 3, 4}) {
