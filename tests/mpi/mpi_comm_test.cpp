@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The communicator's test cases on the MPI transport, run by ctest under a real mpirun with 2, 3
 // and 4 ranks. Every rank runs the same test cases in the same order; every wait is bounded by the
-// communicator's timeout, so a failing rank cannot hang the others.
+// communicator's timeout, so a failing rank cannot hang the others. What is MPI's own is here:
+// the non-deterministic mode (MPI's reduction order), check_mismatch off, the staging windows,
+// several MPI communicators, the abort's notices. Deterministic mode, which must give what every
+// transport gives, is tested by the conformance suite (conformance:mpi_*) with the others.
 #define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
 
@@ -193,14 +196,12 @@ void run_all_ops(Communicator& c, bool deterministic) {
 
 }  // namespace
 
-TEST_CASE("allreduce: ops x dtypes x sizes against the rank-order reference", "[mpi]") {
-  for (bool deterministic : {true, false}) {
-    auto c = make(deterministic);
-    run_all_ops<float>(*c, deterministic);
-    run_all_ops<double>(*c, deterministic);
-    run_all_ops<int32_t>(*c, deterministic);
-    run_all_ops<int64_t>(*c, deterministic);
-  }
+TEST_CASE("allreduce, non-deterministic: ops x dtypes x sizes within rounding of the reference", "[mpi]") {
+  auto c = make(false);
+  run_all_ops<float>(*c, false);
+  run_all_ops<double>(*c, false);
+  run_all_ops<int32_t>(*c, false);
+  run_all_ops<int64_t>(*c, false);
 }
 
 TEST_CASE("allreduce: deterministic mode crosses its staging windows and is bitwise identical run to run", "[mpi]") {
@@ -221,8 +222,9 @@ TEST_CASE("allreduce: deterministic mode crosses its staging windows and is bitw
   CHECK(hash_bytes(recv.data(), count * 4) == first);
 }
 
-TEST_CASE("fused allreduce equals one allreduce per buffer", "[mpi]") {
-  for (bool deterministic : {true, false}) {
+TEST_CASE("fused allreduce, non-deterministic, equals one allreduce per buffer", "[mpi]") {
+  {
+    const bool deterministic = false;
     auto c = make(deterministic);
     // Small buffers (packed), an empty one, a large one (sent directly), and many staging fills
     // (256 KiB each), so that buffers straddle fills.
@@ -256,22 +258,9 @@ TEST_CASE("fused allreduce equals one allreduce per buffer", "[mpi]") {
   }
 }
 
-TEST_CASE("fused allreduce: ranks with different buffer layouts get a mismatch", "[mpi]") {
-  auto c = make();
-  // Same total (20) on every rank, split 10+10 on rank 0 and 5+15 elsewhere.
-  std::vector<float> a(15, 1.0f), b(15, 1.0f);
-  const size_t first = c->rank() == 0 ? 10 : 5;
-  const std::vector<BufferRef> refs{{a.data(), a.data(), first}, {b.data(), b.data(), 20 - first}};
-  std::string message;
-  const int st = status_of([&] { c->allreduce(refs, DType::F32, ReduceOp::Sum); }, &message);
-  CHECK(st == GRADSYNC_E_MISMATCH);
-  CHECK(message.find("rank 1 called allreduce of 2 buffers (20 f32 in all) (sum) with other buffer sizes but rank 0 "
-                     "called allreduce of 2 buffers (20 f32 in all) (sum)") != std::string::npos);
-  c->barrier();
-}
-
-TEST_CASE("broadcast, allgather, reduce_scatter and barrier", "[mpi]") {
-  for (bool deterministic : {true, false}) {
+TEST_CASE("broadcast, allgather, reduce_scatter and barrier, non-deterministic", "[mpi]") {
+  {
+    const bool deterministic = false;
     auto c = make(deterministic);
     const int n = c->size();
     const size_t un = static_cast<size_t>(n);
@@ -313,32 +302,10 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier", "[mpi]") {
   }
 }
 
-TEST_CASE("alltoall: rank i's part j lands in rank j's block i", "[mpi]") {
-  auto c = make();
-  const int n = c->size();
-  for (size_t total : {size_t{0}, static_cast<size_t>(n - 1), size_t{10}, size_t{100003}}) {
-    INFO("total " << total);
-    const Part mine = c->my_part(total);
-    std::vector<int64_t> send(total), recv(mine.len * static_cast<size_t>(n), -1);
-    for (size_t k = 0; k < total; ++k) send[k] = c->rank() * 1000000 + static_cast<int64_t>(k);
-    c->alltoall(send.data(), recv.data(), total, DType::I64);
-    for (int i = 0; i < n; ++i) {
-      for (size_t k = 0; k < mine.len; ++k) {
-        CHECK(recv[static_cast<size_t>(i) * mine.len + k] == i * 1000000 + static_cast<int64_t>(mine.start + k));
-      }
-    }
-  }
-  std::vector<float> send(c->rank() == 1 ? 10 : 12, 1.0f), recv(send.size(), -1.0f);
-  std::string message;
-  const int st = status_of([&] { c->alltoall(send.data(), recv.data(), send.size(), DType::F32); }, &message);
-  for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
-  CHECK(message.find("rank 1 called alltoall of 10 f32 but rank 0 called alltoall of 12 f32") != std::string::npos);
-  CHECK(recv == std::vector<float>(send.size(), -1.0f));
-  c->barrier();
-}
-
-TEST_CASE("mismatch of op, dtype, root or collective: every rank errs, nobody moves data", "[mpi]") {
-  for (bool deterministic : {true, false}) {
+TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every rank errs, nobody moves data",
+          "[mpi]") {
+  {
+    const bool deterministic = false;
     auto c = make(deterministic);
     const bool odd = c->rank() % 2 == 1;
     std::vector<float> v(16, static_cast<float>(c->rank()));
@@ -423,37 +390,6 @@ TEST_CASE("abort from another thread unblocks the waiting rank, reaches every ra
   const BufferRef b{v.data(), v.data(), 1};
   c->allreduce(std::span<const BufferRef>(&b, 1), DType::I32, ReduceOp::Sum);
   CHECK(v[0] == c->size() * (c->size() - 1) / 2);
-}
-
-TEST_CASE("a rank that never arrives gives a timeout, then every call fails fast until reset", "[mpi]") {
-  // Start together, so that joining fits in the short deadline even on a loaded machine.
-  MPI_Barrier(MPI_COMM_WORLD);
-  auto c = make(true, true, 2000ms);
-  std::vector<float> v(4, 1.0f);
-  const BufferRef b{v.data(), v.data(), 4};
-  std::string message;
-  int st = GRADSYNC_OK;
-  if (c->rank() != 1) {
-    // Rank 1 skips the collective.
-    const auto start = std::chrono::steady_clock::now();
-    st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); }, &message);
-    const auto waited = std::chrono::steady_clock::now() - start;
-    // Its own deadline, or the notice of a peer whose deadline came first: a timeout either way.
-    CHECK(st == GRADSYNC_E_TIMEOUT);
-    CHECK(message.find("within the timeout (2000 ms") != std::string::npos);
-    CHECK(waited < 30s);  // bounded, not a hang (the deadline is 2 s)
-  }
-  // Outside the library: rank 1 waits here until the others have given up.
-  MPI_Barrier(MPI_COMM_WORLD);
-  // Every rank, rank 1 included (it has the others' notices), now fails fast.
-  CHECK(status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); }, &message) ==
-        GRADSYNC_E_ABORTED);
-  if (c->rank() == 1) CHECK(message.find("timed out") != std::string::npos);
-  // Every rank resets; the group works again.
-  c->reset();
-  std::fill(v.begin(), v.end(), 1.0f);
-  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
-  CHECK(v == std::vector<float>(4, static_cast<float>(c->size())));
 }
 
 TEST_CASE("many communicators, created and freed in turn, do not disturb each other", "[mpi]") {
