@@ -22,6 +22,13 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
              "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
   // Weights travel as doubles beside the products: exact for counts below 2^53.
   GS_REQUIRE(weight <= (uint64_t{1} << 53), GRADSYNC_E_INVALID_ARG, "weight {} exceeds 2^53", weight);
+  std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
+  const BufferRef buffer{staged.data(), staged.data(), staged.size()};
+  allreduce(std::span<const BufferRef>(&buffer, 1), DType::F64, ReduceOp::Sum);
+  finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
+}
+
+std::vector<double> Communicator::stage_weighted_mean(const void* send, size_t count, DType dtype, uint64_t weight) {
   std::vector<double> staged(count + 1, 0.0);
   const double w = static_cast<double>(weight);
   if (weight != 0) {
@@ -34,9 +41,12 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
     }
   }
   staged[count] = w;
-  const BufferRef buffer{staged.data(), staged.data(), staged.size()};
-  allreduce(std::span<const BufferRef>(&buffer, 1), DType::F64, ReduceOp::Sum);
-  const double total = staged[count];
+  return staged;
+}
+
+void Communicator::finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count,
+                                        DType dtype, uint64_t* total_weight) const {
+  const double total = summed[count];
   if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
   GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
   // A group of one leaves the data as it is, bit for bit (w * x / w would quiet a signalling NaN).
@@ -46,10 +56,10 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
   }
   if (dtype == DType::F32) {
     float* out = static_cast<float*>(recv);
-    for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(staged[i] / total);
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(summed[i] / total);
   } else {
     double* out = static_cast<double*>(recv);
-    for (size_t i = 0; i < count; ++i) out[i] = staged[i] / total;
+    for (size_t i = 0; i < count; ++i) out[i] = summed[i] / total;
   }
 }
 

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "common/dtype.hpp"
 #include "common/partition.hpp"
@@ -101,6 +102,13 @@ class Communicator {
   void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
 
  protected:
+  // The default weighted_mean in two halves around a rank-order f64 sum of the staged vector (its
+  // count + 1 entries: the products, then the weight), for a transport that judges the call
+  // itself and moves the data as it likes. The weight is at most 2^53 (checked by the caller).
+  static std::vector<double> stage_weighted_mean(const void* send, size_t count, DType dtype, uint64_t weight);
+  void finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count,
+                            DType dtype, uint64_t* total_weight) const;
+
   InterruptCheck interrupt_;
 
  private:

@@ -152,6 +152,7 @@ struct PeerInfo {
 constexpr size_t kInlineBytes = 64;
 struct Slot {
   Fingerprint fp;
+  uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
   std::byte payload[kInlineBytes];
 };
 
@@ -189,8 +190,10 @@ class MpiCommunicator final : public Communicator {
  private:
   void check(int rc, const char* call);
   void throw_if_aborted();
-  // The arrival rendezvous; `payload` (at most kInlineBytes) travels with the fingerprint.
-  void arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0);
+  // The arrival rendezvous; `payload` (at most kInlineBytes) and a weighted mean's `weight`
+  // travel with the fingerprint.
+  void arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0,
+              uint64_t weight = 0);
   // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
   // (the memory the requests use), aborts the communicator, tells the peers, and throws.
   // `label` names the wait when fp is null; otherwise the fingerprint does (built only on failure).
@@ -223,7 +226,6 @@ class MpiCommunicator final : public Communicator {
   std::vector<PeerInfo> peers_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
-  bool force_deterministic_ = false;
 
   std::atomic<bool> abort_requested_{false};
   bool aborted_ = false;
@@ -376,11 +378,12 @@ void MpiCommunicator::throw_if_aborted() {
     check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
     if (arrived) {
       aborted_ = true;
+      // A notice names its subject, the rank that started it; the sender may only be forwarding it.
       aborted_reason_ = notice_in_[0] == GRADSYNC_E_REMOTE
                             ? fmt::format("rank {} died (reported by rank {})", notice_in_[1], status.MPI_SOURCE)
                         : notice_in_[0] == GRADSYNC_E_TIMEOUT
-                            ? fmt::format("rank {} timed out waiting for a rank that did not arrive", status.MPI_SOURCE)
-                            : fmt::format("rank {} aborted the group", status.MPI_SOURCE);
+                            ? fmt::format("rank {} timed out waiting for a rank that did not arrive", notice_in_[1])
+                            : fmt::format("rank {} aborted the group", notice_in_[1]);
     }
   }
   if (aborted_)
@@ -413,15 +416,15 @@ void MpiCommunicator::fail_on_notice(const MPI_Status& from, std::shared_ptr<voi
     fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, source);
   }
   if (status == GRADSYNC_E_TIMEOUT) {
-    abandon(std::move(keepalive), fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, source);
+    abandon(std::move(keepalive), fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, subject);
     fail(GRADSYNC_E_TIMEOUT,
          "{} on rank {} of {}: not every rank arrived within the timeout ({} ms; the deadline passed first on rank "
          "{}); the communicator is aborted on every rank",
-         what, rank_, size_, options_.timeout.count(), source);
+         what, rank_, size_, options_.timeout.count(), subject);
   }
-  abandon(std::move(keepalive), fmt::format("rank {} aborted the group during {}", source, what), GRADSYNC_E_ABORTED,
-          source);
-  fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, source);
+  abandon(std::move(keepalive), fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED,
+          subject);
+  fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
 
 int MpiCommunicator::dead_peer() const noexcept {
@@ -508,18 +511,20 @@ void MpiCommunicator::commit(const Fingerprint& fp, Clock::time_point deadline) 
   wait(&request, 1, deadline, nullptr, &fp, nullptr, true, false);
 }
 
-void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem) {
+void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem,
+                             uint64_t weight) {
   throw_if_aborted();
   fp.seq = ++seq_;  // calls are numbered from 1, as the other transports number their rounds
   auto where = [] { return std::string("MPI communicator"); };
   const auto own = [&](int) -> const CallSignature& { return fp.call; };
-  const auto no_weight = [](int) { return uint64_t{0}; };
-  if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, no_weight);
+  const auto own_weight = [&](int) { return weight; };
+  if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, own_weight);
   const auto deadline = deadline_after(options_.timeout);
   MPI_Request request = MPI_REQUEST_NULL;
-  if (!options_.check_mismatch && inline_buffers == nullptr) {
+  // A weighted mean always exchanges: its weights are judged by the group, as on every transport.
+  if (!options_.check_mismatch && inline_buffers == nullptr && fp.call.collective != Collective::WeightedMean) {
     // Without the exchange only this rank's own arguments can be judged, before anything moves.
-    verify_round(where, fp.seq, size_, 1, false, own, no_weight);
+    verify_round(where, fp.seq, size_, 1, false, own, own_weight);
     check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
     // An Ibarrier references no memory of ours.
     wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
@@ -528,6 +533,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
   }
   Rendezvous& rv = *rendezvous_;
   rv.mine.fp = fp;
+  rv.mine.weight = weight;
   if (inline_buffers != nullptr) {
     size_t at_byte = 0;
     for (const BufferRef& b : *inline_buffers) {
@@ -546,8 +552,10 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     throw;
   }
   commit(fp, deadline);
-  if (!options_.check_mismatch) return verify_round(where, fp.seq, size_, 1, false, own, no_weight);
+  const auto signature_of = [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; };
+  const auto weight_of = [&](int r) { return rv.all[static_cast<size_t>(r)].weight; };
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
+  if (!options_.check_mismatch) return verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
   const Fingerprint& first = rv.all[0].fp;
   for (int r = 1; r < size_; ++r) {
     const uint64_t seq = rv.all[static_cast<size_t>(r)].fp.seq;
@@ -556,14 +564,13 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
            r, seq, first.seq);
     }
   }
-  verify_round(where, first.seq, size_, size_, true,
-               [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; }, no_weight);
+  verify_round(where, first.seq, size_, size_, true, signature_of, weight_of);
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
   // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps, and half precision
   // accumulates in f32: MPI can do neither.
-  return options_.deterministic || force_deterministic_ || (dtype == DType::I32 && op == ReduceOp::Mean) ||
+  return options_.deterministic || (dtype == DType::I32 && op == ReduceOp::Mean) ||
          dtype == DType::BF16 || dtype == DType::F16;
 }
 
@@ -680,17 +687,16 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
   flush();
 }
 
+// A collective of its own, judged like the others (collective, dtype, count, and every rank's
+// weight, so a bad weight fails every rank alike), then the staged products summed in rank order.
 void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                     uint64_t* total_weight) {
-  // The contract sums the products in rank order, whatever the communicator's default.
-  force_deterministic_ = true;
-  try {
-    Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
-  } catch (...) {
-    force_deterministic_ = false;
-    throw;
-  }
-  force_deterministic_ = false;
+  Fingerprint fp;
+  fp.call = weighted_mean_call(count, dtype);
+  arrive(fp, nullptr, 0, weight);
+  std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
+  if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
+  finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
