@@ -583,6 +583,38 @@ TEST_CASE("abort from another thread wakes every waiter, and reuse fails fast un
   }
 }
 
+// One call, one outcome: a reset that one rank reports done is done on every rank, even when that
+// rank frees its communicator at once; the departure fails the next call instead.
+TEST_CASE("a reset done on one rank is done on every rank, even if that rank frees at once", "[comm][abort]") {
+  for (int round = 0; round < 200; ++round) {
+    const std::string name = unique_name("reset-free");
+    std::vector<std::unique_ptr<Communicator>> comms(2);
+    {
+      std::vector<std::thread> joins;
+      for (int r = 0; r < 2; ++r) joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, 2)); });
+      for (auto& t : joins) t.join();
+    }
+    comms[1]->abort();
+    std::vector<Outcome> reset(2), next(2);
+    std::thread freer([&] {
+      reset[0] = attempt([&] { comms[0]->reset(); });
+      comms[0].reset();
+    });
+    reset[1] = attempt([&] { comms[1]->reset(); });
+    freer.join();
+    next[1] = attempt([&] {
+      double v = 1;
+      BufferRef b{&v, &v, 1};
+      comms[1]->allreduce(std::span<const BufferRef>(&b, 1), DType::F64, ReduceOp::Sum);
+    });
+    INFO("round " << round << ": " << reset[0].message << " / " << reset[1].message);
+    REQUIRE(reset[0].status == 0);
+    REQUIRE(reset[1].status == 0);
+    INFO(next[1].message);
+    REQUIRE(next[1].status == GRADSYNC_E_ABORTED);
+  }
+}
+
 TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free while peers wait", "[comm][join]") {
   // A size disagreement, or a rank claimed twice, breaks the forming group whoever arrived first:
   // both sides fail at once (well before the 5 s deadline), naming the cause.

@@ -212,9 +212,11 @@ void RoundEngine::leave() noexcept {
 void RoundEngine::reset() {
   GroupWords& g = words();
   const uint32_t from = size_ > 1 ? reset_together() : g.stop_word.load(std::memory_order_acquire);
-  const uint32_t code = g.stop_word.load(std::memory_order_acquire);
-  if (stop_reason(code) == StopReason::PeerDied) throw_dead(stop_rank(code));
-  if (stop_reason(code) == StopReason::Left) throw_stopped(false, round_ + 1);
+  // Judged on the stop the ranks reset from, not on the word now: a rank that returned from this
+  // reset may already have freed its communicator (a Left stop), and that belongs to the next
+  // call, or this rank would fail a reset that its peer reported done.
+  if (stop_reason(from) == StopReason::PeerDied) throw_dead(stop_rank(from));
+  if (stop_reason(from) == StopReason::Left) throw_stopped(false, round_ + 1);
   // Clear the stop the ranks recovered from, and nothing newer: a stop raised since (perhaps seen
   // already by a rank that left the reset first) has another generation, so the CAS leaves it.
   // Every rank clears before it returns, so none starts its next call on the old stop.
