@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Allreduce among threads: the thread transport beside two baselines measured in the same run.
+// Allreduce among threads: the thread transport beside three baselines measured in the same run.
 //
-//   bound: the memory-bandwidth bound, a STREAM-like kernel on the same N threads doing exactly the
-//          reads and writes of an ideal in-place N-buffer allreduce (each thread reads its slice of
-//          all N buffers, writes the mean to all N buffers) and one barrier per call.
-//   naive: the seed's design (kizzasi ThreadedGradientSync): one global mutex, each worker adds into
-//          a shared accumulator in arrival order, the last arrival computes the mean and wakes the
-//          others with a condition variable, everyone copies back.
+//   ref:    the reference design, the baseline to beat: owner-sliced single pass (each thread reads
+//           its slice of all N buffers once and writes the mean into all N buffers), and a
+//           spin-then-futex barrier twice per round (inputs ready; outputs written), nothing else.
+//           It is a complete allreduce: when a call returns, every buffer holds the result.
+//   stream: information only, the same kernel with one barrier per call, as a STREAM-style figure.
+//           It is not a bound (a call's end is not synchronised), and the transport can beat it.
+//   naive:  the seed's design (kizzasi ThreadedGradientSync): one global mutex, each worker adds
+//           into a shared accumulator in arrival order, the last arrival computes the mean and
+//           wakes the others with a condition variable, everyone copies back.
 //
 // Figures: microseconds per allreduce (median of several timed batches), algbw = bytes/t and
 // busbw = algbw * 2(N-1)/N as nccl-tests define them. Every method's result is checked.
@@ -114,7 +117,7 @@ double measure(int n, Method& m, double target_ms, int reps) {
   return samples[samples.size() / 2];
 }
 
-// The bound's barrier: a generation counter, waited on with a short spin (1 us) then a futex sleep,
+// The baselines' barrier: a generation counter, waited on with a short spin (1 us) then a futex sleep,
 // cheap both on free cores and on a loaded machine.
 class SpinBarrier {
  public:
@@ -139,11 +142,48 @@ class SpinBarrier {
   gradsync::WaitWord word_;
 };
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 struct Row {
   int n;
   size_t m;
-  double ours, bound, naive;
+  double ours, ref, stream, naive;
 };
+
+// The owner-sliced kernel of the baselines: this thread's slice of every buffer, reduced in rank
+// order, the mean written back into every buffer.
+void owner_slice(const std::vector<std::unique_ptr<Buffer>>& bufs, int n, int r, size_t m) {
+  const auto part = gradsync::partition(m, static_cast<uint64_t>(n), static_cast<uint64_t>(r));
+  const float fn = static_cast<float>(n);
+  if (n == 2) {
+    float* __restrict a = bufs[0]->data + part.start;
+    float* __restrict b = bufs[1]->data + part.start;
+    for (size_t j = 0; j < part.len; ++j) {
+      const float v = (a[j] + b[j]) / fn;
+      a[j] = v;
+      b[j] = v;
+    }
+    return;
+  }
+  if (n == 4) {
+    float* __restrict a = bufs[0]->data + part.start;
+    float* __restrict b = bufs[1]->data + part.start;
+    float* __restrict c = bufs[2]->data + part.start;
+    float* __restrict d = bufs[3]->data + part.start;
+    for (size_t j = 0; j < part.len; ++j) {
+      const float v = (((a[j] + b[j]) + c[j]) + d[j]) / fn;
+      a[j] = v;
+      b[j] = v;
+      c[j] = v;
+      d[j] = v;
+    }
+    return;
+  }
+  throw std::runtime_error("the baselines' kernel is written for N = 2 and 4");
+}
 
 std::string size_name(size_t m) {
   if (m >= (1u << 20)) return std::to_string(m >> 20) + "M";
@@ -195,41 +235,30 @@ Row run(int n, size_t m, int reps) {
         comms[static_cast<size_t>(r)].reset();
         bufs[static_cast<size_t>(r)].reset();
       }};
-  const double t_ours = measure(n, ours, target_ms, reps);
-  all_ok("thread transport");
 
-  // ---- bound: each thread reads its slice of every buffer and writes the mean to every buffer
+  // ---- ref: the reference design, two barriers per round
   SpinBarrier spin(n);
-  Method bound{
+  Method ref{
       [&](int r) { alloc(r); },
       [&](int r, int iters) {
-        const auto part = gradsync::partition(m, static_cast<uint64_t>(n), static_cast<uint64_t>(r));
-        std::vector<float*> p(static_cast<size_t>(n));
         for (int i = 0; i < iters; ++i) {
-          spin.wait();  // every buffer is ready (the one barrier a collective cannot avoid)
-          for (int k = 0; k < n; ++k) p[static_cast<size_t>(k)] = bufs[static_cast<size_t>(k)]->data + part.start;
-          const float inv_n = static_cast<float>(n);
-          if (n == 2) {
-            float* __restrict a = p[0];
-            float* __restrict b = p[1];
-            for (size_t j = 0; j < part.len; ++j) {
-              const float v = (a[j] + b[j]) / inv_n;
-              a[j] = v;
-              b[j] = v;
-            }
-          } else {
-            float* __restrict a = p[0];
-            float* __restrict b = p[1];
-            float* __restrict c = p[2];
-            float* __restrict d = p[3];
-            for (size_t j = 0; j < part.len; ++j) {
-              const float v = (((a[j] + b[j]) + c[j]) + d[j]) / inv_n;
-              a[j] = v;
-              b[j] = v;
-              c[j] = v;
-              d[j] = v;
-            }
-          }
+          spin.wait();  // every rank's input is ready
+          owner_slice(bufs, n, r, m);
+          spin.wait();  // every rank's output is written: the call may return
+        }
+      },
+      [&](int r) {
+        verify(r);
+        bufs[static_cast<size_t>(r)].reset();
+      }};
+
+  // ---- stream: the same kernel with one barrier per call (information, not a bound)
+  Method stream{
+      [&](int r) { alloc(r); },
+      [&](int r, int iters) {
+        for (int i = 0; i < iters; ++i) {
+          spin.wait();
+          owner_slice(bufs, n, r, m);
         }
         spin.wait();
       },
@@ -237,8 +266,6 @@ Row run(int n, size_t m, int reps) {
         verify(r);
         bufs[static_cast<size_t>(r)].reset();
       }};
-  const double t_bound = measure(n, bound, target_ms, reps);
-  all_ok("bandwidth bound");
 
   // ---- naive: the seed's design
   struct Naive {
@@ -280,9 +307,21 @@ Row run(int n, size_t m, int reps) {
         verify(r);
         bufs[static_cast<size_t>(r)].reset();
       }};
-  const double t_naive = measure(n, naive, target_ms, reps);
-  all_ok("naive");
-  return {n, m, t_ours, t_bound, t_naive};
+  // The methods take turns, one timed batch each per turn, so that a change in the machine's
+  // speed during the run (other tenants, memory bandwidth that moves by 2x at 16M) falls on all
+  // of them alike rather than on whichever ran at that moment.
+  std::vector<double> t_ours, t_ref, t_stream, t_naive;
+  for (int rep = 0; rep < reps; ++rep) {
+    t_ours.push_back(measure(n, ours, target_ms, 1));
+    all_ok("thread transport");
+    t_ref.push_back(measure(n, ref, target_ms, 1));
+    all_ok("reference design");
+    t_stream.push_back(measure(n, stream, target_ms, 1));
+    all_ok("stream");
+    t_naive.push_back(measure(n, naive, target_ms, 1));
+    all_ok("naive");
+  }
+  return {n, m, median(t_ours), median(t_ref), median(t_stream), median(t_naive)};
 }
 
 }  // namespace
@@ -292,44 +331,28 @@ int main(int argc, char** argv) {
   const std::vector<size_t> sizes = quick ? std::vector<size_t>{1, 1 << 10, 1 << 16}
                                           : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
   const int reps = 5;
-  std::printf("allreduce among threads, f32 mean in place; us = median of %d batches; %u hardware threads\n", reps,
+  std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", reps,
               std::thread::hardware_concurrency());
-  std::printf("%2s %5s | %10s %8s %8s | %10s %8s | %10s | %8s %8s\n", "N", "M", "ours us", "algbw", "busbw", "bound us",
-              "busbw", "naive us", "of bound", "x naive");
+  std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s | %8s %8s\n", "N", "M", "ours us", "busbw", "ref us",
+              "busbw", "stream us", "naive us", "ref/ours", "x naive");
   std::vector<Row> rows;
   for (int n : {2, 4}) {
     for (size_t m : sizes) {
       const Row row = run(n, m, reps);
       rows.push_back(row);
       const double bytes = 4.0 * static_cast<double>(m);
-      const double algbw = bytes / row.ours / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
-      const double bound_busbw = bytes / row.bound / 1e9 * 2.0 * (n - 1) / n;
-      std::printf("%2d %5s | %10.2f %8.2f %8.2f | %10.2f %8.2f | %10.2f | %7.0f%% %7.1fx\n", n, size_name(m).c_str(),
-                  row.ours * 1e6, algbw, busbw, row.bound * 1e6, bound_busbw, row.naive * 1e6,
-                  100.0 * row.bound / row.ours, row.naive / row.ours);
+      auto busbw = [&](double t) { return bytes / t / 1e9 * 2.0 * (n - 1) / n; };
+      std::printf("%2d %5s | %10.2f %8.2f | %10.2f %8.2f | %10.2f %10.2f | %8.2f %7.1fx\n", n, size_name(m).c_str(),
+                  row.ours * 1e6, busbw(row.ours), row.ref * 1e6, busbw(row.ref), row.stream * 1e6, row.naive * 1e6,
+                  row.ref / row.ours, row.naive / row.ours);
       std::fflush(stdout);
     }
   }
-  auto find = [&](int n, size_t m) -> const Row* {
-    for (const auto& r : rows) {
-      if (r.n == n && r.m == m) return &r;
-    }
-    return nullptr;
-  };
-  std::printf("\ntargets:\n");
-  if (const Row* r = find(2, 1 << 24)) {
-    std::printf("  N=2 16M: %.0f%% of the bandwidth bound (target >= 80%%): %s\n", 100.0 * r->bound / r->ours,
-                r->bound / r->ours >= 0.8 ? "met" : "NOT met");
-    std::printf("  N=2 16M: %.1fx naive (target >= 3x): %s\n", r->naive / r->ours,
-                r->naive / r->ours >= 3 ? "met" : "NOT met");
-  }
-  if (const Row* r = find(2, 1)) {
-    std::printf("  N=2 1 float: %.1fx naive (target >= 50x): %s\n", r->naive / r->ours,
-                r->naive / r->ours >= 50 ? "met" : "NOT met");
-  }
-  if (const Row* r = find(4, 1)) {
-    std::printf("  N=4 1 float: %.1fx naive (target >= 5x, no collapse on 2 cores): %s\n", r->naive / r->ours,
-                r->naive / r->ours >= 5 ? "met" : "NOT met");
-  }
+  // The target is ref/ours >= 1.0 at every size (the reference design's speed or better); one run
+  // says little on a shared machine: bench/spread.py runs it several times and prints the spread.
+  int behind = 0;
+  for (const Row& r : rows) behind += r.ref / r.ours < 1.0 ? 1 : 0;
+  std::printf("\nrows where the transport is slower than the reference design in this run: %d of %zu\n", behind,
+              rows.size());
   return 0;
 }

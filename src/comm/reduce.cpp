@@ -71,6 +71,25 @@ GS_KERNEL void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Ele
   }
 }
 
+// As many destinations as sources (the direct allreduce writes its slice into every rank's
+// buffer): each result goes from the register into every destination, in the same pass, so no
+// destination is read back. Same precondition as above for each destination.
+template <class Tr, size_t... K>
+GS_KERNEL void fold_fixed_all(const typename Tr::Elem* const* srcs, typename Tr::Elem* const* dsts, size_t begin,
+                              size_t end, std::index_sequence<K...>) noexcept {
+  using T = typename Tr::Elem;
+  constexpr size_t n = sizeof...(K);
+  const T* const p[n] = {srcs[K]...};
+  T* const q[n] = {dsts[K]...};
+#pragma GCC ivdep
+  for (size_t i = begin; i < end; ++i) {
+    typename Tr::Acc v = Tr::load(p[0][i]);
+    ((K == 0 ? void() : void(v = Tr::combine(v, Tr::load(p[K][i])))), ...);
+    const T r = Tr::finish(v, n);
+    ((q[K][i] = r), ...);
+  }
+}
+
 // Any number of sources: fold block by block through an accumulator that stays in L1.
 template <class Tr>
 GS_KERNEL void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename Tr::Elem* dst, size_t begin,
@@ -108,6 +127,39 @@ GS_KERNEL void fold(const void* const* raw, size_t nsrcs, void* raw_dst, size_t 
     default: return fold_generic<Tr>(srcs, nsrcs, dst, begin, end);
   }
 }
+
+// The fused form for n sources and n destinations, n in [2, 8]; false when there is none.
+template <class Tr>
+GS_KERNEL bool fold_all(const void* const* raw, size_t n, void* const* raw_dsts, size_t begin, size_t end) noexcept {
+  using T = typename Tr::Elem;
+  const T* const* srcs = reinterpret_cast<const T* const*>(raw);
+  T* const* dsts = reinterpret_cast<T* const*>(raw_dsts);
+  switch (n) {
+    case 2: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<2>{}); return true;
+    case 3: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<3>{}); return true;
+    case 4: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<4>{}); return true;
+    case 5: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<5>{}); return true;
+    case 6: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<6>{}); return true;
+    case 7: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<7>{}); return true;
+    case 8: fold_fixed_all<Tr>(srcs, dsts, begin, end, std::make_index_sequence<8>{}); return true;
+    default: return false;
+  }
+}
+
+using FoldAllFn = bool (*)(const void* const*, size_t, void* const*, size_t, size_t) noexcept;
+
+template <class Tr>
+bool fold_all_baseline(const void* const* srcs, size_t n, void* const* dsts, size_t begin, size_t end) noexcept {
+  return fold_all<Tr>(srcs, n, dsts, begin, end);
+}
+
+#if defined(__x86_64__)
+template <class Tr>
+__attribute__((target("avx2"))) bool fold_all_avx2(const void* const* srcs, size_t n, void* const* dsts, size_t begin,
+                                                   size_t end) noexcept {
+  return fold_all<Tr>(srcs, n, dsts, begin, end);
+}
+#endif
 
 using FoldFn = void (*)(const void* const*, size_t, void*, size_t, size_t) noexcept;
 
@@ -194,6 +246,38 @@ FoldFn pick(DType dtype, ReduceOp op) {
   return fn;
 }
 
+template <class Tr>
+FoldAllFn fold_all_for_cpu() noexcept {
+#if defined(__x86_64__)
+  if (isa_in_use().load(std::memory_order_relaxed) == KernelIsa::Avx2) return &fold_all_avx2<Tr>;
+#endif
+  return &fold_all_baseline<Tr>;
+}
+
+template <class T>
+FoldAllFn pick_all_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return fold_all_for_cpu<Traits<T, ReduceOp::Sum>>();
+    case ReduceOp::Mean: return fold_all_for_cpu<Traits<T, ReduceOp::Mean>>();
+    case ReduceOp::Min: return fold_all_for_cpu<Traits<T, ReduceOp::Min>>();
+    case ReduceOp::Max: return fold_all_for_cpu<Traits<T, ReduceOp::Max>>();
+  }
+  return nullptr;
+}
+
+// Half precision has no fused form: it goes through f32 blocks anyway.
+FoldAllFn pick_all(DType dtype, ReduceOp op) noexcept {
+  switch (dtype) {
+    case DType::F32: return pick_all_op<float>(op);
+    case DType::F64: return pick_all_op<double>(op);
+    case DType::I32: return pick_all_op<int32_t>(op);
+    case DType::I64: return pick_all_op<int64_t>(op);
+    case DType::BF16:
+    case DType::F16: return nullptr;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 KernelIsa best_kernel_isa() noexcept {
@@ -218,6 +302,10 @@ void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsr
   GS_REQUIRE(nsrcs >= 1, GRADSYNC_E_INVALID_ARG, "reduction over {} sources", nsrcs);
   const FoldFn fn = pick(dtype, op);
   if (ndsts == 0 || begin >= end) return;
+  if (ndsts == nsrcs) {
+    const FoldAllFn all = pick_all(dtype, op);
+    if (all != nullptr && all(srcs, nsrcs, dsts, begin, end)) return;
+  }
   const size_t elem = dtype_size(dtype);
   const size_t block = kBlockBytes / elem;
   for (size_t lo = begin; lo < end; lo += block) {

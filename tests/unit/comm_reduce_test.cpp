@@ -348,6 +348,23 @@ void compare_isas(DType dtype) {
       }
       INFO("op " << static_cast<int>(op) << ", " << n << " sources");
       REQUIRE(same_bytes(out[0].data() + 3, out[1].data() + 3, (count - 3) * sizeof(T)));
+      // One result per destination (the fused form when there are as many as sources), into
+      // separate buffers and in place: the bits of reduce, on every ISA.
+      for (int i = 0; i < 2; ++i) {
+        comm::use_kernel_isa(isas[i]);
+        std::vector<std::vector<T>> dst(n, std::vector<T>(count)), inplace = srcs;
+        std::vector<void*> dptrs, iptrs;
+        for (auto& d : dst) dptrs.push_back(d.data());
+        for (auto& d : inplace) iptrs.push_back(d.data());
+        comm::reduce_to_all(dtype, op, ptrs.data(), n, dptrs.data(), n, 3, count);
+        std::vector<const void*> isrcs(iptrs.begin(), iptrs.end());
+        comm::reduce_to_all(dtype, op, isrcs.data(), n, iptrs.data(), n, 3, count);
+        for (size_t k = 0; k < n; ++k) {
+          INFO("isa " << i << ", destination " << k);
+          REQUIRE(same_bytes(dst[k].data() + 3, out[0].data() + 3, (count - 3) * sizeof(T)));
+          REQUIRE(same_bytes(inplace[k].data() + 3, out[0].data() + 3, (count - 3) * sizeof(T)));
+        }
+      }
     }
   }
 }
