@@ -19,3 +19,5 @@ unset LD_LIBRARY_PATH  # the tests find the library through their rpath
 /usr/bin/cargo --version
 /usr/bin/cargo test --offline --locked
 /usr/bin/cargo doc --offline --locked --no-deps -q
+# The README's example (rust/gradsync/examples/readme.rs, kept equal to it by tests/python/test_readme.py).
+/usr/bin/cargo run --offline --locked -q --example readme
