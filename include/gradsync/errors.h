@@ -20,7 +20,7 @@ GRADSYNC_BEGIN_DECL
 typedef enum gradsync_status {
   GRADSYNC_OK = 0,                   /**< success */
   GRADSYNC_E_INVALID_ARG = -1,       /**< an argument is invalid: NULL buffer, bad enum value, wrong length */
-  GRADSYNC_E_MISUSE = -2,            /**< NULL, freed or wrong kind of handle, or a call in the wrong state */
+  GRADSYNC_E_MISUSE = -2,            /**< NULL or wrong kind of handle, or a call in the wrong state */
   GRADSYNC_E_NOMEM = -3,             /**< memory allocation failed */
   GRADSYNC_E_IO = -4,                /**< a file or system call failed */
   GRADSYNC_E_CORRUPT = -5,           /**< a file or segment has a bad magic, header or checksum */

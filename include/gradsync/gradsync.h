@@ -10,6 +10,10 @@
  * Error model: every fallible function returns an int status (errors.h); on failure the
  * reason is in gradsync_last_error_message() on the calling thread. Constructors write the new
  * handle through an out-parameter (NULL on failure). Every *_free(NULL) is a no-op.
+ *
+ * A freed handle is invalid: as with a pointer after free(), using it is undefined behaviour. Where
+ * a comment below lists a "freed" handle under GRADSYNC_E_MISUSE, that is a debugging aid which
+ * works only while the handle's memory has not been reused, never a guarantee.
  */
 #ifndef GRADSYNC_GRADSYNC_H
 #define GRADSYNC_GRADSYNC_H
