@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // C shims of the communicator (include/gradsync/comm.h) over gradsync::comm::Communicator.
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "capi/comm_handle.hpp"
@@ -10,6 +12,11 @@
 #include "comm/communicator.hpp"
 #include "gradsync/comm.h"
 
+struct gradsync_request : gradsync::capi::Handle<gradsync::capi::Kind::Request> {
+  explicit gradsync_request(const char* f) : function(f) {}
+  const char* function;  // the entry point that started it, for messages
+  std::shared_ptr<gradsync::comm::Completion> done = std::make_shared<gradsync::comm::Completion>();
+};
 
 namespace gradsync::capi {
 namespace {
@@ -117,6 +124,49 @@ void CommLink::release() noexcept {
   if ((state_.fetch_sub(kUser) & kClosed) != 0) state_.notify_all();
 }
 
+void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
+                            const std::function<void()>& body) {
+  comm::Progress* progress = link->progress();
+  if (progress == nullptr || progress->idle()) {
+    const Call call(link, function);
+    return body();
+  }
+  auto done = std::make_shared<comm::Completion>();
+  progress->submit([&link, function, &body, done] {
+    Outcome o = capture([&] {
+      const Call call(link, function);
+      body();
+    });
+    done->finish(o.status, std::move(o.message));
+  });
+  // body and link outlive the task: this thread waits for it here.
+  done->wait(std::chrono::milliseconds(-1));
+  if (done->status() != GRADSYNC_OK) throw Error(done->status(), done->message());
+}
+
+comm::Progress& CommLink::start_progress() {
+  if (progress_ == nullptr) {
+    if (const char* why = impl_->progress_thread_refused(); why != nullptr) fail(GRADSYNC_E_UNSUPPORTED, "{}: {}", description_, why);
+    progress_ = std::make_unique<comm::Progress>();
+  }
+  return *progress_;
+}
+
+void CommLink::record_async_error(const Outcome& o) {
+  std::lock_guard lock(async_mutex_);
+  if (async_error_.status == GRADSYNC_OK) async_error_ = o;
+}
+
+Outcome CommLink::async_error() const {
+  std::lock_guard lock(async_mutex_);
+  return async_error_;
+}
+
+void CommLink::clear_async_error() {
+  std::lock_guard lock(async_mutex_);
+  async_error_ = {};
+}
+
 bool CommLink::held_by_this_thread() const noexcept {
   for (auto* in = static_cast<const Inside*>(t_inside); in != nullptr; in = in->outer) {
     if (in->link == this) return true;
@@ -131,6 +181,7 @@ using gradsync::DType;
 using gradsync::capi::check;
 using gradsync::capi::CommLink;
 using gradsync::capi::guard;
+using gradsync::capi::Outcome;
 using gradsync::comm::Communicator;
 
 constexpr size_t kOptionsV1Size = offsetof(gradsync_comm_options, name) + GRADSYNC_COMM_NAME_MAX;
@@ -184,14 +235,50 @@ std::string describe(const gradsync::comm::Options& options, const Communicator&
   return fmt::format("communicator '{}' ({} transport, rank {} of {})", options.name, transport, c.rank(), c.size());
 }
 
-// The body of an entry point that runs the communicator: it holds the handle's in-call word, so
-// a second thread calling at the same time gets GRADSYNC_E_MISUSE (see capi/comm_handle.hpp).
-template <class F>
-int with_comm(const char* function, gradsync_comm* comm, F&& body) noexcept {
+// What a call does once its arguments are checked: run on the communicator, on the caller's
+// thread or the progress thread. It holds copies of the arguments; the buffers are borrowed.
+using Op = std::function<void(Communicator&)>;
+
+// Runs op holding the handle's in-call word, so a second thread calling at the same time gets
+// GRADSYNC_E_MISUSE (see capi/comm_handle.hpp).
+void hold_and_run(const std::shared_ptr<CommLink>& link, const char* function, const Op& op) {
+  const CommLink::Call call(link, function);
+  op(call.comm());
+}
+
+// The body of a blocking entry point: make_op(link) checks the arguments (on the caller's thread,
+// so a bad one is reported at once) and returns what to run, in order with pending requests.
+template <class MakeOp>
+int run(const char* function, gradsync_comm* comm, MakeOp&& make_op) noexcept {
   return guard(function, [&] {
-    const CommLink::Call call(check(comm)->link, function);
-    body(call.comm());
+    const std::shared_ptr<CommLink>& link = check(comm)->link;
+    const Op op = make_op(*link);
+    CommLink::run_in_order(link, function, [&] { op(link->communicator()); });
   });
+}
+
+// The body of a non-blocking entry point: the same checks, then the op goes to the progress
+// thread behind whatever is pending, and *out receives the request.
+template <class MakeOp>
+int start(const char* function, gradsync_comm* comm, gradsync_request** out, MakeOp&& make_op) noexcept {
+  if (out != nullptr) *out = nullptr;
+  return guard(function, [&] {
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "request out-parameter is NULL");
+    const std::shared_ptr<CommLink>& link = check(comm)->link;
+    Op op = make_op(*link);
+    gradsync::comm::Progress& progress = link->start_progress();
+    auto request = std::make_unique<gradsync_request>(function);
+    progress.submit([link, function, op = std::move(op), done = request->done] {
+      Outcome o = gradsync::capi::capture([&] { hold_and_run(link, function, op); });
+      if (o.status != GRADSYNC_OK) link->record_async_error({o.status, fmt::format("{}: {}", function, o.message)});
+      done->finish(o.status, std::move(o.message));
+    });
+    *out = request.release();
+  });
+}
+
+gradsync::Part part_of(const CommLink& link, size_t total) {
+  return gradsync::partition(total, static_cast<uint64_t>(link.size()), static_cast<uint64_t>(link.rank()));
 }
 
 // A buffer of count elements must exist and its byte size must fit in size_t (huge counts are errors).
@@ -250,7 +337,11 @@ GRADSYNC_API void gradsync_comm_free(gradsync_comm* comm) {
     GS_LOG_ERROR("gradsync_comm_free: {}", e.what());
     return;
   }
-  if (comm->link->close()) delete comm;
+  if (!comm->link->close()) return;
+  // Non-blocking calls still queued run now and fail fast (the link is closed); the one running,
+  // if any, was aborted by close.
+  comm->link->stop_progress();
+  delete comm;
 }
 
 GRADSYNC_API int gradsync_comm_abort(gradsync_comm* comm) {
@@ -258,11 +349,18 @@ GRADSYNC_API int gradsync_comm_abort(gradsync_comm* comm) {
 }
 
 GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm* comm, gradsync_interrupt_fn fn, void* user_data) {
-  return with_comm(__func__, comm, [&](Communicator& c) { c.set_interrupt({fn, user_data}); });
+  return run(__func__, comm, [&](const CommLink&) -> Op {
+    return [fn, user_data](Communicator& c) { c.set_interrupt({fn, user_data}); };
+  });
 }
 
 GRADSYNC_API int gradsync_comm_reset(gradsync_comm* comm) {
-  return with_comm(__func__, comm, [&](Communicator& c) { c.reset(); });
+  return run(__func__, comm, [&](const CommLink&) -> Op {
+    return [link = comm->link](Communicator& c) {
+      c.reset();
+      link->clear_async_error();
+    };
+  });
 }
 
 GRADSYNC_API int gradsync_comm_rank(const gradsync_comm* comm, int32_t* rank) {
@@ -286,131 +384,264 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm* comm, int32_t* tra
   });
 }
 
+}  // extern "C"
+
+// Each collective's checks and op, once for its blocking and its non-blocking entry point.
+namespace {
+
+Op allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  require_buffer(send, count, t, "send");
+  require_buffer(recv, count, t, "recv");
+  require_aligned(send, t, "send");
+  require_aligned(recv, t, "recv");
+  require_disjoint(send, count, "send", recv, count, "recv", t, recv);
+  return [buffer = gradsync::comm::BufferRef{send, recv, count}, t, o](Communicator& c) {
+    c.allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
+  };
+}
+
+Op allreduce_many_op(const void* const* sends, void* const* recvs, const size_t* counts, size_t nbufs, int32_t dtype,
+                     int32_t op) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  GS_REQUIRE(nbufs <= GRADSYNC_MAX_FUSED_BUFFERS, GRADSYNC_E_INVALID_ARG,
+             "{} buffers exceed GRADSYNC_MAX_FUSED_BUFFERS ({})", nbufs, GRADSYNC_MAX_FUSED_BUFFERS);
+  GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
+             "recvs or counts is NULL for {} buffers", nbufs);
+  std::vector<gradsync::comm::BufferRef> buffers(nbufs);
+  for (size_t i = 0; i < nbufs; ++i) {
+    const void* send = sends != nullptr ? sends[i] : recvs[i];
+    require_buffer(send, counts[i], t, "send");
+    require_buffer(recvs[i], counts[i], t, "recv");
+    require_aligned(send, t, "send");
+    require_aligned(recvs[i], t, "recv");
+    require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
+    buffers[i] = {send, recvs[i], counts[i]};
+  }
+  return [buffers = std::move(buffers), t, o](Communicator& c) { c.allreduce(buffers, t, o); };
+}
+
+Op weighted_mean_op(const void* send, void* recv, size_t count, int32_t dtype, uint64_t weight,
+                    uint64_t* total_weight) {
+  const DType t = gradsync::to_dtype(dtype);
+  require_buffer(send, count, t, "send");
+  require_buffer(recv, count, t, "recv");
+  require_aligned(send, t, "send");
+  require_aligned(recv, t, "recv");
+  require_disjoint(send, count, "send", recv, count, "recv", t, recv);
+  return [=](Communicator& c) { c.weighted_mean(send, recv, count, t, weight, total_weight); };
+}
+
+Op broadcast_op(void* buf, size_t count, int32_t dtype, int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  require_buffer(buf, count, t, "broadcast");
+  // The root is checked inside the round, so a root that one rank gets wrong fails every rank.
+  return [=](Communicator& c) { c.broadcast(buf, count, t, root); };
+}
+
+Op allgather_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
+  const DType t = gradsync::to_dtype(dtype);
+  require_buffer(recv, total_count, t, "recv");
+  if (send != nullptr) {
+    const gradsync::Part mine = part_of(link, total_count);
+    require_buffer(send, mine.len, t, "send");
+    // in place: this rank's part already at its offset in recv
+    const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + mine.start * gradsync::dtype_size(t);
+    require_disjoint(send, mine.len, "send", recv, total_count, "recv", t, own);
+  }
+  return [=](Communicator& c) { c.allgather(send, recv, total_count, t); };
+}
+
+Op reduce_scatter_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype,
+                     int32_t op) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  const gradsync::Part mine = part_of(link, total_count);
+  require_buffer(send, total_count, t, "send");
+  require_buffer(recv, mine.len, t, "recv");
+  require_aligned(send, t, "send");
+  require_aligned(recv, t, "recv");
+  // in place: recv at this rank's offset in send
+  const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + mine.start * gradsync::dtype_size(t);
+  require_disjoint(recv, mine.len, "recv", send, total_count, "send", t, own);
+  return [=](Communicator& c) { c.reduce_scatter(send, recv, total_count, t, o); };
+}
+
+Op alltoall_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
+  const DType t = gradsync::to_dtype(dtype);
+  const size_t recv_count = part_of(link, total_count).len * static_cast<size_t>(link.size());
+  require_buffer(send, total_count, t, "send");
+  require_buffer(recv, recv_count, t, "recv");
+  const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+  const size_t es = gradsync::dtype_size(t);
+  GS_REQUIRE(total_count == 0 || recv_count == 0 || s + total_count * es <= r || r + recv_count * es <= s,
+             GRADSYNC_E_INVALID_ARG, "send [{}, +{} elements) overlaps recv [{}, +{} elements)", send, total_count,
+             static_cast<const void*>(recv), recv_count);
+  return [=](Communicator& c) { c.alltoall(send, recv, total_count, t); };
+}
+
+// A completed request's status, and its message recorded as the failure of the call that started it.
+int request_outcome(const gradsync_request* r) noexcept {
+  const int status = r->done->status();
+  return status == GRADSYNC_OK ? status : gradsync::capi::set_last_error(status, r->function, r->done->message().c_str());
+}
+
+Op barrier_op() {
+  return [](Communicator& c) { c.barrier(); };
+}
+
+}  // namespace
+
+extern "C" {
+
 GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, void* recv, size_t count,
                                          int32_t dtype, int32_t op) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    const auto o = gradsync::to_op(op);
-    require_buffer(send, count, t, "send");
-    require_buffer(recv, count, t, "recv");
-    require_aligned(send, t, "send");
-    require_aligned(recv, t, "recv");
-    require_disjoint(send, count, "send", recv, count, "recv", t, recv);
-    const gradsync::comm::BufferRef buffer{send, recv, count};
-    c.allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
-  });
+  return run(__func__, comm, [&](const CommLink&) { return allreduce_op(send, recv, count, dtype, op); });
+}
+
+GRADSYNC_API int gradsync_comm_iallreduce(gradsync_comm* comm, const void* send, void* recv, size_t count,
+                                          int32_t dtype, int32_t op, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink&) { return allreduce_op(send, recv, count, dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* const* sends, void* const* recvs,
                                               const size_t* counts, size_t nbufs, int32_t dtype, int32_t op) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    const auto o = gradsync::to_op(op);
-    GS_REQUIRE(nbufs <= GRADSYNC_MAX_FUSED_BUFFERS, GRADSYNC_E_INVALID_ARG,
-               "{} buffers exceed GRADSYNC_MAX_FUSED_BUFFERS ({})", nbufs, GRADSYNC_MAX_FUSED_BUFFERS);
-    GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
-               "recvs or counts is NULL for {} buffers", nbufs);
-    std::vector<gradsync::comm::BufferRef> buffers(nbufs);
-    for (size_t i = 0; i < nbufs; ++i) {
-      const void* send = sends != nullptr ? sends[i] : recvs[i];
-      require_buffer(send, counts[i], t, "send");
-      require_buffer(recvs[i], counts[i], t, "recv");
-      require_aligned(send, t, "send");
-      require_aligned(recvs[i], t, "recv");
-      require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
-      buffers[i] = {send, recvs[i], counts[i]};
-    }
-    c.allreduce(buffers, t, o);
-  });
+  return run(__func__, comm,
+             [&](const CommLink&) { return allreduce_many_op(sends, recvs, counts, nbufs, dtype, op); });
+}
+
+GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                               const size_t* counts, size_t nbufs, int32_t dtype, int32_t op,
+                                               gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink&) { return allreduce_many_op(sends, recvs, counts, nbufs, dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,
                                              int32_t dtype, uint64_t weight, uint64_t* total_weight) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    require_buffer(send, count, t, "send");
-    require_buffer(recv, count, t, "recv");
-    require_aligned(send, t, "send");
-    require_aligned(recv, t, "recv");
-    require_disjoint(send, count, "send", recv, count, "recv", t, recv);
-    c.weighted_mean(send, recv, count, t, weight, total_weight);
-  });
+  return run(__func__, comm,
+             [&](const CommLink&) { return weighted_mean_op(send, recv, count, dtype, weight, total_weight); });
+}
+
+GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,
+                                              int32_t dtype, uint64_t weight, uint64_t* total_weight,
+                                              gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink&) { return weighted_mean_op(send, recv, count, dtype, weight, total_weight); });
 }
 
 GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm* comm, void* buf, size_t count, int32_t dtype, int32_t root) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    require_buffer(buf, count, t, "broadcast");
-    // The root is checked inside the round, so a root that one rank gets wrong fails every rank.
-    c.broadcast(buf, count, t, root);
-  });
+  return run(__func__, comm, [&](const CommLink&) { return broadcast_op(buf, count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm* comm, void* buf, size_t count, int32_t dtype, int32_t root,
+                                          gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink&) { return broadcast_op(buf, count, dtype, root); });
 }
 
 GRADSYNC_API int gradsync_comm_allgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                          int32_t dtype) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    require_buffer(recv, total_count, t, "recv");
-    if (send != nullptr) {
-      const gradsync::Part mine = c.my_part(total_count);
-      require_buffer(send, mine.len, t, "send");
-      // in place: this rank's part already at its offset in recv
-      const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + mine.start * gradsync::dtype_size(t);
-      require_disjoint(send, mine.len, "send", recv, total_count, "recv", t, own);
-    }
-    c.allgather(send, recv, total_count, t);
-  });
+  return run(__func__, comm, [&](const CommLink& l) { return allgather_op(l, send, recv, total_count, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                          int32_t dtype, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return allgather_op(l, send, recv, total_count, dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                               int32_t dtype, int32_t op) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    const auto o = gradsync::to_op(op);
-    const gradsync::Part mine = c.my_part(total_count);
-    require_buffer(send, total_count, t, "send");
-    require_buffer(recv, mine.len, t, "recv");
-    require_aligned(send, t, "send");
-    require_aligned(recv, t, "recv");
-    // in place: recv at this rank's offset in send
-    const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + mine.start * gradsync::dtype_size(t);
-    require_disjoint(recv, mine.len, "recv", send, total_count, "send", t, own);
-    c.reduce_scatter(send, recv, total_count, t, o);
-  });
+  return run(__func__, comm,
+             [&](const CommLink& l) { return reduce_scatter_op(l, send, recv, total_count, dtype, op); });
+}
+
+GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                               int32_t dtype, int32_t op, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return reduce_scatter_op(l, send, recv, total_count, dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                         int32_t dtype) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    const DType t = gradsync::to_dtype(dtype);
-    const size_t recv_count = c.my_part(total_count).len * static_cast<size_t>(c.size());
-    require_buffer(send, total_count, t, "send");
-    require_buffer(recv, recv_count, t, "recv");
-    const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
-    const size_t es = gradsync::dtype_size(t);
-    GS_REQUIRE(total_count == 0 || recv_count == 0 || s + total_count * es <= r || r + recv_count * es <= s,
-               GRADSYNC_E_INVALID_ARG, "send [{}, +{} elements) overlaps recv [{}, +{} elements)", send, total_count,
-               static_cast<const void*>(recv), recv_count);
-    c.alltoall(send, recv, total_count, t);
-  });
+  return run(__func__, comm, [&](const CommLink& l) { return alltoall_op(l, send, recv, total_count, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                         int32_t dtype, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return alltoall_op(l, send, recv, total_count, dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {
-  return with_comm(__func__, comm, [&](Communicator& c) { c.barrier(); });
+  return run(__func__, comm, [&](const CommLink&) { return barrier_op(); });
+}
+
+GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm* comm, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink&) { return barrier_op(); });
+}
+
+GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm* comm, int32_t* status) {
+  return guard(__func__, [&] {
+    GS_REQUIRE(status != nullptr, GRADSYNC_E_INVALID_ARG, "status out-parameter is NULL");
+    const Outcome o = check(comm)->link->async_error();
+    *status = o.status;
+    // The message is the failed call's, "gradsync_comm_i...: ..."; recorded without the prefix
+    // of this function, which did not fail.
+    if (o.status != GRADSYNC_OK) gradsync::capi::set_last_error(o.status, "async error", o.message.c_str());
+  });
+}
+
+GRADSYNC_API int gradsync_request_wait(gradsync_request* request, int64_t timeout_ms) {
+  return guard(__func__, [&] {
+    gradsync_request* r = check(request);
+    if (!r->done->wait(std::chrono::milliseconds(timeout_ms < 0 ? -1 : timeout_ms))) {
+      gradsync::fail(GRADSYNC_E_TIMEOUT, "the request of {} did not complete within {} ms (it is still pending)",
+                     r->function, timeout_ms);
+    }
+    return request_outcome(r);
+  });
+}
+
+GRADSYNC_API int gradsync_request_test(gradsync_request* request, int32_t* done) {
+  return guard(__func__, [&] {
+    GS_REQUIRE(done != nullptr, GRADSYNC_E_INVALID_ARG, "done out-parameter is NULL");
+    gradsync_request* r = check(request);
+    *done = r->done->done() ? 1 : 0;
+    return *done != 0 ? request_outcome(r) : static_cast<int>(GRADSYNC_OK);
+  });
+}
+
+GRADSYNC_API void gradsync_request_free(gradsync_request* request) {
+  if (request == nullptr) return;
+  try {
+    check(request);
+  } catch (const gradsync::Error& e) {
+    GS_LOG_ERROR("gradsync_request_free: {}", e.what());
+    return;
+  }
+  // The buffers stay borrowed until the call completes: freeing the request waits for it (a
+  // collective's wait is bounded by the communicator's timeout).
+  request->done->wait(std::chrono::milliseconds(-1));
+  delete request;
 }
 
 GRADSYNC_API int gradsync_comm_alloc(gradsync_comm* comm, size_t bytes, void** ptr) {
   if (ptr != nullptr) *ptr = nullptr;
-  return with_comm(__func__, comm, [&](Communicator& c) {
+  return run(__func__, comm, [&](const CommLink&) -> Op {
     GS_REQUIRE(ptr != nullptr, GRADSYNC_E_INVALID_ARG, "ptr out-parameter is NULL");
     GS_REQUIRE(bytes > 0, GRADSYNC_E_INVALID_ARG, "bytes is 0");
-    *ptr = c.alloc(bytes);
+    return [=](Communicator& c) { *ptr = c.alloc(bytes); };
   });
 }
 
 GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm* comm, void* ptr) {
-  return with_comm(__func__, comm, [&](Communicator& c) {
-    if (ptr != nullptr) c.dealloc(ptr);
+  return run(__func__, comm, [&](const CommLink&) -> Op {
+    return [=](Communicator& c) {
+      if (ptr != nullptr) c.dealloc(ptr);
+    };
   });
 }
 

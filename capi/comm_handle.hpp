@@ -9,14 +9,21 @@
 //   stopping a call from another thread is its purpose. The rank, size and transport getters are
 //   too: they read values fixed at creation.
 // - Free during a call: CommLink::close aborts the call and waits for it to return.
+// - Non-blocking calls run on the link's progress thread (comm/async/progress.hpp), each holding
+//   the link like any call; a blocking call made while some are pending is queued behind them.
 // - Shards outlive their communicator safely: a shard holds the link, not the handle, and its
 //   collective stages find the link closed (GRADSYNC_E_MISUSE) once the communicator is freed.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include <mutex>
+
+#include "capi/guard.hpp"
 #include "capi/handle.hpp"
+#include "comm/async/progress.hpp"
 #include "comm/communicator.hpp"
 
 namespace gradsync::capi {
@@ -63,6 +70,23 @@ class CommLink {
   // gradsync_comm_free. Returns true when the communicator is destroyed and the handle may go.
   bool close() noexcept;
 
+  // Runs body holding the link (a Call), in the order of the handle's calls: on this thread when no
+  // non-blocking call is pending, else queued behind them on the progress thread and waited for.
+  // Throws what body threw (as a gradsync::Error when it crossed threads).
+  static void run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
+                           const std::function<void()>& body);
+
+  // The progress thread, or null before the first non-blocking call. Only the thread that uses
+  // the handle starts, reads or stops it (the one-thread-per-handle rule).
+  comm::Progress* progress() const noexcept { return progress_.get(); }
+  comm::Progress& start_progress();
+  // After close(): what is still queued fails fast (the link is closed), and the thread is joined.
+  void stop_progress() noexcept { progress_.reset(); }
+  // The first failure of a non-blocking call since creation or the last reset.
+  void record_async_error(const Outcome& o);
+  Outcome async_error() const;
+  void clear_async_error();
+
  private:
   // The state word: the closed bit, and above it the number of calls and aborts using the
   // communicator, which close waits to fall to 0 before destroying it. A count rather than a bit:
@@ -82,6 +106,9 @@ class CommLink {
   // time", and what the refused caller's message names.
   std::atomic<const char*> holder_{nullptr};
   std::unique_ptr<comm::Communicator> impl_;
+  std::unique_ptr<comm::Progress> progress_;
+  mutable std::mutex async_mutex_;
+  Outcome async_error_;
   const std::string description_;
   const int32_t rank_, size_;
   const comm::Transport transport_;

@@ -4,6 +4,7 @@
 // No exception crosses the C ABI; each becomes a status plus the thread-local message.
 #include <exception>
 #include <new>
+#include <string>
 #include <system_error>
 #include <type_traits>
 
@@ -16,25 +17,43 @@ namespace gradsync::capi {
 // Records status and message for gradsync_last_error_message(); returns status.
 int set_last_error(int status, const char* function, const char* message) noexcept;
 
+// What an exception maps to: a status and its message (GRADSYNC_OK and "" when none was thrown).
+struct Outcome {
+  int status = GRADSYNC_OK;
+  std::string message;
+};
+
+template <class F>
+Outcome capture(F&& body) noexcept {
+  try {
+    try {
+      body();
+      return {};
+    } catch (const Error& e) {
+      return {e.status(), e.what()};
+    } catch (const std::bad_alloc&) {
+      return {GRADSYNC_E_NOMEM, "out of memory"};
+    } catch (const std::system_error& e) {
+      return {GRADSYNC_E_IO, e.what()};
+    } catch (const std::exception& e) {
+      return {GRADSYNC_E_INTERNAL, e.what()};
+    } catch (...) {
+      return {GRADSYNC_E_INTERNAL, "unknown exception"};
+    }
+  } catch (...) {
+    return {GRADSYNC_E_NOMEM, {}};  // copying the message ran out of memory
+  }
+}
+
 template <class F>
 int guard(const char* function, F&& body) noexcept {
-  try {
-    if constexpr (std::is_void_v<std::invoke_result_t<F>>) {
-      body();
-      return GRADSYNC_OK;
-    } else {
-      return body();
-    }
-  } catch (const Error& e) {
-    return set_last_error(e.status(), function, e.what());
-  } catch (const std::bad_alloc&) {
-    return set_last_error(GRADSYNC_E_NOMEM, function, "out of memory");
-  } catch (const std::system_error& e) {
-    return set_last_error(GRADSYNC_E_IO, function, e.what());
-  } catch (const std::exception& e) {
-    return set_last_error(GRADSYNC_E_INTERNAL, function, e.what());
-  } catch (...) {
-    return set_last_error(GRADSYNC_E_INTERNAL, function, "unknown exception");
+  if constexpr (std::is_void_v<std::invoke_result_t<F>>) {
+    const Outcome o = capture(body);
+    return o.status == GRADSYNC_OK ? GRADSYNC_OK : set_last_error(o.status, function, o.message.c_str());
+  } else {
+    int status = GRADSYNC_OK;
+    const Outcome o = capture([&] { status = body(); });
+    return o.status == GRADSYNC_OK ? status : set_last_error(o.status, function, o.message.c_str());
   }
 }
 

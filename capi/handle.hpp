@@ -16,6 +16,7 @@ enum class Kind : uint32_t {
   Flag = 0x47530003u,
   Mutex = 0x47530004u,
   Comm = 0x47530010u,
+  Request = 0x47530011u,
   Table = 0x47530020u,
   Accumulator = 0x47530021u,
   Shard = 0x47530030u,
@@ -29,6 +30,7 @@ constexpr const char* kind_name(uint32_t magic) noexcept {
     case Kind::Flag: return "flag";
     case Kind::Mutex: return "mutex";
     case Kind::Comm: return "comm";
+    case Kind::Request: return "request";
     case Kind::Table: return "table";
     case Kind::Accumulator: return "accumulator";
     case Kind::Shard: return "shard";

@@ -119,6 +119,8 @@
 GRADSYNC_BEGIN_DECL
 
 typedef struct gradsync_comm gradsync_comm;
+/** A non-blocking call in flight (gradsync_comm_iallreduce and the others); see gradsync_request_wait. */
+typedef struct gradsync_request gradsync_request;
 
 /** Transports. */
 typedef enum gradsync_transport {
@@ -333,6 +335,100 @@ GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm *comm, const void *send, v
 
 /** @brief Wait until every rank has arrived. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
+
+/* ---------------------------------------------------------------- non-blocking collectives */
+
+/*
+ * Each collective above has a non-blocking form, gradsync_comm_i<name>, with the same arguments
+ * plus a request out-parameter, and the same guarantees (same bits, mismatch on every rank,
+ * deadlines, abort). Its arguments are checked at once (an error returns without a request);
+ * the call itself runs on the communicator's progress thread, started by the first non-blocking
+ * call, which makes progress whether or not the request is ever tested. The buffers (and
+ * total_weight) stay borrowed until the request completes.
+ *
+ * Order: a communicator's calls run in the order they were made, blocking or not: requests
+ * complete in issue order, and a blocking call (a collective, reset, alloc, free_buffer, a
+ * shard's collective stage) made while requests are pending waits for them, then runs. Several
+ * requests may be in flight; every rank must issue the same calls in the same order, as always.
+ * gradsync_comm_abort fails the running request and every pending one with GRADSYNC_E_ABORTED
+ * (after the reset, new requests work). gradsync_comm_free with requests pending aborts the
+ * running one; those not yet started fail with GRADSYNC_E_MISUSE (the communicator was freed);
+ * their request handles remain valid until freed. On MPI the progress thread needs
+ * MPI_THREAD_MULTIPLE (GRADSYNC_E_UNSUPPORTED otherwise; MPI initialised by gradsync has it).
+ */
+
+/**
+ * @brief Non-blocking gradsync_comm_allreduce.
+ * @param[out] request the request, to wait for and free; NULL on failure
+ * @retval GRADSYNC_E_UNSUPPORTED MPI without MPI_THREAD_MULTIPLE
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_iallreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
+                                          int32_t dtype, int32_t op, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_allreduce_many (the pointer arrays are copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,
+                                               const size_t *counts, size_t nbufs, int32_t dtype, int32_t op,
+                                               gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_weighted_mean (*total_weight written at completion). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm *comm, const void *send, void *recv, size_t count,
+                                              int32_t dtype, uint64_t weight, uint64_t *total_weight,
+                                              gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_broadcast. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm *comm, void *buf, size_t count, int32_t dtype, int32_t root,
+                                          gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_allgather. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                          int32_t dtype, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_reduce_scatter. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                               int32_t dtype, int32_t op, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_alltoall. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+                                         int32_t dtype, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_barrier. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **request);
+
+/**
+ * @brief Wait for a request to complete.
+ * @param[in] timeout_ms at most this long; negative: until it completes (a collective's own
+ *        deadline bounds that), 0: do not wait
+ * @return the request's status (its message as for any failed call, naming the non-blocking
+ *         entry point); GRADSYNC_E_TIMEOUT when it has not completed in time (it stays pending,
+ *         and may be waited for again)
+ * @threadsafety request: any thread, one at a time
+ */
+GRADSYNC_API int gradsync_request_wait(gradsync_request *request, int64_t timeout_ms);
+
+/**
+ * @brief Whether a request has completed, without waiting.
+ * @param[out] done 1 when completed, else 0
+ * @return GRADSYNC_OK while pending; once completed, the request's status
+ * @threadsafety request: any thread, one at a time
+ */
+GRADSYNC_API int gradsync_request_test(gradsync_request *request, int32_t *done);
+
+/**
+ * @brief Free a request; NULL is a no-op. A pending request is waited for first (its buffers are
+ *        borrowed until it completes), so freeing never leaves a call running on freed memory.
+ * @threadsafety request
+ */
+GRADSYNC_API void gradsync_request_free(gradsync_request *request);
+
+/**
+ * @brief The first failure of a non-blocking call on this communicator since its creation or the
+ *        last gradsync_comm_reset (as NCCL's ncclCommGetAsyncError).
+ * @param[out] status GRADSYNC_OK, or that failure's status; its message is then this thread's
+ *        gradsync_last_error_message
+ * @threadsafety any thread
+ */
+GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm *comm, int32_t *status);
 
 /* ---------------------------------------------------------------- buffers for zero copy */
 

@@ -98,6 +98,10 @@ class Communicator {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
   }
 
+  // Why this communicator's calls may not run on a thread of the library's own (the progress
+  // thread of the non-blocking calls), or nullptr when they may.
+  virtual const char* progress_thread_refused() const noexcept { return nullptr; }
+
   // Set while no call runs (the C API's one-call-at-a-time rule makes that so).
   void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
 

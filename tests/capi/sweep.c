@@ -157,12 +157,13 @@ static const int64_t ids_negative[1] = {-1};
 static const int64_t ids_min[1] = {INT64_MIN};
 
 /* One live handle of every kind, for the wrong-kind sweep; also the objects the sections use. */
-enum kind { K_COUNTER32, K_COUNTER64, K_FLAG, K_MUTEX, K_COMM, K_TABLE, K_ACCUM, K_SHARD, K_COUNT };
+enum kind { K_COUNTER32, K_COUNTER64, K_FLAG, K_MUTEX, K_COMM, K_TABLE, K_ACCUM, K_SHARD, K_REQUEST, K_COUNT };
 static const char *const kind_names[K_COUNT] = {"counter32", "counter64", "flag", "mutex",
-                                                "comm", "table", "accumulator", "shard"};
+                                                "comm", "table", "accumulator", "shard", "request"};
 static void *live[K_COUNT];
 
 static gradsync_counter32 *c32;
+static gradsync_request *request; /* a completed one */
 static gradsync_counter64 *c64;
 static gradsync_flag *flag;
 static gradsync_mutex *mtx;
@@ -247,6 +248,8 @@ static int setup(void) {
   }
   ok &= comm != NULL && gradsync_shard_create(&shard, comm, 10, NULL) == GRADSYNC_OK;
   ok &= shard != NULL && gradsync_shard_init(shard, shard_weights, 10) == GRADSYNC_OK;
+  ok &= comm != NULL && gradsync_comm_ibarrier(comm, &request) == GRADSYNC_OK;
+  ok &= request != NULL && gradsync_request_wait(request, -1) == GRADSYNC_OK;
   if (!ok) {
     fprintf(stderr, "sweep: setup failed: %s\n", gradsync_last_error_message());
     return 0;
@@ -259,10 +262,12 @@ static int setup(void) {
   live[K_TABLE] = table;
   live[K_ACCUM] = accum;
   live[K_SHARD] = shard;
+  live[K_REQUEST] = request;
   return 1;
 }
 
 static void teardown(void) {
+  gradsync_request_free(request);
   gradsync_shard_free(shard);
   gradsync_comm_free(comm);
   gradsync_accum_free(accum);
@@ -324,6 +329,40 @@ static int h_comm_allgather(void *h) { return gradsync_comm_allgather(h, in_f32,
 static int h_comm_reduce_scatter(void *h) { return gradsync_comm_reduce_scatter(h, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM); }
 static int h_comm_alltoall(void *h) { return gradsync_comm_alltoall(h, in_f32, out.f32, 4, GRADSYNC_F32); }
 static int h_comm_barrier(void *h) { return gradsync_comm_barrier(h); }
+/* The non-blocking forms: a request is made only for a live communicator (never here). */
+static int started(const char *function, int status, gradsync_request *r) {
+  if (r != NULL) sweep_failed(function, __LINE__, "a request was made for a bad handle");
+  gradsync_request_free(r);
+  return status;
+}
+#define H_START(name, ...)                                                                          \
+  static int h_comm_##name(void *h) {                                                             \
+    gradsync_request *r = UNSET_HANDLE;                                                           \
+    const int status = gradsync_comm_##name(h, __VA_ARGS__, &r);                                  \
+    return started("gradsync_comm_" #name, status, r);                                            \
+  }
+H_START(iallreduce, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM)
+H_START(iweighted_mean, in_f32, out.f32, 4, GRADSYNC_F32, 1, &out.u64[0])
+H_START(ibroadcast, out.f32, 4, GRADSYNC_F32, 0)
+H_START(iallgather, in_f32, out.f32, 4, GRADSYNC_F32)
+H_START(ireduce_scatter, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM)
+H_START(ialltoall, in_f32, out.f32, 4, GRADSYNC_F32)
+static int h_comm_iallreduce_many(void *h) {
+  const void *sends[1] = {in_f32};
+  void *recvs[1] = {out.f32};
+  const size_t counts[1] = {4};
+  gradsync_request *r = UNSET_HANDLE;
+  const int status = gradsync_comm_iallreduce_many(h, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM, &r);
+  return started("gradsync_comm_iallreduce_many", status, r);
+}
+static int h_comm_ibarrier(void *h) {
+  gradsync_request *r = UNSET_HANDLE;
+  const int status = gradsync_comm_ibarrier(h, &r);
+  return started("gradsync_comm_ibarrier", status, r);
+}
+static int h_comm_get_async_error(void *h) { return gradsync_comm_get_async_error(h, &out.i32[0]); }
+static int h_request_wait(void *h) { return gradsync_request_wait(h, 0); }
+static int h_request_test(void *h) { return gradsync_request_test(h, &out.i32[0]); }
 static int h_comm_alloc(void *h) {
   void *p = UNSET_HANDLE; /* NULL on failure, by contract */
   const int status = gradsync_comm_alloc(h, 64, &p);
@@ -407,6 +446,17 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_reduce_scatter", K_COMM, 0, h_comm_reduce_scatter},
   {"gradsync_comm_alltoall", K_COMM, 0, h_comm_alltoall},
   {"gradsync_comm_barrier", K_COMM, 0, h_comm_barrier},
+  {"gradsync_comm_iallreduce", K_COMM, 0, h_comm_iallreduce},
+  {"gradsync_comm_iallreduce_many", K_COMM, 0, h_comm_iallreduce_many},
+  {"gradsync_comm_iweighted_mean", K_COMM, 0, h_comm_iweighted_mean},
+  {"gradsync_comm_ibroadcast", K_COMM, 0, h_comm_ibroadcast},
+  {"gradsync_comm_iallgather", K_COMM, 0, h_comm_iallgather},
+  {"gradsync_comm_ireduce_scatter", K_COMM, 0, h_comm_ireduce_scatter},
+  {"gradsync_comm_ialltoall", K_COMM, 0, h_comm_ialltoall},
+  {"gradsync_comm_ibarrier", K_COMM, 0, h_comm_ibarrier},
+  {"gradsync_comm_get_async_error", K_COMM, 0, h_comm_get_async_error},
+  {"gradsync_request_wait", K_REQUEST, 0, h_request_wait},
+  {"gradsync_request_test", K_REQUEST, 0, h_request_test},
   {"gradsync_comm_alloc", K_COMM, 0, h_comm_alloc},
   {"gradsync_comm_free_buffer", K_COMM, 0, h_comm_free_buffer},
   {"gradsync_shard_create", K_COMM, 0, h_shard_create},
@@ -458,8 +508,9 @@ static void f_comm(void *h) { gradsync_comm_free(h); }
 static void f_table(void *h) { gradsync_table_free(h); }
 static void f_accum(void *h) { gradsync_accum_free(h); }
 static void f_shard(void *h) { gradsync_shard_free(h); }
-static void (*const free_of_kind[K_COUNT])(void *) = {f_counter32, f_counter64, f_flag, f_mutex,
-                                                       f_comm, f_table, f_accum, f_shard};
+static void f_request(void *h) { gradsync_request_free(h); }
+static void (*const free_of_kind[K_COUNT])(void *) = {f_counter32, f_counter64, f_flag, f_mutex, f_comm,
+                                                       f_table, f_accum, f_shard, f_request};
 /* clang-format on */
 
 /* Log lines of expected complaints go to a counter rather than stderr. */

@@ -186,6 +186,14 @@ class MpiCommunicator final : public Communicator {
   void reset() override;
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override;
+  // The progress thread calls MPI while the host's threads may too (other communicators, its own
+  // MPI traffic), which only MPI_THREAD_MULTIPLE allows.
+  const char* progress_thread_refused() const noexcept override {
+    return mpi::thread_level() == MPI_THREAD_MULTIPLE
+               ? nullptr
+               : "non-blocking calls need MPI_THREAD_MULTIPLE, and MPI was initialised with a lower thread level "
+                 "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let gradsync do it)";
+  }
 
  private:
   void check(int rc, const char* call);
