@@ -598,7 +598,7 @@ GRADSYNC_API int gradsync_request_wait(gradsync_request* request, int64_t timeou
   return guard(__func__, [&] {
     gradsync_request* r = check(request);
     if (!r->done->wait(std::chrono::milliseconds(timeout_ms < 0 ? -1 : timeout_ms))) {
-      gradsync::fail(GRADSYNC_E_TIMEOUT, "the request of {} did not complete within {} ms (it is still pending)",
+      gradsync::fail(GRADSYNC_E_IN_PROGRESS, "the request of {} did not complete within {} ms (it is still pending)",
                      r->function, timeout_ms);
     }
     return request_outcome(r);

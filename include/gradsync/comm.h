@@ -400,8 +400,8 @@ GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **
  * @param[in] timeout_ms at most this long; negative: until it completes (a collective's own
  *        deadline bounds that), 0: do not wait
  * @return the request's status (its message as for any failed call, naming the non-blocking
- *         entry point); GRADSYNC_E_TIMEOUT when it has not completed in time (it stays pending,
- *         and may be waited for again)
+ *         entry point); GRADSYNC_E_IN_PROGRESS when it has not completed in time (it stays
+ *         pending, and may be waited for again)
  * @threadsafety request: any thread, one at a time
  */
 GRADSYNC_API int gradsync_request_wait(gradsync_request *request, int64_t timeout_ms);

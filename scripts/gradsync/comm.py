@@ -31,10 +31,10 @@ import weakref
 import numpy as np
 
 from .dataparallel import partition
-from ._lib import (Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
+from ._lib import (E_IN_PROGRESS, GradsyncError, Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
                    lib, numpy_array)
 
-__all__ = ["Communicator", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
+__all__ = ["Communicator", "Request", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
@@ -140,6 +140,75 @@ declare("gradsync_comm_alltoall", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
 declare("gradsync_comm_alloc", c_int, _P, c_size_t, ctypes.POINTER(c_void_p))
+_PR = ctypes.POINTER(_P)
+declare("gradsync_comm_iallreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
+declare("gradsync_comm_iallreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), c_size_t, c_int32, c_int32,
+        _PR)
+declare("gradsync_comm_iweighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64),
+        _PR)
+declare("gradsync_comm_ibroadcast", c_int, _P, _P, c_size_t, c_int32, c_int32, _PR)
+declare("gradsync_comm_iallgather", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
+declare("gradsync_comm_ialltoall", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
+declare("gradsync_comm_ireduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
+declare("gradsync_comm_ibarrier", c_int, _P, _PR)
+declare("gradsync_comm_get_async_error", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_request_wait", c_int, _P, c_int64)
+declare("gradsync_request_test", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_request_free", None, _P)
+
+# A wait of the main thread returns this often, so that a Ctrl-C raises KeyboardInterrupt promptly.
+_WAIT_SLICE_MS = 100
+
+
+class Request(Handle):
+    """A non-blocking call in flight (Communicator.iallreduce and the others).
+
+    wait() returns the call's result (what the blocking form returns) or raises its error; the
+    arrays stay borrowed, and are kept alive by the request, until it completes. Requests of one
+    communicator complete in the order they were made. close() (or `with`, or garbage collection)
+    waits for a pending request first.
+    """
+
+    _free = lib.gradsync_request_free
+
+    def __init__(self, ptr, comm, result, keep):
+        super().__init__(ptr)
+        self._comm = comm
+        self._result = result
+        self._keep = keep
+
+    def _value(self):
+        return self._result() if callable(self._result) else self._result
+
+    def wait(self, timeout_ms=None):
+        """Wait (at most timeout_ms, if given) and return the result; raises GradsyncError with
+        status E_IN_PROGRESS when it is still pending after timeout_ms."""
+        main = threading.current_thread() is _main_thread
+        left = None if timeout_ms is None else int(timeout_ms)
+        try:
+            while True:
+                step = _WAIT_SLICE_MS if main and (left is None or left > _WAIT_SLICE_MS) else (-1 if left is None else left)
+                status = lib.gradsync_request_wait(self.ptr, step)
+                if status != E_IN_PROGRESS or step == left:
+                    break
+                if left is not None:
+                    left -= step
+        except KeyboardInterrupt:
+            # As for a blocking call: the group is aborted, so no rank waits out its timeout.
+            self._comm.abort()
+            raise
+        check(status)
+        return self._value()
+
+    def test(self):
+        """True once completed (raising its error if it failed), False while pending."""
+        done = c_int32()
+        check(lib.gradsync_request_test(self.ptr, ctypes.byref(done)))
+        return bool(done.value)
+
+    def __repr__(self):
+        return f"Request({'closed' if not self._ptr else 'open'})"
+
 declare("gradsync_comm_free_buffer", c_int, _P, _P)
 
 
@@ -240,47 +309,54 @@ class Communicator(Handle):
         """(start, length) of this rank's part of `total` elements (reduce_scatter, allgather)."""
         return partition(total, self.size, self.rank)
 
-    def allreduce(self, array, op="mean", out=None):
+    def _issue(self, name, nonblocking, args, result, keep=()):
+        """The blocking call gradsync_comm_<name> (returns result), or its non-blocking form (a Request)."""
+        if not nonblocking:
+            _blocking(getattr(lib, "gradsync_comm_" + name), self.ptr, *args)
+            return result() if callable(result) else result
+        request = _P()
+        check(getattr(lib, "gradsync_comm_i" + name)(self.ptr, *args, ctypes.byref(request)))
+        return Request(request, self, result, keep)
+
+    def allreduce(self, array, op="mean", out=None, *, _nonblocking=False):
         """Reduce `array` over ranks (rank order); into `out`, or in place when out is None. Returns the result."""
         send = _array(array, "array", writable=out is None)
         recv = send if out is None else _array(out, "out")
         if recv.shape != send.shape or recv.dtype != send.dtype:
             raise ValueError(f"out has shape {recv.shape} {recv.dtype}, array {send.shape} {send.dtype}")
-        _blocking(lib.gradsync_comm_allreduce, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
-                  _op(op))
-        return recv
+        return self._issue("allreduce", _nonblocking,
+                           (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)), recv, (send, recv))
 
-    def allreduce_many(self, arrays, op="mean"):
+    def allreduce_many(self, arrays, op="mean", *, _nonblocking=False):
         """One fused allreduce, in place, over a list of arrays of one dtype (a gradient bucket)."""
         arrays = [_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
-        if not arrays:
-            return arrays
-        dtype = arrays[0].dtype
+        dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
         for i, a in enumerate(arrays):
             if a.dtype != dtype:
                 raise TypeError(f"arrays[{i}] has dtype {a.dtype}, arrays[0] {dtype}")
         n = len(arrays)
-        recvs = (c_void_p * n)(*[a.ctypes.data for a in arrays])
-        counts = (c_size_t * n)(*[a.size for a in arrays])
-        _blocking(lib.gradsync_comm_allreduce_many, self.ptr, None, recvs, counts, n, _DTYPES[dtype], _op(op))
-        return arrays
+        recvs = (c_void_p * max(n, 1))(*[a.ctypes.data for a in arrays])
+        counts = (c_size_t * max(n, 1))(*[a.size for a in arrays])
+        if not arrays and not _nonblocking:
+            return arrays
+        return self._issue("allreduce_many", _nonblocking, (None, recvs, counts, n, _DTYPES[dtype], _op(op)), arrays,
+                           (arrays, recvs, counts))
 
-    def weighted_mean(self, array, weight, out=None):
+    def weighted_mean(self, array, weight, out=None, *, _nonblocking=False):
         """array <- Σ wᵢ·arrayᵢ / Σ wᵢ over ranks (w = this rank's sample count); returns Σ wᵢ."""
         send = _array(array, "array", writable=out is None)
         recv = send if out is None else _array(out, "out")
         total = c_uint64()
-        _blocking(lib.gradsync_comm_weighted_mean, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
-                  int(weight), ctypes.byref(total))
-        return total.value
+        return self._issue("weighted_mean", _nonblocking,
+                           (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], int(weight), ctypes.byref(total)),
+                           lambda: total.value, (send, recv, total))
 
-    def broadcast(self, array, root=0):
+    def broadcast(self, array, root=0, *, _nonblocking=False):
         """Copy root's array into every rank's array (in place). Returns the array."""
         a = _array(array, "array")
-        _blocking(lib.gradsync_comm_broadcast, self.ptr, _ptr(a), a.size, _DTYPES[a.dtype], int(root))
-        return a
+        return self._issue("broadcast", _nonblocking, (_ptr(a), a.size, _DTYPES[a.dtype], int(root)), a, (a,))
 
-    def allgather(self, array, part=None):
+    def allgather(self, array, part=None, *, _nonblocking=False):
         """Fill `array` (all elements) with every rank's part; this rank's part comes from `part`,
         or is already in place in `array` when part is None. Returns the array."""
         recv = _array(array, "array")
@@ -290,22 +366,21 @@ class Communicator(Handle):
             start, length = self.part(recv.size)
             if send.size != length or send.dtype != recv.dtype:
                 raise ValueError(f"part has {send.size} {send.dtype} elements; this rank's part is {length} {recv.dtype}")
-        _blocking(lib.gradsync_comm_allgather, self.ptr, None if send is None else _ptr(send), _ptr(recv), recv.size,
-                  _DTYPES[recv.dtype])
-        return recv
+        return self._issue("allgather", _nonblocking,
+                           (None if send is None else _ptr(send), _ptr(recv), recv.size, _DTYPES[recv.dtype]), recv,
+                           (send, recv))
 
-    def reduce_scatter(self, array, op="mean", out=None):
+    def reduce_scatter(self, array, op="mean", out=None, *, _nonblocking=False):
         """Reduce `array` over ranks; returns this rank's part (into `out` when given)."""
         send = _array(array, "array", writable=False)
         start, length = self.part(send.size)
         recv = np.empty(length, dtype=send.dtype) if out is None else _array(out, "out")
         if recv.size != length or recv.dtype != send.dtype:
             raise ValueError(f"out has {recv.size} {recv.dtype} elements; this rank's part is {length} {send.dtype}")
-        _blocking(lib.gradsync_comm_reduce_scatter, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype],
-                  _op(op))
-        return recv
+        return self._issue("reduce_scatter", _nonblocking,
+                           (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)), recv, (send, recv))
 
-    def alltoall(self, array, out=None):
+    def alltoall(self, array, out=None, *, _nonblocking=False):
         """Send part j of `array` (parts by the partition rule) to rank j. Returns an array of
         shape (size, part length): row i is rank i's part for this rank (into `out` when given)."""
         send = _array(array, "array", writable=False)
@@ -314,11 +389,45 @@ class Communicator(Handle):
         if recv.size != self.size * length or recv.dtype != send.dtype:
             raise ValueError(f"out has {recv.size} {recv.dtype} elements; alltoall gives {self.size} x {length} "
                              f"{send.dtype}")
-        _blocking(lib.gradsync_comm_alltoall, self.ptr, _ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype])
-        return recv
+        return self._issue("alltoall", _nonblocking, (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype]), recv,
+                           (send, recv))
 
-    def barrier(self):
-        _blocking(lib.gradsync_comm_barrier, self.ptr)
+    def barrier(self, *, _nonblocking=False):
+        return self._issue("barrier", _nonblocking, (), None)
+
+    # The non-blocking forms: the same arguments, a Request whose wait() returns the same result.
+    def iallreduce(self, array, op="mean", out=None):
+        return self.allreduce(array, op, out, _nonblocking=True)
+
+    def iallreduce_many(self, arrays, op="mean"):
+        return self.allreduce_many(arrays, op, _nonblocking=True)
+
+    def iweighted_mean(self, array, weight, out=None):
+        return self.weighted_mean(array, weight, out, _nonblocking=True)
+
+    def ibroadcast(self, array, root=0):
+        return self.broadcast(array, root, _nonblocking=True)
+
+    def iallgather(self, array, part=None):
+        return self.allgather(array, part, _nonblocking=True)
+
+    def ireduce_scatter(self, array, op="mean", out=None):
+        return self.reduce_scatter(array, op, out, _nonblocking=True)
+
+    def ialltoall(self, array, out=None):
+        return self.alltoall(array, out, _nonblocking=True)
+
+    def ibarrier(self):
+        return self.barrier(_nonblocking=True)
+
+    def async_error(self):
+        """The first failure of a non-blocking call since creation or the last reset: None, or
+        the GradsyncError it raised."""
+        status = c_int32()
+        check(lib.gradsync_comm_get_async_error(self.ptr, ctypes.byref(status)))
+        if status.value == 0:
+            return None
+        return GradsyncError(status.value, lib.gradsync_last_error_message().decode())
 
     def empty(self, shape, dtype=np.float32):
         """An uninitialised array for this group's collectives.
