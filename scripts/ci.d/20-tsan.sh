@@ -10,9 +10,9 @@ build="${TSAN_BUILD_DIR:-$root/build-tsan}"
 jobs="$(nproc)"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADSYNC_SANITIZE=thread \
   -DGRADSYNC_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j "$jobs" --target comm_test comm_reduce_test atomics_test capi_atomics
+cmake --build "$build" -j "$jobs" --target comm_test comm_reduce_test atomics_test capi_atomics capi_async
 # Selected by name (catch_discover_tests prefixes each test with its component): exactly the tests
 # built above; --no-tests=error makes an empty selection a failure rather than a silent pass.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
-  ctest --test-dir "$build" -R '^(comm(_reduce)?:|atomics:|capi:atomics$)' --no-tests=error --output-on-failure \
+  ctest --test-dir "$build" -R '^(comm(_reduce)?:|atomics:|capi:(atomics|async)$)' --no-tests=error --output-on-failure \
   -j "$jobs"
