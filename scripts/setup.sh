@@ -12,6 +12,7 @@ packages=(
   clang-14 libclang-rt-14-dev
   spin
   python3-venv python3-pip python3-setuptools python3-wheel
+  python3-torch
   cargo
 )
 
