@@ -24,6 +24,7 @@ and the rank/size/transport properties are the exceptions. close() while another
 call aborts that call (it raises E_ABORTED) and returns once it has left the library.
 """
 import ctypes
+import os
 import signal
 import threading
 import weakref
@@ -287,6 +288,20 @@ class Communicator(Handle):
         super().__init__(out)
         check(lib.gradsync_comm_set_interrupt(self.ptr, _interrupt_fn, None))
         _watch_ctrl_c()
+
+    @classmethod
+    def from_env(cls, **kwargs):
+        """The communicator that `python3 -m gradsync.run` (or any launcher) describes in the
+        environment: GRADSYNC_GROUP, GRADSYNC_RANK, GRADSYNC_SIZE, and optionally
+        GRADSYNC_TRANSPORT (default shm) and GRADSYNC_TIMEOUT_MS. Keyword arguments are passed on."""
+        env = os.environ
+        missing = [k for k in ("GRADSYNC_GROUP", "GRADSYNC_RANK", "GRADSYNC_SIZE") if k not in env]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not set: start this program with python3 -m gradsync.run -n N")
+        if "GRADSYNC_TIMEOUT_MS" in env:
+            kwargs.setdefault("timeout_ms", int(env["GRADSYNC_TIMEOUT_MS"]))
+        return cls(env["GRADSYNC_GROUP"], int(env["GRADSYNC_RANK"]), int(env["GRADSYNC_SIZE"]),
+                   transport=env.get("GRADSYNC_TRANSPORT", "shm"), **kwargs)
 
     def _query(self, fn):
         v = c_int32()
