@@ -18,15 +18,25 @@ from test_shm import _group, _run
 torch.set_num_threads(1)
 
 
+def seeded(module, seed):
+    """Weights from a generator of the module's own: ranks are threads, and torch's global
+    generator is shared by them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return module
+
+
 class Net(torch.nn.Module):
     def __init__(self, seed):
         super().__init__()
-        torch.manual_seed(seed)  # each rank starts elsewhere: the wrapper broadcasts rank 0's
         self.a = torch.nn.Linear(20, 64)
         self.b = torch.nn.Linear(64, 64)
         self.c = torch.nn.Linear(64, 3)
         self.unused = torch.nn.Linear(3, 3)
         self.norm = torch.nn.BatchNorm1d(64)
+        seeded(self, seed)  # each rank starts elsewhere: the wrapper broadcasts rank 0's
 
     def forward(self, x):
         return self.c(torch.relu(self.b(self.norm(torch.relu(self.a(x))))))
@@ -87,9 +97,9 @@ def test_same_as_one_process_on_the_whole_batch():
     class Plain(torch.nn.Module):  # no BatchNorm: per-rank batches then give the whole-batch gradient
         def __init__(self, seed):
             super().__init__()
-            torch.manual_seed(seed)
             self.a = torch.nn.Linear(20, 64)
             self.c = torch.nn.Linear(64, 3)
+            seeded(self, seed)
 
         def forward(self, x):
             return self.c(torch.relu(self.a(x)))
@@ -146,7 +156,7 @@ def test_shm_processes():
 @pytest.mark.skipif(not HAVE_MPI, reason="libgradsync built without MPI")
 def test_mpi(tmp_path):
     import inspect
-    source = "\n".join(inspect.getsource(f) for f in (Net, data, digest, train))
+    source = "\n".join(inspect.getsource(f) for f in (seeded, Net, data, digest, train))
     lines = run_mpi_ranks(tmp_path, """
 import torch
 import gradsync.torch as gst
