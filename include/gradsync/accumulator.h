@@ -22,7 +22,12 @@
  *
  * Crash behaviour: a row is marked touched before its gradient is added, so a crash never hides a
  * gradient from apply. gradsync_accum_flush() is durable like gradsync_table_flush(). A process that
- * dies holding a row lock is detected by its peers, which take the lock over. apply is not atomic:
+ * dies holding a row lock (killed, even left a zombie) is detected by its peers through a lock the
+ * kernel drops at its exit (no pid is trusted), and they take the row lock over; that row may hold
+ * part of the dead process's add, so from then on gradsync_accum_get and gradsync_accum_apply fail
+ * with GRADSYNC_E_CORRUPT on every process until gradsync_accum_zero (or a lone reopen). A row lock
+ * held by a live process for more than a few seconds (a stopped one) makes the waiting add fail
+ * with GRADSYNC_E_TIMEOUT: the rows of the batch before that row were added, the others not. apply is not atomic:
  * after a crash in the middle of one, the rows it had not reached are still touched and are applied
  * by the next apply (flush the parameters and the gradients together after apply to commit it).
  */

@@ -20,6 +20,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/ofd_lock.hpp"
 #include "optim/optim.hpp"
 
 #ifndef GS_ADD_AHEAD
@@ -97,7 +98,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
 
   AuxHeader fresh{};
   fresh.magic = kAuxMagic;
-  fresh.layout_version = 1;
+  fresh.layout_version = kAuxLayoutVersion;
   fresh.concurrency = spec.concurrency == -1 ? static_cast<int32_t>(Concurrency::Striped) : spec.concurrency;
   fresh.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
   fresh.nlocks = spec.rows >= 1 ? lock_count(spec.rows, fresh.rows_per_lock) : 1;
@@ -105,7 +106,6 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   ts.init_aux_user = &fresh;
 
   a->table_ = Table::open(ts);
-  a->pid_ = static_cast<uint32_t>(::getpid());
   const AuxLayout layout = aux_layout(a->table_->rows());
   auto* base = static_cast<char*>(a->table_->aux());
   a->aux_header_ = reinterpret_cast<AuxHeader*>(base);
@@ -114,6 +114,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->flags_ = reinterpret_cast<uint8_t*>(base + layout.flags_off);
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
   a->attach_aux(spec);
+  a->claim_holder_slot();
   return a;
 }
 
@@ -133,18 +134,22 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
         list_[n++] = r;
       }
       *count_ = n;
-      const bool valid = h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
+      const bool valid = h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 2 &&
                          h.rows_per_lock >= 1;
       if (!valid) GS_LOG_WARN("'{}': accumulator state header was damaged; rebuilt it", table_->path());
       h.magic = kAuxMagic;
-      h.layout_version = 1;
+      h.layout_version = kAuxLayoutVersion;
+      h.torn = 0;  // the locks are reset and the rows' sums kept: what a dead adder left is the caller's to judge
       if (spec.concurrency != -1 || !valid) h.concurrency = spec.concurrency == -1 ? 0 : spec.concurrency;
       if (spec.rows_per_lock != -1 || !valid)
         h.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
       h.nlocks = lock_count(rows, h.rows_per_lock);
     }
   } else {
-    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == 1 && h.concurrency >= 0 && h.concurrency <= 2 &&
+    GS_REQUIRE(h.magic != kAuxMagic || h.layout_version == kAuxLayoutVersion, GRADSYNC_E_VERSION_MISMATCH,
+               "'{}' is open in a process of another libgradsync version (state layout {}, this one {})",
+               table_->path(), h.layout_version, kAuxLayoutVersion);
+    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 2 &&
                    h.rows_per_lock >= 1 && h.nlocks == lock_count(rows, h.rows_per_lock),
                GRADSYNC_E_CORRUPT, "'{}': the accumulator state header is damaged", table_->path());
     const auto file_mode = static_cast<Concurrency>(h.concurrency);
@@ -168,18 +173,45 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
 
 // ---------------------------------------------------------------- striped locks
 
-void Accumulator::lock_stripe(uint32_t* word) noexcept {
+void Accumulator::claim_holder_slot() {
+  const int fd = table_->fd();
+  if (fd < 0 || mode_ != Concurrency::Striped) return;  // anonymous: this process alone
+  for (uint32_t slot = 0; slot < (1u << 30); ++slot) {
+    if (ofd_lock(fd, kHolderLockBase + static_cast<off_t>(slot), F_WRLCK)) {
+      holder_ = slot + 1;
+      return;
+    }
+  }
+  fail(GRADSYNC_E_IO, "'{}': no free row-lock holder slot", table_->path());
+}
+
+uint64_t Accumulator::held_row_locks() const noexcept {
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < nlocks_; ++i) n += atomic(locks_[i]).load(std::memory_order_relaxed) != 0 ? 1 : 0;
+  return n;
+}
+
+void Accumulator::require_whole(const char* what) const {
+  const uint64_t torn = atomic(aux_header_->torn).load(std::memory_order_acquire);
+  GS_REQUIRE(torn == 0, GRADSYNC_E_CORRUPT,
+             "'{}': cannot {}: a process died while adding to rows of row lock {}, which may hold part of its "
+             "gradient; zero() the accumulator (or reopen it with no other process) to go on",
+             table_->path(), what, torn - 1);
+}
+
+void Accumulator::lock_stripe(uint32_t* word) {
   uint32_t expected = 0;
-  if (atomic(*word).compare_exchange_weak(expected, pid_, std::memory_order_acquire, std::memory_order_relaxed)) return;
+  if (atomic(*word).compare_exchange_weak(expected, holder_, std::memory_order_acquire, std::memory_order_relaxed)) return;
   lock_stripe_slow(word);
 }
 
-void Accumulator::lock_stripe_slow(uint32_t* word) noexcept {
+void Accumulator::lock_stripe_slow(uint32_t* word) {
   auto a = atomic(*word);
+  const auto start = std::chrono::steady_clock::now();
   for (uint64_t spins = 1;; ++spins) {
     uint32_t owner = a.load(std::memory_order_relaxed);
     if (owner == 0) {
-      if (a.compare_exchange_weak(owner, pid_, std::memory_order_acquire, std::memory_order_relaxed)) return;
+      if (a.compare_exchange_weak(owner, holder_, std::memory_order_acquire, std::memory_order_relaxed)) return;
       continue;
     }
     // On an oversubscribed machine the owner may be descheduled: yield rather than burn its slice.
@@ -188,13 +220,28 @@ void Accumulator::lock_stripe_slow(uint32_t* word) noexcept {
     } else {
       GS_CPU_RELAX();
     }
-    if ((spins & 0x3FFF) == 0 && owner != pid_ && ::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH) {
-      // The owner process died holding the lock; its add to these rows may be partial, but waiting
-      // would hang every survivor forever.
-      if (a.compare_exchange_strong(owner, pid_, std::memory_order_acquire, std::memory_order_relaxed)) {
-        GS_LOG_WARN("'{}': took over a row lock held by dead process {}", table_->path(), owner);
+    if ((spins & 0x3FFF) != 0) continue;
+    // Another process's slot whose OFD lock is gone: that process has exited while holding the
+    // row lock. Waiting would hang every survivor forever, so the lock is taken over, and the
+    // file marked torn: the row may hold part of that process's add.
+    if (owner != holder_ && table_->fd() >= 0 &&
+        !ofd_held_by_other(table_->fd(), kHolderLockBase + static_cast<off_t>(owner - 1))) {
+      if (a.compare_exchange_strong(owner, holder_, std::memory_order_acquire, std::memory_order_relaxed)) {
+        const uint64_t stripe = static_cast<uint64_t>(word - locks_);
+        uint64_t none = 0;
+        atomic(aux_header_->torn).compare_exchange_strong(none, stripe + 1, std::memory_order_acq_rel);
+        GS_LOG_ERROR("'{}': took over row lock {} from a process that exited holding it; the file is marked torn",
+                     table_->path(), stripe);
         return;
       }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - start >= kRowLockTimeout) {
+      fail(GRADSYNC_E_TIMEOUT,
+           "'{}': a row lock was held for more than {} s by {} (stopped or stuck); the rows before this one "
+           "were added, the rest were not",
+           table_->path(), kRowLockTimeout.count(),
+           owner == holder_ ? std::string("another thread of this process") : fmt::format("holder slot {}", owner - 1));
     }
   }
 }
@@ -250,7 +297,12 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
     // The flag goes up before the add: a crash can never hide a gradient from apply.
     if constexpr (M == Concurrency::Striped) {
       uint32_t* w = stripe_of(r);
-      lock_stripe(w);
+      try {
+        lock_stripe(w);
+      } catch (...) {
+        append_touched(pending.rows, pending.n);  // the rows added so far stay listed
+        throw;
+      }
       if (flag.load(std::memory_order_relaxed) == 0) {  // the lock orders every writer of this flag
         flag.store(1, std::memory_order_relaxed);
         pending.rows[pending.n++] = r;
@@ -294,6 +346,7 @@ void Accumulator::get(int64_t row, float* out, size_t count) {
   table_->check_row(row);
   table_->check_count(count, 1, "the output buffer");
   std::shared_lock phase(phase_);
+  require_whole("read a row");
   float* g = table_->row_ptr(row);
   const size_t d = count;
   switch (mode_) {
@@ -352,7 +405,16 @@ void Accumulator::zero() {
     void prefetch(int64_t) {}
     void operator()(int64_t r) { std::memset(self->table_->row_ptr(r), 0, bytes); }
   } fn{this, bytes};
-  for_each_touched(fn);
+  if (atomic(aux_header_->torn).load(std::memory_order_acquire) == 0) return for_each_touched(fn);
+  // A process died mid-add: a row it flagged may not have reached the touched list (appended at
+  // the end of a batch), so every flagged row is cleared, by the flags.
+  for (int64_t r = 0; r < rows(); ++r) {
+    if (atomic(flags_[r]).load(std::memory_order_relaxed) == 0) continue;
+    fn(r);
+    atomic(flags_[r]).store(0, std::memory_order_relaxed);
+  }
+  atomic(*count_).store(0, std::memory_order_release);
+  atomic(aux_header_->torn).store(0, std::memory_order_release);
 }
 
 uint64_t Accumulator::touched_count() {
@@ -377,6 +439,7 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
   GS_REQUIRE(params.dim() == dim() && params.rows() == rows(), GRADSYNC_E_MISMATCH,
              "parameter table has {} x {}, the accumulator {} x {}", params.rows(), params.dim(), rows(), dim());
   GS_REQUIRE(std::isfinite(opt.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", opt.lr);
+  require_whole("apply");
   const size_t d = static_cast<size_t>(dim());
   const float lr = opt.lr;
   if (opt.kind == OptimizerKind::Sgd) {

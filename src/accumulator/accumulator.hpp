@@ -7,11 +7,16 @@
 //
 // Everything shared between processes lives in the file's aux region (format below), so two
 // processes that open one gradient file coordinate through the mapping itself:
-// - striped mode: one 32-bit lock word per stripe, holding the owner's pid (0 = free). nlocks is
+// - striped mode: one 32-bit lock word per stripe, holding its holder's slot + 1 (0 = free). nlocks is
 //   the largest power of two <= rows / rows_per_lock, and row r uses stripe
 //   (r * 0x9E3779B97F4A7C15) >> (64 - log2 nlocks): a multiply instead of a division, and hot
-//   neighbouring ids (Zipf-skewed embeddings) spread over different locks. Spinners check the owner's liveness now and then, so a process killed while
-//   holding a lock does not hang its peers.
+//   neighbouring ids (Zipf-skewed embeddings) spread over different locks. A process that
+//   opens the file claims a slot: an OFD lock on byte kHolderLockBase + slot of the file, which
+//   the kernel drops when the process exits, however it exits. A waiter that spins long checks
+//   that lock: a holder gone is taken over (its row may hold part of its add, so the file is then
+//   marked torn, and reads of the sums fail until zero()); a holder alive but stuck (stopped)
+//   makes the wait fail with E_TIMEOUT after kRowLockTimeout. No pid is involved, so zombies,
+//   reused pids and other pid namespaces cannot fool it.
 // - lock-free mode: each element is added with an atomic compare-and-swap on the mapped float.
 // - touched set: one flag byte per row plus an append list. Whoever flips a row's flag from 0 to 1
 //   (under the row's lock in striped mode, with an atomic exchange otherwise) owns appending it; a
@@ -22,6 +27,7 @@
 //   that apply would miss. The list is rebuilt from the flags whenever a process opens the file alone.
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -66,10 +72,17 @@ struct AuxHeader {
   uint32_t reserved0;
   uint64_t rows_per_lock;
   uint64_t nlocks;
-  uint64_t reserved[4];
+  uint64_t torn;  // stripe + 1 of a row lock taken over from a process that died holding it; 0: none
+  uint64_t reserved[3];
 };
 static_assert(sizeof(AuxHeader) == 64);
 constexpr uint32_t kAuxMagic = 0x58415347u;  // "GSAX"
+// 2: lock words hold holder slots (1: pids).
+constexpr uint32_t kAuxLayoutVersion = 2;
+// Holder slot i is the OFD lock on this byte + i of the file: far past any file's end.
+constexpr off_t kHolderLockBase = off_t{1} << 60;
+// How long a row lock may be waited for before the add fails with E_TIMEOUT.
+constexpr std::chrono::seconds kRowLockTimeout{5};
 
 struct AuxLayout {
   uint64_t count_off = 64;
@@ -93,6 +106,8 @@ class Accumulator {
   Concurrency concurrency() const noexcept { return mode_; }
   int64_t rows_per_lock() const noexcept { return rows_per_lock_; }
   table::Table& table() noexcept { return *table_; }
+  // Row locks held right now, by any process (for tests that need a holder caught holding).
+  uint64_t held_row_locks() const noexcept;
 
   // Thread-safe (and process-safe on a shared file) in the striped and lock-free modes.
   void add(int64_t row, const float* grad, size_t count);
@@ -117,9 +132,12 @@ class Accumulator {
   void add_rows(const int64_t* rows, size_t n, const float* grads);
   struct Pending;
   void append_touched(const int64_t* rows, size_t n) noexcept;
-  void lock_stripe(uint32_t* word) noexcept;
-  void lock_stripe_slow(uint32_t* word) noexcept;
+  void claim_holder_slot();
+  void lock_stripe(uint32_t* word);
+  void lock_stripe_slow(uint32_t* word);
   void unlock_stripe(uint32_t* word) noexcept;
+  // Error(E_CORRUPT) when a row lock was taken over from a dead process (AuxHeader::torn).
+  void require_whole(const char* what) const;
   uint32_t* stripe_of(int64_t row) noexcept {
     // nlocks == 1 gives a shift of 64, which C++ leaves undefined: mask it to 0 words instead.
     const uint64_t h = static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull;
@@ -133,7 +151,7 @@ class Accumulator {
   int64_t rows_per_lock_ = kDefaultRowsPerLock;
   uint64_t nlocks_ = 1;
   unsigned lock_shift_ = 64;
-  uint32_t pid_ = 0;
+  uint32_t holder_ = 1;  // this process's slot + 1 (1 for an anonymous accumulator)
   AuxHeader* aux_header_ = nullptr;
   uint64_t* count_ = nullptr;
   uint32_t* locks_ = nullptr;

@@ -58,6 +58,9 @@ class Table {
   int64_t dim() const noexcept { return dim_; }
   bool read_only() const noexcept { return read_only_; }
   bool anonymous() const noexcept { return fd_ < 0; }
+  // The open file (-1 when anonymous): its open file description carries the OFD locks of users
+  // that share the file (the accumulator's row-lock holders).
+  int fd() const noexcept { return fd_; }
   bool created() const noexcept { return created_; }
   // True when no other process had the file open as this one opened it (always for anonymous and
   // new files): the opener may then repair shared state in the aux region before release_exclusive().

@@ -312,14 +312,10 @@ TEST_CASE("two processes adding to one gradient file lose no update", "[accumula
   CHECK(a->touched_count() == 8);
 }
 
-TEST_CASE("a lock held by a dead process is taken over; the list is rebuilt when alone", "[accumulator][process]") {
+TEST_CASE("a lock of a holder slot nobody holds is taken over and the file marked torn; alone, it is rebuilt",
+          "[accumulator][process]") {
   TempDir tmp;
   const auto path = tmp.file("dead.gsa");
-  pid_t dead = ::fork();
-  REQUIRE(dead >= 0);
-  if (dead == 0) ::_exit(0);
-  REQUIRE(wait_bounded(dead, 10) == 0);  // reaped: this pid is no longer alive
-
   auto holder = Accumulator::open(aspec(path, OpenMode::Create, 32, 4, 0, 1));
   auto a = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
   const auto layout = gradsync::accumulator::aux_layout(32);
@@ -327,11 +323,17 @@ TEST_CASE("a lock held by a dead process is taken over; the list is rebuilt when
   auto* locks = reinterpret_cast<uint32_t*>(aux + layout.locks_off);
   REQUIRE(gradsync::accumulator::lock_count(32, 1) == 32);
   auto lock_of = [&](uint64_t row) { return &locks[(row * 0x9E3779B97F4A7C15ull) >> (64 - 5)]; };
-  *lock_of(5) = static_cast<uint32_t>(dead);  // as if `dead` had died holding row 5's lock
+  *lock_of(5) = 1000;  // as if the process of slot 999 had died holding row 5's lock
   std::vector<float> g(4, 2.0f);
   a->add(5, g.data(), 4);  // must not hang
-  CHECK(all_equal(row_of(*a, 5), 2.0f));
   CHECK(*lock_of(5) == 0);
+  // Row 5 may hold part of the dead process's add: reading sums fails, on every handle, until zero().
+  CHECK(status_of([&] { row_of(*a, 5); }) == GRADSYNC_E_CORRUPT);
+  CHECK(status_of([&] { row_of(*holder, 6); }) == GRADSYNC_E_CORRUPT);
+  a->zero();
+  CHECK(all_equal(row_of(*a, 5), 0.0f));
+  a->add(5, g.data(), 4);
+  CHECK(all_equal(row_of(*a, 5), 2.0f));
 
   // A process that died between raising a touched flag and appending to the list: simulate it,
   // then reopen alone; the row is in the touched set again.
@@ -348,6 +350,92 @@ TEST_CASE("a lock held by a dead process is taken over; the list is rebuilt when
   CHECK(t[1] == 9);
   b->add(7, g.data(), 4);  // the stale lock was reset
   CHECK(all_equal(row_of(*b, 7), 2.0f));
+}
+
+namespace {
+// A child process that adds to row 1 of `path` in a loop, with rows large enough that it almost
+// always holds the row's lock; returned once it has the file open. The parent catches it holding
+// the lock by stopping it until `held` says so.
+pid_t start_adder(const std::string& path, int64_t dim) {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    auto a = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
+    std::vector<float> g(static_cast<size_t>(dim), 1.0f);
+    const char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+    for (;;) a->add(1, g.data(), g.size());
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  return pid;
+}
+
+// Stops `pid` at a moment it holds a row lock (as `a` sees the shared lock words).
+void stop_holding(pid_t pid, const Accumulator& a) {
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    ::kill(pid, SIGSTOP);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PID, static_cast<id_t>(pid), &info, WSTOPPED) == 0);
+    if (a.held_row_locks() > 0) return;
+    ::kill(pid, SIGCONT);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  FAIL("the adder was never caught holding a row lock");
+}
+
+char process_state(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return '?';
+  char state = '?';
+  if (std::fscanf(f, "%*d %*s %c", &state) != 1) state = '?';
+  std::fclose(f);
+  return state;
+}
+}  // namespace
+
+TEST_CASE("a holder killed mid-add and left a zombie: its lock is taken over, the file marked torn",
+          "[accumulator][process]") {
+  TempDir tmp;
+  const auto path = tmp.file("zombie.gsa");
+  const int64_t dim = 1 << 16;
+  auto a = Accumulator::open(aspec(path, OpenMode::Create, 4, dim, 0, 1));
+  const pid_t adder = start_adder(path, dim);
+  stop_holding(adder, *a);
+  ::kill(adder, SIGKILL);  // not reaped: a zombie, whose pid still exists
+  for (int i = 0; i < 500 && process_state(adder) != 'Z'; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  CHECK(process_state(adder) == 'Z');
+  std::vector<float> g(static_cast<size_t>(dim), 1.0f);
+  a->add(1, g.data(), g.size());  // does not hang
+  CHECK(status_of([&] { row_of(*a, 1); }) == GRADSYNC_E_CORRUPT);  // never a torn row read as whole
+  a->zero();
+  a->add(1, g.data(), g.size());
+  CHECK(all_equal(row_of(*a, 1), 1.0f));
+  ::waitpid(adder, nullptr, 0);
+}
+
+TEST_CASE("a stopped holder makes a waiting add fail with E_TIMEOUT, not hang", "[accumulator][process]") {
+  TempDir tmp;
+  const auto path = tmp.file("stopped.gsa");
+  const int64_t dim = 1 << 16;
+  auto a = Accumulator::open(aspec(path, OpenMode::Create, 4, dim, 0, 1));
+  const pid_t adder = start_adder(path, dim);
+  stop_holding(adder, *a);
+  std::vector<float> g(static_cast<size_t>(dim), 1.0f);
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(status_of([&] { a->add(1, g.data(), g.size()); }, &message) == GRADSYNC_E_TIMEOUT);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  CHECK(message.find("held for more than") != std::string::npos);
+  ::kill(adder, SIGKILL);
+  ::waitpid(adder, nullptr, 0);
+  a->add(1, g.data(), g.size());  // the holder is gone now: taken over
+  CHECK(status_of([&] { row_of(*a, 1); }) == GRADSYNC_E_CORRUPT);
 }
 
 TEST_CASE("gradients and touched set survive flush, close and reopen", "[accumulator]") {

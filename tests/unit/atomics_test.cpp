@@ -2,6 +2,8 @@
 // Atomics below the C ABI: counters, flag, mutex and the three atomic-add implementations.
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,14 +26,6 @@ using namespace gradsync::atomics;
 using namespace std::chrono_literals;
 
 namespace {
-int status_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gradsync::Error& e) {
-    return e.status();
-  }
-  return GRADSYNC_OK;
-}
 }  // namespace
 
 TEST_CASE("counter fetch_add reports old and new values", "[atomics]") {

@@ -2,6 +2,8 @@
 // Data-parallel helpers below the C ABI: the round-robin deal and the weighted merge.
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -15,15 +17,6 @@
 using namespace gradsync::dataparallel;
 
 namespace {
-int status_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gradsync::Error& e) {
-    return e.status();
-  }
-  return GRADSYNC_OK;
-}
-
 struct Workers {
   std::vector<std::vector<float>> grads;
   std::vector<uint64_t> counts;

@@ -3,6 +3,8 @@
 // gradient processors, compression, optimizers against a reference, and error propagation.
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -59,15 +61,6 @@ void run_ranks(int ranks, const std::function<void(comm::Communicator&, int)>& b
 }
 
 // The status a call throws, or 0.
-int status_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.status();
-  }
-  return 0;
-}
-
 Options sgd(double lr) {
   Options o;
   o.optimizer = Optimizer::Sgd;

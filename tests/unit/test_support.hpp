@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <mutex>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,17 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const char* name) const { return (dir / name).string(); }
 };
+
+// The status f ends with: GRADSYNC_OK, or the gradsync::Error's (its message into *message).
+inline int status_of(const std::function<void()>& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const gradsync::Error& e) {
+    if (message != nullptr) *message = e.what();
+    return e.status();
+  }
+  return GRADSYNC_OK;
+}
 
 // Runs f, which must throw gradsync::Error with `status` and a message containing `needle`.
 template <class F>

@@ -18,6 +18,7 @@
 #include <boost/interprocess/exceptions.hpp>
 
 #include "common/error.hpp"
+#include "common/ofd_lock.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::comm::shm {
@@ -32,27 +33,6 @@ constexpr auto kPollInterval = std::chrono::microseconds(200);
 constexpr uint64_t kMaxHeapBytesPerRank = uint64_t{32} << 30;
 
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-bool ofd_lock(int fd, off_t byte, short type) {
-  struct flock fl {};
-  fl.l_type = type;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = byte;
-  fl.l_len = 1;
-  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
-  if (errno == EAGAIN || errno == EACCES) return false;
-  fail(GRADSYNC_E_IO, "fcntl(F_OFD_SETLK) on a shared-memory segment failed: {}", std::strerror(errno));
-}
-
-bool ofd_held_by_other(int fd, off_t byte) {
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = byte;
-  fl.l_len = 1;
-  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;  // cannot tell: never declare a peer dead on doubt
-  return fl.l_type != F_UNLCK;
-}
 
 // The file behind fd is still the one the name refers to (a leaver may have removed the name
 // between our open and our lock).
