@@ -114,6 +114,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->flags_ = reinterpret_cast<uint8_t*>(base + layout.flags_off);
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
   a->attach_aux(spec);
+  a->table_->check_mapping();
   return a;
 }
 
@@ -210,10 +211,21 @@ struct Accumulator::Pending {
   size_t n = 0;
 };
 
-void Accumulator::append_touched(const int64_t* rows, size_t n) noexcept {
-  if (n == 0) return;
+size_t Accumulator::append_touched(const int64_t* rows, size_t n) noexcept {
+  if (n == 0) return 0;
   const uint64_t slot = atomic(*count_).fetch_add(n, std::memory_order_acq_rel);
-  for (size_t i = 0; i < n; ++i) atomic(list_[slot + i]).store(rows[i], std::memory_order_release);
+  // A row enters the list once per flag flip, so the count never exceeds rows unless a peer
+  // damaged the shared count: never write past the list then (the caller reports it).
+  const uint64_t limit = static_cast<uint64_t>(table_->rows());
+  size_t lost = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (slot > limit || slot + i >= limit) {
+      ++lost;
+      continue;
+    }
+    atomic(list_[slot + i]).store(rows[i], std::memory_order_release);
+  }
+  return lost;
 }
 
 namespace {
@@ -234,6 +246,7 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
   const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
   constexpr size_t kAhead = GS_ADD_AHEAD;
   Pending pending;
+  size_t lost = 0;
   auto prefetch = [&](int64_t r) {
     const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
     for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
@@ -267,11 +280,16 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
       }
     }
     if (pending.n == Pending::kCap) {
-      append_touched(pending.rows, pending.n);
+      lost += append_touched(pending.rows, pending.n);
       pending.n = 0;
     }
   }
-  append_touched(pending.rows, pending.n);
+  lost += append_touched(pending.rows, pending.n);
+  // The gradients are in and their rows flagged, so a lone opener's rebuild recovers them.
+  GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,
+             "'{}': the touched count in the shared state region exceeds its {} rows (damaged by another "
+             "process); {} rows were added but not listed: reopen the file with no other process holding it, "
+             "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
 }
 
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }
@@ -281,18 +299,21 @@ void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, s
   table_->check_rows(rows, n);
   table_->check_count(count, n, "the gradient");
   if (n == 0) return;
+  table_->check_mapping();
   std::shared_lock phase(phase_);
   switch (mode_) {
     case Concurrency::Striped: add_rows<Concurrency::Striped>(rows, n, grads); break;
     case Concurrency::LockFree: add_rows<Concurrency::LockFree>(rows, n, grads); break;
     case Concurrency::None: add_rows<Concurrency::None>(rows, n, grads); break;
   }
+  table_->check_mapping();  // the file shrank during the add: its gradients did not reach the file
 }
 
 void Accumulator::get(int64_t row, float* out, size_t count) {
   GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   table_->check_row(row);
   table_->check_count(count, 1, "the output buffer");
+  table_->check_mapping();
   std::shared_lock phase(phase_);
   float* g = table_->row_ptr(row);
   const size_t d = count;
@@ -309,6 +330,7 @@ void Accumulator::get(int64_t row, float* out, size_t count) {
       break;
     case Concurrency::None: std::memcpy(out, g, d * sizeof(float)); break;
   }
+  table_->check_mapping();
 }
 
 // ---------------------------------------------------------------- whole-set operations
@@ -344,6 +366,7 @@ void Accumulator::for_each_touched(RowFn&& fn) {
 }
 
 void Accumulator::zero() {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
   const size_t bytes = static_cast<size_t>(dim()) * sizeof(float);
   struct Zero {
@@ -353,22 +376,35 @@ void Accumulator::zero() {
     void operator()(int64_t r) { std::memset(self->table_->row_ptr(r), 0, bytes); }
   } fn{this, bytes};
   for_each_touched(fn);
+  table_->check_mapping();
 }
 
 uint64_t Accumulator::touched_count() {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
-  return std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows()));
+  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows()));
+  table_->check_mapping();
+  return n;
 }
 
 size_t Accumulator::touched(int64_t* out, size_t capacity) {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
   const auto n = static_cast<size_t>(
       std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows())));
-  if (capacity >= n && n > 0) {
-    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
-    std::memcpy(out, list_, n * sizeof(int64_t));
+  if (capacity < n || n == 0) return n;
+  GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+  // The list of a file another process holds is read as it is (only a lone opener rebuilds it):
+  // an entry out of range or whose flag is down is the remains of a process that died mid-append,
+  // skipped here as apply skips it.
+  const auto limit = static_cast<uint64_t>(rows());
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto r = static_cast<uint64_t>(atomic(list_[i]).load(std::memory_order_acquire));
+    if (r < limit && atomic(flags_[r]).load(std::memory_order_relaxed) != 0) out[k++] = static_cast<int64_t>(r);
   }
-  return n;
+  table_->check_mapping();
+  return k;
 }
 
 void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
@@ -379,6 +415,13 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
   GS_REQUIRE(std::isfinite(opt.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", opt.lr);
   const size_t d = static_cast<size_t>(dim());
   const float lr = opt.lr;
+  // Any of the three files may shrink under its mapping, before or during the update.
+  auto check_mappings = [&] {
+    table_->check_mapping();
+    params.check_mapping();
+    if (state != nullptr) state->check_mapping();
+  };
+  check_mappings();
   if (opt.kind == OptimizerKind::Sgd) {
     GS_REQUIRE(state == nullptr, GRADSYNC_E_INVALID_ARG, "SGD keeps no state: pass no state table");
     std::unique_lock phase(phase_);
@@ -395,6 +438,7 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
       }
     } fn{*table_, params, d, lr};
     for_each_touched(fn);
+    check_mappings();
     return;
   }
   GS_REQUIRE(opt.kind == OptimizerKind::RowAdagrad, GRADSYNC_E_INVALID_ARG, "unknown optimizer {}",
@@ -423,6 +467,7 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
     }
   } fn{*table_, params, *state, d, lr, opt.eps};
   for_each_touched(fn);
+  check_mappings();
 }
 
 }  // namespace gradsync::accumulator
