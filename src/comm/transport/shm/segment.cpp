@@ -124,6 +124,7 @@ void require_private(int fd, const std::string& shm_name, const std::string& gro
 // as configured, and its members learn it at their next poll.
 void refuse_forming(const bip::shared_memory_object& object, int rank, int size) {
   bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+  const mapguard::Registration guard(mark.get_address(), mark.get_size(), PROT_READ | PROT_WRITE);
   Header* h = static_cast<Header*>(mark.get_address());
   h->refused_rank.store(rank, std::memory_order_relaxed);
   h->refused_size.store(size, std::memory_order_relaxed);
@@ -206,6 +207,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     uint64_t heap_bytes = 0;  // per rank, as validated against the file's size
     if (file_bytes >= sizeof(Header)) {
       bip::mapped_region peek(object, bip::read_only, 0, sizeof(Header));
+      // Every short-lived view is guarded too: a process may truncate the file as we read it.
+      const mapguard::Registration peek_guard(peek.get_address(), peek.get_size(), PROT_READ);
       const Header* h = static_cast<const Header*>(peek.get_address());
       if (h->magic.load(std::memory_order_acquire) == kSegmentMagic && h->format_version == kFormatVersion &&
           h->size >= 1 && h->size <= kMaxRanks && h->total_bytes == file_bytes) {
@@ -227,6 +230,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         // Every rank joined once, yet a rank's lock is free: that member died unnoticed. Its
         // place in a running group cannot be taken over; the group must end first.
         bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+        const mapguard::Registration mark_guard(mark.get_address(), mark.get_size(), PROT_READ | PROT_WRITE);
         static_cast<Header*>(mark.get_address())->state.store(static_cast<uint32_t>(GroupState::Closing));
         open_state = false;
       }
@@ -283,12 +287,19 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     // Claim the rank: its lock is our liveness for as long as the process lives.
     if (!ofd_lock(fd, kRankLockByte + rank, F_WRLCK)) {
       if (valid && !formed) refuse_forming(object, rank, size);
-      bip::mapped_region peek(object, bip::read_only, 0, 0);
-      const Header* h = static_cast<const Header*>(peek.get_address());
-      const RankSlot* slots = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) +
-                                                                control_layout(h->size, sizeof(Header)).slots);
+      // The holder's pid, for the message: read where the size checked above puts its slot, and
+      // only if the file (which any process may have changed since) still reaches that far.
+      int32_t holder = 0;
+      const uint64_t slot_end = control_layout(size, sizeof(Header)).slots + (static_cast<uint64_t>(rank) + 1) * sizeof(RankSlot);
+      struct stat now {};
+      if (fstat(fd, &now) == 0 && static_cast<uint64_t>(now.st_size) >= slot_end) {
+        bip::mapped_region peek(object, bip::read_only, 0, slot_end);
+        const mapguard::Registration peek_guard(peek.get_address(), peek.get_size(), PROT_READ);
+        holder = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) + slot_end -
+                                                   sizeof(RankSlot))->pid.load();
+      }
       fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name,
-           slots[rank].pid.load());
+           holder);
     }
     seg->object_.swap(object);
     seg->fd_ = fd;
