@@ -162,6 +162,7 @@ GRADSYNC_API int gradsync_accum_view(const gradsync_accum* accum, const void** d
   return guard(__func__, [&] {
     auto* a = mut(accum);
     GS_REQUIRE(data != nullptr && bytes != nullptr, GRADSYNC_E_INVALID_ARG, "data or bytes is NULL");
+    a->impl->table().check_mapping();
     *data = a->impl->table().data();
     *bytes = a->impl->table().data_bytes();
   });

@@ -131,6 +131,7 @@ GRADSYNC_API int gradsync_table_view(const gradsync_table* table, const void** d
   return guard(__func__, [&] {
     auto* t = mut(table);
     GS_REQUIRE(data != nullptr && bytes != nullptr, GRADSYNC_E_INVALID_ARG, "data or bytes is NULL");
+    t->impl->check_mapping();
     *data = t->impl->data();
     *bytes = t->impl->data_bytes();
   });

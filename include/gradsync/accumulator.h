@@ -30,6 +30,7 @@
  * with GRADSYNC_E_TIMEOUT: the rows of the batch before that row were added, the others not. apply is not atomic:
  * after a crash in the middle of one, the rows it had not reached are still touched and are applied
  * by the next apply (flush the parameters and the gradients together after apply to commit it).
+ * A gradient file truncated by another process makes calls fail with GRADSYNC_E_IO, as for tables.
  */
 #ifndef GRADSYNC_ACCUMULATOR_H
 #define GRADSYNC_ACCUMULATOR_H

@@ -54,7 +54,8 @@
  *   call fails with GRADSYNC_E_CORRUPT (reset or free it), rather than a fault.
  * - Space: the segment's control area is reserved with posix_fallocate after checking what
  *   /dev/shm has (statvfs), and so is every gradsync_comm_alloc buffer: a full /dev/shm gives
- *   GRADSYNC_E_NO_SPACE, never SIGBUS.
+ *   GRADSYNC_E_NO_SPACE, never SIGBUS. A segment truncated by any process (a member included) makes
+ *   every member's current or next call fail with GRADSYNC_E_IO within a few milliseconds, not SIGBUS.
  * - Data paths: buffers from gradsync_comm_alloc (on every rank) are reduced zero copy, each rank
  *   its slice straight from the peers' buffers; ordinary buffers are staged through the segment in
  *   pipelined chunks of 256 KiB. Payloads up to 16 KiB travel inline (one barrier per call).

@@ -14,6 +14,10 @@
  * - gradsync_table_flush() is durable when it returns: every row written before the call survives a
  *   crash of the process or of the machine. Rows written after the last flush survive a crash of the
  *   process (they are in the shared page cache) but not necessarily of the machine.
+ * - A file that another process truncates while it is open never ends this process with SIGBUS:
+ *   the call that meets the missing part, and every later call on the handle, fails with
+ *   GRADSYNC_E_IO ("... shrank under its mapping ..."); free the handle and reopen. (This relies on
+ *   a SIGBUS handler the library installs; one the application installs later must chain to it.)
  *
  * Thread safety: reads and writes of distinct rows may run in parallel from any thread; writes to
  * the same row from two threads at once are not synchronised (use the accumulator for that).
@@ -93,7 +97,8 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_
  *         disagrees with the header
  * @retval GRADSYNC_E_VERSION_MISMATCH another format version, dtype or byte order
  * @retval GRADSYNC_E_IO the file exists (CREATE), does not exist (OPEN), or a system call failed
- * @retval GRADSYNC_E_NO_SPACE the file system has no room for the new file
+ * @retval GRADSYNC_E_NO_SPACE the file system has no room for the new file, or for the blocks of an
+ *         existing sparse file opened for writing (its holes are allocated at open)
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1 to create, unknown mode, ...)
  * @threadsafety any
  */

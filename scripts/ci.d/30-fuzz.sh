@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# CI stage: libFuzzer (clang-14, ASan + UBSan) opens arbitrary bytes as a table and as an
-# accumulator's gradient file, for a bounded number of executions from a seed corpus of valid and
-# damaged files. Any crash, hang (> 10 s per input), or unexpected status fails the stage.
-# Builds only the fuzz targets in build-fuzz; about two minutes on 2 cores.
+# CI stage: libFuzzer (clang-14, ASan + UBSan), bounded runs of each target:
+#  - table_fuzzer: arbitrary bytes opened as a table and as an accumulator's gradient file, alone
+#    (seeds: the hand-made damaged files of table_fuzz_replay);
+#  - table_shared_fuzzer: the same files while a peer holds them, so their shared state (touched
+#    count, list, flags, state header) is used as it is by adds, touched, zero and apply;
+#  - segment_fuzzer: arbitrary bytes as the shm segment a rank joins, with the harness playing
+#    the live peers.
+# The last two start from their kept corpora (tests/fuzz/corpus/<target>/, copied: the runs never
+# write into the source tree). Any crash, hang (> 10 s per input), or unexpected status fails the
+# stage. Builds only the fuzz targets in build-fuzz; a few minutes on 2 cores.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
 runs="${FUZZ_RUNS:-200000}"
+# Each segment input builds a segment of a few MiB in /dev/shm (about 1000 runs a second).
+segment_runs="${FUZZ_SEGMENT_RUNS:-20000}"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADSYNC_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay
+cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay table_shared_fuzzer segment_fuzzer
 corpus="$build/fuzz-corpus/table"
 rm -rf "$corpus" && mkdir -p "$corpus"
 "$build/tests/fuzz/table_fuzz_replay"                   # the damaged files give their clear errors
@@ -18,3 +26,11 @@ rm -rf "$corpus" && mkdir -p "$corpus"
 # Each input is written to a memfd and opened through /proc/self/fd: no disk traffic.
 "$build/tests/fuzz/table_fuzzer" "$corpus" -runs="$runs" -max_len=20480 -timeout=10 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix="$build/fuzz-" 2>&1 | tail -n 25
+fuzz_kept() {  # target, runs, max_len
+  local work="$build/fuzz-corpus/$1"
+  rm -rf "$work" && mkdir -p "$work" && cp "$root/tests/fuzz/corpus/$1/"* "$work/"
+  "$build/tests/fuzz/$1_fuzzer" "$work" -runs="$2" -max_len="$3" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$build/fuzz-$1-" 2>&1 | tail -n 8
+}
+fuzz_kept table_shared "$runs" 20480
+fuzz_kept segment "$segment_runs" 8192

@@ -115,6 +115,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
   a->attach_aux(spec);
   a->claim_holder_slot();
+  a->table_->check_mapping();
   return a;
 }
 
@@ -257,10 +258,21 @@ struct Accumulator::Pending {
   size_t n = 0;
 };
 
-void Accumulator::append_touched(const int64_t* rows, size_t n) noexcept {
-  if (n == 0) return;
+size_t Accumulator::append_touched(const int64_t* rows, size_t n) noexcept {
+  if (n == 0) return 0;
   const uint64_t slot = atomic(*count_).fetch_add(n, std::memory_order_acq_rel);
-  for (size_t i = 0; i < n; ++i) atomic(list_[slot + i]).store(rows[i], std::memory_order_release);
+  // A row enters the list once per flag flip, so the count never exceeds rows unless a peer
+  // damaged the shared count: never write past the list then (the caller reports it).
+  const uint64_t limit = static_cast<uint64_t>(table_->rows());
+  size_t lost = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (slot > limit || slot + i >= limit) {
+      ++lost;
+      continue;
+    }
+    atomic(list_[slot + i]).store(rows[i], std::memory_order_release);
+  }
+  return lost;
 }
 
 namespace {
@@ -281,6 +293,7 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
   const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
   constexpr size_t kAhead = GS_ADD_AHEAD;
   Pending pending;
+  size_t lost = 0;
   auto prefetch = [&](int64_t r) {
     const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
     for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
@@ -319,11 +332,16 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
       }
     }
     if (pending.n == Pending::kCap) {
-      append_touched(pending.rows, pending.n);
+      lost += append_touched(pending.rows, pending.n);
       pending.n = 0;
     }
   }
-  append_touched(pending.rows, pending.n);
+  lost += append_touched(pending.rows, pending.n);
+  // The gradients are in and their rows flagged, so a lone opener's rebuild recovers them.
+  GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,
+             "'{}': the touched count in the shared state region exceeds its {} rows (damaged by another "
+             "process); {} rows were added but not listed: reopen the file with no other process holding it, "
+             "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
 }
 
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }
@@ -333,18 +351,21 @@ void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, s
   table_->check_rows(rows, n);
   table_->check_count(count, n, "the gradient");
   if (n == 0) return;
+  table_->check_mapping();
   std::shared_lock phase(phase_);
   switch (mode_) {
     case Concurrency::Striped: add_rows<Concurrency::Striped>(rows, n, grads); break;
     case Concurrency::LockFree: add_rows<Concurrency::LockFree>(rows, n, grads); break;
     case Concurrency::None: add_rows<Concurrency::None>(rows, n, grads); break;
   }
+  table_->check_mapping();  // the file shrank during the add: its gradients did not reach the file
 }
 
 void Accumulator::get(int64_t row, float* out, size_t count) {
   GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   table_->check_row(row);
   table_->check_count(count, 1, "the output buffer");
+  table_->check_mapping();
   std::shared_lock phase(phase_);
   require_whole("read a row");
   float* g = table_->row_ptr(row);
@@ -362,6 +383,7 @@ void Accumulator::get(int64_t row, float* out, size_t count) {
       break;
     case Concurrency::None: std::memcpy(out, g, d * sizeof(float)); break;
   }
+  table_->check_mapping();
 }
 
 // ---------------------------------------------------------------- whole-set operations
@@ -397,6 +419,7 @@ void Accumulator::for_each_touched(RowFn&& fn) {
 }
 
 void Accumulator::zero() {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
   const size_t bytes = static_cast<size_t>(dim()) * sizeof(float);
   struct Zero {
@@ -405,7 +428,11 @@ void Accumulator::zero() {
     void prefetch(int64_t) {}
     void operator()(int64_t r) { std::memset(self->table_->row_ptr(r), 0, bytes); }
   } fn{this, bytes};
-  if (atomic(aux_header_->torn).load(std::memory_order_acquire) == 0) return for_each_touched(fn);
+  if (atomic(aux_header_->torn).load(std::memory_order_acquire) == 0) {
+    for_each_touched(fn);
+    table_->check_mapping();
+    return;
+  }
   // A process died mid-add: a row it flagged may not have reached the touched list (appended at
   // the end of a batch), so every flagged row is cleared, by the flags.
   for (int64_t r = 0; r < rows(); ++r) {
@@ -415,22 +442,35 @@ void Accumulator::zero() {
   }
   atomic(*count_).store(0, std::memory_order_release);
   atomic(aux_header_->torn).store(0, std::memory_order_release);
+  table_->check_mapping();
 }
 
 uint64_t Accumulator::touched_count() {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
-  return std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows()));
+  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows()));
+  table_->check_mapping();
+  return n;
 }
 
 size_t Accumulator::touched(int64_t* out, size_t capacity) {
+  table_->check_mapping();
   std::unique_lock phase(phase_);
   const auto n = static_cast<size_t>(
       std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(rows())));
-  if (capacity >= n && n > 0) {
-    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
-    std::memcpy(out, list_, n * sizeof(int64_t));
+  if (capacity < n || n == 0) return n;
+  GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
+  // The list of a file another process holds is read as it is (only a lone opener rebuilds it):
+  // an entry out of range or whose flag is down is the remains of a process that died mid-append,
+  // skipped here as apply skips it.
+  const auto limit = static_cast<uint64_t>(rows());
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto r = static_cast<uint64_t>(atomic(list_[i]).load(std::memory_order_acquire));
+    if (r < limit && atomic(flags_[r]).load(std::memory_order_relaxed) != 0) out[k++] = static_cast<int64_t>(r);
   }
-  return n;
+  table_->check_mapping();
+  return k;
 }
 
 void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
@@ -442,6 +482,13 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
   require_whole("apply");
   const size_t d = static_cast<size_t>(dim());
   const float lr = opt.lr;
+  // Any of the three files may shrink under its mapping, before or during the update.
+  auto check_mappings = [&] {
+    table_->check_mapping();
+    params.check_mapping();
+    if (state != nullptr) state->check_mapping();
+  };
+  check_mappings();
   if (opt.kind == OptimizerKind::Sgd) {
     GS_REQUIRE(state == nullptr, GRADSYNC_E_INVALID_ARG, "SGD keeps no state: pass no state table");
     std::unique_lock phase(phase_);
@@ -458,6 +505,7 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
       }
     } fn{*table_, params, d, lr};
     for_each_touched(fn);
+    check_mappings();
     return;
   }
   GS_REQUIRE(opt.kind == OptimizerKind::RowAdagrad, GRADSYNC_E_INVALID_ARG, "unknown optimizer {}",
@@ -486,6 +534,7 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
     }
   } fn{*table_, params, *state, d, lr, opt.eps};
   for_each_touched(fn);
+  check_mappings();
 }
 
 }  // namespace gradsync::accumulator

@@ -119,8 +119,9 @@ class Accumulator {
   // sure no other process adds meanwhile (e.g. after a barrier).
   void zero();
   uint64_t touched_count();
-  // Copies the touched rows (in the order they were first touched) when capacity suffices;
-  // returns how many there are.
+  // Copies the touched rows (in the order they were first touched) when capacity suffices and
+  // returns how many it copied (entries a dead process left half-written are skipped); otherwise
+  // returns how many there are at most.
   size_t touched(int64_t* out, size_t capacity);
   void apply(table::Table& params, const OptimizerSpec& opt, table::Table* state);
   void flush() { table_->flush(); }
@@ -131,7 +132,8 @@ class Accumulator {
   template <Concurrency M>
   void add_rows(const int64_t* rows, size_t n, const float* grads);
   struct Pending;
-  void append_touched(const int64_t* rows, size_t n) noexcept;
+  // Returns how many rows found no place in the list (a damaged shared count).
+  size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();
   void lock_stripe(uint32_t* word);
   void lock_stripe_slow(uint32_t* word);

@@ -205,6 +205,7 @@ float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) noexcept {
 }
 
 Table::~Table() {
+  guard_.reset();
   region_ = bip::mapped_region();
   if (anon_base_ != nullptr) ::munmap(anon_base_, anon_bytes_);
   if (fd_ >= 0) ::close(fd_);  // also drops our flock
@@ -227,6 +228,8 @@ void Table::map_file(const std::string& path, int fd, uint64_t file_bytes) {
   }
   base_ = static_cast<char*>(region_.get_address());
   mapped_bytes_ = file_bytes;
+  guard_ = mapguard::Registration(base_, static_cast<size_t>(file_bytes),
+                                  read_only_ ? PROT_READ : PROT_READ | PROT_WRITE);
   data_ = reinterpret_cast<float*>(base_ + kDataOffset);
   aux_ = header_.aux_bytes > 0 ? base_ + header_.aux_offset : nullptr;
 }
@@ -393,6 +396,17 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     GS_REQUIRE(h.aux_bytes == aux_expected, GRADSYNC_E_CORRUPT,
                "'{}' has a state region of {} bytes; {} with {} rows needs {}", spec.path, h.aux_bytes,
                kind_name(h.kind), h.rows, aux_expected);
+    if (!spec.read_only) {
+      // A sparse file (a copy made with cp --sparse, say) has holes; a write through the mapping
+      // into a hole on a full file system raises SIGBUS. Allocating every block now turns that
+      // into this error (a no-op for blocks already there).
+      const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(h.file_bytes));
+      if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT)
+        fail(GRADSYNC_E_NO_SPACE, "cannot open '{}' for writing: allocating its {} bytes (it has holes) failed: {}",
+             spec.path, h.file_bytes, errno_text(rc));
+      if (rc != 0 && rc != EOPNOTSUPP)
+        fail(GRADSYNC_E_IO, "cannot allocate the blocks of '{}': {}", spec.path, errno_text(rc));
+    }
     t->adopt(h);
     t->map_file(spec.path, fd, h.file_bytes);
     return true;
@@ -445,6 +459,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     ::unlink(tmp.c_str());
     t->path_ = spec.path;
     if (!linked) {
+      t->guard_.reset();
       t->region_ = bip::mapped_region();
       ::close(t->fd_);
       t->fd_ = -1;
@@ -506,55 +521,76 @@ void Table::check_writable() const {
   GS_REQUIRE(!read_only_, GRADSYNC_E_MISUSE, "'{}' was opened read-only", path_);
 }
 
+void Table::check_mapping() const {
+  if (!guard_.faulted()) return;
+  struct stat st {};
+  const long long now = ::fstat(fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+  fail(GRADSYNC_E_IO, "'{}' shrank under its mapping (now {} bytes, {} expected): another process truncated it; "
+       "this handle no longer reads or writes the file: free it and reopen", path_, now, mapped_bytes_);
+}
+
 void Table::get(int64_t row, float* out, size_t count) const {
+  check_mapping();
   GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   check_row(row);
   check_count(count, 1, "the output buffer");
   std::memcpy(out, row_ptr(row), count * sizeof(float));
+  check_mapping();
 }
 
 void Table::set(int64_t row, const float* values, size_t count) {
+  check_mapping();
   check_writable();
   GS_REQUIRE(values != nullptr, GRADSYNC_E_INVALID_ARG, "values are NULL");
   check_row(row);
   check_count(count, 1, "the row");
   // memmove: values may be read from this table's own view (gradsync_table_view), even overlapping the row.
   std::memmove(row_ptr(row), values, count * sizeof(float));
+  check_mapping();
 }
 
 void Table::gather(const int64_t* rows, size_t n, float* out, size_t count) const {
+  check_mapping();
   GS_REQUIRE(n == 0 || out != nullptr, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   check_count(count, n, "the output buffer");  // first: a bad n must not walk the ids
   check_rows(rows, n);
   const size_t d = static_cast<size_t>(dim_);
   for (size_t i = 0; i < n; ++i) std::memcpy(out + i * d, row_ptr(rows[i]), d * sizeof(float));
+  check_mapping();
 }
 
 void Table::scatter(const int64_t* rows, size_t n, const float* values, size_t count) {
+  check_mapping();
   check_writable();
   GS_REQUIRE(n == 0 || values != nullptr, GRADSYNC_E_INVALID_ARG, "values are NULL");
   check_count(count, n, "the values");  // first: a bad n must not walk the ids
   check_rows(rows, n);
   const size_t d = static_cast<size_t>(dim_);
   for (size_t i = 0; i < n; ++i) std::memmove(row_ptr(rows[i]), values + i * d, d * sizeof(float));  // as in set()
+  check_mapping();
 }
 
 void Table::fill_zero() {
+  check_mapping();
   check_writable();
   std::memset(data_, 0, data_bytes());
+  check_mapping();
 }
 
 void Table::fill_uniform(uint64_t seed, float lo, float hi) {
+  check_mapping();
   check_writable();
   GS_REQUIRE(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, GRADSYNC_E_INVALID_ARG,
              "uniform init needs finite lo <= hi, got [{}, {}]", lo, hi);
   const size_t n = data_bytes() / sizeof(float);
   for (size_t i = 0; i < n; ++i) data_[i] = uniform_at(seed, i, lo, hi);
+  check_mapping();
 }
 
 void Table::flush() {
   if (fd_ < 0 || read_only_) return;  // nothing of ours to make durable
   std::lock_guard lock(flush_mutex_);
+  check_mapping();  // msync of what is anonymous memory now would report a durable write
   GS_REQUIRE(!fatal_, GRADSYNC_E_IO,
              "'{}': an earlier flush failed while writing its header; the handle is unusable, reopen the file",
              path_);

@@ -13,6 +13,7 @@
 
 #include <boost/interprocess/mapped_region.hpp>
 
+#include "common/mapguard.hpp"
 #include "table/format.hpp"
 
 namespace gradsync::table {
@@ -84,6 +85,10 @@ class Table {
   void check_rows(const int64_t* rows, size_t n) const;
   void check_count(size_t count, size_t rows_in_call, const char* what) const;
   void check_writable() const;
+  // Throws E_IO once the file shrank under the mapping (another process truncated it): from then
+  // on the handle sees anonymous memory, not the file (common/mapguard.hpp). Every operation
+  // checks before and after it touches the mapping, so the call that met the fault fails too.
+  void check_mapping() const;
 
   void get(int64_t row, float* out, size_t count) const;
   void set(int64_t row, const float* values, size_t count);
@@ -113,6 +118,7 @@ class Table {
   std::atomic<uint64_t> generation_{0};
   std::mutex flush_mutex_;
   boost::interprocess::mapped_region region_;
+  mapguard::Registration guard_;  // reset before region_ is unmapped
   char* base_ = nullptr;
   float* data_ = nullptr;
   void* aux_ = nullptr;

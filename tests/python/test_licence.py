@@ -4,7 +4,8 @@ import pathlib
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXEMPT_PREFIXES = ("docs/", "LICENSE", ".gitignore")
+# Fuzz corpora are the fuzzers' inputs (arbitrary bytes), not source.
+EXEMPT_PREFIXES = ("docs/", "LICENSE", ".gitignore", "tests/fuzz/corpus/")
 EXEMPT_SUFFIXES = (".md", ".png")
 
 

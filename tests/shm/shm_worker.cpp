@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -187,6 +189,33 @@ void case_kill_survivors(int survivor_rank, int survivors) {
   gradsync_comm_free(c);
 }
 
+// A member truncates the group's segment (any process of this user could): every member's next
+// collective fails with E_IO naming the truncation, within a liveness interval rather than at its
+// 20 s deadline, and none dies of SIGBUS; the next call fails the same way.
+void case_truncate(gradsync_comm* c) {
+  const size_t n = 1 << 16;
+  Buffer<float> b(c, n, true);
+  std::fill(b.data, b.data + n, 1.f);
+  OK(gradsync_comm_allreduce(c, b.data, b.data, n, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(b.data[n - 1] == float(g_size), "before the truncation got %g", b.data[n - 1]);
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 truncates once its barrier returned; a peer may still be inside that barrier, and
+  // then it is the barrier that fails.
+  int st = gradsync_comm_barrier(c);
+  if (g_rank == 1) {
+    OK(st);
+    EXPECT(truncate(("/dev/shm/gradsync." + g_group).c_str(), 0) == 0, "truncate: %s", std::strerror(errno));
+  }
+  for (int i = 0; i < 100000 && st == GRADSYNC_OK; ++i) {
+    st = gradsync_comm_allreduce(c, b.data, b.data, n, GRADSYNC_F32, GRADSYNC_SUM);
+  }
+  expect_status(st, GRADSYNC_E_IO, "collective on a truncated segment", {"shrank", "truncated"});
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT(waited < std::chrono::seconds(10), "took %lld ms to notice",
+         static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
+  expect_status(gradsync_comm_barrier(c), GRADSYNC_E_IO, "the next call", {"shrank"});
+}
+
 void case_alloc(gradsync_comm* c) {
   void* p = nullptr;
   expect_status(gradsync_comm_alloc(c, 0, &p), GRADSYNC_E_INVALID_ARG, "alloc 0", {"bytes is 0"});
@@ -278,6 +307,7 @@ int main(int argc, char** argv) {
   if (k == "abort") case_abort(c);
   else if (k == "kill" || k == "kill_zero_copy") case_kill(c, k == "kill_zero_copy");
   else if (k == "alloc") case_alloc(c);
+  else if (k == "truncate") case_truncate(c);
   else if (k == "late" || k == "stale_reuse") round_of_ones(c, g_size);
   else if (k == "names") {
     // Each group sums its own value: any crosstalk between the groups would change the result.

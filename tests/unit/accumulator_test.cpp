@@ -461,3 +461,49 @@ TEST_CASE("gradients and touched set survive flush, close and reopen", "[accumul
   ts.mode = OpenMode::Open;
   expect_error([&] { Table::open(ts); }, GRADSYNC_E_MISMATCH, "accumulator's gradient file, asked for a table");
 }
+
+// A file another process holds is used as it is: its touched list and count may hold what a
+// process that died mid-append (or a member gone bad) left there.
+TEST_CASE("a shared file's damaged touched list gives valid ids and a damaged count an error", "[accumulator]") {
+  TempDir tmp;
+  const std::string path = (tmp.dir / "g.gsa").string();
+  const int64_t rows = 64, dim = 4;
+  auto holder = Accumulator::open(aspec(path, OpenMode::Create, rows, dim, 1));
+  std::vector<float> g(dim, 1.0f);
+  holder->add(3, g.data(), g.size());
+  holder->add(9, g.data(), g.size());
+  // Damage the shared list the way a dead appender leaves it: an id out of range, and one whose
+  // flag is down.
+  auto* aux = static_cast<char*>(holder->table().aux());
+  const auto layout = gradsync::accumulator::aux_layout(rows);
+  auto* count = reinterpret_cast<uint64_t*>(aux + layout.count_off);
+  auto* list = reinterpret_cast<int64_t*>(aux + layout.list_off);
+  list[2] = 1000;
+  list[3] = 17;
+  *count = 4;
+  auto peer = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));  // not alone: no rebuild
+  std::vector<int64_t> ids(static_cast<size_t>(rows), -1);
+  const size_t n = peer->touched(ids.data(), ids.size());
+  REQUIRE(n == 2);
+  CHECK(ids[0] == 3);
+  CHECK(ids[1] == 9);
+  // A count past the list: the add lands and raises its flag, but is refused a place in the list.
+  *count = static_cast<uint64_t>(rows);
+  try {
+    peer->add(20, g.data(), g.size());
+    FAIL("an add past a full list succeeded");
+  } catch (const Error& e) {
+    CHECK(e.status() == GRADSYNC_E_CORRUPT);
+    CHECK(std::string(e.what()).find("touched count") != std::string::npos);
+  }
+  for (int64_t i = 0; i < rows; ++i) CHECK(list[i] != 20);  // the list was not written
+  std::vector<float> out(dim);
+  peer->get(20, out.data(), out.size());
+  CHECK(out[0] == 1.0f);
+  // Alone again, the next opener rebuilds the list from the flags: row 20 is back in it.
+  holder.reset();
+  peer.reset();
+  auto alone = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
+  const size_t m = alone->touched(ids.data(), ids.size());
+  CHECK(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), 20) != ids.begin() + static_cast<std::ptrdiff_t>(m));
+}

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -103,6 +104,7 @@ void require_private(int fd, const std::string& shm_name, const std::string& gro
 // as configured, and its members learn it at their next poll.
 void refuse_forming(const bip::shared_memory_object& object, int rank, int size) {
   bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+  const mapguard::Registration guard(mark.get_address(), mark.get_size(), PROT_READ | PROT_WRITE);
   Header* h = static_cast<Header*>(mark.get_address());
   h->refused_rank.store(rank, std::memory_order_relaxed);
   h->refused_size.store(size, std::memory_order_relaxed);
@@ -182,13 +184,17 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
 
     bool valid = false, live = false, open_state = false, formed = false;
     int existing_size = 0, existing_creator = 0;
+    uint64_t heap_bytes = 0;  // per rank, as validated against the file's size
     if (file_bytes >= sizeof(Header)) {
       bip::mapped_region peek(object, bip::read_only, 0, sizeof(Header));
+      // Every short-lived view is guarded too: a process may truncate the file as we read it.
+      const mapguard::Registration peek_guard(peek.get_address(), peek.get_size(), PROT_READ);
       const Header* h = static_cast<const Header*>(peek.get_address());
       if (h->magic.load(std::memory_order_acquire) == kSegmentMagic && h->format_version == kFormatVersion &&
           h->size >= 1 && h->size <= kMaxRanks && h->total_bytes == file_bytes) {
         const Layout l = compute_layout(h->size, h->heap_bytes_per_rank);
         valid = l.total_bytes == h->total_bytes && l.heap_offset == h->heap_offset;
+        heap_bytes = h->heap_bytes_per_rank;
       }
       if (valid) {
         existing_size = h->size;
@@ -204,6 +210,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         // Every rank joined once, yet a rank's lock is free: that member died unnoticed. Its
         // place in a running group cannot be taken over; the group must end first.
         bip::mapped_region mark(object, bip::read_write, 0, sizeof(Header));
+        const mapguard::Registration mark_guard(mark.get_address(), mark.get_size(), PROT_READ | PROT_WRITE);
         static_cast<Header*>(mark.get_address())->state.store(static_cast<uint32_t>(GroupState::Closing));
         open_state = false;
       }
@@ -228,6 +235,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       const uint64_t heap = std::min({kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage),
                                       heap_budget_per_rank(size)});
       const Layout l = compute_layout(size, heap);
+      heap_bytes = heap;
       bip::mapped_region init;
       try {
         object.truncate(0);  // drops every old byte: nothing of a stale run survives
@@ -259,12 +267,19 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     // Claim the rank: its lock is our liveness for as long as the process lives.
     if (!ofd_lock(fd, kRankLockByte + rank, F_WRLCK)) {
       if (valid && !formed) refuse_forming(object, rank, size);
-      bip::mapped_region peek(object, bip::read_only, 0, 0);
-      const Header* h = static_cast<const Header*>(peek.get_address());
-      const RankSlot* slots = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) +
-                                                                control_layout(h->size, sizeof(Header)).slots);
+      // The holder's pid, for the message: read where the size checked above puts its slot, and
+      // only if the file (which any process may have changed since) still reaches that far.
+      int32_t holder = 0;
+      const uint64_t slot_end = control_layout(size, sizeof(Header)).slots + (static_cast<uint64_t>(rank) + 1) * sizeof(RankSlot);
+      struct stat now {};
+      if (fstat(fd, &now) == 0 && static_cast<uint64_t>(now.st_size) >= slot_end) {
+        bip::mapped_region peek(object, bip::read_only, 0, slot_end);
+        const mapguard::Registration peek_guard(peek.get_address(), peek.get_size(), PROT_READ);
+        holder = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) + slot_end -
+                                                   sizeof(RankSlot))->pid.load();
+      }
       fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name,
-           slots[rank].pid.load());
+           holder);
     }
     seg->object_.swap(object);
     seg->fd_ = fd;
@@ -283,8 +298,14 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
            static_cast<uint64_t>(now.st_size), size, e.what());
     }
     seg->base_ = static_cast<char*>(seg->region_.get_address());
+    seg->guard_ = mapguard::Registration(seg->base_, seg->region_.get_size(), PROT_READ | PROT_WRITE);
     seg->header_ = reinterpret_cast<Header*>(seg->base_);
-    seg->layout_ = compute_layout(size, seg->header_->heap_bytes_per_rank);
+    // The layout comes from the size checked above, never from the segment again: a member gone
+    // bad (or a process truncating the file since) must not move the heaps past the mapping.
+    seg->layout_ = compute_layout(size, heap_bytes);
+    GS_REQUIRE(seg->region_.get_size() >= seg->layout_.total_bytes, GRADSYNC_E_CORRUPT,
+               "shm group '{}': /dev/shm/{} is {} bytes, its layout needs {}: it changed while this rank joined",
+               name, shm_name, seg->region_.get_size(), seg->layout_.total_bytes);
     seg->control_ = ControlArea(&seg->header_->words, seg->base_, seg->layout_.control, size,
                                 reinterpret_cast<uintptr_t>(seg->base_));
   // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
@@ -293,13 +314,14 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
-    seg->free_.emplace(0, seg->header_->heap_bytes_per_rank);
+    seg->free_.emplace(0, seg->layout_.heap_bytes_per_rank);
     break;
   }
 
   // Phase 2: wait for the others (a late joiner within the deadline is fine).
   const uint64_t generation = seg->header_->generation;
   for (;;) {
+    seg->check_intact();
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
       const RankSlot& s = seg->slot(r);
@@ -341,27 +363,37 @@ bool Segment::alive(int r) const {
   return ofd_held_by_other(fd_, kRankLockByte + r);
 }
 
+void Segment::check_intact() const {
+  struct stat st {};
+  const bool shrank = fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) < layout_.total_bytes;
+  if (!shrank && !guard_.faulted()) return;
+  fail(GRADSYNC_E_IO, "shm group '{}': its segment /dev/shm/{} shrank under the group (now {} bytes, {} expected): "
+       "a process truncated it; free the communicator and form a new group", group_, shm_name_,
+       static_cast<uint64_t>(st.st_size), layout_.total_bytes);
+}
+
 void Segment::close_group() noexcept {
   header_->state.store(static_cast<uint32_t>(GroupState::Closing), std::memory_order_release);
 }
 
 uint64_t Segment::own_heap_offset(const void* p, size_t bytes) const noexcept {
   const char* c = static_cast<const char*>(p);
-  const char* heap = base_ + header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank;
-  if (c < heap || c > heap + header_->heap_bytes_per_rank) return kNoAddress;
-  if (bytes > static_cast<uint64_t>(heap + header_->heap_bytes_per_rank - c)) return kNoAddress;
+  const char* heap = base_ + layout_.heap_offset + static_cast<uint64_t>(rank_) * layout_.heap_bytes_per_rank;
+  if (c < heap || c > heap + layout_.heap_bytes_per_rank) return kNoAddress;
+  if (bytes > static_cast<uint64_t>(heap + layout_.heap_bytes_per_rank - c)) return kNoAddress;
   return static_cast<uint64_t>(c - base_);
 }
 
 void* Segment::allocate(size_t bytes) {
+  check_intact();  // fallocate would grow a truncated file back, hiding the damage
   const uint64_t want = align_up(std::max<uint64_t>(bytes, 1), kPage);
-  GS_REQUIRE(bytes <= header_->heap_bytes_per_rank, GRADSYNC_E_NO_SPACE,
+  GS_REQUIRE(bytes <= layout_.heap_bytes_per_rank, GRADSYNC_E_NO_SPACE,
              "cannot allocate {} bytes in shm group '{}': each rank's heap holds at most {} bytes", bytes, group_,
-             header_->heap_bytes_per_rank);
+             layout_.heap_bytes_per_rank);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < want) continue;
     const uint64_t offset = it->first;
-    const uint64_t in_file = header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank + offset;
+    const uint64_t in_file = layout_.heap_offset + static_cast<uint64_t>(rank_) * layout_.heap_bytes_per_rank + offset;
     reserve_space(fd_, in_file, want, fmt::format("a buffer of shm group '{}'", group_));
     const uint64_t rest = it->second - want;
     free_.erase(it);
@@ -374,9 +406,9 @@ void* Segment::allocate(size_t bytes) {
 }
 
 bool Segment::deallocate(void* p) {
-  const char* heap = base_ + header_->heap_offset + static_cast<uint64_t>(rank_) * header_->heap_bytes_per_rank;
+  const char* heap = base_ + layout_.heap_offset + static_cast<uint64_t>(rank_) * layout_.heap_bytes_per_rank;
   const char* c = static_cast<const char*>(p);
-  if (c < heap || c >= heap + header_->heap_bytes_per_rank) return false;
+  if (c < heap || c >= heap + layout_.heap_bytes_per_rank) return false;
   auto it = used_.find(static_cast<uint64_t>(c - heap));
   if (it == used_.end()) return false;
   uint64_t offset = it->first, bytes = it->second;

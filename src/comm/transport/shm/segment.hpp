@@ -28,6 +28,7 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 
 #include "comm/engine/control.hpp"
+#include "common/mapguard.hpp"
 #include "common/wait.hpp"
 
 namespace gradsync::comm::shm {
@@ -95,6 +96,11 @@ class Segment {
 
   // False once rank r's process has died (its lock is gone or its PID no longer exists).
   bool alive(int r) const;
+  // Throws E_IO once the segment's file is shorter than the group's layout (a process truncated
+  // /dev/shm/gradsync.<name>) or a touch of the missing part faulted (the mapping is anonymous
+  // memory now, common/mapguard.hpp). The waits check it with liveness, so every member fails
+  // within one liveness interval instead of dying of SIGBUS or waiting out its deadline.
+  void check_intact() const;
   // Marks the group unjoinable: used when a peer died, so nobody joins what is left of it.
   void close_group() noexcept;
 
@@ -117,6 +123,7 @@ class Segment {
   int fd_ = -1;
   boost::interprocess::shared_memory_object object_;
   boost::interprocess::mapped_region region_;
+  mapguard::Registration guard_;  // declared after region_: forgotten before the unmap
   char* base_ = nullptr;
   Header* header_ = nullptr;
   Layout layout_{};

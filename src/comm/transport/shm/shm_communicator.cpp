@@ -26,7 +26,12 @@ class ShmFabric final : public Fabric {
   }
   // Peers only ever touch this rank's buffers in the segment, which outlives any call.
   bool peers_use_private_memory() const noexcept override { return false; }
-  bool alive(int r) const override { return segment_->alive(r); }
+  // The waits ask this every liveness interval: a segment truncated under the group fails the
+  // call here (E_IO) rather than waiting out the deadline on memory that no peer writes any more.
+  bool alive(int r) const override {
+    segment_->check_intact();
+    return segment_->alive(r);
+  }
   int pid(int r) const noexcept override { return segment_->slot(r).pid.load(std::memory_order_relaxed); }
   void close_group() noexcept override { segment_->close_group(); }
   void* alloc(size_t bytes) override { return segment_->allocate(bytes); }
