@@ -56,8 +56,12 @@ acc::OptimizerSpec parse_optimizer(const gradsync_optimizer* user) {
   const gradsync_optimizer defaults = GRADSYNC_OPTIMIZER_INIT;
   const gradsync_optimizer o =
       user == nullptr ? defaults : gradsync::capi::read_options(user, defaults, kOptimizerV1Size, "optimizer");
-  GS_REQUIRE(o.kind == GRADSYNC_OPTIM_SGD || o.kind == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_INVALID_ARG,
+  GS_REQUIRE(o.kind >= GRADSYNC_OPTIM_SGD && o.kind <= GRADSYNC_OPTIM_MOMENTUM, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {}", o.kind);
+  // A real optimizer that keeps per-element state (Adam, AdamW, momentum) is the sharded
+  // parameter's; the accumulator's state is one value per row.
+  GS_REQUIRE(o.kind == GRADSYNC_OPTIM_SGD || o.kind == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_UNSUPPORTED,
+             "the accumulator applies SGD and row-wise Adagrad, not optimizer {}", o.kind);
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
   GS_REQUIRE(std::isfinite(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", o.lr);
   GS_REQUIRE(std::isfinite(o.eps) && o.eps > 0, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}", o.eps);

@@ -50,6 +50,11 @@ struct Handle {
   ~Handle() { magic_ = kFreedMagic; }
 };
 
+// "a" or "an", for messages that name a kind.
+constexpr const char* article(const char* name) noexcept {
+  return name[0] == 'a' || name[0] == 'e' || name[0] == 'i' || name[0] == 'o' || name[0] == 'u' ? "an" : "a";
+}
+
 // Returns h after checking it is a live handle of its kind; throws MISUSE otherwise.
 template <class H>
 H* check(H* h) {
@@ -60,7 +65,10 @@ H* check(H* h) {
   if (magic == static_cast<uint32_t>(H::kKind)) return h;
   if (magic == kFreedMagic) fail(GRADSYNC_E_MISUSE, "use of a freed {} handle", expected);
   const char* actual = kind_name(magic);
-  if (actual != nullptr) fail(GRADSYNC_E_MISUSE, "wrong kind of handle: expected a {}, got a {}", expected, actual);
+  if (actual != nullptr) {
+    fail(GRADSYNC_E_MISUSE, "wrong kind of handle: expected {} {}, got {} {}", article(expected), expected,
+         article(actual), actual);
+  }
   fail(GRADSYNC_E_MISUSE, "not a gradsync {} handle (bad magic 0x{:08x})", expected, magic);
 }
 

@@ -348,8 +348,9 @@ void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(
 
 void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, size_t count) {
   GS_REQUIRE(n == 0 || grads != nullptr, GRADSYNC_E_INVALID_ARG, "gradients are NULL");
-  table_->check_rows(rows, n);
+  // The count first: n may be absurd, and the ids must not be read past what count vouches for.
   table_->check_count(count, n, "the gradient");
+  table_->check_rows(rows, n);
   if (n == 0) return;
   table_->check_mapping();
   std::shared_lock phase(phase_);

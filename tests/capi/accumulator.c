@@ -163,7 +163,7 @@ int main(void) {
 
   /* wrong handle kinds, NULL handles, free(NULL) */
   CHECK(gradsync_accum_apply(a, (gradsync_table *)(void *)a, &opt, state) == GRADSYNC_E_MISUSE &&
-        check_message_has("expected a table, got a accumulator"));
+        check_message_has("expected a table, got an accumulator"));
   CHECK_STATUS_MSG(gradsync_accum_add(NULL, 0, g, 8), GRADSYNC_E_MISUSE, "NULL accumulator handle");
   CHECK_STATUS(gradsync_table_flush((gradsync_table *)(void *)a), GRADSYNC_E_MISUSE);
   CHECK_STATUS(gradsync_accum_zero(NULL), GRADSYNC_E_MISUSE);
