@@ -105,9 +105,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (count > static_cast<uint64_t>(rows)) std::abort();
         std::vector<int64_t> ids(static_cast<size_t>(count));
         check_ids(ids, a->touched(ids.data(), ids.size()), rows);
-        // Adds through the shared state. Striped mode waits for a lock word's owner as long as
-        // that process lives: a word naming a live process is the lock code's business (a peer
-        // that holds it), not this target's, so adds run in striped mode only over free words.
+        // Adds through the shared state. In striped mode a word naming a holder whose lock is gone
+        // is taken over (the file marked torn, E_CORRUPT later), but one naming a live holder (this
+        // process's own slot, say) is waited for up to 5 s, then E_TIMEOUT: right for a live
+        // holder, too slow to fuzz. So striped adds run only over free words.
         bool adds = (ops & 1) != 0;
         if (a->concurrency() == acc::Concurrency::Striped) {
           const auto* words = reinterpret_cast<const uint32_t*>(static_cast<const char*>(a->table().aux()) +
