@@ -126,7 +126,7 @@ void CommLink::release() noexcept {
 
 void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
                             const std::function<void()>& body) {
-  comm::Progress* progress = link->progress();
+  const std::shared_ptr<comm::Progress> progress = link->progress();
   if (progress == nullptr || progress->idle()) {
     const Call call(link, function);
     return body();
@@ -144,12 +144,31 @@ void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* f
   if (done->status() != GRADSYNC_OK) throw Error(done->status(), done->message());
 }
 
-comm::Progress& CommLink::start_progress() {
+std::shared_ptr<comm::Progress> CommLink::progress() const {
+  if (!has_progress_.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard lock(progress_mutex_);
+  return progress_;
+}
+
+std::shared_ptr<comm::Progress> CommLink::start_progress() {
+  std::lock_guard lock(progress_mutex_);
   if (progress_ == nullptr) {
-    if (const char* why = impl_->progress_thread_refused(); why != nullptr) fail(GRADSYNC_E_UNSUPPORTED, "{}: {}", description_, why);
-    progress_ = std::make_unique<comm::Progress>();
+    if (const char* why = impl_->progress_thread_refused(); why != nullptr) {
+      fail(GRADSYNC_E_UNSUPPORTED, "{}: {}", description_, why);
+    }
+    progress_ = std::make_shared<comm::Progress>();
+    has_progress_.store(true, std::memory_order_release);
   }
-  return *progress_;
+  return progress_;
+}
+
+void CommLink::stop_progress() noexcept {
+  std::shared_ptr<comm::Progress> last;
+  {
+    std::lock_guard lock(progress_mutex_);
+    last = std::move(progress_);
+  }
+  // `last` goes here, outside the mutex: joining waits for queued tasks, which may need it.
 }
 
 void CommLink::record_async_error(const Outcome& o) {
@@ -266,9 +285,9 @@ int start(const char* function, gradsync_comm* comm, gradsync_request** out, Mak
     GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "request out-parameter is NULL");
     const std::shared_ptr<CommLink>& link = check(comm)->link;
     Op op = make_op(*link);
-    gradsync::comm::Progress& progress = link->start_progress();
+    const std::shared_ptr<gradsync::comm::Progress> progress = link->start_progress();
     auto request = std::make_unique<gradsync_request>(function);
-    progress.submit([link, function, op = std::move(op), done = request->done] {
+    progress->submit([link, function, op = std::move(op), done = request->done] {
       Outcome o = gradsync::capi::capture([&] { hold_and_run(link, function, op); });
       if (o.status != GRADSYNC_OK) link->record_async_error({o.status, fmt::format("{}: {}", function, o.message)});
       done->finish(o.status, std::move(o.message));

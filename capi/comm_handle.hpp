@@ -76,12 +76,15 @@ class CommLink {
   static void run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
                            const std::function<void()>& body);
 
-  // The progress thread, or null before the first non-blocking call. Only the thread that uses
-  // the handle starts, reads or stops it (the one-thread-per-handle rule).
-  comm::Progress* progress() const noexcept { return progress_.get(); }
-  comm::Progress& start_progress();
-  // After close(): what is still queued fails fast (the link is closed), and the thread is joined.
-  void stop_progress() noexcept { progress_.reset(); }
+  // The progress thread, or null before the first non-blocking call. Started and stopped by the
+  // thread that uses the handle; read by that one and by its shards' (other handles, other
+  // threads), which is why it is shared and kept under a mutex: a shard waiting on a queued stage
+  // keeps it alive through a free.
+  std::shared_ptr<comm::Progress> progress() const;
+  std::shared_ptr<comm::Progress> start_progress();
+  // After close(): what is still queued fails fast (the link is closed), and the thread is joined
+  // by whoever lets go of it last.
+  void stop_progress() noexcept;
   // The first failure of a non-blocking call since creation or the last reset.
   void record_async_error(const Outcome& o);
   Outcome async_error() const;
@@ -106,7 +109,9 @@ class CommLink {
   // time", and what the refused caller's message names.
   std::atomic<const char*> holder_{nullptr};
   std::unique_ptr<comm::Communicator> impl_;
-  std::unique_ptr<comm::Progress> progress_;
+  mutable std::mutex progress_mutex_;
+  std::shared_ptr<comm::Progress> progress_;
+  std::atomic<bool> has_progress_{false};  // so that blocking-only users never take the mutex
   mutable std::mutex async_mutex_;
   Outcome async_error_;
   const std::string description_;
