@@ -11,7 +11,10 @@ RANK = textwrap.dedent("""
     with gs.Communicator.from_env(timeout_ms=20000) as c:
         v = np.array([c.rank + 1.0], np.float32)
         c.allreduce(v, op="sum")
-        print(f"rank {c.rank} of {c.size} {v[0]} {c.transport}", flush=True)
+        # One write of a whole line: print() writes the text and the newline separately when
+        # stdout is unbuffered (PYTHONUNBUFFERED), and three ranks share the launcher's pipe.
+        sys.stdout.write(f"rank {c.rank} of {c.size} {v[0]} {c.transport}\\n")
+        sys.stdout.flush()
         if len(sys.argv) > 1 and int(sys.argv[1]) == c.rank:
             sys.exit(3)
         c.barrier()  # the others wait here for the failed rank until stopped
