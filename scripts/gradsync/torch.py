@@ -15,13 +15,25 @@ back into each parameter's .grad when backward ends. Gradients are copied into t
 viewed, so optimizer.zero_grad(set_to_none=True) (torch 2's default) cannot detach them.
 no_sync() skips the averaging for gradient accumulation; the next synchronised backward averages
 the accumulated gradients.
+
+ZeroRedundancyOptimizer is ZeRO-1 over the sharded parameter: every parameter of the model lives in
+one flat float32 vector, each rank keeps the optimizer state (Adam's moments, momentum) of its
+1/size slice only, and step() reduce-scatters the local gradients (optionally bf16/fp16 on the
+wire), updates the slice and all-gathers the new weights into the parameters:
+
+    model = Net()                                     # not wrapped: the optimizer averages
+    opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=1e-3)
+    loss_fn(model(x), y).backward()                   # local gradients
+    opt.step()                                        # the same weights, bit for bit, on every rank
 """
 import contextlib
 
 import numpy as np
 import torch
 
-__all__ = ["DistributedDataParallel"]
+from .shard import ShardedParameter
+
+__all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer"]
 
 
 class _Bucket:
@@ -146,3 +158,82 @@ class DistributedDataParallel(torch.nn.Module):
             bucket.pending = len(bucket.params)
             bucket.arrived = [False] * len(bucket.params)
         self._next = 0
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """ZeRO-1 through gradsync.ShardedParameter. See the module docstring.
+
+    params: the model's parameters (float32 CPU tensors, one parameter group). They are moved into
+    one flat vector (each parameter becomes a view of it) and set to rank 0's values, so the ranks
+    start from the same weights. optimizer: "adam" (default), "adamw", "sgd" or "momentum", with
+    lr, betas, eps, weight_decay, momentum as torch's own; compress: "none", "bf16", "fp16" or
+    "bigdl_fp16" for the gradients on the wire (the weights travel in full precision);
+    error_feedback, clip_norm: as ShardedParameter has them.
+
+    Use it on the plain model, not on one wrapped in DistributedDataParallel: step() averages the
+    gradients itself (a wrapper would average them twice, for nothing). A parameter whose .grad is
+    None this step contributes zeros. A learning-rate change in param_groups (a scheduler's) is
+    applied at the next step; it must be the same on every rank, as must every step() call.
+    The optimizer state lives sliced in the library, so state_dict() and load_state_dict() are
+    refused: checkpoint the weights.
+    """
+
+    def __init__(self, params, comm, optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 momentum=0.9, compress="none", error_feedback=False, clip_norm=None):
+        super().__init__(params, dict(lr=lr))
+        if len(self.param_groups) != 1:
+            raise ValueError("ZeroRedundancyOptimizer takes one parameter group")
+        self._params = list(self.param_groups[0]["params"])
+        for p in self._params:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise ValueError(f"parameters must be float32 CPU tensors, got {p.dtype} on {p.device}")
+        self._offsets, total = [], 0
+        for p in self._params:
+            self._offsets.append(total)
+            total += p.numel()
+        self._weights = torch.empty(total, dtype=torch.float32)
+        self._grad = torch.zeros(total, dtype=torch.float32)
+        with torch.no_grad():
+            for p, at in zip(self._params, self._offsets):
+                view = self._weights[at:at + p.numel()]
+                view.copy_(p.reshape(-1))
+                p.data = view.view_as(p)  # the parameter now reads the weights the library writes
+        comm.broadcast(self._weights.numpy(), root=0)
+        self._lr = float(lr)
+        self.shard = ShardedParameter(comm, total, optimizer=optimizer, lr=self._lr, compress=compress,
+                                      error_feedback=error_feedback, momentum=momentum, betas=betas, eps=eps,
+                                      weight_decay=weight_decay, clip_norm=clip_norm)
+        self.shard.init(self._weights.numpy())
+
+    @torch.no_grad()
+    def step(self, closure=None, samples=None):
+        """Collective: average the gradients (weighted by `samples`, this rank's sample count, when
+        given), update this rank's slice, and gather every rank's new weights into the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        lr = float(self.param_groups[0]["lr"])
+        if lr != self._lr:
+            self.shard.set_lr(lr)
+            self._lr = lr
+        for p, at in zip(self._params, self._offsets):
+            part = self._grad[at:at + p.numel()]
+            if p.grad is None:
+                part.zero_()
+            else:
+                part.copy_(p.grad.reshape(-1))
+        self.shard.step(self._grad.numpy(), self._weights.numpy(), samples=samples)
+        return loss
+
+    def state_dict(self):
+        raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
+                                  "the library and cannot be saved; checkpoint the model's weights")
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
+                                  "the library and cannot be loaded; restore the model's weights")
+
+    def close(self):
+        """Free this rank's slice (and its optimizer state) now rather than at garbage collection."""
+        self.shard.close()

@@ -93,17 +93,18 @@ def test_threads_every_rank_the_same_weights_and_the_whole_batch_result(size):
     assert len(set(results[0][0])) == 6  # the weights moved every step
 
 
+class Plain(torch.nn.Module):  # no BatchNorm: per-rank batches then give the whole-batch gradient
+    def __init__(self, seed):
+        super().__init__()
+        self.a = torch.nn.Linear(20, 64)
+        self.c = torch.nn.Linear(64, 3)
+        seeded(self, seed)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x)))
+
+
 def test_same_as_one_process_on_the_whole_batch():
-    class Plain(torch.nn.Module):  # no BatchNorm: per-rank batches then give the whole-batch gradient
-        def __init__(self, seed):
-            super().__init__()
-            self.a = torch.nn.Linear(20, 64)
-            self.c = torch.nn.Linear(64, 3)
-            seeded(self, seed)
-
-        def forward(self, x):
-            return self.c(torch.relu(self.a(x)))
-
     def run(comm, rank):
         model = gst.DistributedDataParallel(Plain(rank), comm, bucket_cap_mb=0.001)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -138,6 +139,76 @@ def test_buckets_of_any_size():
     assert small[0][0] == small[1][0] and large[0][0] == large[1][0]
     # Bucketing changes only which elements travel together, never a result.
     assert small[0][0] == large[0][0]
+
+
+def train_zero(comm, rank, size, steps=5, lr_schedule=None, **options):
+    model = Plain(seed=rank)  # each rank starts elsewhere: the optimizer takes rank 0's weights
+    opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, **options)
+    digests = []
+    for step in range(steps):
+        if lr_schedule is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr_schedule(step)
+        x, y = data(step)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x[rank::size]), y[rank::size]).backward()
+        opt.step()
+        digests.append(digest(model))
+    opt.close()
+    return digests, [p.detach().clone() for p in model.parameters()]
+
+
+def test_zero_same_weights_on_every_rank_and_the_whole_batch_adam():
+    results = run_ranks(2, lambda comm, rank: train_zero(comm, rank, 2, optimizer="adam", lr=0.01))
+    assert results[0][0] == results[1][0] and len(set(results[0][0])) == 5  # bitwise, every step; moving
+    ref = Plain(0)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    for step in range(5):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for got, want in zip(results[0][1], ref.parameters()):
+        assert torch.allclose(got, want.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_zero_any_rank_count_compressed_wire_and_a_scheduler(size):
+    # lr 0 from step 3 on: a scheduler's change must reach the library, so the weights stop moving.
+    results = run_ranks(size, lambda comm, rank: train_zero(comm, rank, size, steps=5, optimizer="adamw",
+                                                              lr=0.01, weight_decay=0.01, compress="bf16",
+                                                              lr_schedule=lambda s: 0.01 if s < 3 else 0.0))
+    for digests, _ in results[1:]:
+        assert digests == results[0][0]
+    d = results[0][0]
+    assert len(set(d[:3])) == 3 and d[2] == d[3] == d[4]
+
+
+def test_zero_refuses_what_it_cannot_do():
+    def body(comm, rank):
+        model = Plain(0)
+        opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="sgd", lr=0.1)
+        with pytest.raises(NotImplementedError, match="checkpoint the model's weights"):
+            opt.state_dict()
+        opt.close()
+        with pytest.raises(ValueError, match="float32"):
+            gst.ZeroRedundancyOptimizer([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))], comm)
+        return True
+
+    assert run_ranks(1, body) == [True]
+
+
+def _shm_zero_rank(rank, size, queue, group):
+    import gradsync as gs
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=30000, transport="shm") as comm:
+        queue.put((rank, train_zero(comm, rank, size, optimizer="momentum", lr=0.05, compress="fp16")[0]))
+
+
+def test_zero_shm_processes():
+    results, codes = _run(_shm_zero_rank, 2, _group("zero"))
+    assert codes == [0, 0]
+    assert results[0] == results[1] and len(set(results[0])) == 5
 
 
 def _shm_rank(rank, size, queue, group):
