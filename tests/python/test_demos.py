@@ -89,3 +89,14 @@ def test_default_output_directory_falls_back_to_temp_when_the_checkout_is_read_o
     expected = pathlib.Path(tempfile.gettempdir()) / "gradsync-demo-output"
     assert te.default_out_dir() == expected
     assert pathlib.Path(train_digits.default_out_dir()) == expected
+
+
+def test_torch_demo_trains_the_same_on_one_worker_and_on_worker_processes(capsys):
+    import train_torch
+
+    assert train_torch.main(["--epochs", "2", "--workers", "2"]) == 0  # nonzero when the weights differ
+    out = capsys.readouterr().out
+    assert "workers' weights bitwise equal: yes" in out, out
+    one, two = (float(line.split("held-out accuracy ")[1].split(",")[0]) for line in out.splitlines()
+                if line.startswith(("torch x1:", "torch x2 (shm):")))
+    assert one > 0.5 and two > 0.5 and abs(one - two) < 0.1, out  # it learns, and as much on two workers
