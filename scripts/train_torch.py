@@ -6,7 +6,7 @@ The same training (model, seed, global batches, optimizer steps) runs twice: on 
 on --workers worker processes on this host (shared memory; --transport threads for threads of
 this process), each computing the gradient of its share of every global batch, averaged by
 gradsync.torch.DistributedDataParallel while backward runs. Every worker runs torch on one
-thread, so N workers use N cores; the CNN's compute dominates its 0.4 MB of gradients, so the
+thread, so N workers use N cores; the CNN's compute dominates its 0.75 MB of gradients, so the
 workers' samples/s is what data parallelism promises, printed beside the one worker's with both
 held-out accuracies and whether the workers' weights are bitwise equal.
 
