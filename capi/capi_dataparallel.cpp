@@ -10,6 +10,25 @@
 
 using gradsync::capi::guard;
 
+namespace {
+
+template <typename T>
+void merge(const T* const* grads, const size_t* lens, const uint64_t* counts, const double* losses, size_t workers,
+           T* out, size_t out_len, double* mean_loss, uint64_t* total_count) {
+  GS_REQUIRE(workers > 0, GRADSYNC_E_INVALID_ARG, "workers must be > 0");
+  GS_REQUIRE(grads != nullptr, GRADSYNC_E_INVALID_ARG, "grads array is NULL");
+  GS_REQUIRE(lens != nullptr, GRADSYNC_E_INVALID_ARG, "lens array is NULL");
+  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts array is NULL");
+  GS_REQUIRE(mean_loss == nullptr || losses != nullptr, GRADSYNC_E_INVALID_ARG,
+             "mean_loss requested but losses is NULL");
+  const auto result = gradsync::dataparallel::weighted_merge(std::span(grads, workers), std::span(lens, workers),
+                                                             std::span(counts, workers), losses, out, out_len);
+  if (mean_loss != nullptr) *mean_loss = result.mean_loss;
+  if (total_count != nullptr) *total_count = result.total_count;
+}
+
+}  // namespace
+
 extern "C" {
 
 GRADSYNC_API int gradsync_partition(uint64_t n, uint32_t parts, uint32_t index, uint64_t* start, uint64_t* len) {
@@ -44,18 +63,13 @@ GRADSYNC_API int gradsync_split_round_robin(uint64_t samples, uint32_t workers, 
 GRADSYNC_API int gradsync_weighted_merge_f32(const float* const* grads, const size_t* lens, const uint64_t* counts,
                                              const double* losses, size_t workers, float* out, size_t out_len,
                                              double* mean_loss, uint64_t* total_count) {
-  return guard(__func__, [&] {
-    GS_REQUIRE(workers > 0, GRADSYNC_E_INVALID_ARG, "workers must be > 0");
-    GS_REQUIRE(grads != nullptr, GRADSYNC_E_INVALID_ARG, "grads array is NULL");
-    GS_REQUIRE(lens != nullptr, GRADSYNC_E_INVALID_ARG, "lens array is NULL");
-    GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts array is NULL");
-    GS_REQUIRE(mean_loss == nullptr || losses != nullptr, GRADSYNC_E_INVALID_ARG,
-               "mean_loss requested but losses is NULL");
-    const auto result = gradsync::dataparallel::weighted_merge(std::span(grads, workers), std::span(lens, workers),
-                                                               std::span(counts, workers), losses, out, out_len);
-    if (mean_loss != nullptr) *mean_loss = result.mean_loss;
-    if (total_count != nullptr) *total_count = result.total_count;
-  });
+  return guard(__func__, [&] { merge(grads, lens, counts, losses, workers, out, out_len, mean_loss, total_count); });
+}
+
+GRADSYNC_API int gradsync_weighted_merge_f64(const double* const* grads, const size_t* lens, const uint64_t* counts,
+                                             const double* losses, size_t workers, double* out, size_t out_len,
+                                             double* mean_loss, uint64_t* total_count) {
+  return guard(__func__, [&] { merge(grads, lens, counts, losses, workers, out, out_len, mean_loss, total_count); });
 }
 
 }  // extern "C"

@@ -75,6 +75,35 @@ GRADSYNC_API int gradsync_weighted_merge_f32(const float *const *grads, const si
                                              const double *losses, size_t workers, float *out, size_t out_len,
                                              double *mean_loss, uint64_t *total_count);
 
+/**
+ * @brief gradsync_weighted_merge_f32 for double gradients, exact to a relative 1e-12.
+ *
+ * Same contract as gradsync_weighted_merge_f32 (worker order, count 0 skipped, in place allowed,
+ * nothing written on error), but summed as if in twice double precision: each count is split into
+ * two 32-bit halves (exact in a double, so no count is rounded, even above 2^53), each product
+ * count·g is split exactly with a fused multiply-add and each sum is compensated (Ogita, Rump and
+ * Oishi's Dot2); the quotient by the exact integer total is rounded once. The result is then within
+ * a relative 1e-12 of the exact weighted mean whenever sum_i |counts[i]·grads[i][j]| is less than
+ * 10^18 / workers^2 times |the weighted sum| (no catastrophic cancellation), and the same bits on
+ * every run and machine with IEEE doubles. Where f32 rounds 2.000000000116 to 2.0 (counts near
+ * 2^33), this returns it.
+ *
+ * @param grads workers pointers, grads[i] holding lens[i] doubles
+ * @param lens workers lengths, each must equal out_len
+ * @param counts workers sample counts (the weights)
+ * @param losses workers losses, or NULL when no mean loss is wanted
+ * @param workers number of workers, > 0
+ * @param[out] out out_len doubles
+ * @param out_len elements of out and of every gradient
+ * @param[out] mean_loss sum counts[i]*losses[i] / sum counts[i] (may be NULL; needs losses)
+ * @param[out] total_count sum counts[i] (may be NULL)
+ * @return GRADSYNC_OK, or an error as gradsync_weighted_merge_f32 gives it
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_weighted_merge_f64(const double *const *grads, const size_t *lens, const uint64_t *counts,
+                                             const double *losses, size_t workers, double *out, size_t out_len,
+                                             double *mean_loss, uint64_t *total_count);
+
 GRADSYNC_END_DECL
 
 #endif /* GRADSYNC_DATAPARALLEL_H */

@@ -17,8 +17,10 @@ __all__ = ["partition", "split_round_robin", "weighted_merge", "MergeResult"]
 _P = ctypes.POINTER
 _partition = declare("gradsync_partition", c_int, c_uint64, c_uint32, c_uint32, _P(c_uint64), _P(c_uint64))
 _split = declare("gradsync_split_round_robin", c_int, c_uint64, c_uint32, c_uint32, c_void_p, c_size_t, _P(c_size_t))
-_merge = declare("gradsync_weighted_merge_f32", c_int, _P(c_void_p), _P(c_size_t), _P(c_uint64), _P(ctypes.c_double),
-                 c_size_t, c_void_p, c_size_t, _P(ctypes.c_double), _P(c_uint64))
+_MERGE_ARGS = (_P(c_void_p), _P(c_size_t), _P(c_uint64), _P(ctypes.c_double), c_size_t, c_void_p, c_size_t,
+               _P(ctypes.c_double), _P(c_uint64))
+_merge = {"float32": declare("gradsync_weighted_merge_f32", c_int, *_MERGE_ARGS),
+          "float64": declare("gradsync_weighted_merge_f64", c_int, *_MERGE_ARGS)}
 
 MergeResult = namedtuple("MergeResult", "gradient loss count")
 
@@ -58,9 +60,12 @@ def split_round_robin(samples, workers, worker):
 def weighted_merge(grads, counts, losses=None, out=None):
     """Merge per-worker gradients weighted by their sample counts.
 
-    grads: a list of 1-D float32 arrays (one per worker), or a 2-D float32 array (one row per
-    worker); none is copied. counts: per-worker sample counts. losses: per-worker losses or None.
-    out: float32 array for the result (may be one of grads), allocated when None.
+    grads: a list of 1-D float32 or float64 arrays (one per worker, all of one dtype), or a 2-D
+    array (one row per worker); none is copied. counts: per-worker sample counts. losses:
+    per-worker losses or None. out: array of the gradients' dtype for the result (may be one of
+    grads), allocated when None. float32 is summed in double and rounded once; float64 as if in
+    twice double precision, within a relative 1e-12 of the exact weighted mean (see
+    gradsync_weighted_merge_f64).
     Returns MergeResult(gradient, loss, count): loss is None without losses. Raises GradsyncError
     E_ZERO_WEIGHT when every count is 0, E_MISMATCH when lengths differ.
     """
@@ -68,9 +73,12 @@ def weighted_merge(grads, counts, losses=None, out=None):
 
     rows = list(grads) if not isinstance(grads, np.ndarray) or grads.ndim != 1 else [grads]
     workers = len(rows)
+    dtype = rows[0].dtype if workers and isinstance(rows[0], np.ndarray) else np.dtype(np.float32)
+    if dtype.name not in _merge:
+        raise TypeError(f"gradients must be float32 or float64 numpy arrays, got {dtype}")
     for i, g in enumerate(rows):
-        if not isinstance(g, np.ndarray) or g.dtype != np.float32:
-            raise TypeError(f"gradient {i} must be a float32 numpy array")
+        if not isinstance(g, np.ndarray) or g.dtype != dtype:
+            raise TypeError(f"gradient {i} must be a {dtype} numpy array, as gradient 0 is")
         if not g.flags.c_contiguous:
             raise ValueError(f"gradient {i} must be C-contiguous")
     if len(counts) != workers:
@@ -79,15 +87,15 @@ def weighted_merge(grads, counts, losses=None, out=None):
         raise ValueError(f"{workers} gradients but {len(losses)} losses")
     length = rows[0].size if workers else 0
     if out is None:
-        out = np.empty(length, dtype=np.float32)
-    elif not isinstance(out, np.ndarray) or out.dtype != np.float32 or not out.flags.c_contiguous \
+        out = np.empty(length, dtype=dtype)
+    elif not isinstance(out, np.ndarray) or out.dtype != dtype or not out.flags.c_contiguous \
             or not out.flags.writeable:
-        raise TypeError("out must be a writable C-contiguous float32 numpy array")
+        raise TypeError(f"out must be a writable C-contiguous {dtype} numpy array")
     ptrs = (c_void_p * max(workers, 1))(*[g.ctypes.data for g in rows])
     lens = (c_size_t * max(workers, 1))(*[g.size for g in rows])
     count_arr = (c_uint64 * max(workers, 1))(*[_unsigned(c, 64, "count") for c in counts])
     loss_arr = (ctypes.c_double * workers)(*losses) if losses is not None else None
     mean_loss, total = ctypes.c_double(), c_uint64()
-    check(_merge(ptrs, lens, count_arr, loss_arr, workers, c_void_p(out.ctypes.data), out.size,
+    check(_merge[dtype.name](ptrs, lens, count_arr, loss_arr, workers, c_void_p(out.ctypes.data), out.size,
                  ctypes.byref(mean_loss) if losses is not None else None, ctypes.byref(total)))
     return MergeResult(out, mean_loss.value if losses is not None else None, total.value)

@@ -33,4 +33,11 @@ struct MergeResult {
 MergeResult weighted_merge(std::span<const float* const> grads, std::span<const size_t> lens,
                            std::span<const uint64_t> counts, const double* losses, float* out, size_t out_len);
 
+// The same in double, summed as if in twice double precision (a compensated dot product, every
+// count split exactly) and rounded once: the error is at most one rounding of the result plus
+// (4·workers·2^-53)^2 times the sum of |count_i·g_i|, so within a relative 1e-12 of the exact
+// weighted mean unless the terms cancel by more than about 10^18 / workers^2.
+MergeResult weighted_merge(std::span<const double* const> grads, std::span<const size_t> lens,
+                           std::span<const uint64_t> counts, const double* losses, double* out, size_t out_len);
+
 }  // namespace gradsync::dataparallel

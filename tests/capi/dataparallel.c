@@ -112,9 +112,48 @@ static void test_weighted_merge(void) {
   CHECK(out[0] == -1 && out[1] == -1);
 }
 
+/* f64: exact where f32 rounds (counts near 2^33), counts above 2^53 are not rounded (a naive
+   double sum gives 0 for the cancelling pair below), the same checks as f32 on bad input. */
+static void test_weighted_merge_f64(void) {
+  const uint64_t big = (uint64_t)1 << 33, huge = (uint64_t)1 << 60;
+  const double two[1] = {2.0}, three[1] = {3.0}, plus[1] = {1.0}, minus[1] = {-1.0};
+  const double *g[2] = {two, three};
+  const float twof[1] = {2.0f}, threef[1] = {3.0f};
+  const float *gf[2] = {twof, threef};
+  size_t lens[2] = {1, 1};
+  uint64_t counts[2] = {big, 1}, total = 0;
+  double out[1] = {0}, exact = 2.0 + 1.0 / (double)(big + 1);
+  float outf[1] = {0};
+
+  CHECK_STATUS(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total), GRADSYNC_OK);
+  CHECK(fabs(out[0] - exact) <= 1e-12 * exact && out[0] != 2.0 && total == big + 1);
+  CHECK_STATUS(gradsync_weighted_merge_f32(gf, lens, counts, NULL, 2, outf, 1, NULL, &total), GRADSYNC_OK);
+  CHECK(outf[0] == 2.0f); /* what f64 is for */
+
+  /* (2^60 + 1)·1 + 2^60·(-1) = 1 exactly; over 2^61 + 1 */
+  g[0] = plus, g[1] = minus;
+  counts[0] = huge + 1, counts[1] = huge;
+  CHECK_STATUS(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total), GRADSYNC_OK);
+  exact = 1.0 / 2305843009213693952.0 * (1.0 - 1.0 / 2305843009213693952.0); /* 1/(2^61+1) to ~1e-37 */
+  CHECK(fabs(out[0] - exact) <= 1e-12 * exact && total == 2 * huge + 1);
+
+  counts[0] = counts[1] = 0;
+  out[0] = -1;
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total),
+                   GRADSYNC_E_ZERO_WEIGHT, "total sample count of 2 workers is 0");
+  counts[0] = counts[1] = 1;
+  lens[1] = 2;
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total), GRADSYNC_E_MISMATCH,
+                   "worker 1 gradient has 2 elements, but the output has 1");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f64(NULL, lens, counts, NULL, 2, out, 1, NULL, &total),
+                   GRADSYNC_E_INVALID_ARG, "grads array is NULL");
+  CHECK(out[0] == -1);
+}
+
 int main(void) {
   test_partition();
   test_round_robin();
   test_weighted_merge();
+  test_weighted_merge_f64();
   return check_report("dataparallel C API");
 }

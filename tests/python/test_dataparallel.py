@@ -74,8 +74,37 @@ def test_weighted_merge_errors():
         gs.weighted_merge([], counts=[])
     assert none.value.status == gs.E_INVALID_ARG
     with pytest.raises(TypeError):
-        gs.weighted_merge([a.astype(np.float64)], counts=[1])
+        gs.weighted_merge([a.astype(np.float16)], counts=[1])
     with pytest.raises(ValueError):
         gs.weighted_merge([a, a], counts=[1])
     with pytest.raises(OverflowError):
         gs.weighted_merge([a], counts=[-1])
+
+
+def test_weighted_merge_f64_is_exact_to_1e_12_where_f32_rounds():
+    from fractions import Fraction
+
+    rng = np.random.default_rng(7)
+    grads = [rng.standard_normal(2000) for _ in range(5)]
+    counts = [int(c) for c in rng.integers(1, 1 << 62, size=5, dtype=np.int64)]  # far above 2^53
+    r = gs.weighted_merge(grads, counts)
+    assert r.gradient.dtype == np.float64 and r.count == sum(counts)
+    total = sum(counts)
+    for j in range(0, 2000, 97):
+        exact = sum(Fraction(c) * Fraction(float(g[j])) for c, g in zip(counts, grads)) / total
+        assert abs(Fraction(float(r.gradient[j])) - exact) <= Fraction(1, 10**12) * abs(exact)
+    again = gs.weighted_merge(grads, counts)
+    assert again.gradient.tobytes() == r.gradient.tobytes()  # the same bits every run
+    near = gs.weighted_merge([np.array([2.0]), np.array([3.0])], counts=[1 << 33, 1])
+    assert near.gradient[0] != 2.0 and abs(near.gradient[0] - (2 + 1 / ((1 << 33) + 1))) < 1e-15
+    assert gs.weighted_merge([np.array([2.0], np.float32), np.array([3.0], np.float32)],
+                             counts=[1 << 33, 1]).gradient[0] == 2.0
+
+
+def test_weighted_merge_refuses_mixed_or_other_dtypes():
+    with pytest.raises(TypeError, match="float64"):
+        gs.weighted_merge([np.zeros(2), np.zeros(2, np.float32)], counts=[1, 1])
+    with pytest.raises(TypeError, match="float32 or float64"):
+        gs.weighted_merge([np.zeros(2, np.int32)], counts=[1])
+    with pytest.raises(TypeError, match="float64"):
+        gs.weighted_merge([np.zeros(2)], counts=[1], out=np.zeros(2, np.float32))

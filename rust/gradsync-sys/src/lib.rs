@@ -239,6 +239,17 @@ extern "C" {
         mean_loss: *mut f64,
         total_count: *mut u64,
     ) -> c_int;
+    pub fn gradsync_weighted_merge_f64(
+        grads: *const *const f64,
+        lens: *const usize,
+        counts: *const u64,
+        losses: *const f64,
+        workers: usize,
+        out: *mut f64,
+        out_len: usize,
+        mean_loss: *mut f64,
+        total_count: *mut u64,
+    ) -> c_int;
 }
 
 // ------------------------------------------------------------------ codec.h (any thread)

@@ -2,7 +2,7 @@
 //! Errors (status, message naming the C function, read on the failing thread), atomics, codecs,
 //! data-parallel helpers, and the Send/Sync decisions.
 use gradsync::{
-    codec, partition, split_round_robin, status, weighted_merge, AbortHandle, Accumulator, Codec, Communicator, Counter,
+    codec, partition, split_round_robin, status, weighted_merge, weighted_merge_f64, AbortHandle, Accumulator, Codec, Communicator, Counter,
     Counter32, Error, Flag, Mutex, ShardedParameter, Table,
 };
 
@@ -113,6 +113,13 @@ fn codecs_and_weighted_merge() {
     assert_eq!(out, [3.25, 6.5]);
     assert_eq!(merged.total_count, 4);
     assert_eq!(merged.mean_loss, Some(1.75));
+    // f64: counts near 2^33, where f32 rounds the mean to 2.0
+    let mut wide = [0f64];
+    let big = 1u64 << 33;
+    let m = weighted_merge_f64(&[&[2.0], &[3.0]], &[big, 1], None, &mut wide).unwrap();
+    assert_eq!(m.total_count, big + 1);
+    let exact = 2.0 + 1.0 / (big as f64 + 1.0);
+    assert!((wide[0] - exact).abs() <= 1e-12 * exact && wide[0] != 2.0, "{}", wide[0]);
     let err = weighted_merge(&[&[1.0], &[1.0]], &[0, 0], None, &mut [0.0]).unwrap_err();
     assert_eq!(err.status, status::ZERO_WEIGHT);
 }
