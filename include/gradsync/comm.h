@@ -105,9 +105,10 @@
  * - Limits: once every rank has arrived the data moves through MPI's blocking collectives, which
  *   MPI cannot interrupt: a rank that dies inside one is handled by mpirun (it ends the job). A
  *   rank arriving at the very instant the others time out can enter that transfer alone; it is
- *   released when the timed-out ranks' exit handler calls MPI_Abort. allgather and
- *   reduce_scatter take at most 2^31-1 elements (MPI's int counts), alltoall 2^31-1 minus the
- *   group size; allreduce and broadcast have no such limit.
+ *   released when the timed-out ranks' exit handler calls MPI_Abort. Counts have no limit below
+ *   SIZE_MAX: transfers that MPI's int counts cannot describe go in pieces (allgather, alltoall
+ *   and reduce_scatter pairwise between ranks; reduce_scatter then folds in rank order, as its
+ *   deterministic mode does).
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H

@@ -128,6 +128,43 @@ def test_deterministic_fused_and_collectives_under_mpirun(tmp_path):
 
 
 @mpi_only
+def test_transfers_beyond_the_int_count_limit_go_in_pieces(tmp_path):
+    # GRADSYNC_MPI_MAX_COUNT lowers MPI's int limit (2^30 elements per call here) so that the
+    # pairwise, piecewise paths of allgather, alltoall and reduce_scatter run on small arrays;
+    # ranks that disagree on it are refused at creation, on every rank.
+    lines = run_ranks(tmp_path, """
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        os.environ["GRADSYNC_MPI_MAX_COUNT"] = str(100 + rank)
+        try:
+            gs.Communicator(transport="mpi", timeout_ms=20000).close()
+            say(f"differ {rank} created")
+        except GradsyncError as e:
+            say(f"differ {rank} {e.status} {'differs between ranks' in e.message}")
+        os.environ["GRADSYNC_MPI_MAX_COUNT"] = "0"
+        try:
+            gs.Communicator(transport="mpi", timeout_ms=20000).close()
+        except GradsyncError as e:
+            say(f"bad {rank} {e.status} {'must be an integer in [1,' in e.message}")
+        os.environ["GRADSYNC_MPI_MAX_COUNT"] = "7"
+        with gs.Communicator(transport="mpi", timeout_ms=20000) as c:
+            r, n, total = c.rank, c.size, 1003
+            base = np.arange(total, dtype=np.float64)
+            parts = [base[s:s + k] for s, k in (gs.partition(total, n, q) for q in range(n))]
+            full = base * (r + 1)  # rank q holds base * (q + 1)
+            got = c.allgather(np.zeros(total), part=parts[r] * (r + 1))
+            ok_gather = np.array_equal(got, np.concatenate([parts[q] * (q + 1) for q in range(n)]))
+            rows = c.alltoall(full)
+            ok_a2a = all(np.array_equal(rows[q], parts[r] * (q + 1)) for q in range(n))
+            red = c.reduce_scatter(full, op="sum")
+            ok_rs = np.array_equal(red, parts[r] * sum(q + 1 for q in range(n)))
+            say(f"pieces {r} {ok_gather} {ok_a2a} {ok_rs}")
+    """, 3)
+    assert lines_of(lines, "differ") == [f"differ {r} {gs.E_MISMATCH} True" for r in range(3)]
+    assert lines_of(lines, "bad") == [f"bad {r} {gs.E_INVALID_ARG} True" for r in range(3)]
+    assert lines_of(lines, "pieces") == [f"pieces {r} True True True" for r in range(3)]
+
+
+@mpi_only
 def test_timeout_abort_and_reset_under_mpirun(tmp_path):
     lines = run_ranks(tmp_path, """
         c = gs.Communicator(transport="mpi", timeout_ms=2000)

@@ -33,8 +33,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// MPI counts are int: larger transfers go in pieces of this many elements.
+// MPI counts and displacements are int: no call moves more than this many elements, and a
+// collective whose counts or displacements would not fit goes pairwise in pieces (see pairwise).
+// GRADSYNC_MPI_MAX_COUNT lowers the limit, so that tests run those paths without 2^31 elements;
+// every rank must give the same value (checked when the communicator is created).
 constexpr size_t kMaxMpiCount = size_t{1} << 30;
+constexpr int kPairwiseTag = 7002;
+
+size_t max_mpi_count() {
+  const char* v = std::getenv("GRADSYNC_MPI_MAX_COUNT");
+  if (v == nullptr || *v == '\0') return kMaxMpiCount;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  GS_REQUIRE(errno == 0 && *end == '\0' && x >= 1 && x <= kMaxMpiCount && v[0] != '-', GRADSYNC_E_INVALID_ARG,
+             "GRADSYNC_MPI_MAX_COUNT must be an integer in [1, {}], got '{}'", kMaxMpiCount, v);
+  return static_cast<size_t>(x);
+}
 // Fused allreduce packs small buffers into a staging buffer of this many bytes and reduces it in
 // one MPI call per fill: small enough that a fill is still in cache when it is copied back out,
 // large enough that the per-call latency is amortised over dozens of buffers. Buffers at least
@@ -143,6 +158,7 @@ uint64_t pid_namespace_key() {
 struct PeerInfo {
   uint64_t ns_key;
   int64_t pid;
+  uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
 };
 
 // What each rank contributes to the rendezvous: its fingerprint and, for an allreduce of at most
@@ -220,6 +236,16 @@ class MpiCommunicator final : public Communicator {
   bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
 
   void allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det);
+  // Every rank swaps one block with every other rank, blocks of any size_t length, for the
+  // collectives whose counts or displacements do not fit MPI's int. block(peer) gives
+  // {send, send count, recv, recv count} of the pair (counts agree across each pair).
+  struct Block {
+    const void* send;
+    size_t send_count;
+    void* recv;
+    size_t recv_count;
+  };
+  void pairwise(DType dtype, const std::function<Block(int)>& block);
   void rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
   std::byte* scratch(size_t bytes);
 
@@ -229,6 +255,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm ctl_ = MPI_COMM_NULL;   // abort notices
   int rank_ = 0;
   int size_ = 1;
+  size_t max_count_ = kMaxMpiCount;
   uint64_t seq_ = 0;
   std::shared_ptr<Rendezvous> rendezvous_;
   std::vector<PeerInfo> peers_;
@@ -254,7 +281,7 @@ class MpiCommunicator final : public Communicator {
   bool runtime_acquired_ = false;
 };
 
-MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
+MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), max_count_(max_mpi_count()) {
   mpi::acquire_runtime();
   runtime_acquired_ = true;
   try {
@@ -289,13 +316,20 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options) {
 
     // Who runs where, so that a dead peer on this host is told apart from a slow one.
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
-    (*info)[static_cast<size_t>(size_)] = PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid())};
+    (*info)[static_cast<size_t>(size_)] =
+        PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_)};
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), MPI_BYTE, info->data(),
                          sizeof(PeerInfo), MPI_BYTE, comm_, &request),
           "MPI_Iallgather");
     wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, false);
     peers_.assign(info->begin(), info->begin() + size_);
+    // Ranks that split transfers differently would pair their pieces wrongly: refuse, on every rank.
+    for (int r = 0; r < size_; ++r) {
+      GS_REQUIRE(peers_[static_cast<size_t>(r)].max_count == peers_[0].max_count, GRADSYNC_E_MISMATCH,
+                 "GRADSYNC_MPI_MAX_COUNT differs between ranks: rank 0 has {}, rank {} has {}", peers_[0].max_count,
+                 r, peers_[static_cast<size_t>(r)].max_count);
+    }
     rendezvous_ = std::make_shared<Rendezvous>();
     rendezvous_->all.resize(static_cast<size_t>(size_));
     post_notice_receive();
@@ -592,8 +626,8 @@ void MpiCommunicator::allreduce_one(const void* send, void* recv, size_t count, 
   if (count == 0) return;
   if (det) return rank_order_allreduce(send, recv, count, dtype, op);
   const size_t elem = dtype_size(dtype);
-  for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {
-    const int n = static_cast<int>(std::min(kMaxMpiCount, count - lo));
+  for (size_t lo = 0; lo < count; lo += max_count_) {
+    const int n = static_cast<int>(std::min(max_count_, count - lo));
     const void* from = send == recv ? MPI_IN_PLACE : at(send, lo, elem);
     check(MPI_Allreduce(from, at(recv, lo, elem), n, mpi_type(dtype), mpi_op(op), comm_), "MPI_Allreduce");
   }
@@ -628,6 +662,38 @@ void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t 
     check(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(), send_displs.data(),
                          mpi_type(dtype), comm_),
           "MPI_Allgatherv");
+  }
+}
+
+// In step s a rank sends to rank + s and receives from rank - s, so each step is a set of disjoint
+// pairs; pieces are non-blocking sends and receives of at most max_count_ elements, matched in
+// order (MPI keeps the order of messages between two ranks on one tag), so the two sides need not
+// cut their blocks the same way. Step 0 is the rank's own block, copied.
+void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& block) {
+  const size_t elem = dtype_size(dtype);
+  std::vector<MPI_Request> requests;
+  for (int s = 0; s < size_; ++s) {
+    const int to = (rank_ + s) % size_, from = (rank_ - s + size_) % size_;
+    if (s == 0) {
+      const Block self = block(rank_);
+      if (self.send_count > 0 && self.send != self.recv) std::memmove(self.recv, self.send, self.send_count * elem);
+      continue;
+    }
+    const Block out = block(to), in = block(from);
+    requests.clear();
+    for (size_t lo = 0; lo < in.recv_count; lo += max_count_) {
+      requests.emplace_back();
+      check(MPI_Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)), static_cast<int>(std::min(max_count_, in.recv_count - lo)),
+                      mpi_type(dtype), from, kPairwiseTag, comm_, &requests.back()),
+            "MPI_Irecv");
+    }
+    for (size_t lo = 0; lo < out.send_count; lo += max_count_) {
+      requests.emplace_back();
+      check(MPI_Isend(at(out.send, lo, elem), static_cast<int>(std::min(max_count_, out.send_count - lo)),
+                      mpi_type(dtype), to, kPairwiseTag, comm_, &requests.back()),
+            "MPI_Isend");
+    }
+    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 }
 
@@ -713,8 +779,8 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   arrive(fp);
   if (size_ == 1) return;
   const size_t elem = dtype_size(dtype);
-  for (size_t lo = 0; lo < count; lo += kMaxMpiCount) {
-    const int n = static_cast<int>(std::min(kMaxMpiCount, count - lo));
+  for (size_t lo = 0; lo < count; lo += max_count_) {
+    const int n = static_cast<int>(std::min(max_count_, count - lo));
     check(MPI_Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
   }
 }
@@ -729,10 +795,15 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
     if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
-  // Every rank sees the same total here (the fingerprints matched), so all fail alike.
-  GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
-             "allgather of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
   const auto n = static_cast<size_t>(size_);
+  // Every rank sees the same total here (the fingerprints matched), so all take the same path.
+  if (total > max_count_) {
+    const void* own = send == nullptr ? at(recv, mine.start, elem) : send;
+    return pairwise(dtype, [&](int peer) {
+      const Part p = partition(total, n, static_cast<uint64_t>(peer));
+      return Block{own, mine.len, const_cast<std::byte*>(at(recv, p.start, elem)), p.len};
+    });
+  }
   const auto [counts, displs] = partition_counts(total, n);
   const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
   check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
@@ -751,9 +822,14 @@ void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType
   }
   const auto n = static_cast<size_t>(size_);
   const Part mine = my_part(total);
-  // Every rank sees the same total here, so all fail alike; recv's last block ends by total + n.
-  GS_REQUIRE(total <= INT_MAX - n, GRADSYNC_E_INVALID_ARG,
-             "alltoall of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX - n);
+  // recv's last block ends by total + n. Every rank sees the same total, so all take the same path.
+  if (total + n > max_count_) {
+    return pairwise(dtype, [&](int peer) {
+      const Part p = partition(total, n, static_cast<uint64_t>(peer));
+      return Block{at(send, p.start, elem), p.len, const_cast<std::byte*>(at(recv, static_cast<size_t>(peer) * mine.len, elem)),
+                   mine.len};
+    });
+  }
   const auto [send_counts, send_displs] = partition_counts(total, n);
   const std::vector<int> recv_counts(n, static_cast<int>(mine.len));
   std::vector<int> recv_displs(n);
@@ -773,9 +849,27 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
     if (recv != send && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
-  GS_REQUIRE(total <= INT_MAX, GRADSYNC_E_INVALID_ARG,
-             "reduce_scatter of {} elements exceeds MPI's int count limit ({}) on the MPI transport", total, INT_MAX);
   const auto n = static_cast<size_t>(size_);
+  if (total > max_count_) {
+    // Window by window of the slices (bounded scratch): every rank's copy of this rank's window
+    // comes here pairwise and is folded in rank order, as the deterministic path does. Slices
+    // differ by one element at most, so every rank runs the windows of the longest (rank 0's).
+    const size_t window = std::min(max_count_, std::max<size_t>(kWindowBytes / elem, 1));
+    const size_t longest = partition(total, n, 0).len;
+    std::vector<const void*> sources(n);
+    for (size_t lo = 0; lo < longest; lo += window) {
+      const size_t m = lo < mine.len ? std::min(window, mine.len - lo) : 0;
+      std::byte* copies = scratch(n * m * elem);
+      pairwise(dtype, [&](int peer) {
+        const Part p = partition(total, n, static_cast<uint64_t>(peer));
+        const size_t theirs = lo < p.len ? std::min(window, p.len - lo) : 0;
+        return Block{at(send, p.start + lo, elem), theirs, copies + static_cast<size_t>(peer) * m * elem, m};
+      });
+      for (size_t r = 0; r < n; ++r) sources[r] = copies + r * m * elem;
+      reduce(dtype, op, sources.data(), n, const_cast<std::byte*>(at(recv, lo, elem)), 0, m);
+    }
+    return;
+  }
   const auto [counts, displs] = partition_counts(total, n);
   if (deterministic_for(dtype, op)) {
     std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
