@@ -164,8 +164,8 @@ def run_threads(args, data):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="workers of the parallel run (default 2)")
-    parser.add_argument("--epochs", type=int, default=8, help="passes over the training set (default 8)")
-    parser.add_argument("--batch", type=int, default=64, help="global batch, split over the workers (default 64)")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the training set (default 10)")
+    parser.add_argument("--batch", type=int, default=128, help="global batch, split over the workers (default 128)")
     parser.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate (default 2e-3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transport", choices=("shm", "threads"), default="shm",
