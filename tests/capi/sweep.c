@@ -11,10 +11,7 @@
  * through is in `out` below, filled with a canary before each call and compared after, and a
  * constructor must leave its out-handle NULL. Freed handles are swept only where the contract
  * detects them without a use after free: a shard whose communicator was freed, a buffer freed
- * twice. (A freed handle itself is dangling memory in C: using it is the caller's bug.)
- *
- * GRADSYNC_SWEEP_KNOWN_DEFECTS=1 also runs the calls of defects reported but not yet fixed
- * (they crash or trip the sanitizers); by default they are skipped and counted. */
+ * twice. (A freed handle itself is dangling memory in C: using it is the caller's bug.) */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stddef.h>
@@ -33,7 +30,6 @@
 #define ANY_ERROR 1
 
 static int sweep_calls = 0;
-static int sweep_skipped = 0;
 
 /* Everything a call may write through. Filled with the canary before each call; a failed call
  * must leave it as it was. */
@@ -135,16 +131,6 @@ static void sweep_end(int expected, int status, const char *function, const char
     if (!(cond)) sweep_failed(#cond, __LINE__, "does not hold");       \
   } while (0)
 
-/* A call of a defect reported and not fixed yet: run only with GRADSYNC_SWEEP_KNOWN_DEFECTS=1. */
-#define KNOWN_DEFECT(what, expected, call)                                          \
-  do {                                                                              \
-    if (getenv("GRADSYNC_SWEEP_KNOWN_DEFECTS") == NULL) {                           \
-      ++sweep_skipped;                                                              \
-    } else {                                                                        \
-      fprintf(stderr, "sweep.c:%d: known defect: %s\n", __LINE__, what);            \
-      EXPECT_AS(expected, call, #call);                                             \
-    }                                                                               \
-  } while (0)
 
 /* ------------------------------------------------------------------ fixtures */
 
@@ -1563,9 +1549,6 @@ int main(void) {
   pthread_mutex_lock(&check_failures_lock);
   failures = check_failures;
   pthread_mutex_unlock(&check_failures_lock);
-  printf("sweep: %d calls, %d failures", sweep_calls, failures);
-  if (sweep_skipped > 0)
-    printf(" (%d calls of known defects skipped; GRADSYNC_SWEEP_KNOWN_DEFECTS=1 runs them)", sweep_skipped);
-  printf("\n");
+  printf("sweep: %d calls, %d failures\n", sweep_calls, failures);
   return failures == 0 ? 0 : 1;
 }
