@@ -3,14 +3,16 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "common/fnv.hpp"
+
 namespace gradsync::comm {
 namespace {
 
 uint64_t hash_counts(std::span<const BufferRef> buffers) noexcept {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts' bytes
+  uint64_t h = kFnvBasis;
   for (const auto& b : buffers) {
-    uint64_t c = b.count;
-    for (int i = 0; i < 8; ++i, c >>= 8) h = (h ^ (c & 0xff)) * 1099511628211ull;
+    const uint64_t c = b.count;  // the bytes of a little-endian host; every rank of a group shares one
+    h = fnv1a64(&c, sizeof c, h);
   }
   return h;
 }

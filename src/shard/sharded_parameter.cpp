@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/fnv.hpp"
 #include "common/error.hpp"
 #include "gradsync/errors.h"
 #include "optim/optim.hpp"
@@ -153,9 +154,7 @@ int64_t ShardedParameter::config_word() const noexcept {
                             options_.beta2,        options_.eps,       options_.weight_decay,
                             options_.clamp ? options_.clamp_min : 0.0, options_.clamp ? options_.clamp_max : 0.0,
                             options_.clip_norm};
-  uint64_t hash = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(numbers);
-  for (size_t i = 0; i < sizeof numbers; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  const uint64_t hash = fnv1a64(numbers, sizeof numbers);
   const uint64_t choices = static_cast<uint64_t>(options_.compress) | (static_cast<uint64_t>(options_.optimizer) << 4) |
                            (static_cast<uint64_t>(options_.clamp) << 8) | (static_cast<uint64_t>(options_.error_feedback) << 9);
   return static_cast<int64_t>(choices | (hash >> 24 << 16));

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/fnv.hpp"
+
 namespace gradsync::table {
 
 constexpr uint32_t kMagic = 0x4C545347u;
@@ -51,15 +53,6 @@ struct FileHeader {
 static_assert(sizeof(FileHeader) == 128, "the header layout is part of the file format");
 static_assert(offsetof(FileHeader, checksum) == 120, "the header layout is part of the file format");
 
-inline uint64_t fnv1a64(const void* data, size_t n) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 inline uint64_t header_checksum(const FileHeader& h) noexcept { return fnv1a64(&h, offsetof(FileHeader, checksum)); }
 

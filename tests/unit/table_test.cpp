@@ -255,7 +255,7 @@ TEST_CASE("header slots alternate; a damaged slot falls back to the other", "[ta
   h.rows = 8;
   h.dim = 8;
   h.generation = 7;
-  h.checksum = fnv1a64(&h, offsetof(FileHeader, checksum));
+  h.checksum = gradsync::fnv1a64(&h, offsetof(FileHeader, checksum));
   write_bytes(forged, 4096, &h, sizeof h);
   expect_error([&] { Table::open(spec(forged, OpenMode::Open, -1, -1)); }, GRADSYNC_E_CORRUPT, "disagree");
 }
