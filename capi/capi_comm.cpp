@@ -442,6 +442,31 @@ Op allreduce_many_op(const void* const* sends, void* const* recvs, const size_t*
   return [buffers = std::move(buffers), t, o](Communicator& c) { c.allreduce(buffers, t, o); };
 }
 
+Op allreduce_mixed_op(const void* const* sends, void* const* recvs, const size_t* counts, const int32_t* dtypes,
+                      size_t nbufs, int32_t op) {
+  const auto o = gradsync::to_op(op);
+  GS_REQUIRE(nbufs <= GRADSYNC_MAX_FUSED_BUFFERS, GRADSYNC_E_INVALID_ARG,
+             "{} buffers exceed GRADSYNC_MAX_FUSED_BUFFERS ({})", nbufs, GRADSYNC_MAX_FUSED_BUFFERS);
+  GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr && dtypes != nullptr), GRADSYNC_E_INVALID_ARG,
+             "recvs, counts or dtypes is NULL for {} buffers", nbufs);
+  std::vector<gradsync::comm::BufferRef> buffers(nbufs);
+  std::vector<DType> types(nbufs);
+  for (size_t i = 0; i < nbufs; ++i) {
+    const DType t = gradsync::to_dtype(dtypes[i]);
+    const void* send = sends != nullptr ? sends[i] : recvs[i];
+    require_buffer(send, counts[i], t, "send");
+    require_buffer(recvs[i], counts[i], t, "recv");
+    require_aligned(send, t, "send");
+    require_aligned(recvs[i], t, "recv");
+    require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
+    buffers[i] = {send, recvs[i], counts[i]};
+    types[i] = t;
+  }
+  return [buffers = std::move(buffers), types = std::move(types), o](Communicator& c) {
+    c.allreduce_mixed(buffers, types, o);
+  };
+}
+
 Op weighted_mean_op(const void* send, void* recv, size_t count, int32_t dtype, uint64_t weight,
                     uint64_t* total_weight) {
   const DType t = gradsync::to_dtype(dtype);
@@ -536,6 +561,19 @@ GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm* comm, const void* 
                                                gradsync_request** request) {
   return start(__func__, comm, request,
                [&](const CommLink&) { return allreduce_many_op(sends, recvs, counts, nbufs, dtype, op); });
+}
+
+GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                               const size_t* counts, const int32_t* dtypes, size_t nbufs, int32_t op) {
+  return run(__func__, comm,
+             [&](const CommLink&) { return allreduce_mixed_op(sends, recvs, counts, dtypes, nbufs, op); });
+}
+
+GRADSYNC_API int gradsync_comm_iallreduce_mixed(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                                const size_t* counts, const int32_t* dtypes, size_t nbufs, int32_t op,
+                                                gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink&) { return allreduce_mixed_op(sends, recvs, counts, dtypes, nbufs, op); });
 }
 
 GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,

@@ -292,6 +292,28 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *c
                                               const size_t *counts, size_t nbufs, int32_t dtype, int32_t op);
 
 /**
+ * @brief gradsync_comm_allreduce_many over buffers of different dtypes (a mixed-precision model's
+ *        gradients in one call), the same bits as one gradsync_comm_allreduce per buffer.
+ *
+ * The buffers are reduced in one fused allreduce per dtype present (in the order of the
+ * gradsync_dtype values), after one small round that compares every rank's list: ranks whose
+ * counts, dtypes, order or op differ all get GRADSYNC_E_MISMATCH, and no buffer is changed. A
+ * failure after that round (a timeout, an abort, a dead peer) may leave the buffers of the dtypes
+ * already reduced reduced.
+ * @param sends nbufs pointers, or NULL for all in place; an entry may equal its recv
+ * @param recvs nbufs pointers
+ * @param counts nbufs element counts
+ * @param dtypes nbufs gradsync_dtype values
+ * @param nbufs number of buffers, at most GRADSYNC_MAX_FUSED_BUFFERS
+ * @param op a gradsync_op, applied to every buffer
+ * @return GRADSYNC_OK, or an error as gradsync_comm_allreduce_many gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm *comm, const void *const *sends, void *const *recvs,
+                                               const size_t *counts, const int32_t *dtypes, size_t nbufs,
+                                               int32_t op);
+
+/**
  * @brief The data-parallel merge as a collective: recv = Σ wᵢ·sendᵢ / Σ wᵢ on every rank, with
  *        wᵢ this rank's sample count. F32 and F64 only; products are summed in double, in rank order.
  * @param[out] total_weight Σ wᵢ (may be NULL)
@@ -372,6 +394,11 @@ GRADSYNC_API int gradsync_comm_iallreduce(gradsync_comm *comm, const void *send,
 GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,
                                                const size_t *counts, size_t nbufs, int32_t dtype, int32_t op,
                                                gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_allreduce_mixed (the arrays are copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iallreduce_mixed(gradsync_comm *comm, const void *const *sends, void *const *recvs,
+                                                const size_t *counts, const int32_t *dtypes, size_t nbufs,
+                                                int32_t op, gradsync_request **request);
 
 /** @brief Non-blocking gradsync_comm_weighted_mean (*total_weight written at completion). @threadsafety handle */
 GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm *comm, const void *send, void *recv, size_t count,

@@ -134,6 +134,8 @@ declare("gradsync_comm_size", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_transport", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_allreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), c_size_t, c_int32, c_int32)
+declare("gradsync_comm_allreduce_mixed", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), ctypes.POINTER(c_int32),
+        c_size_t, c_int32)
 declare("gradsync_comm_weighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64))
 declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
@@ -145,6 +147,8 @@ _PR = ctypes.POINTER(_P)
 declare("gradsync_comm_iallreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_iallreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), c_size_t, c_int32, c_int32,
         _PR)
+declare("gradsync_comm_iallreduce_mixed", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), ctypes.POINTER(c_int32),
+        c_size_t, c_int32, _PR)
 declare("gradsync_comm_iweighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64),
         _PR)
 declare("gradsync_comm_ibroadcast", c_int, _P, _P, c_size_t, c_int32, c_int32, _PR)
@@ -343,17 +347,20 @@ class Communicator(Handle):
                            (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)), recv, (send, recv))
 
     def allreduce_many(self, arrays, op="mean", *, _nonblocking=False):
-        """One fused allreduce, in place, over a list of arrays of one dtype (a gradient bucket)."""
+        """One fused allreduce, in place, over a list of arrays (a gradient bucket); the same bits
+        as one allreduce per array. Arrays of several dtypes (a mixed-precision model's) are one
+        call too: every rank must pass the same dtypes in the same order."""
         arrays = [_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
-        dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
-        for i, a in enumerate(arrays):
-            if a.dtype != dtype:
-                raise TypeError(f"arrays[{i}] has dtype {a.dtype}, arrays[0] {dtype}")
         n = len(arrays)
         recvs = (c_void_p * max(n, 1))(*[a.ctypes.data for a in arrays])
         counts = (c_size_t * max(n, 1))(*[a.size for a in arrays])
         if not arrays and not _nonblocking:
             return arrays
+        if len({a.dtype for a in arrays}) > 1:
+            dtypes = (c_int32 * n)(*[_DTYPES[a.dtype] for a in arrays])
+            return self._issue("allreduce_mixed", _nonblocking, (None, recvs, counts, dtypes, n, _op(op)), arrays,
+                               (arrays, recvs, counts, dtypes))
+        dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
         return self._issue("allreduce_many", _nonblocking, (None, recvs, counts, n, _DTYPES[dtype], _op(op)), arrays,
                            (arrays, recvs, counts))
 

@@ -11,6 +11,9 @@
 #include <limits>
 #include <vector>
 
+#include "common/error.hpp"
+#include "common/fnv.hpp"
+
 namespace gradsync::comm {
 
 // The staged form of comm::weighted_mean (reduce.hpp) for transports that move data through a
@@ -74,6 +77,29 @@ const char* transport_name(Transport t) noexcept {
 
 Communicator::~Communicator() {
   for (void* p : allocations_) std::free(p);
+}
+
+void Communicator::allreduce_mixed(std::span<const BufferRef> buffers, std::span<const DType> dtypes, ReduceOp op) {
+  uint64_t h = fnv1a64(&op, sizeof op);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const uint64_t entry[2] = {buffers[i].count, static_cast<uint64_t>(dtypes[i])};
+    h = fnv1a64(entry, sizeof entry, h);
+  }
+  // min over ranks of h and of ~h: both come back unchanged on every rank exactly when every rank
+  // holds the same h (~ reverses the order), so every rank reaches the same verdict.
+  int64_t agree[2] = {static_cast<int64_t>(h), static_cast<int64_t>(~h)};
+  const BufferRef check{agree, agree, 2};
+  allreduce(std::span(&check, 1), DType::I64, ReduceOp::Min);
+  GS_REQUIRE(agree[0] == static_cast<int64_t>(h) && agree[1] == static_cast<int64_t>(~h), GRADSYNC_E_MISMATCH,
+             "allreduce over mixed dtypes: the ranks passed different lists of buffers (their counts, dtypes or "
+             "order, or the op, differ); no buffer was changed");
+  std::vector<BufferRef> group;
+  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::BF16, DType::F16}) {
+    group.clear();
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (dtypes[i] == t) group.push_back(buffers[i]);
+    if (!group.empty()) allreduce(group, t, op);
+  }
 }
 
 void* Communicator::alloc(size_t bytes) {

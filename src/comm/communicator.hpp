@@ -82,6 +82,12 @@ class Communicator {
   virtual void abort() noexcept = 0;
   virtual void reset() = 0;
 
+  // A fused allreduce over buffers of several dtypes, the same bits as one allreduce per buffer:
+  // one small round first compares a hash of every rank's list (counts, dtypes, op), so ranks that
+  // disagree all fail with E_MISMATCH before any buffer is touched; then one fused allreduce per
+  // dtype present, in the order of the DType values. Written once, above the transports.
+  void allreduce_mixed(std::span<const BufferRef> buffers, std::span<const DType> dtypes, ReduceOp op);
+
   // Σ wᵢ·sendᵢ / Σ wᵢ for F32/F64, products summed in double in rank order. The default builds it
   // from one fused allreduce; a transport may do better.
   virtual void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,

@@ -309,6 +309,13 @@ static int h_comm_allreduce_many(void *h) {
   const size_t counts[1] = {4};
   return gradsync_comm_allreduce_many(h, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM);
 }
+static int h_comm_allreduce_mixed(void *h) {
+  const void *sends[1] = {in_f32};
+  void *recvs[1] = {out.f32};
+  const size_t counts[1] = {4};
+  const int32_t dtypes[1] = {GRADSYNC_F32};
+  return gradsync_comm_allreduce_mixed(h, sends, recvs, counts, dtypes, 1, GRADSYNC_SUM);
+}
 static int h_comm_weighted_mean(void *h) { return gradsync_comm_weighted_mean(h, in_f32, out.f32, 4, GRADSYNC_F32, 1, &out.u64[0]); }
 static int h_comm_broadcast(void *h) { return gradsync_comm_broadcast(h, out.f32, 4, GRADSYNC_F32, 0); }
 static int h_comm_allgather(void *h) { return gradsync_comm_allgather(h, in_f32, out.f32, 4, GRADSYNC_F32); }
@@ -340,6 +347,15 @@ static int h_comm_iallreduce_many(void *h) {
   gradsync_request *r = UNSET_HANDLE;
   const int status = gradsync_comm_iallreduce_many(h, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM, &r);
   return started("gradsync_comm_iallreduce_many", status, r);
+}
+static int h_comm_iallreduce_mixed(void *h) {
+  const void *sends[1] = {in_f32};
+  void *recvs[1] = {out.f32};
+  const size_t counts[1] = {4};
+  const int32_t dtypes[1] = {GRADSYNC_F32};
+  gradsync_request *r = UNSET_HANDLE;
+  const int status = gradsync_comm_iallreduce_mixed(h, sends, recvs, counts, dtypes, 1, GRADSYNC_SUM, &r);
+  return started("gradsync_comm_iallreduce_mixed", status, r);
 }
 static int h_comm_ibarrier(void *h) {
   gradsync_request *r = UNSET_HANDLE;
@@ -426,6 +442,7 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_transport", K_COMM, 0, h_comm_transport},
   {"gradsync_comm_allreduce", K_COMM, 0, h_comm_allreduce},
   {"gradsync_comm_allreduce_many", K_COMM, 0, h_comm_allreduce_many},
+  {"gradsync_comm_allreduce_mixed", K_COMM, 0, h_comm_allreduce_mixed},
   {"gradsync_comm_weighted_mean", K_COMM, 0, h_comm_weighted_mean},
   {"gradsync_comm_broadcast", K_COMM, 0, h_comm_broadcast},
   {"gradsync_comm_allgather", K_COMM, 0, h_comm_allgather},
@@ -434,6 +451,7 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_barrier", K_COMM, 0, h_comm_barrier},
   {"gradsync_comm_iallreduce", K_COMM, 0, h_comm_iallreduce},
   {"gradsync_comm_iallreduce_many", K_COMM, 0, h_comm_iallreduce_many},
+  {"gradsync_comm_iallreduce_mixed", K_COMM, 0, h_comm_iallreduce_mixed},
   {"gradsync_comm_iweighted_mean", K_COMM, 0, h_comm_iweighted_mean},
   {"gradsync_comm_ibroadcast", K_COMM, 0, h_comm_ibroadcast},
   {"gradsync_comm_iallgather", K_COMM, 0, h_comm_iallgather},
@@ -1286,6 +1304,9 @@ static void sweep_comm(void) {
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32},
                                                                 (const size_t[]){4}, 1, d, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32, out.f32},
+                                                                 (const size_t[]){4, 4}, (const int32_t[]){GRADSYNC_F32, d},
+                                                                 2, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, d, 1, &out.u64[0]));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_broadcast(comm, out.f32, 4, d, 0));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, in_f32, out.f32, 4, d));
@@ -1313,6 +1334,12 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, SIZE_MAX, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, GRADSYNC_MAX_FUSED_BUFFERS + 1,
                                                               GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32}, (const size_t[]){4},
+                                                               NULL, 1, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32}, (const size_t[]){4},
+                                                               (const int32_t[]){GRADSYNC_F32}, 1, 9));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, NULL, NULL, NULL,
+                                                               GRADSYNC_MAX_FUSED_BUFFERS + 1, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32, out.f32 + 4},
                                                               (const size_t[]){4, SIZE_MAX}, 2, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32, NULL},

@@ -644,6 +644,80 @@ void s_allreduce_many(Ctx& x) {
   }
 }
 
+// ---------------------------------------------------------------- allreduce over mixed dtypes
+
+// One buffer of a mixed call: its bytes, as this rank's inputs of its dtype.
+struct MixedPiece {
+  int32_t dtype;
+  size_t count;
+  std::vector<unsigned char> bytes;
+};
+
+template <class E>
+MixedPiece mixed_piece(const Ctx& x, size_t count, uint64_t seed) {
+  const auto mine = inputs<E>(x.rank, count, seed);
+  MixedPiece p{E::dtype, count, {}};
+  p.bytes.resize(count * sizeof(typename E::T));
+  if (count > 0) std::memcpy(p.bytes.data(), mine.data(), p.bytes.size());
+  return p;
+}
+
+std::vector<MixedPiece> mixed_pieces(const Ctx& x, uint64_t seed) {
+  // Every dtype, interleaved, some twice, one empty, one large enough for the staged path.
+  return {mixed_piece<F32>(x, 5, seed),      mixed_piece<I64>(x, 1000, seed + 1), mixed_piece<BF16>(x, 70001, seed + 2),
+          mixed_piece<F64>(x, 0, seed + 3),  mixed_piece<F32>(x, 3, seed + 4),    mixed_piece<I32>(x, 17, seed + 5),
+          mixed_piece<F16>(x, 300, seed + 6), mixed_piece<F64>(x, 9, seed + 7)};
+}
+
+// gradsync_comm_allreduce_mixed: the same bits as one gradsync_comm_allreduce per buffer; ranks
+// whose lists differ all get E_MISMATCH and keep their buffers.
+void s_allreduce_mixed(Ctx& x) {
+  uint64_t seed = 900;
+  for (int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN, GRADSYNC_MAX}) {
+    std::vector<MixedPiece> fused = mixed_pieces(x, seed += 10), single = fused;
+    std::vector<void*> recvs;
+    std::vector<size_t> counts;
+    std::vector<int32_t> dtypes;
+    for (MixedPiece& p : fused) {
+      recvs.push_back(p.bytes.data());
+      counts.push_back(p.count);
+      dtypes.push_back(p.dtype);
+    }
+    const std::string what = format("allreduce_mixed %s of %zu buffers", op_name(op), fused.size());
+    if (!EXPECT_OK(x, gradsync_comm_allreduce_mixed(x.c, nullptr, recvs.data(), counts.data(), dtypes.data(),
+                                                    recvs.size(), op))) {
+      return;
+    }
+    uint64_t hash = kFnvBasis;
+    for (size_t k = 0; k < single.size(); ++k) {
+      MixedPiece& p = single[k];
+      if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, p.bytes.data(), p.bytes.data(), p.count, p.dtype, op))) return;
+      if (p.bytes != fused[k].bytes) x.fail_at(__LINE__, "%s: buffer %zu differs from its own allreduce", what.c_str(), k);
+      hash = fnv(p.bytes.data(), p.bytes.size(), hash);
+    }
+    agree(x, x.c, hash, what);
+  }
+  if (x.size < 2) return;
+  // The last rank says i32 where the others say f32 (same size): nobody's buffers change.
+  std::vector<MixedPiece> pieces = mixed_pieces(x, seed += 10);
+  const std::vector<MixedPiece> before = pieces;
+  std::vector<void*> recvs;
+  std::vector<size_t> counts;
+  std::vector<int32_t> dtypes;
+  for (MixedPiece& p : pieces) {
+    recvs.push_back(p.bytes.data());
+    counts.push_back(p.count);
+    dtypes.push_back(p.dtype);
+  }
+  if (x.rank == x.size - 1) dtypes[4] = GRADSYNC_I32;
+  EXPECT_STATUS(x, gradsync_comm_allreduce_mixed(x.c, nullptr, recvs.data(), counts.data(), dtypes.data(), recvs.size(),
+                                                 GRADSYNC_SUM),
+                GRADSYNC_E_MISMATCH, "different lists of buffers", "no buffer was changed");
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].bytes != before[k].bytes) x.fail_at(__LINE__, "allreduce_mixed mismatch changed buffer %zu", k);
+  next_call_works(x, x.c, __LINE__);
+}
+
 // ---------------------------------------------------------------- weighted mean
 
 // What a rank of weight 0 holds: nothing it holds may show in the result.
@@ -1384,6 +1458,7 @@ const Scenario kScenarios[] = {
     {"allreduce/f16", s_allreduce<F16>, always, none},
     {"allreduce/arrival-order", s_arrival_order, always, none},
     {"allreduce_many", s_allreduce_many, always, none},
+    {"allreduce_mixed", s_allreduce_mixed, always, none},
     {"weighted_mean", s_weighted_mean, always, none},
     {"weighted_mean/zero-total", s_weighted_zero_total, always, none},
     {"weighted_mean/integer-dtype", s_weighted_integer, always, none},

@@ -277,3 +277,26 @@ def test_close_during_a_call_on_another_thread():
         b.barrier()
     assert info.value.status == gs.E_ABORTED
     b.close()
+
+
+def test_allreduce_many_over_mixed_dtypes_is_one_call_per_array():
+    def body(comm, rank):
+        rng = np.random.default_rng(rank)
+        arrays = [rng.standard_normal(7).astype(np.float32), rng.integers(-9, 9, 1000).astype(np.int64),
+                  rng.standard_normal(5), rng.standard_normal(300).astype(np.float16),
+                  rng.integers(-9, 9, 3).astype(np.int32), rng.standard_normal(2).astype(np.float32)]
+        singles = [comm.allreduce(a.copy(), op="sum") for a in arrays]
+        comm.allreduce_many(arrays, op="sum")
+        same = all(a.tobytes() == b.tobytes() for a, b in zip(arrays, singles))
+        with comm.iallreduce_many([a.copy() for a in singles], op="max") as request:  # the non-blocking form
+            done = request.wait()
+        if rank == 1:  # one rank's list differs in one dtype: every rank fails, no array changes
+            arrays[4] = arrays[4].astype(np.float32)
+        kept = [a.copy() for a in arrays]
+        with pytest.raises(gs.GradsyncError) as err:
+            comm.allreduce_many(arrays, op="sum")
+        return same, [d.dtype for d in done], err.value.status, all(np.array_equal(a, b) for a, b in zip(arrays, kept))
+
+    for same, dtypes, status, kept in run_ranks(2, body):
+        assert same and kept and status == gs.E_MISMATCH
+        assert dtypes == [np.float32, np.int64, np.float64, np.float16, np.int32, np.float32]

@@ -584,6 +584,16 @@ extern "C" {
         op: i32,
     ) -> c_int;
     /// `@threadsafety handle`
+    pub fn gradsync_comm_allreduce_mixed(
+        comm: *mut gradsync_comm,
+        sends: *const *const c_void,
+        recvs: *const *mut c_void,
+        counts: *const usize,
+        dtypes: *const i32,
+        nbufs: usize,
+        op: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
     pub fn gradsync_comm_weighted_mean(
         comm: *mut gradsync_comm,
         send: *const c_void,
