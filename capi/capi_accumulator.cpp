@@ -38,7 +38,7 @@ acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* use
     spec.path = path;
   }
   GS_REQUIRE(o.concurrency == GRADSYNC_UNSET_I32 || (o.concurrency >= GRADSYNC_ACCUM_STRIPED &&
-                                                     o.concurrency <= GRADSYNC_ACCUM_NONE),
+                                                     o.concurrency <= GRADSYNC_ACCUM_OWNER),
              GRADSYNC_E_INVALID_ARG, "unknown concurrency mode {}", o.concurrency);
   spec.concurrency = o.concurrency == GRADSYNC_UNSET_I32 ? -1 : o.concurrency;
   GS_REQUIRE(o.rows == GRADSYNC_UNSET_I64 || o.rows >= 1, GRADSYNC_E_INVALID_ARG, "rows must be at least 1, got {}",
@@ -49,6 +49,9 @@ acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* use
   spec.rows = o.rows == GRADSYNC_UNSET_I64 ? -1 : o.rows;
   spec.dim = o.dim == GRADSYNC_UNSET_I64 ? -1 : o.dim;
   spec.rows_per_lock = o.rows_per_lock == GRADSYNC_UNSET_I64 ? -1 : o.rows_per_lock;
+  GS_REQUIRE(o.threads == GRADSYNC_UNSET_I64 || (o.threads >= 1 && o.threads <= 64), GRADSYNC_E_INVALID_ARG,
+             "threads must be in [1, 64], got {}", o.threads);
+  spec.threads = o.threads == GRADSYNC_UNSET_I64 ? -1 : o.threads;
   return spec;
 }
 

@@ -15,6 +15,17 @@
  * - GRADSYNC_ACCUM_LOCK_FREE: every float is added with an atomic compare-and-swap. Exact.
  * - GRADSYNC_ACCUM_NONE: plain adds (Hogwild). Racy by design: concurrent adds to the same row may
  *   lose updates. The touched set stays exact.
+ * - GRADSYNC_ACCUM_OWNER: exact and deterministic. The handle runs `threads` owner threads; rows
+ *   are split into at most 64 partitions (hashed), partition p owned by owner p % threads. A batch of
+ *   256 rows or more is handed to the owners: batches enter one sequence in the order their calls
+ *   do (for one calling thread, call order), and each owner adds its rows of each batch in sequence
+ *   order, in position order within a batch, with no lock per row. Each row therefore receives its
+ *   gradients in a fixed order, and the gradient table is bitwise the same for the same sequence of
+ *   batches whatever the number of owner threads or calling threads and their timing. Smaller
+ *   batches are added by the calling thread in the same order. Several processes on one file each
+ *   run their own owners, excluded from each other by a process-shared lock per partition (exact;
+ *   the order between processes is their timing's). A process forked after the open must open the
+ *   file again: the handle's owner threads are not in the child (E_MISUSE).
  *
  * Thread safety: add, add_batch and get may be called from any thread at once (and from several
  * processes on one file). zero, apply and touched exclude this process's adds while they run; the
@@ -27,7 +38,8 @@
  * part of the dead process's add, so from then on gradsync_accum_get and gradsync_accum_apply fail
  * with GRADSYNC_E_CORRUPT on every process until gradsync_accum_zero (or a lone reopen). A row lock
  * held by a live process for more than a few seconds (a stopped one) makes the waiting add fail
- * with GRADSYNC_E_TIMEOUT: the rows of the batch before that row were added, the others not. apply is not atomic:
+ * with GRADSYNC_E_TIMEOUT: the rows of the batch before that row were added, the others not (owner
+ * mode: the partitions whose lock was taken were added, the others not). apply is not atomic:
  * after a crash in the middle of one, the rows it had not reached are still touched and are applied
  * by the next apply (flush the parameters and the gradients together after apply to commit it).
  * A gradient file truncated by another process makes calls fail with GRADSYNC_E_IO, as for tables.
@@ -49,10 +61,11 @@ typedef struct gradsync_accum gradsync_accum;
 typedef enum gradsync_accum_concurrency {
   GRADSYNC_ACCUM_STRIPED = 0,   /**< striped process-shared locks (default); exact */
   GRADSYNC_ACCUM_LOCK_FREE = 1, /**< atomic compare-and-swap per float; exact */
-  GRADSYNC_ACCUM_NONE = 2       /**< no synchronisation (Hogwild): racy, may lose concurrent updates */
+  GRADSYNC_ACCUM_NONE = 2,      /**< no synchronisation (Hogwild): racy, may lose concurrent updates */
+  GRADSYNC_ACCUM_OWNER = 3      /**< rows partitioned over owner threads; exact and deterministic */
 } gradsync_accum_concurrency;
 
-#define GRADSYNC_ACCUM_OPTIONS_VERSION 1
+#define GRADSYNC_ACCUM_OPTIONS_VERSION 2
 
 /** Options of gradsync_accum_open. Fill with GRADSYNC_ACCUM_OPTIONS_INIT or gradsync_accum_options_init. */
 typedef struct gradsync_accum_options {
@@ -63,14 +76,17 @@ typedef struct gradsync_accum_options {
                               use, else STRIPED */
   int64_t rows;          /**< rows, >= 1; UNSET when opening = take the file's */
   int64_t dim;           /**< floats per row, >= 1; UNSET when opening = take the file's */
-  int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16 */
+  int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16.
+                              OWNER: partitions = min(64, the STRIPED lock count) */
+  int64_t threads;       /**< OWNER (version 2): owner threads, 1..64; UNSET = the CPUs this process may
+                              run on (at most 64). Ignored by the other modes */
   /* append only */
 } gradsync_accum_options;
 
 #define GRADSYNC_ACCUM_OPTIONS_INIT                                                                        \
   {                                                                                                      \
     sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN,       \
-        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64                   \
+        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64 \
   }
 
 /* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and

@@ -27,8 +27,8 @@ __all__ = ["Table", "Accumulator", "STRIPED", "LOCK_FREE", "NONE"]
 _P = ctypes.POINTER
 _MODES = {"create": 1, "open": 2, "create_or_open": 3, "anonymous": 4}
 _INITS = {"zeros": 0, "uniform": 1}
-STRIPED, LOCK_FREE, NONE = 0, 1, 2
-_CONCURRENCY = {"striped": STRIPED, "lock_free": LOCK_FREE, "lock-free": LOCK_FREE, "none": NONE}
+STRIPED, LOCK_FREE, NONE, OWNER = 0, 1, 2, 3
+_CONCURRENCY = {"striped": STRIPED, "lock_free": LOCK_FREE, "lock-free": LOCK_FREE, "none": NONE, "owner": OWNER}
 _OPTIMIZERS = {"sgd": 0, "adagrad": 1, "row_adagrad": 1}
 _UNSET_I32 = -(1 << 31)
 _UNSET_I64 = -(1 << 63)
@@ -42,7 +42,7 @@ class _TableOptions(ctypes.Structure):
 
 class _AccumOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("mode", c_int32), ("concurrency", c_int32),
-                ("rows", c_int64), ("dim", c_int64), ("rows_per_lock", c_int64)]
+                ("rows", c_int64), ("dim", c_int64), ("rows_per_lock", c_int64), ("threads", c_int64)]
 
 
 class _Optimizer(ctypes.Structure):
@@ -251,7 +251,8 @@ class Accumulator(_Mapped):
     """A gradient table plus the set of rows touched since the last apply/zero.
 
     concurrency: "striped" (default; exact, process-shared locks), "lock_free" (exact, atomic
-    float adds) or "none" (Hogwild: racy by design). add/add_batch/get may be called from many
+    float adds), "none" (Hogwild: racy by design) or "owner" (exact and deterministic: rows
+    partitioned over `threads` owner threads that apply each batch, see accumulator.h). add/add_batch/get may be called from many
     threads (and processes on one file) at once.
     """
 
@@ -259,10 +260,10 @@ class Accumulator(_Mapped):
     _view_fn = staticmethod(lib.gradsync_accum_view)
 
     def __init__(self, path=None, rows=None, dim=None, mode="create_or_open", concurrency=None,
-                 rows_per_lock=None):
+                 rows_per_lock=None, threads=None):
         if mode not in _MODES:
             raise GradsyncError(E_INVALID_ARG, f"unknown mode {mode!r}; one of {sorted(_MODES)}")
-        if concurrency is not None and concurrency not in _CONCURRENCY and concurrency not in (0, 1, 2):
+        if concurrency is not None and concurrency not in _CONCURRENCY and concurrency not in (0, 1, 2, 3):
             raise GradsyncError(E_INVALID_ARG, f"unknown concurrency {concurrency!r}; one of {sorted(_CONCURRENCY)}")
         opts = _AccumOptions()
         check(lib.gradsync_accum_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
@@ -272,6 +273,7 @@ class Accumulator(_Mapped):
         opts.rows = _UNSET_I64 if rows is None else int(rows)
         opts.dim = _UNSET_I64 if dim is None else int(dim)
         opts.rows_per_lock = _UNSET_I64 if rows_per_lock is None else int(rows_per_lock)
+        opts.threads = _UNSET_I64 if threads is None else int(threads)
         out = c_void_p()
         encoded = None if path is None else str(path).encode()
         check(lib.gradsync_accum_open(ctypes.byref(out), encoded, ctypes.byref(opts)))
@@ -298,7 +300,7 @@ class Accumulator(_Mapped):
     def concurrency(self):
         mode, rpl = c_int32(), c_int64()
         check(lib.gradsync_accum_get_concurrency(self.ptr, ctypes.byref(mode), ctypes.byref(rpl)))
-        return {STRIPED: "striped", LOCK_FREE: "lock_free", NONE: "none"}[mode.value]
+        return {STRIPED: "striped", LOCK_FREE: "lock_free", NONE: "none", OWNER: "owner"}[mode.value]
 
     @property
     def rows_per_lock(self):

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -21,6 +23,8 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/ofd_lock.hpp"
+#include "common/partition.hpp"
+#include "common/wait.hpp"
 #include "optim/optim.hpp"
 
 #ifndef GS_ADD_AHEAD
@@ -36,6 +40,7 @@ const char* concurrency_name(Concurrency c) noexcept {
     case Concurrency::Striped: return "striped";
     case Concurrency::LockFree: return "lock-free";
     case Concurrency::None: return "none";
+    case Concurrency::Owner: return "owner";
   }
   return "unknown";
 }
@@ -63,6 +68,11 @@ uint64_t lock_count(int64_t rows, uint64_t rows_per_lock) {
   return uint64_t{1} << (63 - __builtin_clzll(want));  // a power of two <= want, so <= rows
 }
 
+uint64_t lock_count(Concurrency mode, int64_t rows, uint64_t rows_per_lock) {
+  const uint64_t n = lock_count(rows, rows_per_lock);
+  return mode == Concurrency::Owner ? std::min(n, kMaxOwnerPartitions) : n;
+}
+
 AuxLayout aux_layout(int64_t rows) {
   const auto r = static_cast<uint64_t>(rows);
   AuxLayout l;
@@ -76,10 +86,12 @@ AuxLayout aux_layout(int64_t rows) {
 }
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
-  GS_REQUIRE(spec.concurrency == -1 || (spec.concurrency >= 0 && spec.concurrency <= 2), GRADSYNC_E_INVALID_ARG,
+  GS_REQUIRE(spec.concurrency == -1 || (spec.concurrency >= 0 && spec.concurrency <= 3), GRADSYNC_E_INVALID_ARG,
              "unknown concurrency mode {}", spec.concurrency);
   GS_REQUIRE(spec.rows_per_lock == -1 || spec.rows_per_lock >= 1, GRADSYNC_E_INVALID_ARG,
              "rows_per_lock must be at least 1, got {}", spec.rows_per_lock);
+  GS_REQUIRE(spec.threads == -1 || (spec.threads >= 1 && spec.threads <= static_cast<int64_t>(kMaxOwnerPartitions)),
+             GRADSYNC_E_INVALID_ARG, "threads must be in [1, {}], got {}", kMaxOwnerPartitions, spec.threads);
   std::unique_ptr<Accumulator> a(new Accumulator());
   table::OpenSpec ts;
   ts.path = spec.path;
@@ -101,7 +113,8 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   fresh.layout_version = kAuxLayoutVersion;
   fresh.concurrency = spec.concurrency == -1 ? static_cast<int32_t>(Concurrency::Striped) : spec.concurrency;
   fresh.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
-  fresh.nlocks = spec.rows >= 1 ? lock_count(spec.rows, fresh.rows_per_lock) : 1;
+  fresh.nlocks =
+      spec.rows >= 1 ? lock_count(static_cast<Concurrency>(fresh.concurrency), spec.rows, fresh.rows_per_lock) : 1;
   ts.init_aux = init_new_aux;
   ts.init_aux_user = &fresh;
 
@@ -115,6 +128,13 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
   a->attach_aux(spec);
   a->claim_holder_slot();
+  if (a->mode_ == Concurrency::Owner) {
+    const auto owners = static_cast<unsigned>(
+        spec.threads != -1 ? spec.threads
+                           : std::clamp<int64_t>(wait_detail::usable_cpus(), 1, static_cast<int64_t>(kMaxOwnerPartitions)));
+    a->scratch_.resize(owners);
+    a->team_ = std::make_unique<Team>(owners);
+  }
   a->table_->check_mapping();
   return a;
 }
@@ -135,7 +155,7 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
         list_[n++] = r;
       }
       *count_ = n;
-      const bool valid = h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 2 &&
+      const bool valid = h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 3 &&
                          h.rows_per_lock >= 1;
       if (!valid) GS_LOG_WARN("'{}': accumulator state header was damaged; rebuilt it", table_->path());
       h.magic = kAuxMagic;
@@ -144,19 +164,20 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
       if (spec.concurrency != -1 || !valid) h.concurrency = spec.concurrency == -1 ? 0 : spec.concurrency;
       if (spec.rows_per_lock != -1 || !valid)
         h.rows_per_lock = static_cast<uint64_t>(spec.rows_per_lock == -1 ? kDefaultRowsPerLock : spec.rows_per_lock);
-      h.nlocks = lock_count(rows, h.rows_per_lock);
+      h.nlocks = lock_count(static_cast<Concurrency>(h.concurrency), rows, h.rows_per_lock);
     }
   } else {
     GS_REQUIRE(h.magic != kAuxMagic || h.layout_version == kAuxLayoutVersion, GRADSYNC_E_VERSION_MISMATCH,
                "'{}' is open in a process of another libgradsync version (state layout {}, this one {})",
                table_->path(), h.layout_version, kAuxLayoutVersion);
-    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 2 &&
-                   h.rows_per_lock >= 1 && h.nlocks == lock_count(rows, h.rows_per_lock),
+    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 3 &&
+                   h.rows_per_lock >= 1 &&
+                   h.nlocks == lock_count(static_cast<Concurrency>(h.concurrency), rows, h.rows_per_lock),
                GRADSYNC_E_CORRUPT, "'{}': the accumulator state header is damaged", table_->path());
     const auto file_mode = static_cast<Concurrency>(h.concurrency);
     if ((spec.concurrency != -1 && spec.concurrency != h.concurrency) ||
         (spec.rows_per_lock != -1 && static_cast<uint64_t>(spec.rows_per_lock) != h.rows_per_lock &&
-         file_mode == Concurrency::Striped)) {
+         (file_mode == Concurrency::Striped || file_mode == Concurrency::Owner))) {
       fail(GRADSYNC_E_MISMATCH,
            "'{}' is open in another process in mode {} ({} rows per lock); asked for {} ({} rows per lock): every "
            "process must use the same mode",
@@ -176,7 +197,7 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
 
 void Accumulator::claim_holder_slot() {
   const int fd = table_->fd();
-  if (fd < 0 || mode_ != Concurrency::Striped) return;  // anonymous: this process alone
+  if (fd < 0 || (mode_ != Concurrency::Striped && mode_ != Concurrency::Owner)) return;  // anonymous: this process alone
   for (uint32_t slot = 0; slot < (1u << 30); ++slot) {
     if (ofd_lock(fd, kHolderLockBase + static_cast<off_t>(slot), F_WRLCK)) {
       holder_ = slot + 1;
@@ -248,6 +269,147 @@ void Accumulator::lock_stripe_slow(uint32_t* word) {
 }
 
 void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0, std::memory_order_release); }
+
+// ---------------------------------------------------------------- owner team
+
+// The owner threads of one handle. Jobs enter one sequence (publication order, under submit_);
+// every owner runs every job, in sequence order, each on its own share: so a row, which has one
+// owner, receives the batches in sequence order whatever the number of owners and their timing.
+// A job lives on its submitter's stack; the submitter waits until every owner is done with it.
+class Accumulator::Team {
+ public:
+  using Fn = void (*)(void* ctx, unsigned owner, unsigned owners);
+
+  explicit Team(unsigned owners) : pid_(::getpid()), done_(owners) {
+    for (auto& slot : ring_) slot.store(nullptr, std::memory_order_relaxed);
+    threads_.reserve(owners);
+    try {
+      for (unsigned w = 0; w < owners; ++w) threads_.emplace_back([this, w] { work(w); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
+  ~Team() { stop(); }
+
+  unsigned size() const noexcept { return static_cast<unsigned>(done_.size()); }
+
+  // Runs fn(ctx, w, owners) on every owner w, after every job published before it; returns when all
+  // are done. The first error an owner raised is rethrown here, with its status and message.
+  void run(Fn fn, void* ctx) {
+    GS_REQUIRE(::getpid() == pid_, GRADSYNC_E_MISUSE,
+               "an owner-mode accumulator was used in a process forked from the one that opened it (its owner "
+               "threads are not in this process): open the file again in the child");
+    Job job;
+    job.fn = fn;
+    job.ctx = ctx;
+    job.remaining.store(size(), std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> order(submit_);
+      const uint64_t seq = published_.load(std::memory_order_relaxed);
+      // The ring slot is free once every owner has taken the job kRing places back.
+      wait_until(done_word_, [&] { return seq - slowest() < kRing; }, WaitClock::time_point::max());
+      ring_[seq % kRing].store(&job, std::memory_order_relaxed);
+      published_.store(seq + 1, std::memory_order_seq_cst);
+      notify(published_word_);
+    }
+    wait_until(done_word_, [&] { return job.remaining.load(std::memory_order_seq_cst) == 0; },
+               WaitClock::time_point::max());
+    if (job.failed.load(std::memory_order_acquire)) throw Error(job.status, job.message);
+  }
+
+ private:
+  static constexpr uint64_t kRing = 64;
+  struct Job {
+    Fn fn = nullptr;
+    void* ctx = nullptr;
+    std::atomic<uint32_t> remaining{0};
+    std::atomic<bool> claimed{false};  // the first failing owner reports
+    std::atomic<bool> failed{false};
+    int status = 0;
+    std::string message;
+  };
+  struct alignas(64) Progress {
+    std::atomic<uint64_t> taken{0};
+  };
+
+  uint64_t slowest() const noexcept {
+    uint64_t m = UINT64_MAX;
+    for (const auto& p : done_) m = std::min(m, p.taken.load(std::memory_order_seq_cst));
+    return m;
+  }
+
+  void fail_job(Job& job, int status, std::string message) noexcept {
+    if (job.claimed.exchange(true, std::memory_order_acq_rel)) return;
+    job.status = status;
+    try {
+      job.message = std::move(message);
+    } catch (...) {
+    }
+    job.failed.store(true, std::memory_order_release);
+  }
+
+  void work(unsigned w) {
+    const auto owners = size();
+    for (uint64_t seq = 0;; ++seq) {
+      wait_until(published_word_,
+                 [&] { return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0; },
+                 WaitClock::time_point::max());
+      if (published_.load(std::memory_order_seq_cst) <= seq) return;  // stopped, and nothing left
+      Job& job = *ring_[seq % kRing].load(std::memory_order_relaxed);
+      done_[w].taken.store(seq + 1, std::memory_order_seq_cst);
+      try {
+        job.fn(job.ctx, w, owners);
+      } catch (const Error& e) {
+        fail_job(job, e.status(), e.what());
+      } catch (const std::bad_alloc&) {
+        fail_job(job, GRADSYNC_E_NOMEM, "out of memory in an accumulator owner thread");
+      } catch (const std::exception& e) {
+        fail_job(job, GRADSYNC_E_INTERNAL, e.what());
+      }
+      // The job may be gone once the count reaches 0: nothing of it is touched after this.
+      job.remaining.fetch_sub(1, std::memory_order_seq_cst);
+      notify(done_word_);
+    }
+  }
+
+  void stop() noexcept {
+    stop_.store(1, std::memory_order_seq_cst);
+    notify(published_word_);
+    if (::getpid() != pid_) {
+      // A forked child has none of these threads: joining (or destroying joinable handles) would
+      // hang or abort, so the handles are left behind.
+      new std::vector<std::thread>(std::move(threads_));
+      return;
+    }
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+  const pid_t pid_;
+  std::vector<Progress> done_;
+  std::vector<std::thread> threads_;
+  std::mutex submit_;
+  std::atomic<uint64_t> published_{0};
+  std::atomic<uint32_t> stop_{0};
+  std::atomic<Job*> ring_[kRing];
+  WaitWord published_word_;
+  WaitWord done_word_;
+};
+
+// An owner's buckets for one batch: its positions, grouped by partition, in position order.
+struct Accumulator::OwnerScratch {
+  std::vector<uint32_t> idx;
+  std::vector<uint32_t> start;  // partition p's positions are idx[start[p], start[p + 1])
+  std::vector<uint32_t> fill;
+  std::vector<uint8_t> mine;    // mine[p]: this owner owns partition p
+  std::vector<uint32_t> busy;
+};
+
+Accumulator::~Accumulator() { team_.reset(); }
+
+int Accumulator::threads() const noexcept { return team_ ? static_cast<int>(team_->size()) : 0; }
 
 // ---------------------------------------------------------------- adds
 
@@ -344,6 +506,89 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
              "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
 }
 
+void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
+  OwnerScratch& s = scratch_[w];
+  const uint64_t parts = nlocks_;
+  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
+  if (s.mine.size() != parts) {
+    s.mine.resize(parts);
+    for (uint64_t p = 0; p < parts; ++p) s.mine[p] = p % owners == w ? 1 : 0;
+  }
+  // A stable counting sort of this owner's positions by partition.
+  s.start.assign(parts + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t p = part(rows[i]);
+    s.start[p + 1] += s.mine[p];
+  }
+  for (uint64_t p = 0; p < parts; ++p) s.start[p + 1] += s.start[p];
+  s.idx.resize(s.start[parts]);
+  s.fill.assign(s.start.begin(), s.start.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t p = part(rows[i]);
+    if (s.mine[p] != 0) s.idx[s.fill[p]++] = static_cast<uint32_t>(i);
+  }
+  const size_t d = static_cast<size_t>(dim());
+  const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
+  constexpr size_t kAhead = 8;
+  const size_t total = s.idx.size();
+  Pending pending;
+  size_t lost = 0;
+  auto prefetch = [&](size_t k) {
+    const int64_t r = rows[s.idx[k]];
+    const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
+    for (size_t j = 0; j < row_lines; ++j) __builtin_prefetch(p + 64 * j, 1, 3);
+    __builtin_prefetch(&flags_[r], 1, 3);
+  };
+  // The partition lock shuts out other processes on the file and small batches of this one added
+  // by their callers; no locked instruction per row.
+  auto add_partition = [&](uint64_t p) {
+    for (size_t k = s.start[p]; k < s.start[p + 1]; ++k) {
+      if (k + kAhead < total) prefetch(k + kAhead);
+      const size_t i = s.idx[k];
+      const int64_t r = rows[i];
+      auto flag = atomic(flags_[r]);
+      if (flag.load(std::memory_order_relaxed) == 0) {  // the flag goes up before the add
+        flag.store(1, std::memory_order_relaxed);
+        pending.rows[pending.n++] = r;
+        if (pending.n == Pending::kCap) {
+          lost += append_touched(pending.rows, pending.n);
+          pending.n = 0;
+        }
+      }
+      add_row_plain(table_->row_ptr(r), grads + i * d, d);
+    }
+  };
+  for (size_t k = 0; k < total && k < kAhead; ++k) prefetch(k);
+  try {
+    // Partitions held by another process now are done last, so their wait overlaps useful work.
+    s.busy.clear();
+    for (uint64_t p = w; p < parts; p += owners) {
+      if (s.start[p] == s.start[p + 1]) continue;
+      uint32_t expected = 0;
+      if (!atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
+                                                     std::memory_order_relaxed)) {
+        s.busy.push_back(static_cast<uint32_t>(p));
+        continue;
+      }
+      add_partition(p);
+      unlock_stripe(&locks_[p]);
+    }
+    for (uint32_t p : s.busy) {
+      lock_stripe(&locks_[p]);
+      add_partition(p);
+      unlock_stripe(&locks_[p]);
+    }
+  } catch (...) {
+    append_touched(pending.rows, pending.n);  // the rows added so far stay listed
+    throw;
+  }
+  lost += append_touched(pending.rows, pending.n);
+  GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,
+             "'{}': the touched count in the shared state region exceeds its {} rows (damaged by another "
+             "process); {} rows were added but not listed: reopen the file with no other process holding it, "
+             "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
+}
+
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }
 
 void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, size_t count) {
@@ -358,6 +603,30 @@ void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, s
     case Concurrency::Striped: add_rows<Concurrency::Striped>(rows, n, grads); break;
     case Concurrency::LockFree: add_rows<Concurrency::LockFree>(rows, n, grads); break;
     case Concurrency::None: add_rows<Concurrency::None>(rows, n, grads); break;
+    case Concurrency::Owner: {
+      if (n < kHandOffRows) {
+        // Under the same partition locks as the owners: exact, and in a single caller's order.
+        add_rows<Concurrency::Striped>(rows, n, grads);
+        break;
+      }
+      // Handed to the owners in chunks (positions fit 32 bits), each a job of the sequence.
+      constexpr size_t kChunk = size_t{1} << 22;
+      for (size_t off = 0; off < n; off += kChunk) {
+        struct Batch {
+          Accumulator* self;
+          const int64_t* rows;
+          size_t n;
+          const float* grads;
+        } batch{this, rows + off, std::min(kChunk, n - off), grads + off * static_cast<size_t>(dim())};
+        team_->run(
+            [](void* ctx, unsigned w, unsigned owners) {
+              auto& b = *static_cast<Batch*>(ctx);
+              b.self->add_owned(b.rows, b.n, b.grads, w, owners);
+            },
+            &batch);
+      }
+      break;
+    }
   }
   table_->check_mapping();  // the file shrank during the add: its gradients did not reach the file
 }
@@ -372,7 +641,8 @@ void Accumulator::get(int64_t row, float* out, size_t count) {
   float* g = table_->row_ptr(row);
   const size_t d = count;
   switch (mode_) {
-    case Concurrency::Striped: {
+    case Concurrency::Striped:
+    case Concurrency::Owner: {
       uint32_t* w = stripe_of(row);
       lock_stripe(w);
       std::memcpy(out, g, d * sizeof(float));
@@ -390,14 +660,13 @@ void Accumulator::get(int64_t row, float* out, size_t count) {
 // ---------------------------------------------------------------- whole-set operations
 
 template <class RowFn>
-void Accumulator::for_each_touched(RowFn&& fn) {
+uint64_t Accumulator::touched_range(uint64_t begin, uint64_t end, RowFn& fn) {
   const uint64_t rows = static_cast<uint64_t>(table_->rows());
-  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), rows);
   const size_t row_lines = std::min<size_t>((static_cast<size_t>(dim()) * sizeof(float) + 63) / 64, 16);
   constexpr uint64_t kAhead = 4;
   uint64_t stale = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
+  for (uint64_t i = begin; i < end; ++i) {
+    if (i + kAhead < end) {
       const auto ahead = static_cast<uint64_t>(list_[i + kAhead]);
       if (ahead < rows) {
         const char* p = reinterpret_cast<const char*>(table_->row_ptr(static_cast<int64_t>(ahead)));
@@ -414,6 +683,38 @@ void Accumulator::for_each_touched(RowFn&& fn) {
     }
     fn(static_cast<int64_t>(r));
     atomic(flags_[r]).store(0, std::memory_order_release);
+  }
+  return stale;
+}
+
+template <class RowFn>
+void Accumulator::for_each_touched(RowFn&& fn) {
+  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire),
+                                        static_cast<uint64_t>(table_->rows()));
+  uint64_t stale = 0;
+  // Owner mode: the owners split the list (each row is listed once, so their rows are disjoint,
+  // and each row's update depends on that row alone: the result does not depend on the split).
+  constexpr uint64_t kSplitFrom = 1024;
+  if (team_ && n >= kSplitFrom) {
+    using F = std::remove_reference_t<RowFn>;
+    struct Split {
+      Accumulator* self;
+      F* fn;
+      uint64_t n;
+      std::atomic<uint64_t> stale{0};
+    } split{this, &fn, n};
+    team_->run(
+        [](void* ctx, unsigned w, unsigned owners) {
+          auto& sp = *static_cast<Split*>(ctx);
+          const Part part = partition(sp.n, owners, w);
+          F fn_copy = *sp.fn;
+          sp.stale.fetch_add(sp.self->touched_range(part.start, part.start + part.len, fn_copy),
+                             std::memory_order_relaxed);
+        },
+        &split);
+    stale = split.stale.load(std::memory_order_relaxed);
+  } else {
+    stale = touched_range(0, n, fn);
   }
   atomic(*count_).store(0, std::memory_order_release);
   if (stale > 0) GS_LOG_WARN("'{}': skipped {} stale entries of the touched list", table_->path(), stale);

@@ -32,15 +32,23 @@
 #include <memory>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "table/table.hpp"
 
 namespace gradsync::accumulator {
 
-enum class Concurrency : int32_t { Striped = 0, LockFree = 1, None = 2 };
+enum class Concurrency : int32_t { Striped = 0, LockFree = 1, None = 2, Owner = 3 };
 enum class OptimizerKind : int32_t { Sgd = 0, RowAdagrad = 1 };
 
 constexpr int64_t kDefaultRowsPerLock = 16;
+// Owner mode: rows fall into at most this many partitions (one lock word each); a team of T owner
+// threads owns partition p by p % T. Few enough that a batch is bucketed by partition cheaply,
+// enough that 2..16 owners get even shares.
+constexpr uint64_t kMaxOwnerPartitions = 64;
+// Owner mode: batches this small are added by the calling thread under the partition locks (a
+// hand-off to the team costs a wake-up, which a handful of rows does not repay).
+constexpr size_t kHandOffRows = 256;
 
 const char* concurrency_name(Concurrency c) noexcept;
 
@@ -51,6 +59,7 @@ struct AccumSpec {
   int64_t dim = -1;
   int32_t concurrency = -1;    // -1: the mode of the processes that have the file open, else striped
   int64_t rows_per_lock = -1;  // -1: likewise, else kDefaultRowsPerLock
+  int64_t threads = -1;        // owner mode: owner threads; -1: the CPUs this process may use
 };
 
 struct OptimizerSpec {
@@ -94,10 +103,13 @@ struct AuxLayout {
 AuxLayout aux_layout(int64_t rows);
 // The number of stripes: the largest power of two <= max(1, rows / rows_per_lock).
 uint64_t lock_count(int64_t rows, uint64_t rows_per_lock);
+// The lock words a mode uses: lock_count, capped at kMaxOwnerPartitions in owner mode.
+uint64_t lock_count(Concurrency mode, int64_t rows, uint64_t rows_per_lock);
 
 class Accumulator {
  public:
   static std::unique_ptr<Accumulator> open(const AccumSpec& spec);
+  ~Accumulator();
   Accumulator(const Accumulator&) = delete;
   Accumulator& operator=(const Accumulator&) = delete;
 
@@ -105,6 +117,8 @@ class Accumulator {
   int64_t dim() const noexcept { return table_->dim(); }
   Concurrency concurrency() const noexcept { return mode_; }
   int64_t rows_per_lock() const noexcept { return rows_per_lock_; }
+  // Owner mode: the owner threads of this handle (0 in the other modes).
+  int threads() const noexcept;
   table::Table& table() noexcept { return *table_; }
   // Row locks held right now, by any process (for tests that need a holder caught holding).
   uint64_t held_row_locks() const noexcept;
@@ -132,6 +146,11 @@ class Accumulator {
   template <Concurrency M>
   void add_rows(const int64_t* rows, size_t n, const float* grads);
   struct Pending;
+  class Team;
+  struct OwnerScratch;
+  // Owner mode: owner w of `owners` adds the rows of its partitions, partition by partition under
+  // the partition's lock, each partition's rows in position order.
+  void add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();
@@ -147,6 +166,8 @@ class Accumulator {
   }
   template <class RowFn>
   void for_each_touched(RowFn&& fn);
+  template <class RowFn>
+  uint64_t touched_range(uint64_t begin, uint64_t end, RowFn& fn);
 
   std::unique_ptr<table::Table> table_;
   Concurrency mode_ = Concurrency::Striped;
@@ -162,6 +183,9 @@ class Accumulator {
   // Adds hold it shared; apply, zero and touched hold it exclusively, so within a process every
   // add lands either wholly before an apply (and is applied) or after it (and stays touched).
   std::shared_mutex phase_;
+  // Owner mode: the owner threads and their per-batch buckets (declared last: stopped first).
+  std::vector<OwnerScratch> scratch_;
+  std::unique_ptr<Team> team_;
 };
 
 }  // namespace gradsync::accumulator

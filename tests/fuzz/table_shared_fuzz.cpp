@@ -110,10 +110,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // process's own slot, say) is waited for up to 5 s, then E_TIMEOUT: right for a live
         // holder, too slow to fuzz. So striped adds run only over free words.
         bool adds = (ops & 1) != 0;
-        if (a->concurrency() == acc::Concurrency::Striped) {
+        if (a->concurrency() == acc::Concurrency::Striped || a->concurrency() == acc::Concurrency::Owner) {
           const auto* words = reinterpret_cast<const uint32_t*>(static_cast<const char*>(a->table().aux()) +
                                                                 acc::aux_layout(rows).locks_off);
-          const uint64_t nlocks = acc::lock_count(rows, static_cast<uint64_t>(a->rows_per_lock()));
+          const uint64_t nlocks = acc::lock_count(a->concurrency(), rows, static_cast<uint64_t>(a->rows_per_lock()));
           for (uint64_t i = 0; i < nlocks && adds; ++i) adds = words[i] == 0;
         }
         if (adds) {

@@ -9,7 +9,7 @@ import pytest
 import gradsync as gs
 
 
-@pytest.fixture(params=["striped", "lock_free"])
+@pytest.fixture(params=["striped", "lock_free", "owner"])
 def acc(request, tmp_path):
     with gs.Accumulator.create(tmp_path / "g.gsa", 100, 64, concurrency=request.param) as a:
         yield a
@@ -159,3 +159,25 @@ def test_reopen_in_another_process(tmp_path):
             f"print(repr(t.view.tolist()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert eval(out.stdout) == expected.tolist()
+
+
+def test_owner_mode_is_bitwise_the_same_for_any_owner_count():
+    rng = np.random.default_rng(3)
+    batches = [(rng.integers(0, 50, 900), (rng.standard_normal((900, 16)) * 10.0 ** rng.integers(-6, 6, (900, 1))).astype(np.float32))
+               for _ in range(5)]
+    tables = []
+    for threads in (1, 2, 4):
+        with gs.Accumulator.anonymous(50, 16, concurrency="owner", threads=threads) as a:
+            assert a.concurrency == "owner"
+            for ids, grads in batches:
+                a.add_batch(ids, grads)
+            tables.append(np.stack([a.get(r) for r in range(50)]))
+    ref = np.zeros((50, 16), np.float32)
+    for ids, grads in batches:
+        for i, g in zip(ids, grads):
+            ref[i] += g  # float32 adds in batch, then position order
+    for t in tables:
+        assert t.tobytes() == ref.tobytes()
+    with pytest.raises(gs.GradsyncError) as e:
+        gs.Accumulator.anonymous(50, 16, concurrency="owner", threads=0)
+    assert e.value.status == gs.E_INVALID_ARG and "threads" in e.value.message

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <algorithm>
 #include <string>
 #include <thread>
@@ -266,10 +267,11 @@ TEST_CASE("apply validates everything before writing", "[accumulator]") {
 }
 
 TEST_CASE("two processes adding to one gradient file lose no update", "[accumulator][process]") {
-  auto mode = GENERATE(Concurrency::Striped, Concurrency::LockFree);
+  auto mode = GENERATE(Concurrency::Striped, Concurrency::LockFree, Concurrency::Owner);
   TempDir tmp;
   const auto path = tmp.file("shared.gsa");
-  constexpr int kProcs = 3, kBatches = 300, kBatch = 32, kDim = 16, kRows = 64;
+  // Owner mode hands batches of 256 rows and more to the owner threads of each process.
+  constexpr int kProcs = 3, kBatches = 300, kBatch = 320, kDim = 16, kRows = 64;
   {
     // The parent keeps the file open too, so the children are never alone with it.
     auto holder = Accumulator::open(aspec(path, OpenMode::Create, kRows, kDim, static_cast<int32_t>(mode)));
@@ -420,16 +422,25 @@ TEST_CASE("a holder killed mid-add and left a zombie: its lock is taken over, th
 }
 
 TEST_CASE("a stopped holder makes a waiting add fail with E_TIMEOUT, not hang", "[accumulator][process]") {
+  // Owner mode: the wait is in an owner thread, and its error reaches the caller of the batch.
+  auto mode = GENERATE(Concurrency::Striped, Concurrency::Owner);
   TempDir tmp;
   const auto path = tmp.file("stopped.gsa");
   const int64_t dim = 1 << 16;
-  auto a = Accumulator::open(aspec(path, OpenMode::Create, 4, dim, 0, 1));
+  auto a = Accumulator::open(aspec(path, OpenMode::Create, 4, dim, static_cast<int32_t>(mode), 1));
   const pid_t adder = start_adder(path, dim);
   stop_holding(adder, *a);
   std::vector<float> g(static_cast<size_t>(dim), 1.0f);
   std::string message;
   const auto start = std::chrono::steady_clock::now();
-  CHECK(status_of([&] { a->add(1, g.data(), g.size()); }, &message) == GRADSYNC_E_TIMEOUT);
+  if (mode == Concurrency::Owner) {
+    const std::vector<int64_t> ids(gradsync::accumulator::kHandOffRows, 1);
+    std::vector<float> batch(ids.size() * g.size(), 1.0f);
+    CHECK(status_of([&] { a->add_batch(ids.data(), ids.size(), batch.data(), batch.size()); }, &message) ==
+          GRADSYNC_E_TIMEOUT);
+  } else {
+    CHECK(status_of([&] { a->add(1, g.data(), g.size()); }, &message) == GRADSYNC_E_TIMEOUT);
+  }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
   CHECK(message.find("held for more than") != std::string::npos);
   ::kill(adder, SIGKILL);
@@ -506,4 +517,157 @@ TEST_CASE("a shared file's damaged touched list gives valid ids and a damaged co
   auto alone = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
   const size_t m = alone->touched(ids.data(), ids.size());
   CHECK(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), 20) != ids.begin() + static_cast<std::ptrdiff_t>(m));
+}
+
+// ---------------------------------------------------------------- owner mode
+
+namespace {
+AccumSpec owner_spec(int64_t rows, int64_t dim, int64_t threads) {
+  AccumSpec s = aspec("", OpenMode::Anonymous, rows, dim, static_cast<int32_t>(Concurrency::Owner));
+  s.threads = threads;
+  return s;
+}
+
+// A fixed sequence of batches: skewed ids (a few hot rows repeated within and across batches, so
+// the order of a row's contributions matters) and gradients of mixed magnitudes (so that float
+// addition in another order gives other bits). Mixes batches handed to the owners (>= 256 rows)
+// with small ones the caller adds.
+struct Workload {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<float>> grads;
+};
+Workload make_workload(int64_t rows, int64_t dim, uint64_t seed) {
+  Workload w;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> mag(-8.0f, 8.0f);
+  for (int b = 0; b < 12; ++b) {
+    const size_t n = b % 4 == 3 ? 37 : 700 + static_cast<size_t>(b) * 50;
+    std::vector<int64_t> ids(n);
+    for (auto& id : ids) id = rng() % 4 == 0 ? static_cast<int64_t>(rng() % 8) : static_cast<int64_t>(rng() % rows);
+    std::vector<float> g(n * static_cast<size_t>(dim));
+    for (auto& x : g) x = std::ldexp(mag(rng), static_cast<int>(rng() % 40) - 20);
+    w.ids.push_back(std::move(ids));
+    w.grads.push_back(std::move(g));
+  }
+  return w;
+}
+
+std::vector<float> run_owner(const Workload& w, int64_t rows, int64_t dim, int64_t threads) {
+  auto a = Accumulator::open(owner_spec(rows, dim, threads));
+  REQUIRE(a->threads() == threads);
+  for (size_t b = 0; b < w.ids.size(); ++b) a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
+  const auto* data = a->table().data();
+  return std::vector<float>(data, data + rows * dim);
+}
+}  // namespace
+
+TEST_CASE("owner mode: the table is bitwise the sequential sum in batch then position order, for 1, 2, 4 owners",
+          "[accumulator][owner]") {
+  constexpr int64_t kRows = 4096, kDim = 12;
+  const Workload w = make_workload(kRows, kDim, 42);
+  // The reference: one thread, plain float adds in batch order, then position order.
+  std::vector<float> ref(static_cast<size_t>(kRows * kDim), 0.0f);
+  for (size_t b = 0; b < w.ids.size(); ++b)
+    for (size_t i = 0; i < w.ids[b].size(); ++i)
+      for (int64_t j = 0; j < kDim; ++j) ref[w.ids[b][i] * kDim + j] += w.grads[b][i * kDim + j];
+  // The same sums in reverse batch order give other bits: the comparison below can fail.
+  std::vector<float> reversed(ref.size(), 0.0f);
+  for (size_t b = w.ids.size(); b-- > 0;)
+    for (size_t i = 0; i < w.ids[b].size(); ++i)
+      for (int64_t j = 0; j < kDim; ++j) reversed[w.ids[b][i] * kDim + j] += w.grads[b][i * kDim + j];
+  REQUIRE(std::memcmp(ref.data(), reversed.data(), ref.size() * sizeof(float)) != 0);
+  for (int64_t threads : {1, 2, 4}) {
+    for (int run = 0; run < 3; ++run) {
+      INFO("owners " << threads << ", run " << run);
+      const auto got = run_owner(w, kRows, kDim, threads);
+      CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("owner mode: many calling threads lose no update, and the touched set is exact", "[accumulator][owner]") {
+  auto a = Accumulator::open(owner_spec(1024, 8, 3));
+  constexpr int kThreads = 4, kBatches = 60;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        // Handed-off batches and small ones the caller adds itself, on the same hot rows.
+        const size_t n = b % 3 == 0 ? 40 : 600;
+        std::vector<int64_t> ids(n);
+        for (size_t i = 0; i < n; ++i) ids[i] = i < n / 2 ? static_cast<int64_t>(i % 16) : (t * 131 + b * 17 + static_cast<int64_t>(i)) % 1024;
+        std::vector<float> g(n * 8, 1.0f);
+        a->add_batch(ids.data(), n, g.data(), g.size());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> expected(1024, 0.0);
+  for (int t = 0; t < kThreads; ++t)
+    for (int b = 0; b < kBatches; ++b) {
+      const size_t n = b % 3 == 0 ? 40 : 600;
+      for (size_t i = 0; i < n; ++i)
+        expected[i < n / 2 ? i % 16 : (t * 131 + b * 17 + static_cast<int64_t>(i)) % 1024] += 1.0;
+    }
+  int touched = 0;
+  for (int r = 0; r < 1024; ++r) {
+    INFO("row " << r);
+    CHECK(all_equal(row_of(*a, r), static_cast<float>(expected[r])));
+    touched += expected[r] > 0 ? 1 : 0;
+  }
+  CHECK(a->touched_count() == static_cast<uint64_t>(touched));
+}
+
+TEST_CASE("owner mode: apply, split over the owners, equals the striped mode's apply bitwise", "[accumulator][owner]") {
+  constexpr int64_t kRows = 8192, kDim = 6;
+  const Workload w = make_workload(kRows, kDim, 7);
+  auto kind = GENERATE(OptimizerKind::Sgd, OptimizerKind::RowAdagrad);
+  auto run = [&](AccumSpec spec) {
+    auto a = Accumulator::open(spec);
+    auto params = anon_table(kRows, kDim);
+    auto state = anon_table(kRows, 1);
+    std::vector<float> init(kDim, 0.25f);
+    for (int64_t r = 0; r < kRows; ++r) params->set(r, init.data(), init.size());
+    for (int step = 0; step < 2; ++step) {
+      for (size_t b = 0; b < w.ids.size(); ++b)
+        a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
+      REQUIRE(a->touched_count() > 1024);  // enough for the owners to split the list
+      a->apply(*params, OptimizerSpec{kind, 0.01f, 1e-6f}, kind == OptimizerKind::Sgd ? nullptr : state.get());
+      CHECK(a->touched_count() == 0);
+    }
+    for (int64_t r = 0; r < kRows; ++r) REQUIRE(all_equal(row_of(*a, r), 0.0f));
+    std::vector<float> out(params->data(), params->data() + kRows * kDim);
+    out.insert(out.end(), state->data(), state->data() + kRows);
+    return out;
+  };
+  const auto striped = run(aspec("", OpenMode::Anonymous, kRows, kDim, 0));
+  const auto owner = run(owner_spec(kRows, kDim, 2));
+  CHECK(std::memcmp(striped.data(), owner.data(), striped.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, not a hang", "[accumulator][owner][process]") {
+  auto a = Accumulator::open(owner_spec(1024, 4, 2));
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::vector<int64_t> ids(512, 3);
+    std::vector<float> g(512 * 4, 1.0f);
+    std::string message;
+    const int status = status_of([&] { a->add_batch(ids.data(), ids.size(), g.data(), g.size()); }, &message);
+    a.reset();  // must not hang either
+    ::_exit(status == GRADSYNC_E_MISUSE && message.find("open the file again in the child") != std::string::npos ? 0 : 1);
+  }
+  CHECK(wait_bounded(pid, 30) == 0);
+  std::vector<int64_t> ids(512, 3);
+  std::vector<float> g(512 * 4, 1.0f);
+  a->add_batch(ids.data(), ids.size(), g.data(), g.size());
+  CHECK(all_equal(row_of(*a, 3), 512.0f));
+}
+
+TEST_CASE("owner mode: options are checked", "[accumulator][owner]") {
+  expect_error([] { Accumulator::open(owner_spec(16, 4, 0)); }, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 64]");
+  expect_error([] { Accumulator::open(owner_spec(16, 4, 65)); }, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 64]");
+  auto a = Accumulator::open(aspec("", OpenMode::Anonymous, 16, 4, static_cast<int32_t>(Concurrency::Owner)));
+  CHECK(a->threads() >= 1);
+  CHECK(Accumulator::open(aspec("", OpenMode::Anonymous, 16, 4, 0))->threads() == 0);
 }

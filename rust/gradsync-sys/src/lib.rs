@@ -394,10 +394,11 @@ extern "C" {
 pub const GRADSYNC_ACCUM_STRIPED: i32 = 0;
 pub const GRADSYNC_ACCUM_LOCK_FREE: i32 = 1;
 pub const GRADSYNC_ACCUM_NONE: i32 = 2;
+pub const GRADSYNC_ACCUM_OWNER: i32 = 3;
 
-pub const GRADSYNC_ACCUM_OPTIONS_VERSION: u32 = 1;
+pub const GRADSYNC_ACCUM_OPTIONS_VERSION: u32 = 2;
 
-/// Options of [`gradsync_accum_open`] (accumulator.h, version 1).
+/// Options of [`gradsync_accum_open`] (accumulator.h, version 2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct gradsync_accum_options {
@@ -408,6 +409,7 @@ pub struct gradsync_accum_options {
     pub rows: i64,
     pub dim: i64,
     pub rows_per_lock: i64,
+    pub threads: i64,
 }
 
 /// GRADSYNC_ACCUM_OPTIONS_INIT.
@@ -419,9 +421,10 @@ pub const GRADSYNC_ACCUM_OPTIONS_INIT: gradsync_accum_options = gradsync_accum_o
     rows: GRADSYNC_UNSET_I64,
     dim: GRADSYNC_UNSET_I64,
     rows_per_lock: GRADSYNC_UNSET_I64,
+    threads: GRADSYNC_UNSET_I64,
 };
 
-const _: () = assert!(size_of::<gradsync_accum_options>() == 40);
+const _: () = assert!(size_of::<gradsync_accum_options>() == 48);
 const _: () = assert!(align_of::<gradsync_accum_options>() == 8);
 
 pub const GRADSYNC_OPTIMIZER_VERSION: u32 = 1;

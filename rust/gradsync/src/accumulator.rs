@@ -19,6 +19,8 @@ pub enum Concurrency {
     LockFree = sys::GRADSYNC_ACCUM_LOCK_FREE,
     /// No synchronisation (Hogwild): concurrent adds to one row may lose updates.
     None = sys::GRADSYNC_ACCUM_NONE,
+    /// Rows partitioned over owner threads; exact and deterministic.
+    Owner = sys::GRADSYNC_ACCUM_OWNER,
 }
 
 /// Options of [`Accumulator::open`] (`gradsync_accum_options`).
@@ -61,6 +63,12 @@ impl AccumOptions {
     #[must_use]
     pub fn rows_per_lock(mut self, rows: i64) -> Self {
         self.raw.rows_per_lock = rows;
+        self
+    }
+    /// Owner mode: owner threads, 1..64 (default: the CPUs this process may run on).
+    #[must_use]
+    pub fn threads(mut self, threads: i64) -> Self {
+        self.raw.threads = threads;
         self
     }
     /// The C struct, for [`gradsync_sys`].
@@ -160,6 +168,7 @@ impl Accumulator {
             sys::GRADSYNC_ACCUM_STRIPED => Concurrency::Striped,
             sys::GRADSYNC_ACCUM_LOCK_FREE => Concurrency::LockFree,
             sys::GRADSYNC_ACCUM_NONE => Concurrency::None,
+            sys::GRADSYNC_ACCUM_OWNER => Concurrency::Owner,
             other => {
                 return Err(Error::local(
                     status::INTERNAL,
