@@ -15,11 +15,12 @@
  * - GRADSYNC_ACCUM_LOCK_FREE: every float is added with an atomic compare-and-swap. Exact.
  * - GRADSYNC_ACCUM_NONE: plain adds (Hogwild). Racy by design: concurrent adds to the same row may
  *   lose updates. The touched set stays exact.
- * - GRADSYNC_ACCUM_OWNER: exact and deterministic. The handle runs `threads` owner threads; rows
- *   are split into at most 64 partitions (hashed), partition p owned by owner p % threads. A batch of
- *   256 rows or more is handed to the owners: batches enter one sequence in the order their calls
- *   do (for one calling thread, call order), and each owner adds its rows of each batch in sequence
- *   order, in position order within a batch, with no lock per row. Each row therefore receives its
+ * - GRADSYNC_ACCUM_OWNER: exact and deterministic. Rows are split into at most 64 partitions
+ *   (hashed), partition p owned by owner p % threads. Owner 0 is the calling thread, the others are
+ *   threads - 1 threads of the handle. A batch of 256 rows or more is handed to the owners: batches
+ *   enter one sequence in the order their calls do (for one calling thread, call order), and each
+ *   owner adds its rows of each batch in sequence order, in position order within a batch, with no
+ *   lock per row; the call returns when every owner is done with its batch. Each row therefore receives its
  *   gradients in a fixed order, and the gradient table is bitwise the same for the same sequence of
  *   batches whatever the number of owner threads or calling threads and their timing. Smaller
  *   batches are added by the calling thread in the same order. Several processes on one file each
@@ -78,8 +79,9 @@ typedef struct gradsync_accum_options {
   int64_t dim;           /**< floats per row, >= 1; UNSET when opening = take the file's */
   int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16.
                               OWNER: partitions = min(64, the STRIPED lock count) */
-  int64_t threads;       /**< OWNER (version 2): owner threads, 1..64; UNSET = the CPUs this process may
-                              run on (at most 64). Ignored by the other modes */
+  int64_t threads;       /**< OWNER (version 2): owners, 1..64 (the caller and threads - 1 threads of the
+                              handle); UNSET = the CPUs this process may run on (at most 64). Ignored
+                              by the other modes */
   /* append only */
 } gradsync_accum_options;
 

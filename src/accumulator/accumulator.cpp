@@ -272,19 +272,23 @@ void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0
 
 // ---------------------------------------------------------------- owner team
 
-// The owner threads of one handle. Jobs enter one sequence (publication order, under submit_);
-// every owner runs every job, in sequence order, each on its own share: so a row, which has one
-// owner, receives the batches in sequence order whatever the number of owners and their timing.
-// A job lives on its submitter's stack; the submitter waits until every owner is done with it.
+// The owners of one handle. Jobs enter one sequence (publication order, under submit_); every
+// owner runs every job, in sequence order, each on its own share: so a row, which has one owner,
+// receives the batches in sequence order whatever the number of owners and their timing. Owner 0
+// is no thread of its own but the submitting threads, each in its turn: a submitter runs owner
+// 0's share of its own job once owner 0 has finished the jobs before it. So a lone caller works
+// instead of sleeping while the others work (and a team of 1 has no thread: nothing to wake),
+// and owners 1..n-1 are threads. A job lives on its submitter's stack; the submitter returns
+// once every owner is done with it.
 class Accumulator::Team {
  public:
   using Fn = void (*)(void* ctx, unsigned owner, unsigned owners);
 
-  explicit Team(unsigned owners) : pid_(::getpid()), done_(owners) {
+  explicit Team(unsigned owners) : pid_(::getpid()), taken_(owners) {
     for (auto& slot : ring_) slot.store(nullptr, std::memory_order_relaxed);
-    threads_.reserve(owners);
+    threads_.reserve(owners - 1);
     try {
-      for (unsigned w = 0; w < owners; ++w) threads_.emplace_back([this, w] { work(w); });
+      for (unsigned w = 1; w < owners; ++w) threads_.emplace_back([this, w] { work(w); });
     } catch (...) {
       stop();
       throw;
@@ -293,10 +297,10 @@ class Accumulator::Team {
 
   ~Team() { stop(); }
 
-  unsigned size() const noexcept { return static_cast<unsigned>(done_.size()); }
+  unsigned size() const noexcept { return static_cast<unsigned>(taken_.size()); }
 
-  // Runs fn(ctx, w, owners) on every owner w, after every job published before it; returns when all
-  // are done. The first error an owner raised is rethrown here, with its status and message.
+  // Runs fn(ctx, w, owners) for every owner w, after every job published before it; returns when
+  // all are done. The first error an owner raised is rethrown here, with its status and message.
   void run(Fn fn, void* ctx) {
     GS_REQUIRE(::getpid() == pid_, GRADSYNC_E_MISUSE,
                "an owner-mode accumulator was used in a process forked from the one that opened it (its owner "
@@ -305,15 +309,22 @@ class Accumulator::Team {
     job.fn = fn;
     job.ctx = ctx;
     job.remaining.store(size(), std::memory_order_relaxed);
+    uint64_t seq = 0;
     {
       std::lock_guard<std::mutex> order(submit_);
-      const uint64_t seq = published_.load(std::memory_order_relaxed);
+      seq = published_.load(std::memory_order_relaxed);
       // The ring slot is free once every owner has taken the job kRing places back.
       wait_until(done_word_, [&] { return seq - slowest() < kRing; }, WaitClock::time_point::max());
       ring_[seq % kRing].store(&job, std::memory_order_relaxed);
       published_.store(seq + 1, std::memory_order_seq_cst);
       notify(published_word_);
     }
+    // Owner 0's turn comes when it has finished the jobs before this one.
+    wait_until(done_word_, [&] { return taken_[0].n.load(std::memory_order_seq_cst) == seq; },
+               WaitClock::time_point::max());
+    run_share(job, 0);
+    taken_[0].n.store(seq + 1, std::memory_order_seq_cst);
+    finish(job);
     wait_until(done_word_, [&] { return job.remaining.load(std::memory_order_seq_cst) == 0; },
                WaitClock::time_point::max());
     if (job.failed.load(std::memory_order_acquire)) throw Error(job.status, job.message);
@@ -330,17 +341,37 @@ class Accumulator::Team {
     int status = 0;
     std::string message;
   };
-  struct alignas(64) Progress {
-    std::atomic<uint64_t> taken{0};
+  struct alignas(64) Taken {
+    std::atomic<uint64_t> n{0};  // jobs this owner has taken from the ring
   };
 
   uint64_t slowest() const noexcept {
     uint64_t m = UINT64_MAX;
-    for (const auto& p : done_) m = std::min(m, p.taken.load(std::memory_order_seq_cst));
+    for (const auto& t : taken_) m = std::min(m, t.n.load(std::memory_order_seq_cst));
     return m;
   }
 
-  void fail_job(Job& job, int status, std::string message) noexcept {
+  void run_share(Job& job, unsigned w) noexcept {
+    try {
+      job.fn(job.ctx, w, size());
+    } catch (const Error& e) {
+      fail_job(job, e.status(), e.what());
+    } catch (const std::bad_alloc&) {
+      fail_job(job, GRADSYNC_E_NOMEM, "out of memory in an accumulator owner");
+    } catch (const std::exception& e) {
+      fail_job(job, GRADSYNC_E_INTERNAL, e.what());
+    } catch (...) {
+      fail_job(job, GRADSYNC_E_INTERNAL, "unknown exception in an accumulator owner");
+    }
+  }
+
+  // The job may be gone once its count reaches 0: nothing of it is touched after the decrement.
+  void finish(Job& job) noexcept {
+    job.remaining.fetch_sub(1, std::memory_order_seq_cst);
+    notify(done_word_);
+  }
+
+  static void fail_job(Job& job, int status, std::string message) noexcept {
     if (job.claimed.exchange(true, std::memory_order_acq_rel)) return;
     job.status = status;
     try {
@@ -351,26 +382,18 @@ class Accumulator::Team {
   }
 
   void work(unsigned w) {
-    const auto owners = size();
     for (uint64_t seq = 0;; ++seq) {
       wait_until(published_word_,
-                 [&] { return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0; },
+                 [&] {
+                   return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0;
+                 },
                  WaitClock::time_point::max());
       if (published_.load(std::memory_order_seq_cst) <= seq) return;  // stopped, and nothing left
       Job& job = *ring_[seq % kRing].load(std::memory_order_relaxed);
-      done_[w].taken.store(seq + 1, std::memory_order_seq_cst);
-      try {
-        job.fn(job.ctx, w, owners);
-      } catch (const Error& e) {
-        fail_job(job, e.status(), e.what());
-      } catch (const std::bad_alloc&) {
-        fail_job(job, GRADSYNC_E_NOMEM, "out of memory in an accumulator owner thread");
-      } catch (const std::exception& e) {
-        fail_job(job, GRADSYNC_E_INTERNAL, e.what());
-      }
-      // The job may be gone once the count reaches 0: nothing of it is touched after this.
-      job.remaining.fetch_sub(1, std::memory_order_seq_cst);
+      taken_[w].n.store(seq + 1, std::memory_order_seq_cst);
       notify(done_word_);
+      run_share(job, w);
+      finish(job);
     }
   }
 
@@ -388,7 +411,7 @@ class Accumulator::Team {
   }
 
   const pid_t pid_;
-  std::vector<Progress> done_;
+  std::vector<Taken> taken_;  // [0]: owner 0, the submitters in turn
   std::vector<std::thread> threads_;
   std::mutex submit_;
   std::atomic<uint64_t> published_{0};
@@ -398,13 +421,11 @@ class Accumulator::Team {
   WaitWord done_word_;
 };
 
-// An owner's buckets for one batch: its positions, grouped by partition, in position order.
+// An owner's share of one batch.
 struct Accumulator::OwnerScratch {
-  std::vector<uint32_t> idx;
-  std::vector<uint32_t> start;  // partition p's positions are idx[start[p], start[p + 1])
-  std::vector<uint32_t> fill;
-  std::vector<uint8_t> mine;    // mine[p]: this owner owns partition p
-  std::vector<uint32_t> busy;
+  std::vector<uint32_t> idx;   // positions of this owner's rows in the batch
+  std::vector<uint8_t> mine;   // mine[p]: this owner owns partition p
+  std::vector<uint32_t> held;  // partition locks held
 };
 
 Accumulator::~Accumulator() { team_.reset(); }
@@ -509,28 +530,36 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
 void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
-  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
   if (s.mine.size() != parts) {
     s.mine.resize(parts);
     for (uint64_t p = 0; p < parts; ++p) s.mine[p] = p % owners == w ? 1 : 0;
   }
-  // A stable counting sort of this owner's positions by partition.
-  s.start.assign(parts + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t p = part(rows[i]);
-    s.start[p + 1] += s.mine[p];
+  // This owner's partitions are locked for the whole batch, in increasing order (so owners of
+  // other processes, which lock in the same order, cannot deadlock with it): they shut out other
+  // processes on the file and this process's small batches, with no locked instruction per row.
+  s.held.clear();
+  struct Release {
+    Accumulator* self;
+    std::vector<uint32_t>& held;
+    ~Release() {
+      for (uint32_t p : held) self->unlock_stripe(&self->locks_[p]);
+    }
+  } release{this, s.held};
+  for (uint64_t p = w; p < parts; p += owners) {
+    lock_stripe(&locks_[p]);
+    s.held.push_back(static_cast<uint32_t>(p));
   }
-  for (uint64_t p = 0; p < parts; ++p) s.start[p + 1] += s.start[p];
-  s.idx.resize(s.start[parts]);
-  s.fill.assign(s.start.begin(), s.start.end() - 1);
+  // The positions of this owner's rows, in position order (branch-free: an id of another owner's
+  // row is written and then overwritten).
+  s.idx.resize(n + 1);
+  size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t p = part(rows[i]);
-    if (s.mine[p] != 0) s.idx[s.fill[p]++] = static_cast<uint32_t>(i);
+    s.idx[total] = static_cast<uint32_t>(i);
+    total += s.mine[static_cast<uint64_t>(stripe_of(rows[i]) - locks_)];
   }
   const size_t d = static_cast<size_t>(dim());
   const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
-  constexpr size_t kAhead = 8;
-  const size_t total = s.idx.size();
+  constexpr size_t kAhead = GS_ADD_AHEAD;
   Pending pending;
   size_t lost = 0;
   auto prefetch = [&](size_t k) {
@@ -539,48 +568,21 @@ void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, u
     for (size_t j = 0; j < row_lines; ++j) __builtin_prefetch(p + 64 * j, 1, 3);
     __builtin_prefetch(&flags_[r], 1, 3);
   };
-  // The partition lock shuts out other processes on the file and small batches of this one added
-  // by their callers; no locked instruction per row.
-  auto add_partition = [&](uint64_t p) {
-    for (size_t k = s.start[p]; k < s.start[p + 1]; ++k) {
-      if (k + kAhead < total) prefetch(k + kAhead);
-      const size_t i = s.idx[k];
-      const int64_t r = rows[i];
-      auto flag = atomic(flags_[r]);
-      if (flag.load(std::memory_order_relaxed) == 0) {  // the flag goes up before the add
-        flag.store(1, std::memory_order_relaxed);
-        pending.rows[pending.n++] = r;
-        if (pending.n == Pending::kCap) {
-          lost += append_touched(pending.rows, pending.n);
-          pending.n = 0;
-        }
-      }
-      add_row_plain(table_->row_ptr(r), grads + i * d, d);
-    }
-  };
   for (size_t k = 0; k < total && k < kAhead; ++k) prefetch(k);
-  try {
-    // Partitions held by another process now are done last, so their wait overlaps useful work.
-    s.busy.clear();
-    for (uint64_t p = w; p < parts; p += owners) {
-      if (s.start[p] == s.start[p + 1]) continue;
-      uint32_t expected = 0;
-      if (!atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
-                                                     std::memory_order_relaxed)) {
-        s.busy.push_back(static_cast<uint32_t>(p));
-        continue;
+  for (size_t k = 0; k < total; ++k) {
+    if (k + kAhead < total) prefetch(k + kAhead);
+    const size_t i = s.idx[k];
+    const int64_t r = rows[i];
+    auto flag = atomic(flags_[r]);
+    if (flag.load(std::memory_order_relaxed) == 0) {  // the flag goes up before the add
+      flag.store(1, std::memory_order_relaxed);
+      pending.rows[pending.n++] = r;
+      if (pending.n == Pending::kCap) {
+        lost += append_touched(pending.rows, pending.n);
+        pending.n = 0;
       }
-      add_partition(p);
-      unlock_stripe(&locks_[p]);
     }
-    for (uint32_t p : s.busy) {
-      lock_stripe(&locks_[p]);
-      add_partition(p);
-      unlock_stripe(&locks_[p]);
-    }
-  } catch (...) {
-    append_touched(pending.rows, pending.n);  // the rows added so far stay listed
-    throw;
+    add_row_plain(table_->row_ptr(r), grads + i * d, d);
   }
   lost += append_touched(pending.rows, pending.n);
   GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,

@@ -59,7 +59,7 @@ struct AccumSpec {
   int64_t dim = -1;
   int32_t concurrency = -1;    // -1: the mode of the processes that have the file open, else striped
   int64_t rows_per_lock = -1;  // -1: likewise, else kDefaultRowsPerLock
-  int64_t threads = -1;        // owner mode: owner threads; -1: the CPUs this process may use
+  int64_t threads = -1;        // owner mode: owners (the caller + threads - 1); -1: the CPUs this process may use
 };
 
 struct OptimizerSpec {
@@ -117,7 +117,7 @@ class Accumulator {
   int64_t dim() const noexcept { return table_->dim(); }
   Concurrency concurrency() const noexcept { return mode_; }
   int64_t rows_per_lock() const noexcept { return rows_per_lock_; }
-  // Owner mode: the owner threads of this handle (0 in the other modes).
+  // Owner mode: the owners of this handle, the calling thread included (0 in the other modes).
   int threads() const noexcept;
   table::Table& table() noexcept { return *table_; }
   // Row locks held right now, by any process (for tests that need a holder caught holding).
@@ -148,8 +148,8 @@ class Accumulator {
   struct Pending;
   class Team;
   struct OwnerScratch;
-  // Owner mode: owner w of `owners` adds the rows of its partitions, partition by partition under
-  // the partition's lock, each partition's rows in position order.
+  // Owner mode: owner w of `owners` adds the rows of its partitions in position order, holding
+  // their locks.
   void add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
@@ -183,7 +183,7 @@ class Accumulator {
   // Adds hold it shared; apply, zero and touched hold it exclusively, so within a process every
   // add lands either wholly before an apply (and is applied) or after it (and stays touched).
   std::shared_mutex phase_;
-  // Owner mode: the owner threads and their per-batch buckets (declared last: stopped first).
+  // Owner mode: the owner threads and their per-batch scratch (declared last: stopped first).
   std::vector<OwnerScratch> scratch_;
   std::unique_ptr<Team> team_;
 };
