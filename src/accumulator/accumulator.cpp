@@ -382,8 +382,11 @@ class Accumulator::Team {
   }
 
   void work(unsigned w) {
+    // Spins as long as spinning has caught the next job lately: a caller's next batch usually
+    // follows within microseconds, and a futex wake-up costs tens of them.
+    AdaptiveWait wait(static_cast<int>(size()));
     for (uint64_t seq = 0;; ++seq) {
-      wait_until(published_word_,
+      wait(published_word_,
                  [&] {
                    return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0;
                  },
@@ -423,9 +426,11 @@ class Accumulator::Team {
 
 // An owner's share of one batch.
 struct Accumulator::OwnerScratch {
-  std::vector<uint32_t> idx;   // positions of this owner's rows in the batch
-  std::vector<uint8_t> mine;   // mine[p]: this owner owns partition p
-  std::vector<uint32_t> held;  // partition locks held
+  std::vector<uint32_t> idx;       // positions of this owner's rows to add now, in order
+  std::vector<uint8_t> state;      // per partition, in the current pass
+  std::vector<uint32_t> held;      // partition locks held
+  std::vector<uint32_t> deferred;  // positions whose partition another process held
+  std::vector<uint32_t> retry;
 };
 
 Accumulator::~Accumulator() { team_.reset(); }
@@ -471,25 +476,31 @@ void add_row_plain(float* __restrict g, const float* __restrict s, size_t d) noe
 }  // namespace
 
 template <Concurrency M>
-void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
+void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads, const uint32_t* pos) {
   const size_t d = static_cast<size_t>(dim());
   const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
   constexpr size_t kAhead = GS_ADD_AHEAD;
   Pending pending;
   size_t lost = 0;
+  // In locals: the row kernel is an opaque call, after which members would be loaded again.
+  float* const table = table_->data();
+  uint8_t* const flags = flags_;
   auto prefetch = [&](int64_t r) {
-    const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
+    const char* p = reinterpret_cast<const char*>(table + static_cast<size_t>(r) * d);
     for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
-    __builtin_prefetch(&flags_[r], 1, 3);
+    __builtin_prefetch(&flags[r], 1, 3);
     if constexpr (M == Concurrency::Striped) __builtin_prefetch(stripe_of(r), 1, 3);
   };
-  for (size_t i = 0; i < n && i < kAhead; ++i) prefetch(rows[i]);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(rows[i + kAhead]);
+  // Entry k is position pos[k] of the batch (k itself without pos).
+  auto at = [pos](size_t k) { return pos == nullptr ? k : static_cast<size_t>(pos[k]); };
+  for (size_t k = 0; k < n && k < kAhead; ++k) prefetch(rows[at(k)]);
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kAhead < n) prefetch(rows[at(k + kAhead)]);
+    const size_t i = at(k);
     const int64_t r = rows[i];
     const float* src = grads + i * d;
-    float* g = table_->row_ptr(r);
-    auto flag = atomic(flags_[r]);
+    float* g = table + static_cast<size_t>(r) * d;
+    auto flag = atomic(flags[r]);
     // The flag goes up before the add: a crash can never hide a gradient from apply.
     if constexpr (M == Concurrency::Striped) {
       uint32_t* w = stripe_of(r);
@@ -506,8 +517,16 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
       add_row_plain(g, src, d);
       unlock_stripe(w);
     } else {
-      if (flag.load(std::memory_order_relaxed) == 0 && flag.exchange(1, std::memory_order_acq_rel) == 0)
+      if constexpr (M == Concurrency::Owner) {
+        // The partition's lock (held by the caller for the whole batch) orders every writer of
+        // the flag: a plain store, no locked instruction on a line the other owners' flags share.
+        if (flag.load(std::memory_order_relaxed) == 0) {
+          flag.store(1, std::memory_order_relaxed);
+          pending.rows[pending.n++] = r;
+        }
+      } else if (flag.load(std::memory_order_relaxed) == 0 && flag.exchange(1, std::memory_order_acq_rel) == 0) {
         pending.rows[pending.n++] = r;
+      }
       if constexpr (M == Concurrency::LockFree) {
         for (size_t j = 0; j < d; ++j) atomic(g[j]).fetch_add(src[j], std::memory_order_relaxed);
       } else {
@@ -530,65 +549,82 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads) {
 void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
-  if (s.mine.size() != parts) {
-    s.mine.resize(parts);
-    for (uint64_t p = 0; p < parts; ++p) s.mine[p] = p % owners == w ? 1 : 0;
-  }
-  // This owner's partitions are locked for the whole batch, in increasing order (so owners of
-  // other processes, which lock in the same order, cannot deadlock with it): they shut out other
-  // processes on the file and this process's small batches, with no locked instruction per row.
-  s.held.clear();
-  struct Release {
-    Accumulator* self;
-    std::vector<uint32_t>& held;
-    ~Release() {
-      for (uint32_t p : held) self->unlock_stripe(&self->locks_[p]);
-    }
-  } release{this, s.held};
-  for (uint64_t p = w; p < parts; p += owners) {
-    lock_stripe(&locks_[p]);
-    s.held.push_back(static_cast<uint32_t>(p));
-  }
-  // The positions of this owner's rows, in position order (branch-free: an id of another owner's
-  // row is written and then overwritten).
-  s.idx.resize(n + 1);
-  size_t total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    s.idx[total] = static_cast<uint32_t>(i);
-    total += s.mine[static_cast<uint64_t>(stripe_of(rows[i]) - locks_)];
-  }
-  const size_t d = static_cast<size_t>(dim());
-  const size_t row_lines = std::min<size_t>((d * sizeof(float) + 63) / 64, 16);
-  constexpr size_t kAhead = GS_ADD_AHEAD;
-  Pending pending;
-  size_t lost = 0;
-  auto prefetch = [&](size_t k) {
-    const int64_t r = rows[s.idx[k]];
-    const char* p = reinterpret_cast<const char*>(table_->row_ptr(r));
-    for (size_t j = 0; j < row_lines; ++j) __builtin_prefetch(p + 64 * j, 1, 3);
-    __builtin_prefetch(&flags_[r], 1, 3);
+  // Per partition, for the current pass: another owner's, this owner's and not tried yet, held,
+  // or deferred (another process held it at the first try).
+  enum : uint8_t { kOther = 0, kHeld = 1, kDeferred = 2, kUntried = 3 };
+  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
+  auto reset_state = [&] {
+    s.state.resize(parts);
+    for (uint64_t p = 0; p < parts; ++p) s.state[p] = p % owners == w ? kUntried : kOther;
   };
-  for (size_t k = 0; k < total && k < kAhead; ++k) prefetch(k);
-  for (size_t k = 0; k < total; ++k) {
-    if (k + kAhead < total) prefetch(k + kAhead);
-    const size_t i = s.idx[k];
-    const int64_t r = rows[i];
-    auto flag = atomic(flags_[r]);
-    if (flag.load(std::memory_order_relaxed) == 0) {  // the flag goes up before the add
-      flag.store(1, std::memory_order_relaxed);
-      pending.rows[pending.n++] = r;
-      if (pending.n == Pending::kCap) {
-        lost += append_touched(pending.rows, pending.n);
-        pending.n = 0;
-      }
+  s.held.clear();
+  auto release = [&] {
+    for (uint32_t p : s.held) unlock_stripe(&locks_[p]);
+    s.held.clear();
+  };
+  // Tries the lock of every partition of this owner still untried, once: taken, it is held for
+  // the pass; busy (another process holds it), the partition's rows are deferred to a later pass.
+  auto try_all = [&] {
+    for (uint64_t p = w; p < parts; p += owners) {
+      if (s.state[p] != kUntried) continue;
+      uint32_t expected = 0;
+      const bool got = atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
+                                                                 std::memory_order_relaxed);
+      s.state[p] = got ? kHeld : kDeferred;
+      if (got) s.held.push_back(static_cast<uint32_t>(p));
     }
-    add_row_plain(table_->row_ptr(r), grads + i * d, d);
+  };
+  // Sorts positions out, keeping their order: this owner's rows whose partition it holds go to
+  // s.idx, those whose partition another process holds to `deferred`. Branch-free: a position is
+  // written to both lists and kept by the one whose count moves.
+  auto sort_out = [&](const uint32_t* from, size_t count, std::vector<uint32_t>& deferred) {
+    s.idx.resize(count + 1);
+    deferred.resize(count + 1);
+    const uint8_t* state = s.state.data();
+    uint32_t* now = s.idx.data();
+    uint32_t* later = deferred.data();
+    size_t held = 0, put_off = 0;
+    // part() without its one-lock case: with one partition every row is in partition 0.
+    const unsigned shift = parts == 1 ? 63 : lock_shift_;
+    const uint64_t mask = parts == 1 ? 0 : ~uint64_t{0};
+    for (size_t k = 0; k < count; ++k) {
+      const auto i = from != nullptr ? from[k] : static_cast<uint32_t>(k);
+      const uint8_t st = state[((static_cast<uint64_t>(rows[i]) * 0x9E3779B97F4A7C15ull) >> shift) & mask];
+      now[held] = i;
+      later[put_off] = i;
+      held += st == kHeld;
+      put_off += st == kDeferred;
+    }
+    s.idx.resize(held);
+    deferred.resize(put_off);
+  };
+  // The rows of s.idx, in order, under their partitions' locks: no locked instruction per row.
+  auto add_held = [&] { add_rows<Concurrency::Owner>(rows, s.idx.size(), grads, s.idx.data()); };
+  // Locks are only tried while others are held, and waited for while none is: no deadlock with
+  // the owners of other processes, which meanwhile work on the partitions they hold. A deferred
+  // partition's rows all wait for a later pass, so each row still gets its adds in position order.
+  try {
+    reset_state();
+    try_all();
+    sort_out(nullptr, n, s.deferred);
+    add_held();
+    while (!s.deferred.empty()) {
+      release();
+      reset_state();
+      const uint64_t p = part(rows[s.deferred.front()]);
+      lock_stripe(&locks_[p]);  // holding nothing
+      s.state[p] = kHeld;
+      s.held.push_back(static_cast<uint32_t>(p));
+      try_all();
+      s.retry.swap(s.deferred);
+      sort_out(s.retry.data(), s.retry.size(), s.deferred);
+      add_held();
+    }
+    release();
+  } catch (...) {
+    release();
+    throw;
   }
-  lost += append_touched(pending.rows, pending.n);
-  GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,
-             "'{}': the touched count in the shared state region exceeds its {} rows (damaged by another "
-             "process); {} rows were added but not listed: reopen the file with no other process holding it, "
-             "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
 }
 
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }

@@ -144,12 +144,12 @@ class Accumulator {
   Accumulator() = default;
   void attach_aux(const AccumSpec& spec);
   template <Concurrency M>
-  void add_rows(const int64_t* rows, size_t n, const float* grads);
+  void add_rows(const int64_t* rows, size_t n, const float* grads, const uint32_t* pos = nullptr);
   struct Pending;
   class Team;
   struct OwnerScratch;
-  // Owner mode: owner w of `owners` adds the rows of its partitions in position order, holding
-  // their locks.
+  // Owner mode: owner w of `owners` adds the rows of its partitions in position order, under the
+  // partitions' locks (a partition another process holds is done after the others).
   void add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;

@@ -664,6 +664,16 @@ TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, n
   CHECK(all_equal(row_of(*a, 3), 512.0f));
 }
 
+TEST_CASE("owner mode: more owners than partitions (a 4-row table has one)", "[accumulator][owner]") {
+  auto a = Accumulator::open(owner_spec(4, 3, 4));
+  std::vector<int64_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i % 4);
+  std::vector<float> g(ids.size() * 3, 0.5f);
+  a->add_batch(ids.data(), ids.size(), g.data(), g.size());
+  for (int r = 0; r < 4; ++r) CHECK(all_equal(row_of(*a, r), 125.0f));
+  CHECK(a->touched_count() == 4);
+}
+
 TEST_CASE("owner mode: options are checked", "[accumulator][owner]") {
   expect_error([] { Accumulator::open(owner_spec(16, 4, 0)); }, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 64]");
   expect_error([] { Accumulator::open(owner_spec(16, 4, 65)); }, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 64]");
