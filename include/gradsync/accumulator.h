@@ -160,7 +160,8 @@ GRADSYNC_API int gradsync_accum_add_batch(gradsync_accum *accum, const int64_t *
                                           size_t count);
 
 /**
- * @brief Copy the gradient of one row out, under that row's lock (a consistent row in STRIPED mode).
+ * @brief Copy the gradient of one row out, under that row's lock (a consistent row in STRIPED and
+ *        OWNER modes).
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_accum_get(gradsync_accum *accum, int64_t row, float *out, size_t count);
@@ -174,7 +175,8 @@ GRADSYNC_API int gradsync_accum_zero(gradsync_accum *accum);
 GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum *accum, int64_t *count);
 
 /**
- * @brief The touched rows, in the order they were first touched.
+ * @brief The touched rows, in the order they were first touched (OWNER mode: each owner's rows in
+ *        that order, the owners' interleaved as they ran).
  * @param[out] out receives *needed ids when capacity >= *needed
  * @param[out] needed the number of touched rows (always written)
  * @retval GRADSYNC_E_BUFS capacity < *needed: nothing was copied

@@ -659,7 +659,8 @@ static void sweep_options_structs(void) {
     gradsync_table_free(t);
 
     obuf.accum = anon_accum_options();
-    apply_options_case(c, sizeof obuf.accum, sizeof obuf.accum, GRADSYNC_ACCUM_OPTIONS_VERSION);
+    apply_options_case(c, offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t), sizeof obuf.accum,
+                       GRADSYNC_ACCUM_OPTIONS_VERSION);
     sweep_begin();
     status = gradsync_accum_open(&a, NULL, &obuf.accum);
     report_options_case("gradsync_accum_open", c->what, c->expected, status, __LINE__);
@@ -708,7 +709,8 @@ static void sweep_options_structs(void) {
     EXPECT_TRUE(((unsigned char *)out.opts)[4095] == 0 && struct_size_of(out.opts) == sizeof(type)); \
   } while (0)
   SWEEP_INIT(gradsync_table_options_init, gradsync_table_options, offsetof(gradsync_table_options, hi) + sizeof(double));
-  SWEEP_INIT(gradsync_accum_options_init, gradsync_accum_options, sizeof(gradsync_accum_options));
+  SWEEP_INIT(gradsync_accum_options_init, gradsync_accum_options,
+             offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t));
   SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, sizeof(gradsync_optimizer));
   SWEEP_INIT(gradsync_comm_options_init, gradsync_comm_options, sizeof(gradsync_comm_options));
   SWEEP_INIT(gradsync_shard_options_init, gradsync_shard_options, sizeof(gradsync_shard_options));
@@ -1133,7 +1135,11 @@ static void sweep_accumulator(void) {
     o = anon_accum_options(), o.mode = bad_modes[i];
     EXPECT_NEW(GRADSYNC_E_INVALID_ARG, a, gradsync_accum_open(&a, NULL, &o));
   }
-  o = anon_accum_options(), o.concurrency = 3;
+  o = anon_accum_options(), o.concurrency = 4;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, a, gradsync_accum_open(&a, NULL, &o));
+  o = anon_accum_options(), o.concurrency = GRADSYNC_ACCUM_OWNER, o.threads = 65;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, a, gradsync_accum_open(&a, NULL, &o));
+  o = anon_accum_options(), o.concurrency = GRADSYNC_ACCUM_OWNER, o.threads = -2;
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, a, gradsync_accum_open(&a, NULL, &o));
   o = anon_accum_options(), o.concurrency = -1;
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, a, gradsync_accum_open(&a, NULL, &o));
