@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // C shims of the communicator (include/gradsync/comm.h) over gradsync::comm::Communicator.
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -9,6 +10,7 @@
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "capi/options.hpp"
+#include "comm/call_signature.hpp"
 #include "comm/communicator.hpp"
 #include "gradsync/comm.h"
 
@@ -343,6 +345,9 @@ GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_o
   return gradsync::capi::create(__func__, out, [&] {
     const auto options = parse_options(opts);
     auto impl = gradsync::comm::create(options);
+    if (const char* prefix = std::getenv("GRADSYNC_TIMELINE"); prefix != nullptr && *prefix != '\0') {
+      impl->telemetry().open_timeline(fmt::format("{}.{}", prefix, impl->rank()), impl->rank());
+    }
     std::string description = describe(options, *impl);
     return new gradsync_comm(std::make_shared<CommLink>(std::move(impl), std::move(description)));
   });
@@ -683,6 +688,66 @@ GRADSYNC_API void gradsync_request_free(gradsync_request* request) {
   // collective's wait is bounded by the communicator's timeout).
   request->done->wait(std::chrono::milliseconds(-1));
   delete request;
+}
+
+static_assert(GRADSYNC_COLLECTIVE_SLOTS == gradsync::comm::kCollectiveSlots &&
+              GRADSYNC_COLLECTIVE_ALLREDUCE == static_cast<int>(gradsync::comm::Collective::Allreduce) &&
+              GRADSYNC_COLLECTIVE_BROADCAST == static_cast<int>(gradsync::comm::Collective::Broadcast) &&
+              GRADSYNC_COLLECTIVE_ALLGATHER == static_cast<int>(gradsync::comm::Collective::Allgather) &&
+              GRADSYNC_COLLECTIVE_REDUCE_SCATTER == static_cast<int>(gradsync::comm::Collective::ReduceScatter) &&
+              GRADSYNC_COLLECTIVE_BARRIER == static_cast<int>(gradsync::comm::Collective::Barrier) &&
+              GRADSYNC_COLLECTIVE_WEIGHTED_MEAN == static_cast<int>(gradsync::comm::Collective::WeightedMean) &&
+              GRADSYNC_COLLECTIVE_ALLTOALL == static_cast<int>(gradsync::comm::Collective::Alltoall),
+              "gradsync_collective indexes the statistics by the internal Collective values");
+
+GRADSYNC_API int gradsync_comm_stats(const gradsync_comm* comm, gradsync_comm_statistics* stats,
+                                     gradsync_comm_peer_stats* peers, size_t capacity) {
+  return guard(__func__, [&]() -> int {
+    const CommLink& link = *check(comm)->link;
+    GS_REQUIRE(stats != nullptr, GRADSYNC_E_INVALID_ARG, "stats is NULL");
+    GS_REQUIRE(peers != nullptr || capacity == 0, GRADSYNC_E_INVALID_ARG, "peers is NULL for capacity {}", capacity);
+    const size_t size = stats->struct_size;
+    GS_REQUIRE(size >= sizeof(gradsync_comm_statistics) && size <= gradsync::capi::kMaxOptionsStructSize,
+               GRADSYNC_E_INVALID_ARG,
+               "stats.struct_size {} is not the size of any version of the struct (accepted: {} to {}); not "
+               "initialised?", size, sizeof(gradsync_comm_statistics), gradsync::capi::kMaxOptionsStructSize);
+    const gradsync::comm::StatsSnapshot snap = link.communicator().telemetry().stats();
+    gradsync_comm_statistics out{};
+    out.struct_size = static_cast<uint32_t>(size);
+    out.version = GRADSYNC_COMM_STATISTICS_VERSION;
+    out.rank = link.rank();
+    out.size = link.size();
+    out.straggler = snap.straggler;
+    out.rounds = snap.rounds;
+    for (size_t c = 0; c < GRADSYNC_COLLECTIVE_SLOTS; ++c) {
+      const gradsync::comm::CollectiveTotals& t = snap.collectives[c];
+      out.collective[c] = {t.calls, t.failed, t.bytes, t.wait_ns, t.move_ns};
+    }
+    // A newer caller's fields that this library does not know read as 0.
+    std::memset(reinterpret_cast<char*>(stats) + sizeof(out), 0, size - sizeof(out));
+    std::memcpy(stats, &out, sizeof(out));
+    if (capacity == 0) return GRADSYNC_OK;
+    const auto n = static_cast<size_t>(link.size());
+    if (capacity < n) {
+      return gradsync::capi::set_last_error(
+          GRADSYNC_E_BUFS, __func__,
+          fmt::format("peers holds {} entries; the group has {} ranks", capacity, n).c_str());
+    }
+    for (size_t r = 0; r < n; ++r) {
+      const gradsync::comm::PeerLateness p = r < snap.peers.size() ? snap.peers[r] : gradsync::comm::PeerLateness{};
+      peers[r] = {p.late_ns, p.max_late_ns, p.last};
+    }
+    return GRADSYNC_OK;
+  });
+}
+
+GRADSYNC_API int gradsync_comm_timeline(gradsync_comm* comm, const char* path) {
+  return run(__func__, comm, [&](const CommLink& l) -> Op {
+    GS_REQUIRE(path == nullptr || *path != '\0', GRADSYNC_E_INVALID_ARG, "timeline path is empty (NULL stops it)");
+    return [p = std::string(path == nullptr ? "" : path), rank = l.rank()](Communicator& c) {
+      c.telemetry().open_timeline(p, rank);
+    };
+  });
 }
 
 GRADSYNC_API int gradsync_comm_alloc(gradsync_comm* comm, size_t bytes, void** ptr) {

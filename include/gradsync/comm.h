@@ -459,6 +459,116 @@ GRADSYNC_API void gradsync_request_free(gradsync_request *request);
  */
 GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm *comm, int32_t *status);
 
+/* ---------------------------------------------------------------- statistics and timeline */
+
+/*
+ * Every communicator counts its calls, blocking or not, on every transport: per collective, the
+ * calls, their bytes and their time, split into waiting for peers (from this rank's arrival until
+ * every rank has arrived, or the call failed waiting) and data movement (the rest of the call:
+ * staging, reducing, copying and the barriers that pace them). For each round that every rank
+ * reached, each rank's arrival is compared with the round's first arrival; every rank sees the
+ * same arrivals, so every rank computes the same lateness figures and names the same straggler.
+ * Arrivals are compared in the host's monotonic clock (THREAD, SHM) or, on MPI, in the ranks'
+ * system clocks (exchanged with the arrival fingerprint; across hosts only as good as their clock
+ * synchronisation, and not measured when check_mismatch is 0). Figures accumulate from creation;
+ * a call that starts another collective inside it counts once.
+ */
+
+/** Collectives, as gradsync_comm_stats indexes them (entry 0 is unused). */
+typedef enum gradsync_collective {
+  GRADSYNC_COLLECTIVE_ALLREDUCE = 1,      /**< allreduce and allreduce_many */
+  GRADSYNC_COLLECTIVE_BROADCAST = 2,      /**< broadcast */
+  GRADSYNC_COLLECTIVE_ALLGATHER = 3,      /**< allgather */
+  GRADSYNC_COLLECTIVE_REDUCE_SCATTER = 4, /**< reduce_scatter */
+  GRADSYNC_COLLECTIVE_BARRIER = 5,        /**< barrier */
+  GRADSYNC_COLLECTIVE_WEIGHTED_MEAN = 6,  /**< weighted_mean */
+  GRADSYNC_COLLECTIVE_ALLTOALL = 7        /**< alltoall */
+} gradsync_collective;
+
+/** Entries of gradsync_comm_statistics.collective: one per gradsync_collective value, and entry 0. */
+#define GRADSYNC_COLLECTIVE_SLOTS 8
+
+/** One collective's figures on this rank. */
+typedef struct gradsync_comm_collective_stats {
+  uint64_t calls;   /**< calls that returned GRADSYNC_OK */
+  uint64_t failed;  /**< calls that returned an error (after their arguments were accepted) */
+  uint64_t bytes;   /**< payload of the calls: the whole vector of each (count x element size) */
+  uint64_t wait_ns; /**< time waiting for peers to arrive */
+  uint64_t move_ns; /**< the rest of the calls' time: moving data */
+} gradsync_comm_collective_stats;
+
+/** One rank's arrivals, as every rank of the group saw them. */
+typedef struct gradsync_comm_peer_stats {
+  uint64_t late_ns;     /**< sum over rounds of its arrival after the round's first arrival */
+  uint64_t max_late_ns; /**< the largest of those */
+  uint64_t last;        /**< rounds in which it arrived last (strictly after the first) */
+} gradsync_comm_peer_stats;
+
+#define GRADSYNC_COMM_STATISTICS_VERSION 1
+
+/**
+ * A communicator's statistics, filled by gradsync_comm_stats. Set struct_size (and version) before
+ * the call, with GRADSYNC_COMM_STATISTICS_INIT or by hand: the library writes the fields that size
+ * holds, sets version to the version it wrote, and zeroes bytes of a newer struct it does not know.
+ */
+typedef struct gradsync_comm_statistics {
+  uint32_t struct_size; /**< sizeof(gradsync_comm_statistics) as the caller compiled it */
+  uint32_t version;     /**< out: the version the library filled in (GRADSYNC_COMM_STATISTICS_VERSION) */
+  int32_t rank;         /**< this member's rank */
+  int32_t size;         /**< ranks in the group: the entries gradsync_comm_stats writes to peers */
+  int32_t straggler;    /**< the rank with the largest late_ns, or -1 while no rank was late */
+  int32_t reserved0;    /**< 0 */
+  uint64_t rounds;      /**< rounds whose arrivals were compared (the peers' figures cover these) */
+  gradsync_comm_collective_stats collective[GRADSYNC_COLLECTIVE_SLOTS]; /**< by gradsync_collective */
+  /* append only */
+} gradsync_comm_statistics;
+
+#define GRADSYNC_COMM_STATISTICS_INIT                                                         \
+  {                                                                                          \
+    sizeof(gradsync_comm_statistics), GRADSYNC_COMM_STATISTICS_VERSION, 0, 0, -1, 0, 0,      \
+    {                                                                                        \
+      { 0, 0, 0, 0, 0 }                                                                      \
+    }                                                                                        \
+  }
+
+/**
+ * @brief This rank's statistics of the communicator's calls since its creation (see above).
+ *
+ * Reads the figures without taking the handle: it may be called while a call of the
+ * communicator runs (a request in flight), and then reports the calls completed so far.
+ * @param[in] comm the communicator
+ * @param[in,out] stats struct_size set by the caller (at least version 1's size); filled on success
+ * @param[out] peers capacity entries, filled with rank r's arrivals at peers[r] for r < size; may
+ *        be NULL when capacity is 0
+ * @param[in] capacity entries in peers: 0 (peers not wanted) or at least the group's size
+ * @retval GRADSYNC_E_INVALID_ARG stats is NULL, its struct_size fits no version, or peers is NULL
+ *         with capacity > 0
+ * @retval GRADSYNC_E_BUFS 0 < capacity < size: stats is filled (its size says how many entries
+ *         peers needs), peers is untouched
+ * @threadsafety any (also while another thread is inside a call on comm)
+ */
+GRADSYNC_API int gradsync_comm_stats(const gradsync_comm *comm, gradsync_comm_statistics *stats,
+                                     gradsync_comm_peer_stats *peers, size_t capacity);
+
+/**
+ * @brief Write this rank's timeline of the communicator's calls to a file, as Chrome-trace JSON
+ *        (chrome://tracing, Perfetto): per call an event named after the collective (args: the
+ *        call number, bytes, status) and within it its phases, "wait for peers" and "data
+ *        movement"; the process is this rank. Timestamps are in the host's monotonic clock, so
+ *        the files of one host's ranks line up when loaded together.
+ *
+ * With the environment variable GRADSYNC_TIMELINE=prefix set, gradsync_comm_create starts one
+ * for each communicator at "<prefix>.<rank>" (a prefix that cannot be written fails the create
+ * with GRADSYNC_E_IO). Events are written in batches, and the document is completed when the
+ * timeline is stopped (path NULL), replaced, or the communicator freed.
+ * @param[in] comm the communicator
+ * @param[in] path the file to write (created or truncated), or NULL to stop and complete the current one
+ * @retval GRADSYNC_E_IO path cannot be written, or the timeline being completed could not be
+ *         written in full (the message names the file)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_timeline(gradsync_comm *comm, const char *path);
+
 /* ---------------------------------------------------------------- buffers for zero copy */
 
 /**

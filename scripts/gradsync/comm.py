@@ -35,7 +35,7 @@ from .dataparallel import partition
 from ._lib import (E_IN_PROGRESS, GradsyncError, Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
                    lib, numpy_array)
 
-__all__ = ["Communicator", "Request", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
+__all__ = ["Communicator", "Request", "COLLECTIVES", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
@@ -239,6 +239,30 @@ def _op(value):
         except KeyError:
             raise ValueError(f"unknown op {value!r}; expected one of {sorted(OPS)}") from None
     return int(value)
+
+
+# gradsync_collective: the statistics' index of each collective.
+COLLECTIVES = {1: "allreduce", 2: "broadcast", 3: "allgather", 4: "reduce_scatter", 5: "barrier", 6: "weighted_mean",
+               7: "alltoall"}
+
+
+class _CollectiveStats(ctypes.Structure):
+    _fields_ = [("calls", c_uint64), ("failed", c_uint64), ("bytes", c_uint64), ("wait_ns", c_uint64),
+                ("move_ns", c_uint64)]
+
+
+class _PeerStats(ctypes.Structure):
+    _fields_ = [("late_ns", c_uint64), ("max_late_ns", c_uint64), ("last", c_uint64)]
+
+
+class _Statistics(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("rank", c_int32), ("size", c_int32),
+                ("straggler", c_int32), ("reserved0", c_int32), ("rounds", c_uint64),
+                ("collective", _CollectiveStats * 8)]
+
+
+declare("gradsync_comm_stats", c_int, _P, ctypes.POINTER(_Statistics), ctypes.POINTER(_PeerStats), c_size_t)
+declare("gradsync_comm_timeline", c_int, _P, ctypes.c_char_p)
 
 
 def _array(a, name, writable=True):
@@ -469,6 +493,30 @@ class Communicator(Handle):
         memory = (ctypes.c_char * nbytes).from_address(address.value)
         weakref.finalize(memory, _free_buffer, self, address.value)
         return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+
+    def stats(self):
+        """This rank's figures since creation (gradsync_comm_stats), as a dict: "collectives" maps
+        each collective called to its calls, failed, bytes, wait_ns (waiting for peers) and
+        move_ns (moving data); "peers" lists every rank's arrivals, as every rank saw them alike
+        (late_ns summed over rounds after the round's first arrival, max_late_ns, last: rounds
+        it arrived last); "straggler" is the rank latest in sum, or None; "rounds" the rounds
+        compared. Safe from any thread, also while a call runs."""
+        s = _Statistics(struct_size=ctypes.sizeof(_Statistics), version=1)
+        peers = (_PeerStats * self.size)()
+        check(lib.gradsync_comm_stats(self.ptr, ctypes.byref(s), peers, self.size))
+        collectives = {}
+        for value, name in COLLECTIVES.items():
+            c = s.collective[value]
+            if c.calls or c.failed:
+                collectives[name] = {f: getattr(c, f) for f, _ in _CollectiveStats._fields_}
+        return {"rank": s.rank, "size": s.size, "rounds": s.rounds,
+                "straggler": None if s.straggler < 0 else s.straggler, "collectives": collectives,
+                "peers": [{f: getattr(p, f) for f, _ in _PeerStats._fields_} for p in peers]}
+
+    def timeline(self, path):
+        """Write this rank's calls to `path` as Chrome-trace JSON from now on (None: stop and
+        complete the file). GRADSYNC_TIMELINE=prefix does it for every communicator, at prefix.<rank>."""
+        check(lib.gradsync_comm_timeline(self.ptr, None if path is None else os.fsencode(path)))
 
     def abort(self):
         """Wake every rank waiting in a collective with E_ABORTED; safe from any thread."""

@@ -25,6 +25,7 @@
 
 #include "common/dtype.hpp"
 #include "common/partition.hpp"
+#include "comm/telemetry.hpp"
 
 namespace gradsync::comm {
 
@@ -57,6 +58,13 @@ struct BufferRef {
   void* recv;
   size_t count;
 };
+
+// The bytes of a (fused) allreduce, as its statistics count them.
+inline uint64_t payload_bytes(std::span<const BufferRef> buffers, DType dtype) noexcept {
+  uint64_t n = 0;
+  for (const BufferRef& b : buffers) n += b.count;
+  return n * dtype_size(dtype);
+}
 
 class Communicator {
  public:
@@ -111,6 +119,9 @@ class Communicator {
   // Set while no call runs (the C API's one-call-at-a-time rule makes that so).
   void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
 
+  // Statistics and timeline of this communicator's calls (comm/telemetry.hpp).
+  Telemetry& telemetry() noexcept { return telemetry_; }
+
  protected:
   // The default weighted_mean in two halves around a rank-order f64 sum of the staged vector (its
   // count + 1 entries: the products, then the weight), for a transport that judges the call
@@ -120,6 +131,7 @@ class Communicator {
                             DType dtype, uint64_t* total_weight) const;
 
   InterruptCheck interrupt_;
+  Telemetry telemetry_;
 
  private:
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator

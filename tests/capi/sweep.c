@@ -322,6 +322,11 @@ static int h_comm_allgather(void *h) { return gradsync_comm_allgather(h, in_f32,
 static int h_comm_reduce_scatter(void *h) { return gradsync_comm_reduce_scatter(h, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM); }
 static int h_comm_alltoall(void *h) { return gradsync_comm_alltoall(h, in_f32, out.f32, 4, GRADSYNC_F32); }
 static int h_comm_barrier(void *h) { return gradsync_comm_barrier(h); }
+static int h_comm_stats(void *h) {
+  gradsync_comm_statistics st = GRADSYNC_COMM_STATISTICS_INIT;
+  return gradsync_comm_stats(h, &st, NULL, 0);
+}
+static int h_comm_timeline(void *h) { return gradsync_comm_timeline(h, NULL); }
 /* The non-blocking forms: a request is made only for a live communicator (never here). */
 static int started(const char *function, int status, gradsync_request *r) {
   if (r != NULL) sweep_failed(function, __LINE__, "a request was made for a bad handle");
@@ -443,6 +448,8 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_allreduce", K_COMM, 0, h_comm_allreduce},
   {"gradsync_comm_allreduce_many", K_COMM, 0, h_comm_allreduce_many},
   {"gradsync_comm_allreduce_mixed", K_COMM, 0, h_comm_allreduce_mixed},
+  {"gradsync_comm_stats", K_COMM, 0, h_comm_stats},
+  {"gradsync_comm_timeline", K_COMM, 0, h_comm_timeline},
   {"gradsync_comm_weighted_mean", K_COMM, 0, h_comm_weighted_mean},
   {"gradsync_comm_broadcast", K_COMM, 0, h_comm_broadcast},
   {"gradsync_comm_allgather", K_COMM, 0, h_comm_allgather},

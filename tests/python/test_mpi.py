@@ -165,6 +165,22 @@ def test_transfers_beyond_the_int_count_limit_go_in_pieces(tmp_path):
 
 
 @mpi_only
+def test_stats_name_the_straggler_under_mpirun(tmp_path):
+    lines = run_ranks(tmp_path, """
+        with gs.Communicator(transport="mpi", timeout_ms=20000) as c:
+            for _ in range(3):
+                if c.rank == 1:
+                    time.sleep(0.03)
+                c.allreduce(np.ones(100, np.float32))
+            s = c.stats()
+            a = s["collectives"]["allreduce"]
+            say(f"stats {c.rank} {s['straggler']} {a['calls']} {a['bytes']} {s['peers'][1]['last']} "
+                f"{s['peers'][1]['late_ns'] >= 60_000_000}")
+    """)
+    assert lines_of(lines, "stats") == [f"stats {r} 1 3 1200 3 True" for r in range(2)]
+
+
+@mpi_only
 def test_timeout_abort_and_reset_under_mpirun(tmp_path):
     lines = run_ranks(tmp_path, """
         c = gs.Communicator(transport="mpi", timeout_ms=2000)

@@ -145,7 +145,8 @@ class SharedMemoryCommunicator final : public Communicator {
       : options_(options),
         fabric_(std::move(fabric)),
         control_(fabric_->control()),
-        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_) {}
+        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_,
+                telemetry_) {}
   ~SharedMemoryCommunicator() override { engine_.leave(); }
 
   int rank() const noexcept override { return options_.rank; }
@@ -218,6 +219,7 @@ Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const v
 }
 
 void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  const Telemetry::Call call(telemetry_, Collective::Allreduce, payload_bytes(buffers, dtype));
   const size_t es = dtype_size(dtype);
   if (alone()) {
     require_reducible("allreduce", dtype);
@@ -358,6 +360,7 @@ void SharedMemoryCommunicator::pipeline_allreduce(const Round& round, const Conc
 }
 
 void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  const Telemetry::Call call(telemetry_, Collective::Broadcast, count * dtype_size(dtype));
   if (alone()) {
     GS_REQUIRE(root == 0, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, 1)", root);
     return;
@@ -404,6 +407,7 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
 }
 
 void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  const Telemetry::Call call(telemetry_, Collective::Allgather, total * dtype_size(dtype));
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
   const Part mine = my_part(total);
@@ -474,6 +478,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
 }
 
 void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * dtype_size(dtype));
   const size_t es = dtype_size(dtype);
   const size_t n = static_cast<size_t>(size());
   const Part mine = my_part(total);
@@ -508,6 +513,7 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size
 }
 
 void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const Telemetry::Call call(telemetry_, Collective::Alltoall, total * dtype_size(dtype));
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
   const Part mine = my_part(total);
@@ -568,6 +574,7 @@ void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective wha
 }
 
 void SharedMemoryCommunicator::barrier() {
+  const Telemetry::Call call(telemetry_, Collective::Barrier, 0);
   if (alone()) return;
   Descriptor d{};
   d.call = barrier_call();
@@ -578,6 +585,7 @@ void SharedMemoryCommunicator::barrier() {
 // and weight, so every rank fails alike and nothing is read or written on a bad one.
 void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                              uint64_t* total_weight) {
+  const Telemetry::Call call(telemetry_, Collective::WeightedMean, count * dtype_size(dtype));
   if (size() == 1) {
     engine_.fail_fast();
     Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);

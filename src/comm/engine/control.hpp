@@ -92,6 +92,10 @@ struct alignas(64) RankSlot {
   alignas(64) std::atomic<uint64_t> arrivals;
   // The CPU this rank last arrived from (a hint for the waits of its peers; see AdaptiveWait).
   std::atomic<int32_t> cpu;
+  // When this rank arrived at the round of each parity (Telemetry::stamp), published with the
+  // descriptor: every rank compares the same arrivals for its statistics. In the arrival count's
+  // line, which had room: the slot keeps its size.
+  int64_t arrived_ns[2];
   // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
   // reduced, result copied out. Peers read them to know when a stage is full or free again.
   alignas(64) std::atomic<uint64_t> staged;

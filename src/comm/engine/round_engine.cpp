@@ -11,7 +11,7 @@
 namespace gradsync::comm {
 
 RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch,
-                         const InterruptCheck& interrupt)
+                         const InterruptCheck& interrupt, Telemetry& telemetry)
     : fabric_(fabric),
       control_(fabric.control()),
       rank_(rank),
@@ -19,6 +19,8 @@ RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::millis
       timeout_(timeout),
       check_mismatch_(check_mismatch),
       interrupt_(interrupt),
+      telemetry_(telemetry),
+      stamps_(static_cast<size_t>(size)),
       waiter_(size) {}
 
 std::string RoundEngine::group_name() const {

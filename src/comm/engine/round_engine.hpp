@@ -36,6 +36,7 @@
 #include "comm/communicator.hpp"
 #include "comm/engine/control.hpp"
 #include "comm/engine/fabric.hpp"
+#include "comm/telemetry.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
@@ -63,9 +64,10 @@ class RoundEngine {
     bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
   };
 
-  // interrupt is asked while waits last (InterruptCheck); it must outlive the engine.
+  // interrupt is asked while waits last (InterruptCheck); it and telemetry (which hears of each
+  // round's arrival wait) must outlive the engine.
   RoundEngine(Fabric& fabric, int rank, int size, std::chrono::milliseconds timeout, bool check_mismatch,
-              const InterruptCheck& interrupt);
+              const InterruptCheck& interrupt, Telemetry& telemetry);
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -152,6 +154,8 @@ class RoundEngine {
   const std::chrono::milliseconds timeout_;
   const bool check_mismatch_;
   const InterruptCheck& interrupt_;
+  Telemetry& telemetry_;
+  std::vector<int64_t> stamps_;  // the ranks' arrivals in the round just decided
   uint64_t round_ = 0;
   uint64_t barriers_ = 0;
   uint64_t chunks_ = 0;
@@ -218,6 +222,8 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   d.round = round.number;
   publish(round.parity);
   control_.slot(rank_).desc[round.parity] = d;
+  const auto arrived = WaitClock::now();
+  control_.slot(rank_).arrived_ns[round.parity] = Telemetry::stamp(arrived);
   arrive();
   const uint64_t target = barriers_;
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
@@ -226,8 +232,12 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   if (!decide(target, waited != Waited::Ready)) {
+    telemetry_.arrival(arrived, WaitClock::now(), nullptr, 0);
     throw_failed(waited, collective_name(d.call.collective), round.number, target);
   }
+  // Every rank arrived, so every stamp of this parity is this round's.
+  for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = control_.slot(r).arrived_ns[round.parity];
+  telemetry_.arrival(arrived, WaitClock::now(), stamps_.data(), size_);
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
   for (int r = 0; r < size_; ++r) round.all_direct &= desc(r, round.parity).direct != 0;

@@ -169,6 +169,9 @@ constexpr size_t kInlineBytes = 64;
 struct Slot {
   Fingerprint fp;
   uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
+  // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
+  // clocks share no origin): the group's statistics compare the ranks' arrivals.
+  int64_t arrived_ns;
   std::byte payload[kInlineBytes];
 };
 
@@ -258,6 +261,7 @@ class MpiCommunicator final : public Communicator {
   size_t max_count_ = kMaxMpiCount;
   uint64_t seq_ = 0;
   std::shared_ptr<Rendezvous> rendezvous_;
+  std::vector<int64_t> stamps_;  // the ranks' arrivals in the last rendezvous
   std::vector<PeerInfo> peers_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
@@ -331,6 +335,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
                  r, peers_[static_cast<size_t>(r)].max_count);
     }
     rendezvous_ = std::make_shared<Rendezvous>();
+    stamps_.resize(static_cast<size_t>(size_));
     rendezvous_->all.resize(static_cast<size_t>(size_));
     post_notice_receive();
     GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
@@ -562,6 +567,15 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
   const auto own_weight = [&](int) { return weight; };
   if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, own_weight);
   const auto deadline = deadline_after(options_.timeout);
+  const auto arrived = Clock::now();
+  // The arrival wait, for the statistics, however it ends.
+  struct Waited {
+    Telemetry& telemetry;
+    Clock::time_point arrived;
+    const int64_t* stamps = nullptr;
+    int n = 0;
+    ~Waited() { telemetry.arrival(arrived, Clock::now(), stamps, n); }
+  } waited{telemetry_, arrived};
   MPI_Request request = MPI_REQUEST_NULL;
   // A weighted mean always exchanges: its weights are judged by the group, as on every transport.
   if (!options_.check_mismatch && inline_buffers == nullptr && fp.call.collective != Collective::WeightedMean) {
@@ -576,6 +590,8 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
   Rendezvous& rv = *rendezvous_;
   rv.mine.fp = fp;
   rv.mine.weight = weight;
+  rv.mine.arrived_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
   if (inline_buffers != nullptr) {
     size_t at_byte = 0;
     for (const BufferRef& b : *inline_buffers) {
@@ -594,6 +610,9 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     throw;
   }
   commit(fp, deadline);
+  for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = rv.all[static_cast<size_t>(r)].arrived_ns;
+  waited.stamps = stamps_.data();
+  waited.n = size_;
   const auto signature_of = [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; };
   const auto weight_of = [&](int r) { return rv.all[static_cast<size_t>(r)].weight; };
   // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
@@ -698,6 +717,7 @@ void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& blo
 }
 
 void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  const Telemetry::Call call(telemetry_, Collective::Allreduce, payload_bytes(buffers, dtype));
   size_t total = 0;
   for (const BufferRef& b : buffers) total += b.count;
   Fingerprint fp;
@@ -765,6 +785,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
 // weight, so a bad weight fails every rank alike), then the staged products summed in rank order.
 void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                     uint64_t* total_weight) {
+  const Telemetry::Call call(telemetry_, Collective::WeightedMean, count * dtype_size(dtype));
   Fingerprint fp;
   fp.call = weighted_mean_call(count, dtype);
   arrive(fp, nullptr, 0, weight);
@@ -774,6 +795,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  const Telemetry::Call call(telemetry_, Collective::Broadcast, count * dtype_size(dtype));
   Fingerprint fp;
   fp.call = broadcast_call(count, dtype, root);
   arrive(fp);
@@ -786,6 +808,7 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  const Telemetry::Call call(telemetry_, Collective::Allgather, total * dtype_size(dtype));
   Fingerprint fp;
   fp.call = allgather_call(total, dtype);
   arrive(fp);
@@ -812,6 +835,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DTyp
 }
 
 void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const Telemetry::Call call(telemetry_, Collective::Alltoall, total * dtype_size(dtype));
   Fingerprint fp;
   fp.call = alltoall_call(total, dtype);
   arrive(fp);
@@ -840,6 +864,7 @@ void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * dtype_size(dtype));
   Fingerprint fp;
   fp.call = reduce_scatter_call(total, dtype, op);
   arrive(fp);
@@ -894,6 +919,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
 }
 
 void MpiCommunicator::barrier() {
+  const Telemetry::Call call(telemetry_, Collective::Barrier, 0);
   Fingerprint fp;
   fp.call = barrier_call();
   // The rendezvous completes only once every rank has arrived: it is the barrier.
