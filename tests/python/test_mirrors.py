@@ -73,3 +73,10 @@ def test_options_structs_are_mirrored_field_for_field(hdr, struct, mirror):
             assert issubclass(ptype, ctypes.Array) and ptype._type_ is ctypes.c_char, name
         else:
             assert ptype is ctype, f"{struct}.{name}: {ptype} for {ctype}"
+
+
+def test_collective_indexes_match_comm_h():
+    values = {int(v): n.lower() for n, v in re.findall(r"GRADSYNC_COLLECTIVE_(\w+) = (\d+)", header("comm.h"))}
+    assert values and comm.COLLECTIVES == values
+    slots = int(re.search(r"#define GRADSYNC_COLLECTIVE_SLOTS (\d+)", header("comm.h")).group(1))
+    assert len(comm._Statistics._fields_[-1][1]()) == slots
