@@ -40,6 +40,7 @@ if [[ "$transport" == mpi ]]; then
   exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$workers" -x GRADSYNC_LIBRARY \
     /usr/bin/python3 "$root/scripts/train_digits.py" "${out[@]}" "$@"
 fi
-/usr/bin/python3 "$root/scripts/train_torch.py"
+mkdir -p "$build/demo-output"
+/usr/bin/python3 "$root/scripts/train_torch.py" --timeline "$build/demo-output/torch-timeline.json"
 echo
 exec /usr/bin/python3 "$root/scripts/train_digits.py" "${out[@]}" "$@"

@@ -12,6 +12,7 @@ held-out accuracies and whether the workers' weights are bitwise equal.
 
     scripts/train_torch.py                       # 2 worker processes against 1
     scripts/train_torch.py --workers 4 --epochs 5 --transport threads
+    scripts/train_torch.py --timeline /tmp/t.json  # the workers' calls, /tmp/t.json.<rank> (chrome://tracing)
 """
 import os
 
@@ -99,6 +100,8 @@ def train(comm, rank, workers, args, data):
 def _process(rank, workers, group, args, data, results):
     try:
         with gs.Communicator(group, rank, workers, timeout_ms=60000, transport="shm") as comm:
+            if args.timeline:
+                comm.timeline(f"{args.timeline}.{rank}")
             results.put((rank, train(comm, rank, workers, args, data), None))
     except BaseException as exc:
         results.put((rank, None, f"{type(exc).__name__}: {exc}"))
@@ -147,6 +150,8 @@ def run_threads(args, data):
     def worker(rank):
         try:
             with gs.Communicator(group, rank, args.workers, timeout_ms=60000) as comm:
+                if args.timeline:
+                    comm.timeline(f"{args.timeline}.{rank}")
                 outs[rank] = train(comm, rank, args.workers, args, data)
         except BaseException as exc:
             errors.append(f"worker {rank}: {type(exc).__name__}: {exc}")
@@ -170,6 +175,8 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transport", choices=("shm", "threads"), default="shm",
                         help="worker processes over shared memory (default) or threads of this process")
+    parser.add_argument("--timeline", default=None,
+                        help="write the parallel run's Chrome-trace timeline to TIMELINE.<rank> (one per worker)")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.epochs < 1 or args.batch < args.workers:
         parser.error("need --workers >= 1, --epochs >= 1 and --batch >= --workers")
@@ -193,6 +200,9 @@ def main(argv=None):
           f"training loss by epoch {', '.join(f'{v:.3f}' for v in outs[0][1])}")
     print(f"torch: {args.workers} workers train {rate / one[0]:.2f}x the samples/s of 1 worker (accuracy "
           f"{outs[0][2]:.3f} vs {one[2]:.3f}); workers' weights bitwise equal: {'yes' if same else 'NO'}")
+    if args.timeline:
+        print(f"timeline of the {args.workers} workers' calls: {args.timeline}.0 .. {args.timeline}.{args.workers - 1} "
+              "(load them together in chrome://tracing or ui.perfetto.dev)")
     return 0 if same else 1
 
 
