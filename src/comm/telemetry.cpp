@@ -26,8 +26,7 @@ Telemetry::Call::Call(Telemetry& t, Collective what, uint64_t bytes) noexcept
       outer_(t.depth_++ == 0),
       what_(what),
       bytes_(bytes),
-      exceptions_(std::uncaught_exceptions()),
-      start_(outer_ ? Clock::now() : Clock::time_point{}) {
+      exceptions_(std::uncaught_exceptions()) {
   if (outer_) t.current_ = this;
 }
 
@@ -45,51 +44,52 @@ void Telemetry::arrival(Clock::time_point arrived, Clock::time_point decided, co
   c->arrived_ = arrived;
   c->decided_ = decided;
   if (stamps == nullptr || n < 2) return;
+  if (npeers_.load(std::memory_order_relaxed) != n) {
+    if (npeers_.load(std::memory_order_relaxed) != 0) return;  // cannot happen: a group keeps its size
+    std::lock_guard lock(mutex_);
+    try {
+      peers_.reset(new Peer[static_cast<size_t>(n)]);
+    } catch (...) {
+      return;  // out of memory: statistics are not worth failing a call for
+    }
+    npeers_.store(n, std::memory_order_release);
+  }
   int64_t first = stamps[0], last = stamps[0];
   int last_rank = 0;
   for (int r = 1; r < n; ++r) {
     first = std::min(first, stamps[r]);
     if (stamps[r] > last) last = stamps[r], last_rank = r;
   }
-  std::lock_guard lock(mutex_);
-  try {
-    if (stats_.peers.size() != static_cast<size_t>(n)) stats_.peers.resize(static_cast<size_t>(n));
-  } catch (...) {
-    return;  // out of memory: statistics are not worth failing a call for
-  }
-  ++stats_.rounds;
+  rounds_.add(1);
   for (int r = 0; r < n; ++r) {
-    PeerLateness& p = stats_.peers[static_cast<size_t>(r)];
     const auto late = static_cast<uint64_t>(stamps[r] - first);
-    p.late_ns += late;
-    p.max_late_ns = std::max(p.max_late_ns, late);
+    peers_[static_cast<size_t>(r)].late_ns.add(late);
+    peers_[static_cast<size_t>(r)].max_late_ns.raise_to(late);
   }
   // Ties (equal stamps) name the lower rank, the same on every rank.
-  if (last > first) ++stats_.peers[static_cast<size_t>(last_rank)].last;
+  if (last > first) peers_[static_cast<size_t>(last_rank)].last.add(1);
 }
 
 void Telemetry::finish(const Call& c) noexcept {
   const Clock::time_point end = Clock::now();
   const bool ok = std::uncaught_exceptions() == c.exceptions_;
   const bool waited = c.arrived_ != Clock::time_point{};
+  // A call is timed from its arrival: what comes before (checking and publishing its arguments)
+  // is a few instructions, not worth a clock read.
   const uint64_t wait = waited ? ns_between(c.arrived_, c.decided_) : 0;
-  const uint64_t total = ns_between(c.start_, end);
-  std::lock_guard lock(mutex_);
+  const uint64_t move = waited ? ns_between(c.decided_, end) : 0;
   ++calls_;
-  CollectiveTotals& t = stats_.collectives[static_cast<size_t>(c.what_) % kCollectiveSlots];
-  ++(ok ? t.calls : t.failed);
-  t.bytes += c.bytes_;
-  t.wait_ns += wait;
-  t.move_ns += total - std::min(total, wait);
-  uint64_t most = 0;
-  stats_.straggler = -1;
-  for (size_t r = 0; r < stats_.peers.size(); ++r) {
-    if (stats_.peers[r].late_ns > most) most = stats_.peers[r].late_ns, stats_.straggler = static_cast<int>(r);
-  }
+  Totals& t = totals_[static_cast<size_t>(c.what_) % kCollectiveSlots];
+  (ok ? t.calls : t.failed).add(1);
+  t.bytes.add(c.bytes_);
+  t.wait_ns.add(wait);
+  t.move_ns.add(move);
+  if (!timeline_on_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(mutex_);
   if (file_ == nullptr) return;
   try {
-    events_.push_back(Event{c.what_, ok, c.bytes_, calls_, c.start_, waited ? c.arrived_ : c.start_,
-                            waited ? c.decided_ : c.start_, end});
+    events_.push_back(Event{c.what_, ok, c.bytes_, calls_, waited ? c.arrived_ : end, waited ? c.arrived_ : end,
+                            waited ? c.decided_ : end, end});
   } catch (...) {
     write_failed_ = true;  // reported at close: a timeline with a hole is not the one asked for
   }
@@ -97,8 +97,21 @@ void Telemetry::finish(const Call& c) noexcept {
 }
 
 StatsSnapshot Telemetry::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
+  StatsSnapshot out;
+  for (size_t i = 0; i < kCollectiveSlots; ++i) {
+    const Totals& t = totals_[i];
+    out.collectives[i] = {t.calls.get(), t.failed.get(), t.bytes.get(), t.wait_ns.get(), t.move_ns.get()};
+  }
+  out.rounds = rounds_.get();
+  const int n = npeers_.load(std::memory_order_acquire);
+  out.peers.resize(static_cast<size_t>(n));
+  uint64_t most = 0;
+  for (int r = 0; r < n; ++r) {
+    const Peer& p = peers_[static_cast<size_t>(r)];
+    out.peers[static_cast<size_t>(r)] = {p.late_ns.get(), p.max_late_ns.get(), p.last.get()};
+    if (out.peers[static_cast<size_t>(r)].late_ns > most) most = out.peers[static_cast<size_t>(r)].late_ns, out.straggler = r;
+  }
+  return out;
 }
 
 bool Telemetry::write_events() noexcept {
@@ -134,6 +147,7 @@ void Telemetry::open_timeline(const std::string& path, int rank) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   GS_REQUIRE(f != nullptr, GRADSYNC_E_IO, "cannot write the timeline to '{}': {}", path, std::strerror(errno));
   file_ = f;
+  timeline_on_.store(true, std::memory_order_relaxed);
   path_ = path;
   rank_ = rank;
   first_event_ = true;
@@ -150,6 +164,7 @@ void Telemetry::close_timeline() {
   std::fprintf(file_, "\n]}\n");
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
+  timeline_on_.store(false, std::memory_order_relaxed);
   GS_REQUIRE(closed && !write_failed_, GRADSYNC_E_IO, "the timeline '{}' could not be written completely", path_);
 }
 

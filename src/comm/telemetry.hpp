@@ -12,14 +12,18 @@
 // stamps that every rank of the round sees alike, so every rank computes the same figures and
 // names the same straggler.
 //
-// Cost to a call: three clock reads and two uncontended mutexes (the statistics are read from
-// any thread while the progress thread runs calls); the timeline, when on, appends to a buffer
-// written out every kTimelineBatch events and at close.
+// Cost to a call: three clock reads (arrival, verdict, end; the engine's) and a few relaxed
+// stores. Only the thread inside a call writes the figures (one call at a time per communicator),
+// so they are single-writer atomics: stats() may read them from any thread without a lock, each
+// figure whole, the set of them possibly mid-update. The timeline, when on, appends under a mutex
+// to a buffer written out every kTimelineBatch events and at close.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -78,7 +82,6 @@ class Telemetry {
     const Collective what_;
     const uint64_t bytes_;
     const int exceptions_;
-    const Clock::time_point start_;
     Clock::time_point arrived_{}, decided_{};  // the arrival wait; unset when none was made
   };
 
@@ -111,15 +114,37 @@ class Telemetry {
   };
   static constexpr size_t kTimelineBatch = 4096;
 
+  // A figure written by the calling thread only, read by any.
+  struct Counter {
+    std::atomic<uint64_t> v{0};
+    void add(uint64_t x) noexcept { v.store(v.load(std::memory_order_relaxed) + x, std::memory_order_relaxed); }
+    void raise_to(uint64_t x) noexcept {
+      if (x > v.load(std::memory_order_relaxed)) v.store(x, std::memory_order_relaxed);
+    }
+    uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
+  };
+  struct Totals {
+    Counter calls, failed, bytes, wait_ns, move_ns;
+  };
+  struct Peer {
+    Counter late_ns, max_late_ns, last;
+  };
+
   void finish(const Call& c) noexcept;
   // Writes events_ out; false (and the timeline marked failed) on a write error.
   bool write_events() noexcept;
 
-  mutable std::mutex mutex_;
   int depth_ = 0;  // calls open (only the calling thread of the moment touches it)
   Call* current_ = nullptr;
-  StatsSnapshot stats_;
+  std::array<Totals, kCollectiveSlots> totals_;
+  Counter rounds_;
+  // Allocated at the first round that compares arrivals (a group's size never changes).
+  std::unique_ptr<Peer[]> peers_;
+  std::atomic<int> npeers_{0};
   uint64_t calls_ = 0;
+  // The timeline. timeline_on_ lets calls skip the mutex while no timeline is open.
+  std::atomic<bool> timeline_on_{false};
+  mutable std::mutex mutex_;
   // The timeline, when on.
   std::FILE* file_ = nullptr;
   std::string path_;
