@@ -28,20 +28,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 
 
-def model_and_data(seed=0):
+def model_and_data(seed=0, batch=64):
     import torch
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
                               torch.nn.ReLU(), torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(64, 1024, generator=g), torch.randint(0, 10, (64,), generator=g)
+    x, y = torch.randn(batch, 1024, generator=g), torch.randint(0, 10, (batch,), generator=g)
     return net, x, y
 
 
-def train(kind, rank, size, steps, queue, port, group):
+def train(kind, rank, size, steps, queue, port, group, batch):
     import torch
     torch.set_num_threads(1)
-    net, x, y = model_and_data()
+    net, x, y = model_and_data(batch=batch)
     xs, ys = x[rank::size], y[rank::size]
     if kind == "gloo":
         import torch.distributed as dist
@@ -71,12 +71,12 @@ def train(kind, rank, size, steps, queue, port, group):
         comm.close()
 
 
-def run(kind, steps, size=2):
+def run(kind, steps, batch, size=2):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = 29500 + os.getpid() % 1000
     group = f"ddpb-{uuid.uuid4().hex[:8]}"
-    ps = [ctx.Process(target=train, args=(kind, r, size, steps, q, port, group)) for r in range(size)]
+    ps = [ctx.Process(target=train, args=(kind, r, size, steps, q, port, group, batch)) for r in range(size)]
     for p in ps:
         p.start()
     res = sorted(q.get(timeout=600) for _ in ps)
@@ -151,21 +151,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64, help="global batch (smaller: communication weighs more)")
+    ap.add_argument("--no-overlap", action="store_true", help="skip the overlap table")
     a = ap.parse_args()
-    print("2 processes, MLP 1024-2048-2048-2048-10 (10.5 M parameters), batch 64 (32 per rank), SGD; "
-          "torch threads 1 per process")
+    print(f"2 processes, MLP 1024-2048-2048-2048-10 (10.5 M parameters), batch {a.batch} ({a.batch // 2} per rank), "
+          "SGD; torch threads 1 per process")
     print(f"{'':24} | {'steps/s min / median / max':>28} | {'loss':>8} | weights equal")
     figures = {}
     for kind in ("gloo", "gradsync"):
         rates, last = [], None
         for _ in range(a.runs):
-            t, loss, equal = run(kind, a.steps)
+            t, loss, equal = run(kind, a.steps, a.batch)
             rates.append(1 / t)
             last = (loss, equal)
         figures[kind] = statistics.median(rates)
         print(f"{'torch DDP (gloo)' if kind == 'gloo' else 'gradsync.torch (shm)':24} | "
               f"{min(rates):8.2f} / {statistics.median(rates):6.2f} / {max(rates):6.2f} | {last[0]:8.4f} | {last[1]}")
     print(f"gradsync.torch / DDP-gloo: {figures['gradsync'] / figures['gloo']:.2f}x (median steps/s)")
+    if a.no_overlap:
+        return
     print()
     print("overlap, one rank of 2 (shm), 25 MB buckets; ms per step (median of 5)")
     print(f"{'C ms':>6} {'G MB':>6} | {'compute':>8} {'comm':>8} | {'C+comm':>8} {'max(C,comm)':>11} {'overlapped':>10} | hidden")
