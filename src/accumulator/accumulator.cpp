@@ -85,6 +85,15 @@ AuxLayout aux_layout(int64_t rows) {
   return l;
 }
 
+// An owner's share of one batch.
+struct Accumulator::OwnerScratch {
+  std::vector<uint32_t> idx;       // positions of this owner's rows to add now, in order
+  std::vector<uint8_t> state;      // per partition, in the current pass
+  std::vector<uint32_t> held;      // partition locks held
+  std::vector<uint32_t> deferred;  // positions whose partition another process held
+  std::vector<uint32_t> retry;
+};
+
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   GS_REQUIRE(spec.concurrency == -1 || (spec.concurrency >= 0 && spec.concurrency <= 3), GRADSYNC_E_INVALID_ARG,
              "unknown concurrency mode {}", spec.concurrency);
@@ -424,15 +433,7 @@ class Accumulator::Team {
   WaitWord done_word_;
 };
 
-// An owner's share of one batch.
-struct Accumulator::OwnerScratch {
-  std::vector<uint32_t> idx;       // positions of this owner's rows to add now, in order
-  std::vector<uint8_t> state;      // per partition, in the current pass
-  std::vector<uint32_t> held;      // partition locks held
-  std::vector<uint32_t> deferred;  // positions whose partition another process held
-  std::vector<uint32_t> retry;
-};
-
+Accumulator::Accumulator() = default;
 Accumulator::~Accumulator() { team_.reset(); }
 
 int Accumulator::threads() const noexcept { return team_ ? static_cast<int>(team_->size()) : 0; }

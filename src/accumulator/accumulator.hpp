@@ -141,7 +141,7 @@ class Accumulator {
   void flush() { table_->flush(); }
 
  private:
-  Accumulator() = default;
+  Accumulator();  // defined where OwnerScratch is complete (its vector's cleanup needs it)
   void attach_aux(const AccumSpec& spec);
   template <Concurrency M>
   void add_rows(const int64_t* rows, size_t n, const float* grads, const uint32_t* pos = nullptr);
