@@ -413,15 +413,20 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm* comm, int32_t* tra
 // Each collective's checks and op, once for its blocking and its non-blocking entry point.
 namespace {
 
-Op allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
-  const DType t = gradsync::to_dtype(dtype);
-  const auto o = gradsync::to_op(op);
+// One buffer of a reduction: present, aligned, and send either recv or apart from it.
+gradsync::comm::BufferRef reducible(const void* send, void* recv, size_t count, DType t) {
   require_buffer(send, count, t, "send");
   require_buffer(recv, count, t, "recv");
   require_aligned(send, t, "send");
   require_aligned(recv, t, "recv");
   require_disjoint(send, count, "send", recv, count, "recv", t, recv);
-  return [buffer = gradsync::comm::BufferRef{send, recv, count}, t, o](Communicator& c) {
+  return {send, recv, count};
+}
+
+Op allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  return [buffer = reducible(send, recv, count, t), t, o](Communicator& c) {
     c.allreduce(std::span<const gradsync::comm::BufferRef>(&buffer, 1), t, o);
   };
 }
@@ -435,15 +440,7 @@ Op allreduce_many_op(const void* const* sends, void* const* recvs, const size_t*
   GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
              "recvs or counts is NULL for {} buffers", nbufs);
   std::vector<gradsync::comm::BufferRef> buffers(nbufs);
-  for (size_t i = 0; i < nbufs; ++i) {
-    const void* send = sends != nullptr ? sends[i] : recvs[i];
-    require_buffer(send, counts[i], t, "send");
-    require_buffer(recvs[i], counts[i], t, "recv");
-    require_aligned(send, t, "send");
-    require_aligned(recvs[i], t, "recv");
-    require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
-    buffers[i] = {send, recvs[i], counts[i]};
-  }
+  for (size_t i = 0; i < nbufs; ++i) buffers[i] = reducible(sends != nullptr ? sends[i] : recvs[i], recvs[i], counts[i], t);
   return [buffers = std::move(buffers), t, o](Communicator& c) { c.allreduce(buffers, t, o); };
 }
 
@@ -457,15 +454,8 @@ Op allreduce_mixed_op(const void* const* sends, void* const* recvs, const size_t
   std::vector<gradsync::comm::BufferRef> buffers(nbufs);
   std::vector<DType> types(nbufs);
   for (size_t i = 0; i < nbufs; ++i) {
-    const DType t = gradsync::to_dtype(dtypes[i]);
-    const void* send = sends != nullptr ? sends[i] : recvs[i];
-    require_buffer(send, counts[i], t, "send");
-    require_buffer(recvs[i], counts[i], t, "recv");
-    require_aligned(send, t, "send");
-    require_aligned(recvs[i], t, "recv");
-    require_disjoint(send, counts[i], "send", recvs[i], counts[i], "recv", t, recvs[i]);
-    buffers[i] = {send, recvs[i], counts[i]};
-    types[i] = t;
+    types[i] = gradsync::to_dtype(dtypes[i]);
+    buffers[i] = reducible(sends != nullptr ? sends[i] : recvs[i], recvs[i], counts[i], types[i]);
   }
   return [buffers = std::move(buffers), types = std::move(types), o](Communicator& c) {
     c.allreduce_mixed(buffers, types, o);
@@ -475,11 +465,7 @@ Op allreduce_mixed_op(const void* const* sends, void* const* recvs, const size_t
 Op weighted_mean_op(const void* send, void* recv, size_t count, int32_t dtype, uint64_t weight,
                     uint64_t* total_weight) {
   const DType t = gradsync::to_dtype(dtype);
-  require_buffer(send, count, t, "send");
-  require_buffer(recv, count, t, "recv");
-  require_aligned(send, t, "send");
-  require_aligned(recv, t, "recv");
-  require_disjoint(send, count, "send", recv, count, "recv", t, recv);
+  reducible(send, recv, count, t);
   return [=](Communicator& c) { c.weighted_mean(send, recv, count, t, weight, total_weight); };
 }
 
