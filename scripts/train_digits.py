@@ -432,18 +432,16 @@ def _sharded_process(rank, workers, group, args, data, model, codec, global_batc
         queue.put((rank, None, f"{type(exc).__name__}: {exc}"))
 
 
-def _sharded_shm(args, data, model, codec, workers, global_batch, label):
-    """The same run on `workers` processes that this demo starts (spawned: no library state
-    crosses a fork), meeting in a shared-memory group."""
+def run_worker_processes(target, workers, group, *extra):
+    """target(rank, workers, group, *extra, queue) in `workers` spawned processes (no library
+    state crosses a fork), each putting (rank, result, error or None) on the queue; returns the
+    results by rank, or raises naming the workers that failed or died."""
     import multiprocessing as mp
     import queue as queue_module
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    group = f"digits-{os.getpid()}-{codec}-{time.monotonic_ns() % 10**9}"
-    procs = [ctx.Process(target=_sharded_process,
-                         args=(r, workers, group, args, data, model, codec, global_batch, label, results))
-             for r in range(workers)]
+    procs = [ctx.Process(target=target, args=(r, workers, group, *extra, results)) for r in range(workers)]
     for p in procs:
         p.start()
     outs, errors = [None] * workers, []
@@ -471,6 +469,12 @@ def _sharded_shm(args, data, model, codec, workers, global_batch, label):
     if errors:
         raise RuntimeError("; ".join(errors))
     return outs
+
+
+def _sharded_shm(args, data, model, codec, workers, global_batch, label):
+    """The same run on `workers` processes that this demo starts, meeting in a shared-memory group."""
+    group = f"digits-{os.getpid()}-{codec}-{time.monotonic_ns() % 10**9}"
+    return run_worker_processes(_sharded_process, workers, group, args, data, model, codec, global_batch, label)
 
 
 def _sharded_mpi(args, data, model, codec, global_batch, label):

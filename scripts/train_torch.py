@@ -21,7 +21,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
-import queue as queue_module  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -30,7 +29,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gradsync as gs  # noqa: E402
-from train_digits import load_digits  # noqa: E402
+from train_digits import load_digits, run_worker_processes  # noqa: E402
 
 
 def make_model(seed):
@@ -108,39 +107,9 @@ def _process(rank, workers, group, args, data, results):
 
 
 def run_processes(args, data):
-    """--workers spawned processes (no library state crosses a fork) in one shared-memory group."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    """--workers spawned processes in one shared-memory group."""
     group = f"torch-demo-{os.getpid()}-{time.monotonic_ns() % 10**9}"
-    procs = [ctx.Process(target=_process, args=(r, args.workers, group, args, data, results))
-             for r in range(args.workers)]
-    for p in procs:
-        p.start()
-    outs, errors = [None] * args.workers, []
-    try:
-        for _ in range(args.workers):
-            while True:
-                try:
-                    rank, out, error = results.get(timeout=1.0)
-                    break
-                except queue_module.Empty:
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and outs[r] is None]
-                    if dead:
-                        raise RuntimeError(f"worker process(es) {dead} died, exit codes "
-                                           f"{[procs[r].exitcode for r in dead]}") from None
-            outs[rank] = out
-            if error:
-                errors.append(f"worker {rank}: {error}")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return outs
+    return run_worker_processes(_process, args.workers, group, args, data)
 
 
 def run_threads(args, data):
