@@ -489,6 +489,27 @@ Op allgather_op(const CommLink& link, const void* send, void* recv, size_t total
   return [=](Communicator& c) { c.allgather(send, recv, total_count, t); };
 }
 
+Op allgatherv_op(const CommLink& link, const void* send, void* recv, const size_t* counts, int32_t dtype) {
+  const DType t = gradsync::to_dtype(dtype);
+  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
+  const auto n = static_cast<size_t>(link.size());
+  std::vector<size_t> copied(counts, counts + n);
+  size_t total = 0, start = 0;
+  for (size_t r = 0; r < n; ++r) {
+    GS_REQUIRE(copied[r] <= SIZE_MAX - total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
+    if (r == static_cast<size_t>(link.rank())) start = total;
+    total += copied[r];
+  }
+  require_buffer(recv, total, t, "recv");
+  if (send != nullptr) {
+    const size_t mine = copied[static_cast<size_t>(link.rank())];
+    require_buffer(send, mine, t, "send");
+    const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + start * gradsync::dtype_size(t);
+    require_disjoint(send, mine, "send", recv, total, "recv", t, own);
+  }
+  return [=, copied = std::move(copied)](Communicator& c) { c.allgatherv(send, recv, copied, t); };
+}
+
 Op reduce_scatter_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype,
                      int32_t op) {
   const DType t = gradsync::to_dtype(dtype);
@@ -598,6 +619,16 @@ GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm* comm, const void* send,
                                           int32_t dtype, gradsync_request** request) {
   return start(__func__, comm, request,
                [&](const CommLink& l) { return allgather_op(l, send, recv, total_count, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                          int32_t dtype) {
+  return run(__func__, comm, [&](const CommLink& l) { return allgatherv_op(l, send, recv, counts, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                           int32_t dtype, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return allgatherv_op(l, send, recv, counts, dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,

@@ -336,6 +336,26 @@ GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, 
                                          int32_t dtype);
 
 /**
+ * @brief gradsync_comm_allgather with a count of each rank's own (uneven data: the last batch, a
+ *        rank with nothing to give): recv receives rank r's counts[r] elements after the parts of
+ *        ranks 0 .. r-1, on every rank.
+ *
+ * Every rank passes the same counts; ranks that disagree all get GRADSYNC_E_MISMATCH. A count may
+ * be 0. With the partition rule's counts this is gradsync_comm_allgather (the two calls match).
+ * @param comm the communicator
+ * @param send counts[rank] elements, or NULL when they are already in place in recv at this
+ *        rank's offset
+ * @param recv the sum of the counts, in elements
+ * @param counts size entries (gradsync_comm_size), rank r's count at counts[r]
+ * @param dtype a gradsync_dtype
+ * @return GRADSYNC_OK, or GRADSYNC_E_INVALID_ARG (NULL counts or buffers, a sum that overflows),
+ *         or an error as gradsync_comm_allgather gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+                                          int32_t dtype);
+
+/**
  * @brief Reduce send (total_count elements) over ranks; this rank receives its part by the
  *        partition rule into recv (which may point into send, at this rank's offset).
  * @threadsafety handle
@@ -408,6 +428,10 @@ GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm *comm, const void *s
 /** @brief Non-blocking gradsync_comm_broadcast. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm *comm, void *buf, size_t count, int32_t dtype, int32_t root,
                                           gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_allgatherv (counts is copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+                                           int32_t dtype, gradsync_request **request);
 
 /** @brief Non-blocking gradsync_comm_allgather. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,

@@ -139,6 +139,7 @@ declare("gradsync_comm_allreduce_mixed", c_int, _P, _PP, _PP, ctypes.POINTER(c_s
 declare("gradsync_comm_weighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_uint64, ctypes.POINTER(c_uint64))
 declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
+declare("gradsync_comm_allgatherv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32)
 declare("gradsync_comm_alltoall", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
@@ -153,6 +154,7 @@ declare("gradsync_comm_iweighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_
         _PR)
 declare("gradsync_comm_ibroadcast", c_int, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_iallgather", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
+declare("gradsync_comm_iallgatherv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32, _PR)
 declare("gradsync_comm_ialltoall", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
 declare("gradsync_comm_ireduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_ibarrier", c_int, _P, _PR)
@@ -416,6 +418,23 @@ class Communicator(Handle):
                            (None if send is None else _ptr(send), _ptr(recv), recv.size, _DTYPES[recv.dtype]), recv,
                            (send, recv))
 
+    def allgatherv(self, part, counts, out=None, *, _nonblocking=False):
+        """Every rank's `part` (rank r's holds counts[r] elements, maybe 0), one after the other in
+        rank order, on every rank; every rank passes the same counts. Returns the concatenation
+        (into `out` when given)."""
+        send = _array(part, "part", writable=False)
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or any(c < 0 for c in counts):
+            raise ValueError(f"counts must hold {self.size} counts >= 0, got {counts}")
+        if send.size != counts[self.rank]:
+            raise ValueError(f"part has {send.size} elements; counts[{self.rank}] is {counts[self.rank]}")
+        recv = np.empty(sum(counts), dtype=send.dtype) if out is None else _array(out, "out")
+        if recv.size != sum(counts) or recv.dtype != send.dtype:
+            raise ValueError(f"out has {recv.size} {recv.dtype} elements; the parts make {sum(counts)} {send.dtype}")
+        c_counts = (c_size_t * self.size)(*counts)
+        return self._issue("allgatherv", _nonblocking, (_ptr(send), _ptr(recv), c_counts, _DTYPES[send.dtype]), recv,
+                           (send, recv, c_counts))
+
     def reduce_scatter(self, array, op="mean", out=None, *, _nonblocking=False):
         """Reduce `array` over ranks; returns this rank's part (into `out` when given)."""
         send = _array(array, "array", writable=False)
@@ -456,6 +475,9 @@ class Communicator(Handle):
 
     def iallgather(self, array, part=None):
         return self.allgather(array, part, _nonblocking=True)
+
+    def iallgatherv(self, part, counts, out=None):
+        return self.allgatherv(part, counts, out, _nonblocking=True)
 
     def ireduce_scatter(self, array, op="mean", out=None):
         return self.reduce_scatter(array, op, out, _nonblocking=True)

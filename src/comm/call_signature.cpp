@@ -56,7 +56,19 @@ CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept {
   return s;
 }
 
-CallSignature allgather_call(uint64_t total, DType dtype) noexcept { return make(Collective::Allgather, total, dtype); }
+CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept {
+  uint64_t total = 0, h = kFnvBasis;
+  bool rule = true;
+  for (size_t r = 0; r < counts.size(); ++r) total += counts[r];
+  for (size_t r = 0; r < counts.size(); ++r) {
+    rule &= counts[r] == partition(total, counts.size(), r).len;
+    const uint64_t c = counts[r];
+    h = fnv1a64(&c, sizeof c, h);
+  }
+  CallSignature s = make(Collective::Allgather, total, dtype);
+  s.layout = rule ? 0 : h;
+  return s;
+}
 
 CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept {
   CallSignature s = make(Collective::ReduceScatter, total, dtype);

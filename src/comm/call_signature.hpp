@@ -36,7 +36,7 @@ const char* collective_name(Collective c) noexcept;
 struct CallSignature {
   uint64_t count = 0;   // elements; for a fused allreduce, all buffers together
   uint64_t nbufs = 0;   // allreduce: buffers in the list (1 when not fused); 0 otherwise
-  uint64_t layout = 0;  // allreduce: FNV-1a of the per-buffer counts; 0 otherwise
+  uint64_t layout = 0;  // allreduce, allgather: FNV-1a of the per-buffer / per-rank counts; 0 otherwise
   Collective collective = Collective::Barrier;
   int32_t dtype = -1;  // a DType, or -1 (barrier)
   int32_t op = -1;     // a ReduceOp, or -1 when the collective has none
@@ -49,7 +49,8 @@ static_assert(std::is_trivially_copyable_v<CallSignature> && sizeof(CallSignatur
 
 CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) noexcept;
 CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept;
-CallSignature allgather_call(uint64_t total, DType dtype) noexcept;
+// counts: every rank's part; the signature's layout hashes them unless they are the partition rule's.
+CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept;
 CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept;
 CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept;
 CallSignature alltoall_call(uint64_t total, DType dtype) noexcept;

@@ -102,6 +102,13 @@ void Communicator::allreduce_mixed(std::span<const BufferRef> buffers, std::span
   }
 }
 
+void Communicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  const auto n = static_cast<uint64_t>(size());
+  partition_counts_.resize(n);
+  for (uint64_t r = 0; r < n; ++r) partition_counts_[r] = partition(total, n, r).len;
+  allgatherv(send, recv, partition_counts_, dtype);
+}
+
 void* Communicator::alloc(size_t bytes) {
   constexpr size_t kAlign = 4096;
   GS_REQUIRE(bytes <= std::numeric_limits<size_t>::max() - kAlign, GRADSYNC_E_NOMEM, "cannot allocate {} bytes", bytes);

@@ -78,8 +78,11 @@ class Communicator {
   virtual void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   // recv holds total elements; this rank's part (partition rule) comes from send, or is already
-  // in recv when send == nullptr.
-  virtual void allgather(const void* send, void* recv, size_t total, DType dtype) = 0;
+  // in recv when send == nullptr. allgatherv with the partition rule's counts.
+  void allgather(const void* send, void* recv, size_t total, DType dtype);
+  // Rank r's part is counts[r] elements (size() entries, any of them 0), at the sum of the counts
+  // before it in recv; send holds counts[rank()] elements or is nullptr (in place).
+  virtual void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
   // send holds total elements; recv receives this rank's part (it may alias send at that offset).
   virtual void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) = 0;
   // send holds total elements, split into size() parts by the partition rule: part j goes to rank j.
@@ -135,6 +138,7 @@ class Communicator {
 
  private:
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
+  std::vector<size_t> partition_counts_;  // allgather's, reused: no allocation per call
 };
 
 // Creates and joins; blocks until the whole group has joined or the timeout passes.

@@ -883,6 +883,72 @@ void s_allgather(Ctx& x) {
   for (int mode = 0; mode < 4; ++mode) allgather_case<F32>(x, 300007, mode, ++seed);  // pipeline chunks
 }
 
+// Uneven parts: rank r gives counts[r] elements (some 0), at the sum of the counts before it.
+// Modes as allgather_case.
+template <class E>
+void allgatherv_case(Ctx& x, const std::vector<size_t>& counts, int mode, uint64_t seed) {
+  using T = typename E::T;
+  const bool from_comm = mode >= 2, in_place = mode % 2 == 1;
+  size_t total = 0, start = 0;
+  for (int r = 0; r < x.size; ++r) {
+    if (r == x.rank) start = total;
+    total += counts[static_cast<size_t>(r)];
+  }
+  const size_t len = counts[static_cast<size_t>(x.rank)];
+  std::vector<T> want(total);
+  for (size_t i = 0, r = 0, at = 0; i < total; ++i) {
+    while (i >= at + counts[r]) at += counts[r++];
+    want[i] = moved<E>(static_cast<int>(r), i, seed);
+  }
+  Buf<T> send(x, x.c, len, from_comm), recv(x, x.c, total, from_comm);
+  T* part = in_place ? recv.data() + start : send.data();
+  for (size_t k = 0; k < len; ++k) part[k] = moved<E>(x.rank, start + k, seed);
+  if (!EXPECT_OK(x, gradsync_comm_allgatherv(x.c, in_place ? nullptr : send.data(), recv.data(), counts.data(),
+                                             E::dtype))) {
+    return;
+  }
+  EXPECT_BITS(E, x, want.data(), recv.data(), total, "allgatherv %s of %zu (mode %d)", E::name, total, mode);
+}
+
+void s_allgatherv(Ctx& x) {
+  uint64_t seed = 1700;
+  const auto n = static_cast<size_t>(x.size);
+  std::vector<std::vector<size_t>> shapes;
+  for (size_t scale : {size_t{1}, size_t{97}, size_t{40009}}) {  // inline, staged, several pipeline chunks
+    std::vector<size_t> c(n);
+    for (size_t r = 0; r < n; ++r) c[r] = r % 3 == 1 ? 0 : scale * (r + 1);  // every third rank gives nothing
+    shapes.push_back(c);
+  }
+  shapes.push_back(std::vector<size_t>(n, 0));
+  for (const auto& counts : shapes) {
+    for (int mode = 0; mode < 4; ++mode) {
+      allgatherv_case<F32>(x, counts, mode, ++seed);
+      allgatherv_case<I64>(x, counts, mode, ++seed);
+      allgatherv_case<BF16>(x, counts, mode, ++seed);
+    }
+  }
+  // The partition rule's counts make it the plain allgather: the two calls match.
+  if (x.rank == 0) {
+    std::vector<size_t> rule(n);
+    for (size_t r = 0; r < n; ++r) rule[r] = part_of(1001, x.size, static_cast<int>(r)).len;
+    std::vector<float> recv(1001);
+    EXPECT_OK(x, gradsync_comm_allgatherv(x.c, nullptr, recv.data(), rule.data(), GRADSYNC_F32));
+  } else {
+    std::vector<float> recv(1001);
+    EXPECT_OK(x, gradsync_comm_allgather(x.c, nullptr, recv.data(), 1001, GRADSYNC_F32));
+  }
+  if (x.size < 2) return;
+  // Counts that differ on one rank: every rank fails alike, and the next call works.
+  std::vector<size_t> counts(n, 4);
+  if (x.rank == x.size - 1) counts[0] = 5;
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::vector<float> part(counts[static_cast<size_t>(x.rank)], 1.0f), recv(total);
+  EXPECT_STATUS(x, gradsync_comm_allgatherv(x.c, part.data(), recv.data(), counts.data(), GRADSYNC_F32),
+                GRADSYNC_E_MISMATCH, "allgather");
+  next_call_works(x, x.c, __LINE__);
+}
+
 // This rank's part of the reduction. Modes: 0 recv apart, 1 recv inside send at this rank's
 // offset, 2 and 3 the same on the comm's memory.
 template <class E>
@@ -1466,6 +1532,7 @@ const Scenario kScenarios[] = {
     {"weighted_mean/oversized-weight", s_weighted_oversized, always, none},
     {"broadcast", s_broadcast, always, none},
     {"allgather", s_allgather, always, none},
+    {"allgatherv", s_allgatherv, always, none},
     {"reduce_scatter", s_reduce_scatter, always, none},
     {"alltoall", s_alltoall, always, none},
     {"barrier", s_barrier, always, none},

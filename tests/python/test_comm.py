@@ -300,3 +300,18 @@ def test_allreduce_many_over_mixed_dtypes_is_one_call_per_array():
     for same, dtypes, status, kept in run_ranks(2, body):
         assert same and kept and status == gs.E_MISMATCH
         assert dtypes == [np.float32, np.int64, np.float64, np.float16, np.int32, np.float32]
+
+
+def test_allgatherv_uneven_parts_blocking_and_not():
+    def body(comm, rank):
+        counts = [3, 0, 5]
+        part = np.arange(counts[rank], dtype=np.float64) + 10 * rank
+        got = comm.allgatherv(part, counts)
+        with comm.iallgatherv(part, counts) as request:
+            again = request.wait()
+        with pytest.raises(ValueError, match="counts"):
+            comm.allgatherv(part, [3, 0])
+        return got.tolist(), again.tolist()
+
+    want = [0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 23.0, 24.0]
+    assert run_ranks(3, body) == [(want, want)] * 3

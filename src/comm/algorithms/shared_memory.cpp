@@ -155,7 +155,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  void allgather(const void* send, void* recv, size_t total, DType dtype) override;
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
   void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
@@ -406,11 +406,20 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
   }
 }
 
-void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
-  const Telemetry::Call call(telemetry_, Collective::Allgather, total * dtype_size(dtype));
+void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts,
+                                          DType dtype) {
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
-  const Part mine = my_part(total);
+  // Rank r's part: counts[r] elements after the parts before it.
+  PerRank<Part> parts(n);
+  uint64_t total = 0, longest = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    parts[r] = Part{total, counts[r]};
+    total += counts[r];
+    longest = std::max<uint64_t>(longest, counts[r]);
+  }
+  const Telemetry::Call call(telemetry_, Collective::Allgather, total * es);
+  const Part mine = parts[static_cast<uint64_t>(rank())];
   char* out = static_cast<char*>(recv);
   const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
   if (alone()) {
@@ -421,7 +430,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
   const uint64_t address = small ? kNoAddress : fabric_->address_of(own, mine.len * es);
   const bool direct = address != kNoAddress && fabric_->address_of(recv, total * es) != kNoAddress;
   Descriptor d{};
-  d.call = allgather_call(total, dtype);
+  d.call = allgather_call(counts, dtype);
   d.direct = direct ? 1 : 0;
   const Round round = engine_.begin(d, [&](uint64_t parity) {
     if (small) {
@@ -434,7 +443,7 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
     if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
     for (uint64_t r = 0; r < n; ++r) {
       if (static_cast<int>(r) == rank()) continue;
-      const Part p = partition(total, n, r);
+      const Part p = parts[r];
       if (p.len > 0) std::memcpy(out + p.start * es, control_.inline_area(static_cast<int>(r), round.parity), p.len * es);
     }
     return;
@@ -455,13 +464,12 @@ void SharedMemoryCommunicator::allgather(const void* send, void* recv, size_t to
   if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
   // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
   const uint64_t block = kChunkBytes / es;
-  const uint64_t longest = partition(total, n, 0).len;
   const uint64_t steps = (longest + block - 1) / block;
   for (uint64_t k = 0; k <= steps; ++k) {
     if (k >= 1) {
       const uint64_t c = k - 1;
       for (uint64_t r = 0; r < n; ++r) {
-        const Part p = partition(total, n, r);
+        const Part p = parts[r];
         if (static_cast<int>(r) == rank() || c * block >= p.len) continue;
         const uint64_t len = std::min(block, p.len - c * block);
         std::memcpy(out + (p.start + c * block) * es, control_.in_area(static_cast<int>(r), c & 1), len * es);

@@ -197,7 +197,7 @@ class MpiCommunicator final : public Communicator {
 
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  void allgather(const void* send, void* recv, size_t total, DType dtype) override;
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
   void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
@@ -807,29 +807,39 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   }
 }
 
-void MpiCommunicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
-  const Telemetry::Call call(telemetry_, Collective::Allgather, total * dtype_size(dtype));
-  Fingerprint fp;
-  fp.call = allgather_call(total, dtype);
-  arrive(fp);
+void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
+  const auto n = static_cast<size_t>(size_);
+  std::vector<Part> parts(n);
+  size_t total = 0;
+  for (size_t r = 0; r < n; ++r) {
+    parts[r] = Part{total, counts[r]};
+    total += counts[r];
+  }
   const size_t elem = dtype_size(dtype);
-  const Part mine = my_part(total);
+  const Telemetry::Call call(telemetry_, Collective::Allgather, total * elem);
+  Fingerprint fp;
+  fp.call = allgather_call(counts, dtype);
+  arrive(fp);
+  const Part mine = parts[static_cast<size_t>(rank_)];
   if (size_ == 1) {
     if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
-  const auto n = static_cast<size_t>(size_);
-  // Every rank sees the same total here (the fingerprints matched), so all take the same path.
+  // Every rank sees the same counts here (the fingerprints matched), so all take the same path.
   if (total > max_count_) {
     const void* own = send == nullptr ? at(recv, mine.start, elem) : send;
     return pairwise(dtype, [&](int peer) {
-      const Part p = partition(total, n, static_cast<uint64_t>(peer));
+      const Part p = parts[static_cast<size_t>(peer)];
       return Block{own, mine.len, const_cast<std::byte*>(at(recv, p.start, elem)), p.len};
     });
   }
-  const auto [counts, displs] = partition_counts(total, n);
+  std::vector<int> icounts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    icounts[r] = static_cast<int>(parts[r].len);
+    displs[r] = static_cast<int>(parts[r].start);
+  }
   const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
-  check(MPI_Allgatherv(from, counts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, counts.data(), displs.data(),
+  check(MPI_Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
                        mpi_type(dtype), comm_),
         "MPI_Allgatherv");
 }
