@@ -525,6 +525,30 @@ Op reduce_scatter_op(const CommLink& link, const void* send, void* recv, size_t 
   return [=](Communicator& c) { c.reduce_scatter(send, recv, total_count, t, o); };
 }
 
+Op reduce_scatterv_op(const CommLink& link, const void* send, void* recv, const size_t* counts, int32_t dtype,
+                      int32_t op) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
+  const auto n = static_cast<size_t>(link.size());
+  std::vector<size_t> copied(counts, counts + n);
+  size_t total = 0, start = 0;
+  for (size_t r = 0; r < n; ++r) {
+    GS_REQUIRE(copied[r] <= SIZE_MAX - total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
+    if (r == static_cast<size_t>(link.rank())) start = total;
+    total += copied[r];
+  }
+  const size_t mine = copied[static_cast<size_t>(link.rank())];
+  require_buffer(send, total, t, "send");
+  require_buffer(recv, mine, t, "recv");
+  require_aligned(send, t, "send");
+  require_aligned(recv, t, "recv");
+  // in place: recv at this rank's offset in send
+  const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + start * gradsync::dtype_size(t);
+  require_disjoint(recv, mine, "recv", send, total, "send", t, own);
+  return [=, copied = std::move(copied)](Communicator& c) { c.reduce_scatterv(send, recv, copied, t, o); };
+}
+
 Op alltoall_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
   const DType t = gradsync::to_dtype(dtype);
   const size_t recv_count = part_of(link, total_count).len * static_cast<size_t>(link.size());
@@ -629,6 +653,18 @@ GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm* comm, const void* send,
 GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                            int32_t dtype, gradsync_request** request) {
   return start(__func__, comm, request, [&](const CommLink& l) { return allgatherv_op(l, send, recv, counts, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                               int32_t dtype, int32_t op) {
+  return run(__func__, comm,
+             [&](const CommLink& l) { return reduce_scatterv_op(l, send, recv, counts, dtype, op); });
+}
+
+GRADSYNC_API int gradsync_comm_ireduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                                int32_t dtype, int32_t op, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return reduce_scatterv_op(l, send, recv, counts, dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,

@@ -364,6 +364,25 @@ GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *s
                                               int32_t dtype, int32_t op);
 
 /**
+ * @brief gradsync_comm_reduce_scatter with a count of each rank's own: send holds the sum of the
+ *        counts; rank r receives the reduction (in rank order) of the counts[r] elements after the
+ *        counts before it. Every rank passes the same counts (GRADSYNC_E_MISMATCH on every rank
+ *        otherwise); a count may be 0. With the partition rule's counts this is
+ *        gradsync_comm_reduce_scatter (the two calls match).
+ * @param comm the communicator
+ * @param send the sum of the counts, in elements
+ * @param recv counts[rank] elements; may point into send at this rank's offset
+ * @param counts size entries (gradsync_comm_size), rank r's count at counts[r]
+ * @param dtype a gradsync_dtype
+ * @param op a gradsync_op
+ * @return GRADSYNC_OK, or GRADSYNC_E_INVALID_ARG (NULL counts or buffers, a sum that overflows),
+ *         or an error as gradsync_comm_reduce_scatter gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+                                               int32_t dtype, int32_t op);
+
+/**
  * @brief Exchange parts: send (total_count elements) is split into one part per rank by the
  *        partition rule, and part j goes to rank j. recv receives size blocks of this rank's part
  *        length, rank i's block at offset i * (this rank's part length), in rank order.
@@ -436,6 +455,10 @@ GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm *comm, const void *send
 /** @brief Non-blocking gradsync_comm_allgather. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
                                           int32_t dtype, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_reduce_scatterv (counts is copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ireduce_scatterv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+                                                int32_t dtype, int32_t op, gradsync_request **request);
 
 /** @brief Non-blocking gradsync_comm_reduce_scatter. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,

@@ -140,6 +140,7 @@ declare("gradsync_comm_weighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_u
 declare("gradsync_comm_broadcast", c_int, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allgather", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_allgatherv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32)
+declare("gradsync_comm_reduce_scatterv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32, c_int32)
 declare("gradsync_comm_alltoall", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
@@ -155,6 +156,7 @@ declare("gradsync_comm_iweighted_mean", c_int, _P, _P, _P, c_size_t, c_int32, c_
 declare("gradsync_comm_ibroadcast", c_int, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_iallgather", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
 declare("gradsync_comm_iallgatherv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32, _PR)
+declare("gradsync_comm_ireduce_scatterv", c_int, _P, _P, _P, ctypes.POINTER(c_size_t), c_int32, c_int32, _PR)
 declare("gradsync_comm_ialltoall", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
 declare("gradsync_comm_ireduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_ibarrier", c_int, _P, _PR)
@@ -445,6 +447,22 @@ class Communicator(Handle):
         return self._issue("reduce_scatter", _nonblocking,
                            (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype], _op(op)), recv, (send, recv))
 
+    def reduce_scatterv(self, array, counts, op="mean", out=None, *, _nonblocking=False):
+        """Reduce `array` (the sum of the counts) over ranks; rank r receives the counts[r]
+        elements after the counts before it (into `out` when given); every rank passes the same
+        counts. Returns this rank's part."""
+        send = _array(array, "array", writable=False)
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or any(c < 0 for c in counts) or sum(counts) != send.size:
+            raise ValueError(f"counts must hold {self.size} counts >= 0 summing to {send.size}, got {counts}")
+        length = counts[self.rank]
+        recv = np.empty(length, dtype=send.dtype) if out is None else _array(out, "out")
+        if recv.size != length or recv.dtype != send.dtype:
+            raise ValueError(f"out has {recv.size} {recv.dtype} elements; this rank's part is {length} {send.dtype}")
+        c_counts = (c_size_t * self.size)(*counts)
+        return self._issue("reduce_scatterv", _nonblocking,
+                           (_ptr(send), _ptr(recv), c_counts, _DTYPES[send.dtype], _op(op)), recv, (send, recv, c_counts))
+
     def alltoall(self, array, out=None, *, _nonblocking=False):
         """Send part j of `array` (parts by the partition rule) to rank j. Returns an array of
         shape (size, part length): row i is rank i's part for this rank (into `out` when given)."""
@@ -478,6 +496,9 @@ class Communicator(Handle):
 
     def iallgatherv(self, part, counts, out=None):
         return self.allgatherv(part, counts, out, _nonblocking=True)
+
+    def ireduce_scatterv(self, array, counts, op="mean", out=None):
+        return self.reduce_scatterv(array, counts, op, out, _nonblocking=True)
 
     def ireduce_scatter(self, array, op="mean", out=None):
         return self.reduce_scatter(array, op, out, _nonblocking=True)

@@ -56,22 +56,32 @@ CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept {
   return s;
 }
 
-CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept {
+namespace {
+
+// A per-rank split of the elements: its total, and a layout that is 0 for the partition rule's
+// split (so a plain call and its v-form with the same parts match) and a hash of the counts otherwise.
+CallSignature parts_call(Collective c, std::span<const size_t> counts, DType dtype) noexcept {
   uint64_t total = 0, h = kFnvBasis;
   bool rule = true;
   for (size_t r = 0; r < counts.size(); ++r) total += counts[r];
   for (size_t r = 0; r < counts.size(); ++r) {
     rule &= counts[r] == partition(total, counts.size(), r).len;
-    const uint64_t c = counts[r];
-    h = fnv1a64(&c, sizeof c, h);
+    const uint64_t n = counts[r];
+    h = fnv1a64(&n, sizeof n, h);
   }
-  CallSignature s = make(Collective::Allgather, total, dtype);
+  CallSignature s = make(c, total, dtype);
   s.layout = rule ? 0 : h;
   return s;
 }
 
-CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept {
-  CallSignature s = make(Collective::ReduceScatter, total, dtype);
+}  // namespace
+
+CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept {
+  return parts_call(Collective::Allgather, counts, dtype);
+}
+
+CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op) noexcept {
+  CallSignature s = parts_call(Collective::ReduceScatter, counts, dtype);
   s.op = static_cast<int32_t>(op);
   return s;
 }

@@ -51,7 +51,7 @@ CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, Re
 CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept;
 // counts: every rank's part; the signature's layout hashes them unless they are the partition rule's.
 CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept;
-CallSignature reduce_scatter_call(uint64_t total, DType dtype, ReduceOp op) noexcept;
+CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op) noexcept;
 CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept;
 CallSignature alltoall_call(uint64_t total, DType dtype) noexcept;
 CallSignature barrier_call() noexcept;

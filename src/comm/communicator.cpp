@@ -102,11 +102,19 @@ void Communicator::allreduce_mixed(std::span<const BufferRef> buffers, std::span
   }
 }
 
-void Communicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+std::span<const size_t> Communicator::rule_counts(size_t total) {
   const auto n = static_cast<uint64_t>(size());
   partition_counts_.resize(n);
   for (uint64_t r = 0; r < n; ++r) partition_counts_[r] = partition(total, n, r).len;
-  allgatherv(send, recv, partition_counts_, dtype);
+  return partition_counts_;
+}
+
+void Communicator::allgather(const void* send, void* recv, size_t total, DType dtype) {
+  allgatherv(send, recv, rule_counts(total), dtype);
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
+  reduce_scatterv(send, recv, rule_counts(total), dtype, op);
 }
 
 void* Communicator::alloc(size_t bytes) {

@@ -84,7 +84,11 @@ class Communicator {
   // before it in recv; send holds counts[rank()] elements or is nullptr (in place).
   virtual void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
   // send holds total elements; recv receives this rank's part (it may alias send at that offset).
-  virtual void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) = 0;
+  // reduce_scatterv with the partition rule's counts.
+  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op);
+  // Rank r receives the reduction of the counts[r] elements after the counts before it.
+  virtual void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
+                               ReduceOp op) = 0;
   // send holds total elements, split into size() parts by the partition rule: part j goes to rank j.
   // recv receives size() blocks of this rank's part length, rank i's block at i * my_part(total).len.
   // send and recv must not overlap. Any dtype (nothing is combined).
@@ -138,7 +142,8 @@ class Communicator {
 
  private:
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
-  std::vector<size_t> partition_counts_;  // allgather's, reused: no allocation per call
+  std::vector<size_t> partition_counts_;  // allgather's and reduce_scatter's, reused: no allocation per call
+  std::span<const size_t> rule_counts(size_t total);
 };
 
 // Creates and joins; blocks until the whole group has joined or the timeout passes.

@@ -319,6 +319,10 @@ static int h_comm_allreduce_mixed(void *h) {
 static int h_comm_weighted_mean(void *h) { return gradsync_comm_weighted_mean(h, in_f32, out.f32, 4, GRADSYNC_F32, 1, &out.u64[0]); }
 static int h_comm_broadcast(void *h) { return gradsync_comm_broadcast(h, out.f32, 4, GRADSYNC_F32, 0); }
 static int h_comm_allgather(void *h) { return gradsync_comm_allgather(h, in_f32, out.f32, 4, GRADSYNC_F32); }
+static int h_comm_reduce_scatterv(void *h) {
+  const size_t counts[1] = {4};
+  return gradsync_comm_reduce_scatterv(h, in_f32, out.f32, counts, GRADSYNC_F32, GRADSYNC_SUM);
+}
 static int h_comm_allgatherv(void *h) {
   const size_t counts[1] = {4};
   return gradsync_comm_allgatherv(h, in_f32, out.f32, counts, GRADSYNC_F32);
@@ -348,6 +352,7 @@ H_START(iweighted_mean, in_f32, out.f32, 4, GRADSYNC_F32, 1, &out.u64[0])
 H_START(ibroadcast, out.f32, 4, GRADSYNC_F32, 0)
 H_START(iallgather, in_f32, out.f32, 4, GRADSYNC_F32)
 H_START(iallgatherv, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32)
+H_START(ireduce_scatterv, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32, GRADSYNC_SUM)
 H_START(ireduce_scatter, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM)
 H_START(ialltoall, in_f32, out.f32, 4, GRADSYNC_F32)
 static int h_comm_iallreduce_many(void *h) {
@@ -455,6 +460,8 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_allreduce_mixed", K_COMM, 0, h_comm_allreduce_mixed},
   {"gradsync_comm_allgatherv", K_COMM, 0, h_comm_allgatherv},
   {"gradsync_comm_iallgatherv", K_COMM, 0, h_comm_iallgatherv},
+  {"gradsync_comm_reduce_scatterv", K_COMM, 0, h_comm_reduce_scatterv},
+  {"gradsync_comm_ireduce_scatterv", K_COMM, 0, h_comm_ireduce_scatterv},
   {"gradsync_comm_stats", K_COMM, 0, h_comm_stats},
   {"gradsync_comm_timeline", K_COMM, 0, h_comm_timeline},
   {"gradsync_comm_weighted_mean", K_COMM, 0, h_comm_weighted_mean},
@@ -1331,6 +1338,8 @@ static void sweep_comm(void) {
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_broadcast(comm, out.f32, 4, d, 0));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, in_f32, out.f32, 4, d));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, (const size_t[]){4}, d));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, d,
+                                                                 GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, in_f32, out.f32, 4, d));
   }
@@ -1362,6 +1371,8 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, NULL, NULL, NULL,
                                                                GRADSYNC_MAX_FUSED_BUFFERS + 1, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, NULL, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32, 9));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, NULL, (const size_t[]){4}, GRADSYNC_F32));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, (const size_t[]){SIZE_MAX / 2},
                                                           GRADSYNC_F32));

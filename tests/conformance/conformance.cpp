@@ -949,6 +949,47 @@ void s_allgatherv(Ctx& x) {
   next_call_works(x, x.c, __LINE__);
 }
 
+// Uneven parts of a reduction: rank r receives the counts[r] elements after the counts before it,
+// reduced in rank order (the reference), recv apart (mode 0) or inside send at its offset (mode 1).
+template <class E>
+void reduce_scatterv_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, int mode, uint64_t seed) {
+  using T = typename E::T;
+  size_t total = 0, start = 0;
+  for (int r = 0; r < x.size; ++r) {
+    if (r == x.rank) start = total;
+    total += counts[static_cast<size_t>(r)];
+  }
+  const size_t len = counts[static_cast<size_t>(x.rank)];
+  std::vector<T> send = inputs<E>(x.rank, total, seed), apart(len);
+  T* out = mode == 1 ? send.data() + start : apart.data();
+  if (!EXPECT_OK(x, gradsync_comm_reduce_scatterv(x.c, send.data(), out, counts.data(), E::dtype, op))) return;
+  const auto want = reference<E>(op, x.size, len, seed, start);
+  EXPECT_BITS(E, x, want.data(), out, len, "reduce_scatterv %s %s of %zu (mode %d)", E::name, op_name(op), total, mode);
+}
+
+void s_reduce_scatterv(Ctx& x) {
+  uint64_t seed = 1900;
+  const auto n = static_cast<size_t>(x.size);
+  for (size_t scale : {size_t{1}, size_t{97}, size_t{40009}}) {
+    std::vector<size_t> c(n);
+    for (size_t r = 0; r < n; ++r) c[r] = r % 3 == 1 ? 0 : scale * (r + 1);
+    for (int mode = 0; mode < 2; ++mode) {
+      reduce_scatterv_case<F32>(x, c, GRADSYNC_SUM, mode, ++seed);
+      reduce_scatterv_case<I64>(x, c, GRADSYNC_MEAN, mode, ++seed);
+      reduce_scatterv_case<BF16>(x, c, GRADSYNC_MAX, mode, ++seed);
+    }
+  }
+  if (x.size < 2) return;
+  std::vector<size_t> counts(n, 4);
+  if (x.rank == x.size - 1) counts[0] = 5;
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::vector<float> send(total, 1.0f), recv(counts[static_cast<size_t>(x.rank)]);
+  EXPECT_STATUS(x, gradsync_comm_reduce_scatterv(x.c, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM),
+                GRADSYNC_E_MISMATCH, "reduce_scatter");
+  next_call_works(x, x.c, __LINE__);
+}
+
 // This rank's part of the reduction. Modes: 0 recv apart, 1 recv inside send at this rank's
 // offset, 2 and 3 the same on the comm's memory.
 template <class E>
@@ -1534,6 +1575,7 @@ const Scenario kScenarios[] = {
     {"allgather", s_allgather, always, none},
     {"allgatherv", s_allgatherv, always, none},
     {"reduce_scatter", s_reduce_scatter, always, none},
+    {"reduce_scatterv", s_reduce_scatterv, always, none},
     {"alltoall", s_alltoall, always, none},
     {"barrier", s_barrier, always, none},
     {"group-of-one", s_group_of_one, needs_one, none},

@@ -315,3 +315,16 @@ def test_allgatherv_uneven_parts_blocking_and_not():
 
     want = [0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 23.0, 24.0]
     assert run_ranks(3, body) == [(want, want)] * 3
+
+
+def test_reduce_scatterv_uneven_parts_blocking_and_not():
+    def body(comm, rank):
+        counts = [2, 0, 3]
+        x = np.arange(5, dtype=np.float32) * (rank + 1)
+        got = comm.reduce_scatterv(x, counts, op="sum")
+        with comm.ireduce_scatterv(x, counts, op="max") as request:
+            most = request.wait()
+        return got.tolist(), most.tolist()
+
+    got = run_ranks(3, body)
+    assert got[0] == ([0.0, 6.0], [0.0, 3.0]) and got[1] == ([], []) and got[2] == ([12.0, 18.0, 24.0], [6.0, 9.0, 12.0])

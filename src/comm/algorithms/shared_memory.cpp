@@ -139,6 +139,17 @@ class PerRank {
 
 using Round = RoundEngine::Round;
 
+// Rank r's part: counts[r] elements after the parts before it.
+PerRank<Part> parts_of(std::span<const size_t> counts) {
+  PerRank<Part> parts(counts.size());
+  uint64_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    parts[r] = Part{at, counts[r]};
+    at += counts[r];
+  }
+  return parts;
+}
+
 class SharedMemoryCommunicator final : public Communicator {
  public:
   SharedMemoryCommunicator(const Options& options, std::unique_ptr<Fabric> fabric)
@@ -156,7 +167,8 @@ class SharedMemoryCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
+                       ReduceOp op) override;
   void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
@@ -177,7 +189,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // part of `in` (part j in slot j, `block` elements each) and consumes block k-1 of its own part
   // from every rank's stage: consume(first element, length, from) with from[r] rank r's slot.
   template <class Consume>
-  void exchange_parts(const Round& round, Collective what, const char* in, uint64_t total, size_t es,
+  void exchange_parts(const Round& round, Collective what, const char* in, PerRank<Part>& parts, size_t es,
                       Consume&& consume);
   // A group of one: nothing to agree on, but the group's failure still fails the call.
   bool alone() {
@@ -410,13 +422,11 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
                                           DType dtype) {
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
-  // Rank r's part: counts[r] elements after the parts before it.
-  PerRank<Part> parts(n);
+  PerRank<Part> parts = parts_of(counts);
   uint64_t total = 0, longest = 0;
   for (uint64_t r = 0; r < n; ++r) {
-    parts[r] = Part{total, counts[r]};
-    total += counts[r];
-    longest = std::max<uint64_t>(longest, counts[r]);
+    total += parts[r].len;
+    longest = std::max<uint64_t>(longest, parts[r].len);
   }
   const Telemetry::Call call(telemetry_, Collective::Allgather, total * es);
   const Part mine = parts[static_cast<uint64_t>(rank())];
@@ -485,11 +495,14 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
   }
 }
 
-void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
-  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * dtype_size(dtype));
+void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts,
+                                               DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const size_t n = static_cast<size_t>(size());
-  const Part mine = my_part(total);
+  PerRank<Part> parts = parts_of(counts);
+  const uint64_t total = parts[n - 1].start + parts[n - 1].len;
+  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * es);
+  const Part mine = parts[static_cast<size_t>(rank())];
   const char* in = static_cast<const char*>(send);
   if (alone()) {
     require_reducible("reduce_scatter", dtype);
@@ -497,7 +510,7 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size
     return;
   }
   const bool small = total * es <= kInlineBytes;
-  const Round round = begin_reading(reduce_scatter_call(total, dtype, op), send, total * es);
+  const Round round = begin_reading(reduce_scatter_call(counts, dtype, op), send, total * es);
   PerRank<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
@@ -514,7 +527,7 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, size
     return;
   }
   char* out = static_cast<char*>(recv);
-  exchange_parts(round, Collective::ReduceScatter, in, total, es,
+  exchange_parts(round, Collective::ReduceScatter, in, parts, es,
                  [&](uint64_t first, uint64_t len, const void* const* from) {
                    reduce(dtype, op, from, n, out + first * es, 0, len);
                  });
@@ -544,19 +557,23 @@ void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t tot
     if (!small) engine_.barrier(round, Collective::Alltoall, true);
     return;
   }
-  exchange_parts(round, Collective::Alltoall, in, total, es,
+  PerRank<Part> parts(n);
+  for (uint64_t r = 0; r < n; ++r) parts[r] = partition(total, n, r);
+  exchange_parts(round, Collective::Alltoall, in, parts, es,
                  [&](uint64_t first, uint64_t len, const void* const* from) {
                    for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
                  });
 }
 
 template <class Consume>
-void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective what, const char* in, uint64_t total,
-                                              size_t es, Consume&& consume) {
+void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective what, const char* in,
+                                              PerRank<Part>& parts, size_t es, Consume&& consume) {
   const uint64_t n = static_cast<uint64_t>(size());
-  const Part mine = my_part(total);
+  const Part mine = parts[static_cast<uint64_t>(rank())];
   const uint64_t block = kChunkBytes / es / n;
-  const uint64_t steps = (partition(total, n, 0).len + block - 1) / block;
+  uint64_t longest = 0;
+  for (uint64_t r = 0; r < n; ++r) longest = std::max(longest, parts[r].len);
+  const uint64_t steps = (longest + block - 1) / block;
   PerRank<const void*> from(n);
   for (uint64_t k = 0; k <= steps; ++k) {
     if (k >= 1) {
@@ -571,7 +588,7 @@ void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective wha
     if (k < steps) {
       char* stage = control_.in_area(rank(), k & 1);
       for (uint64_t j = 0; j < n; ++j) {
-        const Part p = partition(total, n, j);
+        const Part p = parts[j];
         if (k * block >= p.len) continue;
         const uint64_t len = std::min(block, p.len - k * block);
         std::memcpy(stage + j * block * es, in + (p.start + k * block) * es, len * es);

@@ -198,7 +198,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) override;
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
+                       ReduceOp op) override;
   void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
   void barrier() override;
   void abort() noexcept override;
@@ -873,30 +874,37 @@ void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType
         "MPI_Alltoallv");
 }
 
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
-  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * dtype_size(dtype));
-  Fingerprint fp;
-  fp.call = reduce_scatter_call(total, dtype, op);
-  arrive(fp);
+void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
+                                      ReduceOp op) {
+  const auto n = static_cast<size_t>(size_);
+  std::vector<Part> parts(n);
+  size_t total = 0, longest = 0;
+  for (size_t r = 0; r < n; ++r) {
+    parts[r] = Part{total, counts[r]};
+    total += counts[r];
+    longest = std::max(longest, counts[r]);
+  }
   const size_t elem = dtype_size(dtype);
-  const Part mine = my_part(total);
+  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * elem);
+  Fingerprint fp;
+  fp.call = reduce_scatter_call(counts, dtype, op);
+  arrive(fp);
+  const Part mine = parts[static_cast<size_t>(rank_)];
   if (size_ == 1) {
     if (recv != send && total > 0) std::memmove(recv, send, total * elem);
     return;
   }
-  const auto n = static_cast<size_t>(size_);
   if (total > max_count_) {
     // Window by window of the slices (bounded scratch): every rank's copy of this rank's window
-    // comes here pairwise and is folded in rank order, as the deterministic path does. Slices
-    // differ by one element at most, so every rank runs the windows of the longest (rank 0's).
+    // comes here pairwise and is folded in rank order, as the deterministic path does. Every
+    // rank runs the windows of the longest slice.
     const size_t window = std::min(max_count_, std::max<size_t>(kWindowBytes / elem, 1));
-    const size_t longest = partition(total, n, 0).len;
     std::vector<const void*> sources(n);
     for (size_t lo = 0; lo < longest; lo += window) {
       const size_t m = lo < mine.len ? std::min(window, mine.len - lo) : 0;
       std::byte* copies = scratch(n * m * elem);
       pairwise(dtype, [&](int peer) {
-        const Part p = partition(total, n, static_cast<uint64_t>(peer));
+        const Part p = parts[static_cast<size_t>(peer)];
         const size_t theirs = lo < p.len ? std::min(window, p.len - lo) : 0;
         return Block{at(send, p.start + lo, elem), theirs, copies + static_cast<size_t>(peer) * m * elem, m};
       });
@@ -905,12 +913,16 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
     }
     return;
   }
-  const auto [counts, displs] = partition_counts(total, n);
+  std::vector<int> icounts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    icounts[r] = static_cast<int>(parts[r].len);
+    displs[r] = static_cast<int>(parts[r].start);
+  }
   if (deterministic_for(dtype, op)) {
     std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
     for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
     std::byte* copies = scratch(n * mine.len * elem);
-    check(MPI_Alltoallv(send, counts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
+    check(MPI_Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
                         recv_displs.data(), mpi_type(dtype), comm_),
           "MPI_Alltoallv");
     std::vector<const void*> sources(n);
@@ -923,7 +935,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t total,
   const auto* r = static_cast<const std::byte*>(recv);
   const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
   void* out = overlaps ? scratch(mine.len * elem) : recv;
-  check(MPI_Reduce_scatter(send, out, counts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
+  check(MPI_Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
   if (overlaps) std::memcpy(recv, out, mine.len * elem);
   if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
 }
