@@ -440,7 +440,9 @@ Op allreduce_many_op(const void* const* sends, void* const* recvs, const size_t*
   GS_REQUIRE(nbufs == 0 || (recvs != nullptr && counts != nullptr), GRADSYNC_E_INVALID_ARG,
              "recvs or counts is NULL for {} buffers", nbufs);
   std::vector<gradsync::comm::BufferRef> buffers(nbufs);
-  for (size_t i = 0; i < nbufs; ++i) buffers[i] = reducible(sends != nullptr ? sends[i] : recvs[i], recvs[i], counts[i], t);
+  for (size_t i = 0; i < nbufs; ++i) {
+    buffers[i] = reducible(sends != nullptr ? sends[i] : recvs[i], recvs[i], counts[i], t);
+  }
   return [buffers = std::move(buffers), t, o](Communicator& c) { c.allreduce(buffers, t, o); };
 }
 
@@ -476,77 +478,62 @@ Op broadcast_op(void* buf, size_t count, int32_t dtype, int32_t root) {
   return [=](Communicator& c) { c.broadcast(buf, count, t, root); };
 }
 
-Op allgather_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
+// The parts of an allgather or a reduce_scatter: every rank's count, their sum, this rank's part.
+struct RankParts {
+  std::vector<size_t> counts;
+  size_t total = 0;
+  gradsync::Part mine{};
+};
+
+// By the partition rule.
+RankParts rule_parts(const CommLink& link, size_t total) {
+  const auto n = static_cast<uint64_t>(link.size());
+  RankParts p;
+  p.counts.resize(n);
+  for (uint64_t r = 0; r < n; ++r) p.counts[r] = gradsync::partition(total, n, r).len;
+  p.total = total;
+  p.mine = part_of(link, total);
+  return p;
+}
+
+// As the caller gives them (copied: a non-blocking call outlives the caller's array).
+RankParts given_parts(const CommLink& link, const size_t* counts) {
+  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
+  const auto n = static_cast<size_t>(link.size());
+  RankParts p;
+  p.counts.assign(counts, counts + n);
+  for (size_t r = 0; r < n; ++r) {
+    GS_REQUIRE(p.counts[r] <= SIZE_MAX - p.total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
+    if (r == static_cast<size_t>(link.rank())) p.mine = {p.total, p.counts[r]};
+    p.total += p.counts[r];
+  }
+  return p;
+}
+
+Op allgather_op(const void* send, void* recv, RankParts p, int32_t dtype) {
   const DType t = gradsync::to_dtype(dtype);
-  require_buffer(recv, total_count, t, "recv");
+  require_buffer(recv, p.total, t, "recv");
   if (send != nullptr) {
-    const gradsync::Part mine = part_of(link, total_count);
-    require_buffer(send, mine.len, t, "send");
+    require_buffer(send, p.mine.len, t, "send");
     // in place: this rank's part already at its offset in recv
-    const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + mine.start * gradsync::dtype_size(t);
-    require_disjoint(send, mine.len, "send", recv, total_count, "recv", t, own);
+    const void* own =
+        recv == nullptr ? nullptr : static_cast<const char*>(recv) + p.mine.start * gradsync::dtype_size(t);
+    require_disjoint(send, p.mine.len, "send", recv, p.total, "recv", t, own);
   }
-  return [=](Communicator& c) { c.allgather(send, recv, total_count, t); };
+  return [=, counts = std::move(p.counts)](Communicator& c) { c.allgatherv(send, recv, counts, t); };
 }
 
-Op allgatherv_op(const CommLink& link, const void* send, void* recv, const size_t* counts, int32_t dtype) {
-  const DType t = gradsync::to_dtype(dtype);
-  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
-  const auto n = static_cast<size_t>(link.size());
-  std::vector<size_t> copied(counts, counts + n);
-  size_t total = 0, start = 0;
-  for (size_t r = 0; r < n; ++r) {
-    GS_REQUIRE(copied[r] <= SIZE_MAX - total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
-    if (r == static_cast<size_t>(link.rank())) start = total;
-    total += copied[r];
-  }
-  require_buffer(recv, total, t, "recv");
-  if (send != nullptr) {
-    const size_t mine = copied[static_cast<size_t>(link.rank())];
-    require_buffer(send, mine, t, "send");
-    const void* own = recv == nullptr ? nullptr : static_cast<const char*>(recv) + start * gradsync::dtype_size(t);
-    require_disjoint(send, mine, "send", recv, total, "recv", t, own);
-  }
-  return [=, copied = std::move(copied)](Communicator& c) { c.allgatherv(send, recv, copied, t); };
-}
-
-Op reduce_scatter_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype,
-                     int32_t op) {
+Op reduce_scatter_op(const void* send, void* recv, RankParts p, int32_t dtype, int32_t op) {
   const DType t = gradsync::to_dtype(dtype);
   const auto o = gradsync::to_op(op);
-  const gradsync::Part mine = part_of(link, total_count);
-  require_buffer(send, total_count, t, "send");
-  require_buffer(recv, mine.len, t, "recv");
+  require_buffer(send, p.total, t, "send");
+  require_buffer(recv, p.mine.len, t, "recv");
   require_aligned(send, t, "send");
   require_aligned(recv, t, "recv");
   // in place: recv at this rank's offset in send
-  const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + mine.start * gradsync::dtype_size(t);
-  require_disjoint(recv, mine.len, "recv", send, total_count, "send", t, own);
-  return [=](Communicator& c) { c.reduce_scatter(send, recv, total_count, t, o); };
-}
-
-Op reduce_scatterv_op(const CommLink& link, const void* send, void* recv, const size_t* counts, int32_t dtype,
-                      int32_t op) {
-  const DType t = gradsync::to_dtype(dtype);
-  const auto o = gradsync::to_op(op);
-  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
-  const auto n = static_cast<size_t>(link.size());
-  std::vector<size_t> copied(counts, counts + n);
-  size_t total = 0, start = 0;
-  for (size_t r = 0; r < n; ++r) {
-    GS_REQUIRE(copied[r] <= SIZE_MAX - total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
-    if (r == static_cast<size_t>(link.rank())) start = total;
-    total += copied[r];
-  }
-  const size_t mine = copied[static_cast<size_t>(link.rank())];
-  require_buffer(send, total, t, "send");
-  require_buffer(recv, mine, t, "recv");
-  require_aligned(send, t, "send");
-  require_aligned(recv, t, "recv");
-  // in place: recv at this rank's offset in send
-  const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + start * gradsync::dtype_size(t);
-  require_disjoint(recv, mine, "recv", send, total, "send", t, own);
-  return [=, copied = std::move(copied)](Communicator& c) { c.reduce_scatterv(send, recv, copied, t, o); };
+  const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + p.mine.start * gradsync::dtype_size(t);
+  require_disjoint(recv, p.mine.len, "recv", send, p.total, "send", t, own);
+  return [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o); };
 }
 
 Op alltoall_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
@@ -636,47 +623,50 @@ GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm* comm, void* buf, size_t
 
 GRADSYNC_API int gradsync_comm_allgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                          int32_t dtype) {
-  return run(__func__, comm, [&](const CommLink& l) { return allgather_op(l, send, recv, total_count, dtype); });
+  return run(__func__, comm,
+             [&](const CommLink& l) { return allgather_op(send, recv, rule_parts(l, total_count), dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                           int32_t dtype, gradsync_request** request) {
   return start(__func__, comm, request,
-               [&](const CommLink& l) { return allgather_op(l, send, recv, total_count, dtype); });
+               [&](const CommLink& l) { return allgather_op(send, recv, rule_parts(l, total_count), dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                           int32_t dtype) {
-  return run(__func__, comm, [&](const CommLink& l) { return allgatherv_op(l, send, recv, counts, dtype); });
+  return run(__func__, comm,
+             [&](const CommLink& l) { return allgather_op(send, recv, given_parts(l, counts), dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                            int32_t dtype, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return allgatherv_op(l, send, recv, counts, dtype); });
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return allgather_op(send, recv, given_parts(l, counts), dtype); });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                                int32_t dtype, int32_t op) {
   return run(__func__, comm,
-             [&](const CommLink& l) { return reduce_scatterv_op(l, send, recv, counts, dtype, op); });
+             [&](const CommLink& l) { return reduce_scatter_op(send, recv, given_parts(l, counts), dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_ireduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                                 int32_t dtype, int32_t op, gradsync_request** request) {
   return start(__func__, comm, request,
-               [&](const CommLink& l) { return reduce_scatterv_op(l, send, recv, counts, dtype, op); });
+               [&](const CommLink& l) { return reduce_scatter_op(send, recv, given_parts(l, counts), dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                               int32_t dtype, int32_t op) {
   return run(__func__, comm,
-             [&](const CommLink& l) { return reduce_scatter_op(l, send, recv, total_count, dtype, op); });
+             [&](const CommLink& l) { return reduce_scatter_op(send, recv, rule_parts(l, total_count), dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                                int32_t dtype, int32_t op, gradsync_request** request) {
   return start(__func__, comm, request,
-               [&](const CommLink& l) { return reduce_scatter_op(l, send, recv, total_count, dtype, op); });
+               [&](const CommLink& l) { return reduce_scatter_op(send, recv, rule_parts(l, total_count), dtype, op); });
 }
 
 GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
