@@ -231,6 +231,7 @@ class MpiCommunicator final : public Communicator {
             std::shared_ptr<void> keepalive, bool watch_notices, bool local_abort = true);
   // The commit phase of a round, after its arrival exchange: see arrive().
   void commit(const Fingerprint& fp, Clock::time_point deadline);
+  std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject);
   void send_notices(int status, int subject) noexcept;
   [[noreturn]] void fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what);
@@ -312,10 +313,7 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
     MPI_Comm_set_errhandler(base_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(base_, &rank_);
     MPI_Comm_size(base_, &size_);
-    fresh = std::make_shared<FreshComms>();
-    check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-    check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-    wait(fresh->requests, 2, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, false);
+    fresh = duplicate_base(deadline, "joining the MPI group (MPI_Comm_idup)");
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
 
@@ -948,6 +946,20 @@ void MpiCommunicator::barrier() {
   arrive(fp);
 }
 
+// The data and control communicators, duplicated from base_ one after the other, never side by
+// side: Open MPI (4.1) agrees on a new context id through collectives on the parent, and two
+// agreements in flight on one parent can post those collectives in different orders on different
+// ranks when a rank's context ids differ from its peers' (as after an abandoned collective), which
+// then never complete.
+std::shared_ptr<FreshComms> MpiCommunicator::duplicate_base(Clock::time_point deadline, const char* label) {
+  auto fresh = std::make_shared<FreshComms>();
+  check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+  wait(&fresh->requests[0], 1, deadline, label, nullptr, fresh, false);
+  check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
+  wait(&fresh->requests[1], 1, deadline, label, nullptr, fresh, false);
+  return fresh;
+}
+
 void MpiCommunicator::reset() {
   // Fresh communicators duplicated from base_: the duplication is collective, so reset returns
   // only when every rank has called it. An abandoned request stays with the old communicator,
@@ -955,15 +967,7 @@ void MpiCommunicator::reset() {
   // The abort being recovered from must not abort its own recovery; one during the reset does.
   abort_requested_.store(false);
   const auto deadline = deadline_after(options_.timeout);
-  auto fresh = std::make_shared<FreshComms>();
-  if (size_ > 1) {
-    check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-    check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-    wait(fresh->requests, 2, deadline, "reset (MPI_Comm_idup)", nullptr, fresh, false);
-  } else {
-    check(MPI_Comm_dup(base_, &fresh->comm), "MPI_Comm_dup");
-    check(MPI_Comm_dup(base_, &fresh->ctl), "MPI_Comm_dup");
-  }
+  const auto fresh = duplicate_base(deadline, "reset (MPI_Comm_idup)");
   retire_control();
   if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   comm_pending_ = false;
