@@ -533,20 +533,116 @@ Op reduce_scatter_op(const void* send, void* recv, RankParts p, int32_t dtype, i
   // in place: recv at this rank's offset in send
   const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + p.mine.start * gradsync::dtype_size(t);
   require_disjoint(recv, p.mine.len, "recv", send, p.total, "send", t, own);
-  return [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o); };
+  return [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o, std::nullopt); };
+}
+
+// An exchange's buffers: send (send_extent elements) and recv (recv_extent) must not overlap.
+void require_exchange_buffers(const void* send, size_t send_extent, const void* recv, size_t recv_extent, DType t) {
+  require_buffer(send, send_extent, t, "send");
+  require_buffer(recv, recv_extent, t, "recv");
+  require_disjoint(send, send_extent, "send", recv, recv_extent, "recv", t, nullptr);
+}
+
+// size entries, copied (a non-blocking call outlives the caller's array); `what` names them.
+std::vector<size_t> given_counts(const CommLink& link, const size_t* counts, const char* what) {
+  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "{} is NULL", what);
+  return std::vector<size_t>(counts, counts + link.size());
+}
+
+// The elements a buffer must hold for these parts: the largest displacement + count of a non-empty
+// part. Displacements NULL: packed in rank order (written into displs).
+size_t extent_of(const std::vector<size_t>& counts, const size_t* given_displs, std::vector<size_t>& displs,
+                 const char* what) {
+  displs.resize(counts.size());
+  size_t end = 0, packed = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    displs[r] = given_displs != nullptr ? given_displs[r] : packed;
+    GS_REQUIRE(counts[r] <= SIZE_MAX - displs[r], GRADSYNC_E_INVALID_ARG,
+               "{} part {}: displacement {} + count {} overflows", what, r, displs[r], counts[r]);
+    if (counts[r] > 0) end = std::max(end, displs[r] + counts[r]);
+    if (given_displs == nullptr) packed += counts[r];
+  }
+  return end;
 }
 
 Op alltoall_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
   const DType t = gradsync::to_dtype(dtype);
   const size_t recv_count = part_of(link, total_count).len * static_cast<size_t>(link.size());
-  require_buffer(send, total_count, t, "send");
-  require_buffer(recv, recv_count, t, "recv");
-  const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
-  const size_t es = gradsync::dtype_size(t);
-  GS_REQUIRE(total_count == 0 || recv_count == 0 || s + total_count * es <= r || r + recv_count * es <= s,
-             GRADSYNC_E_INVALID_ARG, "send [{}, +{} elements) overlaps recv [{}, +{} elements)", send, total_count,
-             static_cast<const void*>(recv), recv_count);
+  require_exchange_buffers(send, total_count, recv, recv_count, t);
   return [=](Communicator& c) { c.alltoall(send, recv, total_count, t); };
+}
+
+Op alltoallv_op(const CommLink& link, const void* send, const size_t* send_counts, const size_t* send_displs,
+                void* recv, const size_t* recv_counts, const size_t* recv_displs, int32_t dtype) {
+  const DType t = gradsync::to_dtype(dtype);
+  std::vector<size_t> sc = given_counts(link, send_counts, "send_counts"), sd;
+  std::vector<size_t> rc = given_counts(link, recv_counts, "recv_counts"), rd;
+  const size_t send_extent = extent_of(sc, send_displs, sd, "send");
+  const size_t recv_extent = extent_of(rc, recv_displs, rd, "recv");
+  require_exchange_buffers(send, send_extent, recv, recv_extent, t);
+  return [=, sc = std::move(sc), sd = std::move(sd), rc = std::move(rc), rd = std::move(rd)](Communicator& c) {
+    c.alltoallv(send, sc, sd, recv, rc, rd, t);
+  };
+}
+
+// count elements per rank, size of them: the rooted buffer of a gather or a scatter.
+size_t per_rank(const CommLink& link, size_t count, DType t, const char* what) {
+  const auto n = static_cast<size_t>(link.size());
+  GS_REQUIRE(count <= std::numeric_limits<size_t>::max() / 8 / gradsync::dtype_size(t) / n, GRADSYNC_E_INVALID_ARG,
+             "{} of {} x {} elements is too large", what, n, count);
+  return count * n;
+}
+
+// The root is judged inside the round (a root one rank gets wrong fails every rank); here it only
+// says which buffers this rank uses.
+Op gather_op(const CommLink& link, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  const bool at_root = root == link.rank();
+  require_exchange_buffers(send, count, recv, at_root ? per_rank(link, count, t, "recv") : 0, t);
+  return [=](Communicator& c) { c.gather(send, recv, count, t, root); };
+}
+
+Op gatherv_op(const CommLink& link, const void* send, size_t send_count, void* recv, const size_t* recv_counts,
+              int32_t dtype, int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  const bool at_root = root == link.rank();
+  std::vector<size_t> rc, rd;
+  if (at_root) rc = given_counts(link, recv_counts, "recv_counts at the root");
+  const size_t recv_extent = at_root ? extent_of(rc, nullptr, rd, "recv") : 0;
+  require_exchange_buffers(send, send_count, recv, recv_extent, t);
+  return [=, rc = std::move(rc)](Communicator& c) { c.gatherv(send, send_count, recv, rc, t, root); };
+}
+
+Op scatter_op(const CommLink& link, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  const bool at_root = root == link.rank();
+  require_exchange_buffers(send, at_root ? per_rank(link, count, t, "send") : 0, recv, count, t);
+  return [=](Communicator& c) { c.scatter(send, recv, count, t, root); };
+}
+
+Op scatterv_op(const CommLink& link, const void* send, const size_t* send_counts, void* recv, size_t recv_count,
+               int32_t dtype, int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  const bool at_root = root == link.rank();
+  std::vector<size_t> sc, sd;
+  if (at_root) sc = given_counts(link, send_counts, "send_counts at the root");
+  const size_t send_extent = at_root ? extent_of(sc, nullptr, sd, "send") : 0;
+  require_exchange_buffers(send, send_extent, recv, recv_count, t);
+  return [=, sc = std::move(sc)](Communicator& c) { c.scatterv(send, sc, recv, recv_count, t, root); };
+}
+
+Op reduce_op(const CommLink& link, const void* send, void* recv, size_t count, int32_t dtype, int32_t op,
+             int32_t root) {
+  const DType t = gradsync::to_dtype(dtype);
+  const auto o = gradsync::to_op(op);
+  require_buffer(send, count, t, "send");
+  require_aligned(send, t, "send");
+  if (root == link.rank()) {
+    require_buffer(recv, count, t, "recv");
+    require_aligned(recv, t, "recv");
+    require_disjoint(recv, count, "recv", send, count, "send", t, send);
+  }
+  return [=](Communicator& c) { c.reduce_to(send, recv, count, t, o, root); };
 }
 
 // A completed request's status, and its message recorded as the failure of the call that started it.
@@ -678,6 +774,54 @@ GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm* comm, const void* send, 
                                          int32_t dtype, gradsync_request** request) {
   return start(__func__, comm, request,
                [&](const CommLink& l) { return alltoall_op(l, send, recv, total_count, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts, const size_t* send_displs, void* recv, const size_t* recv_counts, const size_t* recv_displs, int32_t dtype) {
+  return run(__func__, comm, [&](const CommLink& l) { return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts, const size_t* send_displs, void* recv, const size_t* recv_counts, const size_t* recv_displs, int32_t dtype, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype); });
+}
+
+GRADSYNC_API int gradsync_comm_reduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, int32_t root) {
+  return run(__func__, comm, [&](const CommLink& l) { return reduce_op(l, send, recv, count, dtype, op, root); });
+}
+
+GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return reduce_op(l, send, recv, count, dtype, op, root); });
+}
+
+GRADSYNC_API int gradsync_comm_gather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+  return run(__func__, comm, [&](const CommLink& l) { return gather_op(l, send, recv, count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_igather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return gather_op(l, send, recv, count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv, const size_t* recv_counts, int32_t dtype, int32_t root) {
+  return run(__func__, comm, [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv, const size_t* recv_counts, int32_t dtype, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_scatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+  return run(__func__, comm, [&](const CommLink& l) { return scatter_op(l, send, recv, count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return scatter_op(l, send, recv, count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv, size_t recv_count, int32_t dtype, int32_t root) {
+  return run(__func__, comm, [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
+}
+
+GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv, size_t recv_count, int32_t dtype, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
 }
 
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {

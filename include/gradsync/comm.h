@@ -396,6 +396,121 @@ GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm *comm, const void *
 GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
                                         int32_t dtype);
 
+/**
+ * @brief Exchange parts with counts and displacements of each rank's own (MPI_Alltoallv): the
+ *        send_counts[d] elements at send + send_displs[d] go to rank d, which receives them at
+ *        recv + its recv_displs[s] for this rank s. Sparse rows routed to their owners, uneven
+ *        expert routing.
+ *
+ * One small round first gives every rank every rank's counts, so that ranks whose counts
+ * disagree (rank s sends c elements to rank d, which expects c' from s) all get
+ * GRADSYNC_E_MISMATCH, naming both, before anything moves; then the parts move in one round.
+ * Any count may be 0. Never matches gradsync_comm_alltoall (a call of its own). Any dtype.
+ * @param comm the communicator
+ * @param send the parts for each rank, laid out as send_counts and send_displs say
+ * @param send_counts size entries (gradsync_comm_size): elements for rank d at [d]
+ * @param send_displs size entries: where the part for rank d starts in send (in elements); NULL:
+ *        packed in rank order
+ * @param recv the parts from each rank, laid out as recv_counts and recv_displs say
+ * @param recv_counts size entries: elements expected from rank s at [s]
+ * @param recv_displs size entries, as send_displs, for recv; NULL: packed in rank order
+ * @param dtype a gradsync_dtype
+ * @return GRADSYNC_OK, or GRADSYNC_E_INVALID_ARG (NULL counts, NULL or overlapping buffers, a
+ *         displacement + count that overflows), GRADSYNC_E_MISMATCH, or an error as
+ *         gradsync_comm_alltoall gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm *comm, const void *send, const size_t *send_counts,
+                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, int32_t dtype);
+
+/**
+ * @brief Reduce to one rank: root's recv = op over ranks of send, in rank order (the bits
+ *        gradsync_comm_allreduce gives).
+ *
+ * The root is judged in the round: ranks that pass different roots all get GRADSYNC_E_MISMATCH,
+ * a root out of range GRADSYNC_E_OUT_OF_RANGE on every rank. Statistics count it as a
+ * reduce_scatter (it is one, with every count but the root's 0).
+ * @param comm the communicator
+ * @param send count elements
+ * @param recv count elements at the root (may equal send: in place); not used elsewhere (may be NULL)
+ * @param count elements
+ * @param dtype a gradsync_dtype
+ * @param op a gradsync_op
+ * @param root the rank that receives
+ * @return GRADSYNC_OK, or an error as gradsync_comm_allreduce gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_reduce(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                      int32_t op, int32_t root);
+
+/**
+ * @brief Gather count elements from every rank into root's recv, rank r's at r * count.
+ *
+ * Roots and counts are judged in the round, as gradsync_comm_reduce's root. Statistics count
+ * gather and scatter (and their v-forms) as alltoall. Any dtype.
+ * @param comm the communicator
+ * @param send count elements; must not overlap recv
+ * @param recv size * count elements at the root; not used elsewhere (may be NULL)
+ * @param count elements from each rank
+ * @param dtype a gradsync_dtype
+ * @param root the rank that receives
+ * @return GRADSYNC_OK, or an error as gradsync_comm_alltoall gives it, or GRADSYNC_E_OUT_OF_RANGE
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_gather(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                      int32_t root);
+
+/**
+ * @brief gradsync_comm_gather with a count of each rank's own: root receives rank r's send_count
+ *        elements after those of ranks 0 .. r-1.
+ *
+ * A small round of counts comes first (as in gradsync_comm_alltoallv): a rank whose send_count is
+ * not the root's recv_counts entry for it makes every rank fail with GRADSYNC_E_MISMATCH.
+ * @param comm the communicator
+ * @param send send_count elements
+ * @param send_count elements from this rank (0 allowed)
+ * @param recv the sum of recv_counts at the root; not used elsewhere (may be NULL)
+ * @param recv_counts size entries at the root; not read elsewhere (may be NULL)
+ * @param dtype a gradsync_dtype
+ * @param root the rank that receives
+ * @return GRADSYNC_OK, or an error as gradsync_comm_gather gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm *comm, const void *send, size_t send_count, void *recv,
+                                       const size_t *recv_counts, int32_t dtype, int32_t root);
+
+/**
+ * @brief Scatter from root: rank r receives root's send elements [r * count, (r + 1) * count).
+ * @param comm the communicator
+ * @param send size * count elements at the root; not used elsewhere (may be NULL)
+ * @param recv count elements; must not overlap send
+ * @param count elements for each rank
+ * @param dtype a gradsync_dtype
+ * @param root the rank that sends
+ * @return GRADSYNC_OK, or an error as gradsync_comm_gather gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_scatter(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                       int32_t root);
+
+/**
+ * @brief gradsync_comm_scatter with a count of each rank's own: rank r receives send_counts[r]
+ *        elements, packed in rank order in root's send; every rank says how many it expects
+ *        (checked in a small round of counts first, as gradsync_comm_gatherv).
+ * @param comm the communicator
+ * @param send the sum of send_counts at the root; not used elsewhere (may be NULL)
+ * @param send_counts size entries at the root; not read elsewhere (may be NULL)
+ * @param recv recv_count elements
+ * @param recv_count elements this rank expects (0 allowed)
+ * @param dtype a gradsync_dtype
+ * @param root the rank that sends
+ * @return GRADSYNC_OK, or an error as gradsync_comm_gatherv gives it
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm *comm, const void *send, const size_t *send_counts, void *recv,
+                                        size_t recv_count, int32_t dtype, int32_t root);
+
 /** @brief Wait until every rank has arrived. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
 
@@ -467,6 +582,32 @@ GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm *comm, const void *
 /** @brief Non-blocking gradsync_comm_alltoall. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
                                          int32_t dtype, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_alltoallv (the counts and displacements are copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm *comm, const void *send, const size_t *send_counts,
+                                          const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                          const size_t *recv_displs, int32_t dtype, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_reduce. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                       int32_t op, int32_t root, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_gather. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_igather(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                       int32_t root, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_gatherv (recv_counts is copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm *comm, const void *send, size_t send_count, void *recv,
+                                        const size_t *recv_counts, int32_t dtype, int32_t root,
+                                        gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_scatter. @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+                                        int32_t root, gradsync_request **request);
+
+/** @brief Non-blocking gradsync_comm_scatterv (send_counts is copied). @threadsafety handle */
+GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm *comm, const void *send, const size_t *send_counts, void *recv,
+                                         size_t recv_count, int32_t dtype, int32_t root, gradsync_request **request);
 
 /** @brief Non-blocking gradsync_comm_barrier. @threadsafety handle */
 GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **request);

@@ -36,6 +36,8 @@ const char* collective_name(Collective c) noexcept {
     case Collective::Barrier: return "barrier";
     case Collective::WeightedMean: return "weighted_mean";
     case Collective::Alltoall: return "alltoall";
+    case Collective::Gather: return "gather";
+    case Collective::Scatter: return "scatter";
   }
   return "unknown collective";
 }
@@ -80,9 +82,14 @@ CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexce
   return parts_call(Collective::Allgather, counts, dtype);
 }
 
-CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op) noexcept {
+CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op,
+                                  std::optional<int> root) noexcept {
   CallSignature s = parts_call(Collective::ReduceScatter, counts, dtype);
   s.op = static_cast<int32_t>(op);
+  if (root) {
+    s.nbufs = 1;
+    s.root = *root;
+  }
   return s;
 }
 
@@ -90,21 +97,42 @@ CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept {
   return make(Collective::WeightedMean, count, dtype);
 }
 
-CallSignature alltoall_call(uint64_t total, DType dtype) noexcept { return make(Collective::Alltoall, total, dtype); }
+CallSignature exchange_call(const Routes& routes, DType dtype) noexcept {
+  // The count a caller passes, as rank 0's: what it sends (alltoall, gather) or receives (scatter).
+  uint64_t count = 0;
+  for (uint64_t r = 0; r < routes.n; ++r)
+    count += routes.form == Collective::Scatter ? routes.count[routes.at(r, 0)] : routes.count[routes.at(0, r)];
+  CallSignature s = make(routes.form, count, dtype);
+  s.root = routes.root;
+  uint64_t h = fnv1a64(routes.count.data(), routes.count.size() * sizeof(uint64_t));
+  h = fnv1a64(routes.send_displ.data(), routes.send_displ.size() * sizeof(uint64_t), h);
+  s.layout = fnv1a64(routes.recv_displ.data(), routes.recv_displ.size() * sizeof(uint64_t), h);
+  return s;
+}
 
 CallSignature barrier_call() noexcept { return CallSignature{}; }
 
 std::string describe(const CallSignature& call) {
   if (call.collective == Collective::Barrier) return "barrier";
   const char* dt = dtype_name(static_cast<DType>(call.dtype));
-  std::string s = collective_name(call.collective);
+  // A rooted reduce is a reduce_scatter with every count but the root's 0.
+  const bool rooted_reduce = call.collective == Collective::ReduceScatter && call.nbufs == 1;
+  std::string s = rooted_reduce ? "reduce" : collective_name(call.collective);
   if (call.collective == Collective::Allreduce && call.nbufs != 1) {
     s += fmt::format(" of {} buffers ({} {} in all)", call.nbufs, call.count, dt);
   } else {
     s += fmt::format(" of {} {}", call.count, dt);
   }
   if (call.op >= 0) s += fmt::format(" ({})", op_name(static_cast<ReduceOp>(call.op)));
-  if (call.collective == Collective::Broadcast) s += fmt::format(" from root {}", call.root);
+  switch (call.collective) {
+    case Collective::Broadcast:
+    case Collective::Scatter: s += fmt::format(" from root {}", call.root); break;
+    case Collective::Gather: s += fmt::format(" to root {}", call.root); break;
+    case Collective::ReduceScatter:
+      if (rooted_reduce) s += fmt::format(" to root {}", call.root);
+      break;
+    default: break;
+  }
   return s;
 }
 

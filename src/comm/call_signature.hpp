@@ -10,6 +10,7 @@
 // Plain old data with a fixed layout: it lives in process memory, in a shared-memory segment that
 // processes of different builds may map, and on the wire as raw bytes.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,18 +30,22 @@ enum class Collective : int32_t {
   Barrier = 5,
   WeightedMean = 6,
   Alltoall = 7,
+  // Forms of the exchange (alltoallv) in signatures only, so that messages name what the caller
+  // called; statistics count them as alltoall.
+  Gather = 8,
+  Scatter = 9,
 };
 
 const char* collective_name(Collective c) noexcept;
 
 struct CallSignature {
   uint64_t count = 0;   // elements; for a fused allreduce, all buffers together
-  uint64_t nbufs = 0;   // allreduce: buffers in the list (1 when not fused); 0 otherwise
+  uint64_t nbufs = 0;   // allreduce: buffers in the list (1 when not fused); 1 for a rooted reduce; 0 otherwise
   uint64_t layout = 0;  // allreduce, allgather: FNV-1a of the per-buffer / per-rank counts; 0 otherwise
   Collective collective = Collective::Barrier;
   int32_t dtype = -1;  // a DType, or -1 (barrier)
   int32_t op = -1;     // a ReduceOp, or -1 when the collective has none
-  int32_t root = -1;   // broadcast's root, or -1
+  int32_t root = -1;   // broadcast's, gather's, scatter's or a rooted reduce's root, or -1
 
   friend bool operator==(const CallSignature&, const CallSignature&) = default;
 };
@@ -51,9 +56,11 @@ CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, Re
 CallSignature broadcast_call(uint64_t count, DType dtype, int root) noexcept;
 // counts: every rank's part; the signature's layout hashes them unless they are the partition rule's.
 CallSignature allgather_call(std::span<const size_t> counts, DType dtype) noexcept;
-CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op) noexcept;
+// root: a rooted reduce's (its counts are 0 but root's), as the caller passed it.
+CallSignature reduce_scatter_call(std::span<const size_t> counts, DType dtype, ReduceOp op,
+                                  std::optional<int> root) noexcept;
 CallSignature weighted_mean_call(uint64_t count, DType dtype) noexcept;
-CallSignature alltoall_call(uint64_t total, DType dtype) noexcept;
+CallSignature exchange_call(const Routes& routes, DType dtype) noexcept;
 CallSignature barrier_call() noexcept;
 
 // "allreduce of 7 f32 (sum)", "allreduce of 2 buffers (7 f32 in all) (sum)",

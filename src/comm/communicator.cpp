@@ -5,12 +5,16 @@
 #include "comm/transport/mpi/mpi_communicator.hpp"
 #endif
 
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <vector>
 
+#include "comm/call_signature.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 
@@ -114,7 +118,189 @@ void Communicator::allgather(const void* send, void* recv, size_t total, DType d
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op) {
-  reduce_scatterv(send, recv, rule_counts(total), dtype, op);
+  reduce_scatterv(send, recv, rule_counts(total), dtype, op, std::nullopt);
+}
+
+void Communicator::reduce_to(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) {
+  std::vector<size_t> counts(static_cast<size_t>(size()), 0);
+  // An out-of-range root moves nothing: the round refuses it on every rank before any data moves.
+  if (root >= 0 && root < size()) counts[static_cast<size_t>(root)] = count;
+  reduce_scatterv(send, recv, counts, dtype, op, root);
+}
+
+uint64_t Routes::send_extent(uint64_t s) const noexcept {
+  uint64_t end = 0;
+  for (uint64_t d = 0; d < n; ++d)
+    if (count[at(s, d)] > 0) end = std::max(end, send_displ[at(s, d)] + count[at(s, d)]);
+  return end;
+}
+
+uint64_t Routes::recv_extent(uint64_t d) const noexcept {
+  uint64_t end = 0;
+  for (uint64_t s = 0; s < n; ++s)
+    if (count[at(s, d)] > 0) end = std::max(end, recv_displ[at(s, d)] + count[at(s, d)]);
+  return end;
+}
+
+uint64_t Routes::longest() const noexcept {
+  uint64_t m = 0;
+  for (uint64_t c : count) m = std::max(m, c);
+  return m;
+}
+
+void Communicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
+  const auto n = static_cast<uint64_t>(size());
+  Routes routes(Collective::Alltoall, -1, n);
+  for (uint64_t d = 0; d < n; ++d) {
+    const Part p = partition(total, n, d);
+    for (uint64_t s = 0; s < n; ++s) {
+      routes.count[routes.at(s, d)] = p.len;
+      routes.send_displ[routes.at(s, d)] = p.start;
+      routes.recv_displ[routes.at(s, d)] = s * p.len;
+    }
+  }
+  exchange(send, recv, routes, dtype);
+}
+
+void Communicator::gather(const void* send, void* recv, size_t count, DType dtype, int root) {
+  const auto n = static_cast<uint64_t>(size());
+  Routes routes(Collective::Gather, root, n);
+  // An out-of-range root moves nothing: the round refuses it on every rank.
+  if (root >= 0 && root < size()) {
+    const auto r = static_cast<uint64_t>(root);
+    for (uint64_t s = 0; s < n; ++s) {
+      routes.count[routes.at(s, r)] = count;
+      routes.recv_displ[routes.at(s, r)] = s * count;
+    }
+  }
+  exchange(send, recv, routes, dtype);
+}
+
+void Communicator::scatter(const void* send, void* recv, size_t count, DType dtype, int root) {
+  const auto n = static_cast<uint64_t>(size());
+  Routes routes(Collective::Scatter, root, n);
+  if (root >= 0 && root < size()) {
+    const auto r = static_cast<uint64_t>(root);
+    for (uint64_t d = 0; d < n; ++d) {
+      routes.count[routes.at(r, d)] = count;
+      routes.send_displ[routes.at(r, d)] = d * count;
+    }
+  }
+  exchange(send, recv, routes, dtype);
+}
+
+namespace {
+
+// One rank's side of an exchange as the round of counts carries it: what it called, then its
+// counts and displacements, n each.
+enum RowField : uint64_t { kForm, kRoot, kDtype, kHeader };
+enum RowPart : uint64_t { kSendCounts, kSendDispls, kRecvCounts, kRecvDispls, kParts };
+
+std::string side(const uint64_t* row) {
+  const auto form = static_cast<Collective>(row[kForm]);
+  const auto root = static_cast<int64_t>(row[kRoot]);
+  std::string s = fmt::format("{}v of {}", collective_name(form), dtype_name(static_cast<DType>(row[kDtype])));
+  if (form == Collective::Gather) s += fmt::format(" to root {}", root);
+  if (form == Collective::Scatter) s += fmt::format(" from root {}", root);
+  return s;
+}
+
+}  // namespace
+
+Routes Communicator::agree_routes(Collective form, int root, DType dtype, std::span<const size_t> send_counts,
+                                  std::span<const size_t> send_displs, std::span<const size_t> recv_counts,
+                                  std::span<const size_t> recv_displs) {
+  const auto n = static_cast<uint64_t>(size());
+  const uint64_t width = kHeader + kParts * n;
+  std::vector<uint64_t> rows(n * width);
+  uint64_t* mine = &rows[static_cast<uint64_t>(rank()) * width];
+  mine[kForm] = static_cast<uint64_t>(form);
+  mine[kRoot] = static_cast<uint64_t>(static_cast<int64_t>(root));
+  mine[kDtype] = static_cast<uint64_t>(dtype);
+  for (uint64_t r = 0; r < n; ++r) {
+    mine[kHeader + kSendCounts * n + r] = send_counts[r];
+    mine[kHeader + kSendDispls * n + r] = send_displs[r];
+    mine[kHeader + kRecvCounts * n + r] = recv_counts[r];
+    mine[kHeader + kRecvDispls * n + r] = recv_displs[r];
+  }
+  allgather(nullptr, rows.data(), rows.size(), DType::I64);
+
+  // Every rank holds the same rows, so every rank reaches the same verdict.
+  auto row = [&](uint64_t r) { return &rows[r * width]; };
+  auto field = [&](uint64_t r, RowPart part, uint64_t i) { return row(r)[kHeader + part * n + i]; };
+  for (uint64_t r = 1; r < n; ++r) {
+    GS_REQUIRE(std::equal(row(r), row(r) + kHeader, row(0)), GRADSYNC_E_MISMATCH,
+               "rank {} called {} but rank 0 called {}", r, side(row(r)), side(row(0)));
+  }
+  GS_REQUIRE(form == Collective::Alltoall || (root >= 0 && root < size()), GRADSYNC_E_OUT_OF_RANGE,
+             "{}: root {} is out of range [0, {})", side(row(0)), root, n);
+  for (uint64_t s = 0; s < n; ++s) {
+    for (uint64_t d = 0; d < n; ++d) {
+      const uint64_t sent = field(s, kSendCounts, d), expected = field(d, kRecvCounts, s);
+      GS_REQUIRE(sent == expected, GRADSYNC_E_MISMATCH,
+                 "{}: rank {} sends {} elements to rank {}, but rank {} expects {} from rank {}; nothing was moved",
+                 side(row(0)), s, sent, d, d, expected, s);
+    }
+  }
+  Routes routes(form, root, n);
+  for (uint64_t s = 0; s < n; ++s) {
+    for (uint64_t d = 0; d < n; ++d) {
+      routes.count[routes.at(s, d)] = field(s, kSendCounts, d);
+      routes.send_displ[routes.at(s, d)] = field(s, kSendDispls, d);
+      routes.recv_displ[routes.at(s, d)] = field(d, kRecvDispls, s);
+    }
+  }
+  return routes;
+}
+
+void Communicator::alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                             void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                             DType dtype) {
+  const Routes routes =
+      agree_routes(Collective::Alltoall, -1, dtype, send_counts, send_displs, recv_counts, recv_displs);
+  exchange(send, recv, routes, dtype);
+}
+
+namespace {
+
+// Counts packed in rank order: their prefix sums.
+std::vector<size_t> packed(std::span<const size_t> counts) {
+  std::vector<size_t> displs(counts.size());
+  size_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    displs[r] = at;
+    at += counts[r];
+  }
+  return displs;
+}
+
+}  // namespace
+
+void Communicator::gatherv(const void* send, size_t send_count, void* recv, std::span<const size_t> recv_counts,
+                           DType dtype, int root) {
+  const auto n = static_cast<size_t>(size());
+  const std::vector<size_t> zeros(n, 0);
+  std::vector<size_t> send_counts(n, 0);
+  if (root >= 0 && root < size()) send_counts[static_cast<size_t>(root)] = send_count;
+  const bool at_root = root == rank();
+  const std::vector<size_t> recv_displs = at_root ? packed(recv_counts) : zeros;
+  const Routes routes = agree_routes(Collective::Gather, root, dtype, send_counts, zeros,
+                                     at_root ? recv_counts : std::span<const size_t>(zeros), recv_displs);
+  exchange(send, recv, routes, dtype);
+}
+
+void Communicator::scatterv(const void* send, std::span<const size_t> send_counts, void* recv, size_t recv_count,
+                            DType dtype, int root) {
+  const auto n = static_cast<size_t>(size());
+  const std::vector<size_t> zeros(n, 0);
+  std::vector<size_t> recv_counts(n, 0);
+  if (root >= 0 && root < size()) recv_counts[static_cast<size_t>(root)] = recv_count;
+  const bool at_root = root == rank();
+  const std::vector<size_t> send_displs = at_root ? packed(send_counts) : zeros;
+  const Routes routes = agree_routes(Collective::Scatter, root, dtype,
+                                     at_root ? send_counts : std::span<const size_t>(zeros), send_displs, recv_counts,
+                                     zeros);
+  exchange(send, recv, routes, dtype);
 }
 
 void* Communicator::alloc(size_t bytes) {

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -66,6 +67,24 @@ inline uint64_t payload_bytes(std::span<const BufferRef> buffers, DType dtype) n
   return n * dtype_size(dtype);
 }
 
+// Who sends what to whom in an exchange, the same on every rank. Entry [s * n + d] is the part
+// rank s sends rank d: its count, where it starts in s's send buffer and where it lands in d's
+// recv buffer, in elements.
+struct Routes {
+  Collective form;  // Alltoall, Gather or Scatter: what the caller called, for messages
+  int32_t root = -1;
+  uint64_t n = 0;
+  std::vector<uint64_t> count, send_displ, recv_displ;
+
+  Routes(Collective f, int32_t r, uint64_t ranks)
+      : form(f), root(r), n(ranks), count(ranks * ranks), send_displ(ranks * ranks), recv_displ(ranks * ranks) {}
+  size_t at(uint64_t s, uint64_t d) const noexcept { return s * n + d; }
+  // Elements of rank s's send buffer (d's recv buffer) that the parts span.
+  uint64_t send_extent(uint64_t s) const noexcept;
+  uint64_t recv_extent(uint64_t d) const noexcept;
+  uint64_t longest() const noexcept;  // the largest part
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -87,12 +106,37 @@ class Communicator {
   // reduce_scatterv with the partition rule's counts.
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op);
   // Rank r receives the reduction of the counts[r] elements after the counts before it.
+  // root: a rooted reduce's root (reduce()), which the round judges and names; none otherwise.
   virtual void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                               ReduceOp op) = 0;
+                               ReduceOp op, std::optional<int> root) = 0;
+  // A rooted reduce: reduce_scatterv with every count but root's 0 (recv is read at root only).
+  // The root is judged inside the round, so a root that one rank gets wrong fails every rank.
+  void reduce_to(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root);
+
+  // The exchange (alltoall, alltoallv, gather, scatter and their v-forms): the part rank s sends
+  // rank d moves from s's send buffer into d's recv buffer, as routes say. Every rank passes the
+  // same routes; send and recv do not overlap; any dtype (nothing is combined).
+  virtual void exchange(const void* send, void* recv, const Routes& routes, DType dtype) = 0;
   // send holds total elements, split into size() parts by the partition rule: part j goes to rank j.
   // recv receives size() blocks of this rank's part length, rank i's block at i * my_part(total).len.
-  // send and recv must not overlap. Any dtype (nothing is combined).
-  virtual void alltoall(const void* send, void* recv, size_t total, DType dtype) = 0;
+  void alltoall(const void* send, void* recv, size_t total, DType dtype);
+  // Counts and displacements of this rank's own (MPI_Alltoallv's, in elements, size() entries
+  // each). One small round first gives every rank every rank's, so that ranks that disagree (s
+  // sends c elements to d, d expects c' from s) all get E_MISMATCH before anything moves.
+  void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                 void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs, DType dtype);
+  // count elements from every rank into root's recv, in rank order; recv is read at root only.
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root);
+  // send_count elements from every rank; root's recv_counts say how many it expects from each
+  // (one round of counts first, as alltoallv); parts packed in rank order at root.
+  void gatherv(const void* send, size_t send_count, void* recv, std::span<const size_t> recv_counts, DType dtype,
+               int root);
+  // root's send holds size() * count elements; rank r receives block r.
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root);
+  // root's send holds send_counts[r] elements for rank r, packed in rank order; every rank says
+  // how many it expects (one round of counts first, as alltoallv).
+  void scatterv(const void* send, std::span<const size_t> send_counts, void* recv, size_t recv_count, DType dtype,
+                int root);
   virtual void barrier() = 0;
   virtual void abort() noexcept = 0;
   virtual void reset() = 0;
@@ -144,6 +188,11 @@ class Communicator {
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
   std::vector<size_t> partition_counts_;  // allgather's and reduce_scatter's, reused: no allocation per call
   std::span<const size_t> rule_counts(size_t total);
+  // The round of counts of alltoallv, gatherv and scatterv: every rank's counts and displacements
+  // to every rank, checked alike on every rank (E_MISMATCH, E_OUT_OF_RANGE), as routes.
+  Routes agree_routes(Collective form, int root, DType dtype, std::span<const size_t> send_counts,
+                      std::span<const size_t> send_displs, std::span<const size_t> recv_counts,
+                      std::span<const size_t> recv_displs);
 };
 
 // Creates and joins; blocks until the whole group has joined or the timeout passes.

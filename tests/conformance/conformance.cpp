@@ -1059,6 +1059,179 @@ void s_alltoall(Ctx& x) {
   for (bool from_comm : {false, true}) alltoall_case<F32>(x, 300007, from_comm, ++seed);  // pipeline chunks
 }
 
+// Rank s's part for rank d: c(s, d) elements, some 0, element k being moved(s, d * 1000003 + k).
+size_t exchange_count(int s, int d, size_t scale) {
+  return (s * 7 + d * 3) % 4 == 0 ? 0 : scale * static_cast<size_t>(1 + (s + d) % 3);
+}
+
+// Counts and displacements of each rank's own. Send parts lie in reverse rank order with a gap of
+// one element before each, so displacements matter; recv parts are packed (displacements NULL,
+// modes 0 and 2) or, as send, reversed with gaps (modes 1 and 3); modes 2 and 3 on the comm's memory.
+template <class E>
+void alltoallv_case(Ctx& x, size_t scale, int mode, uint64_t seed) {
+  using T = typename E::T;
+  const auto n = static_cast<size_t>(x.size);
+  const bool from_comm = mode >= 2, gaps = mode % 2 == 1;
+  std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+  size_t send_len = 0, recv_len = 0;
+  for (size_t k = n; k-- > 0;) {
+    sc[k] = exchange_count(x.rank, static_cast<int>(k), scale);
+    sd[k] = send_len + 1;
+    send_len += sc[k] + 1;
+  }
+  if (gaps) {
+    for (size_t k = n; k-- > 0;) {
+      rc[k] = exchange_count(static_cast<int>(k), x.rank, scale);
+      rd[k] = recv_len + 1;
+      recv_len += rc[k] + 1;
+    }
+  } else {
+    for (size_t k = 0; k < n; ++k) {
+      rc[k] = exchange_count(static_cast<int>(k), x.rank, scale);
+      rd[k] = recv_len;
+      recv_len += rc[k];
+    }
+  }
+  Buf<T> send(x, x.c, send_len, from_comm), recv(x, x.c, recv_len, from_comm);
+  for (size_t d = 0; d < n; ++d)
+    for (size_t k = 0; k < sc[d]; ++k) send.data()[sd[d] + k] = moved<E>(x.rank, d * 1000003 + k, seed);
+  if (!EXPECT_OK(x, gradsync_comm_alltoallv(x.c, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
+                                            gaps ? rd.data() : nullptr, E::dtype))) {
+    return;
+  }
+  std::vector<T> want(recv_len), got(recv_len);
+  for (size_t s = 0; s < n; ++s) {
+    for (size_t k = 0; k < rc[s]; ++k) {
+      want[rd[s] + k] = moved<E>(static_cast<int>(s), static_cast<size_t>(x.rank) * 1000003 + k, seed);
+      got[rd[s] + k] = recv.data()[rd[s] + k];  // the gaps are not the call's
+    }
+  }
+  EXPECT_BITS(E, x, want.data(), got.data(), recv_len, "alltoallv %s, scale %zu (mode %d)", E::name, scale, mode);
+}
+
+void s_alltoallv(Ctx& x) {
+  uint64_t seed = 2100;
+  for (size_t scale : {size_t{1}, size_t{97}, size_t{40009}}) {  // inline, staged, several pipeline chunks
+    for (int mode = 0; mode < 4; ++mode) {
+      alltoallv_case<F32>(x, scale, mode, ++seed);
+      alltoallv_case<I64>(x, scale, mode, ++seed);
+      alltoallv_case<BF16>(x, scale, mode, ++seed);
+    }
+  }
+  if (x.size < 2) return;
+  // The last rank expects one element more from rank 0 than rank 0 sends: every rank fails alike,
+  // naming both, and nothing moves.
+  const auto n = static_cast<size_t>(x.size);
+  std::vector<size_t> sc(n, 4), rc(n, 4);
+  if (x.rank == x.size - 1) rc[0] = 5;
+  std::vector<float> send(4 * n, 1.0f), recv(4 * n + 1, 0.0f);
+  EXPECT_STATUS(x, gradsync_comm_alltoallv(x.c, send.data(), sc.data(), nullptr, recv.data(), rc.data(), nullptr,
+                                           GRADSYNC_F32),
+                GRADSYNC_E_MISMATCH, format("rank 0 sends 4 elements to rank %d, but rank %d expects 5 from rank 0",
+                                            x.size - 1, x.size - 1));
+  CHECK(x, recv == std::vector<float>(4 * n + 1, 0.0f), "recv was written on a mismatch");
+  next_call_works(x, x.c, __LINE__);
+}
+
+// reduce, gather, gatherv, scatter and scatterv to and from every root.
+template <class E>
+void rooted_case(Ctx& x, int root, size_t count, int32_t op, uint64_t seed) {
+  using T = typename E::T;
+  const auto n = static_cast<size_t>(x.size);
+  const bool at_root = x.rank == root;
+  {
+    std::vector<T> send = inputs<E>(x.rank, count, seed), out(count);
+    const bool in_place = seed % 2 == 0;
+    T* recv = at_root ? (in_place ? send.data() : out.data()) : nullptr;
+    if (EXPECT_OK(x, gradsync_comm_reduce(x.c, send.data(), recv, count, E::dtype, op, root)) && at_root) {
+      const auto want = reference<E>(op, x.size, count, seed);
+      EXPECT_BITS(E, x, want.data(), recv, count, "reduce %s %s of %zu to %d", E::name, op_name(op), count, root);
+    }
+  }
+  // gather: rank r's count elements at r * count at the root.
+  std::vector<T> part(count), all(at_root ? n * count : 0);
+  for (size_t k = 0; k < count; ++k) part[k] = moved<E>(x.rank, k, seed);
+  if (EXPECT_OK(x, gradsync_comm_gather(x.c, part.data(), at_root ? all.data() : nullptr, count, E::dtype, root)) &&
+      at_root) {
+    std::vector<T> want(n * count);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t k = 0; k < count; ++k) want[r * count + k] = moved<E>(static_cast<int>(r), k, seed);
+    EXPECT_BITS(E, x, want.data(), all.data(), want.size(), "gather %s of %zu to %d", E::name, count, root);
+  }
+  // scatter: rank r receives the root's block r.
+  std::vector<T> blocks(at_root ? n * count : 0), mine(count);
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = moved<E>(root, i, seed);
+  if (EXPECT_OK(x, gradsync_comm_scatter(x.c, at_root ? blocks.data() : nullptr, mine.data(), count, E::dtype, root))) {
+    std::vector<T> want(count);
+    for (size_t k = 0; k < count; ++k) want[k] = moved<E>(root, static_cast<size_t>(x.rank) * count + k, seed);
+    EXPECT_BITS(E, x, want.data(), mine.data(), count, "scatter %s of %zu from %d", E::name, count, root);
+  }
+  // The v-forms: rank r gives (gets) counts[r] elements, every third rank none.
+  std::vector<size_t> counts(n);
+  size_t total = 0;
+  for (size_t r = 0; r < n; ++r) total += counts[r] = r % 3 == 1 ? 0 : count + r;
+  const size_t own = counts[static_cast<size_t>(x.rank)];
+  std::vector<T> vpart(own), vall(at_root ? total : 0), want(total);
+  for (size_t k = 0; k < own; ++k) vpart[k] = moved<E>(x.rank, k, seed + 1);
+  for (size_t r = 0, at = 0; r < n; at += counts[r++])
+    for (size_t k = 0; k < counts[r]; ++k) want[at + k] = moved<E>(static_cast<int>(r), k, seed + 1);
+  if (EXPECT_OK(x, gradsync_comm_gatherv(x.c, vpart.data(), own, at_root ? vall.data() : nullptr,
+                                         at_root ? counts.data() : nullptr, E::dtype, root)) &&
+      at_root) {
+    EXPECT_BITS(E, x, want.data(), vall.data(), total, "gatherv %s of %zu to %d", E::name, total, root);
+  }
+  std::vector<T> vmine(own);
+  if (EXPECT_OK(x, gradsync_comm_scatterv(x.c, at_root ? want.data() : nullptr, at_root ? counts.data() : nullptr,
+                                          vmine.data(), own, E::dtype, root))) {
+    EXPECT_BITS(E, x, vpart.data(), vmine.data(), own, "scatterv %s of %zu from %d", E::name, own, root);
+  }
+}
+
+void s_rooted(Ctx& x) {
+  uint64_t seed = 2300;
+  for (int root = 0; root < x.size; ++root) {
+    for (size_t count : {size_t{0}, size_t{5}, size_t{97}, size_t{40009}}) {
+      rooted_case<F32>(x, root, count, GRADSYNC_SUM, ++seed);
+      rooted_case<I64>(x, root, count, GRADSYNC_MEAN, ++seed);
+      rooted_case<BF16>(x, root, count, GRADSYNC_MAX, ++seed);
+      rooted_case<F64>(x, root, count, GRADSYNC_MIN, ++seed);
+    }
+  }
+  // A root out of range on every rank: every rank gets E_OUT_OF_RANGE; nothing moves.
+  std::vector<float> v(4, 1.0f), w(4 * static_cast<size_t>(x.size), 0.0f);
+  const size_t four = 4;
+  std::vector<size_t> fours(static_cast<size_t>(x.size), 4);
+  EXPECT_STATUS(x, gradsync_comm_reduce(x.c, v.data(), w.data(), 4, GRADSYNC_F32, GRADSYNC_SUM, x.size),
+                GRADSYNC_E_OUT_OF_RANGE, "root");
+  EXPECT_STATUS(x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, -1), GRADSYNC_E_OUT_OF_RANGE,
+                "root");
+  EXPECT_STATUS(x, gradsync_comm_scatterv(x.c, w.data(), fours.data(), v.data(), four, GRADSYNC_F32, x.size + 3),
+                GRADSYNC_E_OUT_OF_RANGE, "root");
+  CHECK(x, w == std::vector<float>(w.size(), 0.0f), "recv was written for a root out of range");
+  next_call_works(x, x.c, __LINE__);
+  if (x.size < 2) return;
+  // Ranks that disagree on the root, or on a count: every rank fails alike, naming the calls.
+  const int other = x.rank == x.size - 1 ? 1 : 0;
+  EXPECT_STATUS(x, gradsync_comm_reduce(x.c, v.data(), w.data(), 4, GRADSYNC_F32, GRADSYNC_SUM, other),
+                GRADSYNC_E_MISMATCH,
+                format("rank %d called reduce of 4 f32 (sum) to root 1 but rank 0 called reduce of 4 f32 (sum) to root 0",
+                       x.size - 1));
+  EXPECT_STATUS(x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, other), GRADSYNC_E_MISMATCH,
+                format("rank %d called gather of 4 f32 to root 1 but rank 0 called gather of 4 f32 to root 0",
+                       x.size - 1));
+  EXPECT_STATUS(x, gradsync_comm_gatherv(x.c, v.data(), 4, w.data(), fours.data(), GRADSYNC_F32, other),
+                GRADSYNC_E_MISMATCH,
+                format("rank %d called gatherv of f32 to root 1 but rank 0 called gatherv of f32 to root 0", x.size - 1));
+  const size_t expect = x.rank == x.size - 1 ? 3 : 4;
+  EXPECT_STATUS(x, gradsync_comm_scatterv(x.c, w.data(), fours.data(), v.data(), expect, GRADSYNC_F32, 0),
+                GRADSYNC_E_MISMATCH,
+                format("rank 0 sends 4 elements to rank %d, but rank %d expects 3 from rank 0", x.size - 1,
+                       x.size - 1));
+  CHECK(x, w == std::vector<float>(w.size(), 0.0f) && v == std::vector<float>(4, 1.0f),
+        "a buffer was written on a mismatch");
+  next_call_works(x, x.c, __LINE__);
+}
+
 void s_barrier(Ctx& x) {
   for (int i = 0; i < 50; ++i) EXPECT_OK(x, gradsync_comm_barrier(x.c));
   if (x.size == 1) return;
@@ -1576,6 +1749,8 @@ const Scenario kScenarios[] = {
     {"allgatherv", s_allgatherv, always, none},
     {"reduce_scatter", s_reduce_scatter, always, none},
     {"reduce_scatterv", s_reduce_scatterv, always, none},
+    {"alltoallv", s_alltoallv, always, none},
+    {"rooted", s_rooted, always, none},
     {"alltoall", s_alltoall, always, none},
     {"barrier", s_barrier, always, none},
     {"group-of-one", s_group_of_one, needs_one, none},

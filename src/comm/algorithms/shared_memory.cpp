@@ -127,7 +127,9 @@ class PerRank {
     if (size_ > kInline) heap_.resize(size_);
   }
   T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  const T* data() const noexcept { return size_ > kInline ? heap_.data() : inline_; }
   T& operator[](size_t i) noexcept { return data()[i]; }
+  const T& operator[](size_t i) const noexcept { return data()[i]; }
   size_t size() const noexcept { return size_; }
 
  private:
@@ -167,9 +169,9 @@ class SharedMemoryCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
-  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                       ReduceOp op) override;
-  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                       std::optional<int> root) override;
+  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override;
   void barrier() override;
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override;
@@ -179,18 +181,24 @@ class SharedMemoryCommunicator final : public Communicator {
   void dealloc(void* p) override { fabric_->dealloc(p); }
 
  private:
-  // begin() for a collective whose peers read this rank's whole send buffer (bytes long): it is
-  // copied into the inline area when small, or published as an address when peers reach it.
-  Round begin_reading(const CallSignature& call, const void* send, uint64_t bytes);
+  // begin() for a collective whose peers read this rank's send buffer (bytes long): it is copied
+  // into the inline area when small (a decision every rank makes alike), or published as an
+  // address when peers reach it. Nothing to read (0 bytes) needs no address.
+  Round begin_reading(const CallSignature& call, const void* send, uint64_t bytes, bool small);
+  Round begin_reading(const CallSignature& call, const void* send, uint64_t bytes) {
+    return begin_reading(call, send, bytes, bytes <= kInlineBytes);
+  }
   // The copy path of allreduce over the concatenation `all` (also the weighted mean's, on its
   // staged contributions).
   void pipeline_allreduce(const Round& round, const Concat& all, DType dtype, ReduceOp op);
-  // The copy path of reduce_scatter and alltoall: in step k every rank stages block k of every
-  // part of `in` (part j in slot j, `block` elements each) and consumes block k-1 of its own part
-  // from every rank's stage: consume(first element, length, from) with from[r] rank r's slot.
+  // The copy path of reduce_scatter and the exchange: in step k every rank stages block k of each
+  // of its parts of `in` (its part for rank j in slot j, `block` elements each) and consumes block
+  // k-1 of what every rank staged for it: consume(first element, block, from) with from[r] rank
+  // r's slot, while first < incoming (the longest part this rank receives). longest: the longest
+  // part of any rank, so that every rank runs the same steps.
   template <class Consume>
-  void exchange_parts(const Round& round, Collective what, const char* in, PerRank<Part>& parts, size_t es,
-                      Consume&& consume);
+  void exchange_parts(const Round& round, Collective what, const char* in, const PerRank<Part>& parts,
+                      uint64_t incoming, uint64_t longest, size_t es, Consume&& consume);
   // A group of one: nothing to agree on, but the group's failure still fails the call.
   bool alone() {
     if (size() != 1) return false;
@@ -215,12 +223,12 @@ class SharedMemoryCommunicator final : public Communicator {
   RoundEngine engine_;
 };
 
-Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes) {
-  const bool small = bytes <= kInlineBytes;
-  const uint64_t address = small ? kNoAddress : fabric_->address_of(send, bytes);
+Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,
+                                              bool small) {
+  const uint64_t address = small || bytes == 0 ? kNoAddress : fabric_->address_of(send, bytes);
   Descriptor d{};
   d.call = call;
-  d.direct = address != kNoAddress ? 1 : 0;
+  d.direct = address != kNoAddress || bytes == 0 ? 1 : 0;
   return engine_.begin(d, [&](uint64_t parity) {
     if (small) {
       if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), send, bytes);
@@ -496,7 +504,7 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
 }
 
 void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts,
-                                               DType dtype, ReduceOp op) {
+                                               DType dtype, ReduceOp op, std::optional<int> root) {
   const size_t es = dtype_size(dtype);
   const size_t n = static_cast<size_t>(size());
   PerRank<Part> parts = parts_of(counts);
@@ -506,11 +514,12 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
   const char* in = static_cast<const char*>(send);
   if (alone()) {
     require_reducible("reduce_scatter", dtype);
+    GS_REQUIRE(!root || *root == 0, GRADSYNC_E_OUT_OF_RANGE, "reduce: root {} out of range [0, 1)", root.value_or(0));
     if (total > 0) std::memmove(recv, send, total * es);  // NULL buffers are allowed for 0 elements
     return;
   }
   const bool small = total * es <= kInlineBytes;
-  const Round round = begin_reading(reduce_scatter_call(counts, dtype, op), send, total * es);
+  const Round round = begin_reading(reduce_scatter_call(counts, dtype, op, root), send, total * es);
   PerRank<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
@@ -527,62 +536,79 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
     return;
   }
   char* out = static_cast<char*>(recv);
-  exchange_parts(round, Collective::ReduceScatter, in, parts, es,
-                 [&](uint64_t first, uint64_t len, const void* const* from) {
-                   reduce(dtype, op, from, n, out + first * es, 0, len);
+  uint64_t longest = 0;
+  for (size_t r = 0; r < n; ++r) longest = std::max<uint64_t>(longest, parts[r].len);
+  exchange_parts(round, Collective::ReduceScatter, in, parts, mine.len, longest, es,
+                 [&](uint64_t first, uint64_t block, const void* const* from) {
+                   reduce(dtype, op, from, n, out + first * es, 0, std::min(block, mine.len - first));
                  });
 }
 
-void SharedMemoryCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
-  const Telemetry::Call call(telemetry_, Collective::Alltoall, total * dtype_size(dtype));
+void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Routes& routes, DType dtype) {
   const size_t es = dtype_size(dtype);
-  const uint64_t n = static_cast<uint64_t>(size());
-  const Part mine = my_part(total);
+  const uint64_t n = routes.n, me = static_cast<uint64_t>(rank());
+  uint64_t sent = 0;
+  for (uint64_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
+  const Telemetry::Call call(telemetry_, Collective::Alltoall, sent * es);
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   if (alone()) {
-    if (total > 0) std::memcpy(out, in, total * es);
+    GS_REQUIRE(routes.form == Collective::Alltoall || routes.root == 0, GRADSYNC_E_OUT_OF_RANGE,
+               "{}: root {} out of range [0, 1)", collective_name(routes.form), routes.root);
+    if (routes.count[0] > 0)
+      std::memcpy(out + routes.recv_displ[0] * es, in + routes.send_displ[0] * es, routes.count[0] * es);
     return;
   }
-  const bool small = total * es <= kInlineBytes;
-  const Round round = begin_reading(alltoall_call(total, dtype), send, total * es);
+  uint64_t widest = 0, incoming = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    widest = std::max(widest, routes.send_extent(r));
+    incoming = std::max(incoming, routes.count[routes.at(r, me)]);
+  }
+  const bool small = widest * es <= kInlineBytes;
+  const Round round = begin_reading(exchange_call(routes, dtype), send, routes.send_extent(me) * es, small);
   if (small || round.all_direct) {
-    for (uint64_t r = 0; r < n; ++r) {
-      const char* from = small ? control_.inline_area(static_cast<int>(r), round.parity)
-                               : peer(round, static_cast<int>(r),
-                                      control_.table(static_cast<int>(r), round.parity)[0].send, total * es);
-      if (mine.len > 0) std::memcpy(out + r * mine.len * es, from + mine.start * es, mine.len * es);
+    for (uint64_t s = 0; s < n; ++s) {
+      const size_t part = routes.at(s, me);
+      if (routes.count[part] == 0) continue;
+      const char* from = small ? control_.inline_area(static_cast<int>(s), round.parity)
+                               : peer(round, static_cast<int>(s),
+                                      control_.table(static_cast<int>(s), round.parity)[0].send,
+                                      routes.send_extent(s) * es);
+      std::memcpy(out + routes.recv_displ[part] * es, from + routes.send_displ[part] * es, routes.count[part] * es);
     }
     // Direct: peers may not reuse their send buffers until everyone has read its part.
     if (!small) engine_.barrier(round, Collective::Alltoall, true);
     return;
   }
   PerRank<Part> parts(n);
-  for (uint64_t r = 0; r < n; ++r) parts[r] = partition(total, n, r);
-  exchange_parts(round, Collective::Alltoall, in, parts, es,
-                 [&](uint64_t first, uint64_t len, const void* const* from) {
-                   for (uint64_t r = 0; r < n; ++r) std::memcpy(out + (r * mine.len + first) * es, from[r], len * es);
+  for (uint64_t d = 0; d < n; ++d) parts[d] = Part{routes.send_displ[routes.at(me, d)], routes.count[routes.at(me, d)]};
+  exchange_parts(round, Collective::Alltoall, in, parts, incoming, routes.longest(), es,
+                 [&](uint64_t first, uint64_t block, const void* const* from) {
+                   for (uint64_t s = 0; s < n; ++s) {
+                     const size_t part = routes.at(s, me);
+                     if (first >= routes.count[part]) continue;
+                     std::memcpy(out + (routes.recv_displ[part] + first) * es, from[s],
+                                 std::min(block, routes.count[part] - first) * es);
+                   }
                  });
 }
 
 template <class Consume>
 void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective what, const char* in,
-                                              PerRank<Part>& parts, size_t es, Consume&& consume) {
+                                              const PerRank<Part>& parts, uint64_t incoming, uint64_t longest,
+                                              size_t es, Consume&& consume) {
   const uint64_t n = static_cast<uint64_t>(size());
-  const Part mine = parts[static_cast<uint64_t>(rank())];
   const uint64_t block = kChunkBytes / es / n;
-  uint64_t longest = 0;
-  for (uint64_t r = 0; r < n; ++r) longest = std::max(longest, parts[r].len);
   const uint64_t steps = (longest + block - 1) / block;
   PerRank<const void*> from(n);
   for (uint64_t k = 0; k <= steps; ++k) {
     if (k >= 1) {
       const uint64_t c = k - 1;
-      if (c * block < mine.len) {
+      if (c * block < incoming) {
         for (uint64_t r = 0; r < n; ++r) {
           from[r] = control_.in_area(static_cast<int>(r), c & 1) + static_cast<uint64_t>(rank()) * block * es;
         }
-        consume(c * block, std::min(block, mine.len - c * block), from.data());
+        consume(c * block, block, from.data());
       }
     }
     if (k < steps) {

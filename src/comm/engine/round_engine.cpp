@@ -103,7 +103,10 @@ void verify_round(const std::function<std::string()>& where, uint64_t call, int 
   for (int r = 0; r < entries; ++r) {
     const CallSignature& c = signature_of(r);
     const auto dtype = static_cast<DType>(c.dtype);
-    if (c.collective == Collective::Broadcast && (c.root < 0 || c.root >= size)) {
+    const bool rooted = c.collective == Collective::Broadcast || c.collective == Collective::Gather ||
+                        c.collective == Collective::Scatter ||
+                        (c.collective == Collective::ReduceScatter && c.nbufs == 1);
+    if (rooted && (c.root < 0 || c.root >= size)) {
       fail(GRADSYNC_E_OUT_OF_RANGE, "{} call {}: rank {} passed root {} out of range [0, {}) ({})", where(), call, r,
            c.root, size,
            describe(c));

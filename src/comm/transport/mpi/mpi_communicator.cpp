@@ -72,18 +72,6 @@ static_assert(std::is_trivially_copyable_v<Fingerprint> && sizeof(Fingerprint) =
 
 std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", describe(f.call), f.seq); }
 
-// The library's partition of `total` elements over n ranks as MPI's int counts and
-// displacements (callers have checked that total fits in an int).
-std::pair<std::vector<int>, std::vector<int>> partition_counts(size_t total, size_t n) {
-  std::vector<int> counts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    const Part p = partition(total, n, r);
-    counts[r] = static_cast<int>(p.len);
-    displs[r] = static_cast<int>(p.start);
-  }
-  return {std::move(counts), std::move(displs)};
-}
-
 MPI_Datatype mpi_type(DType t) noexcept {
   switch (t) {
     case DType::F32: return MPI_FLOAT;
@@ -198,9 +186,9 @@ class MpiCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
-  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                       ReduceOp op) override;
-  void alltoall(const void* send, void* recv, size_t total, DType dtype) override;
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                       std::optional<int> root) override;
+  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override;
   void barrier() override;
   void abort() noexcept override;
   void reset() override;
@@ -843,37 +831,40 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
         "MPI_Allgatherv");
 }
 
-void MpiCommunicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
-  const Telemetry::Call call(telemetry_, Collective::Alltoall, total * dtype_size(dtype));
-  Fingerprint fp;
-  fp.call = alltoall_call(total, dtype);
-  arrive(fp);
+void MpiCommunicator::exchange(const void* send, void* recv, const Routes& routes, DType dtype) {
   const size_t elem = dtype_size(dtype);
-  if (size_ == 1) {
-    if (total > 0) std::memcpy(recv, send, total * elem);
-    return;
-  }
-  const auto n = static_cast<size_t>(size_);
-  const Part mine = my_part(total);
-  // recv's last block ends by total + n. Every rank sees the same total, so all take the same path.
-  if (total + n > max_count_) {
+  const auto n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  uint64_t sent = 0;
+  for (size_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
+  const Telemetry::Call call(telemetry_, Collective::Alltoall, sent * elem);
+  Fingerprint fp;
+  fp.call = exchange_call(routes, dtype);
+  arrive(fp);
+  // Every rank holds the same routes (the fingerprints matched), so all take the same path.
+  bool fits = true;
+  for (size_t i = 0; i < n * n; ++i)
+    fits &= routes.count[i] <= max_count_ && routes.send_displ[i] <= max_count_ && routes.recv_displ[i] <= max_count_;
+  if (size_ == 1 || !fits) {
     return pairwise(dtype, [&](int peer) {
-      const Part p = partition(total, n, static_cast<uint64_t>(peer));
-      return Block{at(send, p.start, elem), p.len, const_cast<std::byte*>(at(recv, static_cast<size_t>(peer) * mine.len, elem)),
-                   mine.len};
+      const size_t out = routes.at(me, static_cast<size_t>(peer)), in = routes.at(static_cast<size_t>(peer), me);
+      return Block{at(send, routes.send_displ[out], elem), routes.count[out],
+                   const_cast<std::byte*>(at(recv, routes.recv_displ[in], elem)), routes.count[in]};
     });
   }
-  const auto [send_counts, send_displs] = partition_counts(total, n);
-  const std::vector<int> recv_counts(n, static_cast<int>(mine.len));
-  std::vector<int> recv_displs(n);
-  for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
+  std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
+  for (size_t r = 0; r < n; ++r) {
+    send_counts[r] = static_cast<int>(routes.count[routes.at(me, r)]);
+    send_displs[r] = static_cast<int>(routes.send_displ[routes.at(me, r)]);
+    recv_counts[r] = static_cast<int>(routes.count[routes.at(r, me)]);
+    recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
+  }
   check(MPI_Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
                       recv_displs.data(), mpi_type(dtype), comm_),
         "MPI_Alltoallv");
 }
 
 void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                                      ReduceOp op) {
+                                      ReduceOp op, std::optional<int> root) {
   const auto n = static_cast<size_t>(size_);
   std::vector<Part> parts(n);
   size_t total = 0, longest = 0;
@@ -885,7 +876,7 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
   const size_t elem = dtype_size(dtype);
   const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * elem);
   Fingerprint fp;
-  fp.call = reduce_scatter_call(counts, dtype, op);
+  fp.call = reduce_scatter_call(counts, dtype, op, root);
   arrive(fp);
   const Part mine = parts[static_cast<size_t>(rank_)];
   if (size_ == 1) {
