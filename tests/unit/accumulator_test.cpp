@@ -273,8 +273,12 @@ TEST_CASE("two processes adding to one gradient file lose no update", "[accumula
   // Owner mode hands batches of 256 rows and more to the owner threads of each process.
   constexpr int kProcs = 3, kBatches = 300, kBatch = 320, kDim = 16, kRows = 64;
   {
-    // The parent keeps the file open too, so the children are never alone with it.
-    auto holder = Accumulator::open(aspec(path, OpenMode::Create, kRows, kDim, static_cast<int32_t>(mode)));
+    // The parent keeps the file open too, so the children are never alone with it. Without owner
+    // threads of its own: a fork while another thread holds an allocator lock (a sanitizer's
+    // allocator has no fork handler) leaves the child's copy of it locked forever.
+    AccumSpec spec = aspec(path, OpenMode::Create, kRows, kDim, static_cast<int32_t>(mode));
+    spec.threads = 1;
+    auto holder = Accumulator::open(spec);
     std::vector<pid_t> kids;
     for (int p = 0; p < kProcs; ++p) {
       pid_t pid = ::fork();
@@ -647,6 +651,13 @@ TEST_CASE("owner mode: apply, split over the owners, equals the striped mode's a
 
 TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, not a hang", "[accumulator][owner][process]") {
   auto a = Accumulator::open(owner_spec(1024, 4, 2));
+  // One batch first, so that the owner thread is up and idle when the fork copies the process (a
+  // thread caught starting may hold a sanitizer allocator's lock, which the child then never gets).
+  {
+    std::vector<int64_t> ids(512, 5);
+    std::vector<float> g(512 * 4, 1.0f);
+    a->add_batch(ids.data(), ids.size(), g.data(), g.size());
+  }
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
