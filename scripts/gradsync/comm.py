@@ -144,6 +144,15 @@ declare("gradsync_comm_reduce_scatterv", c_int, _P, _P, _P, ctypes.POINTER(c_siz
 declare("gradsync_comm_alltoall", c_int, _P, _P, _P, c_size_t, c_int32)
 declare("gradsync_comm_reduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_barrier", c_int, _P)
+_PS = ctypes.POINTER(c_size_t)
+_ROOTED = {
+    "alltoallv": (_P, _PS, _PS, _P, _PS, _PS, c_int32),
+    "reduce": (_P, _P, c_size_t, c_int32, c_int32, c_int32),
+    "gather": (_P, _P, c_size_t, c_int32, c_int32),
+    "gatherv": (_P, c_size_t, _P, _PS, c_int32, c_int32),
+    "scatter": (_P, _P, c_size_t, c_int32, c_int32),
+    "scatterv": (_P, _PS, _P, c_size_t, c_int32, c_int32),
+}
 declare("gradsync_comm_alloc", c_int, _P, c_size_t, ctypes.POINTER(c_void_p))
 _PR = ctypes.POINTER(_P)
 declare("gradsync_comm_iallreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
@@ -160,6 +169,9 @@ declare("gradsync_comm_ireduce_scatterv", c_int, _P, _P, _P, ctypes.POINTER(c_si
 declare("gradsync_comm_ialltoall", c_int, _P, _P, _P, c_size_t, c_int32, _PR)
 declare("gradsync_comm_ireduce_scatter", c_int, _P, _P, _P, c_size_t, c_int32, c_int32, _PR)
 declare("gradsync_comm_ibarrier", c_int, _P, _PR)
+for _name, _args in _ROOTED.items():
+    declare("gradsync_comm_" + _name, c_int, _P, *_args)
+    declare("gradsync_comm_i" + _name, c_int, _P, *_args, _PR)
 declare("gradsync_comm_get_async_error", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_request_wait", c_int, _P, c_int64)
 declare("gradsync_request_test", c_int, _P, ctypes.POINTER(c_int32))
@@ -475,6 +487,103 @@ class Communicator(Handle):
         return self._issue("alltoall", _nonblocking, (_ptr(send), _ptr(recv), send.size, _DTYPES[send.dtype]), recv,
                            (send, recv))
 
+    def _counts(self, counts, what):
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or any(c < 0 for c in counts):
+            raise ValueError(f"{what} must hold {self.size} counts >= 0, got {counts}")
+        return counts
+
+    def alltoallv(self, array, send_counts, recv_counts, out=None, *, _nonblocking=False):
+        """Send the send_counts[d] elements of `array` after those for ranks before d to rank d
+        (packed in rank order); receive recv_counts[s] elements from rank s, packed in rank order
+        into the result (into `out` when given). Ranks whose counts disagree all raise a mismatch."""
+        send = _array(array, "array", writable=False)
+        sc, rc = self._counts(send_counts, "send_counts"), self._counts(recv_counts, "recv_counts")
+        if sum(sc) != send.size:
+            raise ValueError(f"array has {send.size} elements; send_counts sum to {sum(sc)}")
+        recv = np.empty(sum(rc), dtype=send.dtype) if out is None else _array(out, "out")
+        if recv.size != sum(rc) or recv.dtype != send.dtype:
+            raise ValueError(f"out has {recv.size} {recv.dtype} elements; recv_counts sum to {sum(rc)} {send.dtype}")
+        c_sc, c_rc = (c_size_t * self.size)(*sc), (c_size_t * self.size)(*rc)
+        return self._issue("alltoallv", _nonblocking,
+                           (_ptr(send), c_sc, None, _ptr(recv), c_rc, None, _DTYPES[send.dtype]), recv,
+                           (send, recv, c_sc, c_rc))
+
+    def reduce(self, array, root=0, op="mean", out=None, *, _nonblocking=False):
+        """Reduce `array` over ranks (in rank order) to `root`: returns the result there (into
+        `out` when given, which may be `array` itself), None on the other ranks."""
+        send = _array(array, "array", writable=False)
+        recv = None
+        if self.rank == root:
+            recv = np.empty_like(send) if out is None else _array(out, "out")
+            if recv.size != send.size or recv.dtype != send.dtype:
+                raise ValueError(f"out has {recv.size} {recv.dtype} elements; reduce gives {send.size} {send.dtype}")
+        return self._issue("reduce", _nonblocking,
+                           (_ptr(send), None if recv is None else _ptr(recv), send.size, _DTYPES[send.dtype], _op(op),
+                            int(root)), recv, (send, recv))
+
+    def gather(self, array, root=0, *, _nonblocking=False):
+        """Every rank's `array` (the same size on every rank) at `root`, as an array of shape
+        (size, n); None on the other ranks."""
+        send = _array(array, "array", writable=False)
+        recv = np.empty((self.size, send.size), dtype=send.dtype) if self.rank == root else None
+        return self._issue("gather", _nonblocking,
+                           (_ptr(send), None if recv is None else _ptr(recv), send.size, _DTYPES[send.dtype],
+                            int(root)), recv, (send, recv))
+
+    def gatherv(self, array, counts=None, root=0, *, _nonblocking=False):
+        """Every rank's `array` (any size, 0 too) at `root`, one after the other in rank order;
+        `counts` (every rank's size) is needed at the root only. None on the other ranks."""
+        send = _array(array, "array", writable=False)
+        recv = c_counts = None
+        if self.rank == root:
+            if counts is None:
+                raise ValueError("gatherv needs the counts at the root")
+            counts = self._counts(counts, "counts")
+            recv = np.empty(sum(counts), dtype=send.dtype)
+            c_counts = (c_size_t * self.size)(*counts)
+        return self._issue("gatherv", _nonblocking,
+                           (_ptr(send), send.size, None if recv is None else _ptr(recv), c_counts,
+                            _DTYPES[send.dtype], int(root)), recv, (send, recv, c_counts))
+
+    def scatter(self, array, count, root=0, dtype=None, *, _nonblocking=False):
+        """Rank r receives block r of root's `array` (size x count elements; ignored elsewhere,
+        where `dtype` says the element type if `array` is None)."""
+        send, dt = self._root_array(array, root, dtype)
+        recv = np.empty(int(count), dtype=dt)
+        if send is not None and send.size != self.size * recv.size:
+            raise ValueError(f"array has {send.size} elements; scatter of {count} needs {self.size * recv.size}")
+        return self._issue("scatter", _nonblocking,
+                           (None if send is None else _ptr(send), _ptr(recv), recv.size, _DTYPES[dt], int(root)), recv,
+                           (send, recv))
+
+    def scatterv(self, array, count, counts=None, root=0, dtype=None, *, _nonblocking=False):
+        """Rank r receives counts[r] elements (its `count`) of root's `array`, parts packed in
+        rank order; `array` and `counts` are needed at the root only."""
+        send, dt = self._root_array(array, root, dtype)
+        c_counts = None
+        if send is not None:
+            if counts is None:
+                raise ValueError("scatterv needs the counts at the root")
+            counts = self._counts(counts, "counts")
+            if sum(counts) != send.size:
+                raise ValueError(f"array has {send.size} elements; counts sum to {sum(counts)}")
+            c_counts = (c_size_t * self.size)(*counts)
+        recv = np.empty(int(count), dtype=dt)
+        return self._issue("scatterv", _nonblocking,
+                           (None if send is None else _ptr(send), c_counts, _ptr(recv), recv.size, _DTYPES[dt],
+                            int(root)), recv, (send, recv, c_counts))
+
+    def _root_array(self, array, root, dtype):
+        if self.rank == root:
+            send = _array(array, "array", writable=False)
+            return send, send.dtype
+        if array is not None:
+            return None, _array(array, "array", writable=False).dtype
+        if dtype is None:
+            raise ValueError("away from the root, pass the array or its dtype")
+        return None, np.dtype(dtype)
+
     def barrier(self, *, _nonblocking=False):
         return self._issue("barrier", _nonblocking, (), None)
 
@@ -505,6 +614,24 @@ class Communicator(Handle):
 
     def ialltoall(self, array, out=None):
         return self.alltoall(array, out, _nonblocking=True)
+
+    def ialltoallv(self, array, send_counts, recv_counts, out=None):
+        return self.alltoallv(array, send_counts, recv_counts, out, _nonblocking=True)
+
+    def ireduce(self, array, root=0, op="mean", out=None):
+        return self.reduce(array, root, op, out, _nonblocking=True)
+
+    def igather(self, array, root=0):
+        return self.gather(array, root, _nonblocking=True)
+
+    def igatherv(self, array, counts=None, root=0):
+        return self.gatherv(array, counts, root, _nonblocking=True)
+
+    def iscatter(self, array, count, root=0, dtype=None):
+        return self.scatter(array, count, root, dtype, _nonblocking=True)
+
+    def iscatterv(self, array, count, counts=None, root=0, dtype=None):
+        return self.scatterv(array, count, counts, root, dtype, _nonblocking=True)
 
     def ibarrier(self):
         return self.barrier(_nonblocking=True)

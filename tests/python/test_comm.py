@@ -328,3 +328,52 @@ def test_reduce_scatterv_uneven_parts_blocking_and_not():
 
     got = run_ranks(3, body)
     assert got[0] == ([0.0, 6.0], [0.0, 3.0]) and got[1] == ([], []) and got[2] == ([12.0, 18.0, 24.0], [6.0, 9.0, 12.0])
+
+
+def test_alltoallv_routes_uneven_parts_and_names_a_disagreement():
+    def body(comm, rank):
+        # Rank s sends s + d elements to rank d, valued 100 * s + d.
+        send_counts = [rank + d for d in range(3)]
+        recv_counts = [s + rank for s in range(3)]
+        x = np.concatenate([np.full(rank + d, 100 * rank + d, dtype=np.int64) for d in range(3)])
+        got = comm.alltoallv(x, send_counts, recv_counts)
+        with comm.ialltoallv(x, send_counts, recv_counts) as request:
+            again = request.wait()
+        wrong = list(recv_counts)
+        if rank == 2:
+            wrong[0] += 1
+        with pytest.raises(gs.GradsyncError) as e:
+            comm.alltoallv(x, send_counts, wrong)
+        return got.tolist(), again.tolist(), e.value.status, str(e.value)
+
+    for rank, (got, again, status, message) in enumerate(run_ranks(3, body)):
+        want = [100 * s + rank for s in range(3) for _ in range(s + rank)]
+        assert got == want and again == want
+        assert status == gs.E_MISMATCH and "rank 0 sends 2 elements to rank 2, but rank 2 expects 3" in message
+
+
+def test_rooted_reduce_gather_scatter_and_their_v_forms():
+    def body(comm, rank):
+        x = np.arange(4, dtype=np.float32) + rank
+        total = comm.reduce(x, root=1, op="sum")
+        with comm.ireduce(x, root=2, op="max") as request:
+            most = request.wait()
+        rows = comm.gather(x, root=0)
+        part = comm.scatter(np.arange(6, dtype=np.int32) if rank == 2 else None, 2, root=2, dtype=np.int32)
+        mine = np.full(rank, rank, dtype=np.float64)  # rank r gives r elements
+        packed = comm.gatherv(mine, counts=[0, 1, 2], root=1)
+        back = comm.scatterv(packed if rank == 1 else None, rank, counts=[0, 1, 2], root=1, dtype=np.float64)
+        with pytest.raises(gs.GradsyncError) as e:
+            comm.reduce(x, root=rank % 2, op="sum")
+        return (None if total is None else total.tolist(), None if most is None else most.tolist(),
+                None if rows is None else rows.tolist(), part.tolist(),
+                None if packed is None else packed.tolist(), back.tolist(), e.value.status)
+
+    got = run_ranks(3, body)
+    assert [g[0] for g in got] == [None, [3.0, 6.0, 9.0, 12.0], None]
+    assert [g[1] for g in got] == [None, None, [2.0, 3.0, 4.0, 5.0]]
+    assert got[0][2] == [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]] and got[1][2] is None
+    assert [g[3] for g in got] == [[0, 1], [2, 3], [4, 5]]
+    assert [g[4] for g in got] == [None, [1.0, 2.0, 2.0], None]
+    assert [g[5] for g in got] == [[], [1.0], [2.0, 2.0]]
+    assert all(g[6] == gs.E_MISMATCH for g in got)
