@@ -330,6 +330,15 @@ static int h_comm_allgatherv(void *h) {
 static int h_comm_reduce_scatter(void *h) { return gradsync_comm_reduce_scatter(h, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM); }
 static int h_comm_alltoall(void *h) { return gradsync_comm_alltoall(h, in_f32, out.f32, 4, GRADSYNC_F32); }
 static int h_comm_barrier(void *h) { return gradsync_comm_barrier(h); }
+static const size_t four[1] = {4};
+static int h_comm_alltoallv(void *h) {
+  return gradsync_comm_alltoallv(h, in_f32, four, NULL, out.f32, four, NULL, GRADSYNC_F32);
+}
+static int h_comm_reduce(void *h) { return gradsync_comm_reduce(h, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM, 0); }
+static int h_comm_gather(void *h) { return gradsync_comm_gather(h, in_f32, out.f32, 4, GRADSYNC_F32, 0); }
+static int h_comm_gatherv(void *h) { return gradsync_comm_gatherv(h, in_f32, 4, out.f32, four, GRADSYNC_F32, 0); }
+static int h_comm_scatter(void *h) { return gradsync_comm_scatter(h, in_f32, out.f32, 4, GRADSYNC_F32, 0); }
+static int h_comm_scatterv(void *h) { return gradsync_comm_scatterv(h, in_f32, four, out.f32, 4, GRADSYNC_F32, 0); }
 static int h_comm_stats(void *h) {
   gradsync_comm_statistics st = GRADSYNC_COMM_STATISTICS_INIT;
   return gradsync_comm_stats(h, &st, NULL, 0);
@@ -355,6 +364,12 @@ H_START(iallgatherv, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32)
 H_START(ireduce_scatterv, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32, GRADSYNC_SUM)
 H_START(ireduce_scatter, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM)
 H_START(ialltoall, in_f32, out.f32, 4, GRADSYNC_F32)
+H_START(ialltoallv, in_f32, four, NULL, out.f32, four, NULL, GRADSYNC_F32)
+H_START(ireduce, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM, 0)
+H_START(igather, in_f32, out.f32, 4, GRADSYNC_F32, 0)
+H_START(igatherv, in_f32, 4, out.f32, four, GRADSYNC_F32, 0)
+H_START(iscatter, in_f32, out.f32, 4, GRADSYNC_F32, 0)
+H_START(iscatterv, in_f32, four, out.f32, 4, GRADSYNC_F32, 0)
 static int h_comm_iallreduce_many(void *h) {
   const void *sends[1] = {in_f32};
   void *recvs[1] = {out.f32};
@@ -479,6 +494,18 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_comm_ireduce_scatter", K_COMM, 0, h_comm_ireduce_scatter},
   {"gradsync_comm_ialltoall", K_COMM, 0, h_comm_ialltoall},
   {"gradsync_comm_ibarrier", K_COMM, 0, h_comm_ibarrier},
+  {"gradsync_comm_alltoallv", K_COMM, 0, h_comm_alltoallv},
+  {"gradsync_comm_ialltoallv", K_COMM, 0, h_comm_ialltoallv},
+  {"gradsync_comm_reduce", K_COMM, 0, h_comm_reduce},
+  {"gradsync_comm_ireduce", K_COMM, 0, h_comm_ireduce},
+  {"gradsync_comm_gather", K_COMM, 0, h_comm_gather},
+  {"gradsync_comm_igather", K_COMM, 0, h_comm_igather},
+  {"gradsync_comm_gatherv", K_COMM, 0, h_comm_gatherv},
+  {"gradsync_comm_igatherv", K_COMM, 0, h_comm_igatherv},
+  {"gradsync_comm_scatter", K_COMM, 0, h_comm_scatter},
+  {"gradsync_comm_iscatter", K_COMM, 0, h_comm_iscatter},
+  {"gradsync_comm_scatterv", K_COMM, 0, h_comm_scatterv},
+  {"gradsync_comm_iscatterv", K_COMM, 0, h_comm_iscatterv},
   {"gradsync_comm_get_async_error", K_COMM, 0, h_comm_get_async_error},
   {"gradsync_request_wait", K_REQUEST, 0, h_request_wait},
   {"gradsync_request_test", K_REQUEST, 0, h_request_test},
@@ -1342,6 +1369,12 @@ static void sweep_comm(void) {
                                                                  GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, in_f32, out.f32, 4, d));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, four, NULL, d));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM, 0));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gather(comm, in_f32, out.f32, 4, d, 0));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gatherv(comm, in_f32, 4, out.f32, four, d, 0));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_scatter(comm, in_f32, out.f32, 4, d, 0));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_scatterv(comm, in_f32, four, out.f32, 4, d, 0));
   }
   for (i = 0; i < sizeof bad_ops / sizeof bad_ops[0]; ++i) {
     const int32_t op = bad_ops[i];
@@ -1349,9 +1382,36 @@ static void sweep_comm(void) {
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32},
                                                                 (const size_t[]){4}, 1, GRADSYNC_F32, op));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, 4, GRADSYNC_F32, op));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce(comm, in_f32, out.f32, 4, GRADSYNC_F32, op, 0));
   }
-  for (i = 0; i < sizeof bad_roots / sizeof bad_roots[0]; ++i)
-    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_broadcast(comm, out.f32, 4, GRADSYNC_F32, bad_roots[i]));
+  for (i = 0; i < sizeof bad_roots / sizeof bad_roots[0]; ++i) {
+    const int32_t root = bad_roots[i];
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_broadcast(comm, out.f32, 4, GRADSYNC_F32, root));
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_reduce(comm, in_f32, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM, root));
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_gather(comm, in_f32, out.f32, 4, GRADSYNC_F32, root));
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_gatherv(comm, in_f32, 4, out.f32, four, GRADSYNC_F32, root));
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_scatter(comm, in_f32, out.f32, 4, GRADSYNC_F32, root));
+    EXPECT(GRADSYNC_E_OUT_OF_RANGE, gradsync_comm_scatterv(comm, in_f32, four, out.f32, 4, GRADSYNC_F32, root));
+  }
+  /* the exchange's counts and displacements: NULL, overflowing, disagreeing; overlapping buffers */
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, NULL, NULL, out.f32, four, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, NULL, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, four, (const size_t[]){SIZE_MAX - 1}, out.f32,
+                                                         four, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, (const size_t[]){SIZE_MAX / 2}, NULL, out.f32,
+                                                         four, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, NULL, four, NULL, out.f32, four, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, out.f32, four, NULL, out.f32 + 2, four, NULL,
+                                                         GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_MISMATCH, gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, (const size_t[]){3}, NULL,
+                                                      GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gatherv(comm, in_f32, 4, out.f32, NULL, GRADSYNC_F32, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_scatterv(comm, in_f32, NULL, out.f32, 4, GRADSYNC_F32, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gather(comm, in_f32, out.f32, SIZE_MAX / 2, GRADSYNC_F32, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gather(comm, in_f32, NULL, 4, GRADSYNC_F32, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_scatter(comm, NULL, out.f32, 4, GRADSYNC_F32, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce(comm, in_f32, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce(comm, out.f32, out.f32 + 1, 4, GRADSYNC_F32, GRADSYNC_SUM, 0));
 
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, NULL, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM));
