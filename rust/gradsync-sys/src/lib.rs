@@ -635,6 +635,82 @@ extern "C" {
         dtype: i32,
     ) -> c_int;
     /// `@threadsafety handle`
+    pub fn gradsync_comm_allgatherv(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        recv: *mut c_void,
+        counts: *const usize,
+        dtype: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_reduce_scatterv(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        recv: *mut c_void,
+        counts: *const usize,
+        dtype: i32,
+        op: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_alltoallv(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        send_counts: *const usize,
+        send_displs: *const usize,
+        recv: *mut c_void,
+        recv_counts: *const usize,
+        recv_displs: *const usize,
+        dtype: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_reduce(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: i32,
+        op: i32,
+        root: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_gather(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: i32,
+        root: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_gatherv(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        send_count: usize,
+        recv: *mut c_void,
+        recv_counts: *const usize,
+        dtype: i32,
+        root: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_scatter(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: i32,
+        root: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
+    pub fn gradsync_comm_scatterv(
+        comm: *mut gradsync_comm,
+        send: *const c_void,
+        send_counts: *const usize,
+        recv: *mut c_void,
+        recv_count: usize,
+        dtype: i32,
+        root: i32,
+    ) -> c_int;
+    /// `@threadsafety handle`
     pub fn gradsync_comm_barrier(comm: *mut gradsync_comm) -> c_int;
     /// `@threadsafety handle`
     pub fn gradsync_comm_alloc(comm: *mut gradsync_comm, bytes: usize, ptr: *mut *mut c_void) -> c_int;

@@ -417,6 +417,186 @@ impl Communicator {
         })
     }
 
+    /// `counts` must hold one entry per rank.
+    fn per_rank(&self, what: &'static str, counts: &[usize]) -> Result<usize> {
+        if counts.len() != self.size as usize {
+            return Err(invalid(what, format!("counts has {} entries, the group {} ranks", counts.len(), self.size)));
+        }
+        counts
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c))
+            .ok_or_else(|| invalid(what, "the counts' sum overflows".to_string()))
+    }
+
+    /// Every rank's part, rank r's `counts[r]` elements (0 allowed) after those of the ranks
+    /// before it (`gradsync_comm_allgatherv`); every rank passes the same counts.
+    pub fn allgatherv<T: Element>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
+        let total = self.per_rank("Communicator::allgatherv", counts)?;
+        if send.len() != counts[self.rank as usize] || recv.len() != total {
+            return Err(invalid(
+                "Communicator::allgatherv",
+                format!("send must hold counts[{}] and recv their sum ({})", self.rank, total),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_allgatherv(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                counts.as_ptr(),
+                T::DTYPE as i32,
+            )
+        })
+    }
+
+    /// Reduces `send` (the counts' sum) over ranks; this rank receives the reduction of its
+    /// `counts[rank]` elements (`gradsync_comm_reduce_scatterv`).
+    pub fn reduce_scatterv<T: Element>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()> {
+        let total = self.per_rank("Communicator::reduce_scatterv", counts)?;
+        if send.len() != total || recv.len() != counts[self.rank as usize] {
+            return Err(invalid(
+                "Communicator::reduce_scatterv",
+                format!("send must hold the counts' sum ({}) and recv counts[{}]", total, self.rank),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_reduce_scatterv(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                counts.as_ptr(),
+                T::DTYPE as i32,
+                op as i32,
+            )
+        })
+    }
+
+    /// Sends `send_counts[d]` elements to rank d and receives `recv_counts[s]` from rank s, both
+    /// packed in rank order (`gradsync_comm_alltoallv`); counts that two ranks see differently
+    /// fail every rank with `MISMATCH` before anything moves.
+    pub fn alltoallv<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let sent = self.per_rank("Communicator::alltoallv", send_counts)?;
+        let received = self.per_rank("Communicator::alltoallv", recv_counts)?;
+        if send.len() != sent || recv.len() != received {
+            return Err(invalid(
+                "Communicator::alltoallv",
+                format!("send must hold {} elements and recv {}", sent, received),
+            ));
+        }
+        check(unsafe {
+            sys::gradsync_comm_alltoallv(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                send_counts.as_ptr(),
+                std::ptr::null(),
+                recv.as_mut_ptr() as *mut c_void,
+                recv_counts.as_ptr(),
+                std::ptr::null(),
+                T::DTYPE as i32,
+            )
+        })
+    }
+
+    /// Reduces `send` over ranks, in rank order, into root's `recv` (`gradsync_comm_reduce`);
+    /// `recv` is not touched elsewhere (pass an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: i32) -> Result<()> {
+        if self.rank == root && recv.len() != send.len() {
+            return Err(invalid("Communicator::reduce", format!("recv must hold {} elements at the root", send.len())));
+        }
+        check(unsafe {
+            sys::gradsync_comm_reduce(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
+                send.len(),
+                T::DTYPE as i32,
+                op as i32,
+                root,
+            )
+        })
+    }
+
+    /// Every rank's `send` (same length everywhere) into root's `recv`, rank r's at r * len
+    /// (`gradsync_comm_gather`); `recv` is not touched elsewhere (pass an empty slice).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: i32) -> Result<()> {
+        if self.rank == root && Some(recv.len()) != send.len().checked_mul(self.size as usize) {
+            return Err(invalid("Communicator::gather", format!("recv must hold {} x {} elements at the root", self.size, send.len())));
+        }
+        check(unsafe {
+            sys::gradsync_comm_gather(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
+                send.len(),
+                T::DTYPE as i32,
+                root,
+            )
+        })
+    }
+
+    /// Every rank's `send` (any length) into root's `recv`, packed in rank order
+    /// (`gradsync_comm_gatherv`); `recv_counts` (every rank's length) is read at the root only.
+    pub fn gatherv<T: Element>(&self, send: &[T], recv: &mut [T], recv_counts: &[usize], root: i32) -> Result<()> {
+        if self.rank == root && self.per_rank("Communicator::gatherv", recv_counts)? != recv.len() {
+            return Err(invalid("Communicator::gatherv", "recv must hold the sum of recv_counts at the root".to_string()));
+        }
+        check(unsafe {
+            sys::gradsync_comm_gatherv(
+                self.raw(),
+                send.as_ptr() as *const c_void,
+                send.len(),
+                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
+                if self.rank == root { recv_counts.as_ptr() } else { std::ptr::null() },
+                T::DTYPE as i32,
+                root,
+            )
+        })
+    }
+
+    /// Rank r receives block r of root's `send` (size x `recv.len()` elements; not read
+    /// elsewhere: pass an empty slice) (`gradsync_comm_scatter`).
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: i32) -> Result<()> {
+        if self.rank == root && Some(send.len()) != recv.len().checked_mul(self.size as usize) {
+            return Err(invalid("Communicator::scatter", format!("send must hold {} x {} elements at the root", self.size, recv.len())));
+        }
+        check(unsafe {
+            sys::gradsync_comm_scatter(
+                self.raw(),
+                if self.rank == root { send.as_ptr() as *const c_void } else { std::ptr::null() },
+                recv.as_mut_ptr() as *mut c_void,
+                recv.len(),
+                T::DTYPE as i32,
+                root,
+            )
+        })
+    }
+
+    /// Rank r receives `send_counts[r]` elements (its `recv.len()`) of root's `send`, parts
+    /// packed in rank order (`gradsync_comm_scatterv`); `send` and `send_counts` are read at the
+    /// root only.
+    pub fn scatterv<T: Element>(&self, send: &[T], send_counts: &[usize], recv: &mut [T], root: i32) -> Result<()> {
+        if self.rank == root && self.per_rank("Communicator::scatterv", send_counts)? != send.len() {
+            return Err(invalid("Communicator::scatterv", "send must hold the sum of send_counts at the root".to_string()));
+        }
+        check(unsafe {
+            sys::gradsync_comm_scatterv(
+                self.raw(),
+                if self.rank == root { send.as_ptr() as *const c_void } else { std::ptr::null() },
+                if self.rank == root { send_counts.as_ptr() } else { std::ptr::null() },
+                recv.as_mut_ptr() as *mut c_void,
+                recv.len(),
+                T::DTYPE as i32,
+                root,
+            )
+        })
+    }
+
     /// Waits until every rank has arrived (`gradsync_comm_barrier`).
     pub fn barrier(&self) -> Result<()> {
         check(unsafe { sys::gradsync_comm_barrier(self.raw()) })

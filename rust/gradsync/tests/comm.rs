@@ -227,3 +227,63 @@ fn shared_memory_transport_when_available() {
     });
     assert_eq!(out, vec![[3.0, 6.0], [3.0, 6.0]]);
 }
+
+#[test]
+fn v_and_rooted_collectives() {
+    with_ranks("v-rooted", 3, |comm| {
+        let r = comm.rank() as usize;
+        // allgatherv: rank r gives r elements.
+        let counts = [0usize, 1, 2];
+        let mine = vec![r as i64; r];
+        let mut all = vec![0i64; 3];
+        comm.allgatherv(&mine, &mut all, &counts).unwrap();
+        assert_eq!(all, [1, 2, 2]);
+
+        let send = [1f32, 2.0, 3.0];
+        let mut part = vec![0f32; counts[r]];
+        comm.reduce_scatterv(&send, &mut part, &counts, ReduceOp::Sum).unwrap();
+        let start: usize = counts[..r].iter().sum();
+        assert_eq!(part, send[start..start + counts[r]].iter().map(|v| v * 3.0).collect::<Vec<_>>());
+
+        // alltoallv: rank s sends s + d elements to rank d, valued 10 * s + d.
+        let send_counts: Vec<usize> = (0..3).map(|d| r + d).collect();
+        let recv_counts: Vec<usize> = (0..3).map(|s| s + r).collect();
+        let send: Vec<i32> = (0..3).flat_map(|d| vec![(10 * r + d) as i32; r + d]).collect();
+        let mut recv = vec![0i32; recv_counts.iter().sum()];
+        comm.alltoallv(&send, &send_counts, &mut recv, &recv_counts).unwrap();
+        let want: Vec<i32> = (0..3).flat_map(|s| vec![(10 * s + r) as i32; s + r]).collect();
+        assert_eq!(recv, want);
+        let mut wrong = recv_counts.clone();
+        if r == 2 {
+            wrong[0] += 1;
+        }
+        let mut bigger = vec![0i32; wrong.iter().sum()];
+        let err = comm.alltoallv(&send, &send_counts, &mut bigger, &wrong).unwrap_err();
+        assert_eq!(err.status, status::MISMATCH);
+
+        let x = [r as f64 + 1.0; 2];
+        let mut total = if r == 1 { vec![0f64; 2] } else { Vec::new() };
+        comm.reduce(&x, &mut total, ReduceOp::Sum, 1).unwrap();
+        if r == 1 {
+            assert_eq!(total, [6.0, 6.0]);
+        }
+
+        let mut rows = if r == 0 { vec![0f64; 6] } else { Vec::new() };
+        comm.gather(&x, &mut rows, 0).unwrap();
+        if r == 0 {
+            assert_eq!(rows, [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
+        }
+        let mut back = [0f64; 2];
+        comm.scatter(&rows, &mut back, 0).unwrap();
+        assert_eq!(back, x);
+
+        let mut packed = if r == 2 { vec![0i64; 3] } else { Vec::new() };
+        comm.gatherv(&mine, &mut packed, &counts, 2).unwrap();
+        if r == 2 {
+            assert_eq!(packed, [1, 2, 2]);
+        }
+        let mut again = vec![0i64; r];
+        comm.scatterv(&packed, &counts, &mut again, 2).unwrap();
+        assert_eq!(again, mine);
+    });
+}
