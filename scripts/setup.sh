@@ -14,6 +14,7 @@ packages=(
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch
   cargo
+  doxygen
 )
 
 missing=()

@@ -153,6 +153,10 @@ GRADSYNC_API int gradsync_accum_add(gradsync_accum *accum, int64_t row, const fl
 /**
  * @brief For each i < n: grad[rows[i]] += grads[i*dim .. (i+1)*dim). One call per minibatch.
  *        Repeated ids are summed. Every id and the length are checked before any row is written.
+ * @param accum the accumulator
+ * @param rows n row ids, each in [0, rows)
+ * @param n the number of rows
+ * @param grads n * dim floats, row i's at i * dim
  * @param[in] count n * dim
  * @threadsafety any
  */
@@ -177,7 +181,9 @@ GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum *accum, int64_t *co
 /**
  * @brief The touched rows, in the order they were first touched (OWNER mode: each owner's rows in
  *        that order, the owners' interleaved as they ran).
+ * @param accum the accumulator
  * @param[out] out receives *needed ids when capacity >= *needed
+ * @param capacity entries out can hold
  * @param[out] needed the number of touched rows (always written)
  * @retval GRADSYNC_E_BUFS capacity < *needed: nothing was copied
  * @threadsafety any
@@ -187,6 +193,7 @@ GRADSYNC_API int gradsync_accum_touched(gradsync_accum *accum, int64_t *out, siz
 /**
  * @brief Update params (and state) from the touched rows' gradients, then zero exactly those rows
  *        and empty the touched set. Reads and writes only touched rows: O(touched x dim).
+ * @param accum the accumulator
  * @param[in,out] params a writable table of the same rows x dim
  * @param[in] opt the optimizer; NULL = SGD with lr 0.01
  * @param[in,out] state ROW_ADAGRAD: a writable table of rows x 1 (start it at zeros); SGD: NULL
@@ -203,6 +210,7 @@ GRADSYNC_API int gradsync_accum_flush(gradsync_accum *accum);
 
 /**
  * @brief Borrow a read-only view of the gradient data (rows * dim floats, row-major).
+ * @param accum the accumulator
  * @param[out] data points into the mapping: do not write through it. Valid until gradsync_accum_free.
  * @param[out] bytes rows * dim * 4
  * @threadsafety any

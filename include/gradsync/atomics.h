@@ -31,6 +31,7 @@ typedef struct gradsync_mutex gradsync_mutex;
 /**
  * @brief Create a 32-bit counter holding `initial`.
  * @param[out] out the new counter; NULL on failure
+ * @param initial the starting value
  * @retval GRADSYNC_E_INVALID_ARG out is NULL
  * @retval GRADSYNC_E_NOMEM out of memory
  * @threadsafety any
@@ -42,6 +43,8 @@ GRADSYNC_API void gradsync_counter32_free(gradsync_counter32 *counter);
 
 /**
  * @brief Atomically add `delta` (wrapping) and report the value before and after.
+ * @param counter the counter
+ * @param delta the amount to add
  * @param[out] old_value the value before the add (may be NULL)
  * @param[out] new_value the value after the add, old_value + delta wrapped (may be NULL)
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
@@ -52,6 +55,7 @@ GRADSYNC_API int gradsync_counter32_fetch_add(gradsync_counter32 *counter, int32
 
 /**
  * @brief Read the current value.
+ * @param counter the counter
  * @param[out] value the value
  * @retval GRADSYNC_E_INVALID_ARG value is NULL
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
@@ -94,6 +98,8 @@ GRADSYNC_API void gradsync_flag_free(gradsync_flag *flag);
 /**
  * @brief Set the flag if `condition` is non-zero; a zero condition leaves it as it is (sticky:
  *        only gradsync_flag_reset clears it).
+ * @param flag the flag
+ * @param condition set the flag when non-zero
  * @param[out] is_set 1 if the flag is set after the call, else 0 (may be NULL)
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
@@ -102,6 +108,7 @@ GRADSYNC_API int gradsync_flag_conditional_set(gradsync_flag *flag, int32_t cond
 
 /**
  * @brief Read the flag.
+ * @param flag the flag
  * @param[out] is_set 1 if set, else 0
  * @retval GRADSYNC_E_INVALID_ARG is_set is NULL
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
@@ -140,6 +147,7 @@ GRADSYNC_API int gradsync_mutex_lock(gradsync_mutex *mutex);
 
 /**
  * @brief Take the mutex if it is free, without waiting. A busy mutex is not an error.
+ * @param mutex the mutex
  * @param[out] acquired 1 if the calling thread now holds it, 0 if another thread does
  * @retval GRADSYNC_E_INVALID_ARG acquired is NULL
  * @retval GRADSYNC_E_MISUSE bad handle, or this thread already holds it
@@ -175,13 +183,14 @@ GRADSYNC_API int gradsync_mutex_unlock(gradsync_mutex *mutex);
  *        not associative); plain reads of dst during the adds see each element either before or
  *        after an add, never torn.
  *
- * Implementation: dst is split at 1 KiB-aligned addresses into blocks, each guarded by a spin
+ * Implementation: dst is split at aligned addresses into blocks, each guarded by a spin
  * lock from a fixed table hashed by the block's address, and summed with a vectorised loop; one
  * atomic exchange per block rather than one locked instruction per element. Writes to dst by any
  * other means (plain stores, other atomics) are not synchronised with these adds.
  *
  * @param dst n floats, aligned to 4 bytes; borrowed for the call
  * @param src n floats; must not overlap dst; borrowed for the call
+ * @param n elements
  * @retval GRADSYNC_E_INVALID_ARG dst or src is NULL while n > 0, dst is misaligned, the ranges
  *         overlap, or n is too large for the address space
  * @threadsafety any

@@ -36,7 +36,9 @@ typedef enum gradsync_codec {
  * @brief Encode count floats: dst[i] = encode(src[i]).
  * @param[in] codec a 16-bit codec (not GRADSYNC_CODEC_NONE)
  * @param[in] src count floats
+ * @param count floats in src
  * @param[out] dst room for dst_capacity encoded elements (2 bytes each)
+ * @param dst_capacity elements dst can hold (at least count)
  * @retval GRADSYNC_E_INVALID_ARG unknown codec, NULL buffer for count > 0
  * @retval GRADSYNC_E_BUFS dst_capacity < count (nothing written)
  * @threadsafety any
@@ -45,8 +47,12 @@ GRADSYNC_API int gradsync_codec_encode(int32_t codec, const float *src, size_t c
 
 /**
  * @brief Decode elements [offset, offset + count) of an encoded buffer of src_count elements.
+ * @param codec a 16-bit codec
  * @param[in] src src_count encoded elements
+ * @param src_count encoded elements in src
+ * @param offset the first element to decode
  * @param[out] dst count floats
+ * @param count elements to decode
  * @retval GRADSYNC_E_INVALID_ARG unknown codec, NULL buffer, or the range runs past the end of src
  *         (nothing written)
  * @threadsafety any
@@ -58,8 +64,12 @@ GRADSYNC_API int gradsync_codec_decode(int32_t codec, const void *src, size_t sr
  * @brief BigDL's compressed add: dst[offset + i] = encode(decode(dst[offset + i]) + decode(src[i]))
  *        for i < count, summed in f32 and rounded once (for BIGDL_FP16 bit-exact to BigDL's
  *        FP16CompressedTensor.add(data, offset, length)).
+ * @param codec a 16-bit codec
  * @param[in,out] dst dst_count encoded elements
+ * @param dst_count encoded elements in dst
+ * @param offset the first element of dst to add to
  * @param[in] src count encoded elements (may not overlap dst)
+ * @param count elements of src
  * @retval GRADSYNC_E_INVALID_ARG unknown codec, NULL buffer, or [offset, offset + count) runs past
  *         the end of dst (nothing written)
  * @threadsafety any
@@ -70,8 +80,12 @@ GRADSYNC_API int gradsync_codec_add(int32_t codec, void *dst, size_t dst_count, 
 /**
  * @brief Accumulate encoded data into floats: dst[offset + i] += decode(src[i]) in f32, for i < count.
  *        Summing many encoded gradients this way rounds each sum once in f32, never to 16 bits.
+ * @param codec a 16-bit codec
  * @param[in,out] dst dst_count floats
+ * @param dst_count floats in dst
+ * @param offset the first element of dst to add to
  * @param[in] src count encoded elements
+ * @param count elements of src
  * @retval GRADSYNC_E_INVALID_ARG unknown codec, NULL buffer, or the range runs past the end of dst
  * @threadsafety any
  */

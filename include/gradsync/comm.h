@@ -41,7 +41,7 @@
  *
  * Shared-memory transport (GRADSYNC_TRANSPORT_SHM; processes of one host):
  * - Group: the processes that create a communicator with the same name (rank, size, name as for
- *   threads) meet in the segment /dev/shm/gradsync.<name> (bytes outside [A-Za-z0-9._-] escaped).
+ *   threads) meet in the segment /dev/shm/gradsync.\<name\> (bytes outside [A-Za-z0-9._-] escaped).
  *   A late joiner within timeout_ms is fine. A segment left by a crashed run (no live member, or
  *   never finished) is rebuilt; a running group whose member died is never joined. Members that
  *   disagree on size get GRADSYNC_E_MISMATCH; a rank that is already in the group, alive,
@@ -58,9 +58,9 @@
  *   every member's current or next call fail with GRADSYNC_E_IO within a few milliseconds, not SIGBUS.
  * - Data paths: buffers from gradsync_comm_alloc (on every rank) are reduced zero copy, each rank
  *   its slice straight from the peers' buffers; ordinary buffers are staged through the segment in
- *   pipelined chunks of 256 KiB. Payloads up to 16 KiB travel inline (one barrier per call).
- * - A peer process that dies is detected while waiting (within ~10 ms, by a lock the kernel drops
- *   with the process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
+ *   pipelined chunks. Small payloads travel inline (one barrier per call).
+ * - A peer process that dies is detected while waiting (by a lock the kernel drops with the
+ *   process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
  *   later calls fail fast; free the group and form a new one (same name allowed). A member that
  *   frees its communicator makes the others' calls fail with GRADSYNC_E_ABORTED.
  *
@@ -75,9 +75,9 @@
  *   MPI that the host initialised is never finalised by us. A host with less than
  *   MPI_THREAD_MULTIPLE must call each communicator from the thread allowed to call MPI.
  * - Collectives map onto MPI's own (MPI_Allreduce with MPI_IN_PLACE, MPI_Bcast, MPI_Allgatherv,
- *   MPI_Reduce_scatter with the partition rule's counts, a barrier). allreduce_many packs small
- *   buffers into one MPI call per 256 KiB of staging (larger buffers go to MPI directly).
- *   An allreduce of at most 64 bytes travels with the fingerprint (one round trip, rank order).
+ *   MPI_Reduce_scatter, MPI_Alltoallv, a barrier). allreduce_many packs small buffers into one
+ *   MPI call per fill of a staging buffer (larger buffers go to MPI directly). A very small
+ *   allreduce travels with the fingerprint (one round trip, rank order).
  * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank (MPI_Alltoallv of the
  *   slices, the library's rank-order kernels, MPI_Allgatherv); 0 leaves the order to MPI (all ranks
  *   still get MPI's one result). weighted_mean and i32 mean are always in rank order.
@@ -127,7 +127,7 @@ typedef struct gradsync_request gradsync_request;
 /** Transports. */
 typedef enum gradsync_transport {
   GRADSYNC_TRANSPORT_THREAD = 0, /**< threads of one process, grouped by name (no set-up) */
-  GRADSYNC_TRANSPORT_SHM = 1,    /**< processes of one host, grouped by name through /dev/shm/gradsync.<name> */
+  GRADSYNC_TRANSPORT_SHM = 1,    /**< processes of one host, grouped by name through /dev/shm/gradsync.\<name\> */
   GRADSYNC_TRANSPORT_MPI = 2     /**< processes over MPI (see "MPI transport" above); when built with it */
 } gradsync_transport;
 
@@ -187,6 +187,7 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @brief Join a group as one rank. Collective: returns once every rank of the group has joined,
  *        or fails with GRADSYNC_E_TIMEOUT when one has not within the timeout.
  * @param[out] out the new communicator; NULL on failure
+ * @param opts options from gradsync_comm_options_init, or NULL for the defaults
  * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport,
  *         struct_size or version that fit no version of the struct)
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
@@ -237,6 +238,7 @@ typedef int (*gradsync_interrupt_fn)(void *user_data);
  *        100 ms) on the waiting thread; a non-zero return aborts the group as gradsync_comm_abort
  *        does, and the call returns GRADSYNC_E_ABORTED (so do its peers', except on MPI, where
  *        an abort is local: see above).
+ * @param comm the communicator
  * @param fn the check, or NULL to remove it
  * @param user_data passed to fn
  * @threadsafety handle
@@ -264,8 +266,12 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
  *
  * Every dtype: bf16 and f16 are accumulated in f32 (in rank order, on MPI too) and rounded once,
  * to nearest even.
+ * @param comm the communicator
  * @param send count elements; may equal recv (in place)
  * @param recv count elements
+ * @param count elements
+ * @param dtype a gradsync_dtype
+ * @param op a gradsync_op
  * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)
  * @retval GRADSYNC_E_TIMEOUT a rank did not arrive in time; GRADSYNC_E_ABORTED the group is aborted
  * @retval GRADSYNC_E_REMOTE a peer process died (SHM, MPI on one host)
@@ -281,10 +287,13 @@ GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, 
 
 /**
  * @brief One allreduce over a list of buffers (a gradient bucket), same results as one call each.
+ * @param comm the communicator
  * @param sends nbufs pointers, or NULL for all in place; an entry may equal its recv
  * @param recvs nbufs pointers
  * @param counts nbufs element counts
  * @param nbufs number of buffers, at most GRADSYNC_MAX_FUSED_BUFFERS
+ * @param dtype a gradsync_dtype, of every buffer
+ * @param op a gradsync_op
  * @retval GRADSYNC_E_INVALID_ARG more than GRADSYNC_MAX_FUSED_BUFFERS buffers
  * @threadsafety handle
  */
@@ -300,6 +309,7 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *c
  * counts, dtypes, order or op differ all get GRADSYNC_E_MISMATCH, and no buffer is changed. A
  * failure after that round (a timeout, an abort, a dead peer) may leave the buffers of the dtypes
  * already reduced reduced.
+ * @param comm the communicator
  * @param sends nbufs pointers, or NULL for all in place; an entry may equal its recv
  * @param recvs nbufs pointers
  * @param counts nbufs element counts
@@ -316,6 +326,12 @@ GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm *comm, const void *
 /**
  * @brief The data-parallel merge as a collective: recv = Σ wᵢ·sendᵢ / Σ wᵢ on every rank, with
  *        wᵢ this rank's sample count. F32 and F64 only; products are summed in double, in rank order.
+ * @param comm the communicator
+ * @param send count elements
+ * @param recv count elements (may equal send)
+ * @param count elements
+ * @param dtype GRADSYNC_F32 or GRADSYNC_F64
+ * @param weight this rank's sample count, at most 2^53
  * @param[out] total_weight Σ wᵢ (may be NULL)
  * @retval GRADSYNC_E_ZERO_WEIGHT Σ wᵢ = 0 (on every rank; recv untouched)
  * @threadsafety handle
@@ -328,8 +344,12 @@ GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm *comm, void *buf, size_t 
 
 /**
  * @brief Gather every rank's part into recv (total_count elements, parts by the partition rule).
+ * @param comm the communicator
  * @param send this rank's part (its length by the partition rule), or NULL when it is already
  *        in place in recv at this rank's offset
+ * @param recv total_count elements
+ * @param total_count elements of all parts together
+ * @param dtype a gradsync_dtype
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
@@ -537,6 +557,12 @@ GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
 
 /**
  * @brief Non-blocking gradsync_comm_allreduce.
+ * @param comm the communicator
+ * @param send as gradsync_comm_allreduce's
+ * @param recv as gradsync_comm_allreduce's
+ * @param count elements
+ * @param dtype a gradsync_dtype
+ * @param op a gradsync_op
  * @param[out] request the request, to wait for and free; NULL on failure
  * @retval GRADSYNC_E_UNSUPPORTED MPI without MPI_THREAD_MULTIPLE
  * @threadsafety handle
@@ -614,6 +640,7 @@ GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **
 
 /**
  * @brief Wait for a request to complete.
+ * @param request the request
  * @param[in] timeout_ms at most this long; negative: until it completes (a collective's own
  *        deadline bounds that), 0: do not wait
  * @return the request's status (its message as for any failed call, naming the non-blocking
@@ -625,6 +652,7 @@ GRADSYNC_API int gradsync_request_wait(gradsync_request *request, int64_t timeou
 
 /**
  * @brief Whether a request has completed, without waiting.
+ * @param request the request
  * @param[out] done 1 when completed, else 0
  * @return GRADSYNC_OK while pending; once completed, the request's status
  * @threadsafety request: any thread, one at a time
@@ -641,6 +669,7 @@ GRADSYNC_API void gradsync_request_free(gradsync_request *request);
 /**
  * @brief The first failure of a non-blocking call on this communicator since its creation or the
  *        last gradsync_comm_reset (as NCCL's ncclCommGetAsyncError).
+ * @param comm the communicator
  * @param[out] status GRADSYNC_OK, or that failure's status; its message is then this thread's
  *        gradsync_last_error_message
  * @threadsafety any thread
@@ -768,6 +797,7 @@ GRADSYNC_API int gradsync_comm_timeline(gradsync_comm *comm, const char *path);
  * reduces its slice straight from the peers' buffers). Its pages are reserved in /dev/shm now, so
  * touching them later can never SIGBUS. Other transports return ordinary memory. Either way it is
  * aligned to 4096 bytes, and ordinary buffers work in every collective too.
+ * @param comm the communicator
  * @param[in] bytes size in bytes, > 0
  * @param[out] ptr the memory; NULL on failure
  * @retval GRADSYNC_E_INVALID_ARG ptr is NULL or bytes is 0

@@ -21,6 +21,9 @@ GRADSYNC_BEGIN_DECL
  *        same one the communicator and sharded parameters use):
  *        start = index*(n/parts) + min(index, n%parts), len = n/parts + (index < n%parts).
  *        n < parts is allowed: the trailing parts are empty. n=10, parts=3 gives (0,4) (4,3) (7,3).
+ * @param n elements
+ * @param parts parts, > 0
+ * @param index the part, < parts
  * @param[out] start first element of the part
  * @param[out] len number of elements of the part
  * @retval GRADSYNC_E_INVALID_ARG parts is 0, or start or len is NULL
@@ -36,7 +39,11 @@ GRADSYNC_API int gradsync_partition(uint64_t n, uint32_t parts, uint32_t index, 
  *
  * Capacity in, size out: *needed is always set to the number of indices of this worker; they are
  * written to out only when capacity >= *needed. Call with out = NULL, capacity = 0 to ask the size.
+ * @param samples samples in all
+ * @param workers workers, > 0
+ * @param worker this worker, < workers
  * @param[out] out capacity uint64_t slots (may be NULL when capacity is 0)
+ * @param capacity entries out can hold
  * @param[out] needed the number of indices of this worker (required)
  * @retval GRADSYNC_E_INVALID_ARG workers is 0, needed is NULL, or out is NULL with capacity > 0
  * @retval GRADSYNC_E_OUT_OF_RANGE worker >= workers
@@ -63,6 +70,7 @@ GRADSYNC_API int gradsync_split_round_robin(uint64_t samples, uint32_t workers, 
  * @param losses workers losses, or NULL when no mean loss is wanted
  * @param workers number of workers, > 0
  * @param[out] out out_len floats
+ * @param out_len floats in out
  * @param[out] mean_loss sum counts[i]*losses[i] / sum counts[i] (may be NULL; needs losses)
  * @param[out] total_count sum counts[i] (may be NULL)
  * @retval GRADSYNC_E_INVALID_ARG workers is 0, a NULL array, mean_loss without losses, or the

@@ -114,7 +114,9 @@ GRADSYNC_API void gradsync_shard_free(gradsync_shard *shard);
  * @brief The part of a rank: offset `base + start` and length, e.g. base 0 for 0-based offsets,
  *        base 1 for BigDL's 1-based storage offsets. N=10, P=3: (0,4), (4,3), (7,3); with base 1
  *        (1,4), (5,3), (8,3).
+ * @param shard the sharded parameter
  * @param[in] rank a rank in [0, P), or -1 for this rank
+ * @param base added to the offset: 0 for 0-based offsets, 1 for BigDL's 1-based ones
  * @param[out] offset,length may be NULL
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, P) and not -1
  * @threadsafety handle
@@ -124,7 +126,10 @@ GRADSYNC_API int gradsync_shard_part(const gradsync_shard *shard, int32_t rank, 
 
 /**
  * @brief The parts of every rank as pairs (offset, length): out[2r] = base + start(r), out[2r+1] = len(r).
+ * @param shard the sharded parameter
+ * @param base added to every offset, as in gradsync_shard_part
  * @param[out] out room for capacity values (2·P needed)
+ * @param capacity values out can hold
  * @param[out] needed 2·P (may be NULL)
  * @retval GRADSYNC_E_BUFS capacity < 2·P (*needed is set, out untouched)
  * @threadsafety handle
@@ -155,7 +160,9 @@ GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard *shard, double lr);
 /**
  * @brief Local: keep this rank's slice of the full weights and zero the optimizer state. Pass the
  *        same weights on every rank (e.g. broadcast them first): each rank takes only its slice.
+ * @param shard the sharded parameter
  * @param[in] weights count floats; count must equal total
+ * @param count elements of weights (the parameter's length)
  * @retval GRADSYNC_E_INVALID_ARG NULL weights or count != total
  * @threadsafety handle
  */
@@ -164,8 +171,10 @@ GRADSYNC_API int gradsync_shard_init(gradsync_shard *shard, const float *weights
 /**
  * @brief Collective: one whole training step (put, aggregate, update, gather). Arguments are
  *        checked before any communication, and a bad argument on one rank is an error on every rank.
+ * @param shard the sharded parameter
  * @param[in] gradient this rank's gradient, count floats (count == total)
  * @param[out] weights receives the new full weights, count floats; may equal gradient
+ * @param count elements of the gradient (the parameter's length)
  * @param[in] samples this rank's sample count, its weight in the mean (pass 1 on every rank for the plain mean)
  * @retval GRADSYNC_E_INVALID_ARG NULL buffer or count != total (on this rank; GRADSYNC_E_REMOTE on the others)
  * @retval GRADSYNC_E_MISUSE step before init (on this rank; GRADSYNC_E_REMOTE on the others)
@@ -204,7 +213,10 @@ GRADSYNC_API int gradsync_shard_update(gradsync_shard *shard);
 
 /**
  * @brief Local: copy this rank's weight slice or aggregated gradient slice into out (count = its length).
+ * @param shard the sharded parameter
  * @param[in] which a gradsync_shard_slice
+ * @param out count floats
+ * @param count elements to read
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard *shard, int32_t which, float *out, size_t count);

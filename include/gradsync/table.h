@@ -179,6 +179,7 @@ GRADSYNC_API int gradsync_table_prefetch(const gradsync_table *table, const int6
 
 /**
  * @brief Borrow a read-only view of the whole row-major data (rows * dim floats).
+ * @param table the table
  * @param[out] data the first float; it points into the mapping itself: do not write through it.
  *        Valid until gradsync_table_free.
  * @param[out] bytes rows * dim * 4
