@@ -13,6 +13,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SONAME = "libgradsync.so.0"
+MPI_PLUGIN = "libgradsync-mpi.so.0"  # built when CMake finds Open MPI; loaded from beside SONAME
 
 
 class BuildWithLibrary(build_py):
@@ -22,9 +23,12 @@ class BuildWithLibrary(build_py):
         subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                                "-DGRADSYNC_BUILD_TESTS=OFF", "-DGRADSYNC_BUILD_BENCH=OFF"])
         subprocess.check_call(["cmake", "--build", str(build), "--target", "gradsync", "-j", str(os.cpu_count() or 1)])
-        target = pathlib.Path(self.build_lib) / "gradsync" / SONAME
-        shutil.copyfile((build / SONAME).resolve(), target)
-        os.chmod(target, 0o755)
+        for name in (SONAME, MPI_PLUGIN):
+            if name == MPI_PLUGIN and not (build / name).exists():
+                continue
+            target = pathlib.Path(self.build_lib) / "gradsync" / name
+            shutil.copyfile((build / name).resolve(), target)
+            os.chmod(target, 0o755)
 
 
 class BinaryDistribution(Distribution):

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "capi/guard.hpp"
+#include "comm/communicator.hpp"
 #include "common/dtype.hpp"
 #include "gradsync/common.h"
 #include "gradsync/errors.h"
@@ -83,7 +84,7 @@ GRADSYNC_API int32_t gradsync_has_feature(int32_t feature) {
   switch (feature) {
     case GRADSYNC_FEATURE_THREAD_TRANSPORT: return 1;
     case GRADSYNC_FEATURE_SHM_TRANSPORT: return 1;
-    case GRADSYNC_FEATURE_MPI_TRANSPORT: return GRADSYNC_HAVE_MPI ? 1 : 0;
+    case GRADSYNC_FEATURE_MPI_TRANSPORT: return gradsync::comm::transport_available(gradsync::comm::Transport::Mpi);
     case GRADSYNC_FEATURE_F16C: {
       unsigned eax, ebx, ecx, edx;
       if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return 0;

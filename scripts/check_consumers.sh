@@ -39,4 +39,25 @@ cmake --build "$work/build" >/dev/null
 "${run_env[@]}" "$work/build/consumer"
 (cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$prefix/share/gradsync/python" \
   /usr/bin/python3 -c "import gradsync; print('python: gradsync', gradsync.version(), gradsync.lib._name)")
-echo "ok: C (pkg-config), CMake (find_package) and Python consumers of $prefix built and ran"
+
+# MPI is a plugin: the core library never links it; where the plugin is installed, the MPI
+# transport works through it under a real mpirun.
+core="$(readlink -f "$lib_dir/libgradsync.so.0")"
+if readelf -d "$core" | grep NEEDED | grep -qi mpi; then echo "$core links MPI"; exit 1; fi
+if [ -e "$lib_dir/libgradsync-mpi.so.0" ]; then
+  cat > "$work/mpi.py" <<'PY'
+import numpy as np
+import gradsync as gs
+with gs.Communicator(transport="mpi", timeout_ms=30000) as c:
+    x = np.full(3, c.rank + 1, np.float32)
+    c.allreduce(x, op="sum")
+    assert x.tolist() == [3.0] * 3, x
+    print(f"python over MPI through the plugin: rank {c.rank} of {c.size} sums {x.tolist()}", flush=True)
+PY
+  (cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH -u GRADSYNC_MPI_PLUGIN PYTHONPATH="$prefix/share/gradsync/python" \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /usr/bin/python3 "$work/mpi.py")
+else
+  echo "no MPI plugin installed under $lib_dir: the MPI transport's check is not run"
+fi
+echo "ok: C (pkg-config), CMake (find_package) and Python consumers of $prefix built and ran; $core links no MPI"

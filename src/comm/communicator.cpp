@@ -318,6 +318,15 @@ void Communicator::dealloc(void* p) {
   std::free(p);
 }
 
+bool transport_available(Transport t) noexcept {
+  if (t != Transport::Mpi) return true;
+#if GRADSYNC_HAVE_MPI
+  return mpi_transport_available();
+#else
+  return false;
+#endif
+}
+
 std::unique_ptr<Communicator> create(const Options& options) {
   switch (options.transport) {
     case Transport::Thread: return create_thread_communicator(options);

@@ -198,5 +198,8 @@ class Communicator {
 // Creates and joins; blocks until the whole group has joined or the timeout passes.
 std::unique_ptr<Communicator> create(const Options& options);
 std::unique_ptr<Communicator> create_thread_communicator(const Options& options);
+// Whether create() can make communicators of this transport here (MPI: built with it, and its
+// plugin and the MPI runtime load).
+bool transport_available(Transport t) noexcept;
 
 }  // namespace gradsync::comm

@@ -74,30 +74,30 @@ std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", 
 
 MPI_Datatype mpi_type(DType t) noexcept {
   switch (t) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::I32: return MPI_INT32_T;
-    case DType::I64: return MPI_INT64_T;
+    case DType::F32: return mpi::lib().float_;
+    case DType::F64: return mpi::lib().double_;
+    case DType::I32: return mpi::lib().int32;
+    case DType::I64: return mpi::lib().int64;
     case DType::BF16:
-    case DType::F16: return MPI_UINT16_T;  // moved, never reduced by MPI
+    case DType::F16: return mpi::lib().uint16;  // moved, never reduced by MPI
   }
-  return MPI_BYTE;
+  return mpi::lib().byte;
 }
 
 MPI_Op mpi_op(ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Mean: return MPI_SUM;
-    case ReduceOp::Min: return MPI_MIN;
-    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Mean: return mpi::lib().sum;
+    case ReduceOp::Min: return mpi::lib().min;
+    case ReduceOp::Max: return mpi::lib().max;
   }
-  return MPI_SUM;
+  return mpi::lib().sum;
 }
 
 std::string mpi_error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  if (mpi::lib().Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
   return std::string(text, static_cast<size_t>(len));
 }
 
@@ -169,9 +169,9 @@ struct Rendezvous {
 };
 
 struct FreshComms {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm ctl = MPI_COMM_NULL;
-  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MPI_Comm comm = mpi::lib().comm_null;
+  MPI_Comm ctl = mpi::lib().comm_null;
+  MPI_Request requests[2] = {mpi::lib().request_null, mpi::lib().request_null};
 };
 
 class MpiCommunicator final : public Communicator {
@@ -243,9 +243,9 @@ class MpiCommunicator final : public Communicator {
   std::byte* scratch(size_t bytes);
 
   Options options_;
-  MPI_Comm base_ = MPI_COMM_NULL;  // never carries traffic: the parent of fresh dups at reset
-  MPI_Comm comm_ = MPI_COMM_NULL;  // collectives
-  MPI_Comm ctl_ = MPI_COMM_NULL;   // abort notices
+  MPI_Comm base_ = mpi::lib().comm_null;  // never carries traffic: the parent of fresh dups at reset
+  MPI_Comm comm_ = mpi::lib().comm_null;  // collectives
+  MPI_Comm ctl_ = mpi::lib().comm_null;   // abort notices
   int rank_ = 0;
   int size_ = 1;
   size_t max_count_ = kMaxMpiCount;
@@ -270,7 +270,7 @@ class MpiCommunicator final : public Communicator {
   // Abort notices carry {status, subject rank}: why the sender gave up (abort, timeout, a dead peer).
   int notice_out_[2] = {0, 0};
   int notice_in_[2] = {0, 0};
-  MPI_Request notice_receive_ = MPI_REQUEST_NULL;
+  MPI_Request notice_receive_ = mpi::lib().request_null;
   std::vector<MPI_Request> notice_sends_;
   bool runtime_acquired_ = false;
 };
@@ -279,15 +279,15 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
   mpi::acquire_runtime();
   runtime_acquired_ = true;
   try {
-    MPI_Comm parent = MPI_COMM_WORLD;
+    MPI_Comm parent = mpi::lib().comm_world;
     if (options.mpi_fcomm != INT64_MIN) {
       GS_REQUIRE(options.mpi_fcomm >= INT32_MIN && options.mpi_fcomm <= INT32_MAX, GRADSYNC_E_INVALID_ARG,
                  "mpi_fcomm {} is not a Fortran communicator handle (MPI_Fint range)", options.mpi_fcomm);
-      parent = MPI_Comm_f2c(static_cast<MPI_Fint>(options.mpi_fcomm));
-      GS_REQUIRE(parent != MPI_COMM_NULL && parent != nullptr, GRADSYNC_E_INVALID_ARG,
+      parent = mpi::lib().Comm_f2c(static_cast<MPI_Fint>(options.mpi_fcomm));
+      GS_REQUIRE(parent != mpi::lib().comm_null && parent != nullptr, GRADSYNC_E_INVALID_ARG,
                  "mpi_fcomm {} is not a valid MPI communicator (MPI_Comm_f2c gave MPI_COMM_NULL)", options.mpi_fcomm);
       int inter = 0;
-      check(MPI_Comm_test_inter(parent, &inter), "MPI_Comm_test_inter");
+      check(mpi::lib().Comm_test_inter(parent, &inter), "MPI_Comm_test_inter");
       GS_REQUIRE(!inter, GRADSYNC_E_INVALID_ARG, "mpi_fcomm {} is an intercommunicator; an intracommunicator is needed",
                  options.mpi_fcomm);
     }
@@ -295,12 +295,12 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
     // Our own communicators, so our traffic never matches the host's. Non-blocking dups, so a
     // rank that never joins gives a timeout here too.
     auto fresh = std::make_shared<FreshComms>();
-    check(MPI_Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+    check(mpi::lib().Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
     wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, false);
     base_ = fresh->comm;
-    MPI_Comm_set_errhandler(base_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(base_, &rank_);
-    MPI_Comm_size(base_, &size_);
+    mpi::lib().Comm_set_errhandler(base_, mpi::lib().errors_return);
+    mpi::lib().Comm_rank(base_, &rank_);
+    mpi::lib().Comm_size(base_, &size_);
     fresh = duplicate_base(deadline, "joining the MPI group (MPI_Comm_idup)");
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
@@ -309,9 +309,9 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
     (*info)[static_cast<size_t>(size_)] =
         PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_)};
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), MPI_BYTE, info->data(),
-                         sizeof(PeerInfo), MPI_BYTE, comm_, &request),
+    MPI_Request request = mpi::lib().request_null;
+    check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
+                         sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
           "MPI_Iallgather");
     wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, false);
     peers_.assign(info->begin(), info->begin() + size_);
@@ -330,8 +330,8 @@ MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), ma
   } catch (...) {
     retire_control();
     if (!mpi::finalized()) {
-      if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-      if (!base_pending_ && base_ != MPI_COMM_NULL) MPI_Comm_free(&base_);
+      if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);
+      if (!base_pending_ && base_ != mpi::lib().comm_null) mpi::lib().Comm_free(&base_);
     }
     mpi::release_runtime();
     runtime_acquired_ = false;
@@ -343,8 +343,8 @@ MpiCommunicator::~MpiCommunicator() {
   if (!mpi::finalized()) {
     retire_control();
     // A communicator with an abandoned collective stays allocated: the request still refers to it.
-    if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    if (!base_pending_ && base_ != MPI_COMM_NULL) MPI_Comm_free(&base_);
+    if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);
+    if (!base_pending_ && base_ != mpi::lib().comm_null) mpi::lib().Comm_free(&base_);
   }
   // An abandoned collective stays counted: the process ends with MPI_Abort when we own MPI.
   if (holds_abandoned_ && !mpi::we_initialised())
@@ -363,33 +363,33 @@ void MpiCommunicator::check(int rc, const char* call) {
 }
 
 void MpiCommunicator::post_notice_receive() {
-  check(MPI_Irecv(notice_in_, 2, MPI_INT, MPI_ANY_SOURCE, kAbortTag, ctl_, &notice_receive_), "MPI_Irecv");
+  check(mpi::lib().Irecv(notice_in_, 2, mpi::lib().int_, MPI_ANY_SOURCE, kAbortTag, ctl_, &notice_receive_), "MPI_Irecv");
 }
 
 // Cancels the posted notice receive, lets go of sent notices, frees ctl_.
 void MpiCommunicator::retire_control() noexcept {
   std::lock_guard lock(ctl_mutex_);
-  if (notice_receive_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&notice_receive_);
-    MPI_Wait(&notice_receive_, MPI_STATUS_IGNORE);
+  if (notice_receive_ != mpi::lib().request_null) {
+    mpi::lib().Cancel(&notice_receive_);
+    mpi::lib().Wait(&notice_receive_, MPI_STATUS_IGNORE);
   }
   for (MPI_Request& r : notice_sends_)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    if (r != mpi::lib().request_null) mpi::lib().Request_free(&r);
   notice_sends_.clear();
-  if (ctl_ != MPI_COMM_NULL) MPI_Comm_free(&ctl_);
+  if (ctl_ != mpi::lib().comm_null) mpi::lib().Comm_free(&ctl_);
 }
 
 // Tells every peer that this rank aborted the group (at most once per abort).
 void MpiCommunicator::send_notices(int status, int subject) noexcept {
   std::lock_guard lock(ctl_mutex_);
-  if (notices_sent_ || ctl_ == MPI_COMM_NULL || mpi::finalized()) return;
+  if (notices_sent_ || ctl_ == mpi::lib().comm_null || mpi::finalized()) return;
   notices_sent_ = true;
   notice_out_[0] = status;
   notice_out_[1] = subject;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    MPI_Request r = MPI_REQUEST_NULL;
-    if (MPI_Isend(notice_out_, 2, MPI_INT, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS) notice_sends_.push_back(r);
+    MPI_Request r = mpi::lib().request_null;
+    if (mpi::lib().Isend(notice_out_, 2, mpi::lib().int_, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS) notice_sends_.push_back(r);
   }
 }
 
@@ -406,10 +406,10 @@ void MpiCommunicator::throw_if_aborted() {
     aborted_reason_ = "gradsync_comm_abort was called on this rank";
     send_notices(GRADSYNC_E_ABORTED, rank_);
   }
-  if (!aborted_ && notice_receive_ != MPI_REQUEST_NULL) {
+  if (!aborted_ && notice_receive_ != mpi::lib().request_null) {
     int arrived = 0;
     MPI_Status status;
-    check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
+    check(mpi::lib().Test(&notice_receive_, &arrived, &status), "MPI_Test");
     if (arrived) {
       aborted_ = true;
       // A notice names its subject, the rank that started it; the sender may only be forwarding it.
@@ -481,17 +481,17 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   auto next_report = start + kStragglerReportAfter;
   for (uint64_t polls = 0;; ++polls) {
     int done = 0;
-    check(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    check(mpi::lib().Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
     if (local_abort && abort_requested_.load()) {
       abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()), GRADSYNC_E_ABORTED,
               rank_);
       fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
     }
-    if (watch_notices && notice_receive_ != MPI_REQUEST_NULL) {
+    if (watch_notices && notice_receive_ != mpi::lib().request_null) {
       int arrived = 0;
       MPI_Status status;
-      check(MPI_Test(&notice_receive_, &arrived, &status), "MPI_Test");
+      check(mpi::lib().Test(&notice_receive_, &arrived, &status), "MPI_Test");
       if (arrived) fail_on_notice(status, keepalive, what());
     }
     if ((polls & 63) != 63) continue;
@@ -540,8 +540,8 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 //   commit on every rank), a peer dies, or the deadline passes.
 // Only then does data move, through MPI's own collectives, which every rank has committed to.
 void MpiCommunicator::commit(const Fingerprint& fp, Clock::time_point deadline) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  MPI_Request request = mpi::lib().request_null;
+  check(mpi::lib().Ibarrier(comm_, &request), "MPI_Ibarrier");
   wait(&request, 1, deadline, nullptr, &fp, nullptr, true, false);
 }
 
@@ -563,12 +563,12 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
     int n = 0;
     ~Waited() { telemetry.arrival(arrived, Clock::now(), stamps, n); }
   } waited{telemetry_, arrived};
-  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Request request = mpi::lib().request_null;
   // A weighted mean always exchanges: its weights are judged by the group, as on every transport.
   if (!options_.check_mismatch && inline_buffers == nullptr && fp.call.collective != Collective::WeightedMean) {
     // Without the exchange only this rank's own arguments can be judged, before anything moves.
     verify_round(where, fp.seq, size_, 1, false, own, own_weight);
-    check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    check(mpi::lib().Ibarrier(comm_, &request), "MPI_Ibarrier");
     // An Ibarrier references no memory of ours.
     wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
     commit(fp, deadline);
@@ -586,7 +586,7 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
       at_byte += b.count * elem;
     }
   }
-  check(MPI_Iallgather(&rv.mine, sizeof(Slot), MPI_BYTE, rv.all.data(), sizeof(Slot), MPI_BYTE, comm_, &request),
+  check(mpi::lib().Iallgather(&rv.mine, sizeof(Slot), mpi::lib().byte, rv.all.data(), sizeof(Slot), mpi::lib().byte, comm_, &request),
         "MPI_Iallgather");
   try {
     wait(&request, 1, deadline, nullptr, &fp, rendezvous_, true);
@@ -635,7 +635,7 @@ void MpiCommunicator::allreduce_one(const void* send, void* recv, size_t count, 
   for (size_t lo = 0; lo < count; lo += max_count_) {
     const int n = static_cast<int>(std::min(max_count_, count - lo));
     const void* from = send == recv ? MPI_IN_PLACE : at(send, lo, elem);
-    check(MPI_Allreduce(from, at(recv, lo, elem), n, mpi_type(dtype), mpi_op(op), comm_), "MPI_Allreduce");
+    check(mpi::lib().Allreduce(from, at(recv, lo, elem), n, mpi_type(dtype), mpi_op(op), comm_), "MPI_Allreduce");
   }
   if (op == ReduceOp::Mean) finish_mean(dtype, recv, count, size_);
 }
@@ -660,12 +660,12 @@ void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t 
       recv_displs[r] = static_cast<int>(r * mine.len);
     }
     std::byte* copies = scratch(n * mine.len * elem);
-    check(MPI_Alltoallv(at(send, lo, elem), send_counts.data(), send_displs.data(), mpi_type(dtype), copies,
+    check(mpi::lib().Alltoallv(at(send, lo, elem), send_counts.data(), send_displs.data(), mpi_type(dtype), copies,
                         recv_counts.data(), recv_displs.data(), mpi_type(dtype), comm_),
           "MPI_Alltoallv");
     for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
     reduce(dtype, op, sources.data(), n, at(recv, lo + mine.start, elem), 0, mine.len);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(), send_displs.data(),
+    check(mpi::lib().Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(), send_displs.data(),
                          mpi_type(dtype), comm_),
           "MPI_Allgatherv");
   }
@@ -689,17 +689,17 @@ void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& blo
     requests.clear();
     for (size_t lo = 0; lo < in.recv_count; lo += max_count_) {
       requests.emplace_back();
-      check(MPI_Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)), static_cast<int>(std::min(max_count_, in.recv_count - lo)),
+      check(mpi::lib().Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)), static_cast<int>(std::min(max_count_, in.recv_count - lo)),
                       mpi_type(dtype), from, kPairwiseTag, comm_, &requests.back()),
             "MPI_Irecv");
     }
     for (size_t lo = 0; lo < out.send_count; lo += max_count_) {
       requests.emplace_back();
-      check(MPI_Isend(at(out.send, lo, elem), static_cast<int>(std::min(max_count_, out.send_count - lo)),
+      check(mpi::lib().Isend(at(out.send, lo, elem), static_cast<int>(std::min(max_count_, out.send_count - lo)),
                       mpi_type(dtype), to, kPairwiseTag, comm_, &requests.back()),
             "MPI_Isend");
     }
-    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    check(mpi::lib().Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 }
 
@@ -790,7 +790,7 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   const size_t elem = dtype_size(dtype);
   for (size_t lo = 0; lo < count; lo += max_count_) {
     const int n = static_cast<int>(std::min(max_count_, count - lo));
-    check(MPI_Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
+    check(mpi::lib().Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
   }
 }
 
@@ -826,7 +826,7 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
     displs[r] = static_cast<int>(parts[r].start);
   }
   const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
-  check(MPI_Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
+  check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
                        mpi_type(dtype), comm_),
         "MPI_Allgatherv");
 }
@@ -858,7 +858,7 @@ void MpiCommunicator::exchange(const void* send, void* recv, const Routes& route
     recv_counts[r] = static_cast<int>(routes.count[routes.at(r, me)]);
     recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
   }
-  check(MPI_Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
+  check(mpi::lib().Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
                       recv_displs.data(), mpi_type(dtype), comm_),
         "MPI_Alltoallv");
 }
@@ -911,7 +911,7 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
     std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
     for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
     std::byte* copies = scratch(n * mine.len * elem);
-    check(MPI_Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
+    check(mpi::lib().Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
                         recv_displs.data(), mpi_type(dtype), comm_),
           "MPI_Alltoallv");
     std::vector<const void*> sources(n);
@@ -924,7 +924,7 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
   const auto* r = static_cast<const std::byte*>(recv);
   const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
   void* out = overlaps ? scratch(mine.len * elem) : recv;
-  check(MPI_Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
+  check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
   if (overlaps) std::memcpy(recv, out, mine.len * elem);
   if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
 }
@@ -944,9 +944,9 @@ void MpiCommunicator::barrier() {
 // then never complete.
 std::shared_ptr<FreshComms> MpiCommunicator::duplicate_base(Clock::time_point deadline, const char* label) {
   auto fresh = std::make_shared<FreshComms>();
-  check(MPI_Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
+  check(mpi::lib().Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
   wait(&fresh->requests[0], 1, deadline, label, nullptr, fresh, false);
-  check(MPI_Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
+  check(mpi::lib().Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
   wait(&fresh->requests[1], 1, deadline, label, nullptr, fresh, false);
   return fresh;
 }
@@ -960,7 +960,7 @@ void MpiCommunicator::reset() {
   const auto deadline = deadline_after(options_.timeout);
   const auto fresh = duplicate_base(deadline, "reset (MPI_Comm_idup)");
   retire_control();
-  if (!comm_pending_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);
   comm_pending_ = false;
   {
     std::lock_guard lock(ctl_mutex_);
@@ -982,7 +982,10 @@ void MpiCommunicator::reset() {
 }  // namespace
 
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options) {
+  (void)mpi::lib();  // the plugin, or E_UNSUPPORTED saying what to install, before anything else
   return std::make_unique<MpiCommunicator>(options);
 }
+
+bool mpi_transport_available() noexcept { return mpi::available(); }
 
 }  // namespace gradsync::comm

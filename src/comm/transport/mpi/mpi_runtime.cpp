@@ -20,18 +20,18 @@ std::atomic<int> g_abandoned{0};
 
 void finalize_at_exit() {
   int initialised = 0, finalised = 0;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalised);
+  lib().Initialized(&initialised);
+  lib().Finalized(&finalised);
   if (!initialised || finalised) return;
   if (g_abandoned.load() > 0) {
     GS_LOG_ERROR(
         "MPI transport: a collective was abandoned (timeout, abort or dead peer) and never recovered by "
         "gradsync_comm_reset, so MPI_Finalize could wait forever for a missing rank: calling "
         "MPI_Abort(MPI_COMM_WORLD, 1) to end the job");
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    lib().Abort(lib().comm_world, 1);
     return;
   }
-  MPI_Finalize();
+  lib().Finalize();
 }
 
 }  // namespace
@@ -39,12 +39,12 @@ void finalize_at_exit() {
 void acquire_runtime() {
   std::lock_guard lock(g_mutex);
   int initialised = 0, finalised = 0;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalised);
+  lib().Initialized(&initialised);
+  lib().Finalized(&finalised);
   GS_REQUIRE(!finalised, GRADSYNC_E_MISUSE, "MPI has already been finalized in this process (MPI cannot be restarted)");
   if (!initialised) {
     int provided = MPI_THREAD_SINGLE;
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    const int rc = lib().Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_IO, "MPI_Init_thread failed with MPI error {}", rc);
     g_we_initialised = true;
     GS_LOG_DEBUG("MPI transport: initialised MPI (thread level {})", provided);
@@ -57,7 +57,7 @@ void acquire_runtime() {
     }
   }
   int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
+  lib().Query_thread(&level);
   g_thread_level.store(level);
   ++g_communicators;
 }
@@ -76,7 +76,7 @@ bool we_initialised() noexcept {
 
 bool finalized() noexcept {
   int finalised = 0;
-  MPI_Finalized(&finalised);
+  lib().Finalized(&finalised);
   return finalised != 0;
 }
 

@@ -15,11 +15,7 @@
 //   MPI_Abort(MPI_COMM_WORLD, 1) instead, which ends the whole job (mpirun exits non-zero)
 //   rather than leaving it hung.
 // - When the host initialised MPI, finalising (or aborting) is the host's.
-// OpenMPI must not drag in its deprecated C++ bindings.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "comm/transport/mpi/mpi_api.hpp"
 
 namespace gradsync::comm::mpi {
 

@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MPI as a plugin: libgradsync does not link MPI; libgradsync-mpi.so.0 does, and is loaded on the
+first MPI communicator. Without the plugin the MPI transport says what to install (E_UNSUPPORTED)
+and every other transport works. Each case that swaps the plugin runs in a fresh interpreter,
+since a process loads the plugin (or fails to) once.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import gradsync as gs
+
+LIBRARY = pathlib.Path(gs.lib._name).resolve()
+PLUGIN = LIBRARY.parent / "libgradsync-mpi.so.0"
+# Set by ctest from the build's configuration: 1 when the build found Open MPI.
+EXPECT_MPI = os.environ.get("GRADSYNC_TEST_EXPECT_MPI")
+
+
+def needed(path):
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def run_python(code, **env):
+    full = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=full)
+
+
+def test_the_core_library_does_not_link_mpi():
+    assert not [n for n in needed(LIBRARY) if "mpi" in n.lower()], needed(LIBRARY)
+
+
+def test_a_build_with_mpi_has_the_plugin_and_it_loads():
+    # A build that found MPI must deliver the transport: a plugin that silently failed to load
+    # would otherwise turn every MPI test into a skip.
+    assert EXPECT_MPI in ("0", "1"), "GRADSYNC_TEST_EXPECT_MPI is set by ctest"
+    if EXPECT_MPI == "0":
+        assert not PLUGIN.exists()
+        assert not gs.has_feature(gs.FEATURE_MPI_TRANSPORT)
+        return
+    assert PLUGIN.exists(), PLUGIN
+    assert [n for n in needed(PLUGIN) if n.startswith("libmpi.so")], needed(PLUGIN)
+    assert gs.has_feature(gs.FEATURE_MPI_TRANSPORT)
+
+
+CREATE_MPI = """
+import gradsync as gs
+print("feature", gs.has_feature(gs.FEATURE_MPI_TRANSPORT))
+try:
+    gs.Communicator(transport="mpi", timeout_ms=5000)
+    print("created")
+except gs.GradsyncError as e:
+    print("status", e.status)
+    print(e.message)
+# The other transports do not need the plugin.
+with gs.Communicator("no-plugin", 0, 1) as c:
+    import numpy as np
+    x = np.arange(4, dtype=np.float32)
+    c.allreduce(x, op="sum")
+    print("threads", x.tolist())
+"""
+
+
+def test_without_the_plugin_the_mpi_transport_says_what_to_install():
+    proc = run_python(CREATE_MPI, GRADSYNC_MPI_PLUGIN="/nonexistent/libgradsync-mpi.so.0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "feature False"
+    assert lines[1] == f"status {gs.E_UNSUPPORTED}"
+    message = "\n".join(lines[2:-1])
+    if EXPECT_MPI == "1":
+        assert "libgradsync-mpi.so.0" in message and "apt install" in message, message
+        assert "/nonexistent/libgradsync-mpi.so.0" in message, message  # and why it could not load
+    assert lines[-1] == "threads [0.0, 1.0, 2.0, 3.0]"
+
+
+def test_a_library_that_is_not_the_plugin_is_refused():
+    # The core library loads but has no plugin table: refused as another build's, not misread.
+    if EXPECT_MPI != "1":
+        return
+    proc = run_python(CREATE_MPI, GRADSYNC_MPI_PLUGIN=str(LIBRARY))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "feature False"
+    assert lines[1] == f"status {gs.E_UNSUPPORTED}"
+    assert "a plugin of another libgradsync build" in proc.stdout, proc.stdout
