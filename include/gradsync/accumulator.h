@@ -126,7 +126,7 @@ GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer *opt, size_t struct_
  * @param[in] opts options; NULL means defaults (rows and dim then come from an existing file)
  * @retval GRADSYNC_E_MISMATCH another shape, a plain table's file, or another concurrency mode than
  *         the processes that have the file open
- * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE as for tables
+ * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE, GRADSYNC_E_TIMEOUT as for tables
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_accum_open(gradsync_accum **out, const char *path, const gradsync_accum_options *opts);

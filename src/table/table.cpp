@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include <boost/interprocess/exceptions.hpp>
 
@@ -145,6 +146,22 @@ void pwrite_exact(int fd, const void* buf, size_t n, off_t offset, const std::st
 void flock_retry(int fd, int op) {
   while (::flock(fd, op) != 0) {
     if (errno != EINTR) fail(GRADSYNC_E_IO, "flock failed: {}", errno_text(errno));
+  }
+}
+
+// The shared lock of an opener while another holds the file exclusively (a lone opener repairing
+// it, which takes milliseconds): polled, so a holder that is stopped or stuck gives E_TIMEOUT.
+void flock_shared_within(int fd, std::chrono::seconds timeout, const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(50);
+  while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) fail(GRADSYNC_E_IO, "cannot lock '{}': {}", path, errno_text(errno));
+    GS_REQUIRE(std::chrono::steady_clock::now() < deadline, GRADSYNC_E_TIMEOUT,
+               "'{}': another process has held it exclusively for more than {} s while opening it (stopped or "
+               "stuck); try again once it is running",
+               path, timeout.count());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
 }
 
@@ -338,7 +355,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
       t->exclusive_ = true;
     } else if (errno == EWOULDBLOCK || errno == EINTR) {
-      flock_retry(fd, LOCK_SH);
+      flock_shared_within(fd, kFileLockTimeout, spec.path);
     } else {
       fail(GRADSYNC_E_IO, "cannot lock '{}': {}", spec.path, errno_text(errno));
     }

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,6 +46,11 @@ struct OpenSpec {
   // An existing file owned by another user is refused unless the caller trusts it.
   bool allow_other_owner = false;
 };
+
+// How long a lock on a shared file (the shared lock taken at open while a lone opener repairs, an
+// accumulator's row lock) may be waited for before the call fails with E_TIMEOUT: its holder may
+// be stopped or stuck, and a wait without a deadline would hang every other user of the file.
+inline constexpr std::chrono::seconds kFileLockTimeout{5};
 
 class Table {
  public:

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Memory-mapped tables: modes, shape checks, header slots, corruption, durability, row access.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -124,6 +127,28 @@ TEST_CASE("create-or-open creates once, then opens", "[table]") {
   float w[4];
   b->get(3, w, 4);  // the same mapping: visible at once
   CHECK(std::memcmp(v, w, sizeof v) == 0);
+}
+
+TEST_CASE("an opener waits for a file held exclusively, never past the lock deadline", "[table]") {
+  // A lone opener holds the file exclusively while it repairs shared state; one stopped there
+  // (or any process holding the flock) must cost the next opener an E_TIMEOUT, not a hang.
+  TempDir tmp;
+  const auto path = tmp.file("held.gst");
+  Table::open(spec(path, OpenMode::Create, 8, 4));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  expect_error([&] { Table::open(spec(path, OpenMode::Open, -1, -1)); }, GRADSYNC_E_TIMEOUT,
+               "held it exclusively for more than 5 s");
+  // Released while an opener waits: the open goes through.
+  std::thread release([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::flock(fd, LOCK_UN);
+  });
+  auto t = Table::open(spec(path, OpenMode::Open, -1, -1));
+  release.join();
+  CHECK(t->rows() == 8);
+  ::close(fd);
 }
 
 TEST_CASE("uniform init is deterministic and within bounds, anonymous or file", "[table]") {
