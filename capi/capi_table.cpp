@@ -52,17 +52,21 @@ tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user
              "uniform init needs finite lo <= hi, got [{}, {}]", o.lo, o.hi);
   spec.lo = static_cast<float>(o.lo);
   spec.hi = static_cast<float>(o.hi);
-  GS_REQUIRE(o.file_mode >= 0 && o.file_mode <= 0777, GRADSYNC_E_INVALID_ARG,
-             "file_mode {:o} is not a set of permission bits (0 to 0777)", o.file_mode);
-  GS_REQUIRE(o.allow_other_owner == 0 || o.allow_other_owner == 1, GRADSYNC_E_INVALID_ARG,
-             "allow_other_owner must be 0 or 1, got {}", o.allow_other_owner);
-  spec.file_mode = static_cast<uint32_t>(o.file_mode);
-  spec.allow_other_owner = o.allow_other_owner == 1;
+  gradsync::capi::parse_file_access(o.file_mode, o.allow_other_owner, spec);
   return spec;
 }
 
 gradsync_table* mut(const gradsync_table* t) { return check(const_cast<gradsync_table*>(t)); }
 }  // namespace
+
+void gradsync::capi::parse_file_access(int32_t file_mode, int32_t allow_other_owner, tbl::OpenSpec& spec) {
+  GS_REQUIRE(file_mode >= 0 && file_mode <= 0777, GRADSYNC_E_INVALID_ARG,
+             "file_mode {:o} is not a set of permission bits (0 to 0777)", file_mode);
+  GS_REQUIRE(allow_other_owner == 0 || allow_other_owner == 1, GRADSYNC_E_INVALID_ARG,
+             "allow_other_owner must be 0 or 1, got {}", allow_other_owner);
+  spec.file_mode = static_cast<uint32_t>(file_mode);
+  spec.allow_other_owner = allow_other_owner == 1;
+}
 
 extern "C" {
 

@@ -10,3 +10,10 @@ struct gradsync_table : gradsync::capi::Handle<gradsync::capi::Kind::Table> {
   explicit gradsync_table(std::unique_ptr<gradsync::table::Table> t) : impl(std::move(t)) {}
   std::unique_ptr<gradsync::table::Table> impl;
 };
+
+namespace gradsync::capi {
+
+// The options that say who may use a file (tables' and gradient files' alike), checked into spec.
+void parse_file_access(int32_t file_mode, int32_t allow_other_owner, table::OpenSpec& spec);
+
+}  // namespace gradsync::capi

@@ -66,7 +66,7 @@ typedef enum gradsync_accum_concurrency {
   GRADSYNC_ACCUM_OWNER = 3      /**< rows partitioned over owner threads; exact and deterministic */
 } gradsync_accum_concurrency;
 
-#define GRADSYNC_ACCUM_OPTIONS_VERSION 2
+#define GRADSYNC_ACCUM_OPTIONS_VERSION 3
 
 /** Options of gradsync_accum_open. Fill with GRADSYNC_ACCUM_OPTIONS_INIT or gradsync_accum_options_init. */
 typedef struct gradsync_accum_options {
@@ -82,13 +82,18 @@ typedef struct gradsync_accum_options {
   int64_t threads;       /**< OWNER (version 2): owners, 1..64 (the caller and threads - 1 threads of the
                               handle); UNSET = the CPUs this process may run on (at most 64). Ignored
                               by the other modes */
+  int32_t file_mode;         /**< version 3: permission bits of a created file, exactly (umask ignored);
+                                  default 0600 (other users who share the file need more) */
+  int32_t allow_other_owner; /**< version 3: 1: open a file owned by another user; default 0
+                                  (GRADSYNC_E_PERMISSION) */
   /* append only */
 } gradsync_accum_options;
 
 #define GRADSYNC_ACCUM_OPTIONS_INIT                                                                        \
   {                                                                                                      \
     sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN,       \
-        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64 \
+        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, \
+        0600, 0                                                                                          \
   }
 
 /* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and
@@ -126,7 +131,7 @@ GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer *opt, size_t struct_
  * @param[in] opts options; NULL means defaults (rows and dim then come from an existing file)
  * @retval GRADSYNC_E_MISMATCH another shape, a plain table's file, or another concurrency mode than
  *         the processes that have the file open
- * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE, GRADSYNC_E_TIMEOUT as for tables
+ * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_TIMEOUT as for tables
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_accum_open(gradsync_accum **out, const char *path, const gradsync_accum_options *opts);

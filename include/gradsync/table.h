@@ -100,6 +100,7 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_
  * @retval GRADSYNC_E_NO_SPACE the file system has no room for the new file, or for the blocks of an
  *         existing sparse file opened for writing (its holes are allocated at open)
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1 to create, unknown mode, ...)
+ * @retval GRADSYNC_E_PERMISSION the file belongs to another user and allow_other_owner is 0
  * @retval GRADSYNC_E_TIMEOUT another process has held the file exclusively (as a lone opener does
  *         while it checks the file) for seconds: it is stopped or stuck
  * @threadsafety any

@@ -42,7 +42,8 @@ class _TableOptions(ctypes.Structure):
 
 class _AccumOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("mode", c_int32), ("concurrency", c_int32),
-                ("rows", c_int64), ("dim", c_int64), ("rows_per_lock", c_int64), ("threads", c_int64)]
+                ("rows", c_int64), ("dim", c_int64), ("rows_per_lock", c_int64), ("threads", c_int64),
+                ("file_mode", c_int32), ("allow_other_owner", c_int32)]
 
 
 class _Optimizer(ctypes.Structure):
@@ -171,7 +172,7 @@ class Table(_Mapped):
     _view_fn = staticmethod(lib.gradsync_table_view)
 
     def __init__(self, path=None, rows=None, dim=None, mode="create_or_open", read_only=False, init="zeros",
-                 seed=0, lo=-0.5, hi=0.5):
+                 seed=0, lo=-0.5, hi=0.5, file_mode=0o600, allow_other_owner=False):
         if mode not in _MODES:
             raise GradsyncError(E_INVALID_ARG, f"unknown mode {mode!r}; one of {sorted(_MODES)}")
         if init not in _INITS:
@@ -185,6 +186,8 @@ class Table(_Mapped):
         opts.init = _INITS[init]
         opts.seed = int(seed) & ((1 << 64) - 1)
         opts.lo, opts.hi = float(lo), float(hi)
+        opts.file_mode = int(file_mode)
+        opts.allow_other_owner = 1 if allow_other_owner else 0
         out = c_void_p()
         encoded = None if path is None else str(path).encode()
         check(lib.gradsync_table_open(ctypes.byref(out), encoded, ctypes.byref(opts)))
@@ -260,7 +263,7 @@ class Accumulator(_Mapped):
     _view_fn = staticmethod(lib.gradsync_accum_view)
 
     def __init__(self, path=None, rows=None, dim=None, mode="create_or_open", concurrency=None,
-                 rows_per_lock=None, threads=None):
+                 rows_per_lock=None, threads=None, file_mode=0o600, allow_other_owner=False):
         if mode not in _MODES:
             raise GradsyncError(E_INVALID_ARG, f"unknown mode {mode!r}; one of {sorted(_MODES)}")
         if concurrency is not None and concurrency not in _CONCURRENCY and concurrency not in (0, 1, 2, 3):
@@ -274,6 +277,8 @@ class Accumulator(_Mapped):
         opts.dim = _UNSET_I64 if dim is None else int(dim)
         opts.rows_per_lock = _UNSET_I64 if rows_per_lock is None else int(rows_per_lock)
         opts.threads = _UNSET_I64 if threads is None else int(threads)
+        opts.file_mode = int(file_mode)
+        opts.allow_other_owner = 1 if allow_other_owner else 0
         out = c_void_p()
         encoded = None if path is None else str(path).encode()
         check(lib.gradsync_accum_open(ctypes.byref(out), encoded, ctypes.byref(opts)))

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gradsync/gradsync.h"
@@ -143,6 +144,39 @@ static void owner_batches(const char *path) {
   unlink(path);
 }
 
+/* Gradient files are private unless the caller shares them (version 3's file_mode); a version-2
+   struct gets the private default. */
+static void file_modes(const char *path) {
+  gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
+  gradsync_accum *a = NULL;
+  struct stat sb;
+  o.rows = 4;
+  o.dim = 2;
+  o.mode = GRADSYNC_TABLE_CREATE;
+  CHECK_STATUS(gradsync_accum_open(&a, path, &o), GRADSYNC_OK);
+  CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600);
+  gradsync_accum_free(a);
+  unlink(path);
+  o.file_mode = 0640;
+  CHECK_STATUS(gradsync_accum_open(&a, path, &o), GRADSYNC_OK);
+  CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0640);
+  gradsync_accum_free(a);
+  unlink(path);
+  o.file_mode = 01777;
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG, "file_mode 1777 is not a set of permission bits");
+  o.file_mode = 0600;
+  o.allow_other_owner = 2;
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG, "allow_other_owner must be 0 or 1, got 2");
+  o.allow_other_owner = 0;
+  o.struct_size = (uint32_t)offsetof(gradsync_accum_options, file_mode);
+  o.version = 2;
+  o.file_mode = 0666; /* beyond the caller's struct: never read */
+  CHECK_STATUS(gradsync_accum_open(&a, path, &o), GRADSYNC_OK);
+  CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600);
+  gradsync_accum_free(a);
+  unlink(path);
+}
+
 int main(void) {
   char dir[] = "/tmp/gradsync-capi-accum-XXXXXX";
   char path[256];
@@ -163,6 +197,7 @@ int main(void) {
   seed_acceptance(path, GRADSYNC_ACCUM_LOCK_FREE);
   seed_acceptance(path, GRADSYNC_ACCUM_OWNER);
   owner_batches(path);
+  file_modes(path);
 
   CHECK(gradsync_accum_options_init(&from_fn, sizeof from_fn) == GRADSYNC_OK && memcmp(&from_fn, &o, sizeof o) == 0);
   CHECK(gradsync_optimizer_init(&opt_fn, sizeof opt_fn) == GRADSYNC_OK && memcmp(&opt_fn, &opt, sizeof opt) == 0);

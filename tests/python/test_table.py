@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+import os
 import subprocess
 import sys
 import threading
@@ -181,3 +182,15 @@ def test_owner_mode_is_bitwise_the_same_for_any_owner_count():
     with pytest.raises(gs.GradsyncError) as e:
         gs.Accumulator.anonymous(50, 16, concurrency="owner", threads=0)
     assert e.value.status == gs.E_INVALID_ARG and "threads" in e.value.message
+
+
+def test_files_are_private_unless_shared(tmp_path):
+    # Tables and gradient files are 0600 whatever the umask; file_mode shares them, exactly.
+    for cls, name in ((gs.Table, "t.gst"), (gs.Accumulator, "g.gsa")):
+        with cls(tmp_path / name, rows=4, dim=2, mode="create"):
+            assert os.stat(tmp_path / name).st_mode & 0o7777 == 0o600
+        with cls(tmp_path / ("shared-" + name), rows=4, dim=2, mode="create", file_mode=0o640):
+            assert os.stat(tmp_path / ("shared-" + name)).st_mode & 0o7777 == 0o640
+        with pytest.raises(gs.GradsyncError) as err:
+            cls(tmp_path / ("bad-" + name), rows=4, dim=2, mode="create", file_mode=0o4777)
+        assert err.value.status == gs.E_INVALID_ARG and "file_mode 4777" in err.value.message

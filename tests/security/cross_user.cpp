@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gradsync/accumulator.h"
 #include "gradsync/comm.h"
 #include "gradsync/errors.h"
 #include "gradsync/table.h"
@@ -122,13 +123,21 @@ void test_running_group_is_private() {
   EXPECT(stat(("/dev/shm/" + segment_of(group)).c_str(), &sb) == 0, "the running group's segment exists");
   EXPECT((sb.st_mode & 077) == 0 && sb.st_uid == geteuid(), "segment mode %04o uid %u", sb.st_mode & 07777, sb.st_uid);
   const int rc = as_attacker([&] {
-    const int fd = shm_open(segment_of(group).c_str(), O_RDONLY, 0);
+    int fd = shm_open(segment_of(group).c_str(), O_RDONLY, 0);
     if (fd >= 0) return 1;             // it could read the victim's control words and gradients
-    return errno == EACCES ? 0 : 2;
+    if (errno != EACCES) return 2;
+    fd = shm_open(segment_of(group).c_str(), O_RDWR, 0);
+    if (fd >= 0) return 3;             // it could inject an abort or forged offsets
+    if (errno != EACCES) return 4;
+    return 0;
   });
   EXPECT(rc == 0, "the attacker opened the running group's segment (%d)", rc);
+  // The victim's group is untouched and still works.
+  float x[2] = {1.0f, 2.0f};
+  EXPECT(gradsync_comm_allreduce(c, x, x, 2, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && x[1] == 2.0f,
+         "the running group after the attack: %s", gradsync_last_error_message());
   gradsync_comm_free(c);
-  std::printf("ok   a running group's segment is 0600 and closed to another user\n");
+  std::printf("ok   a running group's segment is 0600: another user can neither read nor inject\n");
 }
 
 // A directory both users may write, as /tmp is (sticky, so only owners delete their files).
@@ -190,6 +199,65 @@ void test_table_is_private() {
   std::printf("ok   a new table is 0600: another user cannot read it\n");
 }
 
+int open_accum(const std::string& path, int mode, int allow_other_owner, gradsync_accum** out) {
+  gradsync_accum_options o;
+  gradsync_accum_options_init(&o, sizeof o);
+  o.mode = mode;
+  o.rows = 4;
+  o.dim = 2;
+  o.allow_other_owner = allow_other_owner;
+  *out = nullptr;
+  return gradsync_accum_open(out, path.c_str(), &o);
+}
+
+void test_squatted_gradient_file() {
+  const std::string path = shared_dir() + "/squatted.grad";
+  // The attacker plants a gradient file, open to all, where the victim's processes will meet.
+  const int rc = as_attacker([&] {
+    gradsync_accum* a = nullptr;
+    if (open_accum(path, GRADSYNC_TABLE_CREATE, 0, &a) != GRADSYNC_OK) return 1;
+    gradsync_accum_free(a);
+    return chmod(path.c_str(), 0666) == 0 ? 0 : 2;
+  });
+  EXPECT(rc == 0, "the attacker could not plant its gradient file (%d)", rc);
+  gradsync_accum* a = nullptr;
+  const int st = open_accum(path, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, &a);
+  const std::string msg = gradsync_last_error_message();
+  EXPECT(st == GRADSYNC_E_PERMISSION && a == nullptr, "opening another user's gradient file gave %d: %s", st,
+         msg.c_str());
+  EXPECT(msg.find("belongs to uid " + std::to_string(attacker_uid)) != std::string::npos, "message: %s", msg.c_str());
+  EXPECT(open_accum(path, GRADSYNC_TABLE_OPEN, 1, &a) == GRADSYNC_OK, "allow_other_owner: %s",
+         gradsync_last_error_message());
+  gradsync_accum_free(a);
+  unlink(path.c_str());
+  std::printf("ok   a gradient file planted by another user is refused unless allow_other_owner: %s\n", msg.c_str());
+}
+
+void test_gradient_file_is_private() {
+  const std::string path = shared_dir() + "/private.grad";
+  gradsync_accum* a = nullptr;
+  EXPECT(open_accum(path, GRADSYNC_TABLE_CREATE, 0, &a) == GRADSYNC_OK, "creating: %s", gradsync_last_error_message());
+  int64_t id = 1;
+  float g[2] = {0.25f, 0.5f};
+  EXPECT(gradsync_accum_add_batch(a, &id, 1, g, 2) == GRADSYNC_OK, "adding: %s", gradsync_last_error_message());
+  struct stat sb {};
+  EXPECT(stat(path.c_str(), &sb) == 0 && (sb.st_mode & 07777) == 0600, "a new gradient file has mode %04o",
+         sb.st_mode & 07777);
+  const int rc = as_attacker([&] {
+    if (::open(path.c_str(), O_RDONLY) >= 0 || errno != EACCES) return 1;   // the gradients, readable
+    if (::open(path.c_str(), O_RDWR) >= 0 || errno != EACCES) return 2;     // a touched count to forge
+    gradsync_accum* mine = nullptr;
+    return open_accum(path, GRADSYNC_TABLE_OPEN, 1, &mine) == GRADSYNC_E_PERMISSION ? 0 : 3;
+  });
+  EXPECT(rc == 0, "the attacker could open the victim's gradient file (%d)", rc);
+  float out[2] = {0, 0};
+  EXPECT(gradsync_accum_get(a, 1, out, 2) == GRADSYNC_OK && out[0] == 0.25f && out[1] == 0.5f,
+         "the victim's gradient after the attack: %s", gradsync_last_error_message());
+  gradsync_accum_free(a);
+  unlink(path.c_str());
+  std::printf("ok   a new gradient file is 0600: another user can neither read nor write it\n");
+}
+
 void test_what_is_at_the_path() {
   const std::string fifo = shared_dir() + "/fifo.table";
   EXPECT(mkfifo(fifo.c_str(), 0600) == 0, "mkfifo");
@@ -229,6 +297,8 @@ int main() {
   test_running_group_is_private();
   test_squatted_table();
   test_table_is_private();
+  test_squatted_gradient_file();
+  test_gradient_file_is_private();
   test_what_is_at_the_path();
   rmdir(shared_dir().c_str());
   std::printf("cross_user: %d failure(s)\n", failures);

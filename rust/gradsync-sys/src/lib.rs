@@ -396,9 +396,9 @@ pub const GRADSYNC_ACCUM_LOCK_FREE: i32 = 1;
 pub const GRADSYNC_ACCUM_NONE: i32 = 2;
 pub const GRADSYNC_ACCUM_OWNER: i32 = 3;
 
-pub const GRADSYNC_ACCUM_OPTIONS_VERSION: u32 = 2;
+pub const GRADSYNC_ACCUM_OPTIONS_VERSION: u32 = 3;
 
-/// Options of [`gradsync_accum_open`] (accumulator.h, version 2).
+/// Options of [`gradsync_accum_open`] (accumulator.h, version 3).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct gradsync_accum_options {
@@ -410,6 +410,8 @@ pub struct gradsync_accum_options {
     pub dim: i64,
     pub rows_per_lock: i64,
     pub threads: i64,
+    pub file_mode: i32,
+    pub allow_other_owner: i32,
 }
 
 /// GRADSYNC_ACCUM_OPTIONS_INIT.
@@ -422,6 +424,8 @@ pub const GRADSYNC_ACCUM_OPTIONS_INIT: gradsync_accum_options = gradsync_accum_o
     dim: GRADSYNC_UNSET_I64,
     rows_per_lock: GRADSYNC_UNSET_I64,
     threads: GRADSYNC_UNSET_I64,
+    file_mode: 0o600,
+    allow_other_owner: 0,
 };
 
 const _: () = assert!(size_of::<gradsync_accum_options>() == 48);

@@ -31,8 +31,8 @@ fn option_structs_have_the_c_layout() {
     }, size 72);
     check_offsets!(gradsync_accum_options {
         struct_size => 0, version => 4, mode => 8, concurrency => 12, rows => 16, dim => 24, rows_per_lock => 32,
-        threads => 40,
-    }, size 48);
+        threads => 40, file_mode => 48, allow_other_owner => 52,
+    }, size 56);
     check_offsets!(gradsync_optimizer {
         struct_size => 0, version => 4, kind => 8, reserved0 => 12, lr => 16, eps => 24,
     }, size 32);

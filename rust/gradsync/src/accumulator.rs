@@ -71,6 +71,18 @@ impl AccumOptions {
         self.raw.threads = threads;
         self
     }
+    /// Permission bits of a created file, exactly (umask ignored); default 0600.
+    #[must_use]
+    pub fn file_mode(mut self, mode: u32) -> Self {
+        self.raw.file_mode = mode as i32;
+        self
+    }
+    /// Open a file owned by another user (default: `PERMISSION` error).
+    #[must_use]
+    pub fn allow_other_owner(mut self, on: bool) -> Self {
+        self.raw.allow_other_owner = on as i32;
+        self
+    }
     /// The C struct, for [`gradsync_sys`].
     pub fn as_raw(&self) -> &sys::gradsync_accum_options {
         &self.raw
