@@ -1682,6 +1682,68 @@ void s_timeout(Ctx& x) {
   stopped_until_reset(x, g, __LINE__);
 }
 
+// The v and rooted collectives stop like every other call (they run on the same round engine; this
+// holds them to it): each of them, on every rank, meets an abort by the last rank, and a rank
+// late past the deadline to a gatherv; each stop lasts until the reset.
+int v_or_rooted(int which, gradsync_comm* g, int rank, int size) {
+  const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(rank);
+  std::vector<size_t> counts(n), displs(n);
+  for (size_t r = 0; r < n; ++r) counts[r] = r + 1, displs[r] = r * (r + 1) / 2;
+  const size_t total = n * (n + 1) / 2;
+  std::vector<float> send(5 * n + total, 1.0f), recv(5 * n + total, 0.0f);
+  std::vector<size_t> pairs(n, 2), pair_displs(n);
+  for (size_t r = 0; r < n; ++r) pair_displs[r] = 2 * r;
+  switch (which) {
+    case 0: return gradsync_comm_allgatherv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32);
+    case 1: return gradsync_comm_reduce_scatterv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM);
+    case 2:
+      return gradsync_comm_alltoallv(g, send.data(), pairs.data(), pair_displs.data(), recv.data(), pairs.data(),
+                                     pair_displs.data(), GRADSYNC_F32);
+    case 3: return gradsync_comm_reduce(g, send.data(), recv.data(), 5, GRADSYNC_F32, GRADSYNC_SUM, 0);
+    case 4: return gradsync_comm_gather(g, send.data(), recv.data(), 5, GRADSYNC_F32, 0);
+    case 5: return gradsync_comm_gatherv(g, send.data(), me + 1, recv.data(), counts.data(), GRADSYNC_F32, 0);
+    case 6: return gradsync_comm_scatter(g, send.data(), recv.data(), 5, GRADSYNC_F32, 0);
+    default: return gradsync_comm_scatterv(g, send.data(), counts.data(), recv.data(), me + 1, GRADSYNC_F32, 0);
+  }
+}
+constexpr const char* kVOrRootedNames[] = {"allgatherv", "reduce_scatterv", "alltoallv", "reduce",
+                                           "gather",     "gatherv",         "scatter",   "scatterv"};
+
+void s_stop_v_and_rooted(Ctx& x) {
+  gradsync_comm* g = x.group(kGroupTimeoutMs);
+  if (g == nullptr) return;
+  const int last = x.size - 1;
+  for (int which = 0; which < 8; ++which) {
+    if (x.rank == last) {
+      sleep_ms(50);
+      EXPECT_OK(x, gradsync_comm_abort(g));
+    }
+    const int st = v_or_rooted(which, g, x.rank, x.size);
+    CHECK(x, st == GRADSYNC_E_ABORTED, "%s after the last rank's abort gave %d: %s", kVOrRootedNames[which], st,
+          gradsync_last_error_message());
+    stopped_until_reset(x, g, __LINE__);
+    CHECK(x, v_or_rooted(which, g, x.rank, x.size) == GRADSYNC_OK, "%s after the reset: %s", kVOrRootedNames[which],
+          gradsync_last_error_message());
+  }
+  gradsync_comm* t = x.group(kShortTimeoutMs);
+  if (t == nullptr) return;
+  if (x.rank == last) {
+    if (x.ledger == nullptr) {
+      sleep_ms(kShortTimeoutMs + 1200);
+    } else {
+      for (int r = 0; r < last; ++r) x.wait_for(r, 1, 0);
+    }
+    const int st = v_or_rooted(5, t, x.rank, x.size);
+    CHECK(x, st == GRADSYNC_E_ABORTED, "the late rank's gatherv gave %d: %s", st, gradsync_last_error_message());
+  } else {
+    const int st = v_or_rooted(5, t, x.rank, x.size);
+    CHECK(x, st == GRADSYNC_E_TIMEOUT, "a gatherv waiting for a late rank gave %d: %s", st,
+          gradsync_last_error_message());
+    x.post(1);
+  }
+  stopped_until_reset(x, t, __LINE__);
+}
+
 // comm.h: any timeout up to INT64_MAX works; a deadline too far to represent never passes.
 void s_no_timeout(Ctx& x) {
   for (const int64_t timeout : {GRADSYNC_NO_TIMEOUT, GRADSYNC_NO_TIMEOUT - 1, int64_t{1} << 62}) {
@@ -1761,6 +1823,7 @@ const Scenario kScenarios[] = {
     {"one-thread-per-handle", s_one_thread_per_handle, always, none},
     {"abort", s_abort, always, none},
     {"timeout", s_timeout, needs_peers, none},
+    {"stop/v-and-rooted", s_stop_v_and_rooted, needs_peers, none},
     {"no-timeout", s_no_timeout, always, none},
 };
 constexpr int kCount = static_cast<int>(sizeof kScenarios / sizeof kScenarios[0]);
