@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Ctrl-C in a rank blocked in a collective: KeyboardInterrupt at once, and the group is aborted so
 its peers are told (E_ABORTED) instead of waiting out their timeout. A real SIGINT, in a child
-interpreter whose main thread is the blocked rank."""
+interpreter whose main thread is the blocked rank, with its peer a thread of it or another process."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 SCRIPT = textwrap.dedent("""
     import os, signal, threading, time
@@ -46,3 +48,43 @@ def test_ctrl_c_interrupts_a_blocked_call_and_aborts_the_group():
     assert lines[0].startswith("interrupted after"), out.stdout + out.stderr
     assert float(lines[0].split()[2]) < 30  # not the 60 s deadline
     assert lines[1] == "peer: [-11]", out.stdout  # E_ABORTED
+
+
+RANK = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import gradsync as gs
+
+    rank, group = int(sys.argv[1]), sys.argv[2]
+    with gs.Communicator(group, rank, 2, transport="shm", timeout_ms=60000) as comm:
+        os.write(1, b"joined\\n")
+        if rank == 1:
+            time.sleep(3.0)  # arrives long after rank 0 was interrupted
+        try:
+            comm.allreduce(np.ones(4, np.float32))
+            print("ok", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        except gs.GradsyncError as e:
+            print("status", e.status, flush=True)
+""")
+
+
+def test_ctrl_c_in_one_process_of_a_shm_group_aborts_the_other():
+    # The ranks are processes: the interrupted one aborts the group through the shared segment,
+    # and its peer, arriving later, is told at once instead of waiting out the 60 s deadline.
+    group = f"ctrl-c-shm-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), group], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "joined\n", p.stderr.read()
+        time.sleep(0.5)  # rank 0 is now blocked in its allreduce
+        procs[0].send_signal(signal.SIGINT)
+        outs = [p.communicate(timeout=40) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0].strip() == "interrupted", outs
+    assert outs[1][0].strip() == "status -11", outs  # E_ABORTED
