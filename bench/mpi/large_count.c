@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Collectives of more than 2^31 elements on the MPI transport, each result checked element by
- * element: allgather, reduce_scatter (sum) and broadcast of 2^31 + 3 bf16 elements (4 GiB per
- * buffer; run once, about 12 GiB of memory for 2 ranks at the peak):
+ * element: allgather, reduce_scatter (sum), broadcast, gatherv and scatterv (root 0), reduce (sum,
+ * to root 0) and alltoall of 2^31 + 3 bf16 elements (4 GiB per buffer; run once, about 16 GiB of
+ * memory for 2 ranks at the peak):
  *   mpirun --allow-run-as-root -np 2 build/bench/mpi/mpi_large_count
  * Prints the seconds and GB/s of each call and exits non-zero on any wrong element. */
 #include <stdint.h>
@@ -86,9 +87,66 @@ int main(void) {
     return fail(c, "broadcast", status);
   t = now() - t;
   for (i = 0; i < total; ++i) wrong += buf[i] != bf16_of((unsigned)(i % 13));
-  printf("rank %d: broadcast %zu bf16 elements: %.2f s; %llu wrong elements in all\n", rank, total, t,
-         (unsigned long long)wrong);
+  if (rank == 0) printf("broadcast      %zu bf16 elements: %.2f s\n", total, t);
+
+  /* gatherv to rank 0, each rank its partition's part, then scatterv of the same parts back */
+  size_t *counts = malloc((size_t)size * sizeof *counts);
+  if (counts == NULL) return fail(c, "malloc", GRADSYNC_E_NOMEM);
+  for (int32_t r = 0; r < size; ++r) {
+    uint64_t s, l;
+    gradsync_partition(total, (uint32_t)size, (uint32_t)r, &s, &l);
+    counts[r] = (size_t)l;
+  }
+  for (i = 0; i < len; ++i) part[i] = bf16_of((unsigned)((start + i) % 59 + (size_t)rank));
+  t = now();
+  if ((status = gradsync_comm_gatherv(c, part, len, buf, counts, GRADSYNC_BF16, 0)) != GRADSYNC_OK)
+    return fail(c, "gatherv", status);
+  t = now() - t;
+  if (rank == 0) {
+    for (int32_t r = 0; r < size; ++r) {
+      uint64_t s, l;
+      gradsync_partition(total, (uint32_t)size, (uint32_t)r, &s, &l);
+      for (i = s; i < s + l; ++i) wrong += buf[i] != bf16_of((unsigned)(i % 59 + (size_t)r));
+    }
+    printf("gatherv        %zu bf16 elements to rank 0: %.2f s, %llu wrong so far\n", total, t, (unsigned long long)wrong);
+    for (i = 0; i < total; ++i) buf[i] = bf16_of((unsigned)(i % 53));
+  }
+  for (i = 0; i < len; ++i) part[i] = 0;
+  t = now();
+  if ((status = gradsync_comm_scatterv(c, buf, counts, part, len, GRADSYNC_BF16, 0)) != GRADSYNC_OK)
+    return fail(c, "scatterv", status);
+  t = now() - t;
+  for (i = 0; i < len; ++i) wrong += part[i] != bf16_of((unsigned)((start + i) % 53));
+  if (rank == 0) printf("scatterv       %zu bf16 elements from rank 0: %.2f s\n", total, t);
+  free(counts);
   free(part);
+
+  /* reduce (sum) to rank 0, then alltoall: a second buffer of the whole size */
+  uint16_t *out = malloc(total * sizeof *out);
+  if (out == NULL) return fail(c, "malloc", GRADSYNC_E_NOMEM);
+  for (i = 0; i < total; ++i) buf[i] = bf16_of((unsigned)(i % 61 + (size_t)rank));
+  t = now();
+  if ((status = gradsync_comm_reduce(c, buf, out, total, GRADSYNC_BF16, GRADSYNC_SUM, 0)) != GRADSYNC_OK)
+    return fail(c, "reduce", status);
+  t = now() - t;
+  if (rank == 0) {
+    for (i = 0; i < total; ++i)
+      wrong += out[i] != bf16_of((unsigned)((i % 61) * (size_t)size + (size_t)(size * (size - 1) / 2)));
+    printf("reduce         %zu bf16 elements to rank 0: %.2f s\n", total, t);
+  }
+  /* alltoall: part p of every rank goes to rank p; element i of rank r's buffer is (i % 47) + r */
+  const size_t piece = total / (size_t)size;
+  for (i = 0; i < piece * (size_t)size; ++i) buf[i] = bf16_of((unsigned)(i % 47 + (size_t)rank));
+  t = now();
+  if ((status = gradsync_comm_alltoall(c, buf, out, piece * (size_t)size, GRADSYNC_BF16)) != GRADSYNC_OK)
+    return fail(c, "alltoall", status);
+  t = now() - t;
+  for (int32_t r = 0; r < size; ++r)
+    for (i = 0; i < piece; ++i)
+      wrong += out[(size_t)r * piece + i] != bf16_of((unsigned)(((size_t)rank * piece + i) % 47 + (size_t)r));
+  printf("rank %d: alltoall %zu bf16 elements: %.2f s; %llu wrong elements in all\n", rank, piece * (size_t)size, t,
+         (unsigned long long)wrong);
+  free(out);
   free(buf);
   gradsync_comm_free(c);
   return wrong != 0;
