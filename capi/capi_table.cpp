@@ -64,7 +64,8 @@ void gradsync::capi::parse_file_access(int32_t file_mode, int32_t allow_other_ow
              "file_mode {:o} is not a set of permission bits (0 to 0777)", file_mode);
   GS_REQUIRE(allow_other_owner == 0 || allow_other_owner == 1, GRADSYNC_E_INVALID_ARG,
              "allow_other_owner must be 0 or 1, got {}", allow_other_owner);
-  spec.file_mode = static_cast<uint32_t>(file_mode);
+  // 0 is the default, so that a caller's zeroed new fields mean the same to older and newer libraries.
+  spec.file_mode = file_mode == 0 ? 0600u : static_cast<uint32_t>(file_mode);
   spec.allow_other_owner = allow_other_owner == 1;
 }
 

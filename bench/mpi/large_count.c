@@ -4,7 +4,7 @@
  * to root 0) and alltoall of 2^31 + 3 bf16 elements (4 GiB per buffer; run once, about 16 GiB of
  * memory for 2 ranks at the peak):
  *   mpirun --allow-run-as-root -np 2 build/bench/mpi/mpi_large_count
- * Prints the seconds and GB/s of each call and exits non-zero on any wrong element. */
+ * Prints the seconds of each call (and GB/s of the first two) and exits non-zero on any wrong element. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

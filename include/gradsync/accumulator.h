@@ -83,7 +83,7 @@ typedef struct gradsync_accum_options {
                               handle); UNSET = the CPUs this process may run on (at most 64). Ignored
                               by the other modes */
   int32_t file_mode;         /**< version 3: permission bits of a created file, exactly (umask ignored);
-                                  default 0600 (other users who share the file need more) */
+                                  0 (default) means 0600 (other users who share the file need more) */
   int32_t allow_other_owner; /**< version 3: 1: open a file owned by another user; default 0
                                   (GRADSYNC_E_PERMISSION) */
   /* append only */
@@ -93,7 +93,7 @@ typedef struct gradsync_accum_options {
   {                                                                                                      \
     sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN,       \
         GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, \
-        0600, 0                                                                                          \
+        0, 0                                                                                             \
   }
 
 /* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and

@@ -65,10 +65,11 @@
  *   frees its communicator makes the others' calls fail with GRADSYNC_E_ABORTED.
  *
  * MPI transport (GRADSYNC_TRANSPORT_MPI; gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)):
- * - A plugin: libgradsync does not link MPI. The first MPI communicator loads libgradsync-mpi.so.0
- *   (from the directory of libgradsync, else by its soname, or from $GRADSYNC_MPI_PLUGIN), which
- *   links Open MPI; without it (or without Open MPI's runtime) create gives
- *   GRADSYNC_E_UNSUPPORTED with a message saying what to install.
+ * - A plugin: libgradsync does not link MPI. The first MPI communicator (or
+ *   gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)) loads libgradsync-mpi.so.0, which links
+ *   Open MPI, once per process: from $GRADSYNC_MPI_PLUGIN when that is set, else from the directory
+ *   of libgradsync, else by its soname through the dynamic loader. Without it (or without Open MPI's
+ *   runtime) create gives GRADSYNC_E_UNSUPPORTED with a message saying what to install.
  * - Group: MPI_COMM_WORLD, or the host's communicator passed as its Fortran handle in mpi_fcomm
  *   (C: MPI_Comm_c2f(comm); mpi4py: comm.py2f()). Rank and size come from MPI (the options' rank,
  *   size and name are ignored). The communicator is duplicated, so our traffic never matches the

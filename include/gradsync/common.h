@@ -55,12 +55,12 @@ typedef enum gradsync_optimizer_kind {
 typedef enum gradsync_feature {
   GRADSYNC_FEATURE_THREAD_TRANSPORT = 1, /**< communicator among threads of one process */
   GRADSYNC_FEATURE_SHM_TRANSPORT = 2,    /**< communicator among processes of one host */
-  GRADSYNC_FEATURE_MPI_TRANSPORT = 3,    /**< communicator over MPI (OpenMPI): built with it, and its plugin libgradsync-mpi.so.0 and the MPI runtime load */
+  GRADSYNC_FEATURE_MPI_TRANSPORT = 3,    /**< communicator over MPI (OpenMPI): built with it, and its plugin libgradsync-mpi.so.0 and the MPI runtime load (asking loads them) */
   GRADSYNC_FEATURE_F16C = 4              /**< the CPU running this process converts half floats in hardware */
 } gradsync_feature;
 
 /**
- * @brief Whether this build (and, for CPU features, this machine) has a feature.
+ * @brief Whether this build, here (the MPI plugin and runtime load; for CPU features, this machine), has a feature.
  * @return 1 if present, 0 if not or if the value is unknown.
  * @threadsafety any
  */

@@ -64,7 +64,8 @@ typedef struct gradsync_table_options {
   double lo;            /**< lower bound of GRADSYNC_TABLE_INIT_UNIFORM (default -0.5) */
   double hi;            /**< upper bound of GRADSYNC_TABLE_INIT_UNIFORM (default 0.5) */
   /* version 2 */
-  int32_t file_mode;         /**< permission bits of a created file, exactly (umask ignored); default 0600 */
+  int32_t file_mode;         /**< permission bits of a created file, exactly (umask ignored); 0 (default)
+                                  means 0600 */
   int32_t allow_other_owner; /**< 1: open a file owned by another user; default 0 (GRADSYNC_E_PERMISSION) */
   /* append only */
 } gradsync_table_options;
@@ -73,7 +74,7 @@ typedef struct gradsync_table_options {
   {                                                                                                   \
     sizeof(gradsync_table_options), GRADSYNC_TABLE_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, \
         GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_F32, GRADSYNC_TABLE_INIT_ZEROS, 0, -0.5, 0.5, \
-        0600, 0                                                                                       \
+        0, 0                                                                                          \
   }
 
 /**
@@ -101,8 +102,8 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_
  *         existing sparse file opened for writing (its holes are allocated at open)
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1 to create, unknown mode, ...)
  * @retval GRADSYNC_E_PERMISSION the file belongs to another user and allow_other_owner is 0
- * @retval GRADSYNC_E_TIMEOUT another process has held the file exclusively (as a lone opener does
- *         while it checks the file) for seconds: it is stopped or stuck
+ * @retval GRADSYNC_E_TIMEOUT another process has held the file exclusively for 30 s (a lone opener
+ *         does while it checks and allocates the file): it is stopped or stuck
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_table_open(gradsync_table **out, const char *path, const gradsync_table_options *opts);

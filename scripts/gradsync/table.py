@@ -172,7 +172,7 @@ class Table(_Mapped):
     _view_fn = staticmethod(lib.gradsync_table_view)
 
     def __init__(self, path=None, rows=None, dim=None, mode="create_or_open", read_only=False, init="zeros",
-                 seed=0, lo=-0.5, hi=0.5, file_mode=0o600, allow_other_owner=False):
+                 seed=0, lo=-0.5, hi=0.5, file_mode=0, allow_other_owner=False):
         if mode not in _MODES:
             raise GradsyncError(E_INVALID_ARG, f"unknown mode {mode!r}; one of {sorted(_MODES)}")
         if init not in _INITS:
@@ -263,7 +263,7 @@ class Accumulator(_Mapped):
     _view_fn = staticmethod(lib.gradsync_accum_view)
 
     def __init__(self, path=None, rows=None, dim=None, mode="create_or_open", concurrency=None,
-                 rows_per_lock=None, threads=None, file_mode=0o600, allow_other_owner=False):
+                 rows_per_lock=None, threads=None, file_mode=0, allow_other_owner=False):
         if mode not in _MODES:
             raise GradsyncError(E_INVALID_ARG, f"unknown mode {mode!r}; one of {sorted(_MODES)}")
         if concurrency is not None and concurrency not in _CONCURRENCY and concurrency not in (0, 1, 2, 3):

@@ -93,7 +93,7 @@ constexpr uint32_t kAuxLayoutVersion = 2;
 // Holder slot i is the OFD lock on this byte + i of the file: far past any file's end.
 constexpr off_t kHolderLockBase = off_t{1} << 60;
 // How long a row lock may be waited for before the add fails with E_TIMEOUT.
-constexpr std::chrono::seconds kRowLockTimeout = table::kFileLockTimeout;
+constexpr std::chrono::seconds kRowLockTimeout{5};
 
 struct AuxLayout {
   uint64_t count_off = 64;

@@ -149,16 +149,17 @@ void flock_retry(int fd, int op) {
   }
 }
 
-// The shared lock of an opener while another holds the file exclusively (a lone opener repairing
-// it, which takes milliseconds): polled, so a holder that is stopped or stuck gives E_TIMEOUT.
-void flock_shared_within(int fd, std::chrono::seconds timeout, const std::string& path) {
+// The shared lock of an opener while another holds the file exclusively: polled, so that a holder
+// that is stopped or stuck gives E_TIMEOUT instead of a hang.
+void flock_shared_within(int fd, std::chrono::milliseconds timeout, const std::string& path) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(50);
   while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) fail(GRADSYNC_E_IO, "cannot lock '{}': {}", path, errno_text(errno));
     GS_REQUIRE(std::chrono::steady_clock::now() < deadline, GRADSYNC_E_TIMEOUT,
-               "'{}': another process has held it exclusively for more than {} s while opening it (stopped or "
-               "stuck); try again once it is running",
+               "'{}': another process has held it exclusively for more than {} ms while opening it (a lone opener "
+               "checks, repairs and allocates the file under that lock): it is stopped or stuck, or the file is very "
+               "large; try again once it has opened the file",
                path, timeout.count());
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(20000));
@@ -355,7 +356,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
       t->exclusive_ = true;
     } else if (errno == EWOULDBLOCK || errno == EINTR) {
-      flock_shared_within(fd, kFileLockTimeout, spec.path);
+      flock_shared_within(fd, spec.open_lock_timeout, spec.path);
     } else {
       fail(GRADSYNC_E_IO, "cannot lock '{}': {}", spec.path, errno_text(errno));
     }

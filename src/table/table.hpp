@@ -45,12 +45,11 @@ struct OpenSpec {
   uint32_t file_mode = 0600;
   // An existing file owned by another user is refused unless the caller trusts it.
   bool allow_other_owner = false;
+  // How long to wait for the shared lock while another opener holds the file exclusively (a lone
+  // opener checks, repairs and allocates it under that lock: seconds for a large file) before
+  // E_TIMEOUT: that holder may be stopped or stuck, and waiting forever would hang this opener.
+  std::chrono::milliseconds open_lock_timeout{30000};
 };
-
-// How long a lock on a shared file (the shared lock taken at open while a lone opener repairs, an
-// accumulator's row lock) may be waited for before the call fails with E_TIMEOUT: its holder may
-// be stopped or stuck, and a wait without a deadline would hang every other user of the file.
-inline constexpr std::chrono::seconds kFileLockTimeout{5};
 
 class Table {
  public:

@@ -150,6 +150,8 @@ static void file_modes(const char *path) {
   gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
   gradsync_accum *a = NULL;
   struct stat sb;
+  mode_t old_umask;
+  CHECK(o.file_mode == 0); /* 0 is the default, 0600: zeroed new fields mean the same to older libraries */
   o.rows = 4;
   o.dim = 2;
   o.mode = GRADSYNC_TABLE_CREATE;
@@ -158,7 +160,9 @@ static void file_modes(const char *path) {
   gradsync_accum_free(a);
   unlink(path);
   o.file_mode = 0640;
+  old_umask = umask(077); /* exactly the mode asked for, whatever the umask */
   CHECK_STATUS(gradsync_accum_open(&a, path, &o), GRADSYNC_OK);
+  umask(old_umask);
   CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0640);
   gradsync_accum_free(a);
   unlink(path);

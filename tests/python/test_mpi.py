@@ -61,7 +61,7 @@ def test_transport_name_and_capability():
 
 
 # The mpirun tests exist only in builds with MPI (test_transport_name_and_capability covers the others).
-mpi_only = pytest.mark.skipif(not HAVE_MPI, reason="libgradsync built without MPI")
+mpi_only = pytest.mark.skipif(not HAVE_MPI, reason="no MPI transport here (built without MPI, or its plugin does not load)")
 
 
 @mpi_only

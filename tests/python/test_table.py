@@ -185,7 +185,16 @@ def test_owner_mode_is_bitwise_the_same_for_any_owner_count():
 
 
 def test_files_are_private_unless_shared(tmp_path):
-    # Tables and gradient files are 0600 whatever the umask; file_mode shares them, exactly.
+    # Tables and gradient files are 0600 whatever the umask; file_mode shares them, exactly (a umask
+    # of 077 would otherwise take the group's read bit away).
+    old_umask = os.umask(0o077)
+    try:
+        check_file_modes(tmp_path)
+    finally:
+        os.umask(old_umask)
+
+
+def check_file_modes(tmp_path):
     for cls, name in ((gs.Table, "t.gst"), (gs.Accumulator, "g.gsa")):
         with cls(tmp_path / name, rows=4, dim=2, mode="create"):
             assert os.stat(tmp_path / name).st_mode & 0o7777 == 0o600

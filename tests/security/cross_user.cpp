@@ -132,7 +132,7 @@ void test_running_group_is_private() {
     return 0;
   });
   EXPECT(rc == 0, "the attacker opened the running group's segment (%d)", rc);
-  // The victim's group is untouched and still works.
+  // The victim's segment is untouched: its group still answers.
   float x[2] = {1.0f, 2.0f};
   EXPECT(gradsync_comm_allreduce(c, x, x, 2, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && x[1] == 2.0f,
          "the running group after the attack: %s", gradsync_last_error_message());

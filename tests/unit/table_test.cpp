@@ -138,14 +138,16 @@ TEST_CASE("an opener waits for a file held exclusively, never past the lock dead
   const int fd = ::open(path.c_str(), O_RDONLY);
   REQUIRE(fd >= 0);
   REQUIRE(::flock(fd, LOCK_EX) == 0);
-  expect_error([&] { Table::open(spec(path, OpenMode::Open, -1, -1)); }, GRADSYNC_E_TIMEOUT,
-               "held it exclusively for more than 5 s");
+  OpenSpec waiting = spec(path, OpenMode::Open, -1, -1);
+  waiting.open_lock_timeout = std::chrono::milliseconds(300);
+  expect_error([&] { Table::open(waiting); }, GRADSYNC_E_TIMEOUT, "held it exclusively for more than 300 ms");
   // Released while an opener waits: the open goes through.
   std::thread release([fd] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     ::flock(fd, LOCK_UN);
   });
-  auto t = Table::open(spec(path, OpenMode::Open, -1, -1));
+  waiting.open_lock_timeout = std::chrono::milliseconds(60000);
+  auto t = Table::open(waiting);
   release.join();
   CHECK(t->rows() == 8);
   ::close(fd);

@@ -333,7 +333,7 @@ pub const GRADSYNC_TABLE_OPTIONS_INIT: gradsync_table_options = gradsync_table_o
     seed: 0,
     lo: -0.5,
     hi: 0.5,
-    file_mode: 0o600,
+    file_mode: 0,
     allow_other_owner: 0,
 };
 
@@ -424,11 +424,11 @@ pub const GRADSYNC_ACCUM_OPTIONS_INIT: gradsync_accum_options = gradsync_accum_o
     dim: GRADSYNC_UNSET_I64,
     rows_per_lock: GRADSYNC_UNSET_I64,
     threads: GRADSYNC_UNSET_I64,
-    file_mode: 0o600,
+    file_mode: 0,
     allow_other_owner: 0,
 };
 
-const _: () = assert!(size_of::<gradsync_accum_options>() == 48);
+const _: () = assert!(size_of::<gradsync_accum_options>() == 56);
 const _: () = assert!(align_of::<gradsync_accum_options>() == 8);
 
 pub const GRADSYNC_OPTIMIZER_VERSION: u32 = 1;

@@ -106,7 +106,7 @@ pub enum Feature {
     F16c = sys::GRADSYNC_FEATURE_F16C,
 }
 
-/// Whether this build (and, for CPU features, this machine) has `feature`.
+/// Whether this build, here (the MPI plugin and runtime load; for CPU features, this machine), has `feature`.
 pub fn has_feature(feature: Feature) -> bool {
     unsafe { sys::gradsync_has_feature(feature as i32) != 0 }
 }

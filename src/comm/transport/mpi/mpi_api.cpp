@@ -27,7 +27,12 @@ const Api* load(const std::string& path, std::string& why) {
   }
   using Entry = const Api* (*)(uint32_t);
   const auto entry = reinterpret_cast<Entry>(::dlsym(handle, kPluginEntry));
-  const Api* api = entry != nullptr ? entry(kApiVersion) : nullptr;
+  if (entry == nullptr) {
+    why += fmt::format("\n  {}: not the gradsync MPI plugin (it has no {})", path, kPluginEntry);
+    ::dlclose(handle);  // nothing of it ran
+    return nullptr;
+  }
+  const Api* api = entry(kApiVersion);
   if (api == nullptr || api->version != kApiVersion || api->size != sizeof(Api)) {
     why += fmt::format("\n  {}: a plugin of another libgradsync build (its table is not version {} of {} bytes)", path,
                        kApiVersion, sizeof(Api));
@@ -44,11 +49,13 @@ Plugin find() {
   } else {
     // Beside the library (or program) that holds this code: a build tree, an install prefix, a
     // Python package, wherever they were moved together.
+    // Only an absolute path names a directory: a program started through PATH reports its bare
+    // name, and the current directory is nobody's to load code from.
     Dl_info self{};
-    if (::dladdr(reinterpret_cast<void*>(&find), &self) != 0 && self.dli_fname != nullptr) {
-      std::string dir = self.dli_fname;
-      dir = dir.find('/') == std::string::npos ? "." : dir.substr(0, dir.rfind('/'));
-      p.api = load(dir + "/" + kPluginSoname, why);
+    if (::dladdr(reinterpret_cast<void*>(&find), &self) != 0 && self.dli_fname != nullptr &&
+        self.dli_fname[0] == '/') {
+      const std::string path = self.dli_fname;
+      p.api = load(path.substr(0, path.rfind('/')) + "/" + kPluginSoname, why);
     }
     if (p.api == nullptr) p.api = load(kPluginSoname, why);
   }
@@ -61,9 +68,10 @@ Plugin find() {
   return p;
 }
 
+// Never destroyed: MPI's finalisation at exit and communicators freed late still call through it.
 const Plugin& plugin() {
-  static const Plugin p = find();
-  return p;
+  static const Plugin* p = new Plugin(find());
+  return *p;
 }
 
 }  // namespace
