@@ -102,8 +102,8 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_
  *         existing sparse file opened for writing (its holes are allocated at open)
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1 to create, unknown mode, ...)
  * @retval GRADSYNC_E_PERMISSION the file belongs to another user and allow_other_owner is 0
- * @retval GRADSYNC_E_TIMEOUT another process has held the file exclusively for 30 s (a lone opener
- *         does while it checks and allocates the file): it is stopped or stuck
+ * @retval GRADSYNC_E_TIMEOUT another process has held the file exclusively (as a lone opener does
+ *         while it checks and allocates the file) past the open's deadline: it is stopped or stuck
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_table_open(gradsync_table **out, const char *path, const gradsync_table_options *opts);
