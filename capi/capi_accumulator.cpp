@@ -52,10 +52,7 @@ acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* use
   GS_REQUIRE(o.threads == GRADSYNC_UNSET_I64 || (o.threads >= 1 && o.threads <= 64), GRADSYNC_E_INVALID_ARG,
              "threads must be in [1, 64], got {}", o.threads);
   spec.threads = o.threads == GRADSYNC_UNSET_I64 ? -1 : o.threads;
-  gradsync::table::OpenSpec access;
-  gradsync::capi::parse_file_access(o.file_mode, o.allow_other_owner, access);
-  spec.file_mode = access.file_mode;
-  spec.allow_other_owner = access.allow_other_owner;
+  spec.access = gradsync::capi::parse_file_access(o.file_mode, o.allow_other_owner);
   return spec;
 }
 

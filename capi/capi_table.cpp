@@ -52,21 +52,23 @@ tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user
              "uniform init needs finite lo <= hi, got [{}, {}]", o.lo, o.hi);
   spec.lo = static_cast<float>(o.lo);
   spec.hi = static_cast<float>(o.hi);
-  gradsync::capi::parse_file_access(o.file_mode, o.allow_other_owner, spec);
+  spec.access = gradsync::capi::parse_file_access(o.file_mode, o.allow_other_owner);
   return spec;
 }
 
 gradsync_table* mut(const gradsync_table* t) { return check(const_cast<gradsync_table*>(t)); }
 }  // namespace
 
-void gradsync::capi::parse_file_access(int32_t file_mode, int32_t allow_other_owner, tbl::OpenSpec& spec) {
+tbl::FileAccess gradsync::capi::parse_file_access(int32_t file_mode, int32_t allow_other_owner) {
   GS_REQUIRE(file_mode >= 0 && file_mode <= 0777, GRADSYNC_E_INVALID_ARG,
              "file_mode {:o} is not a set of permission bits (0 to 0777)", file_mode);
   GS_REQUIRE(allow_other_owner == 0 || allow_other_owner == 1, GRADSYNC_E_INVALID_ARG,
              "allow_other_owner must be 0 or 1, got {}", allow_other_owner);
   // 0 is the default, so that a caller's zeroed new fields mean the same to older and newer libraries.
-  spec.file_mode = file_mode == 0 ? 0600u : static_cast<uint32_t>(file_mode);
-  spec.allow_other_owner = allow_other_owner == 1;
+  tbl::FileAccess access;
+  access.mode = file_mode == 0 ? 0600u : static_cast<uint32_t>(file_mode);
+  access.allow_other_owner = allow_other_owner == 1;
+  return access;
 }
 
 extern "C" {

@@ -13,7 +13,7 @@ struct gradsync_table : gradsync::capi::Handle<gradsync::capi::Kind::Table> {
 
 namespace gradsync::capi {
 
-// The options that say who may use a file (tables' and gradient files' alike), checked into spec.
-void parse_file_access(int32_t file_mode, int32_t allow_other_owner, table::OpenSpec& spec);
+// The options that say who may use a file (tables' and gradient files' alike), checked.
+table::FileAccess parse_file_access(int32_t file_mode, int32_t allow_other_owner);
 
 }  // namespace gradsync::capi

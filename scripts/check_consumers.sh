@@ -5,6 +5,7 @@
 # package, from outside any checkout and with nothing set in the environment.
 #   scripts/check_consumers.sh PREFIX     (PREFIX: where it is installed, e.g. /usr)
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 prefix="$1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -45,18 +46,7 @@ cmake --build "$work/build" >/dev/null
 core="$(readlink -f "$lib_dir/libgradsync.so.0")"
 if readelf -d "$core" | grep NEEDED | grep -qi mpi; then echo "$core links MPI"; exit 1; fi
 if [ -e "$lib_dir/libgradsync-mpi.so.0" ]; then
-  cat > "$work/mpi.py" <<'PY'
-import numpy as np
-import gradsync as gs
-with gs.Communicator(transport="mpi", timeout_ms=30000) as c:
-    x = np.full(3, c.rank + 1, np.float32)
-    c.allreduce(x, op="sum")
-    assert x.tolist() == [3.0] * 3, x
-    print(f"python over MPI through the plugin: rank {c.rank} of {c.size} sums {x.tolist()}", flush=True)
-PY
-  (cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH -u GRADSYNC_MPI_PLUGIN PYTHONPATH="$prefix/share/gradsync/python" \
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /usr/bin/python3 "$work/mpi.py")
+  "$here/check_mpi_python.sh" /usr/bin/python3 "$prefix/share/gradsync/python"
 else
   echo "no MPI plugin installed under $lib_dir: the MPI transport's check is not run"
 fi

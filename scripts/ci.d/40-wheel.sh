@@ -39,12 +39,4 @@ assert all((o == 3).all() for o in out), out
 print("wheel: gradsync", gs.version(), "from", where, "- a 2-thread allreduce gives", out[0])
 PY
 # The MPI transport from the wheel, through its plugin, under a real mpirun.
-env -u GRADSYNC_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-  timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$work/venv/bin/python" -c '
-import numpy as np, gradsync as gs
-with gs.Communicator(transport="mpi", timeout_ms=30000) as c:
-    x = np.full(3, c.rank + 1, np.float32)
-    c.allreduce(x, op="sum")
-    assert x.tolist() == [3.0] * 3, x
-    print("wheel over MPI: rank", c.rank, "sums", x.tolist(), flush=True)
-'
+"$root/scripts/check_mpi_python.sh" "$work/venv/bin/python"

@@ -107,8 +107,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   ts.mode = spec.mode;
   ts.rows = spec.rows;
   ts.dim = spec.dim;
-  ts.file_mode = spec.file_mode;
-  ts.allow_other_owner = spec.allow_other_owner;
+  ts.access = spec.access;
   ts.kind = table::FileKind::Accumulator;
   ts.keep_exclusive = true;
 

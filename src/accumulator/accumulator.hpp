@@ -60,8 +60,7 @@ struct AccumSpec {
   int32_t concurrency = -1;    // -1: the mode of the processes that have the file open, else striped
   int64_t rows_per_lock = -1;  // -1: likewise, else kDefaultRowsPerLock
   int64_t threads = -1;        // owner mode: owners (the caller + threads - 1); -1: the CPUs this process may use
-  uint32_t file_mode = 0600;       // as table::OpenSpec
-  bool allow_other_owner = false;  // as table::OpenSpec
+  table::FileAccess access;
 };
 
 struct OptimizerSpec {

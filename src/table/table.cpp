@@ -346,7 +346,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
       GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_INVALID_ARG, "'{}' is not a regular file but a {}", spec.path,
                  file_type_name(st.st_mode));
       // Another user's file could hold anything, and change under us: trusted only when asked.
-      GS_REQUIRE(spec.allow_other_owner || st.st_uid == ::geteuid(), GRADSYNC_E_PERMISSION,
+      GS_REQUIRE(spec.access.allow_other_owner || st.st_uid == ::geteuid(), GRADSYNC_E_PERMISSION,
                  "'{}' belongs to uid {}, not to this user (uid {}); refusing to use another user's file unless "
                  "allow_other_owner is set", spec.path, st.st_uid, ::geteuid());
       if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
@@ -437,10 +437,10 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) fail(GRADSYNC_E_IO, "cannot create '{}': {}", tmp, errno_text(errno));
     t->fd_ = fd;
-    if (::fchmod(fd, static_cast<mode_t>(spec.file_mode)) != 0) {
+    if (::fchmod(fd, static_cast<mode_t>(spec.access.mode)) != 0) {
       const int err = errno;
       ::unlink(tmp.c_str());
-      fail(GRADSYNC_E_IO, "cannot set mode {:04o} on '{}': {}", spec.file_mode, tmp, errno_text(err));
+      fail(GRADSYNC_E_IO, "cannot set mode {:04o} on '{}': {}", spec.access.mode, tmp, errno_text(err));
     }
     bool linked = false;
     try {

@@ -22,6 +22,13 @@ namespace gradsync::table {
 enum class OpenMode : int32_t { Create = 1, Open = 2, CreateOrOpen = 3, Anonymous = 4 };
 enum class Init : int32_t { Zeros = 0, Uniform = 1 };
 
+// Who may use a file: the mode a new file gets, exactly (whatever the umask), private unless the
+// caller shares it; and whether an existing file owned by another user is trusted.
+struct FileAccess {
+  uint32_t mode = 0600;
+  bool allow_other_owner = false;
+};
+
 struct OpenSpec {
   std::string path;               // ignored for Anonymous
   OpenMode mode = OpenMode::CreateOrOpen;
@@ -41,10 +48,7 @@ struct OpenSpec {
   // Keep the exclusive file lock of a lone opener until release_exclusive(), to repair the aux
   // region first; otherwise open() downgrades it to shared before returning.
   bool keep_exclusive = false;
-  // Mode of a newly created file (exactly, whatever the umask): private unless the caller shares.
-  uint32_t file_mode = 0600;
-  // An existing file owned by another user is refused unless the caller trusts it.
-  bool allow_other_owner = false;
+  FileAccess access;
   // How long to wait for the shared lock while another opener holds the file exclusively (a lone
   // opener checks, repairs and allocates it under that lock: seconds for a large file) before
   // E_TIMEOUT: that holder may be stopped or stuck, and waiting forever would hang this opener.
