@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -87,10 +88,13 @@ AuxLayout aux_layout(int64_t rows) {
 
 // An owner's share of one batch.
 struct Accumulator::OwnerScratch {
-  std::vector<uint32_t> idx;       // positions of this owner's rows to add now, in order
-  std::vector<uint8_t> state;      // per partition, in the current pass
-  std::vector<uint32_t> held;      // partition locks held
-  std::vector<uint32_t> deferred;  // positions whose partition another process held
+  std::vector<uint64_t> bitmap;     // rows of this owner's chunk of positions (see conflict_bit)
+  std::vector<uint32_t> idx;        // positions to add now, in order
+  std::vector<uint32_t> conflicts;  // positions of this chunk whose row another chunk has too
+  std::vector<uint32_t> later;      // positions of this chunk whose partition another process held
+  std::vector<uint8_t> state;       // per partition, in the current pass of add_waiting
+  std::vector<uint32_t> held;       // partition locks held
+  std::vector<uint32_t> deferred;   // positions whose partition another process held
   std::vector<uint32_t> retry;
 };
 
@@ -143,6 +147,13 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
         spec.threads != -1 ? spec.threads
                            : std::clamp<int64_t>(wait_detail::usable_cpus(), 1, static_cast<int64_t>(kMaxOwnerPartitions)));
     a->scratch_.resize(owners);
+    a->usable_cpus_ = wait_detail::usable_cpus();
+    if (owners > 1) {
+      // One bit per row up to 2^23 rows (1 MiB an owner), hashed beyond.
+      const uint64_t rows = static_cast<uint64_t>(a->rows());
+      const uint64_t bits = std::clamp<uint64_t>(std::bit_ceil(rows), 64, uint64_t{1} << 23);
+      for (auto& s : a->scratch_) s.bitmap.assign(bits / 64, 0);
+    }
     a->team_ = std::make_unique<Team>(owners);
   }
   a->table_->check_mapping();
@@ -548,7 +559,163 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads, co
              "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
 }
 
-void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
+// One batch's state shared by its owners for the length of the job (on the submitter's stack).
+struct Accumulator::OwnerBatch {
+  const int64_t* rows = nullptr;
+  size_t n = 0;
+  const float* grads = nullptr;
+  // Per partition, written by its owner before the first barrier: held by this process, or
+  // deferred (another process held it when tried).
+  uint8_t held[kMaxOwnerPartitions] = {};
+  std::atomic<uint32_t> arrived[2] = {0, 0};
+  std::atomic<size_t> repeats{0};  // positions whose row came earlier in the same chunk
+  std::atomic<bool> failed{false};  // an owner failed before the adds: the others add nothing either
+  WaitWord word;
+};
+
+namespace {
+// The conflict bitmap's bit of a row: the row itself when the table has no more rows than bits
+// (exact), else a hash (a collision only sends a row to the second phase: never wrong).
+inline uint64_t conflict_bit(int64_t row, uint64_t bits) noexcept {
+  const auto r = static_cast<uint64_t>(row);
+  return r < bits ? r : (r * 0xD6E8FEB86659FD93ull) & (bits - 1);
+}
+}  // namespace
+
+void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
+  OwnerScratch& s = scratch_[w];
+  const uint64_t parts = nlocks_;
+  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
+  const Part chunk = partition(b.n, owners, w);
+  const size_t lo = chunk.start, hi = chunk.start + chunk.len;
+  const uint64_t bits = static_cast<uint64_t>(s.bitmap.size()) * 64;
+  s.held.clear();
+  auto release = [&] {
+    for (uint32_t p : s.held) unlock_stripe(&locks_[p]);
+    s.held.clear();
+  };
+  // The owners work at once, so a waiting one spins while each has a CPU of its own: the
+  // default (20 us, then a futex sleep) would put it to sleep at every barrier of a noisy run.
+  WaitPolicy barrier_policy;
+  if (owners <= static_cast<unsigned>(usable_cpus_)) {
+    barrier_policy.spin = std::chrono::microseconds(300);
+    barrier_policy.yield_for = std::chrono::microseconds(1000);
+  }
+  // Every owner passes every barrier, failed or not, so that none waits for ever for another.
+  auto barrier = [&](int k) {
+    b.arrived[k].fetch_add(1, std::memory_order_seq_cst);
+    notify(b.word);
+    wait_until(b.word, [&] { return b.arrived[k].load(std::memory_order_seq_cst) == owners; },
+               WaitClock::time_point::max(), nullptr, ~0u, barrier_policy);
+  };
+  std::exception_ptr error;
+  // Before the first barrier: this owner's partitions tried (one that another process holds is
+  // deferred), and the rows of its chunk of positions marked in its bitmap.
+  try {
+    for (uint64_t p = w; p < parts; p += owners) {
+      uint32_t expected = 0;
+      const bool got = atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
+                                                                 std::memory_order_relaxed);
+      b.held[p] = got ? 1 : 0;
+      if (got) s.held.push_back(static_cast<uint32_t>(p));
+    }
+    if (owners > 1) {
+      size_t repeats = 0;
+      for (size_t i = lo; i < hi; ++i) {
+        const uint64_t bit = conflict_bit(b.rows[i], bits);
+        uint64_t& word = s.bitmap[bit >> 6];
+        repeats += (word >> (bit & 63)) & 1;
+        word |= uint64_t{1} << (bit & 63);
+      }
+      b.repeats.fetch_add(repeats, std::memory_order_seq_cst);
+    }
+  } catch (...) {
+    error = std::current_exception();
+    b.failed.store(true, std::memory_order_seq_cst);
+  }
+  barrier(0);
+  const bool go = !b.failed.load(std::memory_order_seq_cst);
+  // Phase 1. Few repeated rows (uniform ids): each owner adds the rows of its chunk that no other
+  // chunk has, reading the chunk's gradients in order (an owner that reads every other row of a
+  // shared batch runs ~30% slower: the cores' prefetchers fetch each other's rows). Many (skewed
+  // ids, where most rows are in every chunk and phase 2 would get nearly all): each owner adds the
+  // rows of its own partitions, from the whole batch. Either way each row is added by one owner
+  // in position order, and all owners choose alike from the counts they published. Sorted out
+  // branch-free: a position is written to every list and kept by the one whose count moves.
+  if (go) {
+    try {
+      const bool by_partition = b.repeats.load(std::memory_order_seq_cst) * 8 > b.n;
+      const size_t from = by_partition ? 0 : lo, to = by_partition ? b.n : hi;
+      // Sized only now: until every owner is past the first barrier, one may still be reading
+      // this owner's lists of the job before.
+      s.idx.resize(to - from + 1);
+      s.conflicts.resize(to - from + 1);
+      s.later.resize(to - from + 1);
+      uint32_t* direct = s.idx.data();
+      uint32_t* shared = s.conflicts.data();
+      uint32_t* later = s.later.data();
+      size_t nd = 0, nc = 0, nl = 0;
+      for (size_t i = from; i < to; ++i) {
+        const int64_t r = b.rows[i];
+        const uint64_t p = part(r);
+        const bool mine = b.held[p] != 0;
+        bool elsewhere = false, skip = false;
+        if (by_partition) {
+          skip = p % owners != w;
+        } else {
+          const uint64_t bit = conflict_bit(r, bits);
+          for (unsigned o = 0; o < owners; ++o)
+            elsewhere |= o != w && ((scratch_[o].bitmap[bit >> 6] >> (bit & 63)) & 1) != 0;
+        }
+        direct[nd] = shared[nc] = later[nl] = static_cast<uint32_t>(i);
+        nd += !skip && mine && !elsewhere;
+        nc += !skip && mine && elsewhere;
+        nl += !skip && !mine;
+      }
+      s.idx.resize(nd);
+      s.conflicts.resize(nc);
+      s.later.resize(nl);
+      add_rows<Concurrency::Owner>(b.rows, nd, b.grads, s.idx.data());
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  barrier(1);
+  // After the second barrier nobody reads the bitmaps: this owner clears the bits it set.
+  if (owners > 1)
+    for (size_t i = lo; i < hi; ++i) s.bitmap[conflict_bit(b.rows[i], bits) >> 6] = 0;
+  if (!go) {
+    release();
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  try {
+    // Phase 2: rows in more than one chunk, each added by its partition's owner, chunk after
+    // chunk (so in position order).
+    s.retry.clear();
+    for (unsigned c = 0; c < owners; ++c)
+      for (uint32_t i : scratch_[c].conflicts)
+        if (part(b.rows[i]) % owners == w) s.retry.push_back(i);
+    add_rows<Concurrency::Owner>(b.rows, s.retry.size(), b.grads, s.retry.data());
+    // Phase 3: rows of partitions another process held, from every chunk, in position order,
+    // each partition waited for. Every add to this owner's held partitions is done by now (the
+    // other owners' at the barrier), so they are released first.
+    release();
+    s.retry.clear();
+    for (unsigned c = 0; c < owners; ++c)
+      for (uint32_t i : scratch_[c].later)
+        if (part(b.rows[i]) % owners == w) s.retry.push_back(i);
+    if (!s.retry.empty()) add_waiting(b.rows, b.grads, w, owners);
+  } catch (...) {
+    release();
+    if (!error) error = std::current_exception();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// Adds the positions of s.retry (rows of this owner's partitions, in position order), waiting for
+// partitions other processes hold.
+void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
   // Per partition, for the current pass: another owner's, this owner's and not tried yet, held,
@@ -565,7 +732,7 @@ void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, u
     s.held.clear();
   };
   // Tries the lock of every partition of this owner still untried, once: taken, it is held for
-  // the pass; busy (another process holds it), the partition's rows are deferred to a later pass.
+  // the pass; busy, the partition's rows are deferred to a later pass.
   auto try_all = [&] {
     for (uint64_t p = w; p < parts; p += owners) {
       if (s.state[p] != kUntried) continue;
@@ -576,41 +743,21 @@ void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, u
       if (got) s.held.push_back(static_cast<uint32_t>(p));
     }
   };
-  // Sorts positions out, keeping their order: this owner's rows whose partition it holds go to
-  // s.idx, those whose partition another process holds to `deferred`. Branch-free: a position is
-  // written to both lists and kept by the one whose count moves.
-  auto sort_out = [&](const uint32_t* from, size_t count, std::vector<uint32_t>& deferred) {
-    s.idx.resize(count + 1);
-    deferred.resize(count + 1);
-    const uint8_t* state = s.state.data();
-    uint32_t* now = s.idx.data();
-    uint32_t* later = deferred.data();
-    size_t held = 0, put_off = 0;
-    // part() without its one-lock case: with one partition every row is in partition 0.
-    const unsigned shift = parts == 1 ? 63 : lock_shift_;
-    const uint64_t mask = parts == 1 ? 0 : ~uint64_t{0};
-    for (size_t k = 0; k < count; ++k) {
-      const auto i = from != nullptr ? from[k] : static_cast<uint32_t>(k);
-      const uint8_t st = state[((static_cast<uint64_t>(rows[i]) * 0x9E3779B97F4A7C15ull) >> shift) & mask];
-      now[held] = i;
-      later[put_off] = i;
-      held += st == kHeld;
-      put_off += st == kDeferred;
-    }
-    s.idx.resize(held);
-    deferred.resize(put_off);
+  auto sort_out = [&] {
+    s.idx.clear();
+    s.deferred.clear();
+    for (uint32_t i : s.retry) (s.state[part(rows[i])] == kHeld ? s.idx : s.deferred).push_back(i);
   };
-  // The rows of s.idx, in order, under their partitions' locks: no locked instruction per row.
-  auto add_held = [&] { add_rows<Concurrency::Owner>(rows, s.idx.size(), grads, s.idx.data()); };
   // Locks are only tried while others are held, and waited for while none is: no deadlock with
   // the owners of other processes, which meanwhile work on the partitions they hold. A deferred
   // partition's rows all wait for a later pass, so each row still gets its adds in position order.
   try {
     reset_state();
     try_all();
-    sort_out(nullptr, n, s.deferred);
-    add_held();
-    while (!s.deferred.empty()) {
+    for (;;) {
+      sort_out();
+      add_rows<Concurrency::Owner>(rows, s.idx.size(), grads, s.idx.data());
+      if (s.deferred.empty()) break;
       release();
       reset_state();
       const uint64_t p = part(rows[s.deferred.front()]);
@@ -619,8 +766,6 @@ void Accumulator::add_owned(const int64_t* rows, size_t n, const float* grads, u
       s.held.push_back(static_cast<uint32_t>(p));
       try_all();
       s.retry.swap(s.deferred);
-      sort_out(s.retry.data(), s.retry.size(), s.deferred);
-      add_held();
     }
     release();
   } catch (...) {
@@ -654,14 +799,16 @@ void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, s
       for (size_t off = 0; off < n; off += kChunk) {
         struct Batch {
           Accumulator* self;
-          const int64_t* rows;
-          size_t n;
-          const float* grads;
-        } batch{this, rows + off, std::min(kChunk, n - off), grads + off * static_cast<size_t>(dim())};
+          OwnerBatch b;
+        } batch;
+        batch.self = this;
+        batch.b.rows = rows + off;
+        batch.b.n = std::min(kChunk, n - off);
+        batch.b.grads = grads + off * static_cast<size_t>(dim());
         team_->run(
             [](void* ctx, unsigned w, unsigned owners) {
-              auto& b = *static_cast<Batch*>(ctx);
-              b.self->add_owned(b.rows, b.n, b.grads, w, owners);
+              auto& job = *static_cast<Batch*>(ctx);
+              job.self->add_owned(job.b, w, owners);
             },
             &batch);
       }

@@ -149,9 +149,13 @@ class Accumulator {
   struct Pending;
   class Team;
   struct OwnerScratch;
-  // Owner mode: owner w of `owners` adds the rows of its partitions in position order, under the
-  // partitions' locks (a partition another process holds is done after the others).
-  void add_owned(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
+  struct OwnerBatch;
+  // Owner mode: owner w's share of a batch. Each owner adds the rows of its own chunk of positions
+  // that no other chunk has; then each row that several chunks have is added by its partition's
+  // owner, in position order; rows of partitions another process held are added last, by the
+  // partition's owner, waiting for their locks.
+  void add_owned(OwnerBatch& b, unsigned w, unsigned owners);
+  void add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();
@@ -184,6 +188,7 @@ class Accumulator {
   // Adds hold it shared; apply, zero and touched hold it exclusively, so within a process every
   // add lands either wholly before an apply (and is applied) or after it (and stays touched).
   std::shared_mutex phase_;
+  int usable_cpus_ = 1;  // owner mode: the CPUs at open (owners spin at their barriers only when each has one)
   // Owner mode: the owner threads and their per-batch scratch (declared last: stopped first).
   std::vector<OwnerScratch> scratch_;
   std::unique_ptr<Team> team_;

@@ -547,7 +547,11 @@ Workload make_workload(int64_t rows, int64_t dim, uint64_t seed) {
   for (int b = 0; b < 12; ++b) {
     const size_t n = b % 4 == 3 ? 37 : 700 + static_cast<size_t>(b) * 50;
     std::vector<int64_t> ids(n);
-    for (auto& id : ids) id = rng() % 4 == 0 ? static_cast<int64_t>(rng() % 8) : static_cast<int64_t>(rng() % rows);
+    // Even batches: a quarter of the ids on 8 hot rows (the owners split such a batch by
+    // partition). Odd ones: one in 64 (they split it by position, and the rows in more than one
+    // chunk are added in a second phase).
+    const uint64_t hot_one_in = b % 2 == 0 ? 4 : 64;
+    for (auto& id : ids) id = rng() % hot_one_in == 0 ? static_cast<int64_t>(rng() % 8) : static_cast<int64_t>(rng() % rows);
     std::vector<float> g(n * static_cast<size_t>(dim));
     for (auto& x : g) x = std::ldexp(mag(rng), static_cast<int>(rng() % 40) - 20);
     w.ids.push_back(std::move(ids));
