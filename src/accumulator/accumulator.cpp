@@ -567,9 +567,9 @@ struct Accumulator::OwnerBatch {
   // Per partition, written by its owner before the first barrier: held by this process, or
   // deferred (another process held it when tried).
   uint8_t held[kMaxOwnerPartitions] = {};
-  std::atomic<uint32_t> arrived[2] = {0, 0};
+  std::atomic<uint32_t> arrived[3] = {0, 0, 0};
   std::atomic<size_t> repeats{0};  // positions whose row came earlier in the same chunk
-  std::atomic<bool> failed{false};  // an owner failed before the adds: the others add nothing either
+  std::atomic<bool> failed{false};  // an owner failed before the adds: none adds anything
   WaitWord word;
 };
 
@@ -609,8 +609,27 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
                WaitClock::time_point::max(), nullptr, ~0u, barrier_policy);
   };
   std::exception_ptr error;
-  // Before the first barrier: this owner's partitions tried (one that another process holds is
-  // deferred), and the rows of its chunk of positions marked in its bitmap.
+  // Before the first barrier: the rows of this owner's chunk of positions marked in its bitmap
+  // (which cannot fail).
+  if (owners > 1) {
+    size_t repeats = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      const uint64_t bit = conflict_bit(b.rows[i], bits);
+      uint64_t& word = s.bitmap[bit >> 6];
+      repeats += (word >> (bit & 63)) & 1;
+      word |= uint64_t{1} << (bit & 63);
+    }
+    b.repeats.fetch_add(repeats, std::memory_order_seq_cst);
+  }
+  barrier(0);
+  // Every owner is past the job before, so none waits for a partition lock any more: a lock
+  // taken now is held at the barriers only while the other owners do work that never blocks. (A
+  // lock held while an owner of the job before waited for another process's lock could close a
+  // cycle with that process's owners.) This owner's partitions are tried; one that another
+  // process holds is deferred. The lists are emptied first: if what follows fails, the other
+  // owners find them empty rather than the job before's.
+  s.conflicts.clear();
+  s.later.clear();
   try {
     for (uint64_t p = w; p < parts; p += owners) {
       uint32_t expected = 0;
@@ -619,21 +638,11 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       b.held[p] = got ? 1 : 0;
       if (got) s.held.push_back(static_cast<uint32_t>(p));
     }
-    if (owners > 1) {
-      size_t repeats = 0;
-      for (size_t i = lo; i < hi; ++i) {
-        const uint64_t bit = conflict_bit(b.rows[i], bits);
-        uint64_t& word = s.bitmap[bit >> 6];
-        repeats += (word >> (bit & 63)) & 1;
-        word |= uint64_t{1} << (bit & 63);
-      }
-      b.repeats.fetch_add(repeats, std::memory_order_seq_cst);
-    }
   } catch (...) {
     error = std::current_exception();
     b.failed.store(true, std::memory_order_seq_cst);
   }
-  barrier(0);
+  barrier(1);
   const bool go = !b.failed.load(std::memory_order_seq_cst);
   // Phase 1. Few repeated rows (uniform ids): each owner adds the rows of its chunk that no other
   // chunk has, reading the chunk's gradients in order (an owner that reads every other row of a
@@ -680,8 +689,8 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       if (!error) error = std::current_exception();
     }
   }
-  barrier(1);
-  // After the second barrier nobody reads the bitmaps: this owner clears the bits it set.
+  barrier(2);
+  // After the last barrier nobody reads the bitmaps: this owner clears the bits it set.
   if (owners > 1)
     for (size_t i = lo; i < hi; ++i) s.bitmap[conflict_bit(b.rows[i], bits) >> 6] = 0;
   if (!go) {
