@@ -18,9 +18,10 @@
  * - GRADSYNC_ACCUM_OWNER: exact and deterministic. Rows are split into at most 64 partitions
  *   (hashed), partition p owned by owner p % threads. Owner 0 is the calling thread, the others are
  *   threads - 1 threads of the handle. A batch of 256 rows or more is handed to the owners: batches
- *   enter one sequence in the order their calls do (for one calling thread, call order), and each
- *   owner adds its rows of each batch in sequence order, in position order within a batch, with no
- *   lock per row; the call returns when every owner is done with its batch. Each row therefore receives its
+ *   enter one sequence in the order their calls do (for one calling thread, call order), and the
+ *   owners share each batch out so that every row of it is added by one owner, after the batches
+ *   before it, in position order within the batch, with no lock per row; the call returns when
+ *   every owner is done with its batch. Each row therefore receives its
  *   gradients in a fixed order, and the gradient table is bitwise the same for the same sequence of
  *   batches whatever the number of owner threads or calling threads and their timing. Smaller
  *   batches are added by the calling thread in the same order. Several processes on one file each
