@@ -498,17 +498,24 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads, co
   // In locals: the row kernel is an opaque call, after which members would be loaded again.
   float* const table = table_->data();
   uint8_t* const flags = flags_;
-  auto prefetch = [&](int64_t r) {
-    const char* p = reinterpret_cast<const char*>(table + static_cast<size_t>(r) * d);
-    for (size_t k = 0; k < row_lines; ++k) __builtin_prefetch(p + 64 * k, 1, 3);
-    __builtin_prefetch(&flags[r], 1, 3);
-    if constexpr (M == Concurrency::Striped) __builtin_prefetch(stripe_of(r), 1, 3);
-  };
   // Entry k is position pos[k] of the batch (k itself without pos).
   auto at = [pos](size_t k) { return pos == nullptr ? k : static_cast<size_t>(pos[k]); };
-  for (size_t k = 0; k < n && k < kAhead; ++k) prefetch(rows[at(k)]);
+  auto prefetch = [&](size_t k) {
+    const size_t i = at(k);
+    const int64_t r = rows[i];
+    const char* p = reinterpret_cast<const char*>(table + static_cast<size_t>(r) * d);
+    for (size_t q = 0; q < row_lines; ++q) __builtin_prefetch(p + 64 * q, 1, 3);
+    __builtin_prefetch(&flags[r], 1, 3);
+    if constexpr (M == Concurrency::Striped) __builtin_prefetch(stripe_of(r), 1, 3);
+    // Positions with gaps (an owner's share): the hardware's stream prefetch does not see them.
+    if (pos != nullptr) {
+      const char* g = reinterpret_cast<const char*>(grads + i * d);
+      for (size_t q = 0; q < row_lines; ++q) __builtin_prefetch(g + 64 * q, 0, 0);
+    }
+  };
+  for (size_t k = 0; k < n && k < kAhead; ++k) prefetch(k);
   for (size_t k = 0; k < n; ++k) {
-    if (k + kAhead < n) prefetch(rows[at(k + kAhead)]);
+    if (k + kAhead < n) prefetch(k + kAhead);
     const size_t i = at(k);
     const int64_t r = rows[i];
     const float* src = grads + i * d;
@@ -652,6 +659,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   // in position order, and all owners choose alike from the counts they published. Sorted out
   // branch-free: a position is written to every list and kept by the one whose count moves.
   if (go) {
+    bool sorted = false;
     try {
       const bool by_partition = b.repeats.load(std::memory_order_seq_cst) * 8 > b.n;
       const size_t from = by_partition ? 0 : lo, to = by_partition ? b.n : hi;
@@ -684,8 +692,14 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       s.idx.resize(nd);
       s.conflicts.resize(nc);
       s.later.resize(nl);
+      sorted = true;
       add_rows<Concurrency::Owner>(b.rows, nd, b.grads, s.idx.data());
     } catch (...) {
+      // Lists sized but not sorted out yet hold no positions of this batch: the others must not take them.
+      if (!sorted) {
+        s.conflicts.clear();
+        s.later.clear();
+      }
       if (!error) error = std::current_exception();
     }
   }
