@@ -48,10 +48,14 @@ bool RoundEngine::decide(uint64_t index, bool failed) noexcept {
 
 void RoundEngine::arrive() noexcept {
   RankSlot& me = control_.slot(rank_);
-  if (!waiter_.oversubscribed()) me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  note_cpu();
   // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
   me.arrivals.store(++barriers_, std::memory_order_seq_cst);
   notify(words().wake);
+}
+
+void RoundEngine::note_cpu() noexcept {
+  if (!waiter_.oversubscribed()) control_.slot(rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
 }
 
 bool RoundEngine::awaited_on_this_cpu(uint64_t target) const noexcept {

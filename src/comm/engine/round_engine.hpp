@@ -96,6 +96,7 @@ class RoundEngine {
   void set_chunks(uint64_t c) noexcept { chunks_ = c; }
   // Publishes a copy-path counter of this rank and wakes the waiters.
   void publish(std::atomic<uint64_t> RankSlot::*counter, uint64_t value) noexcept {
+    note_cpu();
     (control_.slot(rank_).*counter).store(value, std::memory_order_seq_cst);
     notify(control_.words().wake);
   }
@@ -132,7 +133,10 @@ class RoundEngine {
   void start_deadline(WaitClock::time_point& deadline) const noexcept {
     if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_);
   }
-  // Whether a rank that has not reached barrier `target` was last seen on this thread's CPU.
+  // Records the CPU this rank runs on, for peers' awaited_on_this_cpu.
+  void note_cpu() noexcept;
+  // Whether a rank that has not reached barrier `target` was last seen on this thread's CPU (any
+  // peer, for target ~0: within a round's steps every peer may be the one awaited).
   bool awaited_on_this_cpu(uint64_t target) const noexcept;
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
@@ -249,7 +253,8 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
   start_deadline(round.deadline);
   for (;;) {
     const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
-    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask);
+    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask,
+                                awaited_on_this_cpu(~uint64_t{0}));
     if (result == WaitResult::Ready) return;
     Waited why = Waited::Stopped;
     if (result == WaitResult::Timeout && interrupt_()) {
