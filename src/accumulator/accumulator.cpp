@@ -147,6 +147,11 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
         spec.threads != -1 ? spec.threads
                            : std::clamp<int64_t>(wait_detail::usable_cpus(), 1, static_cast<int64_t>(kMaxOwnerPartitions)));
     a->scratch_.resize(owners);
+    // A partition lock taken must always find room in `held` (else it would never be released).
+    for (auto& s : a->scratch_) {
+      s.held.reserve(a->nlocks_);
+      s.state.reserve(a->nlocks_);
+    }
     a->usable_cpus_ = wait_detail::usable_cpus();
     if (owners > 1) {
       // One bit per row up to 2^23 rows (1 MiB an owner), hashed beyond.

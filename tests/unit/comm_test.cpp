@@ -214,6 +214,16 @@ TEST_CASE("allreduce of 1M floats is right and bitwise identical across runs", "
   }
 }
 
+TEST_CASE("allreduce around the sizes where the data path changes, every op, in place and not", "[comm][allreduce]") {
+  // 512 bytes: threads go in place above it when they have a CPU each, through the inline areas
+  // below (and always when they outnumber the CPUs: 3 and 4 ranks here may); 16 KiB: the inline
+  // areas' end. Slices of a rank may be empty (fewer elements than ranks).
+  for (int n : {2, 3, 4}) {
+    check_allreduce<float>(n, {1, 3, 127, 128, 129, 1000, 4095, 4096, 4097}, kAllOps);
+    check_allreduce<double>(n, {63, 64, 65, 2047, 2048, 2049}, kAllOps);
+  }
+}
+
 TEST_CASE("fused allreduce equals one allreduce per buffer, bitwise", "[comm][allreduce]") {
   for (int n : {2, 3, 4}) {
     for (const std::vector<size_t>& counts :

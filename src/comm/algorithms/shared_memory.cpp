@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -36,6 +35,7 @@
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/wait.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -50,10 +50,17 @@ constexpr uint64_t kStreamingBytes = 8u << 20;
 // each rank copies its input in and reduces every element from every peer's area): 1.3 against
 // 1.5 us at 1 KiB, 1.3 against 2.2 at 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not
 // when threads outnumber the CPUs (N = 4 on 2: 4.7 against 7.6 us at 1 KiB): a second wait costs
-// a descheduled peer's time slice. Every rank must choose alike, so the test uses the machine's
-// CPU count, not a thread's affinity. Other transports reach only buffers in their shared heap,
+// a descheduled peer's time slice. Other transports reach only buffers in their shared heap,
 // which a rank cannot know of its peers'.
 constexpr uint64_t kThreadInlineBytes = 512;
+
+// The CPUs this process may use, read once: the ranks of a thread group are threads of this
+// process, and they must all see the same figure (one read per rank could differ, had a thread
+// been pinned in between).
+int process_cpus() noexcept {
+  static const int cpus = wait_detail::usable_cpus();
+  return cpus;
+}
 
 void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
 #if defined(__SSE2__)
@@ -234,7 +241,7 @@ class SharedMemoryCommunicator final : public Communicator {
   RoundEngine engine_;
   // Allreduces above kThreadInlineBytes go in place (see there).
   const bool in_place_from_small_sizes_ =
-      fabric_->transport() == Transport::Thread && static_cast<unsigned>(options_.size) <= std::thread::hardware_concurrency();
+      fabric_->transport() == Transport::Thread && options_.size <= process_cpus();
 };
 
 Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,

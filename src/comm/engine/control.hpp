@@ -90,8 +90,9 @@ struct alignas(64) RankSlot {
   // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
   // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
   alignas(64) std::atomic<uint64_t> arrivals;
-  // The CPU this rank last arrived from (a hint for the waits of its peers; see AdaptiveWait).
-  std::atomic<int32_t> cpu;
+  // The CPU this rank last arrived or published from (a hint for the waits of its peers; see
+  // AdaptiveWait); -1 until it does (and for good when its own waits count as oversubscribed).
+  std::atomic<int32_t> cpu{-1};
   // When this rank arrived at the round of each parity (Telemetry::stamp), published with the
   // descriptor: every rank compares the same arrivals for its statistics. In the arrival count's
   // line, which had room: the slot keeps its size.

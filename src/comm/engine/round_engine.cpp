@@ -55,7 +55,11 @@ void RoundEngine::arrive() noexcept {
 }
 
 void RoundEngine::note_cpu() noexcept {
-  if (!waiter_.oversubscribed()) control_.slot(rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  if (waiter_.oversubscribed()) return;
+  // Written only when it changed: the slot's line is the one peers poll for arrivals.
+  std::atomic<int32_t>& cpu = control_.slot(rank_).cpu;
+  const int now = sched_getcpu();
+  if (cpu.load(std::memory_order_relaxed) != now) cpu.store(now, std::memory_order_relaxed);
 }
 
 bool RoundEngine::awaited_on_this_cpu(uint64_t target) const noexcept {
