@@ -159,6 +159,8 @@ GRADSYNC_API int gradsync_accum_add(gradsync_accum *accum, int64_t row, const fl
 /**
  * @brief For each i < n: grad[rows[i]] += grads[i*dim .. (i+1)*dim). One call per minibatch.
  *        Repeated ids are summed. Every id and the length are checked before any row is written.
+ *        A failure after that (GRADSYNC_E_TIMEOUT, or GRADSYNC_E_NOMEM in OWNER mode, where the
+ *        owners share the batch out) leaves part of the batch added; every added row is touched.
  * @param accum the accumulator
  * @param rows n row ids, each in [0, rows)
  * @param n the number of rows
