@@ -96,6 +96,8 @@ struct Accumulator::OwnerScratch {
   std::vector<uint32_t> held;       // partition locks held
   std::vector<uint32_t> deferred;   // positions whose partition another process held
   std::vector<uint32_t> retry;
+  std::vector<uint32_t> bucket;     // add_partitionwise: where each partition's positions start
+  unsigned contended = 0;           // a lone owner: batches left to add partition by partition
 };
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
@@ -140,6 +142,7 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->locks_ = reinterpret_cast<uint32_t*>(base + layout.locks_off);
   a->flags_ = reinterpret_cast<uint8_t*>(base + layout.flags_off);
   a->list_ = reinterpret_cast<int64_t*>(base + layout.list_off);
+  const bool shared = !a->table_->exclusive();  // another process has the file open
   a->attach_aux(spec);
   a->claim_holder_slot();
   if (a->mode_ == Concurrency::Owner) {
@@ -151,7 +154,10 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
     for (auto& s : a->scratch_) {
       s.held.reserve(a->nlocks_);
       s.state.reserve(a->nlocks_);
+      s.deferred.reserve(a->nlocks_);
     }
+    // A lone owner on a file other processes have open expects them to add too.
+    if (owners == 1 && shared) a->scratch_[0].contended = kContendedBatches;
     a->usable_cpus_ = wait_detail::usable_cpus();
     if (owners > 1) {
       // One bit per row up to 2^23 rows (1 MiB an owner), hashed beyond.
@@ -598,6 +604,11 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
   auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
+  if (owners == 1 && s.contended > 0) {
+    --s.contended;
+    if (add_partitionwise(b.rows, b.n, b.grads, s)) s.contended = kContendedBatches;
+    return;
+  }
   const Part chunk = partition(b.n, owners, w);
   const size_t lo = chunk.start, hi = chunk.start + chunk.len;
   const uint64_t bits = static_cast<uint64_t>(s.bitmap.size()) * 64;
@@ -733,12 +744,60 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
     for (unsigned c = 0; c < owners; ++c)
       for (uint32_t i : scratch_[c].later)
         if (part(b.rows[i]) % owners == w) s.retry.push_back(i);
-    if (!s.retry.empty()) add_waiting(b.rows, b.grads, w, owners);
+    if (!s.retry.empty()) {
+      s.contended = kContendedBatches;
+      add_waiting(b.rows, b.grads, w, owners);
+    }
   } catch (...) {
     release();
     if (!error) error = std::current_exception();
   }
   if (error) std::rethrow_exception(error);
+}
+
+// A lone owner on a file another process adds to as well: the batch partition by partition, each
+// partition held only while its rows are added, so that the other process's owners add to the
+// others meanwhile. (Holding every partition it could take for the length of a batch made two
+// such processes take turns, batch by batch.) The partitions are visited from a place that
+// depends on the holder slot, so that two processes start apart; one another process holds is
+// waited for at the end, holding nothing. Returns whether one was held by another process.
+bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s) {
+  const uint64_t parts = nlocks_;
+  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
+  // Positions sorted by partition, stably: each row's positions stay in order.
+  s.bucket.assign(parts + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++s.bucket[part(rows[i]) + 1];
+  for (uint64_t p = 0; p < parts; ++p) s.bucket[p + 1] += s.bucket[p];
+  s.idx.resize(n);
+  s.retry.assign(s.bucket.begin(), s.bucket.end() - 1);  // per partition: where its next position goes
+  for (size_t i = 0; i < n; ++i) s.idx[s.retry[part(rows[i])]++] = static_cast<uint32_t>(i);
+  auto add_partition = [&](uint64_t p) {
+    try {
+      add_rows<Concurrency::Owner>(rows, s.bucket[p + 1] - s.bucket[p], grads, s.idx.data() + s.bucket[p]);
+    } catch (...) {
+      unlock_stripe(&locks_[p]);
+      throw;
+    }
+    unlock_stripe(&locks_[p]);
+  };
+  s.deferred.clear();
+  const uint64_t first = (holder_ * parts / 2) % parts;
+  for (uint64_t k = 0; k < parts; ++k) {
+    const uint64_t p = (first + k) % parts;
+    if (s.bucket[p + 1] == s.bucket[p]) continue;
+    uint32_t expected = 0;
+    if (!atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
+                                                   std::memory_order_relaxed)) {
+      s.deferred.push_back(static_cast<uint32_t>(p));
+      continue;
+    }
+    add_partition(p);
+  }
+  for (uint32_t p : s.deferred) {
+    lock_stripe(&locks_[p]);
+    add_partition(p);
+  }
+  return !s.deferred.empty();
 }
 
 // Adds the positions of s.retry (rows of this owner's partitions, in position order), waiting for

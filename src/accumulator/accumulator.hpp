@@ -49,6 +49,9 @@ constexpr uint64_t kMaxOwnerPartitions = 64;
 // Owner mode: batches this small are added by the calling thread under the partition locks (a
 // hand-off to the team costs a wake-up, which a handful of rows does not repay).
 constexpr size_t kHandOffRows = 256;
+// Owner mode, one owner per process: after a batch found a partition held by another process, this
+// many batches go partition by partition (each lock held only while its rows are added).
+constexpr unsigned kContendedBatches = 16;
 
 const char* concurrency_name(Concurrency c) noexcept;
 
@@ -156,6 +159,7 @@ class Accumulator {
   // partition's owner, waiting for their locks.
   void add_owned(OwnerBatch& b, unsigned w, unsigned owners);
   void add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners);
+  bool add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();

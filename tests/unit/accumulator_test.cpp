@@ -268,6 +268,9 @@ TEST_CASE("apply validates everything before writing", "[accumulator]") {
 
 TEST_CASE("two processes adding to one gradient file lose no update", "[accumulator][process]") {
   auto mode = GENERATE(Concurrency::Striped, Concurrency::LockFree, Concurrency::Owner);
+  // Owner mode: 2 owners per process, or 1 (which, on a file other processes have open, adds
+  // partition by partition).
+  const int64_t child_threads = GENERATE(1, 2);
   TempDir tmp;
   const auto path = tmp.file("shared.gsa");
   // Owner mode hands batches of 256 rows and more to the owner threads of each process.
@@ -286,7 +289,9 @@ TEST_CASE("two processes adding to one gradient file lose no update", "[accumula
       if (pid == 0) {
         int code = 0;
         try {
-          auto a = Accumulator::open(aspec(path, OpenMode::Open, kRows, kDim));  // adopts the file's mode
+          AccumSpec cs = aspec(path, OpenMode::Open, kRows, kDim);  // adopts the file's mode
+          cs.threads = child_threads;
+          auto a = Accumulator::open(cs);
           if (a->concurrency() != mode) code = 3;
           std::vector<int64_t> ids(kBatch);
           std::vector<float> g(kBatch * kDim, 1.0f);
