@@ -771,33 +771,55 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
   s.idx.resize(n);
   s.retry.assign(s.bucket.begin(), s.bucket.end() - 1);  // per partition: where its next position goes
   for (size_t i = 0; i < n; ++i) s.idx[s.retry[part(rows[i])]++] = static_cast<uint32_t>(i);
+  // A failed add (a damaged shared count: its rows are added, not all listed) does not stop the
+  // others; the first error is rethrown once every partition is done.
+  std::exception_ptr error;
   auto add_partition = [&](uint64_t p) {
     try {
       add_rows<Concurrency::Owner>(rows, s.bucket[p + 1] - s.bucket[p], grads, s.idx.data() + s.bucket[p]);
     } catch (...) {
-      unlock_stripe(&locks_[p]);
-      throw;
+      if (!error) error = std::current_exception();
     }
     unlock_stripe(&locks_[p]);
   };
+  auto try_lock = [&](uint64_t p) {
+    uint32_t expected = 0;
+    return atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
+                                                     std::memory_order_relaxed);
+  };
   s.deferred.clear();
-  const uint64_t first = (holder_ * parts / 2) % parts;
+  // The start: the holder slot hashed onto the partitions, so that processes start apart.
+  const uint64_t first = static_cast<uint64_t>(stripe_of(holder_ - 1) - locks_);
   for (uint64_t k = 0; k < parts; ++k) {
     const uint64_t p = (first + k) % parts;
     if (s.bucket[p + 1] == s.bucket[p]) continue;
-    uint32_t expected = 0;
-    if (!atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
-                                                   std::memory_order_relaxed)) {
+    if (try_lock(p)) {
+      add_partition(p);
+    } else {
       s.deferred.push_back(static_cast<uint32_t>(p));
-      continue;
     }
-    add_partition(p);
   }
-  for (uint32_t p : s.deferred) {
-    lock_stripe(&locks_[p]);
-    add_partition(p);
+  const bool contended = !s.deferred.empty();
+  // The busy ones: any that came free is taken first; only when none has, one is waited for.
+  while (!s.deferred.empty()) {
+    bool took = false;
+    for (size_t k = 0; k < s.deferred.size();) {
+      if (try_lock(s.deferred[k])) {
+        add_partition(s.deferred[k]);
+        s.deferred[k] = s.deferred.back();
+        s.deferred.pop_back();
+        took = true;
+      } else {
+        ++k;
+      }
+    }
+    if (took || s.deferred.empty()) continue;
+    lock_stripe(&locks_[s.deferred.back()]);  // holding nothing
+    add_partition(s.deferred.back());
+    s.deferred.pop_back();
   }
-  return !s.deferred.empty();
+  if (error) std::rethrow_exception(error);
+  return contended;
 }
 
 // Adds the positions of s.retry (rows of this owner's partitions, in position order), waiting for
