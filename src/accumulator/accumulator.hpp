@@ -153,12 +153,14 @@ class Accumulator {
   class Team;
   struct OwnerScratch;
   struct OwnerBatch;
-  // Owner mode: owner w's share of a batch. Each owner adds the rows of its own chunk of positions
-  // that no other chunk has; then each row that several chunks have is added by its partition's
-  // owner, in position order; rows of partitions another process held are added last, by the
-  // partition's owner, waiting for their locks.
+  // Owner mode: owner w's share of a batch, each row added by one owner in position order: split
+  // by chunks of positions when rows repeat little, by partitions when they repeat much (the
+  // phases are described at the definition); rows of partitions another process held come last.
   void add_owned(OwnerBatch& b, unsigned w, unsigned owners);
+  // Adds the positions in scratch_[w].retry, waiting for the partitions other processes hold.
   void add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners);
+  // A lone owner on a file other processes add to: partition by partition, each lock held only
+  // while its rows are added. Returns whether another process held one.
   bool add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
