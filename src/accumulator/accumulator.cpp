@@ -300,6 +300,11 @@ void Accumulator::lock_stripe_slow(uint32_t* word) {
   }
 }
 
+bool Accumulator::try_lock_stripe(uint32_t* word) noexcept {
+  uint32_t expected = 0;
+  return atomic(*word).compare_exchange_strong(expected, holder_, std::memory_order_acquire, std::memory_order_relaxed);
+}
+
 void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0, std::memory_order_release); }
 
 // ---------------------------------------------------------------- owner team
@@ -603,7 +608,6 @@ inline uint64_t conflict_bit(int64_t row, uint64_t bits) noexcept {
 void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
-  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
   if (owners == 1 && s.contended > 0) {
     --s.contended;
     if (add_partitionwise(b.rows, b.n, b.grads, s)) s.contended = kContendedBatches;
@@ -655,9 +659,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   s.later.clear();
   try {
     for (uint64_t p = w; p < parts; p += owners) {
-      uint32_t expected = 0;
-      const bool got = atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
-                                                                 std::memory_order_relaxed);
+      const bool got = try_lock_stripe(&locks_[p]);
       b.held[p] = got ? 1 : 0;
       if (got) s.held.push_back(static_cast<uint32_t>(p));
     }
@@ -690,7 +692,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       size_t nd = 0, nc = 0, nl = 0;
       for (size_t i = from; i < to; ++i) {
         const int64_t r = b.rows[i];
-        const uint64_t p = part(r);
+        const uint64_t p = partition_of(r);
         const bool mine = b.held[p] != 0;
         bool elsewhere = false, skip = false;
         if (by_partition) {
@@ -734,7 +736,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
     s.retry.clear();
     for (unsigned c = 0; c < owners; ++c)
       for (uint32_t i : scratch_[c].conflicts)
-        if (part(b.rows[i]) % owners == w) s.retry.push_back(i);
+        if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
     add_rows<Concurrency::Owner>(b.rows, s.retry.size(), b.grads, s.retry.data());
     // Phase 3: rows of partitions another process held, from every chunk, in position order,
     // each partition waited for. Every add to this owner's held partitions is done by now (the
@@ -743,7 +745,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
     s.retry.clear();
     for (unsigned c = 0; c < owners; ++c)
       for (uint32_t i : scratch_[c].later)
-        if (part(b.rows[i]) % owners == w) s.retry.push_back(i);
+        if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
     if (!s.retry.empty()) {
       s.contended = kContendedBatches;
       add_waiting(b.rows, b.grads, w, owners);
@@ -763,14 +765,13 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
 // waited for at the end, holding nothing. Returns whether one was held by another process.
 bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s) {
   const uint64_t parts = nlocks_;
-  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
   // Positions sorted by partition, stably: each row's positions stay in order.
   s.bucket.assign(parts + 1, 0);
-  for (size_t i = 0; i < n; ++i) ++s.bucket[part(rows[i]) + 1];
+  for (size_t i = 0; i < n; ++i) ++s.bucket[partition_of(rows[i]) + 1];
   for (uint64_t p = 0; p < parts; ++p) s.bucket[p + 1] += s.bucket[p];
   s.idx.resize(n);
   s.retry.assign(s.bucket.begin(), s.bucket.end() - 1);  // per partition: where its next position goes
-  for (size_t i = 0; i < n; ++i) s.idx[s.retry[part(rows[i])]++] = static_cast<uint32_t>(i);
+  for (size_t i = 0; i < n; ++i) s.idx[s.retry[partition_of(rows[i])]++] = static_cast<uint32_t>(i);
   // A failed add (a damaged shared count: its rows are added, not all listed) does not stop the
   // others; the first error is rethrown once every partition is done.
   std::exception_ptr error;
@@ -782,18 +783,13 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
     }
     unlock_stripe(&locks_[p]);
   };
-  auto try_lock = [&](uint64_t p) {
-    uint32_t expected = 0;
-    return atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
-                                                     std::memory_order_relaxed);
-  };
   s.deferred.clear();
   // The start: the holder slot hashed onto the partitions, so that processes start apart.
-  const uint64_t first = static_cast<uint64_t>(stripe_of(holder_ - 1) - locks_);
+  const uint64_t first = partition_of(holder_ - 1);
   for (uint64_t k = 0; k < parts; ++k) {
     const uint64_t p = (first + k) % parts;
     if (s.bucket[p + 1] == s.bucket[p]) continue;
-    if (try_lock(p)) {
+    if (try_lock_stripe(&locks_[p])) {
       add_partition(p);
     } else {
       s.deferred.push_back(static_cast<uint32_t>(p));
@@ -804,7 +800,7 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
   while (!s.deferred.empty()) {
     bool took = false;
     for (size_t k = 0; k < s.deferred.size();) {
-      if (try_lock(s.deferred[k])) {
+      if (try_lock_stripe(&locks_[s.deferred[k]])) {
         add_partition(s.deferred[k]);
         s.deferred[k] = s.deferred.back();
         s.deferred.pop_back();
@@ -830,7 +826,6 @@ void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned 
   // Per partition, for the current pass: another owner's, this owner's and not tried yet, held,
   // or deferred (another process held it at the first try).
   enum : uint8_t { kOther = 0, kHeld = 1, kDeferred = 2, kUntried = 3 };
-  auto part = [&](int64_t r) { return static_cast<uint64_t>(stripe_of(r) - locks_); };
   auto reset_state = [&] {
     s.state.resize(parts);
     for (uint64_t p = 0; p < parts; ++p) s.state[p] = p % owners == w ? kUntried : kOther;
@@ -845,9 +840,7 @@ void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned 
   auto try_all = [&] {
     for (uint64_t p = w; p < parts; p += owners) {
       if (s.state[p] != kUntried) continue;
-      uint32_t expected = 0;
-      const bool got = atomic(locks_[p]).compare_exchange_strong(expected, holder_, std::memory_order_acquire,
-                                                                 std::memory_order_relaxed);
+      const bool got = try_lock_stripe(&locks_[p]);
       s.state[p] = got ? kHeld : kDeferred;
       if (got) s.held.push_back(static_cast<uint32_t>(p));
     }
@@ -855,7 +848,7 @@ void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned 
   auto sort_out = [&] {
     s.idx.clear();
     s.deferred.clear();
-    for (uint32_t i : s.retry) (s.state[part(rows[i])] == kHeld ? s.idx : s.deferred).push_back(i);
+    for (uint32_t i : s.retry) (s.state[partition_of(rows[i])] == kHeld ? s.idx : s.deferred).push_back(i);
   };
   // Locks are only tried while others are held, and waited for while none is: no deadlock with
   // the owners of other processes, which meanwhile work on the partitions they hold. A deferred
@@ -869,7 +862,7 @@ void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned 
       if (s.deferred.empty()) break;
       release();
       reset_state();
-      const uint64_t p = part(rows[s.deferred.front()]);
+      const uint64_t p = partition_of(rows[s.deferred.front()]);
       lock_stripe(&locks_[p]);  // holding nothing
       s.state[p] = kHeld;
       s.held.push_back(static_cast<uint32_t>(p));

@@ -167,6 +167,8 @@ class Accumulator {
   void claim_holder_slot();
   void lock_stripe(uint32_t* word);
   void lock_stripe_slow(uint32_t* word);
+  // Takes the lock if it is free, at once; never waits.
+  bool try_lock_stripe(uint32_t* word) noexcept;
   void unlock_stripe(uint32_t* word) noexcept;
   // Error(E_CORRUPT) when a row lock was taken over from a dead process (AuxHeader::torn).
   void require_whole(const char* what) const;
@@ -175,6 +177,8 @@ class Accumulator {
     const uint64_t h = static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull;
     return locks_ + (nlocks_ == 1 ? 0 : h >> lock_shift_);
   }
+  // The index of a row's lock word (owner mode: its partition).
+  uint64_t partition_of(int64_t row) noexcept { return static_cast<uint64_t>(stripe_of(row) - locks_); }
   template <class RowFn>
   void for_each_touched(RowFn&& fn);
   template <class RowFn>
