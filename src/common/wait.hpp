@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <ratio>
 #include <thread>
 
@@ -38,9 +39,9 @@ using WaitClock = std::chrono::steady_clock;
 // rather than an overflow into the past. Computed in the clock's own ticks: the headroom left
 // after now, converted down to milliseconds (truncating, so a timeout below it always fits).
 static_assert(std::ratio_less_equal_v<WaitClock::period, std::milli>, "deadline_after converts ms to ticks");
-inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
+inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout,
+                                            WaitClock::time_point now = WaitClock::now()) noexcept {
   using Ticks = WaitClock::duration;
-  const auto now = WaitClock::now();
   if (timeout <= std::chrono::milliseconds::zero()) return now;
   const Ticks::rep since = now.time_since_epoch().count();
   // A clock before its epoch has at least the whole positive range ahead of it.
@@ -179,6 +180,25 @@ class AdaptiveWait {
         spin_(max_spin_ / 4),
         yield_(max_yield_) {}
 
+  // The first polls of a wait that would spin, before it reads the clock (a read costs ~25 ns,
+  // as much as a whole small round between two cores, and a wait that ends here needs no
+  // deadline): Ready or Aborted when the wait ended within them (a success of the spin phase),
+  // nullopt when the caller goes on to operator().
+  template <class Ready>
+  std::optional<WaitResult> poll_briefly(Ready&& ready, const std::atomic<uint32_t>* abort = nullptr,
+                                         uint32_t abort_mask = ~0u, bool peer_on_this_cpu = false) {
+    if (oversubscribed_ || peer_on_this_cpu || spin_.count() == 0) return std::nullopt;
+    for (int i = 0; i < kBriefPolls; ++i) {
+      if (ready()) {
+        spin_ = std::min(spin_ * 2, max_spin_);
+        return WaitResult::Ready;
+      }
+      if (abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0) return WaitResult::Aborted;
+      wait_detail::cpu_relax();
+    }
+    return std::nullopt;
+  }
+
   // peer_on_this_cpu: the awaited rank was last seen on the CPU this thread runs on (the kernel
   // tends to wake a sleeper on its waker's CPU, and two ranks that wake each other through futexes
   // can stay paired on one CPU). Spinning then only delays it and sleeping costs a wake-up per
@@ -224,6 +244,8 @@ class AdaptiveWait {
 
  private:
   static constexpr std::chrono::nanoseconds kMaxSpin{50000};
+  // About 1 us of polls (a pause is 10-40 ns): a round between ranks on their own cores.
+  static constexpr int kBriefPolls = 64;
   static constexpr std::chrono::nanoseconds kProbeSpin{2000};
   // With a core per rank a yield is only a slower spin (or a gift to another process), so it is
   // kept to a token; with ranks outnumbering cores it is how the awaited rank gets to run.

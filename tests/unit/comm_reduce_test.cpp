@@ -303,6 +303,36 @@ TEST_CASE("AdaptiveWait loses no wake-up in a ping-pong, whatever its budgets be
   aborter.join();
 }
 
+TEST_CASE("AdaptiveWait::poll_briefly ends only on the condition or the abort word, and only when spinning pays",
+          "[comm][wait]") {
+  using namespace std::chrono_literals;
+  std::atomic<uint32_t> abort_flag{0};
+  int polls = 0;
+  auto never = [&] {
+    ++polls;
+    return false;
+  };
+  // A rank per CPU (this process may use at least one): the budget starts above zero.
+  gradsync::AdaptiveWait wait(1);
+  const auto budget = wait.spin_budget();
+  REQUIRE(budget > 0ns);
+  REQUIRE_FALSE(wait.poll_briefly(never, &abort_flag).has_value());
+  REQUIRE(polls > 1);
+  REQUIRE(wait.spin_budget() == budget);  // gave up without learning anything
+  // A condition that comes true while polling is a success of the spin phase: the budget grows.
+  int until = 3;
+  REQUIRE(wait.poll_briefly([&] { return --until == 0; }, &abort_flag) == gradsync::WaitResult::Ready);
+  REQUIRE(wait.spin_budget() > budget);
+  abort_flag.store(1);
+  REQUIRE(wait.poll_briefly(never, &abort_flag, 1u) == gradsync::WaitResult::Aborted);
+  REQUIRE_FALSE(wait.poll_briefly(never, &abort_flag, 2u).has_value());  // outside the mask
+  // A peer on this CPU needs the CPU, and an oversubscribed group yields: no polls at all.
+  polls = 0;
+  REQUIRE_FALSE(wait.poll_briefly(never, nullptr, ~0u, true).has_value());
+  REQUIRE_FALSE(gradsync::AdaptiveWait(1 << 20).poll_briefly(never).has_value());
+  REQUIRE(polls == 0);
+}
+
 namespace {
 
 // Random values with the awkward ones mixed in: signed zeros, infinities, NaN, subnormals, extremes.

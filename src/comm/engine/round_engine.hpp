@@ -124,9 +124,10 @@ class RoundEngine {
   void arrive() noexcept;
   // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it. A wait
   // that lasts logs, now and then, the ranks it is waiting for at `what` of call `call`.
+  // *waited (when given) is set true when the condition did not hold at once.
   template <class Counter>
   Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
-                  const char* what, uint64_t call);
+                  const char* what, uint64_t call, bool* waited = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
                          std::chrono::nanoseconds waited) const;
   // The deadline of a wait that starts now, unless one is set already.
@@ -176,7 +177,7 @@ inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
 
 template <class Counter>
 RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
-                                          WaitMode mode, const char* what, uint64_t call) {
+                                          WaitMode mode, const char* what, uint64_t call, bool* waited) {
   dead_.clear();
   auto ready = [&] {
     for (int r = 0; r < size_; ++r) {
@@ -185,13 +186,17 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
     return true;
   };
   if (ready()) return Waited::Ready;
-  start_deadline(deadline);
+  if (waited != nullptr) *waited = true;
+  const std::atomic<uint32_t>* stop_word = mode == WaitMode::Abortable ? &words().stop_word : nullptr;
+  if (const auto brief = waiter_.poll_briefly(ready, stop_word, kStopReasonMask, awaited_on_this_cpu(target))) {
+    return *brief == WaitResult::Ready ? Waited::Ready : Waited::Stopped;
+  }
   const auto started = WaitClock::now();
+  if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_, started);
   auto next_report = started + kStragglerReportAfter;
-  for (;;) {
-    const auto slice = std::min(deadline, WaitClock::now() + kLivenessInterval);
-    switch (waiter_(words().wake, ready, slice, mode == WaitMode::Abortable ? &words().stop_word : nullptr, kStopReasonMask,
-                    awaited_on_this_cpu(target))) {
+  for (auto now = started;; now = WaitClock::now()) {
+    const auto slice = std::min(deadline, now + kLivenessInterval);
+    switch (waiter_(words().wake, ready, slice, stop_word, kStopReasonMask, awaited_on_this_cpu(target))) {
       case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
       case WaitResult::Aborted: return Waited::Stopped;
       case WaitResult::Timeout: break;
@@ -231,17 +236,29 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   arrive();
   const uint64_t target = barriers_;
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
-  const Waited waited =
-      wait_all(counter, target, round.deadline, WaitMode::Abortable, collective_name(d.call.collective), round.number);
+  bool paused = false;
+  const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable,
+                                 collective_name(d.call.collective), round.number, &paused);
+  if (waited == Waited::Ready) {
+    // The peers' descriptors and inline payloads are read next, after the decision's CAS, which
+    // would otherwise make each of those cache misses wait for the one before it.
+    for (int r = 0; r < size_; ++r) {
+      __builtin_prefetch(&desc(r, round.parity));
+      __builtin_prefetch(control_.inline_area(r, round.parity));
+    }
+  }
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  if (!decide(target, waited != Waited::Ready)) {
-    telemetry_.arrival(arrived, WaitClock::now(), nullptr, 0);
+  // The last rank to arrive did not wait: its verdict came at its arrival, without a clock read.
+  const bool went_ahead = decide(target, waited != Waited::Ready);
+  const auto decided = paused ? WaitClock::now() : arrived;
+  if (!went_ahead) {
+    telemetry_.arrival(arrived, decided, nullptr, 0);
     throw_failed(waited, collective_name(d.call.collective), round.number, target);
   }
   // Every rank arrived, so every stamp of this parity is this round's.
   for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = control_.slot(r).arrived_ns[round.parity];
-  telemetry_.arrival(arrived, WaitClock::now(), stamps_.data(), size_);
+  telemetry_.arrival(arrived, decided, stamps_.data(), size_);
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
   for (int r = 0; r < size_; ++r) round.all_direct &= desc(r, round.parity).direct != 0;
