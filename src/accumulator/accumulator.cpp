@@ -97,7 +97,6 @@ struct Accumulator::OwnerScratch {
   std::vector<uint32_t> deferred;   // positions whose partition another process held
   std::vector<uint32_t> retry;
   std::vector<uint32_t> bucket;     // add_partitionwise: where each partition's positions start
-  unsigned contended = 0;           // a lone owner: batches left to add partition by partition
 };
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
@@ -156,8 +155,8 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
       s.state.reserve(a->nlocks_);
       s.deferred.reserve(a->nlocks_);
     }
-    // A lone owner on a file other processes have open expects them to add too.
-    if (owners == 1 && shared) a->scratch_[0].contended = kContendedBatches;
+    // A file other processes have open: they are expected to add too.
+    if (shared) a->contended_.store(kContendedBatches, std::memory_order_relaxed);
     a->usable_cpus_ = wait_detail::usable_cpus();
     if (owners > 1) {
       // One bit per row up to 2^23 rows (1 MiB an owner), hashed beyond.
@@ -593,6 +592,7 @@ struct Accumulator::OwnerBatch {
   std::atomic<uint32_t> arrived[3] = {0, 0, 0};
   std::atomic<size_t> repeats{0};  // positions whose row came earlier in the same chunk
   std::atomic<bool> failed{false};  // an owner failed before the adds: none adds anything
+  bool partitionwise = false;       // the file is contended: add_partitionwise, for every owner
   WaitWord word;
 };
 
@@ -608,9 +608,8 @@ inline uint64_t conflict_bit(int64_t row, uint64_t bits) noexcept {
 void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
-  if (owners == 1 && s.contended > 0) {
-    --s.contended;
-    if (add_partitionwise(b.rows, b.n, b.grads, s)) s.contended = kContendedBatches;
+  if (b.partitionwise) {
+    if (add_partitionwise(b.rows, b.n, b.grads, w, owners)) contended_.store(kContendedBatches, std::memory_order_relaxed);
     return;
   }
   const Part chunk = partition(b.n, owners, w);
@@ -747,7 +746,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       for (uint32_t i : scratch_[c].later)
         if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
     if (!s.retry.empty()) {
-      s.contended = kContendedBatches;
+      contended_.store(kContendedBatches, std::memory_order_relaxed);
       add_waiting(b.rows, b.grads, w, owners);
     }
   } catch (...) {
@@ -757,21 +756,30 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   if (error) std::rethrow_exception(error);
 }
 
-// A lone owner on a file another process adds to as well: the batch partition by partition, each
-// partition held only while its rows are added, so that the other process's owners add to the
-// others meanwhile. (Holding every partition it could take for the length of a batch made two
-// such processes take turns, batch by batch.) The partitions are visited from a place that
-// depends on the holder slot, so that two processes start apart; one another process holds is
-// waited for at the end, holding nothing. Returns whether one was held by another process.
-bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s) {
+// On a file another process adds to as well: each owner adds its partitions' rows partition by
+// partition, each partition held only while its rows are added, so that the other process's
+// owners add to the others meanwhile. (Holding every partition it could take for the length of a
+// batch made two such processes take turns, batch by batch.) No barrier is needed: each row is
+// still added by its partition's owner, in position order, after the batches before. Each owner
+// visits its partitions from a place that depends on the holder slot, so that processes start
+// apart; one another process holds is waited for at the end, holding nothing. Returns whether one
+// was held by another process.
+bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
+  OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
-  // Positions sorted by partition, stably: each row's positions stay in order.
+  // This owner's positions sorted by partition, stably: each row's positions stay in order.
   s.bucket.assign(parts + 1, 0);
-  for (size_t i = 0; i < n; ++i) ++s.bucket[partition_of(rows[i]) + 1];
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t p = partition_of(rows[i]);
+    s.bucket[p + 1] += p % owners == w ? 1 : 0;
+  }
   for (uint64_t p = 0; p < parts; ++p) s.bucket[p + 1] += s.bucket[p];
-  s.idx.resize(n);
+  s.idx.resize(s.bucket[parts]);
   s.retry.assign(s.bucket.begin(), s.bucket.end() - 1);  // per partition: where its next position goes
-  for (size_t i = 0; i < n; ++i) s.idx[s.retry[partition_of(rows[i])]++] = static_cast<uint32_t>(i);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t p = partition_of(rows[i]);
+    if (p % owners == w) s.idx[s.retry[p]++] = static_cast<uint32_t>(i);
+  }
   // A failed add (a damaged shared count: its rows are added, not all listed) does not stop the
   // others; the first error is rethrown once every partition is done.
   std::exception_ptr error;
@@ -784,10 +792,12 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
     unlock_stripe(&locks_[p]);
   };
   s.deferred.clear();
-  // The start: the holder slot hashed onto the partitions, so that processes start apart.
-  const uint64_t first = partition_of(holder_ - 1);
-  for (uint64_t k = 0; k < parts; ++k) {
-    const uint64_t p = (first + k) % parts;
+  // The start: the holder slot hashed onto this owner's partitions (w, w + owners, ...), so that
+  // processes start apart.
+  const uint64_t mine = (parts - w + owners - 1) / owners;
+  const uint64_t first = partition_of(holder_ - 1) % mine;
+  for (uint64_t k = 0; k < mine; ++k) {
+    const uint64_t p = w + (first + k) % mine * owners;
     if (s.bucket[p + 1] == s.bucket[p]) continue;
     if (try_lock_stripe(&locks_[p])) {
       add_partition(p);
@@ -907,6 +917,11 @@ void Accumulator::add_batch(const int64_t* rows, size_t n, const float* grads, s
         batch.b.rows = rows + off;
         batch.b.n = std::min(kChunk, n - off);
         batch.b.grads = grads + off * static_cast<size_t>(dim());
+        // One choice for all the owners of a job (the other way needs all of them at its barriers).
+        unsigned left = contended_.load(std::memory_order_relaxed);
+        while (left > 0 && !contended_.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+        }
+        batch.b.partitionwise = left > 0;
         team_->run(
             [](void* ctx, unsigned w, unsigned owners) {
               auto& job = *static_cast<Batch*>(ctx);

@@ -27,6 +27,7 @@
 //   that apply would miss. The list is rebuilt from the flags whenever a process opens the file alone.
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -49,8 +50,9 @@ constexpr uint64_t kMaxOwnerPartitions = 64;
 // Owner mode: batches this small are added by the calling thread under the partition locks (a
 // hand-off to the team costs a wake-up, which a handful of rows does not repay).
 constexpr size_t kHandOffRows = 256;
-// Owner mode, one owner per process: after a batch found a partition held by another process, this
-// many batches go partition by partition (each lock held only while its rows are added).
+// Owner mode: after a batch found a partition held by another process (or at an open that found
+// the file open elsewhere), this many batches go partition by partition (each lock held only while
+// its rows are added).
 constexpr unsigned kContendedBatches = 16;
 
 const char* concurrency_name(Concurrency c) noexcept;
@@ -159,9 +161,9 @@ class Accumulator {
   void add_owned(OwnerBatch& b, unsigned w, unsigned owners);
   // Adds the positions in scratch_[w].retry, waiting for the partitions other processes hold.
   void add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners);
-  // A lone owner on a file other processes add to: partition by partition, each lock held only
-  // while its rows are added. Returns whether another process held one.
-  bool add_partitionwise(const int64_t* rows, size_t n, const float* grads, OwnerScratch& s);
+  // Owner w's share on a file other processes add to: its partitions one by one, each lock held
+  // only while its rows are added. Returns whether another process held one.
+  bool add_partitionwise(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();
@@ -201,6 +203,7 @@ class Accumulator {
   int usable_cpus_ = 1;  // owner mode: the CPUs at open (owners spin at their barriers only when each has one)
   // Owner mode: the owner threads and their per-batch scratch (declared last: stopped first).
   std::vector<OwnerScratch> scratch_;
+  std::atomic<unsigned> contended_{0};  // batches left to add partition by partition (kContendedBatches)
   std::unique_ptr<Team> team_;
 };
 
