@@ -794,8 +794,8 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
   s.deferred.clear();
   // The start: the holder slot hashed onto this owner's partitions (w, w + owners, ...), so that
   // processes start apart.
-  const uint64_t mine = (parts - w + owners - 1) / owners;
-  const uint64_t first = partition_of(holder_ - 1) % mine;
+  const uint64_t mine = w < parts ? (parts - w + owners - 1) / owners : 0;  // owners may outnumber partitions
+  const uint64_t first = mine > 0 ? partition_of(holder_ - 1) % mine : 0;
   for (uint64_t k = 0; k < mine; ++k) {
     const uint64_t p = w + (first + k) % mine * owners;
     if (s.bucket[p + 1] == s.bucket[p]) continue;

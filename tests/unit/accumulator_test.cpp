@@ -600,25 +600,29 @@ TEST_CASE("owner mode: the table is bitwise the sequential sum in batch then pos
 
 TEST_CASE("owner mode on a file another handle has open (partition by partition): the same bits, for 1, 2, 3 owners",
           "[accumulator][owner]") {
-  constexpr int64_t kRows = 4096, kDim = 12;
-  const Workload w = make_workload(kRows, kDim, 42);
-  const auto ref = run_owner(w, kRows, kDim, 2);  // alone with its table: the barrier path
-  for (int64_t threads : {1, 2, 3}) {
-    INFO("owners " << threads);
-    TempDir tmp;
-    const auto path = tmp.file("contended.gsa");
-    AccumSpec first = aspec(path, OpenMode::Create, kRows, kDim, static_cast<int32_t>(Concurrency::Owner));
-    first.threads = 1;
-    auto other = Accumulator::open(first);
-    // Opened while `other` has the file: its first kContendedBatches batches go partition by
-    // partition (the workload has fewer), each owner on its own partitions, without barriers.
-    AccumSpec second = aspec(path, OpenMode::Open, kRows, kDim);
-    second.threads = threads;
-    auto a = Accumulator::open(second);
-    static_assert(gradsync::accumulator::kContendedBatches >= 12);
-    REQUIRE(w.ids.size() <= 12);
-    for (size_t b = 0; b < w.ids.size(); ++b) a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
-    CHECK(std::memcmp(a->table().data(), ref.data(), ref.size() * sizeof(float)) == 0);
+  constexpr int64_t kDim = 12;
+  // 4096 rows: 64 partitions; 40 rows: 2, fewer than the owners.
+  for (int64_t rows : {4096, 40}) {
+    const Workload w = make_workload(rows, kDim, 42);
+    const auto ref = run_owner(w, rows, kDim, 2);  // alone with its table: the barrier path
+    for (int64_t threads : {1, 2, 3}) {
+      INFO("rows " << rows << ", owners " << threads);
+      TempDir tmp;
+      const auto path = tmp.file("contended.gsa");
+      AccumSpec first = aspec(path, OpenMode::Create, rows, kDim, static_cast<int32_t>(Concurrency::Owner));
+      first.threads = 1;
+      auto other = Accumulator::open(first);
+      // Opened while `other` has the file: its first kContendedBatches batches go partition by
+      // partition (the workload has fewer), each owner on its own partitions, without barriers.
+      AccumSpec second = aspec(path, OpenMode::Open, rows, kDim);
+      second.threads = threads;
+      auto a = Accumulator::open(second);
+      static_assert(gradsync::accumulator::kContendedBatches >= 12);
+      REQUIRE(w.ids.size() <= 12);
+      for (size_t b = 0; b < w.ids.size(); ++b)
+        a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
+      CHECK(std::memcmp(a->table().data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    }
   }
 }
 
