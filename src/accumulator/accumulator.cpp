@@ -94,9 +94,10 @@ struct Accumulator::OwnerScratch {
   std::vector<uint32_t> later;      // positions of this chunk whose partition another process held
   std::vector<uint8_t> state;       // per partition, in the current pass of add_waiting
   std::vector<uint32_t> held;       // partition locks held
-  std::vector<uint32_t> deferred;   // positions whose partition another process held
+  std::vector<uint32_t> deferred;   // positions (add_waiting) or partitions (add_partitionwise) held elsewhere
   std::vector<uint32_t> retry;
   std::vector<uint32_t> bucket;     // add_partitionwise: where each partition's positions start
+  bool elsewhere = false;           // this job found one of its partitions held by another process
 };
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
@@ -291,8 +292,7 @@ void Accumulator::lock_stripe_slow(uint32_t* word) {
     }
     if (std::chrono::steady_clock::now() - start >= kRowLockTimeout) {
       fail(GRADSYNC_E_TIMEOUT,
-           "'{}': a row lock was held for more than {} s by {} (stopped or stuck); the rows before this one "
-           "were added, the rest were not",
+           "'{}': a row lock was held for more than {} s by {} (stopped or stuck); the batch was added in part",
            table_->path(), kRowLockTimeout.count(),
            owner == holder_ ? std::string("another thread of this process") : fmt::format("holder slot {}", owner - 1));
     }
@@ -305,6 +305,11 @@ bool Accumulator::try_lock_stripe(uint32_t* word) noexcept {
 }
 
 void Accumulator::unlock_stripe(uint32_t* word) noexcept { atomic(*word).store(0, std::memory_order_release); }
+
+bool Accumulator::held_elsewhere(uint32_t* word) const noexcept {
+  const uint32_t holder = atomic(*word).load(std::memory_order_relaxed);
+  return holder != 0 && holder != holder_;
+}
 
 // ---------------------------------------------------------------- owner team
 
@@ -553,7 +558,7 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads, co
       unlock_stripe(w);
     } else {
       if constexpr (M == Concurrency::Owner) {
-        // The partition's lock (held by the caller for the whole batch) orders every writer of
+        // The partition's lock (held by the caller while it adds) orders every writer of
         // the flag: a plain store, no locked instruction on a line the other owners' flags share.
         if (flag.load(std::memory_order_relaxed) == 0) {
           flag.store(1, std::memory_order_relaxed);
@@ -656,11 +661,16 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   // owners find them empty rather than the job before's.
   s.conflicts.clear();
   s.later.clear();
+  s.elsewhere = false;
   try {
     for (uint64_t p = w; p < parts; p += owners) {
       const bool got = try_lock_stripe(&locks_[p]);
       b.held[p] = got ? 1 : 0;
-      if (got) s.held.push_back(static_cast<uint32_t>(p));
+      if (got) {
+        s.held.push_back(static_cast<uint32_t>(p));
+      } else {
+        s.elsewhere |= held_elsewhere(&locks_[p]);
+      }
     }
   } catch (...) {
     error = std::current_exception();
@@ -746,7 +756,9 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       for (uint32_t i : scratch_[c].later)
         if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
     if (!s.retry.empty()) {
-      contended_.store(kContendedBatches, std::memory_order_relaxed);
+      // Another process adds to this file: the next batches go partition by partition. (A
+      // partition this process held, for a small batch of another calling thread, says nothing.)
+      if (s.elsewhere) contended_.store(kContendedBatches, std::memory_order_relaxed);
       add_waiting(b.rows, b.grads, w, owners);
     }
   } catch (...) {
@@ -792,6 +804,7 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
     unlock_stripe(&locks_[p]);
   };
   s.deferred.clear();
+  bool elsewhere = false;
   // The start: the holder slot hashed onto this owner's partitions (w, w + owners, ...), so that
   // processes start apart.
   const uint64_t mine = w < parts ? (parts - w + owners - 1) / owners : 0;  // owners may outnumber partitions
@@ -803,9 +816,9 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
       add_partition(p);
     } else {
       s.deferred.push_back(static_cast<uint32_t>(p));
+      elsewhere |= held_elsewhere(&locks_[p]);
     }
   }
-  const bool contended = !s.deferred.empty();
   // The busy ones: any that came free is taken first; only when none has, one is waited for.
   while (!s.deferred.empty()) {
     bool took = false;
@@ -825,7 +838,7 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
     s.deferred.pop_back();
   }
   if (error) std::rethrow_exception(error);
-  return contended;
+  return elsewhere;
 }
 
 // Adds the positions of s.retry (rows of this owner's partitions, in position order), waiting for

@@ -128,6 +128,8 @@ class Accumulator {
   table::Table& table() noexcept { return *table_; }
   // Row locks held right now, by any process (for tests that need a holder caught holding).
   uint64_t held_row_locks() const noexcept;
+  // Owner mode: batches still to go partition by partition (for tests).
+  unsigned contended_batches() const noexcept { return contended_.load(std::memory_order_relaxed); }
 
   // Thread-safe (and process-safe on a shared file) in the striped and lock-free modes.
   void add(int64_t row, const float* grad, size_t count);
@@ -172,6 +174,8 @@ class Accumulator {
   // Takes the lock if it is free, at once; never waits.
   bool try_lock_stripe(uint32_t* word) noexcept;
   void unlock_stripe(uint32_t* word) noexcept;
+  // Another process holds the lock (a hint: it may be free by now).
+  bool held_elsewhere(uint32_t* word) const noexcept;
   // Error(E_CORRUPT) when a row lock was taken over from a dead process (AuxHeader::torn).
   void require_whole(const char* what) const;
   uint32_t* stripe_of(int64_t row) noexcept {

@@ -168,8 +168,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
 //   the next waits skip it; a wait that yields in vain halves the budget; a wait that ends while
 //   yielding restores the full budget (500 us when ranks outnumber cores, a token 2 us otherwise).
 // - Otherwise the waiter sleeps on the futex.
-// Every 64th wait probes with a short spin and the full yield budget, so both come back when the
-// machine changes. Not thread-safe: one per waiting thread.
+// Every 64th wait that outlasts its first polls (poll_briefly) probes with a short spin and the full
+// yield budget, so both come back when the machine changes. Not thread-safe: one per waiting thread.
 class AdaptiveWait {
  public:
   // ranks: how many threads or processes of the group run on this host.
@@ -182,13 +182,15 @@ class AdaptiveWait {
 
   // The first polls of a wait that would spin, before it reads the clock (a read costs ~25 ns,
   // as much as a whole small round between two cores, and a wait that ends here needs no
-  // deadline): Ready or Aborted when the wait ended within them (a success of the spin phase),
-  // nullopt when the caller goes on to operator().
+  // deadline): at most kBriefPolls, and no more than the spin budget pays for (at ~25 ns a
+  // pause), so that one within them is a success of the spin phase. Ready or Aborted when the
+  // wait ended within them, nullopt when the caller goes on to operator().
   template <class Ready>
   std::optional<WaitResult> poll_briefly(Ready&& ready, const std::atomic<uint32_t>* abort = nullptr,
                                          uint32_t abort_mask = ~0u, bool peer_on_this_cpu = false) {
-    if (oversubscribed_ || peer_on_this_cpu || spin_.count() == 0) return std::nullopt;
-    for (int i = 0; i < kBriefPolls; ++i) {
+    if (oversubscribed_ || peer_on_this_cpu) return std::nullopt;
+    const int64_t polls = std::min<int64_t>(kBriefPolls, spin_.count() / 25);
+    for (int64_t i = 0; i < polls; ++i) {
       if (ready()) {
         spin_ = std::min(spin_ * 2, max_spin_);
         return WaitResult::Ready;
@@ -244,8 +246,8 @@ class AdaptiveWait {
 
  private:
   static constexpr std::chrono::nanoseconds kMaxSpin{50000};
-  // About 1 us of polls (a pause is 10-40 ns): a round between ranks on their own cores.
-  static constexpr int kBriefPolls = 64;
+  // 1-3 us of polls (a pause takes 10-40 ns): a small round between ranks on their own cores.
+  static constexpr int64_t kBriefPolls = 64;
   static constexpr std::chrono::nanoseconds kProbeSpin{2000};
   // With a core per rank a yield is only a slower spin (or a gift to another process), so it is
   // kept to a token; with ranks outnumbering cores it is how the awaited rank gets to run.

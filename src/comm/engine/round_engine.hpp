@@ -59,7 +59,8 @@ class RoundEngine {
   struct Round {
     uint64_t number;  // the call's number on this communicator (1, 2, ...), the same on every rank
     uint64_t parity;  // which of the two descriptor and inline areas this round uses
-    // Set at the round's first wait (a clock read the rank that arrives last never pays).
+    // Set at the round's first wait that outlasts its first polls (a clock read that a rank whose
+    // peers are there, or come within those polls, never pays).
     mutable WaitClock::time_point deadline{};
     bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
   };
@@ -249,7 +250,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   }
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  // The last rank to arrive did not wait: its verdict came at its arrival, without a clock read.
+  // A rank that did not wait (the last to arrive) had its verdict at its arrival: no clock read.
   const bool went_ahead = decide(target, waited != Waited::Ready);
   const auto decided = paused ? WaitClock::now() : arrived;
   if (!went_ahead) {
