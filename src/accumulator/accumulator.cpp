@@ -92,12 +92,12 @@ struct Accumulator::OwnerScratch {
   std::vector<uint32_t> idx;        // positions to add now, in order
   std::vector<uint32_t> conflicts;  // positions of this chunk whose row another chunk has too
   std::vector<uint32_t> later;      // positions of this chunk whose partition another process held
-  std::vector<uint8_t> state;       // per partition, in the current pass of add_waiting
   std::vector<uint32_t> held;       // partition locks held
-  std::vector<uint32_t> deferred;   // positions (add_waiting) or partitions (add_partitionwise) held elsewhere
-  std::vector<uint32_t> retry;
-  std::vector<uint32_t> bucket;     // add_partitionwise: where each partition's positions start
-  bool elsewhere = false;           // this job found one of its partitions held by another process
+  std::vector<uint32_t> retry;      // phases 2 and 3: positions of this owner's partitions, in order
+  // add_partitionwise: where each partition's positions start, where its next one goes, and the
+  // partitions found busy.
+  std::vector<uint32_t> bucket, next, deferred;
+  bool other_process = false;       // this job found one of its partitions held by another process
 };
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
@@ -153,7 +153,6 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
     // A partition lock taken must always find room in `held` (else it would never be released).
     for (auto& s : a->scratch_) {
       s.held.reserve(a->nlocks_);
-      s.state.reserve(a->nlocks_);
       s.deferred.reserve(a->nlocks_);
     }
     // A file other processes have open: they are expected to add too.
@@ -614,7 +613,9 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
   if (b.partitionwise) {
-    if (add_partitionwise(b.rows, b.n, b.grads, w, owners)) contended_.store(kContendedBatches, std::memory_order_relaxed);
+    if (add_partitionwise(b.rows, b.grads, nullptr, b.n, w, owners)) {
+      contended_.store(kContendedBatches, std::memory_order_relaxed);
+    }
     return;
   }
   const Part chunk = partition(b.n, owners, w);
@@ -661,7 +662,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   // owners find them empty rather than the job before's.
   s.conflicts.clear();
   s.later.clear();
-  s.elsewhere = false;
+  s.other_process = false;
   try {
     for (uint64_t p = w; p < parts; p += owners) {
       const bool got = try_lock_stripe(&locks_[p]);
@@ -669,7 +670,7 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
       if (got) {
         s.held.push_back(static_cast<uint32_t>(p));
       } else {
-        s.elsewhere |= held_elsewhere(&locks_[p]);
+        s.other_process |= held_elsewhere(&locks_[p]);
       }
     }
   } catch (...) {
@@ -742,24 +743,25 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   try {
     // Phase 2: rows in more than one chunk, each added by its partition's owner, chunk after
     // chunk (so in position order).
-    s.retry.clear();
-    for (unsigned c = 0; c < owners; ++c)
-      for (uint32_t i : scratch_[c].conflicts)
-        if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
+    // The positions of this owner's partitions in every owner's list of one kind, chunk after chunk.
+    auto gather = [&](std::vector<uint32_t> OwnerScratch::*list) {
+      s.retry.clear();
+      for (unsigned c = 0; c < owners; ++c)
+        for (uint32_t i : scratch_[c].*list)
+          if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
+    };
+    gather(&OwnerScratch::conflicts);
     add_rows<Concurrency::Owner>(b.rows, s.retry.size(), b.grads, s.retry.data());
     // Phase 3: rows of partitions another process held, from every chunk, in position order,
-    // each partition waited for. Every add to this owner's held partitions is done by now (the
-    // other owners' at the barrier), so they are released first.
+    // partition by partition as they come free. Every add to this owner's held partitions is done
+    // by now (the other owners' at the barrier), so they are released first.
     release();
-    s.retry.clear();
-    for (unsigned c = 0; c < owners; ++c)
-      for (uint32_t i : scratch_[c].later)
-        if (partition_of(b.rows[i]) % owners == w) s.retry.push_back(i);
-    if (!s.retry.empty()) {
-      // Another process adds to this file: the next batches go partition by partition. (A
-      // partition this process held, for a small batch of another calling thread, says nothing.)
-      if (s.elsewhere) contended_.store(kContendedBatches, std::memory_order_relaxed);
-      add_waiting(b.rows, b.grads, w, owners);
+    gather(&OwnerScratch::later);
+    // Another process adds to this file: the next batches go partition by partition. (A
+    // partition this process held, for a small batch of another calling thread, says nothing.)
+    if (!s.retry.empty() &&
+        (add_partitionwise(b.rows, b.grads, s.retry.data(), s.retry.size(), w, owners) || s.other_process)) {
+      contended_.store(kContendedBatches, std::memory_order_relaxed);
     }
   } catch (...) {
     release();
@@ -768,29 +770,31 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   if (error) std::rethrow_exception(error);
 }
 
-// On a file another process adds to as well: each owner adds its partitions' rows partition by
-// partition, each partition held only while its rows are added, so that the other process's
-// owners add to the others meanwhile. (Holding every partition it could take for the length of a
-// batch made two such processes take turns, batch by batch.) No barrier is needed: each row is
-// still added by its partition's owner, in position order, after the batches before. Each owner
-// visits its partitions from a place that depends on the holder slot, so that processes start
-// apart; one another process holds is waited for at the end, holding nothing. Returns whether one
-// was held by another process.
-bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners) {
+// Owner w adds the rows of its partitions among `count` positions (pos[0..count), or 0..count
+// without pos) partition by partition, each partition held only while its rows are added, so that
+// the owners of other processes add to the others meanwhile. (Holding every partition it could take
+// for the length of a batch made two such processes take turns, batch by batch.) No barrier is
+// needed: each row is still added by its partition's owner, in position order, after the batches
+// before. The partitions are visited from a place that depends on the holder slot, so that
+// processes start apart; one another process holds is waited for at the end, holding nothing: no
+// deadlock with the owners of other processes. Returns whether another process held one.
+bool Accumulator::add_partitionwise(const int64_t* rows, const float* grads, const uint32_t* pos, size_t count,
+                                    unsigned w, unsigned owners) {
   OwnerScratch& s = scratch_[w];
   const uint64_t parts = nlocks_;
+  auto at = [pos](size_t k) { return pos == nullptr ? static_cast<uint32_t>(k) : pos[k]; };
   // This owner's positions sorted by partition, stably: each row's positions stay in order.
   s.bucket.assign(parts + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t p = partition_of(rows[i]);
+  for (size_t k = 0; k < count; ++k) {
+    const uint64_t p = partition_of(rows[at(k)]);
     s.bucket[p + 1] += p % owners == w ? 1 : 0;
   }
   for (uint64_t p = 0; p < parts; ++p) s.bucket[p + 1] += s.bucket[p];
   s.idx.resize(s.bucket[parts]);
-  s.retry.assign(s.bucket.begin(), s.bucket.end() - 1);  // per partition: where its next position goes
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t p = partition_of(rows[i]);
-    if (p % owners == w) s.idx[s.retry[p]++] = static_cast<uint32_t>(i);
+  s.next.assign(s.bucket.begin(), s.bucket.end() - 1);
+  for (size_t k = 0; k < count; ++k) {
+    const uint64_t p = partition_of(rows[at(k)]);
+    if (p % owners == w) s.idx[s.next[p]++] = at(k);
   }
   // A failed add (a damaged shared count: its rows are added, not all listed) does not stop the
   // others; the first error is rethrown once every partition is done.
@@ -804,7 +808,7 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
     unlock_stripe(&locks_[p]);
   };
   s.deferred.clear();
-  bool elsewhere = false;
+  bool other_process = false;
   // The start: the holder slot hashed onto this owner's partitions (w, w + owners, ...), so that
   // processes start apart.
   const uint64_t mine = w < parts ? (parts - w + owners - 1) / owners : 0;  // owners may outnumber partitions
@@ -816,7 +820,7 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
       add_partition(p);
     } else {
       s.deferred.push_back(static_cast<uint32_t>(p));
-      elsewhere |= held_elsewhere(&locks_[p]);
+      other_process |= held_elsewhere(&locks_[p]);
     }
   }
   // The busy ones: any that came free is taken first; only when none has, one is waited for.
@@ -833,70 +837,18 @@ bool Accumulator::add_partitionwise(const int64_t* rows, size_t n, const float* 
       }
     }
     if (took || s.deferred.empty()) continue;
-    lock_stripe(&locks_[s.deferred.back()]);  // holding nothing
+    try {
+      lock_stripe(&locks_[s.deferred.back()]);  // holding nothing
+    } catch (...) {
+      // A holder stuck past the timeout: the partitions left are not added; the first error wins.
+      if (!error) error = std::current_exception();
+      break;
+    }
     add_partition(s.deferred.back());
     s.deferred.pop_back();
   }
   if (error) std::rethrow_exception(error);
-  return elsewhere;
-}
-
-// Adds the positions of s.retry (rows of this owner's partitions, in position order), waiting for
-// partitions other processes hold.
-void Accumulator::add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners) {
-  OwnerScratch& s = scratch_[w];
-  const uint64_t parts = nlocks_;
-  // Per partition, for the current pass: another owner's, this owner's and not tried yet, held,
-  // or deferred (another process held it at the first try).
-  enum : uint8_t { kOther = 0, kHeld = 1, kDeferred = 2, kUntried = 3 };
-  auto reset_state = [&] {
-    s.state.resize(parts);
-    for (uint64_t p = 0; p < parts; ++p) s.state[p] = p % owners == w ? kUntried : kOther;
-  };
-  s.held.clear();
-  auto release = [&] {
-    for (uint32_t p : s.held) unlock_stripe(&locks_[p]);
-    s.held.clear();
-  };
-  // Tries the lock of every partition of this owner still untried, once: taken, it is held for
-  // the pass; busy, the partition's rows are deferred to a later pass.
-  auto try_all = [&] {
-    for (uint64_t p = w; p < parts; p += owners) {
-      if (s.state[p] != kUntried) continue;
-      const bool got = try_lock_stripe(&locks_[p]);
-      s.state[p] = got ? kHeld : kDeferred;
-      if (got) s.held.push_back(static_cast<uint32_t>(p));
-    }
-  };
-  auto sort_out = [&] {
-    s.idx.clear();
-    s.deferred.clear();
-    for (uint32_t i : s.retry) (s.state[partition_of(rows[i])] == kHeld ? s.idx : s.deferred).push_back(i);
-  };
-  // Locks are only tried while others are held, and waited for while none is: no deadlock with
-  // the owners of other processes, which meanwhile work on the partitions they hold. A deferred
-  // partition's rows all wait for a later pass, so each row still gets its adds in position order.
-  try {
-    reset_state();
-    try_all();
-    for (;;) {
-      sort_out();
-      add_rows<Concurrency::Owner>(rows, s.idx.size(), grads, s.idx.data());
-      if (s.deferred.empty()) break;
-      release();
-      reset_state();
-      const uint64_t p = partition_of(rows[s.deferred.front()]);
-      lock_stripe(&locks_[p]);  // holding nothing
-      s.state[p] = kHeld;
-      s.held.push_back(static_cast<uint32_t>(p));
-      try_all();
-      s.retry.swap(s.deferred);
-    }
-    release();
-  } catch (...) {
-    release();
-    throw;
-  }
+  return other_process;
 }
 
 void Accumulator::add(int64_t row, const float* grad, size_t count) { add_batch(&row, 1, grad, count); }

@@ -161,11 +161,11 @@ class Accumulator {
   // by chunks of positions when rows repeat little, by partitions when they repeat much (the
   // phases are described at the definition); rows of partitions another process held come last.
   void add_owned(OwnerBatch& b, unsigned w, unsigned owners);
-  // Adds the positions in scratch_[w].retry, waiting for the partitions other processes hold.
-  void add_waiting(const int64_t* rows, const float* grads, unsigned w, unsigned owners);
-  // Owner w's share on a file other processes add to: its partitions one by one, each lock held
-  // only while its rows are added. Returns whether another process held one.
-  bool add_partitionwise(const int64_t* rows, size_t n, const float* grads, unsigned w, unsigned owners);
+  // Owner w's partitions' rows among positions pos[0..count) (0..count without pos), partition
+  // by partition, each lock held only while its rows are added. Returns whether another process
+  // held one.
+  bool add_partitionwise(const int64_t* rows, const float* grads, const uint32_t* pos, size_t count, unsigned w,
+                         unsigned owners);
   // Returns how many rows found no place in the list (a damaged shared count).
   size_t append_touched(const int64_t* rows, size_t n) noexcept;
   void claim_holder_slot();

@@ -12,8 +12,8 @@
 // stamps that every rank of the round sees alike, so every rank computes the same figures and
 // names the same straggler.
 //
-// Cost to a call: three clock reads (arrival, verdict, end; the engine's) and a few relaxed
-// stores. Only the thread inside a call writes the figures (one call at a time per communicator),
+// Cost to a call: three clock reads (arrival, verdict, end; the engine's; two for a rank that did
+// not wait, whose verdict came at its arrival) and a few relaxed stores. Only the thread inside a call writes the figures (one call at a time per communicator),
 // so they are single-writer atomics: stats() may read them from any thread without a lock, each
 // figure whole, the set of them possibly mid-update. The timeline, when on, appends under a mutex
 // to a buffer written out every kTimelineBatch events and at close.

@@ -131,9 +131,9 @@ class RoundEngine {
                   const char* what, uint64_t call, bool* waited = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
                          std::chrono::nanoseconds waited) const;
-  // The deadline of a wait that starts now, unless one is set already.
-  void start_deadline(WaitClock::time_point& deadline) const noexcept {
-    if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_);
+  // The deadline of a wait that starts `now`, unless one is set already.
+  void start_deadline(WaitClock::time_point& deadline, WaitClock::time_point now = WaitClock::now()) const noexcept {
+    if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_, now);
   }
   // Records the CPU this rank runs on, for peers' awaited_on_this_cpu.
   void note_cpu() noexcept;
@@ -193,7 +193,7 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
     return *brief == WaitResult::Ready ? Waited::Ready : Waited::Stopped;
   }
   const auto started = WaitClock::now();
-  if (deadline == WaitClock::time_point{}) deadline = deadline_after(timeout_, started);
+  start_deadline(deadline, started);
   auto next_report = started + kStragglerReportAfter;
   for (auto now = started;; now = WaitClock::now()) {
     const auto slice = std::min(deadline, now + kLivenessInterval);
