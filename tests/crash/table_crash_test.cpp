@@ -4,7 +4,9 @@
 //  - every file opens (never a torn header, never a half-created file under its name);
 //  - everything flushed before the kill is intact. The child reports phase k on a pipe only after
 //    the flushes of phase k returned, so with K the last report:
-//      table T: every element is K or K+1 (phase K+1 may have been in progress), never older;
+//      table T: every element is K or K+1 (phase K+1 may have been in progress), never older: an
+//        element the kill caught being copied may hold some bytes of K+1 and the rest of K (a
+//        kill can land inside one copy, in `rep movsb` or a sanitizer's byte loop), never another;
 //      params P: every element is base-K or base-K-1 (the K flushed SGD steps are all there);
 //      gradients G: 0 or 1, and every row with a non-zero gradient is in the touched set, so the
 //      next apply sees it; each header generation is at least its value before the run plus K;
@@ -53,6 +55,18 @@ int failures = 0;
       ++failures;                                                \
     }                                                            \
   } while (0)
+
+// Whether every byte of x is the same byte of a or of b: a or b, or a copy from one to the other
+// cut part way (0.5 is 0x3F000000: the top byte of 1.0 written over 0.0, the next not yet).
+bool bytes_of_either(float x, float a, float b) {
+  unsigned char cx[sizeof x], ca[sizeof a], cb[sizeof b];
+  std::memcpy(cx, &x, sizeof x);
+  std::memcpy(ca, &a, sizeof a);
+  std::memcpy(cb, &b, sizeof b);
+  for (size_t i = 0; i < sizeof x; ++i)
+    if (cx[i] != ca[i] && cx[i] != cb[i]) return false;
+  return true;
+}
 
 OpenSpec tspec(const std::string& path, OpenMode mode, int64_t rows = kRows, int64_t dim = kDim) {
   OpenSpec s;
@@ -145,7 +159,7 @@ void verify(const fs::path& dir, int iteration, int64_t k, const uint64_t gens[3
       bool nonzero = false;
       for (int64_t j = 0; j < kDim; ++j) {
         const size_t i = static_cast<size_t>(r * kDim + j);
-        bad_t += !(tv[i] == static_cast<float>(k) || tv[i] == static_cast<float>(k + 1));
+        bad_t += !bytes_of_either(tv[i], static_cast<float>(k), static_cast<float>(k + 1));
         bad_p += !(pv[i] == kBase - static_cast<float>(k) || pv[i] == kBase - static_cast<float>(k + 1));
         bad_g += !(gv[i] == 0.0f || gv[i] == 1.0f);
         nonzero |= gv[i] != 0.0f;
