@@ -13,7 +13,8 @@
  *   during creation leaves no half-made table behind the path.
  * - gradsync_table_flush() is durable when it returns: every row written before the call survives a
  *   crash of the process or of the machine. Rows written after the last flush survive a crash of the
- *   process (they are in the shared page cache) but not necessarily of the machine.
+ *   process (they are in the shared page cache) but not necessarily of the machine; a row whose write
+ *   the crash interrupted may hold part of its new values and part of its old ones.
  * - A file that another process truncates while it is open never ends this process with SIGBUS:
  *   the call that meets the missing part, and every later call on the handle, fails with
  *   GRADSYNC_E_IO ("... shrank under its mapping ..."); free the handle and reopen. (This relies on
