@@ -13,6 +13,9 @@ packages=(
   spin
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch
+  # numpy's and torch's matrix products: without it they use Debian's reference BLAS, about 12x
+  # slower, and every training step is compute-bound. Serial: each worker runs one thread.
+  libopenblas0-serial
   cargo
   doxygen
 )

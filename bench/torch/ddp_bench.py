@@ -15,16 +15,20 @@ finishes (iallreduce), with the share hidden of what the communication adds to a
 overlap; once with the compute on the CPU, once on a "device" (a sleep that ends where the
 device's work would, as the CPU waits for a GPU's kernels).
 """
-import argparse
-import hashlib
-import multiprocessing as mp
 import os
-import statistics
-import sys
-import time
-import uuid
 
-import numpy as np
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one thread per rank, as torch.set_num_threads(1) below
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))

@@ -31,20 +31,32 @@ import contextlib
 import numpy as np
 import torch
 
+from ._lib import E_NO_SPACE, E_NOMEM, GradsyncError
 from .shard import ShardedParameter
 
 __all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer"]
 
 
 class _Bucket:
-    def __init__(self, params, dtype):
+    def __init__(self, params, dtype, comm):
         self.params = params
         self.offsets = []
         at = 0
         for p in params:
             self.offsets.append(at)
             at += p.numel()
-        self.flat = torch.zeros(at, dtype=dtype)
+        # From the communicator's memory: on shm every rank's bucket lies in the group's segment,
+        # so its all-reduce runs zero copy instead of staging the bucket through the segment.
+        # Ordinary memory (still correct, on the copy path) when the segment has no room.
+        try:
+            self.flat = torch.from_numpy(comm.empty(at, torch.empty(0, dtype=dtype).numpy().dtype))
+            self.flat.zero_()
+        except GradsyncError as e:
+            if e.status not in (E_NO_SPACE, E_NOMEM):
+                raise
+            self.flat = torch.zeros(at, dtype=dtype)
+        except TypeError:  # a dtype the collectives do not take: the all-reduce names it
+            self.flat = torch.zeros(at, dtype=dtype)
         self.arrived = [False] * len(params)
         self.pending = len(params)
         self.request = None
@@ -69,12 +81,12 @@ class DistributedDataParallel(torch.nn.Module):
         group, size = [], 0
         for p in params:
             if group and (size + p.numel() * p.element_size() > cap or p.dtype != group[0].dtype):
-                self._buckets.append(_Bucket(group, group[0].dtype))
+                self._buckets.append(_Bucket(group, group[0].dtype, comm))
                 group, size = [], 0
             group.append(p)
             size += p.numel() * p.element_size()
         if group:
-            self._buckets.append(_Bucket(group, group[0].dtype))
+            self._buckets.append(_Bucket(group, group[0].dtype, comm))
         for b, bucket in enumerate(self._buckets):
             for i, p in enumerate(bucket.params):
                 self._where[p] = (b, i)
@@ -113,6 +125,7 @@ class DistributedDataParallel(torch.nn.Module):
         def hook(*_):
             if not self._sync:
                 return
+            self.comm.ptr  # raises once the communicator is closed: the buckets were its memory
             if not self._callback_queued:
                 self._callback_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)

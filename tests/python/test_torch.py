@@ -215,13 +215,24 @@ def _shm_rank(rank, size, queue, group):
     import gradsync as gs
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=30000, transport="shm") as comm:
-        queue.put((rank, train(comm, rank, size)[0]))
+        model = gst.DistributedDataParallel(Net(seed=rank), comm, bucket_cap_mb=0.01)
+        digests = train(comm, rank, size)[0]
+    # The buckets lay in the group's segment, which went with the communicator: a backward now
+    # must fail with a clear error, not write into unmapped memory.
+    x, y = data(0)
+    try:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        after_close = "no error"
+    except Exception as e:  # noqa: BLE001 (autograd may wrap the hook's error)
+        after_close = str(e)
+    queue.put((rank, (digests, after_close)))
 
 
 def test_shm_processes():
     results, codes = _run(_shm_rank, 2, _group("torch"))
     assert codes == [0, 0]
-    assert results[0] == results[1] and len(set(results[0])) == 6
+    assert results[0][0] == results[1][0] and len(set(results[0][0])) == 6
+    assert all("Communicator is closed" in results[r][1] for r in (0, 1)), results
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="no MPI transport here (built without MPI, or its plugin does not load)")
