@@ -14,8 +14,10 @@ packages=(
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch
   # numpy's and torch's matrix products: without it they use Debian's reference BLAS, about 12x
-  # slower, and every training step is compute-bound. Serial: each worker runs one thread.
-  libopenblas0-serial
+  # slower, and every training step is compute-bound. The pthread build, not the serial one:
+  # Debian 12's serial OpenBLAS gives wrong products when two threads of one process call it at
+  # once (ranks of a thread group do); the demos run it on one thread (OPENBLAS_NUM_THREADS=1).
+  libopenblas0-pthread
   cargo
   doxygen
 )
@@ -27,7 +29,16 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# A machine that chose the serial OpenBLAS by hand keeps it: say why that is unsafe here.
+warn_serial_blas() {
+  if update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value:.*openblas-serial'; then
+    echo "setup: warning: libblas.so.3 is the serial OpenBLAS, which gives wrong results when several threads" \
+         "of one process call it (thread groups); choose another: update-alternatives --config libblas.so.3-x86_64-linux-gnu" >&2
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  warn_serial_blas
   exit 0
 fi
 
@@ -37,3 +48,4 @@ if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+warn_serial_blas
