@@ -20,6 +20,10 @@ class BuildWithLibrary(build_py):
     def run(self):
         super().run()
         build = pathlib.Path(self.build_lib).resolve().parent / "cmake-gradsync"
+        # A plugin left by an earlier build whose configure found MPI must not ship with a library
+        # configured without it: the build below makes it again when MPI is still there.
+        for stale in build.glob(MPI_PLUGIN.replace(".so.0", ".so*")):
+            stale.unlink()
         subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                                "-DGRADSYNC_BUILD_TESTS=OFF", "-DGRADSYNC_BUILD_BENCH=OFF"])
         subprocess.check_call(["cmake", "--build", str(build), "--target", "gradsync", "-j", str(os.cpu_count() or 1)])

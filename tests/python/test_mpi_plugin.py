@@ -87,3 +87,18 @@ def test_a_library_that_is_not_the_plugin_is_refused():
     assert lines[0] == "feature False"
     assert lines[1] == f"status {gs.E_UNSUPPORTED}"
     assert "not the gradsync MPI plugin (it has no gradsync_mpi_plugin_api)" in proc.stdout, proc.stdout
+
+
+def test_a_plugin_built_against_another_mpi_h_is_refused():
+    # The plugin's own code with another mpi.h recorded in its table (tests/mpi/skewed_plugin.cpp):
+    # the types the table's functions take may differ, so it is refused, and the message says so.
+    if EXPECT_MPI != "1":
+        pytest.skip("built without MPI: there is no plugin to skew")
+    skewed = os.environ["GRADSYNC_TEST_SKEWED_PLUGIN"]
+    proc = run_python(CREATE_MPI, GRADSYNC_MPI_PLUGIN=skewed)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "feature False"
+    assert lines[1] == f"status {gs.E_UNSUPPORTED}"
+    assert f"{skewed}: built against another mpi.h" in proc.stdout, proc.stdout
+    assert lines[-1] == "threads [0.0, 1.0, 2.0, 3.0]"

@@ -38,6 +38,11 @@ const Api* load(const std::string& path, std::string& why) {
                        kApiVersion, sizeof(Api));
     return nullptr;  // left loaded: unloading a library that may have started MPI is not safe
   }
+  if (api->mpi_header_abi != kMpiHeaderAbi) {
+    why += fmt::format("\n  {}: built against another mpi.h (ABI {:#x}; this library's is {:#x})", path,
+                       api->mpi_header_abi, kMpiHeaderAbi);
+    return nullptr;
+  }
   return api;
 }
 

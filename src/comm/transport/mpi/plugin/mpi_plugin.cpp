@@ -12,6 +12,7 @@ Api make() {
   Api a{};
   a.version = gradsync::comm::mpi::kApiVersion;
   a.size = sizeof(Api);
+  a.mpi_header_abi = gradsync::comm::mpi::kMpiHeaderAbi;
   a.comm_world = MPI_COMM_WORLD;
   a.comm_null = MPI_COMM_NULL;
   a.request_null = MPI_REQUEST_NULL;
