@@ -24,6 +24,7 @@ class BuildWithLibrary(build_py):
         # configured without it: the build below makes it again when MPI is still there.
         for stale in build.glob(MPI_PLUGIN.replace(".so.0", ".so*")):
             stale.unlink()
+        (pathlib.Path(self.build_lib) / "gradsync" / MPI_PLUGIN).unlink(missing_ok=True)
         subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                                "-DGRADSYNC_BUILD_TESTS=OFF", "-DGRADSYNC_BUILD_BENCH=OFF"])
         subprocess.check_call(["cmake", "--build", str(build), "--target", "gradsync", "-j", str(os.cpu_count() or 1)])

@@ -31,9 +31,12 @@ done
 
 # A machine that chose the serial OpenBLAS by hand keeps it: say why that is unsafe here.
 warn_serial_blas() {
-  if update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value:.*openblas-serial'; then
+  local name chosen
+  name="libblas.so.3-$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)"
+  chosen="$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p' || true)"
+  if [[ "$chosen" == *openblas-serial* ]]; then
     echo "setup: warning: libblas.so.3 is the serial OpenBLAS, which gives wrong results when several threads" \
-         "of one process call it (thread groups); choose another: update-alternatives --config libblas.so.3-x86_64-linux-gnu" >&2
+         "of one process call it (thread groups); choose another: update-alternatives --config $name" >&2
   fi
 }
 

@@ -48,9 +48,11 @@ class _Bucket:
         # From the communicator's memory: on shm every rank's bucket lies in the group's segment,
         # so its all-reduce runs zero copy instead of staging the bucket through the segment.
         # Ordinary memory (still correct, on the copy path) when the segment has no room.
+        self.in_comm_memory = False
         try:
             self.flat = torch.from_numpy(comm.empty(at, torch.empty(0, dtype=dtype).numpy().dtype))
             self.flat.zero_()
+            self.in_comm_memory = True
         except GradsyncError as e:
             if e.status not in (E_NO_SPACE, E_NOMEM):
                 raise

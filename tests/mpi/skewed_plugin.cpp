@@ -15,7 +15,7 @@ extern "C" __attribute__((visibility("default"))) const Api* gradsync_mpi_plugin
   static const Api skewed = [version] {
     const Api* real = gradsync_real_mpi_plugin_api(version);
     Api a = real != nullptr ? *real : Api{};
-    a.mpi_header_abi ^= 0xff;  // another Open MPI minor release
+    a.mpi_header_abi ^= 0xff00;  // another Open MPI major release
     return a;
   }();
   return &skewed;

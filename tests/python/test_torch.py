@@ -216,23 +216,26 @@ def _shm_rank(rank, size, queue, group):
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=30000, transport="shm") as comm:
         model = gst.DistributedDataParallel(Net(seed=rank), comm, bucket_cap_mb=0.01)
+        in_segment = all(b.in_comm_memory for b in model._buckets)
         digests = train(comm, rank, size)[0]
     # The buckets lay in the group's segment, which went with the communicator: a backward now
-    # must fail with a clear error, not write into unmapped memory.
+    # must fail with a clear error, not write into unmapped memory. (The inner module's forward:
+    # the wrapper's would fail first, broadcasting the BatchNorm buffers.)
     x, y = data(0)
     try:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model.module(x), y).backward()
         after_close = "no error"
     except Exception as e:  # noqa: BLE001 (autograd may wrap the hook's error)
         after_close = str(e)
-    queue.put((rank, (digests, after_close)))
+    queue.put((rank, (digests, in_segment, after_close)))
 
 
 def test_shm_processes():
     results, codes = _run(_shm_rank, 2, _group("torch"))
     assert codes == [0, 0]
     assert results[0][0] == results[1][0] and len(set(results[0][0])) == 6
-    assert all("Communicator is closed" in results[r][1] for r in (0, 1)), results
+    assert results[0][1] and results[1][1]  # zero copy: every bucket in the segment
+    assert all("Communicator is closed" in results[r][2] for r in (0, 1)), results
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="no MPI transport here (built without MPI, or its plugin does not load)")

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "comm/async/progress.hpp"
 
-#include <algorithm>
-
 namespace gradsync::comm {
 
 void Completion::finish(int status, std::string message) {
@@ -59,10 +57,9 @@ void Progress::run() {
     std::function<void()> task;
     {
       std::lock_guard lock(mutex_);
-      if (queue_.empty()) {
-        if (stopping_.load(std::memory_order_seq_cst)) return;  // stopping, and everything ran
-        continue;  // queued_ is counted after the push: the task is there on the next look
-      }
+      // queued_ counts a task after its push and uncounts it after its pop, so it never exceeds
+      // the queue's length: an empty queue here means stopping, and everything ran.
+      if (queue_.empty()) return;
       task = std::move(queue_.front());
       queue_.pop_front();
     }

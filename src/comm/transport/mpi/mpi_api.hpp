@@ -21,12 +21,13 @@ inline constexpr uint32_t kApiVersion = 2;
 
 // The mpi.h a build was compiled against, as far as the transport depends on it: the standard's
 // version, the sizes of the types it passes by value or lays out (MPI_Status in MPI_Test's
-// arguments), and Open MPI's release. A plugin built against another mpi.h is refused.
+// arguments), and Open MPI's major release (its ABI series). A plugin built against another mpi.h
+// is refused.
 inline constexpr uint64_t kMpiHeaderAbi =
     (uint64_t{MPI_VERSION} << 56) | (uint64_t{MPI_SUBVERSION} << 48) | (uint64_t{sizeof(MPI_Status)} << 32) |
     (uint64_t{sizeof(MPI_Aint)} << 24) | (uint64_t{sizeof(MPI_Comm)} << 16)
-#if defined(OMPI_MAJOR_VERSION) && defined(OMPI_MINOR_VERSION)
-    | (uint64_t{OMPI_MAJOR_VERSION & 0xff} << 8) | uint64_t{OMPI_MINOR_VERSION & 0xff}
+#if defined(OMPI_MAJOR_VERSION)
+    | (uint64_t{OMPI_MAJOR_VERSION & 0xff} << 8)
 #endif
     ;
 inline constexpr const char* kPluginSoname = "libgradsync-mpi.so.0";
