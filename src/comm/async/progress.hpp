@@ -11,9 +11,10 @@
 // a thread of its own. The thread starts at the first non-blocking call: blocking-only users pay
 // nothing, and a blocking call with nothing pending runs on its caller's thread as before.
 //
-// Both hand-offs (a task to the thread, a finished request to its waiter) wait on the round
-// engine's futex words (common/wait.hpp): a short yield, then a sleep. A condition variable would
-// put the thread to sleep at once, and waking it costs microseconds at each end.
+// Both hand-offs (a task to the thread, a finished request to its waiter) wait with the project's
+// futex waits (common/wait.hpp), as the round engine does: a short yield, then a sleep. A
+// condition variable would put the thread to sleep at once, and waking it costs microseconds at
+// each end.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
