@@ -154,6 +154,12 @@ bool fold_all_baseline(const void* const* srcs, size_t n, void* const* dsts, siz
 }
 
 #if defined(__x86_64__)
+#define GS_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+template <class Tr>
+GS_AVX512 bool fold_all_avx512(const void* const* srcs, size_t n, void* const* dsts, size_t begin, size_t end) noexcept {
+  return fold_all<Tr>(srcs, n, dsts, begin, end);
+}
+
 template <class Tr>
 __attribute__((target("avx2"))) bool fold_all_avx2(const void* const* srcs, size_t n, void* const* dsts, size_t begin,
                                                    size_t end) noexcept {
@@ -170,6 +176,11 @@ void fold_baseline(const void* const* srcs, size_t nsrcs, void* dst, size_t begi
 
 #if defined(__x86_64__)
 template <class Tr>
+GS_AVX512 void fold_avx512(const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) noexcept {
+  fold<Tr>(srcs, nsrcs, dst, begin, end);
+}
+
+template <class Tr>
 __attribute__((target("avx2"))) void fold_avx2(const void* const* srcs, size_t nsrcs, void* dst, size_t begin,
                                                size_t end) noexcept {
   fold<Tr>(srcs, nsrcs, dst, begin, end);
@@ -184,7 +195,11 @@ std::atomic<KernelIsa>& isa_in_use() noexcept {
 template <class Tr>
 FoldFn fold_for_cpu() noexcept {
 #if defined(__x86_64__)
-  if (isa_in_use().load(std::memory_order_relaxed) == KernelIsa::Avx2) return &fold_avx2<Tr>;
+  switch (isa_in_use().load(std::memory_order_relaxed)) {
+    case KernelIsa::Avx512: return &fold_avx512<Tr>;
+    case KernelIsa::Avx2: return &fold_avx2<Tr>;
+    case KernelIsa::Baseline: break;
+  }
 #endif
   return &fold_baseline<Tr>;
 }
@@ -249,7 +264,11 @@ FoldFn pick(DType dtype, ReduceOp op) {
 template <class Tr>
 FoldAllFn fold_all_for_cpu() noexcept {
 #if defined(__x86_64__)
-  if (isa_in_use().load(std::memory_order_relaxed) == KernelIsa::Avx2) return &fold_all_avx2<Tr>;
+  switch (isa_in_use().load(std::memory_order_relaxed)) {
+    case KernelIsa::Avx512: return &fold_all_avx512<Tr>;
+    case KernelIsa::Avx2: return &fold_all_avx2<Tr>;
+    case KernelIsa::Baseline: break;
+  }
 #endif
   return &fold_all_baseline<Tr>;
 }
@@ -280,15 +299,30 @@ FoldAllFn pick_all(DType dtype, ReduceOp op) noexcept {
 
 }  // namespace
 
-KernelIsa best_kernel_isa() noexcept {
+bool cpu_has(KernelIsa isa) noexcept {
+  switch (isa) {
+    case KernelIsa::Baseline: return true;
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) return KernelIsa::Avx2;
+    case KernelIsa::Avx2: return __builtin_cpu_supports("avx2") != 0;
+    case KernelIsa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+    case KernelIsa::Avx2:
+    case KernelIsa::Avx512: return false;
 #endif
+  }
+  return false;
+}
+
+KernelIsa best_kernel_isa() noexcept {
+  if (cpu_has(KernelIsa::Avx512)) return KernelIsa::Avx512;
+  if (cpu_has(KernelIsa::Avx2)) return KernelIsa::Avx2;
   return KernelIsa::Baseline;
 }
 
 void use_kernel_isa(KernelIsa isa) noexcept {
-  isa_in_use().store(isa == KernelIsa::Avx2 ? best_kernel_isa() : KernelIsa::Baseline, std::memory_order_relaxed);
+  isa_in_use().store(cpu_has(isa) ? isa : best_kernel_isa(), std::memory_order_relaxed);
 }
 
 void reduce(DType dtype, ReduceOp op, const void* const* srcs, size_t nsrcs, void* dst, size_t begin, size_t end) {

@@ -52,8 +52,10 @@ void copy_to_all(DType dtype, const void* src, void* const* dsts, size_t ndsts, 
 
 // The instruction set of the kernels: the best the CPU has unless told otherwise. Every ISA gives
 // the same bits (tests compare them); use_kernel_isa exists so that tests can run each one, and it
-// never selects an ISA the CPU lacks.
-enum class KernelIsa { Baseline, Avx2 };
+// never selects an ISA the CPU lacks (asked for one, it takes the best instead). AVX-512 pays where
+// the data sits in the caches (a gradient bucket of 64K floats): half the instructions per byte.
+enum class KernelIsa { Baseline, Avx2, Avx512 };
+bool cpu_has(KernelIsa isa) noexcept;
 KernelIsa best_kernel_isa() noexcept;
 void use_kernel_isa(KernelIsa isa) noexcept;
 
