@@ -12,9 +12,10 @@
 // stamps that every rank of the round sees alike, so every rank computes the same figures and
 // names the same straggler.
 //
-// Cost to a call: three clock reads (arrival, verdict, end; the engine's; two for a rank that did
-// not wait, whose verdict came at its arrival) and a few relaxed stores. Only the thread inside a call writes the figures (one call at a time per communicator),
-// so they are single-writer atomics: stats() may read them from any thread without a lock, each
+// Cost to a call: two clock reads (arrival and end) and a few relaxed stores; a third (the verdict)
+// only after a wait longer than its first polls: otherwise the verdict came as the last rank
+// arrived, and its stamp says when. Only the thread inside a call writes the figures (one call at a
+// time per communicator), so they are single-writer atomics: stats() may read them from any thread without a lock, each
 // figure whole, the set of them possibly mid-update. The timeline, when on, appends under a mutex
 // to a buffer written out every kTimelineBatch events and at close.
 #include <array>

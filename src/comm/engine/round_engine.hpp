@@ -125,10 +125,12 @@ class RoundEngine {
   void arrive() noexcept;
   // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it. A wait
   // that lasts logs, now and then, the ranks it is waiting for at `what` of call `call`.
-  // *waited (when given) is set true when the condition did not hold at once.
+  // *paused (when given) says how long the condition took to hold: at once, within the first
+  // polls, or longer.
+  enum class Paused { No, Briefly, Long };
   template <class Counter>
   Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
-                  const char* what, uint64_t call, bool* waited = nullptr);
+                  const char* what, uint64_t call, Paused* paused = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
                          std::chrono::nanoseconds waited) const;
   // The deadline of a wait that starts `now`, unless one is set already.
@@ -178,7 +180,7 @@ inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
 
 template <class Counter>
 RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
-                                          WaitMode mode, const char* what, uint64_t call, bool* waited) {
+                                          WaitMode mode, const char* what, uint64_t call, Paused* paused) {
   dead_.clear();
   auto ready = [&] {
     for (int r = 0; r < size_; ++r) {
@@ -187,11 +189,12 @@ RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, Wa
     return true;
   };
   if (ready()) return Waited::Ready;
-  if (waited != nullptr) *waited = true;
+  if (paused != nullptr) *paused = Paused::Briefly;
   const std::atomic<uint32_t>* stop_word = mode == WaitMode::Abortable ? &words().stop_word : nullptr;
   if (const auto brief = waiter_.poll_briefly(ready, stop_word, kStopReasonMask, awaited_on_this_cpu(target))) {
     return *brief == WaitResult::Ready ? Waited::Ready : Waited::Stopped;
   }
+  if (paused != nullptr) *paused = Paused::Long;
   const auto started = WaitClock::now();
   start_deadline(deadline, started);
   auto next_report = started + kStragglerReportAfter;
@@ -237,7 +240,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   arrive();
   const uint64_t target = barriers_;
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
-  bool paused = false;
+  Paused paused = Paused::No;
   const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable,
                                  collective_name(d.call.collective), round.number, &paused);
   if (waited == Waited::Ready) {
@@ -250,15 +253,23 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   }
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  // A rank that did not wait (the last to arrive) had its verdict at its arrival: no clock read.
   const bool went_ahead = decide(target, waited != Waited::Ready);
-  const auto decided = paused ? WaitClock::now() : arrived;
   if (!went_ahead) {
-    telemetry_.arrival(arrived, decided, nullptr, 0);
+    telemetry_.arrival(arrived, paused == Paused::No ? arrived : WaitClock::now(), nullptr, 0);
     throw_failed(waited, collective_name(d.call.collective), round.number, target);
   }
   // Every rank arrived, so every stamp of this parity is this round's.
-  for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = control_.slot(r).arrived_ns[round.parity];
+  int64_t last = 0;
+  for (int r = 0; r < size_; ++r) {
+    stamps_[static_cast<size_t>(r)] = control_.slot(r).arrived_ns[round.parity];
+    last = std::max(last, stamps_[static_cast<size_t>(r)]);
+  }
+  // The verdict's time without a clock read where it can be had: the last rank to arrive had it at
+  // its arrival, and one whose wait ended within its first polls had it as the last peer arrived
+  // (a poll's latency later). Only a longer wait (a yield, a sleep) reads the clock again.
+  const auto decided = paused == Paused::Long    ? WaitClock::now()
+                       : paused == Paused::Briefly ? WaitClock::time_point(std::chrono::nanoseconds(last))
+                                                   : arrived;
   telemetry_.arrival(arrived, decided, stamps_.data(), size_);
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
