@@ -14,11 +14,12 @@
  *     do not loop forever (spin reports invalid end states and assertion failures).
  * Deadlines that pass while a peer is merely slow are spent from a budget (TIMEOUTS); a deadline
  * also passes whenever nothing else in the system can move (spin's `timeout`), as a real one
- * would. Shared words change atomically where the engine uses one atomic operation (a CAS, a
- * store) and in separate steps where the engine reads several words one after the other.
+ * would. Shared words change atomically where the engine uses one atomic operation (a CAS, an
+ * add, a store) and in separate steps where the engine reads several words one after the other.
  *
- * The MUTANT_* switches restore earlier rules that were wrong; tests/model/check.sh requires
- * that spin finds a violation for each, so the model is known to catch what it claims.
+ * The MUTANT_* switches put in rules that are wrong (most of them earlier rules of the engine);
+ * tests/model/check.sh requires that spin finds a violation for each, so the model is known to
+ * catch what it claims.
  */
 
 #ifndef N
@@ -70,8 +71,9 @@
 /* GroupWords */
 byte stop_reason;  /* the stop word: first cause wins */
 byte stop_gen;     /* ... and its generation: every stop counts one up, a clear keeps it */
-byte dec_index;    /* the decision word: latest decided barrier */
-bool dec_failed;
+/* The barrier word: every rank's arrivals over the group's life (one fetch_add each), or, once
+ * barrier f failed, JUMP + f * SPAN (one CAS), which later arrivals (fewer than SPAN) add to. */
+byte g;
 byte rs_epoch;     /* the reset word */
 byte rs_attempt;
 bool rs_open;
@@ -95,6 +97,24 @@ byte okround[N * K];
 byte aborts = ABORTS;
 byte timeouts = TIMEOUTS;
 byte deaths = DEATHS;
+
+#define JUMP 128
+#define SPAN (2 * N)
+#ifdef MUTANT_COUNT
+/* a wrong rule: a failure only flags the count, and arrivals after it go on counting */
+#define FAILED_AT ((g - JUMP) / N + 1)
+#define WENT(b) ((g % JUMP) >= (b) * N)
+#define FELL(b) (g >= JUMP && !WENT(b))
+#define FAILURE(b) (g + JUMP)
+#else
+#define FAILED_AT ((g - JUMP) / SPAN)
+/* Barrier b went ahead (every rank counted in before any failure of it), or fell (failed). */
+#define WENT(b) ((g < JUMP && g >= (b) * N) || (g >= JUMP && FAILED_AT > (b)))
+#define FELL(b) (g >= JUMP && FAILED_AT <= (b))
+#define FAILURE(b) (JUMP + (b) * SPAN)
+#endif
+/* The last barrier any arrival so far concerns: the failed one, or the latest begun. */
+#define SPENT (g >= JUMP -> FAILED_AT : (g + N - 1) / N)
 
 #define ARRIVED(r) (arrivals[r] >= target)
 #define ARRIVED_OR_DEAD(r) (arrivals[r] >= target || !alive[r])
@@ -126,20 +146,30 @@ inline stop(why) {
 #endif
 }
 
-/* decide(): one CAS loop on the decision word. */
+/* decide(): a read of the barrier word, and, for a rank giving up on a barrier still open, one
+ * CAS that fails it. A wait that ended ready finds the barrier complete or failed already. */
 inline decide(index, failing) {
   atomic {
     if
 #ifdef MUTANT_DECIDE
-    /* the earlier rule: a decision for this barrier or a later one is this barrier's outcome */
-    :: dec_index >= index -> went = !dec_failed
+    /* a wrong rule: any failure is this barrier's, whichever barrier it names */
+    :: g >= JUMP -> went = 0
+    :: g < JUMP && WENT(index) -> went = 1
 #else
-    :: dec_index > index -> went = 1  /* nobody gets past a failed barrier without a reset */
-    :: dec_index == index -> went = !dec_failed
+    :: WENT(index) -> went = 1  /* a failure of a later barrier leaves this one complete */
+    :: FELL(index) -> went = 0
 #endif
-    :: dec_index < index -> dec_index = index; dec_failed = failing; went = !failing
+    :: !WENT(index) && !FELL(index) -> assert(failing); g = FAILURE(index); went = 0
     fi
   }
+}
+
+/* Arrival: one fetch_add on the barrier word (with this rank's local counts), then its own count
+ * in its slot; a death may come between the two. */
+inline arrive() {
+  atomic { barriers++; target = barriers; g++ };
+  die_here();
+  arrivals[me] = barriers
 }
 
 /* A deadline may pass at any moment while the budget lasts, and whenever nothing else can move. */
@@ -160,12 +190,9 @@ inline die_here() {
 
 /* Arrival at the next barrier, the abortable wait, the verdict. */
 inline barrier_abortable() {
-  barriers++;
-  arrivals[me] = barriers;
-  die_here();
-  target = barriers;
+  arrive();
   do
-  :: FORALL(ARRIVED) -> res = READY; break
+  :: WENT(target) || FELL(target) -> res = READY; break
   :: stop_reason != 0 -> res = STOPPED; break
   :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED; break
   DEADLINE_PASSES
@@ -183,11 +210,9 @@ inline barrier_abortable() {
 
 /* A completion barrier while peers use this rank's private buffers: only live peers count. */
 inline barrier_hold() {
-  barriers++;
-  arrivals[me] = barriers;
-  die_here();
-  target = barriers;
-  FORALL(ARRIVED_OR_DEAD);
+  arrive();
+  /* complete, or every live rank is past its arrival once a peer is known dead */
+  WENT(target) || (EXISTS(IS_DEAD) && FORALL(ARRIVED_OR_DEAD));
   if
   :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED
   :: else -> res = READY
@@ -256,7 +281,7 @@ inline reset() {
   /* the earlier rule: only the barriers this rank arrived at are spent */
   post_arr[p] = barriers;
 #else
-  post_arr[p] = MAX(barriers, dec_index);
+  post_arr[p] = MAX(barriers, SPENT);
 #endif
   post_chunks[p] = MAX(chunks, staged[me]);
   atomic { post_stop_reason[p] = stop_reason; post_stop_gen[p] = stop_gen }
@@ -272,6 +297,24 @@ inline reset() {
   :: else -> skip
   fi;
   all_asked = FORALL(ASKED);
+  if
+  :: all_asked ->
+     /* before the verdict: every rank resumes from the largest count posted, on a barrier word
+      * raised to it with its failure cleared, unless an arrival past it was counted already */
+     /* the posts are final once every rank asked: read them and raise in one step */
+     atomic {
+       vb = 0; r = 0;
+       do
+       :: r < N -> vb = MAX(vb, post_arr[(my_e % 2) * N + r]); r++
+       :: else -> break
+       od;
+       if
+       :: (g >= JUMP && FAILED_AT <= vb) || (g < JUMP && g < vb * N) -> g = vb * N
+       :: else -> skip
+       fi
+     }
+  :: else -> skip
+  fi;
   atomic {
     if
     :: rs_epoch == my_e && rs_attempt == my_a && rs_open ->
@@ -293,7 +336,7 @@ inline reset() {
   my_e = rs_epoch + 1;
   p = (my_e % 2) * N + me;
   post_round[p] = round;
-  post_arr[p] = MAX(barriers, dec_index);
+  post_arr[p] = MAX(barriers, SPENT);
   post_chunks[p] = MAX(chunks, staged[me]);
   atomic { post_stop_reason[p] = stop_reason; post_stop_gen[p] = stop_gen }
   req_e[me] = my_e;
@@ -309,14 +352,26 @@ inline reset() {
   closed = 1;
   if
   :: res != READY && !FORALL(ASKED_OLD) -> req_e[me] = my_e - 1; closed = 0
-  :: else -> atomic { if :: rs_epoch < my_e -> rs_epoch = my_e :: else -> skip fi }
+  :: else ->
+     atomic {
+       vb = 0; r = 0;
+       do
+       :: r < N -> vb = MAX(vb, post_arr[(my_e % 2) * N + r]); r++
+       :: else -> break
+       od;
+       if
+       :: (g >= JUMP && FAILED_AT <= vb) || (g < JUMP && g < vb * N) -> g = vb * N
+       :: else -> skip
+       fi
+     }
+     atomic { if :: rs_epoch < my_e -> rs_epoch = my_e :: else -> skip fi }
   fi;
   assert(rs_epoch < 8);
 }
 #endif
 
 proctype Rank(byte me) {
-  byte k, r, p, e, target, res, my_e, my_a, sr, sg;
+  byte k, r, p, e, target, res, my_e, my_a, sr, sg, vb;
   byte round, barriers, chunks;
   bool went, closed, all_asked;
 

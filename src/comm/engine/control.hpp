@@ -6,8 +6,8 @@
 //
 // Plain atomics and trivially copyable data only, at fixed offsets, because the same structures
 // live in process memory (thread transport) and in a segment mapped by processes of possibly
-// different builds (shm transport). Only the owner of a slot writes it; group words change only by
-// CAS (decision, stop, epoch) so the first writer wins.
+// different builds (shm transport). Only the owner of a slot writes it; group words change by CAS
+// (stop, reset, a barrier's failure) so the first writer wins, or by adding (arrivals).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -61,8 +61,28 @@ inline void raise_stop(std::atomic<uint32_t>& word, StopReason reason, int rank)
   }
 }
 
-// The decision word: (barrier index << 1) | aborted, for the latest barrier whose fate is decided.
-constexpr uint64_t decision_code(uint64_t barrier, bool aborted) noexcept { return (barrier << 1) | (aborted ? 1 : 0); }
+// The barrier word. While barriers go ahead it counts every rank's arrivals over the group's life
+// (one fetch_add each, and each rank arrives at each barrier once), so barrier b (1, 2, ...) is
+// complete once it reaches b x size. A rank that gives up on a barrier still short of that
+// replaces the count, by CAS, with barrier_failure(b): far above any count, and naming b. The
+// arrivals that follow add to it (fewer than kBarrierSpan: only ranks that had not arrived at b),
+// so b is read back exactly. Completion and failure are thus ordered on one word: a barrier went
+// ahead if the count reached it first, or if the failure names a later barrier; it fell if the
+// failure names it. A reset puts the count back (RoundEngine::resume_barriers).
+constexpr uint64_t kBarrierFailed = uint64_t{1} << 62;
+constexpr uint64_t kBarrierSpan = 2 * kMaxLocalRanks;
+constexpr uint64_t barrier_failure(uint64_t b) noexcept { return kBarrierFailed + b * kBarrierSpan; }
+constexpr bool barrier_fell(uint64_t word) noexcept { return word >= kBarrierFailed; }
+constexpr uint64_t barrier_failed_at(uint64_t word) noexcept { return (word - kBarrierFailed) / kBarrierSpan; }
+enum class BarrierState { Open, WentAhead, Fell };
+constexpr BarrierState barrier_state(uint64_t word, uint64_t b, uint64_t size) noexcept {
+  if (barrier_fell(word)) return barrier_failed_at(word) > b ? BarrierState::WentAhead : BarrierState::Fell;
+  return word >= b * size ? BarrierState::WentAhead : BarrierState::Open;
+}
+// The last barrier any arrival so far concerns: the one that fell, or the latest begun.
+constexpr uint64_t barrier_spent(uint64_t word, uint64_t size) noexcept {
+  return barrier_fell(word) ? barrier_failed_at(word) : (word + size - 1) / size;
+}
 
 // The reset word: epoch (bits 32-63) | attempt (bits 1-31) | open (bit 0). An epoch opens at
 // attempt 0, moves to the next attempt when a rank gives up waiting, and closes (done) once every
@@ -79,24 +99,25 @@ struct Descriptor {
   CallSignature call;
   uint32_t direct;  // every buffer is reachable by the peers; its addresses are in the table
   uint32_t pad;
-  uint64_t round;
+  // When this rank arrived (Telemetry::stamp): every rank compares the same arrivals for its
+  // statistics, read with the call from the descriptor's one line.
+  int64_t arrived_ns;
   uint64_t weight;  // weighted mean: this rank's sample count
 };
-static_assert(std::is_trivially_copyable_v<Descriptor>);
+static_assert(std::is_trivially_copyable_v<Descriptor> && sizeof(Descriptor) == 64,
+              "a descriptor is the one line each peer reads of a rank's call");
 
 struct alignas(64) RankSlot {
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> generation;     // shm: the segment generation this rank joined
-  // Barriers this rank has arrived at; only its owner writes it. A barrier completes when every
-  // rank's count reaches it, so a count never needs rewinding (reset adopts the maximum).
-  alignas(64) std::atomic<uint64_t> arrivals;
   // The CPU this rank last arrived or published from (a hint for the waits of its peers; see
   // AdaptiveWait); -1 until it does (and for good when its own waits count as oversubscribed).
+  // Written only when it changes, in a line of such words, so peers read it from their caches.
   std::atomic<int32_t> cpu{-1};
-  // When this rank arrived at the round of each parity (Telemetry::stamp), published with the
-  // descriptor: every rank compares the same arrivals for its statistics. In the arrival count's
-  // line, which had room: the slot keeps its size.
-  int64_t arrived_ns[2];
+  // Barriers this rank has arrived at, written after its arrival on the barrier word; only its
+  // owner writes it. Peers poll the barrier word, not this: it names the ranks a wait is waiting
+  // for, and tells a wait that must hold its buffers which live peers are past their arrival.
+  alignas(64) std::atomic<uint64_t> arrivals;
   // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
   // reduced, result copied out. Peers read them to know when a stage is full or free again.
   alignas(64) std::atomic<uint64_t> staged;
@@ -120,9 +141,9 @@ struct GroupWords {
   // reset_code of the latest reset epoch: one CAS decides, for every rank, whether an attempt
   // went ahead (closed) or was given up (moved to the next attempt).
   alignas(64) std::atomic<uint64_t> reset_state;
-  // decision_code of the latest decided barrier: one CAS decides, for every rank, whether a
-  // barrier went ahead (every rank arrived) or failed.
-  alignas(64) std::atomic<uint64_t> decision;
+  // The barrier word (see barrier_state): every rank arrives on it and every waiter polls it, so
+  // a barrier costs each rank one atomic add and the polls of one line.
+  alignas(64) std::atomic<uint64_t> barrier;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);

@@ -35,28 +35,54 @@ void RoundEngine::stop(StopReason reason, int rank) noexcept {
   notify(words().wake);
 }
 
-bool RoundEngine::decide(uint64_t index, bool failed) noexcept {
-  std::atomic<uint64_t>& decision = words().decision;
-  uint64_t cur = decision.load(std::memory_order_seq_cst);
+bool RoundEngine::decide(uint64_t index) noexcept {
+  std::atomic<uint64_t>& word = words().barrier;
+  uint64_t cur = word.load(std::memory_order_seq_cst);
   for (;;) {
-    const uint64_t decided = cur >> 1;
-    if (decided > index) return true;
-    if (decided == index) return (cur & 1) == 0;
-    if (decision.compare_exchange_weak(cur, decision_code(index, failed), std::memory_order_seq_cst)) return !failed;
+    switch (barrier_state(cur, index, static_cast<uint64_t>(size_))) {
+      case BarrierState::WentAhead: return true;
+      case BarrierState::Fell: return false;
+      case BarrierState::Open: break;
+    }
+    if (word.compare_exchange_weak(cur, barrier_failure(index), std::memory_order_seq_cst)) return false;
   }
 }
 
 void RoundEngine::arrive() noexcept {
-  RankSlot& me = control_.slot(rank_);
   note_cpu();
   // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
-  me.arrivals.store(++barriers_, std::memory_order_seq_cst);
+  words().barrier.fetch_add(1, std::memory_order_seq_cst);
+  // After the word: a peer that finds every live rank's count here knows each one is past its
+  // arrival, which is what a wait holding its buffers for a dead peer's round needs.
+  control_.slot(rank_).arrivals.store(++barriers_, std::memory_order_seq_cst);
   notify(words().wake);
+}
+
+void RoundEngine::resume_barriers(uint64_t b) noexcept {
+  std::atomic<uint64_t>& word = words().barrier;
+  const uint64_t complete = b * static_cast<uint64_t>(size_);
+  uint64_t cur = word.load(std::memory_order_seq_cst);
+  // A failure of b or before, or a count short of b's, is what the ranks recover from; a later
+  // failure or a count past b's belongs to a call after this reset.
+  auto behind = [&] { return barrier_fell(cur) ? barrier_failed_at(cur) <= b : cur < complete; };
+  while (behind() && !word.compare_exchange_weak(cur, complete, std::memory_order_seq_cst)) {
+  }
+}
+
+RoundEngine::Waited RoundEngine::wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
+                                              const char* what, uint64_t call, Paused* paused) {
+  const auto size = static_cast<uint64_t>(size_);
+  auto settled = [&] {
+    const BarrierState state = barrier_state(words().barrier.load(std::memory_order_seq_cst), target, size);
+    return mode == WaitMode::Hold ? state == BarrierState::WentAhead : state != BarrierState::Open;
+  };
+  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
+  return wait_all(settled, counter, target, deadline, mode, what, call, paused);
 }
 
 void RoundEngine::note_cpu() noexcept {
   if (waiter_.oversubscribed()) return;
-  // Written only when it changed: the slot's line is the one peers poll for arrivals.
+  // Written only when it changed, so that peers keep the line in their caches.
   std::atomic<int32_t>& cpu = control_.slot(rank_).cpu;
   const int now = sched_getcpu();
   if (cpu.load(std::memory_order_relaxed) != now) cpu.store(now, std::memory_order_relaxed);
@@ -67,8 +93,9 @@ bool RoundEngine::awaited_on_this_cpu(uint64_t target) const noexcept {
   const int cpu = sched_getcpu();
   for (int r = 0; r < size_; ++r) {
     const RankSlot& s = control_.slot(r);
-    if (r != rank_ && s.arrivals.load(std::memory_order_relaxed) < target &&
-        s.cpu.load(std::memory_order_relaxed) == cpu) {
+    // The CPU first: its line stays in this cache, while the count's is the one its owner writes next.
+    if (r != rank_ && s.cpu.load(std::memory_order_relaxed) == cpu &&
+        s.arrivals.load(std::memory_order_relaxed) < target) {
       return true;
     }
   }
@@ -96,12 +123,11 @@ void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers
   const bool hold = hold_buffers && fabric_.peers_use_private_memory();
   arrive();
   const uint64_t target = barriers_;
-  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
   const Waited waited =
-      wait_all(counter, target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable, collective_name(what),
-               round.number);
+      wait_barrier(target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable, collective_name(what),
+                   round.number);
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  if (!decide(target, waited != Waited::Ready)) throw_failed(waited, collective_name(what), round.number, target);
+  if (!decide(target)) throw_failed(waited, collective_name(what), round.number, target);
 }
 
 void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
@@ -217,7 +243,7 @@ void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
 
 void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes) {
   stop(StopReason::Corrupt, rank_);
-  decide(barriers_ + 1, true);
+  decide(barriers_ + 1);
   fail(GRADSYNC_E_CORRUPT, "{}: rank {} published a buffer [{:#x}, +{}) outside the group's shared heaps; the group "
        "is stopped (reset or free it)", where(round.number), r, address, bytes);
 }
@@ -229,7 +255,15 @@ void RoundEngine::leave() noexcept {
 
 void RoundEngine::reset() {
   GroupWords& g = words();
-  const uint32_t from = size_ > 1 ? reset_together() : g.stop_word.load(std::memory_order_acquire);
+  uint32_t from = 0;
+  if (size_ > 1) {
+    from = reset_together();
+  } else {
+    from = g.stop_word.load(std::memory_order_acquire);
+    barriers_ = std::max(barriers_, barrier_spent(g.barrier.load(std::memory_order_seq_cst), 1));
+    resume_barriers(barriers_);
+    control_.slot(rank_).arrivals.store(barriers_, std::memory_order_seq_cst);
+  }
   // Judged on the stop the ranks reset from, not on the word now: a rank that returned from this
   // reset may already have freed its communicator (a Left stop), and that belongs to the next
   // call, or this rank would fail a reset that its peer reported done.
@@ -258,12 +292,12 @@ uint32_t RoundEngine::reset_together() {
   }
   const uint32_t epoch = reset_code_epoch(state);
   const uint32_t attempt = reset_code_attempt(state);
-  // A barrier decided failed before any rank arrived at it (a pipeline that failed between
-  // barriers) is spent too: the next round must use a later one.
-  const uint64_t decided = g.decision.load(std::memory_order_seq_cst) >> 1;
+  // A barrier that fell before this rank arrived at it (a pipeline that failed between barriers)
+  // is spent too: the next round must use a later one.
+  const uint64_t spent = barrier_spent(g.barrier.load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
   RankSlot& me = control_.slot(rank_);
   me.reset_rounds[epoch & 1] = round_;
-  me.reset_arrivals[epoch & 1] = std::max(barriers_, decided);
+  me.reset_arrivals[epoch & 1] = std::max(barriers_, spent);
   me.reset_chunks[epoch & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
   me.reset_stop[epoch & 1] = g.stop_word.load(std::memory_order_seq_cst);
   me.reset_request.store(state, std::memory_order_seq_cst);
@@ -272,12 +306,36 @@ uint32_t RoundEngine::reset_together() {
   auto posted = [&](int r) { return control_.slot(r).reset_request.load(std::memory_order_seq_cst) == state; };
   // A decided attempt counts as "everyone there", so the wait ends as soon as it is decided.
   auto counter = [&](int r) { return uint64_t{posted(r) || g.reset_state.load(std::memory_order_seq_cst) != state}; };
+  auto settled = [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (counter(r) == 0) return false;
+    }
+    return true;
+  };
   WaitClock::time_point deadline{};
-  const Waited waited = wait_all(counter, 1, deadline, WaitMode::Deadline, "reset", round_ + 1);
+  const Waited waited = wait_all(settled, counter, 1, deadline, WaitMode::Deadline, "reset", round_ + 1);
   if (waited == Waited::PeerDied) throw_gone(dead_rank_, round_ + 1);
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
     if (!posted(r)) missing.push_back(r);
+  }
+  // Every rank adopts the largest counts posted: the same figures on every rank, once all posted.
+  uint64_t rounds = 0, arrivals = 0, chunks = 0;
+  uint32_t from = 0;
+  auto adopt = [&] {
+    from = control_.slot(0).reset_stop[epoch & 1];
+    for (int r = 0; r < size_; ++r) {
+      const RankSlot& s = control_.slot(r);
+      if (stop_newer(s.reset_stop[epoch & 1], from)) from = s.reset_stop[epoch & 1];
+      rounds = std::max(rounds, s.reset_rounds[epoch & 1]);
+      arrivals = std::max(arrivals, s.reset_arrivals[epoch & 1]);
+      chunks = std::max(chunks, s.reset_chunks[epoch & 1]);
+    }
+  };
+  if (missing.empty()) {
+    // Before the verdict: a rank that reads "closed" starts its next call on the barrier word.
+    adopt();
+    resume_barriers(arrivals);
   }
   uint64_t cur = state;
   const uint64_t verdict = missing.empty() ? reset_code(epoch, attempt, false) : reset_code(epoch, attempt + 1, true);
@@ -292,14 +350,7 @@ uint32_t RoundEngine::reset_together() {
     fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
          transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
   }
-  uint64_t rounds = 0, arrivals = 0, chunks = 0;
-  uint32_t from = control_.slot(0).reset_stop[epoch & 1];
-  for (int r = 0; r < size_; ++r) {
-    if (stop_newer(control_.slot(r).reset_stop[epoch & 1], from)) from = control_.slot(r).reset_stop[epoch & 1];
-    rounds = std::max(rounds, control_.slot(r).reset_rounds[epoch & 1]);
-    arrivals = std::max(arrivals, control_.slot(r).reset_arrivals[epoch & 1]);
-    chunks = std::max(chunks, control_.slot(r).reset_chunks[epoch & 1]);
-  }
+  adopt();
   round_ = rounds;
   barriers_ = arrivals;
   chunks_ = chunks;

@@ -10,19 +10,23 @@
 // group's life (RankSlot::arrivals); a round may have more (a completion barrier while peers use
 // this rank's buffers, one per staged block on the copy path).
 //
-// Every barrier is DECIDED once for all ranks, by one CAS on GroupWords::decision:
-// - a rank that saw every rank arrive wants "went ahead"; one that saw an abort, its deadline or a
-//   dead peer wants "failed"; the first CAS wins and every rank adopts it, so no rank returns OK for
-//   a call that another rank reports failed;
-// - a decision for a LATER barrier than the one a rank is deciding means that barrier went ahead:
-//   no rank gets past a barrier that failed (it must reset first, and reset needs every rank, this
-//   one included);
-// - a rank that fails between barriers (the copy pipeline) decides the next barrier failed before
-//   it throws, so its peers fail there too instead of completing without it.
+// Every barrier is DECIDED once for all ranks, on one group word (GroupWords::barrier; see
+// barrier_state in control.hpp): each rank arrives by adding one to it, and a rank that saw an
+// abort, its deadline or a dead peer replaces it, by CAS, with a failure naming the barrier, unless
+// the count reached the barrier first. Whichever came first holds for every rank, so no rank
+// returns OK for a call that another rank reports failed:
+// - a failure naming a LATER barrier leaves this one gone ahead: no rank gets past a barrier that
+//   failed (it must reset first, and reset needs every rank, this one included);
+// - a rank that fails between barriers (the copy pipeline) fails the next barrier before it
+//   throws, so its peers fail there too instead of completing without it.
+// A barrier that goes ahead costs each rank one atomic add and the polls of one line, as a plain
+// counting barrier does: no decision to write. Each rank also records its own count in its slot,
+// where a wait finds the ranks it is waiting for.
 // After a failure the stop word (first cause wins) makes every call fail fast until reset()
 // realigns the ranks: every rank adopts the largest round and barrier counts posted, so the next
-// call is the same call on every rank. A reset is decided once for all ranks as well (reset_state):
-// it either happens for every rank or fails for every rank that asked.
+// call is the same call on every rank, and the barrier word resumes from there (a failure it
+// recovers from cleared). A reset is decided once for all ranks as well (reset_state): it either
+// happens for every rank or fails for every rank that asked.
 //
 // tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
@@ -120,17 +124,27 @@ class RoundEngine {
 
   GroupWords& words() const noexcept { return control_.words(); }
   void stop(StopReason reason, int rank) noexcept;
-  // Decides barrier `index` for every rank; true when it went ahead.
-  bool decide(uint64_t index, bool failed) noexcept;
+  // Barrier `index`'s verdict, the same for every rank: true when it went ahead. One still open is
+  // failed now: only a rank giving up on it finds it so (a wait that ended ready finds it decided).
+  bool decide(uint64_t index) noexcept;
   void arrive() noexcept;
+  // After a reset every rank resumes from barrier b: the barrier word becomes b's complete count,
+  // unless an arrival past b was counted already (a rank that left the reset first).
+  void resume_barriers(uint64_t b) noexcept;
   // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it. A wait
   // that lasts logs, now and then, the ranks it is waiting for at `what` of call `call`.
-  // *paused (when given) says how long the condition took to hold: at once, within the first
-  // polls, or longer.
+  // Waits until settled(), or, once a peer is known dead, until counter(r) >= target for every live
+  // rank r; see WaitMode for what else ends it. A wait that lasts logs, now and then, the ranks
+  // whose counter is short of target at `what` of call `call`. *paused (when given) says how long
+  // the wait took: none, within the first polls, or longer.
   enum class Paused { No, Briefly, Long };
-  template <class Counter>
-  Waited wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
-                  const char* what, uint64_t call, Paused* paused = nullptr);
+  template <class Settled, class Counter>
+  Waited wait_all(Settled&& settled, Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
+                  WaitMode mode, const char* what, uint64_t call, Paused* paused = nullptr);
+  // Waits at barrier `target`, which this rank has arrived at: until it is decided (went ahead or
+  // fell), or, in Hold mode, until it went ahead or every live peer is past it.
+  Waited wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode, const char* what,
+                      uint64_t call, Paused* paused = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
                          std::chrono::nanoseconds waited) const;
   // The deadline of a wait that starts `now`, unless one is set already.
@@ -178,13 +192,16 @@ inline constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 inline constexpr auto kStragglerReportAfter = std::chrono::seconds(5);
 inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
 
-template <class Counter>
-RoundEngine::Waited RoundEngine::wait_all(Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
-                                          WaitMode mode, const char* what, uint64_t call, Paused* paused) {
+template <class Settled, class Counter>
+RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, uint64_t target,
+                                          WaitClock::time_point& deadline, WaitMode mode, const char* what,
+                                          uint64_t call, Paused* paused) {
   dead_.clear();
   auto ready = [&] {
+    if (settled()) return true;
+    if (dead_.empty()) return false;
     for (int r = 0; r < size_; ++r) {
-      if (counter(r) < target && (dead_.empty() || !dead_[static_cast<size_t>(r)])) return false;
+      if (counter(r) < target && !dead_[static_cast<size_t>(r)]) return false;
     }
     return true;
   };
@@ -232,20 +249,18 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   fail_fast();
   Round round{++round_, 0, {}, true};
   round.parity = round.number & 1;
-  d.round = round.number;
   publish(round.parity);
-  control_.slot(rank_).desc[round.parity] = d;
   const auto arrived = WaitClock::now();
-  control_.slot(rank_).arrived_ns[round.parity] = Telemetry::stamp(arrived);
+  d.arrived_ns = Telemetry::stamp(arrived);
+  control_.slot(rank_).desc[round.parity] = d;
   arrive();
   const uint64_t target = barriers_;
-  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
   Paused paused = Paused::No;
-  const Waited waited = wait_all(counter, target, round.deadline, WaitMode::Abortable,
-                                 collective_name(d.call.collective), round.number, &paused);
+  const Waited waited = wait_barrier(target, round.deadline, WaitMode::Abortable, collective_name(d.call.collective),
+                                     round.number, &paused);
   if (waited == Waited::Ready) {
-    // The peers' descriptors and inline payloads are read next, after the decision's CAS, which
-    // would otherwise make each of those cache misses wait for the one before it.
+    // The peers' descriptors and inline payloads are read next: fetched together rather than each
+    // cache miss waiting for the one before it.
     for (int r = 0; r < size_; ++r) {
       __builtin_prefetch(&desc(r, round.parity));
       __builtin_prefetch(control_.inline_area(r, round.parity));
@@ -253,7 +268,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   }
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
-  const bool went_ahead = decide(target, waited != Waited::Ready);
+  const bool went_ahead = decide(target);
   if (!went_ahead) {
     telemetry_.arrival(arrived, paused == Paused::No ? arrived : WaitClock::now(), nullptr, 0);
     throw_failed(waited, collective_name(d.call.collective), round.number, target);
@@ -261,7 +276,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   // Every rank arrived, so every stamp of this parity is this round's.
   int64_t last = 0;
   for (int r = 0; r < size_; ++r) {
-    stamps_[static_cast<size_t>(r)] = control_.slot(r).arrived_ns[round.parity];
+    stamps_[static_cast<size_t>(r)] = desc(r, round.parity).arrived_ns;
     last = std::max(last, stamps_[static_cast<size_t>(r)]);
   }
   // The verdict's time without a clock read where it can be had: the last rank to arrive had it at
@@ -299,7 +314,7 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
       }
     }
     // The peers meet again at this rank's next barrier: it fails for all of them.
-    decide(barriers_ + 1, true);
+    decide(barriers_ + 1);
     throw_failed(why, what, round.number, barriers_ + 1);
   }
 }
