@@ -273,7 +273,9 @@ template <class MakeOp>
 int run(const char* function, gradsync_comm* comm, MakeOp&& make_op) noexcept {
   return guard(function, [&] {
     const std::shared_ptr<CommLink>& link = check(comm)->link;
-    const Op op = make_op(*link);
+    // The op's own type, not an Op: a blocking call allocates nothing (the small calls' ops return
+    // their lambdas, whose captures are too big for std::function's inline storage).
+    const auto op = make_op(*link);
     CommLink::run_in_order(link, function, [&] { op(link->communicator()); });
   });
 }
@@ -423,7 +425,7 @@ gradsync::comm::BufferRef reducible(const void* send, void* recv, size_t count, 
   return {send, recv, count};
 }
 
-Op allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
+auto allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
   const DType t = gradsync::to_dtype(dtype);
   const auto o = gradsync::to_op(op);
   return [buffer = reducible(send, recv, count, t), t, o](Communicator& c) {
@@ -464,14 +466,14 @@ Op allreduce_mixed_op(const void* const* sends, void* const* recvs, const size_t
   };
 }
 
-Op weighted_mean_op(const void* send, void* recv, size_t count, int32_t dtype, uint64_t weight,
-                    uint64_t* total_weight) {
+auto weighted_mean_op(const void* send, void* recv, size_t count, int32_t dtype, uint64_t weight,
+                      uint64_t* total_weight) {
   const DType t = gradsync::to_dtype(dtype);
   reducible(send, recv, count, t);
   return [=](Communicator& c) { c.weighted_mean(send, recv, count, t, weight, total_weight); };
 }
 
-Op broadcast_op(void* buf, size_t count, int32_t dtype, int32_t root) {
+auto broadcast_op(void* buf, size_t count, int32_t dtype, int32_t root) {
   const DType t = gradsync::to_dtype(dtype);
   require_buffer(buf, count, t, "broadcast");
   // The root is checked inside the round, so a root that one rank gets wrong fails every rank.
@@ -651,7 +653,7 @@ int request_outcome(const gradsync_request* r) noexcept {
   return status == GRADSYNC_OK ? status : gradsync::capi::set_last_error(status, r->function, r->done->message().c_str());
 }
 
-Op barrier_op() {
+auto barrier_op() {
   return [](Communicator& c) { c.barrier(); };
 }
 
