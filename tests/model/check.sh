@@ -41,6 +41,7 @@ check holds "2 ranks, 2 calls, an abort and a deadline" -DN=2 -DK=2 -DABORTS=1 -
 check holds "2 ranks, 3 calls, an abort" -DN=2 -DK=3 -DABORTS=1 -DTIMEOUTS=0
 check holds "2 ranks, 2 calls, an abort and a death" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0 -DDEATHS=1
 check holds "3 ranks, 1 call, an abort" -DN=3 -DK=1 -DABORTS=1 -DTIMEOUTS=0
+check holds "3 ranks, 1 call, a death" -DN=3 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DDEATHS=1
 check violated "mutant: a failure of a later barrier taken as this barrier's" -DN=2 -DK=2 -DMUTANT_DECIDE
 check violated "mutant: a failure that arrivals after it can complete" -DN=2 -DK=2 -DMUTANT_COUNT
 check violated "mutant: reset ignores a barrier decided failed before anyone arrived" -DN=2 -DK=2 -DMUTANT_SKIP

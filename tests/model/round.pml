@@ -172,10 +172,12 @@ inline arrive() {
   arrivals[me] = barriers
 }
 
-/* A deadline may pass at any moment while the budget lasts, and whenever nothing else can move. */
+/* A deadline may pass at any moment while the budget lasts, and whenever nothing else can move.
+ * Nothing may be stuck then: a barrier every rank arrived at is decided (without deaths, which
+ * leave barriers open for good). */
 #define DEADLINE_PASSES \
   :: atomic { timeouts > 0 -> timeouts-- }; res = TIMEDOUT; break \
-  :: timeout -> res = TIMEDOUT; break
+  :: timeout -> assert(DEATHS > 0 || !FORALL(ARRIVED) || WENT(target) || FELL(target)); res = TIMEDOUT; break
 
 inline die_here() {
 #if DEATHS > 0
@@ -263,6 +265,24 @@ inline record(v) {
   }
 }
 
+/* Before a reset's verdict, by a rank that saw every request: every rank resumes from the largest
+ * count posted, on a barrier word raised to it with its failure cleared, unless an arrival past it
+ * was counted already. Read and raised in one step: once every rank asked, a post can only be
+ * rewritten (for a later attempt) with counts no smaller. */
+inline resume_barriers() {
+  atomic {
+    vb = 0; r = 0;
+    do
+    :: r < N -> vb = MAX(vb, post_arr[(my_e % 2) * N + r]); r++
+    :: else -> break
+    od;
+    if
+    :: (g >= JUMP && FAILED_AT <= vb) || (g < JUMP && g < vb * N) -> g = vb * N
+    :: else -> skip
+    fi
+  }
+}
+
 #ifndef MUTANT_RETRACT
 /* reset(): join the open attempt (opening the next epoch if none is open), post this rank's
  * counts, wait for every rank's request, decide the attempt by CAS. */
@@ -299,20 +319,7 @@ inline reset() {
   all_asked = FORALL(ASKED);
   if
   :: all_asked ->
-     /* before the verdict: every rank resumes from the largest count posted, on a barrier word
-      * raised to it with its failure cleared, unless an arrival past it was counted already */
-     /* the posts are final once every rank asked: read them and raise in one step */
-     atomic {
-       vb = 0; r = 0;
-       do
-       :: r < N -> vb = MAX(vb, post_arr[(my_e % 2) * N + r]); r++
-       :: else -> break
-       od;
-       if
-       :: (g >= JUMP && FAILED_AT <= vb) || (g < JUMP && g < vb * N) -> g = vb * N
-       :: else -> skip
-       fi
-     }
+     resume_barriers()
   :: else -> skip
   fi;
   atomic {
@@ -353,17 +360,7 @@ inline reset() {
   if
   :: res != READY && !FORALL(ASKED_OLD) -> req_e[me] = my_e - 1; closed = 0
   :: else ->
-     atomic {
-       vb = 0; r = 0;
-       do
-       :: r < N -> vb = MAX(vb, post_arr[(my_e % 2) * N + r]); r++
-       :: else -> break
-       od;
-       if
-       :: (g >= JUMP && FAILED_AT <= vb) || (g < JUMP && g < vb * N) -> g = vb * N
-       :: else -> skip
-       fi
-     }
+     resume_barriers();
      atomic { if :: rs_epoch < my_e -> rs_epoch = my_e :: else -> skip fi }
   fi;
   assert(rs_epoch < 8);

@@ -4,14 +4,18 @@
 // with an error instead of a signal. The scribbler here is real: it maps the real segment, as a
 // buggy or hostile member would, and rewrites the buffer addresses rank 1 publishes.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,4 +106,77 @@ TEST_CASE("a member that rewrites published buffer addresses makes its peers fai
   CHECK(status[0] == GRADSYNC_E_CORRUPT);
   CHECK(status[1] == GRADSYNC_E_CORRUPT);
   CHECK((message[0] + message[1]).find("rank 1 published a buffer") != std::string::npos);
+}
+
+// A member of another build: its segment has another format. A joiner of this build must neither
+// join it nor rebuild it (truncating it under the live member): it fails, naming both formats.
+TEST_CASE("a joiner refuses the segment of a live member of another build, and leaves it whole", "[comm][shm]") {
+  const std::string name = "otherbuild-" + std::to_string(::getpid());
+  std::string path = "/";
+  path += comm::shm::segment_name(name);
+  constexpr off_t kBytes = 1 << 16;
+  constexpr uint64_t kSentinel = 0x5eed5eed5eed5eedull;
+  int fd = ::shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, kBytes) == 0);
+  auto* base = static_cast<char*>(::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  REQUIRE(base != MAP_FAILED);
+  auto* h = new (base) comm::shm::Header();
+  h->format_version = comm::shm::kFormatVersion + 1;
+  h->size = 2;
+  h->total_bytes = kBytes;
+  std::memcpy(base + kBytes - sizeof kSentinel, &kSentinel, sizeof kSentinel);
+  h->magic.store(comm::shm::kSegmentMagic, std::memory_order_release);
+
+  // The other build's rank 0: a live process holding its rank lock, as members do.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t member = ::fork();
+  REQUIRE(member >= 0);
+  if (member == 0) {
+    const int mfd = ::shm_open(path.c_str(), O_RDWR, 0);
+    struct flock lock {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_start = comm::shm::kRankLockByte;
+    lock.l_len = 1;
+    const char ok = mfd >= 0 && ::fcntl(mfd, F_OFD_SETLK, &lock) == 0 ? 'y' : 'n';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  char ok = 0;
+  REQUIRE(::read(ready[0], &ok, 1) == 1);
+  REQUIRE(ok == 'y');
+
+  comm::Options o;
+  o.transport = comm::Transport::Shm;
+  o.name = name;
+  o.rank = 1;
+  o.size = 2;
+  o.timeout = 5000ms;
+  int status = 0;
+  std::string message;
+  try {
+    comm::create(o);
+  } catch (const gradsync::Error& e) {
+    status = e.status();
+    message = e.what();
+  }
+  ::kill(member, SIGKILL);
+  ::waitpid(member, nullptr, 0);
+  CHECK(status == GRADSYNC_E_MISMATCH);
+  CHECK(message.find("another libgradsync build") != std::string::npos);
+  struct stat st {};
+  REQUIRE(::fstat(fd, &st) == 0);
+  CHECK(st.st_size == kBytes);
+  uint64_t tail = 0;
+  std::memcpy(&tail, base + kBytes - sizeof tail, sizeof tail);
+  CHECK(tail == kSentinel);
+  CHECK(h->format_version == comm::shm::kFormatVersion + 1);
+  ::munmap(base, kBytes);
+  ::close(fd);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::shm_unlink(path.c_str());
 }

@@ -7,7 +7,8 @@
 // Plain atomics and trivially copyable data only, at fixed offsets, because the same structures
 // live in process memory (thread transport) and in a segment mapped by processes of possibly
 // different builds (shm transport). Only the owner of a slot writes it; group words change by CAS
-// (stop, reset, a barrier's failure) so the first writer wins, or by adding (arrivals).
+// (stop, reset, a barrier's failure, a reset's resumption of the barrier word) so the first writer
+// wins, or by adding (arrivals).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -126,10 +127,12 @@ struct alignas(64) RankSlot {
   // The reset attempt this rank takes part in (reset_code(epoch, attempt, open)), and its round,
   // barrier and chunk counts for it, by epoch parity.
   alignas(64) std::atomic<uint64_t> reset_request;
-  uint64_t reset_rounds[2];
-  uint64_t reset_arrivals[2];
-  uint64_t reset_chunks[2];
-  uint32_t reset_stop[2];  // the stop word this rank saw when it asked
+  // Atomics (relaxed: reset_request orders them) because a rank may post again for the next
+  // attempt while a peer that saw every request of this one still reads them.
+  std::atomic<uint64_t> reset_rounds[2];
+  std::atomic<uint64_t> reset_arrivals[2];
+  std::atomic<uint64_t> reset_chunks[2];
+  std::atomic<uint32_t> reset_stop[2];  // the stop word this rank saw when it asked
   alignas(64) Descriptor desc[2];  // by round parity
 };
 

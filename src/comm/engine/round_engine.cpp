@@ -213,7 +213,7 @@ void RoundEngine::throw_gone(int r, uint64_t call) {
 
 void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
   uint32_t code = words().stop_word.load(std::memory_order_acquire);
-  // A round decided failed by a peer: its stop is published before its decision.
+  // A barrier failed by a peer: its stop is published before the failure.
   const int who = stop_rank(code);
   const int pid = who >= 0 && who < size_ ? fabric_.pid(who) : 0;
   const std::string w = where(call);
@@ -296,10 +296,12 @@ uint32_t RoundEngine::reset_together() {
   // is spent too: the next round must use a later one.
   const uint64_t spent = barrier_spent(g.barrier.load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
   RankSlot& me = control_.slot(rank_);
-  me.reset_rounds[epoch & 1] = round_;
-  me.reset_arrivals[epoch & 1] = std::max(barriers_, spent);
-  me.reset_chunks[epoch & 1] = std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()});
-  me.reset_stop[epoch & 1] = g.stop_word.load(std::memory_order_seq_cst);
+  constexpr auto relaxed = std::memory_order_relaxed;
+  me.reset_rounds[epoch & 1].store(round_, relaxed);
+  me.reset_arrivals[epoch & 1].store(std::max(barriers_, spent), relaxed);
+  me.reset_chunks[epoch & 1].store(std::max({chunks_, me.staged.load(), me.reduced.load(), me.drained.load()}),
+                                   relaxed);
+  me.reset_stop[epoch & 1].store(g.stop_word.load(std::memory_order_seq_cst), relaxed);
   me.reset_request.store(state, std::memory_order_seq_cst);
   notify(g.wake);
 
@@ -323,13 +325,14 @@ uint32_t RoundEngine::reset_together() {
   uint64_t rounds = 0, arrivals = 0, chunks = 0;
   uint32_t from = 0;
   auto adopt = [&] {
-    from = control_.slot(0).reset_stop[epoch & 1];
+    from = control_.slot(0).reset_stop[epoch & 1].load(relaxed);
     for (int r = 0; r < size_; ++r) {
       const RankSlot& s = control_.slot(r);
-      if (stop_newer(s.reset_stop[epoch & 1], from)) from = s.reset_stop[epoch & 1];
-      rounds = std::max(rounds, s.reset_rounds[epoch & 1]);
-      arrivals = std::max(arrivals, s.reset_arrivals[epoch & 1]);
-      chunks = std::max(chunks, s.reset_chunks[epoch & 1]);
+      const uint32_t stop = s.reset_stop[epoch & 1].load(relaxed);
+      if (stop_newer(stop, from)) from = stop;
+      rounds = std::max(rounds, s.reset_rounds[epoch & 1].load(relaxed));
+      arrivals = std::max(arrivals, s.reset_arrivals[epoch & 1].load(relaxed));
+      chunks = std::max(chunks, s.reset_chunks[epoch & 1].load(relaxed));
     }
   };
   if (missing.empty()) {

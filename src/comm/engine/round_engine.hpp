@@ -7,8 +7,9 @@
 //
 // A collective is one round: each rank publishes a Descriptor of its call in its slot (by round
 // parity), then meets the others at the round's arrival barrier. Barriers are counted over the
-// group's life (RankSlot::arrivals); a round may have more (a completion barrier while peers use
-// this rank's buffers, one per staged block on the copy path).
+// group's life (GroupWords::barrier; each rank's own count in RankSlot::arrivals); a round may
+// have more (a completion barrier while peers use this rank's buffers, one per staged block on the
+// copy path).
 //
 // Every barrier is DECIDED once for all ranks, on one group word (GroupWords::barrier; see
 // barrier_state in control.hpp): each rank arrives by adding one to it, and a rank that saw an
@@ -52,8 +53,9 @@ namespace gradsync::comm {
 // signatures must agree (when `compare`), then arguments that only the group can judge (a root, a
 // dtype the kernels do not reduce, a weight) are checked, naming the rank that passed them.
 // where() names the group ("thread group 'train'"); messages add the call number.
-// signature_of(r) and weight_of(r) for r in [0, entries): entries is the group's size, or 1 when a
-// transport skips the exchange and judges only this rank's own call.
+// signature_of(r) and weight_of(r) for r in [0, entries): entries is the group's size, or 1 when
+// one call stands for all (a transport that skips the exchange judges this rank's own; the round
+// engine, rank 0's when every rank's is alike).
 void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
                   const std::function<const CallSignature&(int)>& signature_of,
                   const std::function<uint64_t(int)>& weight_of);
@@ -129,10 +131,9 @@ class RoundEngine {
   bool decide(uint64_t index) noexcept;
   void arrive() noexcept;
   // After a reset every rank resumes from barrier b: the barrier word becomes b's complete count,
-  // unless an arrival past b was counted already (a rank that left the reset first).
+  // unless an arrival past b was counted already or a later barrier failed (a rank that left the
+  // reset first and went on).
   void resume_barriers(uint64_t b) noexcept;
-  // Waits until counter(r) >= target for every rank r; see WaitMode for what else ends it. A wait
-  // that lasts logs, now and then, the ranks it is waiting for at `what` of call `call`.
   // Waits until settled(), or, once a peer is known dead, until counter(r) >= target for every live
   // rank r; see WaitMode for what else ends it. A wait that lasts logs, now and then, the ranks
   // whose counter is short of target at `what` of call `call`. *paused (when given) says how long

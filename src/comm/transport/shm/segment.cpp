@@ -196,6 +196,19 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         valid = l.total_bytes == h->total_bytes && l.heap_offset == h->heap_offset;
         heap_bytes = h->heap_bytes_per_rank;
       }
+      if (!valid && h->magic.load(std::memory_order_acquire) == kSegmentMagic &&
+          h->format_version != kFormatVersion) {
+        // A segment of another build's format: rebuilding it would pull it from under its
+        // members, if any is alive. Refused, so neither run loses a call.
+        bool held = false;
+        for (int r = 0; r < kMaxRanks && !held; ++r) held = ofd_held_by_other(fd, kRankLockByte + r);
+        if (held) {
+          fail(GRADSYNC_E_MISMATCH,
+               "shm group '{}': /dev/shm/{} is in use by processes of another libgradsync build (segment format {}, "
+               "this build's {}); run every member with the same build, or use another group name",
+               name, shm_name, h->format_version, kFormatVersion);
+        }
+      }
       if (valid) {
         existing_size = h->size;
         existing_creator = h->creator_pid;

@@ -6,7 +6,8 @@
 //
 // Invariants of the layout (format kFormatVersion):
 // - Header.magic is written last, with release order, by the creator holding the set-up lock;
-//   a segment whose magic, version or size disagree is half-initialised and is rebuilt.
+//   a segment whose magic, version or size disagree is half-initialised and is rebuilt, unless it
+//   is another build's format with a live member (refused: E_MISMATCH).
 // - Liveness is not a PID alone (a SIGKILLed child stays a zombie, and kill(pid, 0) succeeds on
 //   it until its parent reaps it): rank r holds an open-file-description lock on byte kRankLockByte+r
 //   of the segment's file, which the kernel drops when the process dies. kill(pid, 0) is checked too.
