@@ -6,6 +6,7 @@
 // segment's heap, an abort named to the waiters); the collectives' semantics, mismatches,
 // timeouts and resets are tested for every transport by tests/conformance.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -159,6 +160,37 @@ void case_abort(gradsync_comm* c) {
   for (float x : v) EXPECT(x == float(g_size), "after reset got %g", x);
 }
 
+// Rank 1 runs out of memory in the middle of a weighted mean (the copy path's staging, after the
+// round began: its address space is capped just below it). Its peer, waiting inside the round,
+// fails at once naming it, instead of waiting out its 60 s timeout; both reset and go on.
+void case_oom(gradsync_comm* c) {
+  const size_t n = 4 << 20;  // 16 MiB of floats, staged as 32 MiB of doubles
+  std::vector<float> send(n, float(g_rank + 1)), recv(n, 0.f);
+  OK(gradsync_comm_barrier(c));
+  uint64_t total = 0;
+  if (g_rank == 1) {
+    rlimit was{};
+    EXPECT(getrlimit(RLIMIT_AS, &was) == 0, "getrlimit");
+    long pages = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    EXPECT(f != nullptr && std::fscanf(f, "%ld", &pages) == 1, "/proc/self/statm");
+    std::fclose(f);
+    rlimit capped = was;
+    capped.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (16u << 20);
+    EXPECT(setrlimit(RLIMIT_AS, &capped) == 0, "setrlimit");
+    const int st = gradsync_comm_weighted_mean(c, send.data(), recv.data(), n, GRADSYNC_F32, 1, &total);
+    EXPECT(setrlimit(RLIMIT_AS, &was) == 0, "setrlimit back");
+    expect_status(st, GRADSYNC_E_NOMEM, "weighted mean without the memory to stage it");
+  } else {
+    expect_status(gradsync_comm_weighted_mean(c, send.data(), recv.data(), n, GRADSYNC_F32, 1, &total),
+                  GRADSYNC_E_ABORTED, "the peer's weighted mean", {"rank 1", "failed in the middle of a call"});
+  }
+  OK(gradsync_comm_reset(c));
+  std::vector<float> v(1000, 1.f);
+  OK(gradsync_comm_allreduce(c, v.data(), v.data(), v.size(), GRADSYNC_F32, GRADSYNC_SUM));
+  for (float x : v) EXPECT(x == float(g_size), "after reset got %g", x);
+}
+
 // Rank 1 is SIGKILLed in the middle of collectives: the others get E_REMOTE naming it (not a
 // timeout: their timeout is 60 s), free the group and form a new one under the same name.
 void case_kill(gradsync_comm* c, bool in_segment) {
@@ -298,7 +330,7 @@ int main(int argc, char** argv) {
   }
   if (k == "late" && g_rank == g_size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
-  const int64_t timeout = k == "abort" || k.rfind("kill", 0) == 0 ? 60000 : 20000;
+  const int64_t timeout = k == "abort" || k == "oom" || k.rfind("kill", 0) == 0 ? 60000 : 20000;
   gradsync_comm* c = join(g_group, g_rank, g_size, timeout);
   int32_t got = -1;
   OK(gradsync_comm_transport(c, &got));
@@ -307,6 +339,7 @@ int main(int argc, char** argv) {
   if (k == "abort") case_abort(c);
   else if (k == "kill" || k == "kill_zero_copy") case_kill(c, k == "kill_zero_copy");
   else if (k == "alloc") case_alloc(c);
+  else if (k == "oom") case_oom(c);
   else if (k == "truncate") case_truncate(c);
   else if (k == "late" || k == "stale_reuse") round_of_ones(c, g_size);
   else if (k == "names") {

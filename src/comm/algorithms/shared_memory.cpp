@@ -296,6 +296,7 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
       }
     }
   });
+  const RoundGuard guard(engine_);
   const size_t n = static_cast<size_t>(size());
   PerRank<const void*> srcs(n);
   PerRank<void*> dsts(n);
@@ -430,6 +431,7 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
       control_.table(rank(), parity)[0] = {address, kNoAddress};
     }
   });
+  const RoundGuard guard(engine_);
   char* out = static_cast<char*>(buf);
   if (small) {
     if (!is_root && bytes > 0) std::memcpy(out, control_.inline_area(root, round.parity), bytes);
@@ -486,6 +488,7 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
       control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
     }
   });
+  const RoundGuard guard(engine_);
   if (small) {
     if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
     for (uint64_t r = 0; r < n; ++r) {
@@ -549,6 +552,7 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
   }
   const bool small = total * es <= kInlineBytes;
   const Round round = begin_reading(reduce_scatter_call(counts, dtype, op, root), send, total * es);
+  const RoundGuard guard(engine_);
   PerRank<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
@@ -595,6 +599,7 @@ void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Rout
   }
   const bool small = widest * es <= kInlineBytes;
   const Round round = begin_reading(exchange_call(routes, dtype), send, routes.send_extent(me) * es, small);
+  const RoundGuard guard(engine_);
   if (small || round.all_direct) {
     for (uint64_t s = 0; s < n; ++s) {
       const size_t part = routes.at(s, me);
@@ -698,6 +703,7 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
   const double denom = static_cast<double>(total);
   // Every rank sees the same total, so every rank fails alike, before anyone touches a buffer.
   GS_REQUIRE(total > 0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+  const RoundGuard guard(engine_);
   PerRank<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity);

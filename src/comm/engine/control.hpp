@@ -35,7 +35,8 @@ constexpr int kMaxLocalRanks = 1024;
 
 // Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
 // Corrupt: a rank found a peer's published buffer outside the memory peers may publish.
-enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5 };
+// Failed: a rank left a round by an error of its own (out of memory, say) that its peers do not share.
+enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5, Failed = 6 };
 
 // The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | generation modulo 4096 (bits 20-31).
 // Every stop counts the generation up and a reset clears only the reason, so a reset can clear

@@ -231,6 +231,9 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
     case StopReason::Corrupt:
       fail(GRADSYNC_E_CORRUPT, "{}: rank {} stopped the group: a peer published a buffer outside the group's shared "
            "heaps (a member gone bad); reset or free it", w, who);
+    case StopReason::Failed:
+      fail(GRADSYNC_E_ABORTED, "{}: rank {} (pid {}) failed in the middle of a call (an error of its own, reported "
+           "there); reset or free the group", w, who, pid);
     case StopReason::Aborted:
     case StopReason::None:
       break;
@@ -240,6 +243,12 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
 }
 
 void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
+
+void RoundEngine::fail_round() noexcept {
+  stop(StopReason::Failed, rank_);
+  decide(barriers_ + 1);
+  notify(words().wake);
+}
 
 void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes) {
   stop(StopReason::Corrupt, rank_);

@@ -32,6 +32,7 @@
 // tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <cstdint>
 #include <string>
@@ -112,6 +113,10 @@ class RoundEngine {
   // this round on every rank (its next barrier is decided failed) and stops; throws E_CORRUPT.
   [[noreturn]] void refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes);
 
+  // This rank leaves its round by an error of its own: the group stops, and the round's next
+  // barrier fails for every rank. Otherwise its peers would wait there until their deadline, or,
+  // worse, count this rank's next call as its arrival there and return OK without its part.
+  void fail_round() noexcept;
   void abort() noexcept;
   void reset();
   // This rank is leaving (its communicator is being freed): peers waiting on it fail.
@@ -185,6 +190,24 @@ class RoundEngine {
   int dead_rank_ = -1;
   std::vector<char> dead_;
   AdaptiveWait waiter_;
+};
+
+// Held by a collective from the point its round is agreed (begin() returned, and any check every
+// rank makes alike is passed) to its end: an exception that leaves the round fails it for every
+// rank (fail_round). A failure of the round itself is already decided; failing the next barrier
+// again changes nothing.
+class RoundGuard {
+ public:
+  explicit RoundGuard(RoundEngine& engine) noexcept : engine_(engine), exceptions_(std::uncaught_exceptions()) {}
+  ~RoundGuard() {
+    if (std::uncaught_exceptions() > exceptions_) engine_.fail_round();
+  }
+  RoundGuard(const RoundGuard&) = delete;
+  RoundGuard& operator=(const RoundGuard&) = delete;
+
+ private:
+  RoundEngine& engine_;
+  const int exceptions_;
 };
 
 // While waiting, peers' liveness is checked this often (a dead peer is reported within it).
