@@ -42,8 +42,11 @@ check holds "2 ranks, 3 calls, an abort" -DN=2 -DK=3 -DABORTS=1 -DTIMEOUTS=0
 check holds "2 ranks, 2 calls, an abort and a death" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0 -DDEATHS=1
 check holds "3 ranks, 1 call, an abort" -DN=3 -DK=1 -DABORTS=1 -DTIMEOUTS=0
 check holds "3 ranks, 1 call, a death" -DN=3 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DDEATHS=1
+check holds "2 ranks, 2 calls, an abort and an error of a rank's own" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0 -DLOCAL_FAILS=1
+check holds "3 ranks, 1 call, an error of a rank's own" -DN=3 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DLOCAL_FAILS=1
 check violated "mutant: a failure of a later barrier taken as this barrier's" -DN=2 -DK=2 -DMUTANT_DECIDE
 check violated "mutant: a failure that arrivals after it can complete" -DN=2 -DK=2 -DMUTANT_COUNT
+check violated "mutant: a rank that left its round is not counted past it" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DLOCAL_FAILS=1 -DMUTANT_STAY
 check violated "mutant: reset ignores a barrier decided failed before anyone arrived" -DN=2 -DK=2 -DMUTANT_SKIP
 check violated "mutant: reset retracts a request a peer may have seen" -DN=2 -DK=3 -DMUTANT_RETRACT
 check violated "mutant: a stop tagged with a reset epoch read apart from its CAS" -DN=2 -DK=2 -DMUTANT_TAG

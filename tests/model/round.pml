@@ -37,6 +37,9 @@
 #ifndef DEATHS
 #define DEATHS 0
 #endif
+#ifndef LOCAL_FAILS
+#define LOCAL_FAILS 0  /* errors of a rank's own in the middle of a round (RoundGuard) */
+#endif
 
 /* Round shapes. */
 #define INLINE 0   /* the arrival barrier only: inline payloads, barrier() */
@@ -54,6 +57,7 @@
 #define ABORTED 1
 #define TIMEOUT_STOP 2
 #define DEAD 3
+#define FAILED_STOP 4
 
 #define OK 1
 #define FAILED 2
@@ -97,6 +101,7 @@ byte okround[N * K];
 byte aborts = ABORTS;
 byte timeouts = TIMEOUTS;
 byte deaths = DEATHS;
+byte local_fails = LOCAL_FAILS;
 
 #define JUMP 128
 #define SPAN (2 * N)
@@ -210,11 +215,26 @@ inline barrier_abortable() {
   fi
 }
 
-/* A completion barrier while peers use this rank's private buffers: only live peers count. */
+/* A rank leaves its round by an error of its own before the round's next barrier (fail_round):
+ * it stops the group, fails that barrier, and counts itself past it. */
+inline fail_locally() {
+  if
+  :: atomic { local_fails > 0 -> local_fails-- };
+     stop(FAILED_STOP);
+     decide(barriers + 1, 1);
+#ifndef MUTANT_STAY
+     arrivals[me] = barriers + 1;
+#endif
+     goto failed
+  :: skip
+  fi
+}
+
+/* A completion barrier while peers use this rank's private buffers: it ends when the barrier
+ * went ahead, or, once it fell or a peer is dead, when every live rank is past it. */
 inline barrier_hold() {
   arrive();
-  /* complete, or every live rank is past its arrival once a peer is known dead */
-  WENT(target) || (EXISTS(IS_DEAD) && FORALL(ARRIVED_OR_DEAD));
+  WENT(target) || ((EXISTS(IS_DEAD) || FELL(target)) && FORALL(ARRIVED_OR_DEAD));
   if
   :: EXISTS(IS_DEAD) -> stop(DEAD); res = PEERDIED
   :: else -> res = READY
@@ -384,7 +404,7 @@ proctype Rank(byte me) {
      barrier_abortable();
      if
      :: shape[k] == INLINE -> skip
-     :: shape[k] == HOLD -> barrier_hold()
+     :: shape[k] == HOLD -> fail_locally(); barrier_hold()
      :: shape[k] == COMPLETE -> barrier_abortable()
      :: shape[k] == PIPE -> pipeline(); barrier_abortable()
      fi;

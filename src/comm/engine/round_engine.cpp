@@ -72,11 +72,18 @@ void RoundEngine::resume_barriers(uint64_t b) noexcept {
 RoundEngine::Waited RoundEngine::wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
                                               const char* what, uint64_t call, Paused* paused) {
   const auto size = static_cast<uint64_t>(size_);
+  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
   auto settled = [&] {
     const BarrierState state = barrier_state(words().barrier.load(std::memory_order_seq_cst), target, size);
-    return mode == WaitMode::Hold ? state == BarrierState::WentAhead : state != BarrierState::Open;
+    if (mode != WaitMode::Hold) return state != BarrierState::Open;
+    if (state == BarrierState::WentAhead) return true;
+    // A barrier that fell, once every rank is past it (arrived, or left the round: fail_round).
+    if (state == BarrierState::Open) return false;
+    for (int r = 0; r < size_; ++r) {
+      if (counter(r) < target) return false;
+    }
+    return true;
   };
-  auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
   return wait_all(settled, counter, target, deadline, mode, what, call, paused);
 }
 
@@ -247,6 +254,9 @@ void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
 void RoundEngine::fail_round() noexcept {
   stop(StopReason::Failed, rank_);
   decide(barriers_ + 1);
+  // Past that barrier, as far as peers holding their buffers for it can tell: this rank touches
+  // none of theirs any more (reset sets the count again).
+  control_.slot(rank_).arrivals.store(barriers_ + 1, std::memory_order_seq_cst);
   notify(words().wake);
 }
 

@@ -148,7 +148,8 @@ class RoundEngine {
   Waited wait_all(Settled&& settled, Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
                   WaitMode mode, const char* what, uint64_t call, Paused* paused = nullptr);
   // Waits at barrier `target`, which this rank has arrived at: until it is decided (went ahead or
-  // fell), or, in Hold mode, until it went ahead or every live peer is past it.
+  // fell), or, in Hold mode, until it went ahead, or fell with every rank past it (arrived, or out
+  // of the round by fail_round), or a peer died with every live one past it.
   Waited wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode, const char* what,
                       uint64_t call, Paused* paused = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
