@@ -44,8 +44,9 @@
  *   threads) meet in the segment /dev/shm/gradsync.\<name\> (bytes outside [A-Za-z0-9._-] escaped).
  *   A late joiner within timeout_ms is fine. A segment left by a crashed run (no live member, or
  *   never finished) is rebuilt; a running group whose member died is never joined. Members that
- *   disagree on size get GRADSYNC_E_MISMATCH; a rank that is already in the group, alive,
- *   GRADSYNC_E_MISUSE (for a group still forming, see gradsync_comm_create). The last member to
+ *   disagree on size get GRADSYNC_E_MISMATCH, as does a joiner of a segment that live processes
+ *   of another libgradsync build hold (never rebuilt under them); a rank that is already in the
+ *   group, alive, GRADSYNC_E_MISUSE (for a group still forming, see gradsync_comm_create). The last member to
  *   leave removes the segment. Use a communicator only in the process that created it (not
  *   across fork()).
  * - Trust: the segment is created 0600 and used only if it belongs to the caller with no
@@ -62,7 +63,9 @@
  * - A peer process that dies is detected while waiting (by a lock the kernel drops with the
  *   process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
  *   later calls fail fast; free the group and form a new one (same name allowed). A member that
- *   frees its communicator makes the others' calls fail with GRADSYNC_E_ABORTED.
+ *   frees its communicator makes the others' calls fail with GRADSYNC_E_ABORTED, and so does one
+ *   whose call fails on its own in the middle of a collective (out of memory): its peers' calls
+ *   fail at once naming it, and the group needs a reset.
  *
  * MPI transport (GRADSYNC_TRANSPORT_MPI; gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)):
  * - A plugin: libgradsync does not link MPI. The first MPI communicator (or
@@ -196,7 +199,8 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport,
  *         struct_size or version that fit no version of the struct)
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
- * @retval GRADSYNC_E_MISMATCH members of one name disagree on size
+ * @retval GRADSYNC_E_MISMATCH members of one name disagree on size, or (shm) the name's segment is
+ *         held by live processes of another libgradsync build
  * @retval GRADSYNC_E_MISUSE the rank has already joined this group
  *         (While a group forms, either of these breaks it: every member waiting for it fails at
  *         once with the same status, naming the cause, and so does every later joiner until the

@@ -356,6 +356,7 @@ uint32_t RoundEngine::reset_together() {
   };
   if (missing.empty()) {
     // Before the verdict: a rank that reads "closed" starts its next call on the barrier word.
+    // Every post of this attempt is in, so what is adopted here is what the reset goes on with.
     adopt();
     resume_barriers(arrivals);
   }
@@ -372,7 +373,7 @@ uint32_t RoundEngine::reset_together() {
     fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
          transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());
   }
-  adopt();
+  if (!missing.empty()) adopt();  // closed by a peer that saw every post this rank missed
   round_ = rounds;
   barriers_ = arrivals;
   chunks_ = chunks;
