@@ -260,7 +260,7 @@ Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const v
     if (small) {
       if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), send, bytes);
     } else if (address != kNoAddress) {
-      control_.table(rank(), parity)[0] = {address, kNoAddress};
+      control_.publish_address(rank(), parity, 0, {address, kNoAddress});
     }
   });
 }
@@ -290,9 +290,9 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
     if (small) {
       all.gather(0, total, control_.inline_area(rank(), parity));
     } else if (direct) {
-      BufferAddress* table = control_.table(rank(), parity);
       for (size_t i = 0; i < buffers.size(); ++i) {
-        table[i] = {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)};
+        control_.publish_address(rank(), parity, i,
+                                 {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
       }
     }
   });
@@ -428,7 +428,7 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
     if (small) {
       if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), buf, bytes);
     } else if (address != kNoAddress) {
-      control_.table(rank(), parity)[0] = {address, kNoAddress};
+      control_.publish_address(rank(), parity, 0, {address, kNoAddress});
     }
   });
   const RoundGuard guard(engine_);
@@ -485,7 +485,7 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
     if (small) {
       if (mine.len > 0) std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
     } else if (direct) {
-      control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
+      control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
     }
   });
   const RoundGuard guard(engine_);
@@ -688,7 +688,7 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
     if (small) {
       if (count > 0) std::memcpy(control_.inline_area(rank(), parity), send, count * es);
     } else if (direct) {
-      control_.table(rank(), parity)[0] = {address, fabric_->address_of(recv, 0)};
+      control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
     }
   });
   const size_t n = static_cast<size_t>(size());

@@ -185,6 +185,13 @@ class ControlArea {
   BufferAddress* table(int r, uint64_t parity) const noexcept {
     return tables_ + (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;
   }
+  // Publishes this rank's i-th buffer addresses for the round of `parity`, storing them only when
+  // they changed: a training loop passes the same buffers every step, and a line left unwritten
+  // stays valid in the peers' caches instead of missing there every round.
+  void publish_address(int r, uint64_t parity, size_t i, BufferAddress a) const noexcept {
+    BufferAddress& entry = table(r, parity)[i];
+    if (entry.send != a.send || entry.recv != a.recv) entry = a;
+  }
   char* inline_area(int r, uint64_t parity) const noexcept {
     return inline_ + (static_cast<uint64_t>(r) * 2 + parity) * kInlineBytes;
   }

@@ -284,11 +284,13 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   const Waited waited = wait_barrier(target, round.deadline, WaitMode::Abortable, collective_name(d.call.collective),
                                      round.number, &paused);
   if (waited == Waited::Ready) {
-    // The peers' descriptors and inline payloads are read next: fetched together rather than each
-    // cache miss waiting for the one before it.
+    // The peers' descriptors and then their inline payloads or address tables (as this rank's
+    // call says: the calls agree, or the round fails) are read next: fetched together rather than
+    // each cache miss waiting for the one before it.
     for (int r = 0; r < size_; ++r) {
       __builtin_prefetch(&desc(r, round.parity));
-      __builtin_prefetch(control_.inline_area(r, round.parity));
+      __builtin_prefetch(d.direct != 0 ? static_cast<const void*>(control_.table(r, round.parity))
+                                       : control_.inline_area(r, round.parity));
     }
   }
   // The stop is published before the verdict, so whoever reads "failed" finds the reason.
