@@ -71,7 +71,7 @@ void Telemetry::arrival(Clock::time_point arrived, Clock::time_point decided, co
 }
 
 void Telemetry::finish(const Call& c) noexcept {
-  const Clock::time_point end = Clock::now();
+  const Clock::time_point end = now();
   const bool ok = std::uncaught_exceptions() == c.exceptions_;
   const bool waited = c.arrived_ != Clock::time_point{};
   // A call is timed from its arrival: what comes before (checking and publishing its arguments)

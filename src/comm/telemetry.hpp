@@ -12,9 +12,9 @@
 // stamps that every rank of the round sees alike, so every rank computes the same figures and
 // names the same straggler.
 //
-// Cost to a call: two clock reads (arrival and end) and a few relaxed stores; a third (the verdict)
-// only after a wait longer than its first polls: otherwise the verdict came as the last rank
-// arrived, and its stamp says when. Only the thread inside a call writes the figures (one call at a
+// Cost to a call: two clock reads (arrival and end; StampClock, a TSC read where the kernel keeps
+// time with it) and a few relaxed stores; a third (the verdict) only after a wait longer than its
+// first polls: otherwise the verdict came as the last rank arrived, and its stamp says when. Only the thread inside a call writes the figures (one call at a
 // time per communicator), so they are single-writer atomics: stats() may read them from any
 // thread without a lock, each figure whole, the set of them possibly mid-update. The timeline, when on, appends under a mutex
 // to a buffer written out every kTimelineBatch events and at close.
@@ -28,6 +28,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/stamp_clock.hpp"
 
 namespace gradsync::comm {
 
@@ -100,6 +102,9 @@ class Telemetry {
   // Writes what is buffered and closes the JSON document. Throws Error(GRADSYNC_E_IO).
   void close_timeline();
 
+  // This communicator's reading of Clock for its calls' statistics (the calling thread's only).
+  Clock::time_point now() noexcept { return clock_.now(); }
+
   // A call's arrival stamp in the clock that peers on the same host share (threads, processes).
   static int64_t stamp(Clock::time_point t) noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -135,6 +140,7 @@ class Telemetry {
   // Writes events_ out; false (and the timeline marked failed) on a write error.
   bool write_events() noexcept;
 
+  StampClock clock_;
   int depth_ = 0;  // calls open (only the calling thread of the moment touches it)
   Call* current_ = nullptr;
   std::array<Totals, kCollectiveSlots> totals_;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -8,6 +9,7 @@
 
 #include "capi/guard.hpp"
 #include "common/partition.hpp"
+#include "common/stamp_clock.hpp"
 #include "gradsync/gradsync.h"
 
 using gradsync::partition;
@@ -77,4 +79,28 @@ TEST_CASE("log lines reach the host callback at or above its level", "[core]") {
   CHECK(gradsync_get_log_level() == GRADSYNC_LOG_WARN);
   CHECK(gradsync_set_log_callback(capture, &captured, 9) == GRADSYNC_E_INVALID_ARG);
   REQUIRE(gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+}
+
+TEST_CASE("StampClock reads steady_clock, from the TSC where the kernel keeps time with it", "[core][clock]") {
+  using namespace std::chrono;
+  for (const bool use_tsc : {true, false}) {
+    CAPTURE(use_tsc, gradsync::tsc_is_kernel_clock());
+    gradsync::StampClock clock(use_tsc);
+    // Within a few us of steady_clock (its error is tens of ns; a scale off by 0.1% would be off
+    // by 20 us before the next anchor), across several anchors and the waits between them.
+    const auto tolerance = microseconds(5);
+    const auto until = steady_clock::now() + milliseconds(120);
+    int checked = 0;
+    for (int i = 0; steady_clock::now() < until; ++i) {
+      const auto before = steady_clock::now();
+      const auto stamp = clock.now();
+      const auto after = steady_clock::now();
+      REQUIRE(stamp >= before - tolerance);
+      REQUIRE(stamp <= after + tolerance);
+      ++checked;
+      if (i % 1000 == 999) std::this_thread::sleep_for(milliseconds(7));
+    }
+    CHECK(checked > 1000);
+    CHECK(clock.scaled() == (use_tsc && gradsync::tsc_is_kernel_clock()));
+  }
 }

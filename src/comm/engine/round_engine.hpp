@@ -275,7 +275,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   Round round{++round_, 0, {}, true};
   round.parity = round.number & 1;
   publish(round.parity);
-  const auto arrived = WaitClock::now();
+  const auto arrived = telemetry_.now();
   d.arrived_ns = Telemetry::stamp(arrived);
   control_.slot(rank_).desc[round.parity] = d;
   arrive();
@@ -297,7 +297,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   const bool went_ahead = decide(target);
   if (!went_ahead) {
-    telemetry_.arrival(arrived, paused == Paused::No ? arrived : WaitClock::now(), nullptr, 0);
+    telemetry_.arrival(arrived, paused == Paused::No ? arrived : telemetry_.now(), nullptr, 0);
     throw_failed(waited, collective_name(d.call.collective), round.number, target);
   }
   // Every rank arrived, so every stamp of this parity is this round's.
@@ -309,7 +309,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   // The verdict's time without a clock read where it can be had: the last rank to arrive had it at
   // its arrival, and one whose wait ended within its first polls had it as the last peer arrived
   // (a poll's latency later). Only a longer wait (a yield, a sleep) reads the clock again.
-  const auto decided = paused == Paused::Long    ? WaitClock::now()
+  const auto decided = paused == Paused::Long    ? telemetry_.now()
                        : paused == Paused::Briefly ? WaitClock::time_point(std::chrono::nanoseconds(last))
                                                    : arrived;
   telemetry_.arrival(arrived, decided, stamps_.data(), size_);
