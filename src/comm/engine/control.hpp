@@ -97,13 +97,14 @@ constexpr uint32_t reset_code_attempt(uint64_t code) noexcept { return static_ca
 constexpr bool reset_code_open(uint64_t code) noexcept { return (code & 1) != 0; }
 
 // What a rank is about to do in a round; peers compare the calls before touching each other's data.
+// Stored only when it changed (a loop repeats its calls), so that it stays valid in the peers'
+// caches: nothing in it may change from call to call of the same kind (the arrival stamp lives
+// beside the barrier word).
 struct Descriptor {
   CallSignature call;
   uint32_t direct;  // every buffer is reachable by the peers; its addresses are in the table
   uint32_t pad;
-  // When this rank arrived (Telemetry::stamp): every rank compares the same arrivals for its
-  // statistics, read with the call from the descriptor's one line.
-  int64_t arrived_ns;
+  uint64_t reserved;  // 0
   uint64_t weight;  // weighted mean: this rank's sample count
 };
 static_assert(std::is_trivially_copyable_v<Descriptor> && sizeof(Descriptor) == 64,
@@ -145,9 +146,6 @@ struct GroupWords {
   // reset_code of the latest reset epoch: one CAS decides, for every rank, whether an attempt
   // went ahead (closed) or was given up (moved to the next attempt).
   alignas(64) std::atomic<uint64_t> reset_state;
-  // The barrier word (see barrier_state): every rank arrives on it and every waiter polls it, so
-  // a barrier costs each rank one atomic add and the polls of one line.
-  alignas(64) std::atomic<uint64_t> barrier;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
@@ -158,10 +156,17 @@ struct BufferAddress {
 };
 
 // Where each part of the control block lies, as offsets from its start (after `header_bytes`).
+// barrier: the barrier word (see barrier_state), then every rank's arrival stamp by round parity
+// (int64_t, Telemetry::stamp), in the same line for groups of up to 3 ranks. Every rank arrives on
+// the word and every waiter polls it, so a barrier costs each rank one atomic add and the polls of
+// one line, and the stamps of a round's arrivals travel with it: a rank stores its stamp in the
+// line its add then finds in its cache, and a waiter reads them from the copy its polls brought.
 struct ControlLayout {
-  uint64_t slots, tables, inline_data, stage_in, stage_out, end;
+  uint64_t barrier, slots, tables, inline_data, stage_in, stage_out, end;
 };
 ControlLayout control_layout(int size, uint64_t header_bytes) noexcept;
+// Constructs the shared words of a control block of `l` in zeroed memory at `block`.
+void construct_control(char* block, const ControlLayout& l, int size) noexcept;
 
 // A view of one group's control block: where each rank's slot and areas are, and how a
 // published address becomes a pointer in this process.
@@ -172,6 +177,8 @@ class ControlArea {
   // Published addresses are offsets from address_base (0 for plain pointers).
   ControlArea(GroupWords* words, char* block, const ControlLayout& layout, int size, uintptr_t address_base) noexcept
       : words_(words),
+        barrier_(reinterpret_cast<std::atomic<uint64_t>*>(block + layout.barrier)),
+        stamps_(reinterpret_cast<int64_t*>(block + layout.barrier + sizeof(std::atomic<uint64_t>))),
         slots_(reinterpret_cast<RankSlot*>(block + layout.slots)),
         tables_(reinterpret_cast<BufferAddress*>(block + layout.tables)),
         inline_(block + layout.inline_data),
@@ -181,6 +188,10 @@ class ControlArea {
         address_base_(address_base) {}
 
   GroupWords& words() const noexcept { return *words_; }
+  std::atomic<uint64_t>& barrier() const noexcept { return *barrier_; }
+  // Rank r's arrival stamp in the rounds of `parity`: written by r before it arrives, read by its
+  // peers once every rank arrived (parity keeps it until they have: see Descriptor).
+  int64_t& arrival_stamp(int r, uint64_t parity) const noexcept { return stamps_[static_cast<uint64_t>(r) * 2 + parity]; }
   RankSlot& slot(int r) const noexcept { return slots_[r]; }
   BufferAddress* table(int r, uint64_t parity) const noexcept {
     return tables_ + (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;
@@ -215,6 +226,8 @@ class ControlArea {
 
  private:
   GroupWords* words_ = nullptr;
+  std::atomic<uint64_t>* barrier_ = nullptr;
+  int64_t* stamps_ = nullptr;
   RankSlot* slots_ = nullptr;
   BufferAddress* tables_ = nullptr;
   char* inline_ = nullptr;

@@ -36,7 +36,7 @@ void RoundEngine::stop(StopReason reason, int rank) noexcept {
 }
 
 bool RoundEngine::decide(uint64_t index) noexcept {
-  std::atomic<uint64_t>& word = words().barrier;
+  std::atomic<uint64_t>& word = control_.barrier();
   uint64_t cur = word.load(std::memory_order_seq_cst);
   for (;;) {
     switch (barrier_state(cur, index, static_cast<uint64_t>(size_))) {
@@ -51,7 +51,7 @@ bool RoundEngine::decide(uint64_t index) noexcept {
 void RoundEngine::arrive() noexcept {
   note_cpu();
   // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
-  words().barrier.fetch_add(1, std::memory_order_seq_cst);
+  control_.barrier().fetch_add(1, std::memory_order_seq_cst);
   // After the word: a peer that finds every live rank's count here knows each one is past its
   // arrival, which is what a wait holding its buffers for a dead peer's round needs.
   control_.slot(rank_).arrivals.store(++barriers_, std::memory_order_seq_cst);
@@ -59,7 +59,7 @@ void RoundEngine::arrive() noexcept {
 }
 
 void RoundEngine::resume_barriers(uint64_t b) noexcept {
-  std::atomic<uint64_t>& word = words().barrier;
+  std::atomic<uint64_t>& word = control_.barrier();
   const uint64_t complete = b * static_cast<uint64_t>(size_);
   uint64_t cur = word.load(std::memory_order_seq_cst);
   // A failure of b or before, or a count short of b's, is what the ranks recover from; a later
@@ -74,7 +74,7 @@ RoundEngine::Waited RoundEngine::wait_barrier(uint64_t target, WaitClock::time_p
   const auto size = static_cast<uint64_t>(size_);
   auto counter = [&](int r) { return control_.slot(r).arrivals.load(std::memory_order_seq_cst); };
   auto settled = [&] {
-    const BarrierState state = barrier_state(words().barrier.load(std::memory_order_seq_cst), target, size);
+    const BarrierState state = barrier_state(control_.barrier().load(std::memory_order_seq_cst), target, size);
     if (mode != WaitMode::Hold) return state != BarrierState::Open;
     if (state == BarrierState::WentAhead) return true;
     // A barrier that fell, once every rank is past it (arrived, or left the round: fail_round).
@@ -279,7 +279,7 @@ void RoundEngine::reset() {
     from = reset_together();
   } else {
     from = g.stop_word.load(std::memory_order_acquire);
-    barriers_ = std::max(barriers_, barrier_spent(g.barrier.load(std::memory_order_seq_cst), 1));
+    barriers_ = std::max(barriers_, barrier_spent(control_.barrier().load(std::memory_order_seq_cst), 1));
     resume_barriers(barriers_);
     control_.slot(rank_).arrivals.store(barriers_, std::memory_order_seq_cst);
   }
@@ -313,7 +313,7 @@ uint32_t RoundEngine::reset_together() {
   const uint32_t attempt = reset_code_attempt(state);
   // A barrier that fell before this rank arrived at it (a pipeline that failed between barriers)
   // is spent too: the next round must use a later one.
-  const uint64_t spent = barrier_spent(g.barrier.load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
+  const uint64_t spent = barrier_spent(control_.barrier().load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
   RankSlot& me = control_.slot(rank_);
   constexpr auto relaxed = std::memory_order_relaxed;
   me.reset_rounds[epoch & 1].store(round_, relaxed);

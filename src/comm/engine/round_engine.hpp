@@ -7,11 +7,11 @@
 //
 // A collective is one round: each rank publishes a Descriptor of its call in its slot (by round
 // parity), then meets the others at the round's arrival barrier. Barriers are counted over the
-// group's life (GroupWords::barrier; each rank's own count in RankSlot::arrivals); a round may
+// group's life (ControlArea::barrier; each rank's own count in RankSlot::arrivals); a round may
 // have more (a completion barrier while peers use this rank's buffers, one per staged block on the
 // copy path).
 //
-// Every barrier is DECIDED once for all ranks, on one group word (GroupWords::barrier; see
+// Every barrier is DECIDED once for all ranks, on one group word (ControlArea::barrier; see
 // barrier_state in control.hpp): each rank arrives by adding one to it, and a rank that saw an
 // abort, its deadline or a dead peer replaces it, by CAS, with a failure naming the barrier, unless
 // the count reached the barrier first. Whichever came first holds for every rank, so no rank
@@ -32,6 +32,7 @@
 // tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <cstdint>
@@ -276,8 +277,11 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   round.parity = round.number & 1;
   publish(round.parity);
   const auto arrived = telemetry_.now();
-  d.arrived_ns = Telemetry::stamp(arrived);
-  control_.slot(rank_).desc[round.parity] = d;
+  control_.arrival_stamp(rank_, round.parity) = Telemetry::stamp(arrived);
+  // A store to a line that peers hold costs this rank a transfer before its arrival can count,
+  // and each peer another after it: an unchanged descriptor is left alone.
+  Descriptor& mine = control_.slot(rank_).desc[round.parity];
+  if (std::memcmp(&mine, &d, sizeof d) != 0) mine = d;
   arrive();
   const uint64_t target = barriers_;
   Paused paused = Paused::No;
@@ -303,7 +307,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   // Every rank arrived, so every stamp of this parity is this round's.
   int64_t last = 0;
   for (int r = 0; r < size_; ++r) {
-    stamps_[static_cast<size_t>(r)] = desc(r, round.parity).arrived_ns;
+    stamps_[static_cast<size_t>(r)] = control_.arrival_stamp(r, round.parity);
     last = std::max(last, stamps_[static_cast<size_t>(r)]);
   }
   // The verdict's time without a clock read where it can be had: the last rank to arrive had it at

@@ -272,8 +272,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       h->total_bytes = l.total_bytes;
       h->heap_offset = l.heap_offset;
       h->heap_bytes_per_rank = l.heap_bytes_per_rank;
-      RankSlot* slots = reinterpret_cast<RankSlot*>(static_cast<char*>(init.get_address()) + l.control.slots);
-      for (int r = 0; r < size; ++r) new (&slots[r]) RankSlot();
+      construct_control(static_cast<char*>(init.get_address()), l.control, size);
       h->magic.store(kSegmentMagic, std::memory_order_release);
     }
 

@@ -38,7 +38,7 @@ struct Group {
                name);
     block = static_cast<char*>(p);
     words = new (&words_storage) GroupWords();
-    for (int r = 0; r < s; ++r) new (block + layout.slots + static_cast<size_t>(r) * sizeof(RankSlot)) RankSlot();
+    construct_control(block, layout, s);
     left.reset(new std::atomic<uint32_t>[static_cast<size_t>(s)]());
   }
   ~Group() { munmap(block, bytes); }
