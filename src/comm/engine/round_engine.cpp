@@ -184,8 +184,9 @@ void RoundEngine::verify(const Round& round) const {
 
 void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint64_t target) {
   if (why == Waited::PeerDied) throw_gone(dead_rank_, call);
-  // A timeout, this rank's or a peer's: name the ranks that had not arrived, as every waiter saw.
-  if (stop_reason(words().stop_word.load(std::memory_order_acquire)) == StopReason::Timeout) {
+  // A timeout at a barrier, this rank's or a peer's: name the ranks that had not arrived, as every
+  // waiter saw.
+  if (target != 0 && stop_reason(words().stop_word.load(std::memory_order_acquire)) == StopReason::Timeout) {
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r) {
       if (control_.slot(r).arrivals.load(std::memory_order_acquire) < target) missing.push_back(r);

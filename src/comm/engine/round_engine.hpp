@@ -170,6 +170,8 @@ class RoundEngine {
   // The multi-rank part of reset(): decides the reset with the peers; returns the stop word it
   // recovers from (the newest any rank saw when it asked).
   uint32_t reset_together();
+  // target: the barrier the wait was at, or 0 for a wait between barriers (wait_for), where what
+  // stalled is the peers' progress rather than their arrival.
   [[noreturn]] void throw_failed(Waited why, const char* what, uint64_t call, uint64_t target);
   [[noreturn]] void throw_stopped(bool waiting, uint64_t call);
   [[noreturn]] void throw_dead(int r);
@@ -346,7 +348,7 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
     }
     // The peers meet again at this rank's next barrier: it fails for all of them.
     decide(barriers_ + 1);
-    throw_failed(why, what, round.number, barriers_ + 1);
+    throw_failed(why, what, round.number, 0);
   }
 }
 
