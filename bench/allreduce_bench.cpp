@@ -74,7 +74,10 @@ struct Method {
 };
 
 // Runs the method on n threads: warm-up, calibration of the batch length to about target_ms, then
-// `reps` timed batches; returns the median seconds per allreduce.
+// `reps` timed batches; returns the median seconds per allreduce. The calibration runs ever longer
+// trials until one lasts 5 ms: the first calls of a method are slower than its steady state (cold
+// caches, wait budgets still adapting), and a batch sized from them came out at a tenth of
+// target_ms, so startup weighed on the figure.
 double measure(int n, Method& m, double target_ms, int reps) {
   std::barrier sync(n);
   std::vector<double> samples;
@@ -87,15 +90,21 @@ double measure(int n, Method& m, double target_ms, int reps) {
       try {
         m.prepare(r);
         m.step(r, 1);  // warm-up (and page faults of the output)
-        sync.arrive_and_wait();
-        auto t0 = Clock::now();
-        m.step(r, 2);
-        sync.arrive_and_wait();
-        if (r == 0) {
-          const double per = std::chrono::duration<double>(Clock::now() - t0).count() / 2;
-          iters = static_cast<int>(std::clamp(target_ms / 1000.0 / per, 2.0, 200000.0));
+        Clock::time_point t0;
+        for (int trial = 2;; trial *= 2) {
+          sync.arrive_and_wait();
+          t0 = Clock::now();
+          m.step(r, trial);
+          sync.arrive_and_wait();
+          if (r == 0) {
+            const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+            iters = took >= 0.005 || trial >= 200000 ? static_cast<int>(std::clamp(target_ms / 1000.0 * trial / took,
+                                                                                    2.0, 200000.0))
+                                                     : 0;
+          }
+          sync.arrive_and_wait();
+          if (iters.load() != 0) break;
         }
-        sync.arrive_and_wait();
         const int k = iters.load();
         for (int rep = 0; rep < reps; ++rep) {
           sync.arrive_and_wait();

@@ -7,9 +7,11 @@
 // when the counter is invariant and synchronised across CPUs), a reading is the TSC scaled to
 // steady_clock's nanoseconds from an anchor, a (TSC, steady_clock) pair read together. The anchor
 // is renewed once it is kReanchorTicks old, and the scale is the ratio of the two clocks since
-// the first anchor, so a reading stays within some tens of ns of steady_clock (anchor jitter, and
-// NTP's slewing of steady_clock since the last anchor) and is comparable with readings of other
-// threads and processes of the host. Anywhere else a reading is steady_clock::now().
+// the process's first anchor (so a clock made late in a process has its scale at once), so a
+// reading stays within some tens of ns of steady_clock (anchor jitter, and NTP's slewing of
+// steady_clock since the last anchor) and is comparable with readings of other threads and
+// processes of the host. Anywhere else, and for good once the TSC jumped (a suspend, a migration
+// to another host), a reading is steady_clock::now().
 //
 // Not thread-safe: one per thread of use (a communicator's telemetry, used by one call at a time).
 #include <cstdint>
@@ -62,8 +64,6 @@ class StampClock {
   uint64_t mult_ = 0;  // ns per tick, 32.32 fixed point; 0 while there is no scale
   uint64_t tsc0_ = 0;  // the anchor
   int64_t ns0_ = 0;
-  uint64_t base_tsc_ = 0;  // the first anchor, which the scale is measured from
-  int64_t base_ns_ = 0;
 };
 
 // Whether the kernel's clocksource is the TSC (read once per process).
