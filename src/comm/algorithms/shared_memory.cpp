@@ -87,19 +87,46 @@ void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
 #endif
 }
 
+// A vector without a heap allocation for up to 16 entries: one per rank, or per fused buffer, of
+// the usual calls (collectives of small buffers are dominated by fixed costs).
+template <class T>
+class SmallVector {
+ public:
+  // Value-initialised like a vector, but only the n entries used: zeroing all of inline_ took a
+  // few percent of a small call.
+  explicit SmallVector(size_t n) : size_(n) {
+    if (size_ > kInline) {
+      heap_.resize(size_);
+    } else {
+      std::fill_n(inline_, size_, T{});
+    }
+  }
+  T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  const T* data() const noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  T& operator[](size_t i) noexcept { return data()[i]; }
+  const T& operator[](size_t i) const noexcept { return data()[i]; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  size_t size_;
+  T inline_[kInline];
+  std::vector<T> heap_;
+};
+
 // The fused list seen as one concatenated vector of elements.
 class Concat {
  public:
-  Concat(std::span<const BufferRef> buffers, size_t elem) : buffers_(buffers), elem_(elem) {
-    starts_.reserve(buffers.size() + 1);
+  Concat(std::span<const BufferRef> buffers, size_t elem)
+      : buffers_(buffers), elem_(elem), starts_(buffers.size() + 1) {
     uint64_t total = 0;
-    for (const auto& b : buffers) {
-      starts_.push_back(total);
-      total += b.count;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      starts_[i] = total;
+      total += buffers[i].count;
     }
-    starts_.push_back(total);
+    starts_[buffers.size()] = total;
   }
-  uint64_t total() const { return starts_.back(); }
+  uint64_t total() const { return starts_[buffers_.size()]; }
   const char* send(size_t i) const { return static_cast<const char*>(buffers_[i].send); }
   char* recv(size_t i) const { return static_cast<char*>(buffers_[i].recv); }
   uint64_t start(size_t i) const { return starts_[i]; }
@@ -108,7 +135,8 @@ class Concat {
   template <class F>
   void for_range(uint64_t begin, uint64_t end, F&& f) const {
     if (begin >= end) return;
-    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    const uint64_t* s = starts_.data();
+    size_t i = static_cast<size_t>(std::upper_bound(s, s + buffers_.size() + 1, begin) - s) - 1;
     for (; i < buffers_.size() && starts_[i] < end; ++i) {
       const uint64_t lo = std::max(begin, starts_[i]), hi = std::min(end, starts_[i + 1]);
       if (lo < hi) f(i, lo - starts_[i], hi - starts_[i], lo - begin);
@@ -133,41 +161,14 @@ class Concat {
  private:
   std::span<const BufferRef> buffers_;
   size_t elem_;
-  std::vector<uint64_t> starts_;
-};
-
-// One pointer per rank without a heap allocation for the usual group sizes (collectives of small
-// buffers are dominated by fixed costs).
-template <class T>
-class PerRank {
- public:
-  // Value-initialised like a vector, but only the n entries used: zeroing all of inline_ took a
-  // few percent of a small call.
-  explicit PerRank(size_t n) : size_(n) {
-    if (size_ > kInline) {
-      heap_.resize(size_);
-    } else {
-      std::fill_n(inline_, size_, T{});
-    }
-  }
-  T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
-  const T* data() const noexcept { return size_ > kInline ? heap_.data() : inline_; }
-  T& operator[](size_t i) noexcept { return data()[i]; }
-  const T& operator[](size_t i) const noexcept { return data()[i]; }
-  size_t size() const noexcept { return size_; }
-
- private:
-  static constexpr size_t kInline = 16;
-  size_t size_;
-  T inline_[kInline];
-  std::vector<T> heap_;
+  SmallVector<uint64_t> starts_;
 };
 
 using Round = RoundEngine::Round;
 
 // Rank r's part: counts[r] elements after the parts before it.
-PerRank<Part> parts_of(std::span<const size_t> counts) {
-  PerRank<Part> parts(counts.size());
+SmallVector<Part> parts_of(std::span<const size_t> counts) {
+  SmallVector<Part> parts(counts.size());
   uint64_t at = 0;
   for (size_t r = 0; r < counts.size(); ++r) {
     parts[r] = Part{at, counts[r]};
@@ -221,7 +222,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // r's slot, while first < incoming (the longest part this rank receives). longest: the longest
   // part of any rank, so that every rank runs the same steps.
   template <class Consume>
-  void exchange_parts(const Round& round, Collective what, const char* in, const PerRank<Part>& parts,
+  void exchange_parts(const Round& round, Collective what, const char* in, const SmallVector<Part>& parts,
                       uint64_t incoming, uint64_t longest, size_t es, Consume&& consume);
   // A group of one: nothing to agree on, but the group's failure still fails the call.
   bool alone() {
@@ -298,8 +299,8 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
   });
   const RoundGuard guard(engine_);
   const size_t n = static_cast<size_t>(size());
-  PerRank<const void*> srcs(n);
-  PerRank<void*> dsts(n);
+  SmallVector<const void*> srcs(n);
+  SmallVector<void*> dsts(n);
 
   if (small) {
     for (size_t i = 0; i < buffers.size(); ++i) {
@@ -351,7 +352,7 @@ void SharedMemoryCommunicator::pipeline_allreduce(const Round& round, const Conc
     return m;
   };
   const bool streaming = total * es >= kStreamingBytes;
-  PerRank<const void*> srcs(n);
+  SmallVector<const void*> srcs(n);
   uint64_t staged = 0, reduced = 0, drained = 0;  // this round's chunks done by this rank
   // Stage j+base is free once every rank reduced chunk j+base-depth; the result stage once every
   // rank drained it.
@@ -461,7 +462,7 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
                                           DType dtype) {
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
-  PerRank<Part> parts = parts_of(counts);
+  SmallVector<Part> parts = parts_of(counts);
   uint64_t total = 0, longest = 0;
   for (uint64_t r = 0; r < n; ++r) {
     total += parts[r].len;
@@ -501,7 +502,7 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
   if (round.all_direct) {
     // Each rank writes its own part into every rank's recv (read once, written N times).
     if (mine.len > 0) {
-      PerRank<void*> dsts(n);
+      SmallVector<void*> dsts(n);
       for (uint64_t k = 0; k < n; ++k) {
         const int r = static_cast<int>((static_cast<uint64_t>(rank()) + k) % n);
         dsts[k] = peer(round, r, control_.table(r, round.parity)[0].recv, total * es) + mine.start * es;
@@ -539,7 +540,7 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
                                                DType dtype, ReduceOp op, std::optional<int> root) {
   const size_t es = dtype_size(dtype);
   const size_t n = static_cast<size_t>(size());
-  PerRank<Part> parts = parts_of(counts);
+  SmallVector<Part> parts = parts_of(counts);
   const uint64_t total = parts[n - 1].start + parts[n - 1].len;
   const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * es);
   const Part mine = parts[static_cast<size_t>(rank())];
@@ -553,7 +554,7 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
   const bool small = total * es <= kInlineBytes;
   const Round round = begin_reading(reduce_scatter_call(counts, dtype, op, root), send, total * es);
   const RoundGuard guard(engine_);
-  PerRank<const void*> srcs(n);
+  SmallVector<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
     reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
@@ -614,7 +615,7 @@ void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Rout
     if (!small) engine_.barrier(round, Collective::Alltoall, true);
     return;
   }
-  PerRank<Part> parts(n);
+  SmallVector<Part> parts(n);
   for (uint64_t d = 0; d < n; ++d) parts[d] = Part{routes.send_displ[routes.at(me, d)], routes.count[routes.at(me, d)]};
   exchange_parts(round, Collective::Alltoall, in, parts, incoming, routes.longest(), es,
                  [&](uint64_t first, uint64_t block, const void* const* from) {
@@ -629,12 +630,12 @@ void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Rout
 
 template <class Consume>
 void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective what, const char* in,
-                                              const PerRank<Part>& parts, uint64_t incoming, uint64_t longest,
+                                              const SmallVector<Part>& parts, uint64_t incoming, uint64_t longest,
                                               size_t es, Consume&& consume) {
   const uint64_t n = static_cast<uint64_t>(size());
   const uint64_t block = kChunkBytes / es / n;
   const uint64_t steps = (longest + block - 1) / block;
-  PerRank<const void*> from(n);
+  SmallVector<const void*> from(n);
   for (uint64_t k = 0; k <= steps; ++k) {
     if (k >= 1) {
       const uint64_t c = k - 1;
@@ -692,7 +693,7 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
     }
   });
   const size_t n = static_cast<size_t>(size());
-  PerRank<double> w(n);
+  SmallVector<double> w(n);
   uint64_t total = 0;
   for (size_t r = 0; r < n; ++r) {
     const uint64_t wr = engine_.desc(static_cast<int>(r), round.parity).weight;
@@ -704,7 +705,7 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
   // Every rank sees the same total, so every rank fails alike, before anyone touches a buffer.
   GS_REQUIRE(total > 0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
   const RoundGuard guard(engine_);
-  PerRank<const void*> srcs(n);
+  SmallVector<const void*> srcs(n);
   if (small) {
     for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity);
     comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, recv, 0, count);
@@ -718,7 +719,7 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
       }
       // Into this rank's recv, then on to the others from cache, block by block.
       const size_t block = kBlockBytes / es;
-      PerRank<void*> dsts(n - 1);
+      SmallVector<void*> dsts(n - 1);
       size_t k = 0;
       for (size_t r = 0; r < n; ++r) {
         if (static_cast<int>(r) == rank()) continue;
