@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // C shims of the communicator (include/gradsync/comm.h) over gradsync::comm::Communicator.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "capi/comm_handle.hpp"
@@ -34,32 +36,36 @@ CommLink::CommLink(std::unique_ptr<comm::Communicator> impl, std::string descrip
       size_(impl_->size()),
       transport_(impl_->transport()) {}
 
-CommLink::Call::Call(std::shared_ptr<CommLink> link, const char* function) : link_(std::move(link)) {
-  CommLink& l = *link_;
-  if ((l.state_.load() & kClosed) != 0) l.fail_closed();
-  const char* holder = nullptr;
-  if (!l.holder_.compare_exchange_strong(holder, function)) {
-    if (l.held_by_this_thread()) {
+CommLink::Call::Call(CommLink& l, const char* function) : link_(l) {
+  uint32_t state = l.state_.load(std::memory_order_relaxed);
+  do {
+    if ((state & kClosed) != 0) l.fail_closed();
+    if ((state & kHeld) != 0) {
+      // The holder's name is for the message only: a call that took the word an instant ago may
+      // not have stored it yet.
+      const char* holder = l.holder_.load(std::memory_order_relaxed);
+      if (holder == nullptr) holder = "another entry point";
+      if (l.held_by_this_thread()) {
+        fail(GRADSYNC_E_MISUSE,
+             "{} is already in a call on this thread ({}): a log callback must not call back into gradsync",
+             l.description_, holder);
+      }
       fail(GRADSYNC_E_MISUSE,
-           "{} is already in a call on this thread ({}): a log callback must not call back into gradsync",
+           "{} is already in a call on another thread ({}); a handle must not be used by two threads at once",
            l.description_, holder);
     }
-    fail(GRADSYNC_E_MISUSE,
-         "{} is already in a call on another thread ({}); a handle must not be used by two threads at once",
-         l.description_, holder);
-  }
-  if (!l.acquire()) {
-    l.holder_.store(nullptr);
-    l.fail_closed();
-  }
+  } while (!l.state_.compare_exchange_weak(state, state + kUser + kHeld, std::memory_order_acquire,
+                                           std::memory_order_relaxed));
+  l.holder_.store(function, std::memory_order_relaxed);
   inside_ = Inside{&l, static_cast<const Inside*>(t_inside)};
   t_inside = &inside_;
 }
 
 CommLink::Call::~Call() {
   t_inside = inside_.outer;
-  link_->holder_.store(nullptr);
-  link_->release();
+  link_.holder_.store(nullptr, std::memory_order_relaxed);
+  // The last touch of the link: a close waiting for the count may destroy it from here on.
+  link_.state_.fetch_sub(kUser + kHeld, std::memory_order_release);
 }
 
 void CommLink::abort(std::shared_ptr<CommLink> link) {
@@ -100,13 +106,17 @@ bool CommLink::close() noexcept {
                  description_);
     return false;
   }
-  // A call counted before the closed bit has taken holder_ already, so it is seen here.
-  if (const char* holder = holder_.load(); holder != nullptr) {
+  // A call that took the in-call bit before the closed bit is seen here; none can take it after.
+  if ((before & kHeld) != 0) {
+    const char* holder = holder_.load(std::memory_order_relaxed);
+    if (holder == nullptr) holder = "an entry point";
     GS_LOG_WARN("gradsync_comm_free: {} is in a call on another thread ({}): aborting it and waiting for it to return",
                 description_, holder);
     impl_->abort();
   }
-  for (uint32_t state = state_.load(); state != kClosed; state = state_.load()) state_.wait(state);
+  // Polled, not woken: a user that let go must not touch the link again (it may be destroyed the
+  // moment the count falls to 0), and the wait only covers a call's last steps after an abort.
+  while (state_.load(std::memory_order_acquire) != kClosed) std::this_thread::sleep_for(std::chrono::microseconds(50));
   impl_.reset();
   return true;
 }
@@ -123,20 +133,20 @@ bool CommLink::acquire() noexcept {
 }
 
 void CommLink::release() noexcept {
-  if ((state_.fetch_sub(kUser) & kClosed) != 0) state_.notify_all();
+  state_.fetch_sub(kUser, std::memory_order_release);
 }
 
 void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
                             const std::function<void()>& body) {
   const std::shared_ptr<comm::Progress> progress = link->progress();
   if (progress == nullptr || progress->idle()) {
-    const Call call(link, function);
+    const Call call(*link, function);
     return body();
   }
   auto done = std::make_shared<comm::Completion>();
   progress->submit([&link, function, &body, done] {
     Outcome o = capture([&] {
-      const Call call(link, function);
+      const Call call(*link, function);
       body();
     });
     done->finish(o.status, std::move(o.message));
@@ -263,7 +273,7 @@ using Op = std::function<void(Communicator&)>;
 // Runs op holding the handle's in-call word, so a second thread calling at the same time gets
 // GRADSYNC_E_MISUSE (see capi/comm_handle.hpp).
 void hold_and_run(const std::shared_ptr<CommLink>& link, const char* function, const Op& op) {
-  const CommLink::Call call(link, function);
+  const CommLink::Call call(*link, function);
   op(call.comm());
 }
 

@@ -4,8 +4,9 @@
 // (capi_comm.cpp, capi_shard.cpp), and what turns misuse of it into errors:
 // - One call at a time. Every entry point that runs the communicator (the collectives, reset,
 //   alloc and free_buffer, a shard's collective stages) holds the handle while it runs, by a
-//   compare-exchange of the in-call word; a second thread gets GRADSYNC_E_MISUSE naming the holder
-//   instead of racing the first inside a transport that is not thread-safe. abort is exempt:
+//   compare-exchange that sets the in-call bit of the state word; a second thread gets
+//   GRADSYNC_E_MISUSE naming the holder instead of racing the first inside a transport that is not
+//   thread-safe. abort is exempt:
 //   stopping a call from another thread is its purpose. The rank, size and transport getters are
 //   too: they read values fixed at creation.
 // - Free during a call: CommLink::close aborts the call and waits for it to return.
@@ -41,20 +42,19 @@ class CommLink {
   CommLink(const CommLink&) = delete;
   CommLink& operator=(const CommLink&) = delete;
 
-  // One entry point's hold on the link, from construction to destruction. Holds a reference to
-  // the link too, so that letting go (and waking a waiting close) never touches a link that close
-  // has let go of.
+  // One entry point's hold on the link, from construction to destruction: one atomic operation
+  // each way. Letting go is its last touch of the link (a waiting close polls for it).
   class Call {
    public:
     // Throws GRADSYNC_E_MISUSE when another call holds the link or it is closed.
-    Call(std::shared_ptr<CommLink> link, const char* function);
+    Call(CommLink& link, const char* function);
     ~Call();
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
-    comm::Communicator& comm() const noexcept { return *link_->impl_; }
+    comm::Communicator& comm() const noexcept { return *link_.impl_; }
 
    private:
-    std::shared_ptr<CommLink> link_;
+    CommLink& link_;
     Inside inside_;
   };
 
@@ -91,22 +91,22 @@ class CommLink {
   void clear_async_error();
 
  private:
-  // The state word: the closed bit, and above it the number of calls and aborts using the
-  // communicator, which close waits to fall to 0 before destroying it. A count rather than a bit:
-  // a call that has just let go of holder_ and the next one may both be counted for an instant.
-  static constexpr uint32_t kClosed = 1u, kUser = 2u;
+  // The state word: the closed bit, the in-call bit (the lock of "one call at a time"), and above
+  // them the number of calls and aborts using the communicator, which close waits to fall to 0
+  // before destroying it. A call takes the in-call bit and a count in one compare-exchange and
+  // gives both back in one subtraction.
+  static constexpr uint32_t kClosed = 1u, kHeld = 2u, kUser = 4u;
 
   [[noreturn]] void fail_closed() const;
-  // Counts a user in; false (and nothing counted) once the link is closed. Checked after taking
-  // holder_, so a close either sees the user and waits for it, or the user sees the close.
+  // Counts a user (an abort) in; false (and nothing counted) once the link is closed: a close
+  // either sees the user and waits for it, or the user sees the close.
   bool acquire() noexcept;
-  // Counts a user out, waking a close that waits for it.
+  // Counts a user out; its last touch of the link.
   void release() noexcept;
   bool held_by_this_thread() const noexcept;
 
   std::atomic<uint32_t> state_{0};
-  // The in-call word: the entry point in a call, nullptr when none. The lock of "one call at a
-  // time", and what the refused caller's message names.
+  // The entry point in a call, for the messages of a refused caller and of a close.
   std::atomic<const char*> holder_{nullptr};
   std::unique_ptr<comm::Communicator> impl_;
   mutable std::mutex progress_mutex_;
