@@ -5,6 +5,11 @@
 //           its slice of all N buffers once and writes the mean into all N buffers), and a
 //           spin-then-futex barrier twice per round (inputs ready; outputs written), nothing else.
 //           It is a complete allreduce: when a call returns, every buffer holds the result.
+//   spin:   information only, the reference design with a barrier that only spins: its speed while
+//           no rank ever sleeps, which the reference itself does not keep up (one rank descheduled
+//           for longer than its 20 us spin, and both can go on waking each other through futexes:
+//           its median at 1K and 64K is then 10x its best). Measured only while every thread has a
+//           hardware thread of its own (spinning for a descheduled peer is no design at all).
 //   stream: information only, the same kernel with one barrier per call, as a STREAM-style figure.
 //           It is not a bound (a call's end is not synchronised), and the transport can beat it.
 //   naive:  the seed's design (kizzasi ThreadedGradientSync): one global mutex, each worker adds
@@ -18,6 +23,7 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -131,13 +137,18 @@ double measure(int n, Method& m, double target_ms, int reps) {
 // every barrier of a small call (18 us at 1 float instead of under 1), which is no baseline to beat.
 class SpinBarrier {
  public:
-  explicit SpinBarrier(int n) : n_(n) {}
+  // sleep: spin, yield, then sleep as the library's waits do; otherwise only spin.
+  explicit SpinBarrier(int n, bool sleep = true) : n_(n), sleep_(sleep) {}
   void wait() {
     const uint32_t gen = word_.value.load(std::memory_order_acquire);
     if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
       count_.store(0, std::memory_order_relaxed);
       word_.value.fetch_add(1, std::memory_order_seq_cst);
       if (word_.sleepers.load(std::memory_order_seq_cst) != 0) gradsync::wait_detail::futex_wake_all(&word_.value);
+      return;
+    }
+    if (!sleep_) {
+      while (word_.value.load(std::memory_order_acquire) == gen) gradsync::wait_detail::cpu_relax();
       return;
     }
     gradsync::wait_until(
@@ -147,6 +158,7 @@ class SpinBarrier {
 
  private:
   const int n_;
+  const bool sleep_;
   std::atomic<int> count_{0};
   gradsync::WaitWord word_;
 };
@@ -159,7 +171,7 @@ double median(std::vector<double> v) {
 struct Row {
   int n;
   size_t m;
-  double ours, ref, stream, naive;
+  double ours, ref, spin, stream, naive;  // spin: NaN where not measured
 };
 
 // The owner-sliced kernel of the baselines: this thread's slice of every buffer, reduced in rank
@@ -263,6 +275,22 @@ Row run(int n, size_t m, int reps) {
         verify(r);
       }};
 
+  // ---- spin: the reference design with a barrier that never sleeps (information)
+  SpinBarrier spinning(n, false);
+  Method spin_ref{
+      [&](int r) { alloc(r); },
+      [&](int r, int iters) {
+        for (int i = 0; i < iters; ++i) {
+          spinning.wait();
+          owner_slice(bufs, n, r, m);
+          spinning.wait();
+        }
+      },
+      [&](int r) {
+        verify(r);
+      }};
+  const bool may_spin = static_cast<unsigned>(n) <= std::thread::hardware_concurrency();
+
   // ---- stream: the same kernel with one barrier per call (information, not a bound)
   Method stream{
       [&](int r) { alloc(r); },
@@ -319,18 +347,22 @@ Row run(int n, size_t m, int reps) {
   // The methods take turns, one timed batch each per turn, so that a change in the machine's
   // speed during the run (other tenants, memory bandwidth that moves by 2x at 16M) falls on all
   // of them alike rather than on whichever ran at that moment.
-  std::vector<double> t_ours, t_ref, t_stream, t_naive;
+  std::vector<double> t_ours, t_ref, t_spin, t_stream, t_naive;
   for (int rep = 0; rep < reps; ++rep) {
     t_ours.push_back(measure(n, ours, target_ms, 1));
     all_ok("thread transport");
     t_ref.push_back(measure(n, ref, target_ms, 1));
     all_ok("reference design");
+    if (may_spin) {
+      t_spin.push_back(measure(n, spin_ref, target_ms, 1));
+      all_ok("spinning reference");
+    }
     t_stream.push_back(measure(n, stream, target_ms, 1));
     all_ok("stream");
     t_naive.push_back(measure(n, naive, target_ms, 1));
     all_ok("naive");
   }
-  return {n, m, median(t_ours), median(t_ref), median(t_stream), median(t_naive)};
+  return {n, m, median(t_ours), median(t_ref), may_spin ? median(t_spin) : NAN, median(t_stream), median(t_naive)};
 }
 
 }  // namespace
@@ -342,8 +374,8 @@ int main(int argc, char** argv) {
   const int reps = 5;
   std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", reps,
               std::thread::hardware_concurrency());
-  std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s | %8s %8s\n", "N", "M", "ours us", "busbw", "ref us",
-              "busbw", "stream us", "naive us", "ref/ours", "x naive");
+  std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s %10s | %8s %9s %8s\n", "N", "M", "ours us", "busbw",
+              "ref us", "busbw", "spin us", "stream us", "naive us", "ref/ours", "spin/ours", "x naive");
   std::vector<Row> rows;
   for (int n : {2, 4}) {
     for (size_t m : sizes) {
@@ -351,9 +383,9 @@ int main(int argc, char** argv) {
       rows.push_back(row);
       const double bytes = 4.0 * static_cast<double>(m);
       auto busbw = [&](double t) { return bytes / t / 1e9 * 2.0 * (n - 1) / n; };
-      std::printf("%2d %5s | %10.2f %8.2f | %10.2f %8.2f | %10.2f %10.2f | %8.2f %7.1fx\n", n, size_name(m).c_str(),
-                  row.ours * 1e6, busbw(row.ours), row.ref * 1e6, busbw(row.ref), row.stream * 1e6, row.naive * 1e6,
-                  row.ref / row.ours, row.naive / row.ours);
+      std::printf("%2d %5s | %10.2f %8.2f | %10.2f %8.2f | %10.2f %10.2f %10.2f | %8.2f %9.2f %7.1fx\n", n,
+                  size_name(m).c_str(), row.ours * 1e6, busbw(row.ours), row.ref * 1e6, busbw(row.ref), row.spin * 1e6,
+                  row.stream * 1e6, row.naive * 1e6, row.ref / row.ours, row.spin / row.ours, row.naive / row.ours);
       std::fflush(stdout);
     }
   }

@@ -41,11 +41,16 @@ namespace gc = gradsync::comm;
 
 const std::vector<size_t> kSizes = {1, 1024, 65536, 1u << 20, 16u << 20};
 
-// Calls per size: enough for a stable median, few enough that a run stays well under 2 minutes.
+// Calls per size: at least ~20 ms of them at the fastest rate measured, as in allreduce_bench's
+// batches. A count, not a time, because the ranks of a collective must make the same calls. With
+// 3000 calls (under a millisecond at 1 float) one run in ten caught the ranks' first
+// milliseconds, before the scheduler had spread two processes forked together over both CPUs,
+// and took 3 us a call instead of 0.2 for every small size.
 int iterations(size_t m) {
-  if (m <= 1024) return 3000;
-  if (m <= 65536) return 600;
-  if (m <= (1u << 20)) return 100;
+  if (m <= 1) return 100000;
+  if (m <= 1024) return 40000;
+  if (m <= 65536) return 3000;
+  if (m <= (1u << 20)) return 150;
   return 25;
 }
 
@@ -54,11 +59,11 @@ double median(std::vector<double> v) {
   return v.empty() ? NAN : v[v.size() / 2];
 }
 
-// Times `call` (per call, in microseconds) after a warm-up; returns the median.
+// Times `call` (per call, in microseconds) after a warm-up of half as many calls; returns the median.
 template <class F>
 double time_calls(size_t m, F&& call) {
   const int n = iterations(m);
-  for (int i = 0; i < std::max(2, n / 20); ++i) call();
+  for (int i = 0; i < std::max(2, n / 2); ++i) call();
   std::vector<double> t;
   t.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
