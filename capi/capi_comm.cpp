@@ -115,8 +115,12 @@ bool CommLink::close() noexcept {
     impl_->abort();
   }
   // Polled, not woken: a user that let go must not touch the link again (it may be destroyed the
-  // moment the count falls to 0), and the wait only covers a call's last steps after an abort.
-  while (state_.load(std::memory_order_acquire) != kClosed) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // moment the count falls to 0). Usually a call's last steps after the abort; a call whose peers
+  // still use its buffers keeps them until they are done, so the polls back off to 5 ms.
+  for (auto pause = std::chrono::microseconds(50); state_.load(std::memory_order_acquire) != kClosed;
+       pause = std::min(pause * 2, std::chrono::microseconds(5000))) {
+    std::this_thread::sleep_for(pause);
+  }
   impl_.reset();
   return true;
 }
@@ -144,14 +148,16 @@ void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* f
     return body();
   }
   auto done = std::make_shared<comm::Completion>();
-  progress->submit([&link, function, &body, done] {
+  // The task holds its own reference: this call is not counted until the task runs, so a free on
+  // another thread may destroy the handle (and its reference) before; the task then finds the
+  // link closed. body outlives the task: this thread waits for it here.
+  progress->submit([link, function, &body, done] {
     Outcome o = capture([&] {
       const Call call(*link, function);
       body();
     });
     done->finish(o.status, std::move(o.message));
   });
-  // body and link outlive the task: this thread waits for it here.
   done->wait(std::chrono::milliseconds(-1));
   if (done->status() != GRADSYNC_OK) throw Error(done->status(), done->message());
 }
@@ -270,7 +276,7 @@ std::string describe(const gradsync::comm::Options& options, const Communicator&
 // thread or the progress thread. It holds copies of the arguments; the buffers are borrowed.
 using Op = std::function<void(Communicator&)>;
 
-// Runs op holding the handle's in-call word, so a second thread calling at the same time gets
+// Runs op holding the handle's in-call bit, so a second thread calling at the same time gets
 // GRADSYNC_E_MISUSE (see capi/comm_handle.hpp).
 void hold_and_run(const std::shared_ptr<CommLink>& link, const char* function, const Op& op) {
   const CommLink::Call call(*link, function);

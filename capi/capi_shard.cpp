@@ -28,7 +28,7 @@ using gradsync::capi::CommLink;
 using gradsync::capi::guard;
 
 // The body of a collective stage: it runs the communicator, so it holds the communicator's
-// in-call word like the communicator's own entry points do, and runs in order with the
+// in-call bit like the communicator's own entry points do, and runs in order with the
 // communicator's pending non-blocking calls.
 template <class F>
 int with_comm(const char* function, gradsync_shard* shard, F&& body) noexcept {

@@ -65,7 +65,7 @@ class CommLink {
   comm::Communicator& communicator() const noexcept { return *impl_; }
 
   // gradsync_comm_abort: any thread, also while a call runs; GRADSYNC_E_MISUSE once closed. Takes
-  // its own reference, for the same reason as Call.
+  // its own reference: a close may be waiting for it to let go.
   static void abort(std::shared_ptr<CommLink> link);
   // gradsync_comm_free. Returns true when the communicator is destroyed and the handle may go.
   bool close() noexcept;

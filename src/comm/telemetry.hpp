@@ -102,7 +102,8 @@ class Telemetry {
   // Writes what is buffered and closes the JSON document. Throws Error(GRADSYNC_E_IO).
   void close_timeline();
 
-  // This communicator's reading of Clock for its calls' statistics (the calling thread's only).
+  // This communicator's reading of Clock for its calls' statistics: by the thread in a call only
+  // (a communicator's calls are ordered, whichever thread makes them).
   Clock::time_point now() noexcept { return clock_.now(); }
 
   // A call's arrival stamp in the clock that peers on the same host share (threads, processes).

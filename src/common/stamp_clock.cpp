@@ -22,8 +22,6 @@ bool tsc_is_kernel_clock() noexcept {
 #endif
 }
 
-StampClock::StampClock(bool use_tsc) noexcept : tsc_(use_tsc && tsc_is_kernel_clock()) {}
-
 namespace {
 
 #if defined(__x86_64__)
@@ -50,26 +48,36 @@ Anchor read_anchor() noexcept {
 
 }  // namespace
 
+StampClock::StampClock(bool use_tsc) noexcept : tsc_(use_tsc && tsc_is_kernel_clock()) {
+#if defined(__x86_64__)
+  if (tsc_) {
+    static const Anchor first = read_anchor();
+    tsc0_ = first.tsc;
+    ns0_ = first.ns;
+  }
+#endif
+}
+
 StampClock::time_point StampClock::reanchor() noexcept {
 #if defined(__x86_64__)
-  // The process's first anchor, the baseline of every clock's scale: the older, the finer.
-  static const Anchor base = read_anchor();
   const Anchor now = read_anchor();
-  if (now.tsc < base.tsc || now.ns < base.ns) {
-    // The TSC went back (a CPU not in step with the others, a resume): not a clock to scale.
+  if (now.tsc < tsc0_ || now.ns < ns0_) {
     tsc_ = false;
     mult_ = 0;
-  } else if (now.tsc - base.tsc >= kMinBaselineTicks) {
-    const auto mult =
-        static_cast<uint64_t>((static_cast<unsigned __int128>(now.ns - base.ns) << 32) / (now.tsc - base.tsc));
-    // A scale that moved by more than 0.1% is not drift: the TSC jumped. (One above 16 ns a tick
-    // is no TSC at all.)
-    if ((mult_ != 0 && (mult > mult_ + (mult_ >> 10) || mult < mult_ - (mult_ >> 10))) || mult >= (uint64_t{16} << 32)) {
-      tsc_ = false;
-      mult_ = 0;
-    } else {
-      mult_ = mult;
-    }
+    return time_point(WaitClock::duration(now.ns));
+  }
+  const uint64_t ticks = now.tsc - tsc0_;
+  // Too short a baseline for a scale (a new clock early in the process, or one measuring again):
+  // the anchor stays, and the baseline grows.
+  if (ticks < kMinBaselineTicks) return time_point(WaitClock::duration(now.ns));
+  const auto mult = static_cast<uint64_t>((static_cast<unsigned __int128>(now.ns - ns0_) << 32) / ticks);
+  if (mult >= (uint64_t{16} << 32)) {
+    tsc_ = false;
+    mult_ = 0;
+  } else if (mult_ != 0 && (mult > mult_ + (mult_ >> 10) || mult < mult_ - (mult_ >> 10))) {
+    mult_ = 0;
+  } else {
+    mult_ = mult;
   }
   tsc0_ = now.tsc;
   ns0_ = now.ns;

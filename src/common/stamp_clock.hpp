@@ -6,14 +6,17 @@
 // Where the kernel keeps time with the TSC itself (its clocksource is "tsc", which it only is
 // when the counter is invariant and synchronised across CPUs), a reading is the TSC scaled to
 // steady_clock's nanoseconds from an anchor, a (TSC, steady_clock) pair read together. The anchor
-// is renewed once it is kReanchorTicks old, and the scale is the ratio of the two clocks since
-// the process's first anchor (so a clock made late in a process has its scale at once), so a
-// reading stays within some tens of ns of steady_clock (anchor jitter, and NTP's slewing of
-// steady_clock since the last anchor) and is comparable with readings of other threads and
-// processes of the host. Anywhere else, and for good once the TSC jumped (a suspend, a migration
-// to another host), a reading is steady_clock::now().
+// is renewed once it is kReanchorTicks old, and the scale is the ratio of the two clocks between
+// the last two anchors: it follows NTP's slewing of steady_clock (at most 0.05%), and a reading
+// stays within some tens of ns of steady_clock, comparable with readings of other threads and
+// processes of the host. A new clock starts from the process's first anchor, so it has a scale at
+// once. A scale that moved by more than 0.1% is no slewing but a jump of the TSC (a suspend, a
+// migration to another host): it is measured again, the readings meanwhile steady_clock's. A TSC
+// that went back, or that ticks slower than 1/16 GHz, is not used again. Anywhere else a reading
+// is steady_clock::now().
 //
-// Not thread-safe: one per thread of use (a communicator's telemetry, used by one call at a time).
+// Not thread-safe: used by one call at a time (a communicator's calls are ordered, whichever
+// thread makes them).
 #include <cstdint>
 #include <ratio>
 #include <type_traits>
@@ -55,14 +58,14 @@ class StampClock {
   // ns, long enough that renewing costs nothing (one steady_clock read per anchor).
   static constexpr uint64_t kReanchorTicks = uint64_t{1} << 26;
   // The shortest baseline a scale is taken from (~1.4 ms at 3 GHz): two anchors' ~10 ns of jitter
-  // over it are below 1.5e-5.
+  // over it are below 1.5e-5 (over the usual 22 ms, below 1e-6).
   static constexpr uint64_t kMinBaselineTicks = uint64_t{1} << 22;
 
   time_point reanchor() noexcept;
 
   bool tsc_ = false;
   uint64_t mult_ = 0;  // ns per tick, 32.32 fixed point; 0 while there is no scale
-  uint64_t tsc0_ = 0;  // the anchor
+  uint64_t tsc0_ = 0;  // the anchor: where readings count from, and the next scale's baseline
   int64_t ns0_ = 0;
 };
 

@@ -72,7 +72,7 @@
 #error "the model is written for 2 or 3 ranks"
 #endif
 
-/* GroupWords */
+/* GroupWords, and the barrier word of the control block (ControlLayout::barrier) */
 byte stop_reason;  /* the stop word: first cause wins */
 byte stop_gen;     /* ... and its generation: every stop counts one up, a clear keeps it */
 /* The barrier word: every rank's arrivals over the group's life (one fetch_add each), or, once

@@ -98,8 +98,13 @@ constexpr bool reset_code_open(uint64_t code) noexcept { return (code & 1) != 0;
 
 // What a rank is about to do in a round; peers compare the calls before touching each other's data.
 // Stored only when it changed (a loop repeats its calls), so that it stays valid in the peers'
-// caches: nothing in it may change from call to call of the same kind (the arrival stamp lives
-// beside the barrier word).
+// caches: keep what changes on every call out of it (the arrival stamp lives beside the barrier
+// word; a weighted mean's weight is the one field that may).
+//
+// Parity double buffering (descriptors, stamps, tables, inline areas) keeps a round's copy until
+// every peer has read it: rank r writes its parity-p copy again in round N+2 only, which it enters
+// after every rank arrived at round N+1, i.e. finished reading round N; or after a reset, which
+// every rank joins once its call is over.
 struct Descriptor {
   CallSignature call;
   uint32_t direct;  // every buffer is reachable by the peers; its addresses are in the table
@@ -190,7 +195,7 @@ class ControlArea {
   GroupWords& words() const noexcept { return *words_; }
   std::atomic<uint64_t>& barrier() const noexcept { return *barrier_; }
   // Rank r's arrival stamp in the rounds of `parity`: written by r before it arrives, read by its
-  // peers once every rank arrived (parity keeps it until they have: see Descriptor).
+  // peers once every rank arrived (parity double buffering keeps it until they have read it).
   int64_t& arrival_stamp(int r, uint64_t parity) const noexcept { return stamps_[static_cast<uint64_t>(r) * 2 + parity]; }
   RankSlot& slot(int r) const noexcept { return slots_[r]; }
   BufferAddress* table(int r, uint64_t parity) const noexcept {

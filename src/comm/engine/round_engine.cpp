@@ -171,25 +171,31 @@ void verify_round(const std::function<std::string()>& where, uint64_t call, int 
 
 // Every rank sees the same descriptors, so every rank reaches the same verdict and nothing is
 // written on a disagreement.
-void RoundEngine::verify(const Round& round) const {
+void RoundEngine::verify(const Round& round) {
   // Every rank's call alike, as it nearly always is: rank 0's arguments stand for all (its
   // verdict names rank 0, as the full check would), except a weighted mean's weights, which differ.
   const CallSignature& first = desc(0, round.parity).call;
   bool alike = first.collective != Collective::WeightedMean;
   for (int r = 1; r < size_ && alike; ++r) alike = desc(r, round.parity).call == first;
+  if (alike && first == judged_) return;
   verify_round([&] { return group_name(); }, round.number, size_, alike ? 1 : size_, check_mismatch_,
                [&](int r) -> const CallSignature& { return desc(r, round.parity).call; },
                [&](int r) { return desc(r, round.parity).weight; });
+  if (alike) judged_ = first;
 }
 
 void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint64_t target) {
   if (why == Waited::PeerDied) throw_gone(dead_rank_, call);
   // A timeout at a barrier, this rank's or a peer's: name the ranks that had not arrived, as every
-  // waiter saw.
-  if (target != 0 && stop_reason(words().stop_word.load(std::memory_order_acquire)) == StopReason::Timeout) {
+  // waiter saw. Not the rank that timed out: it was waiting (in the copy pipeline, its count is
+  // short of the barrier it failed for its peers).
+  const uint32_t stop = words().stop_word.load(std::memory_order_acquire);
+  if (target != 0 && stop_reason(stop) == StopReason::Timeout) {
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r) {
-      if (control_.slot(r).arrivals.load(std::memory_order_acquire) < target) missing.push_back(r);
+      if (r != stop_rank(stop) && control_.slot(r).arrivals.load(std::memory_order_acquire) < target) {
+        missing.push_back(r);
+      }
     }
     if (!missing.empty()) {
       fail(GRADSYNC_E_TIMEOUT, "{}: timed out: rank(s) [{}] did not arrive at {} within {} ms", where(call),

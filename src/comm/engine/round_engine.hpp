@@ -166,7 +166,7 @@ class RoundEngine {
   bool awaited_on_this_cpu(uint64_t target) const noexcept;
   // The liveness check of a wait slice that ended without its condition; true if a peer is gone.
   bool check_peers();
-  void verify(const Round& round) const;
+  void verify(const Round& round);
   // The multi-rank part of reset(): decides the reset with the peers; returns the stop word it
   // recovers from (the newest any rank saw when it asked).
   uint32_t reset_together();
@@ -189,6 +189,9 @@ class RoundEngine {
   Telemetry& telemetry_;
   std::vector<int64_t> stamps_;  // the ranks' arrivals in the round just decided
   uint64_t round_ = 0;
+  // The last call that every rank made alike and verify() found good: the same call again needs
+  // no judging (the verdict is a function of the call and the group's size). Starts as no call.
+  CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
   uint64_t barriers_ = 0;
   uint64_t chunks_ = 0;
   int dead_rank_ = -1;

@@ -554,14 +554,14 @@ void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inlin
   const auto own_weight = [&](int) { return weight; };
   if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, own_weight);
   const auto deadline = deadline_after(options_.timeout);
-  const auto arrived = Clock::now();
+  const auto arrived = telemetry_.now();
   // The arrival wait, for the statistics, however it ends.
   struct Waited {
     Telemetry& telemetry;
-    Clock::time_point arrived;
+    Telemetry::Clock::time_point arrived;
     const int64_t* stamps = nullptr;
     int n = 0;
-    ~Waited() { telemetry.arrival(arrived, Clock::now(), stamps, n); }
+    ~Waited() { telemetry.arrival(arrived, telemetry.now(), stamps, n); }
   } waited{telemetry_, arrived};
   MPI_Request request = mpi::lib().request_null;
   // A weighted mean always exchanges: its weights are judged by the group, as on every transport.
