@@ -260,35 +260,23 @@ Row run(int n, size_t m, int reps) {
         comms[static_cast<size_t>(r)].reset();
       }};
 
-  // ---- ref: the reference design, two barriers per round
+  // ---- ref: the reference design, two barriers per round; spin: the same with barriers that never
+  // sleep (information)
+  auto reference = [&](SpinBarrier& barrier) {
+    return Method{[&](int r) { alloc(r); },
+                  [&, b = &barrier](int r, int iters) {
+                    for (int i = 0; i < iters; ++i) {
+                      b->wait();  // every rank's input is ready
+                      owner_slice(bufs, n, r, m);
+                      b->wait();  // every rank's output is written: the call may return
+                    }
+                  },
+                  [&](int r) { verify(r); }};
+  };
   SpinBarrier spin(n);
-  Method ref{
-      [&](int r) { alloc(r); },
-      [&](int r, int iters) {
-        for (int i = 0; i < iters; ++i) {
-          spin.wait();  // every rank's input is ready
-          owner_slice(bufs, n, r, m);
-          spin.wait();  // every rank's output is written: the call may return
-        }
-      },
-      [&](int r) {
-        verify(r);
-      }};
-
-  // ---- spin: the reference design with a barrier that never sleeps (information)
+  Method ref = reference(spin);
   SpinBarrier spinning(n, false);
-  Method spin_ref{
-      [&](int r) { alloc(r); },
-      [&](int r, int iters) {
-        for (int i = 0; i < iters; ++i) {
-          spinning.wait();
-          owner_slice(bufs, n, r, m);
-          spinning.wait();
-        }
-      },
-      [&](int r) {
-        verify(r);
-      }};
+  Method spin_ref = reference(spinning);
   const bool may_spin = static_cast<unsigned>(n) <= std::thread::hardware_concurrency();
 
   // ---- stream: the same kernel with one barrier per call (information, not a bound)
