@@ -62,7 +62,9 @@ void Telemetry::arrival(Clock::time_point arrived, Clock::time_point decided, co
   }
   rounds_.add(1);
   for (int r = 0; r < n; ++r) {
-    const auto late = static_cast<uint64_t>(stamps[r] - first);
+    // In unsigned arithmetic: the stamps of an shm group are whatever its members wrote, and a
+    // member gone bad must not make this a signed overflow.
+    const uint64_t late = static_cast<uint64_t>(stamps[r]) - static_cast<uint64_t>(first);
     peers_[static_cast<size_t>(r)].late_ns.add(late);
     peers_[static_cast<size_t>(r)].max_late_ns.raise_to(late);
   }
