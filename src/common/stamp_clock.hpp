@@ -55,7 +55,7 @@ class StampClock {
 
  private:
   // ~22 ms at 3 GHz: short enough that a scale off by a few ppm moves a reading by a few tens of
-  // ns, long enough that renewing costs nothing (one steady_clock read per anchor).
+  // ns, long enough that renewing costs nothing (three steady_clock reads per anchor).
   static constexpr uint64_t kReanchorTicks = uint64_t{1} << 26;
   // The shortest baseline a scale is taken from (~1.4 ms at 3 GHz): two anchors' ~10 ns of jitter
   // over it are below 1.5e-5 (over the usual 22 ms, below 1e-6).
