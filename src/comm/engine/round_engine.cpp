@@ -50,7 +50,7 @@ bool RoundEngine::decide(uint64_t index) noexcept {
 
 void RoundEngine::arrive() noexcept {
   note_cpu();
-  // seq_cst: publishes this rank's writes (descriptor, inline data) to whoever sees the count.
+  // seq_cst: publishes this rank's writes (stamp, descriptor, inline data) to whoever sees the count.
   control_.barrier().fetch_add(1, std::memory_order_seq_cst);
   // After the word: a peer that finds every live rank's count here knows each one is past its
   // arrival, which is what a wait holding its buffers for a dead peer's round needs.
