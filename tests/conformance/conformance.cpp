@@ -501,39 +501,46 @@ size_t few(const Ctx& x) { return x.size > 2 ? static_cast<size_t>(x.size - 1) :
 
 // ---------------------------------------------------------------- allreduce
 
-// Every op at the sizes that take every path: empty, one element, fewer than the ranks, the
-// inline limit (16 KiB) and just over it, and the copy pipeline (256 KiB chunks) with a ragged
-// end; on ordinary and on the communicator's memory, in place and not. Bit for bit the reference,
-// the same on every rank, the send buffer untouched.
+// Every op at the sizes that take every path: empty, one element, fewer than the ranks, a few KiB
+// (in place where every rank's buffers are reachable, else inline), the inline limit (16 KiB) and
+// just over it, and the copy pipeline (256 KiB chunks) with a ragged end; on ordinary and on the
+// communicator's memory, and on both at once (some ranks on each), in place and not. Bit for bit
+// the reference, the same on every rank, the send buffer untouched.
 template <class E>
 void s_allreduce(Ctx& x) {
   using T = typename E::T;
   const size_t inline_elems = 16384 / sizeof(T);
   uint64_t seed = 1000 * static_cast<uint64_t>(E::dtype);
-  for (const size_t count : {size_t{0}, size_t{1}, few(x), size_t{7}, inline_elems, inline_elems + 3, size_t{300007}}) {
+  for (const size_t count : {size_t{0}, size_t{1}, few(x), size_t{7}, size_t{1000}, inline_elems, inline_elems + 3,
+                             size_t{300007}}) {
     ++seed;
-    const auto mine = inputs<E>(x.rank, count, seed);
-    const bool check = checker(x, seed);
-    std::vector<T> want[4];
-    if (check) {
-      std::vector<T> col(static_cast<size_t>(x.size));
-      for (auto& w : want) w.resize(count);
-      for (size_t i = 0; i < count; ++i) {
-        for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<E>(r, i, seed);
-        for (int32_t op : kOps) want[op][i] = fold<E>(op, x.size, col.data());
-      }
-    }
     uint64_t hash = kFnvBasis;
     for (int32_t op : kOps) {
-      for (int path = 0; path < 4; ++path) {
-        const bool from_comm = path >= 2, in_place = path % 2 == 1;
+      // Inputs change from op to op, and the mixed paths come first: no call passes on what an
+      // earlier call with the same inputs left in the group's areas.
+      const uint64_t op_seed = seed * 8 + static_cast<uint64_t>(op);
+      const auto mine = inputs<E>(x.rank, count, op_seed);
+      const bool check = checker(x, op_seed);
+      std::vector<T> want;
+      if (check) {
+        std::vector<T> col(static_cast<size_t>(x.size));
+        want.resize(count);
+        for (size_t i = 0; i < count; ++i) {
+          for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<E>(r, i, op_seed);
+          want[i] = fold<E>(op, x.size, col.data());
+        }
+      }
+      for (const int path : {4, 5, 0, 1, 2, 3}) {
+        const bool mixed = path >= 4;  // even ranks on one memory, odd ranks on the other
+        const bool from_comm = mixed ? (x.rank + path) % 2 == 0 : path >= 2, in_place = path % 2 == 1;
         Buf<T> send(x, x.c, count, from_comm), recv(x, x.c, count, from_comm);
         send.fill(mine);
         T* out = in_place ? send.data() : recv.data();
         if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, send.data(), out, count, E::dtype, op))) continue;
-        const std::string what = format("allreduce %s %s of %zu (%s, %s)", E::name, op_name(op), count,
-                                        from_comm ? "comm memory" : "ordinary memory", in_place ? "in place" : "send != recv");
-        if (check) EXPECT_BITS(E, x, want[op].data(), out, count, "%s", what.c_str());
+        const std::string what = format("allreduce %s %s of %zu (%s%s, %s)", E::name, op_name(op), count,
+                                        from_comm ? "comm memory" : "ordinary memory", mixed ? ", ranks mixed" : "",
+                                        in_place ? "in place" : "send != recv");
+        if (check) EXPECT_BITS(E, x, want.data(), out, count, "%s", what.c_str());
         if (!in_place) EXPECT_BITS(E, x, mine.data(), send.data(), count, "%s: the send buffer", what.c_str());
         hash = fnv(out, count * sizeof(T), hash);
       }

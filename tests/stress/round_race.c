@@ -112,7 +112,7 @@ static uint64_t mix64(uint64_t x) {
 
 enum { K_SMALL, K_LARGE, K_BARRIER, K_BCAST, K_MANY, K_WMEAN, K_ZEROCOPY };
 static const char *const kind_names[] = {"allreduce (inline)", "allreduce (large)", "barrier", "broadcast",
-                                         "allreduce_many", "weighted_mean", "allreduce (comm_alloc buffers)"};
+                                         "allreduce_many", "weighted_mean", "allreduce (comm_alloc buffers on some ranks)"};
 
 typedef struct {
   int kind;
@@ -125,6 +125,7 @@ typedef struct {
   int quiet;      /* aborters hold off, so the stall ends in a timeout rather than an abort */
   int heavy_rank, zero_rank;
   uint64_t total_weight;
+  unsigned zc_ranks; /* K_ZEROCOPY: bit r set when rank r's buffers come from gradsync_comm_alloc */
 } plan;
 
 static plan plan_of(uint64_t k) {
@@ -169,7 +170,12 @@ static plan plan_of(uint64_t k) {
       if (g_size > 1 && ((h >> 40) & 3) == 0) p.zero_rank = (int)((k + 1) % (uint64_t)g_size);
       break;
     }
-    case K_ZEROCOPY: p.n = 1 + (size_t)((h >> 10) % ZC_MAX); break;
+    case K_ZEROCOPY:
+      /* up to 16 KiB half the time: the sizes whose round goes inline unless every rank's buffers
+         are reachable, and then direct */
+      p.n = 1 + (size_t)((h >> 10) % ((h >> 40) & 1 ? 4096 : ZC_MAX));
+      p.zc_ranks = (h >> 41) & 3 ? ~0u : (unsigned)(h >> 44);
+      break;
     default: break;
   }
   if (g_size > 1 && g_stall_every > 0 && h2 % g_stall_every == 0) {
@@ -193,6 +199,7 @@ static void describe(const plan *p, char *out, size_t cap) {
     case K_SMALL: case K_LARGE: case K_ZEROCOPY:
       w += snprintf(out + w, cap - (size_t)w, " of %zu %s %s%s", p->n, dtypes[p->dtype], ops[p->op],
                     p->in_place ? " in place" : "");
+      if (p->kind == K_ZEROCOPY) w += snprintf(out + w, cap - (size_t)w, ", rank mask %#x", p->zc_ranks);
       break;
     case K_BCAST: w += snprintf(out + w, cap - (size_t)w, " of %zu f32 from root %d", p->n, (int)p->root); break;
     case K_MANY: w += snprintf(out + w, cap - (size_t)w, " of %zu + %zu f32%s", p->n, p->n2, p->in_place ? " in place" : ""); break;
@@ -328,6 +335,14 @@ static void *aborter_main(void *arg) {
   return NULL;
 }
 
+/* K_ZEROCOPY's buffers on this rank: the communicator's, or its private ones. */
+static float *zc_send(const rank_ctx *c, const plan *p) {
+  return (p->zc_ranks >> c->rank) & 1 ? c->zsend : (float *)c->send;
+}
+static float *zc_out(const rank_ctx *c, const plan *p) {
+  return p->in_place ? zc_send(c, p) : (p->zc_ranks >> c->rank) & 1 ? c->zrecv : (float *)c->recv;
+}
+
 static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
   const size_t es = gradsync_dtype_size(p->dtype);
   switch (p->kind) {
@@ -340,11 +355,11 @@ static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
       return gradsync_comm_allreduce(c->comm, c->send, out, p->n, p->dtype, p->op);
     }
     case K_ZEROCOPY: {
-      float *out = p->in_place ? c->zsend : c->zrecv;
-      fill(c->zsend, GRADSYNC_F32, p->n, c->rank, k);
-      if (!p->in_place) memset(c->zrecv, 0x7f, p->n * sizeof(float));
+      float *send = zc_send(c, p), *out = zc_out(c, p);
+      fill(send, GRADSYNC_F32, p->n, c->rank, k);
+      if (!p->in_place) memset(out, 0x7f, p->n * sizeof(float));
       enter(c);
-      return gradsync_comm_allreduce(c->comm, c->zsend, out, p->n, GRADSYNC_F32, GRADSYNC_SUM);
+      return gradsync_comm_allreduce(c->comm, send, out, p->n, GRADSYNC_F32, GRADSYNC_SUM);
     }
     case K_BARRIER:
       enter(c);
@@ -424,7 +439,7 @@ static int verify(rank_ctx *c, const plan *p, uint64_t k, uint64_t total, char *
       return compare(p->in_place ? c->send : c->recv, c->expect, p->n, p->dtype, "recv", msg);
     case K_ZEROCOPY:
       fill_expected(c->expect, GRADSYNC_F32, GRADSYNC_SUM, p->n, k);
-      return compare((const char *)(p->in_place ? c->zsend : c->zrecv), c->expect, p->n, GRADSYNC_F32, "recv", msg);
+      return compare((const char *)zc_out(c, p), c->expect, p->n, GRADSYNC_F32, "recv", msg);
     case K_BARRIER: return 0;
     case K_BCAST:
       fill(c->expect, GRADSYNC_F32, p->n, p->root, k);

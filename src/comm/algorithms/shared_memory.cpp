@@ -3,7 +3,9 @@
 // mapping one /dev/shm segment), written once over a Fabric and the round engine. Each collective
 // picks one of three data paths, the same choice on every rank:
 // - inline (payload <= kInlineBytes): the payload travels in the rank's inline area; one barrier,
-//   and every rank reduces the whole (tiny) vector itself, in rank order (same code, same bits).
+//   and every rank reduces the whole (small) vector itself, in rank order (same code, same bits).
+//   An allreduce past kInPlaceFromBytes goes direct instead when every rank can; when only some
+//   can, those stage their payload after the first barrier, and a second one precedes the reads.
 // - direct (every rank's buffers are reachable by its peers: always for threads, buffers from
 //   comm.alloc() for shm): ranks publish addresses; each rank reduces ITS slice (partition rule
 //   over the concatenation of all buffers) straight from the peers' buffers into all of them, then
@@ -45,18 +47,16 @@ namespace {
 // of the copy path's memory traffic). Smaller results stay in cache for the caller.
 constexpr uint64_t kStreamingBytes = 8u << 20;
 
-// Among threads every buffer is reachable, and an allreduce past this size is faster read in place
-// by owner slices (two waits, half the data per rank) than through the inline areas (one wait, but
-// each rank copies its input in and reduces every element from every peer's area): 1.3 against
-// 1.5 us at 1 KiB, 1.3 against 2.2 at 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not
-// when threads outnumber the CPUs (N = 4 on 2: 4.7 against 7.6 us at 1 KiB): a second wait costs
-// a descheduled peer's time slice. Other transports reach only buffers in their shared heap,
-// which a rank cannot know of its peers'.
-constexpr uint64_t kThreadInlineBytes = 512;
+// An allreduce past this size is faster read in place by owner slices (two waits, half the data
+// per rank) than through the inline areas (one wait, but each rank copies its input in and
+// reduces every element from every peer's area): 1.3 against 1.5 us at 1 KiB, 1.3 against 2.2 at
+// 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not when ranks outnumber the CPUs (N = 4 on
+// 2: 4.7 against 7.6 us at 1 KiB): a second wait costs a descheduled peer's time slice. Up to
+// kInlineBytes the inline path remains the fallback of a round in which some rank's buffers are
+// out of its peers' reach (shm buffers not from comm.alloc()).
+constexpr uint64_t kInPlaceFromBytes = 512;
 
-// The CPUs this process may use, read once: the ranks of a thread group are threads of this
-// process, and they must all see the same figure (one read per rank could differ, had a thread
-// been pinned in between).
+// The CPUs this process may use, read once, so that its calls of one size take one path.
 int process_cpus() noexcept {
   static const int cpus = wait_detail::usable_cpus();
   return cpus;
@@ -246,9 +246,8 @@ class SharedMemoryCommunicator final : public Communicator {
   std::unique_ptr<Fabric> fabric_;
   const ControlArea& control_;
   RoundEngine engine_;
-  // Allreduces above kThreadInlineBytes go in place (see there).
-  const bool in_place_from_small_sizes_ =
-      fabric_->transport() == Transport::Thread && options_.size <= process_cpus();
+  // Allreduces past kInPlaceFromBytes go direct when they can (see there).
+  const bool direct_from_small_sizes_ = options_.size <= process_cpus();
 };
 
 Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,
@@ -276,10 +275,13 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
   }
   const Concat all(buffers, es);
   const uint64_t total = all.total();
-  const bool small = total * es <= (in_place_from_small_sizes_ && buffers.size() <= kMaxTableBuffers
-                                        ? kThreadInlineBytes
-                                        : kInlineBytes);
-  bool direct = !small && buffers.size() <= kMaxTableBuffers;
+  const bool fits_table = buffers.size() <= kMaxTableBuffers;
+  // A payload up to kInlineBytes travels inline, unless it is past kInPlaceFromBytes and every
+  // rank's buffers are reachable: then the round goes direct.
+  const bool fits_inline = total * es <= kInlineBytes;
+  const bool small =
+      fits_inline && !(direct_from_small_sizes_ && fits_table && total * es > kInPlaceFromBytes);
+  bool direct = !small && fits_table;
   for (size_t i = 0; i < buffers.size() && direct; ++i) {
     direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
              fabric_->address_of(buffers[i].recv, buffers[i].count * es) != kNoAddress;
@@ -288,13 +290,13 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
   d.call = allreduce_call(buffers, dtype, op);
   d.direct = direct ? 1 : 0;
   const Round round = engine_.begin(d, [&](uint64_t parity) {
-    if (small) {
-      all.gather(0, total, control_.inline_area(rank(), parity));
-    } else if (direct) {
+    if (direct) {
       for (size_t i = 0; i < buffers.size(); ++i) {
         control_.publish_address(rank(), parity, i,
                                  {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
       }
+    } else if (fits_inline) {
+      all.gather(0, total, control_.inline_area(rank(), parity));
     }
   });
   const RoundGuard guard(engine_);
@@ -302,7 +304,13 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
   SmallVector<const void*> srcs(n);
   SmallVector<void*> dsts(n);
 
-  if (small) {
+  if (fits_inline && !round.all_direct) {
+    if (round.any_direct) {
+      // Ranks that published addresses (a direct round would not have read their payload, which
+      // costs their peers' writes to their buffers a transfer back) stage it now, then all meet.
+      if (direct) all.gather(0, total, control_.inline_area(rank(), round.parity));
+      engine_.barrier(round, Collective::Allreduce, false);
+    }
     for (size_t i = 0; i < buffers.size(); ++i) {
       for (size_t r = 0; r < n; ++r) {
         srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;

@@ -71,6 +71,7 @@ class RoundEngine {
     // peers are there, or come within those polls, never pays).
     mutable WaitClock::time_point deadline{};
     bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
+    bool any_direct;  // some rank's are
   };
 
   // interrupt is asked while waits last (InterruptCheck); it and telemetry (which hears of each
@@ -278,7 +279,7 @@ RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, 
 template <class Publish>
 RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   fail_fast();
-  Round round{++round_, 0, {}, true};
+  Round round{++round_, 0, {}, true, false};
   round.parity = round.number & 1;
   publish(round.parity);
   const auto arrived = telemetry_.now();
@@ -324,7 +325,11 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   telemetry_.arrival(arrived, decided, stamps_.data(), size_);
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
-  for (int r = 0; r < size_; ++r) round.all_direct &= desc(r, round.parity).direct != 0;
+  for (int r = 0; r < size_; ++r) {
+    const bool direct = desc(r, round.parity).direct != 0;
+    round.all_direct &= direct;
+    round.any_direct |= direct;
+  }
   return round;
 }
 
