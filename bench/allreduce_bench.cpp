@@ -12,6 +12,8 @@
 //           hardware thread of its own (spinning for a descheduled peer is no design at all).
 //   stream: information only, the same kernel with one barrier per call, as a STREAM-style figure.
 //           It is not a bound (a call's end is not synchronised), and the transport can beat it.
+//   mpi:    raw MPI_Allreduce (sum) of N processes on this host, under mpirun, timed in the same
+//           batches; run before the threads' rows of each N, as it cannot take turns with them.
 //   naive:  the seed's design (kizzasi ThreadedGradientSync): one global mutex, each worker adds
 //           into a shared accumulator in arrival order, the last arrival computes the mean and
 //           wakes the others with a condition variable, everyone copies back.
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -38,6 +41,7 @@
 #include "comm/communicator.hpp"
 #include "common/partition.hpp"
 #include "common/wait.hpp"
+#include "raw_mpi.hpp"
 
 namespace {
 
@@ -212,8 +216,43 @@ std::string size_name(size_t m) {
   return std::to_string(m);
 }
 
+double target_ms(size_t m) { return m >= (1u << 22) ? 150 : 60; }
+
+// The sizes of a run; --quick: the small ones only.
+std::vector<size_t> sizes_of(bool quick) {
+  return quick ? std::vector<size_t>{1, 1 << 10, 1 << 16} : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
+}
+constexpr int kReps = 5;
+
+#if GRADSYNC_HAVE_MPI
+// measure()'s batches for an MPI rank: trials double until rank 0's lasts 5 ms, then kReps batches
+// of about target_ms(m) each; rank 0's median, in microseconds per call.
+double mpi_batches(size_t m, const std::function<void()>& call) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  call();
+  auto batch = [&](int k) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < k; ++i) call();
+    MPI_Barrier(MPI_COMM_WORLD);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  int iters = 0;
+  for (int trial = 2; iters == 0; trial *= 2) {
+    const double took = batch(trial);
+    if (rank == 0 && (took >= 0.005 || trial >= 200000)) {
+      iters = static_cast<int>(std::clamp(target_ms(m) / 1000.0 * trial / took, 2.0, 200000.0));
+    }
+    MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  }
+  std::vector<double> samples;
+  for (int rep = 0; rep < kReps; ++rep) samples.push_back(batch(iters) / iters);
+  return median(samples) * 1e6;
+}
+#endif
+
 Row run(int n, size_t m, int reps) {
-  const double target_ms = m >= (1u << 22) ? 150 : 60;
   std::vector<std::unique_ptr<Buffer>> bufs(static_cast<size_t>(n));
   std::vector<char> ok(static_cast<size_t>(n), 0);
   // The buffers are allocated once per size and refilled for each method: fresh 64 MB mappings
@@ -337,17 +376,17 @@ Row run(int n, size_t m, int reps) {
   // of them alike rather than on whichever ran at that moment.
   std::vector<double> t_ours, t_ref, t_spin, t_stream, t_naive;
   for (int rep = 0; rep < reps; ++rep) {
-    t_ours.push_back(measure(n, ours, target_ms, 1));
+    t_ours.push_back(measure(n, ours, target_ms(m), 1));
     all_ok("thread transport");
-    t_ref.push_back(measure(n, ref, target_ms, 1));
+    t_ref.push_back(measure(n, ref, target_ms(m), 1));
     all_ok("reference design");
     if (may_spin) {
-      t_spin.push_back(measure(n, spin_ref, target_ms, 1));
+      t_spin.push_back(measure(n, spin_ref, target_ms(m), 1));
       all_ok("spinning reference");
     }
-    t_stream.push_back(measure(n, stream, target_ms, 1));
+    t_stream.push_back(measure(n, stream, target_ms(m), 1));
     all_ok("stream");
-    t_naive.push_back(measure(n, naive, target_ms, 1));
+    t_naive.push_back(measure(n, naive, target_ms(m), 1));
     all_ok("naive");
   }
   return {n, m, median(t_ours), median(t_ref), may_spin ? median(t_spin) : NAN, median(t_stream), median(t_naive)};
@@ -356,25 +395,38 @@ Row run(int n, size_t m, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const std::vector<size_t> sizes = quick ? std::vector<size_t>{1, 1 << 10, 1 << 16}
-                                          : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
-  const int reps = 5;
-  std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", reps,
+  const bool mpi_rank = argc > 1 && std::strcmp(argv[1], "--mpi-raw") == 0;
+  const bool quick = argc > 1 + mpi_rank && std::strcmp(argv[1 + mpi_rank], "--quick") == 0;
+  const std::vector<size_t> sizes = sizes_of(quick);
+  if (mpi_rank) {
+#if GRADSYNC_HAVE_MPI
+    return bench::raw_mpi_rank(argc, argv, sizes, mpi_batches);
+#else
+    return 1;
+#endif
+  }
+  std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", kReps,
               std::thread::hardware_concurrency());
-  std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s %10s | %8s %9s %8s\n", "N", "M", "ours us", "busbw",
-              "ref us", "busbw", "spin us", "stream us", "naive us", "ref/ours", "spin/ours", "x naive");
+  std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s %10s | %8s %9s %8s | %10s %8s\n", "N", "M", "ours us", "busbw",
+              "ref us", "busbw", "spin us", "stream us", "naive us", "ref/ours", "spin/ours", "x naive", "mpi us",
+              "mpi/ours");
   std::vector<Row> rows;
+  std::map<int, double> one_float_vs_mpi;  // by N: our time at 1 float over raw MPI's
   for (int n : {2, 4}) {
+    std::map<size_t, double> mpi;
+    if (!bench::raw_mpi(argv[0], n, quick ? "--quick" : "", sizes.size(), mpi)) mpi.clear();
     for (size_t m : sizes) {
-      const Row row = run(n, m, reps);
+      const Row row = run(n, m, kReps);
       rows.push_back(row);
       const double bytes = 4.0 * static_cast<double>(m);
       auto busbw = [&](double t) { return bytes / t / 1e9 * 2.0 * (n - 1) / n; };
-      std::printf("%2d %5s | %10.2f %8.2f | %10.2f %8.2f | %10.2f %10.2f %10.2f | %8.2f %9.2f %7.1fx\n", n,
-                  size_name(m).c_str(), row.ours * 1e6, busbw(row.ours), row.ref * 1e6, busbw(row.ref), row.spin * 1e6,
-                  row.stream * 1e6, row.naive * 1e6, row.ref / row.ours, row.spin / row.ours, row.naive / row.ours);
+      const double mpi_us = mpi.count(m) ? mpi[m] : NAN;
+      std::printf("%2d %5s | %10.2f %8.2f | %10.2f %8.2f | %10.2f %10.2f %10.2f | %8.2f %9.2f %7.1fx | %10.2f %8.2f\n",
+                  n, size_name(m).c_str(), row.ours * 1e6, busbw(row.ours), row.ref * 1e6, busbw(row.ref),
+                  row.spin * 1e6, row.stream * 1e6, row.naive * 1e6, row.ref / row.ours, row.spin / row.ours,
+                  row.naive / row.ours, mpi_us, mpi_us / (row.ours * 1e6));
       std::fflush(stdout);
+      if (m == 1) one_float_vs_mpi[n] = row.ours * 1e6 / mpi_us;
     }
   }
   // The target is ref/ours >= 1.0 at every size (the reference design's speed or better); one run
@@ -383,5 +435,10 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) behind += r.ref / r.ours < 1.0 ? 1 : 0;
   std::printf("\nrows where the transport is slower than the reference design in this run: %d of %zu\n", behind,
               rows.size());
+  // And at 1 float, at most 1.5x raw MPI's time.
+  for (const auto& [n, ratio] : one_float_vs_mpi) {
+    std::printf("N = %d, 1 float: %.2fx raw MPI's time (target <= 1.5x)%s\n", n, ratio,
+                std::isnan(ratio) ? ": no MPI in this run" : "");
+  }
   return 0;
 }
