@@ -13,7 +13,8 @@
 //   stream: information only, the same kernel with one barrier per call, as a STREAM-style figure.
 //           It is not a bound (a call's end is not synchronised), and the transport can beat it.
 //   mpi:    raw MPI_Allreduce (sum) of N processes on this host, under mpirun, timed in the same
-//           batches; run before the threads' rows of each N, as it cannot take turns with them.
+//           batches; launched for each row just before it, as it cannot take turns with the others
+//           (the host's speed can change within a run, and did between a run's first and last row).
 //   naive:  the seed's design (kizzasi ThreadedGradientSync): one global mutex, each worker adds
 //           into a shared accumulator in arrival order, the last arrival computes the mean and
 //           wakes the others with a condition variable, everyone copies back.
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -218,10 +220,6 @@ std::string size_name(size_t m) {
 
 double target_ms(size_t m) { return m >= (1u << 22) ? 150 : 60; }
 
-// The sizes of a run; --quick: the small ones only.
-std::vector<size_t> sizes_of(bool quick) {
-  return quick ? std::vector<size_t>{1, 1 << 10, 1 << 16} : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
-}
 constexpr int kReps = 5;
 
 #if GRADSYNC_HAVE_MPI
@@ -395,16 +393,16 @@ Row run(int n, size_t m, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool mpi_rank = argc > 1 && std::strcmp(argv[1], "--mpi-raw") == 0;
-  const bool quick = argc > 1 + mpi_rank && std::strcmp(argv[1 + mpi_rank], "--quick") == 0;
-  const std::vector<size_t> sizes = sizes_of(quick);
-  if (mpi_rank) {
+  if (argc > 2 && std::strcmp(argv[1], "--mpi-raw") == 0) {  // one row's MPI figure: --mpi-raw <floats>
 #if GRADSYNC_HAVE_MPI
-    return bench::raw_mpi_rank(argc, argv, sizes, mpi_batches);
+    return bench::raw_mpi_rank(argc, argv, {std::strtoull(argv[2], nullptr, 10)}, mpi_batches);
 #else
     return 1;
 #endif
   }
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const std::vector<size_t> sizes = quick ? std::vector<size_t>{1, 1 << 10, 1 << 16}
+                                          : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
   std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", kReps,
               std::thread::hardware_concurrency());
   std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s %10s | %8s %9s %8s | %10s %8s\n", "N", "M", "ours us", "busbw",
@@ -413,9 +411,9 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::map<int, double> one_float_vs_mpi;  // by N: our time at 1 float over raw MPI's
   for (int n : {2, 4}) {
-    std::map<size_t, double> mpi;
-    if (!bench::raw_mpi(argv[0], n, quick ? "--quick" : "", sizes.size(), mpi)) mpi.clear();
     for (size_t m : sizes) {
+      std::map<size_t, double> mpi;
+      bench::raw_mpi(argv[0], n, std::to_string(m), 1, mpi);
       const Row row = run(n, m, kReps);
       rows.push_back(row);
       const double bytes = 4.0 * static_cast<double>(m);
