@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Allreduce among threads: the thread transport beside three baselines measured in the same run.
+// Allreduce among threads: the thread transport beside five baselines measured in the same run.
 //
 //   ref:    the reference design, the baseline to beat: owner-sliced single pass (each thread reads
 //           its slice of all N buffers once and writes the mean into all N buffers), and a
@@ -21,7 +21,8 @@
 //
 // Figures: microseconds per allreduce (median of several timed batches), algbw = bytes/t and
 // busbw = algbw * 2(N-1)/N as nccl-tests define them. Every method's result is checked.
-//   allreduce_bench [--quick]
+//   allreduce_bench [--quick]      the table (--quick: up to 64K floats)
+//   allreduce_bench --mpi-raw M    (internal) one MPI rank of a row's raw baseline, M floats
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -85,6 +86,13 @@ struct Method {
   std::function<void(int)> finish;
 };
 
+// The calibration's rule: a trial of `trial` calls that took `took` seconds sizes the batches of
+// about target_ms, once it lasted 5 ms (or ran 200000 calls); 0 asks for a trial twice as long.
+int batch_length(double took, int trial, double target_ms) {
+  if (took < 0.005 && trial < 200000) return 0;
+  return static_cast<int>(std::clamp(target_ms / 1000.0 * trial / took, 2.0, 200000.0));
+}
+
 // Runs the method on n threads: warm-up, calibration of the batch length to about target_ms, then
 // `reps` timed batches; returns the median seconds per allreduce. The calibration runs ever longer
 // trials until one lasts 5 ms: the first calls of a method are slower than its steady state (cold
@@ -108,12 +116,7 @@ double measure(int n, Method& m, double target_ms, int reps) {
           t0 = Clock::now();
           m.step(r, trial);
           sync.arrive_and_wait();
-          if (r == 0) {
-            const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-            iters = took >= 0.005 || trial >= 200000 ? static_cast<int>(std::clamp(target_ms / 1000.0 * trial / took,
-                                                                                    2.0, 200000.0))
-                                                     : 0;
-          }
+          if (r == 0) iters = batch_length(std::chrono::duration<double>(Clock::now() - t0).count(), trial, target_ms);
           sync.arrive_and_wait();
           if (iters.load() != 0) break;
         }
@@ -223,8 +226,8 @@ double target_ms(size_t m) { return m >= (1u << 22) ? 150 : 60; }
 constexpr int kReps = 5;
 
 #if GRADSYNC_HAVE_MPI
-// measure()'s batches for an MPI rank: trials double until rank 0's lasts 5 ms, then kReps batches
-// of about target_ms(m) each; rank 0's median, in microseconds per call.
+// measure()'s batches for an MPI rank, rank 0's trials sizing them for all; rank 0's median, in
+// microseconds per call.
 double mpi_batches(size_t m, const std::function<void()>& call) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -239,9 +242,7 @@ double mpi_batches(size_t m, const std::function<void()>& call) {
   int iters = 0;
   for (int trial = 2; iters == 0; trial *= 2) {
     const double took = batch(trial);
-    if (rank == 0 && (took >= 0.005 || trial >= 200000)) {
-      iters = static_cast<int>(std::clamp(target_ms(m) / 1000.0 * trial / took, 2.0, 200000.0));
-    }
+    if (rank == 0) iters = batch_length(took, trial, target_ms(m));
     MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
   }
   std::vector<double> samples;
@@ -393,9 +394,11 @@ Row run(int n, size_t m, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::strcmp(argv[1], "--mpi-raw") == 0) {  // one row's MPI figure: --mpi-raw <floats>
+  if (argc > 1 && std::strcmp(argv[1], "--mpi-raw") == 0) {
+    const size_t m = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
+    if (m == 0) return 2;
 #if GRADSYNC_HAVE_MPI
-    return bench::raw_mpi_rank(argc, argv, {std::strtoull(argv[2], nullptr, 10)}, mpi_batches);
+    return bench::raw_mpi_rank(argc, argv, {m}, mpi_batches);
 #else
     return 1;
 #endif
@@ -413,7 +416,7 @@ int main(int argc, char** argv) {
   for (int n : {2, 4}) {
     for (size_t m : sizes) {
       std::map<size_t, double> mpi;
-      bench::raw_mpi(argv[0], n, std::to_string(m), 1, mpi);
+      if (!bench::raw_mpi(argv[0], n, std::to_string(m), 1, mpi)) mpi.clear();
       const Row row = run(n, m, kReps);
       rows.push_back(row);
       const double bytes = 4.0 * static_cast<double>(m);
@@ -435,8 +438,11 @@ int main(int argc, char** argv) {
               rows.size());
   // And at 1 float, at most 1.5x raw MPI's time.
   for (const auto& [n, ratio] : one_float_vs_mpi) {
-    std::printf("N = %d, 1 float: %.2fx raw MPI's time (target <= 1.5x)%s\n", n, ratio,
-                std::isnan(ratio) ? ": no MPI in this run" : "");
+    if (std::isnan(ratio)) {
+      std::printf("N = %d, 1 float: raw MPI unavailable (no MPI in this build, or mpirun failed)\n", n);
+    } else {
+      std::printf("N = %d, 1 float: %.2fx raw MPI's time (target <= 1.5x)\n", n, ratio);
+    }
   }
   return 0;
 }

@@ -17,17 +17,20 @@
 namespace bench {
 
 // The figures of `ranks` MPI processes for `sizes` sizes, by size; false when MPI is missing or
-// the run failed.
+// the run failed (then mpirun's exit status goes to stderr). The flags are Open MPI's, Debian's
+// MPI; mpirun's own messages are dropped, as they would interleave with the table.
 inline bool raw_mpi(const char* self, int ranks, const std::string& args, size_t sizes, std::map<size_t, double>& us) {
 #if GRADSYNC_HAVE_MPI
-  const std::string cmd = "mpirun -np " + std::to_string(ranks) + " --allow-run-as-root --oversubscribe " + self +
-                          " --mpi-raw " + args + " 2>/dev/null";
+  const std::string cmd = "mpirun -np " + std::to_string(ranks) + " --allow-run-as-root --oversubscribe '" + self +
+                          "' --mpi-raw " + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return false;
   size_t m;
   double t;
   while (std::fscanf(p, "%zu %lf", &m, &t) == 2) us[m] = t;
-  return pclose(p) == 0 && us.size() == sizes;
+  const int status = pclose(p);
+  if (status != 0) std::fprintf(stderr, "raw MPI baseline: mpirun exited with status %d\n", status);
+  return status == 0 && us.size() == sizes;
 #else
   (void)self, (void)ranks, (void)args, (void)sizes, (void)us;
   return false;

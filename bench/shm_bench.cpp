@@ -236,7 +236,10 @@ int main(int argc, char** argv) {
   }
   const bool have_threads = bench_threads(threads);
   std::map<size_t, double> copies;
-  bench_memcpy(copies);
+  if (!bench_memcpy(copies)) {
+    std::fprintf(stderr, "shm_bench: the memcpy floor's run failed\n");
+    return 1;
+  }
 
   std::printf("allreduce, 2 ranks, f32, in place; median us per call (algbw GB/s = 4M/t)\n");
   std::printf("%6s | %10s | %10s %7s %8s | %10s %10s | %10s %8s | %10s %12s\n", "M", "raw MPI", "shm copy", "GB/s",

@@ -59,7 +59,8 @@
  *   every member's current or next call fail with GRADSYNC_E_IO within a few milliseconds, not SIGBUS.
  * - Data paths: buffers from gradsync_comm_alloc (on every rank) are reduced zero copy, each rank
  *   its slice straight from the peers' buffers; ordinary buffers are staged through the segment in
- *   pipelined chunks. Small payloads travel inline (one barrier per call).
+ *   pipelined chunks. Small payloads travel inline (one barrier per call; two for an allreduce
+ *   whose ranks mix both kinds of buffers).
  * - A peer process that dies is detected while waiting (by a lock the kernel drops with the
  *   process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
  *   later calls fail fast; free the group and form a new one (same name allowed). A member that

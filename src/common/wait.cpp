@@ -38,12 +38,28 @@ void cpu_relax() noexcept {
 #endif
 }
 
-int usable_cpus() noexcept {
+int CpuMask::count() const noexcept {
+  int n = 0;
+  for (uint64_t b : bits) n += __builtin_popcountll(b);
+  return n > 0 ? n : 1;
+}
+
+CpuMask usable_cpu_mask() noexcept {
+  static_assert(sizeof(cpu_set_t) * 8 >= 1024, "cpu_set_t holds the 1024 CPUs of a CpuMask");
+  CpuMask mask;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? static_cast<int>(n) : 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+    for (int c = 0; c < 1024; ++c) {
+      if (CPU_ISSET(c, &set)) mask.bits[c / 64] |= uint64_t{1} << (c % 64);
+    }
+    return mask;
+  }
+  const unsigned n = std::min(std::max(std::thread::hardware_concurrency(), 1u), 1024u);
+  for (unsigned c = 0; c < n; ++c) mask.bits[c / 64] |= uint64_t{1} << (c % 64);
+  return mask;
 }
+
+int usable_cpus() noexcept { return usable_cpu_mask().count(); }
 
 }  // namespace gradsync::wait_detail

@@ -58,7 +58,19 @@ namespace wait_detail {
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept;
 void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
 void cpu_relax() noexcept;
-// The CPUs this process may run on (its affinity mask, as taskset and cpusets set it), at least 1.
+// A set of CPUs, as a bitmap of cpu_set_t's 1024 in a layout that shared memory can hold.
+struct CpuMask {
+  uint64_t bits[16] = {};
+  void add(const CpuMask& other) noexcept {
+    for (size_t i = 0; i < 16; ++i) bits[i] |= other.bits[i];
+  }
+  // How many CPUs, at least 1 (an empty set is no CPU count to divide work by).
+  int count() const noexcept;
+};
+// The CPUs the calling thread may run on (its affinity mask, as taskset and cpusets set it); where
+// that cannot be read, the first hardware_concurrency CPUs.
+CpuMask usable_cpu_mask() noexcept;
+// How many of them, at least 1.
 int usable_cpus() noexcept;
 }  // namespace wait_detail
 
@@ -172,9 +184,10 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
 // yield budget, so both come back when the machine changes. Not thread-safe: one per waiting thread.
 class AdaptiveWait {
  public:
-  // ranks: how many threads or processes of the group run on this host.
-  explicit AdaptiveWait(int ranks) noexcept
-      : oversubscribed_(ranks > wait_detail::usable_cpus()),
+  // ranks: how many threads or processes of the group run on this host; cpus: how many CPUs they
+  // may run on between them.
+  explicit AdaptiveWait(int ranks, int cpus = wait_detail::usable_cpus()) noexcept
+      : oversubscribed_(ranks > cpus),
         max_spin_(oversubscribed_ ? std::chrono::nanoseconds{0} : kMaxSpin),
         max_yield_(oversubscribed_ ? kMaxYield : kProbeYield),
         spin_(max_spin_ / 4),

@@ -44,7 +44,8 @@
 /* Round shapes. */
 #define INLINE 0   /* the arrival barrier only: inline payloads, barrier() */
 #define HOLD 1     /* + a completion barrier that waits for live peers whatever happens (thread, direct buffers) */
-#define COMPLETE 2 /* + an abortable completion barrier (shm zero-copy; the broadcast copy path) */
+#define COMPLETE 2 /* + an abortable completion barrier (shm zero-copy; the broadcast copy path; an
+                      inline allreduce whose ranks mix reachable and unreachable buffers) */
 #define PIPE 3     /* + the copy pipeline's waits on peers' counters, then an abortable closing barrier */
 
 /* Wait results. */

@@ -112,7 +112,7 @@ static uint64_t mix64(uint64_t x) {
 
 enum { K_SMALL, K_LARGE, K_BARRIER, K_BCAST, K_MANY, K_WMEAN, K_ZEROCOPY };
 static const char *const kind_names[] = {"allreduce (inline)", "allreduce (large)", "barrier", "broadcast",
-                                         "allreduce_many", "weighted_mean", "allreduce (comm_alloc buffers on some ranks)"};
+                                         "allreduce_many", "weighted_mean", "allreduce (comm_alloc buffers, on all ranks or some)"};
 
 typedef struct {
   int kind;
@@ -173,7 +173,7 @@ static plan plan_of(uint64_t k) {
     case K_ZEROCOPY:
       /* up to 16 KiB half the time: the sizes whose round goes inline unless every rank's buffers
          are reachable, and then direct */
-      p.n = 1 + (size_t)((h >> 10) % ((h >> 40) & 1 ? 4096 : ZC_MAX));
+      p.n = 1 + (size_t)((h >> 10) % ((h >> 40) & 1 ? SMALL_BYTES / sizeof(float) : ZC_MAX));
       p.zc_ranks = (h >> 41) & 3 ? ~0u : (unsigned)(h >> 44);
       break;
     default: break;

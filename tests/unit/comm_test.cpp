@@ -5,7 +5,11 @@
 // rank threads record what they saw and the main thread checks it.
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -15,7 +19,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/transport/shm/segment.hpp"
 #include "common/error.hpp"
+#include "common/wait.hpp"
 #include "test_support.hpp"
 
 using gradsync::DType;
@@ -712,4 +718,52 @@ TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[
   require_all_ok(outcomes);
   INFO(lines.first());
   CHECK(lines.contains("call 1 allreduce: rank 0 waiting 5 s for rank(s) 1"));
+}
+
+// Whether ranks outnumber CPUs decides how a group waits and which data paths it takes, and a
+// rank pinned to one CPU sees one: the group counts the CPUs its ranks may run on between them.
+TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[comm][shm]") {
+  namespace wd = gradsync::wait_detail;
+  const wd::CpuMask mask = wd::usable_cpu_mask();
+  std::vector<int> cpus;
+  for (int c = 0; c < 1024; ++c) {
+    if ((mask.bits[c / 64] >> (c % 64)) & 1) cpus.push_back(c);
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  CHECK(static_cast<int>(cpus.size()) == CPU_COUNT(&set));
+  CHECK(wd::usable_cpus() == CPU_COUNT(&set));
+  REQUIRE(!cpus.empty());
+
+  // Two ranks, each a thread pinned to one CPU (new threads: the test's own keeps its affinity).
+  // On distinct CPUs they count two, on one CPU one.
+  std::vector<bool> cases{false};
+  if (cpus.size() >= 2) cases.push_back(true);
+  for (const bool distinct : cases) {
+    const std::string name = "cpus-" + std::to_string(::getpid()) + (distinct ? "-distinct" : "-shared");
+    int got[2] = {0, 0};
+    std::string error[2];
+    std::barrier joined(2);
+    auto rank = [&](int r) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[distinct ? static_cast<size_t>(r) : 0], &one);
+      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) error[r] = "pthread_setaffinity_np failed";
+      std::unique_ptr<gradsync::comm::shm::Segment> seg;
+      try {
+        seg = gradsync::comm::shm::Segment::join(name, r, 2, gradsync::comm::shm::Clock::now() + 20s);
+        got[r] = seg->cpus();
+      } catch (const std::exception& e) {
+        error[r] = e.what();
+      }
+      joined.arrive_and_wait();  // neither leaves while the other may still be forming the group
+    };
+    std::thread a(rank, 0), b(rank, 1);
+    a.join();
+    b.join();
+    INFO(error[0] << " / " << error[1]);
+    CHECK(got[0] == (distinct ? 2 : 1));
+    CHECK(got[1] == (distinct ? 2 : 1));
+  }
 }

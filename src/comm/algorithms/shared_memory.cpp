@@ -4,8 +4,9 @@
 // picks one of three data paths, the same choice on every rank:
 // - inline (payload <= kInlineBytes): the payload travels in the rank's inline area; one barrier,
 //   and every rank reduces the whole (small) vector itself, in rank order (same code, same bits).
-//   An allreduce past kInPlaceFromBytes goes direct instead when every rank can; when only some
-//   can, those stage their payload after the first barrier, and a second one precedes the reads.
+//   An allreduce past kInPlaceFromBytes goes direct instead when every rank can (and ranks do not
+//   outnumber the group's CPUs); when only some can, those stage their payload after the first
+//   barrier, and a second one precedes the reads.
 // - direct (every rank's buffers are reachable by its peers: always for threads, buffers from
 //   comm.alloc() for shm): ranks publish addresses; each rank reduces ITS slice (partition rule
 //   over the concatenation of all buffers) straight from the peers' buffers into all of them, then
@@ -50,17 +51,11 @@ constexpr uint64_t kStreamingBytes = 8u << 20;
 // An allreduce past this size is faster read in place by owner slices (two waits, half the data
 // per rank) than through the inline areas (one wait, but each rank copies its input in and
 // reduces every element from every peer's area): 1.3 against 1.5 us at 1 KiB, 1.3 against 2.2 at
-// 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not when ranks outnumber the CPUs (N = 4 on
-// 2: 4.7 against 7.6 us at 1 KiB): a second wait costs a descheduled peer's time slice. Up to
-// kInlineBytes the inline path remains the fallback of a round in which some rank's buffers are
-// out of its peers' reach (shm buffers not from comm.alloc()).
+// 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not when ranks outnumber the group's CPUs
+// (Fabric::cpus; N = 4 on 2: 4.7 against 7.6 us at 1 KiB): a second wait costs a descheduled
+// peer's time slice. Up to kInlineBytes the inline path remains the fallback of a round in which
+// some rank's buffers are out of its peers' reach (shm buffers not from comm.alloc()).
 constexpr uint64_t kInPlaceFromBytes = 512;
-
-// The CPUs this process may use, read once, so that its calls of one size take one path.
-int process_cpus() noexcept {
-  static const int cpus = wait_detail::usable_cpus();
-  return cpus;
-}
 
 void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
 #if defined(__SSE2__)
@@ -247,7 +242,7 @@ class SharedMemoryCommunicator final : public Communicator {
   const ControlArea& control_;
   RoundEngine engine_;
   // Allreduces past kInPlaceFromBytes go direct when they can (see there).
-  const bool direct_from_small_sizes_ = options_.size <= process_cpus();
+  const bool direct_from_small_sizes_ = options_.size <= fabric_->cpus();
 };
 
 Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,
@@ -274,13 +269,12 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
     return;
   }
   const Concat all(buffers, es);
-  const uint64_t total = all.total();
+  const uint64_t total = all.total(), bytes = total * es;
   const bool fits_table = buffers.size() <= kMaxTableBuffers;
   // A payload up to kInlineBytes travels inline, unless it is past kInPlaceFromBytes and every
   // rank's buffers are reachable: then the round goes direct.
-  const bool fits_inline = total * es <= kInlineBytes;
-  const bool small =
-      fits_inline && !(direct_from_small_sizes_ && fits_table && total * es > kInPlaceFromBytes);
+  const bool fits_inline = bytes <= kInlineBytes;
+  const bool small = fits_inline && !(direct_from_small_sizes_ && fits_table && bytes > kInPlaceFromBytes);
   bool direct = !small && fits_table;
   for (size_t i = 0; i < buffers.size() && direct; ++i) {
     direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
@@ -289,6 +283,7 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
   Descriptor d{};
   d.call = allreduce_call(buffers, dtype, op);
   d.direct = direct ? 1 : 0;
+  auto stage = [&](uint64_t parity) { all.gather(0, total, control_.inline_area(rank(), parity)); };
   const Round round = engine_.begin(d, [&](uint64_t parity) {
     if (direct) {
       for (size_t i = 0; i < buffers.size(); ++i) {
@@ -296,7 +291,7 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
                                  {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
       }
     } else if (fits_inline) {
-      all.gather(0, total, control_.inline_area(rank(), parity));
+      stage(parity);
     }
   });
   const RoundGuard guard(engine_);
@@ -309,7 +304,7 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
       // The ranks that offered the direct path stage their payload only now: reading a whole
       // buffer before each direct round would pull back every line that peers wrote into it in
       // the last one (1.2 us a call at 1K, in the host's slow mode). Then all meet again.
-      if (direct) all.gather(0, total, control_.inline_area(rank(), round.parity));
+      if (direct) stage(round.parity);
       engine_.barrier(round, Collective::Allreduce, false);
     }
     for (size_t i = 0; i < buffers.size(); ++i) {

@@ -19,7 +19,8 @@
 namespace gradsync::comm {
 
 // A small collective's whole payload travels inline, per rank and round parity, so it needs only
-// one barrier. The same threshold on every shared-memory transport.
+// one barrier (two for an allreduce whose ranks differ on whether peers reach their buffers). The
+// same threshold on every shared-memory transport.
 constexpr size_t kInlineBytes = 16 * 1024;
 // The copy path stages its input in chunks of this many bytes per rank, kStageDepth of them in
 // flight, so that a rank can run a few chunks ahead of a descheduled peer instead of lockstepping.
@@ -141,6 +142,9 @@ struct alignas(64) RankSlot {
   std::atomic<uint64_t> reset_chunks[2];
   std::atomic<uint32_t> reset_stop[2];  // the stop word this rank saw when it asked
   alignas(64) Descriptor desc[2];  // by round parity
+  // shm: the CPUs this rank's process may run on (wait_detail::CpuMask), written before it counts
+  // as joined; their union is the group's CPU count (Fabric::cpus).
+  alignas(64) std::atomic<uint64_t> cpu_mask[16];
 };
 
 // The group's own words.

@@ -30,6 +30,11 @@ class Fabric {
   // call) it may give up at the deadline or on abort, and the group fails the round for everyone.
   virtual bool peers_use_private_memory() const noexcept = 0;
 
+  // How many CPUs the group's ranks may run on between them (the union of their affinities), taken
+  // once as the group formed: whether ranks outnumber CPUs chooses how they wait and which data
+  // paths they take, which every rank should choose alike.
+  virtual int cpus() const noexcept = 0;
+
   // False once rank r is gone for good (its process died, or it freed its communicator).
   virtual bool alive(int r) const = 0;
   virtual int pid(int r) const noexcept = 0;

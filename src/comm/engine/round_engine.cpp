@@ -21,7 +21,7 @@ RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::millis
       interrupt_(interrupt),
       telemetry_(telemetry),
       stamps_(static_cast<size_t>(size)),
-      waiter_(size) {}
+      waiter_(size, fabric.cpus()) {}
 
 std::string RoundEngine::group_name() const {
   return fmt::format("{} group '{}'", transport_name(fabric_.transport()), fabric_.group());

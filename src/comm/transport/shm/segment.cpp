@@ -323,6 +323,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
   // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
   seg->control_.set_reachable(seg->layout_.heap_offset, seg->layout_.total_bytes);
     RankSlot& mine = seg->slot(rank);
+    const wait_detail::CpuMask mask = wait_detail::usable_cpu_mask();
+    for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(mask.bits[i], std::memory_order_relaxed);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
@@ -358,7 +360,16 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       fail(GRADSYNC_E_MISMATCH, "shm group '{}' (size {}) cannot form: rank {} (pid {}) tried to join it with size {}",
            name, size, who, pid, claimed);
     }
-    if (missing.empty()) break;
+    if (missing.empty()) {
+      wait_detail::CpuMask all;
+      for (int r = 0; r < size; ++r) {
+        wait_detail::CpuMask m;
+        for (size_t i = 0; i < 16; ++i) m.bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
+        all.add(m);
+      }
+      seg->cpus_ = all.count();
+      break;
+    }
     if (Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
            fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);

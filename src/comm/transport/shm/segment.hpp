@@ -37,7 +37,7 @@ namespace gradsync::comm::shm {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
-constexpr uint32_t kFormatVersion = 8;
+constexpr uint32_t kFormatVersion = 9;
 constexpr off_t kSetupLockByte = 0;
 constexpr off_t kRankLockByte = 1;
 constexpr int kMaxRanks = kMaxLocalRanks;
@@ -93,6 +93,9 @@ class Segment {
   char* base() const noexcept { return base_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  // The CPUs the members may run on between them (Fabric::cpus), as their slots said when the
+  // group formed: read once, so that a member gone bad cannot change it under a call.
+  int cpus() const noexcept { return cpus_; }
   const std::string& group() const noexcept { return group_; }
 
   // False once rank r's process has died (its lock is gone or its PID no longer exists).
@@ -121,6 +124,7 @@ class Segment {
   std::string shm_name_;
   int rank_ = 0;
   int size_ = 0;
+  int cpus_ = 1;
   int fd_ = -1;
   boost::interprocess::shared_memory_object object_;
   boost::interprocess::mapped_region region_;

@@ -26,6 +26,7 @@ class ShmFabric final : public Fabric {
   }
   // Peers only ever touch this rank's buffers in the segment, which outlives any call.
   bool peers_use_private_memory() const noexcept override { return false; }
+  int cpus() const noexcept override { return segment_->cpus(); }
   // The waits ask this every liveness interval: a segment truncated under the group fails the
   // call here (E_IO) rather than waiting out the deadline on memory that no peer writes any more.
   bool alive(int r) const override {

@@ -30,7 +30,8 @@ namespace {
 // One group's shared state: its control block (zeroed anonymous pages, so the staging areas of
 // a copy path cost nothing until used) and its membership.
 struct Group {
-  Group(std::string n, int s) : name(std::move(n)), size(s), present(static_cast<size_t>(s), 0) {
+  Group(std::string n, int s)
+      : name(std::move(n)), size(s), present(static_cast<size_t>(s), 0), masks(static_cast<size_t>(s)) {
     layout = control_layout(s, 0);
     bytes = layout.end;
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -56,6 +57,8 @@ struct Group {
 
   // Membership, guarded by the registry mutex.
   std::vector<char> present;
+  std::vector<wait_detail::CpuMask> masks;  // each rank's affinity as it joined
+  int cpus = 1;  // their union's size, set as the group forms
   int joined = 0;
   int members = 0;
   std::atomic<uint32_t> formed{0};
@@ -98,6 +101,7 @@ class ThreadFabric final : public Fabric {
   const std::string& group() const noexcept override { return group_->name; }
   uint64_t address_of(const void* p, size_t) const noexcept override { return reinterpret_cast<uintptr_t>(p); }
   bool peers_use_private_memory() const noexcept override { return true; }
+  int cpus() const noexcept override { return group_->cpus; }
   bool alive(int r) const override { return group_->left[static_cast<size_t>(r)].load(std::memory_order_seq_cst) == 0; }
   int pid(int) const noexcept override { return static_cast<int>(getpid()); }
   void close_group() noexcept override {}
@@ -187,9 +191,15 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
            options.name, rank_list(still));
     }
     group->present[r] = 1;
+    group->masks[r] = wait_detail::usable_cpu_mask();
     ++group->joined;
     ++group->members;
-    if (group->joined == group->size) group->formed.store(1, std::memory_order_seq_cst);
+    if (group->joined == group->size) {
+      wait_detail::CpuMask all;
+      for (const auto& m : group->masks) all.add(m);
+      group->cpus = all.count();
+      group->formed.store(1, std::memory_order_seq_cst);
+    }
   }
   notify(group->words->wake);
 
