@@ -722,7 +722,8 @@ TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[
 
 // Whether ranks outnumber CPUs decides how a group waits and which data paths it takes, and a
 // rank pinned to one CPU sees one: the group counts the CPUs its ranks may run on between them.
-TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[comm][shm]") {
+// The shm segment's count is read directly; a thread group's, from the line its ranks log.
+TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[comm][shm][thread]") {
   namespace wd = gradsync::wait_detail;
   const wd::CpuMask mask = wd::usable_cpu_mask();
   std::vector<int> cpus;
@@ -751,19 +752,30 @@ TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[co
       CPU_SET(cpus[distinct ? static_cast<size_t>(r) : 0], &one);
       if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) error[r] = "pthread_setaffinity_np failed";
       std::unique_ptr<gradsync::comm::shm::Segment> seg;
+      std::unique_ptr<Communicator> group;
       try {
         seg = gradsync::comm::shm::Segment::join(name, r, 2, gradsync::comm::shm::Clock::now() + 20s);
         got[r] = seg->cpus();
+        gradsync::comm::Options o;
+        o.name = name;
+        o.rank = r;
+        o.size = 2;
+        group = gradsync::comm::create(o);
       } catch (const std::exception& e) {
         error[r] = e.what();
       }
-      joined.arrive_and_wait();  // neither leaves while the other may still be forming the group
+      joined.arrive_and_wait();  // neither leaves while the other may still be forming a group
     };
+    LogLines lines(GRADSYNC_LOG_DEBUG);
     std::thread a(rank, 0), b(rank, 1);
     a.join();
     b.join();
     INFO(error[0] << " / " << error[1]);
     CHECK(got[0] == (distinct ? 2 : 1));
     CHECK(got[1] == (distinct ? 2 : 1));
+    const std::string said = distinct ? "the ranks may run on 2 CPU(s) between them, so waits spin"
+                                      : "the ranks may run on 1 CPU(s) between them, so waits yield";
+    CHECK(lines.contains("thread group '" + name + "': rank 0 of 2 joined; " + said));
+    CHECK(lines.contains("thread group '" + name + "': rank 1 of 2 joined; " + said));
   }
 }
