@@ -116,7 +116,9 @@ double measure(int n, Method& m, double target_ms, int reps) {
           t0 = Clock::now();
           m.step(r, trial);
           sync.arrive_and_wait();
-          if (r == 0) iters = batch_length(std::chrono::duration<double>(Clock::now() - t0).count(), trial, target_ms);
+          if (r == 0) {
+            iters = batch_length(std::chrono::duration<double>(Clock::now() - t0).count(), trial, target_ms);
+          }
           sync.arrive_and_wait();
           if (iters.load() != 0) break;
         }

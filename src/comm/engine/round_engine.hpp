@@ -88,8 +88,8 @@ class RoundEngine {
   void fail_fast();
   // Publishes d (after publish(parity) has filled this rank's inline area or address table; a rank
   // may also fill its inline area later in the round, before a barrier that precedes the peers'
-  // reads), meets every rank at the arrival barrier and decides the round. Throws on a failed round, and
-  // E_MISMATCH (or the argument's error) on every rank alike when the calls disagree.
+  // reads), meets every rank at the arrival barrier and decides the round. Throws on a failed
+  // round, and E_MISMATCH (or the argument's error) on every rank alike when the calls disagree.
   template <class Publish>
   Round begin(Descriptor d, Publish&& publish);
   // A barrier inside a round. When peers may still be using this rank's private buffers
