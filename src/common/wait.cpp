@@ -6,6 +6,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <climits>
 #include <thread>
 #include <ctime>
@@ -61,5 +63,40 @@ CpuMask usable_cpu_mask() noexcept {
 }
 
 int usable_cpus() noexcept { return usable_cpu_mask().count(); }
+
+namespace {
+
+// Kuhn's augmenting path from rank r: a free CPU of its mask, else one whose holder can move to
+// another CPU of its own mask. `seen` marks the CPUs this search has tried to free.
+bool place(size_t r, std::span<const CpuMask> masks, std::array<int, 1024>& holder, std::array<char, 1024>& seen) {
+  for (const bool free_only : {true, false}) {
+    for (size_t w = 0; w < 16; ++w) {
+      for (uint64_t b = masks[r].bits[w]; b != 0; b &= b - 1) {
+        const size_t c = w * 64 + static_cast<size_t>(__builtin_ctzll(b));
+        if (free_only ? holder[c] >= 0 : seen[c] != 0) continue;
+        seen[c] = 1;
+        if (holder[c] < 0 || place(static_cast<size_t>(holder[c]), masks, holder, seen)) {
+          holder[c] = static_cast<int>(r);
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+int ranks_with_own_cpu(std::span<const CpuMask> masks) noexcept {
+  std::array<int, 1024> holder;
+  holder.fill(-1);
+  std::array<char, 1024> seen;
+  int placed = 0;
+  for (size_t r = 0; r < masks.size(); ++r) {
+    seen.fill(0);
+    if (place(r, masks, holder, seen)) ++placed;
+  }
+  return std::max(placed, 1);
+}
 
 }  // namespace gradsync::wait_detail

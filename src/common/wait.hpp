@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <limits>
 #include <optional>
 #include <ratio>
@@ -61,9 +62,6 @@ void cpu_relax() noexcept;
 // A set of CPUs, as a bitmap of cpu_set_t's 1024 in a layout that shared memory can hold.
 struct CpuMask {
   uint64_t bits[16] = {};
-  void add(const CpuMask& other) noexcept {
-    for (size_t i = 0; i < 16; ++i) bits[i] |= other.bits[i];
-  }
   // How many CPUs, at least 1 (an empty set is no CPU count to divide work by).
   int count() const noexcept;
 };
@@ -72,6 +70,10 @@ struct CpuMask {
 CpuMask usable_cpu_mask() noexcept;
 // How many of them, at least 1.
 int usable_cpus() noexcept;
+// How many of the ranks whose affinities are `masks` can each run on a CPU of its own: the size of
+// a largest matching of ranks to the CPUs of their masks, at least 1. Not the size of their union:
+// two ranks pinned to one CPU share it however many CPUs a third rank may use.
+int ranks_with_own_cpu(std::span<const CpuMask> masks) noexcept;
 }  // namespace wait_detail
 
 // How long to spin, then how long to yield, before sleeping. Both are bounded in time, and the
@@ -184,8 +186,8 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
 // yield budget, so both come back when the machine changes. Not thread-safe: one per waiting thread.
 class AdaptiveWait {
  public:
-  // ranks: how many threads or processes of the group run on this host; cpus: how many CPUs they
-  // may run on between them.
+  // ranks: how many threads or processes of the group run on this host; cpus: how many of them can
+  // each have a CPU of its own (fewer than ranks: they outnumber the CPUs).
   explicit AdaptiveWait(int ranks, int cpus = wait_detail::usable_cpus()) noexcept
       : oversubscribed_(ranks > cpus),
         max_spin_(oversubscribed_ ? std::chrono::nanoseconds{0} : kMaxSpin),
@@ -275,7 +277,8 @@ class AdaptiveWait {
   uint64_t waits_ = 0;
 
  public:
-  // Ranks outnumber this process's CPUs: waits yield rather than spin, whatever else is known.
+  // Ranks outnumber their CPUs (the constructor's cpus): waits yield rather than spin, whatever else
+  // is known.
   bool oversubscribed() const noexcept { return oversubscribed_; }
   // The current budgets, for tests.
   std::chrono::nanoseconds spin_budget() const noexcept { return spin_; }

@@ -721,9 +721,30 @@ TEST_CASE("a wait that lasts names the ranks it waits for, at warning level", "[
 }
 
 // Whether ranks outnumber CPUs decides how a group waits and which data paths it takes, and a
-// rank pinned to one CPU sees one: the group counts the CPUs its ranks may run on between them.
+// rank pinned to one CPU sees one: the group counts how many ranks can each have a CPU of its own.
+TEST_CASE("the ranks that can each have a CPU of their own: a largest matching", "[comm]") {
+  namespace wd = gradsync::wait_detail;
+  auto mask = [](std::initializer_list<int> cpus) {
+    wd::CpuMask m;
+    for (int c : cpus) m.bits[c / 64] |= uint64_t{1} << (c % 64);
+    return m;
+  };
+  auto own = [](std::vector<wd::CpuMask> masks) { return wd::ranks_with_own_cpu(masks); };
+  CHECK(own({mask({0, 1}), mask({0, 1})}) == 2);
+  CHECK(own({mask({0}), mask({0})}) == 1);
+  // Rank 0 first takes CPU 0, then moves to CPU 1 so that rank 1 can have CPU 0.
+  CHECK(own({mask({0, 1}), mask({0})}) == 2);
+  // Two ranks on one CPU share it however many CPUs a third may use: not the union's 4.
+  CHECK(own({mask({0}), mask({0}), mask({0, 1, 2, 3})}) == 2);
+  CHECK(own({mask({3, 700}), mask({700, 1023}), mask({3})}) == 3);
+  CHECK(own({mask({5})}) == 1);
+  CHECK(own({}) == 1);
+  std::vector<wd::CpuMask> all(64, mask({0, 1, 2, 3, 4, 5, 6, 7}));
+  CHECK(own(all) == 8);
+}
+
 // The shm segment's count is read directly; a thread group's, from the line its ranks log.
-TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[comm][shm][thread]") {
+TEST_CASE("a group counts the ranks that can each have a CPU of their own", "[comm][shm][thread]") {
   namespace wd = gradsync::wait_detail;
   const wd::CpuMask mask = wd::usable_cpu_mask();
   std::vector<int> cpus;
@@ -750,7 +771,12 @@ TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[co
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(cpus[distinct ? static_cast<size_t>(r) : 0], &one);
-      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) error[r] = "pthread_setaffinity_np failed";
+      cpu_set_t now;
+      CPU_ZERO(&now);
+      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0 ||
+          pthread_getaffinity_np(pthread_self(), sizeof now, &now) != 0 || !CPU_EQUAL(&now, &one)) {
+        error[r] = "this thread could not be pinned to one CPU";
+      }
       std::unique_ptr<gradsync::comm::shm::Segment> seg;
       std::unique_ptr<Communicator> group;
       try {
@@ -760,6 +786,7 @@ TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[co
         o.name = name;
         o.rank = r;
         o.size = 2;
+        o.timeout = 20s;
         group = gradsync::comm::create(o);
       } catch (const std::exception& e) {
         error[r] = e.what();
@@ -773,8 +800,10 @@ TEST_CASE("a group counts the CPUs that its ranks may run on between them", "[co
     INFO(error[0] << " / " << error[1]);
     CHECK(got[0] == (distinct ? 2 : 1));
     CHECK(got[1] == (distinct ? 2 : 1));
-    const std::string said = distinct ? "the ranks may run on 2 CPU(s) between them, so waits spin"
-                                      : "the ranks may run on 1 CPU(s) between them, so waits yield";
+    CHECK(error[0].empty());
+    CHECK(error[1].empty());
+    const std::string said = distinct ? "2 of the ranks can each have a CPU of its own, so waits spin"
+                                      : "1 of the ranks can each have a CPU of its own, so waits yield";
     CHECK(lines.contains("thread group '" + name + "': rank 0 of 2 joined; " + said));
     CHECK(lines.contains("thread group '" + name + "': rank 1 of 2 joined; " + said));
   }

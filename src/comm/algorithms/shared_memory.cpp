@@ -51,7 +51,7 @@ constexpr uint64_t kStreamingBytes = 8u << 20;
 // An allreduce past this size is faster read in place by owner slices (two waits, half the data
 // per rank) than through the inline areas (one wait, but each rank copies its input in and
 // reduces every element from every peer's area): 1.3 against 1.5 us at 1 KiB, 1.3 against 2.2 at
-// 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not when ranks outnumber the group's CPUs
+// 2 KiB, 0.8 against 1.2 at 256 bytes the other way. Not when ranks outnumber their CPUs
 // (Fabric::cpus; N = 4 on 2: 4.7 against 7.6 us at 1 KiB): a second wait costs a descheduled
 // peer's time slice. Up to kInlineBytes the inline path remains the fallback of a round in which
 // some rank's buffers are out of its peers' reach (shm buffers not from comm.alloc()).

@@ -142,8 +142,8 @@ struct alignas(64) RankSlot {
   std::atomic<uint64_t> reset_chunks[2];
   std::atomic<uint32_t> reset_stop[2];  // the stop word this rank saw when it asked
   alignas(64) Descriptor desc[2];  // by round parity
-  // shm: the CPUs this rank's process may run on (wait_detail::CpuMask), written before it counts
-  // as joined; their union is the group's CPU count (Fabric::cpus).
+  // shm: the CPUs the thread that joined as this rank may run on (wait_detail::CpuMask), written
+  // before it counts as joined; the group's CPU count is read from every rank's (Fabric::cpus).
   alignas(64) std::atomic<uint64_t> cpu_mask[16];
 };
 

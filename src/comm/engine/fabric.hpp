@@ -30,9 +30,10 @@ class Fabric {
   // call) it may give up at the deadline or on abort, and the group fails the round for everyone.
   virtual bool peers_use_private_memory() const noexcept = 0;
 
-  // How many CPUs the group's ranks may run on between them (the union of their affinities), taken
-  // once as the group formed: whether ranks outnumber CPUs chooses how they wait and which data
-  // paths they take, which every rank should choose alike.
+  // How many of the group's ranks can each have a CPU of its own (wait_detail::ranks_with_own_cpu
+  // over the affinities they joined with), taken once as the group formed: fewer than the ranks
+  // means they outnumber the CPUs, which chooses how they wait and which data paths they take,
+  // as every rank should choose alike.
   virtual int cpus() const noexcept = 0;
 
   // False once rank r is gone for good (its process died, or it freed its communicator).

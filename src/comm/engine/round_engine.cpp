@@ -22,9 +22,9 @@ RoundEngine::RoundEngine(Fabric& fabric, int rank, int size, std::chrono::millis
       telemetry_(telemetry),
       stamps_(static_cast<size_t>(size)),
       waiter_(size, fabric.cpus()) {
-  // Pinning each rank to a CPU of its own is common, and so is a cgroup that leaves fewer CPUs
-  // than ranks: say which of the two the group found, as it decides how every wait goes.
-  GS_LOG_DEBUG("{}: rank {} of {} joined; the ranks may run on {} CPU(s) between them, so waits {}", group_name(),
+  // Pinning each rank to a CPU of its own is common, and so is an affinity (taskset, a cpuset)
+  // that leaves fewer CPUs than ranks: say which the group found, as it decides how waits go.
+  GS_LOG_DEBUG("{}: rank {} of {} joined; {} of the ranks can each have a CPU of its own, so waits {}", group_name(),
                rank, size, fabric.cpus(),
                waiter_.oversubscribed() ? "yield (ranks outnumber CPUs)" : "spin while the awaited rank runs");
 }

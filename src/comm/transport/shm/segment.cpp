@@ -361,13 +361,13 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
            name, size, who, pid, claimed);
     }
     if (missing.empty()) {
-      wait_detail::CpuMask all;
+      std::vector<wait_detail::CpuMask> masks(static_cast<size_t>(size));
       for (int r = 0; r < size; ++r) {
-        wait_detail::CpuMask m;
-        for (size_t i = 0; i < 16; ++i) m.bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
-        all.add(m);
+        for (size_t i = 0; i < 16; ++i) {
+          masks[static_cast<size_t>(r)].bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
+        }
       }
-      seg->cpus_ = all.count();
+      seg->cpus_ = wait_detail::ranks_with_own_cpu(masks);
       break;
     }
     if (Clock::now() >= deadline) {

@@ -57,8 +57,8 @@ struct Group {
 
   // Membership, guarded by the registry mutex.
   std::vector<char> present;
-  std::vector<wait_detail::CpuMask> masks;  // each rank's affinity as it joined
-  int cpus = 1;  // their union's size, set as the group forms
+  std::vector<wait_detail::CpuMask> masks;  // each rank's thread's affinity as it joined
+  int cpus = 1;  // how many ranks can each have one of them to itself, set as the group forms
   int joined = 0;
   int members = 0;
   std::atomic<uint32_t> formed{0};
@@ -195,9 +195,7 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
     ++group->joined;
     ++group->members;
     if (group->joined == group->size) {
-      wait_detail::CpuMask all;
-      for (const auto& m : group->masks) all.add(m);
-      group->cpus = all.count();
+      group->cpus = wait_detail::ranks_with_own_cpu(group->masks);
       group->formed.store(1, std::memory_order_seq_cst);
     }
   }
