@@ -17,10 +17,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <span>
 #include <limits>
 #include <optional>
 #include <ratio>
+#include <span>
 #include <thread>
 
 namespace gradsync {
