@@ -21,6 +21,7 @@
 #include <optional>
 #include <ratio>
 #include <span>
+#include <string>
 #include <thread>
 
 namespace gradsync {
@@ -65,11 +66,20 @@ struct CpuMask {
   // How many CPUs, at least 1 (an empty set is no CPU count to divide work by).
   int count() const noexcept;
 };
-// The CPUs the calling thread may run on (its affinity mask, as taskset and cpusets set it); where
-// that cannot be read, the first hardware_concurrency CPUs.
+// The CPUs the calling thread may count on: its affinity mask (as taskset and cpusets set it; where
+// that cannot be read, the first hardware_concurrency CPUs), cut to its first N CPUs when the
+// process's cgroups allow it only N CPUs' worth of time (cgroup_cpu_limit). A container limited
+// to 2 CPUs on a 64-CPU host is the common case: ranks that spun there would be throttled for the
+// rest of each quota period. A CPU numbered 1024 or more counts as CPU (number mod 1024): a mask
+// has 1024 bits, so two such CPUs may count as one, never one as two.
 CpuMask usable_cpu_mask() noexcept;
 // How many of them, at least 1.
 int usable_cpus() noexcept;
+// The CPU time that the cgroups of the calling process allow it, in whole CPUs (quota / period,
+// rounded down, at least 1), the least over its cgroup and the ancestors visible to it, under
+// cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us); 0 when none sets a limit or none can be read.
+// Every path read is prefixed with `root` ("" for this system; tests pass a tree of their own).
+int cgroup_cpu_limit(const std::string& root = "") noexcept;
 // How many of the ranks whose affinities are `masks` can each run on a CPU of its own: the size of
 // a largest matching of ranks to the CPUs of their masks, at least 1. Not the size of their union:
 // two ranks pinned to one CPU share it however many CPUs a third rank may use.

@@ -12,6 +12,8 @@
 #include <barrier>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -743,6 +745,82 @@ TEST_CASE("the ranks that can each have a CPU of their own: a largest matching",
   CHECK(own(all) == 8);
 }
 
+// A tree of files laid out as /proc and /sys/fs/cgroup are (real files, a made-up system): the
+// limit read from it, as the kernel's cgroup v1 and v2 write their files, and from hostile ones.
+TEST_CASE("the CPU limit of the process's cgroups, v1 and v2, nested, in a container, and garbage", "[comm]") {
+  namespace wd = gradsync::wait_detail;
+  const TempDir tmp("gradsync-cgroup");
+  const std::string root = tmp.dir.string() + "/system";
+  auto put = [&](const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(root + path).parent_path());
+    std::ofstream(root + path) << text;
+  };
+  auto fresh = [&] {
+    std::filesystem::remove_all(root);
+    std::filesystem::create_directories(root);
+  };
+  const std::string v1_mount = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n";
+  const std::string v2_mount = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+
+  SECTION("v1, no quota: no limit") {
+    fresh();
+    put("/proc/self/cgroup", "4:cpu,cpuacct:/\n0::/\n");
+    put("/proc/self/mountinfo", v1_mount);
+    put("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n");
+    put("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 0);
+  }
+  SECTION("v1 in a container: the mount's root is the container's cgroup") {
+    fresh();
+    put("/proc/self/cgroup", "12:memory:/x\n4:cpu,cpuacct:/docker/abc\n");
+    put("/proc/self/mountinfo", "1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+                                "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro - cgroup cgroup rw,cpuacct,cpu\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "250000\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 2);
+  }
+  SECTION("v2: the least limit over the cgroup and its ancestors, at least one CPU") {
+    fresh();
+    put("/proc/self/cgroup", "0::/a/b/c\n");
+    put("/proc/self/mountinfo", v2_mount);
+    put("/sys/fs/cgroup/a/cpu.max", "350000 100000\n");
+    put("/sys/fs/cgroup/a/b/cpu.max", "150000 100000\n");
+    put("/sys/fs/cgroup/a/b/c/cpu.max", "max 100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 1);
+    put("/sys/fs/cgroup/a/b/cpu.max", "max 100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 3);
+    put("/sys/fs/cgroup/a/b/c/cpu.max", "20000 100000\n");  // a fifth of a CPU
+    CHECK(wd::cgroup_cpu_limit(root) == 1);
+  }
+  SECTION("a mount point with a space, escaped as the kernel writes it") {
+    fresh();
+    put("/proc/self/cgroup", "0::/job\n");
+    put("/proc/self/mountinfo", "30 23 0:27 / /sys/fs/my\\040cgroup rw - cgroup2 cgroup2 rw\n");
+    put("/sys/fs/my cgroup/job/cpu.max", "800000 100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 8);
+  }
+  SECTION("garbage, missing files and paths outside the mount: no limit, no crash") {
+    fresh();
+    CHECK(wd::cgroup_cpu_limit(root) == 0);  // nothing to read at all
+    put("/proc/self/cgroup", "garbage\n::\n0::/a\n4:cpu:/other/x\n");
+    put("/proc/self/mountinfo", "-\n1 2 - \n\n30 23 0:27 / /sys/fs/cgroup rw - cgroup2\n" + v2_mount +
+                                    "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu ro - cgroup cgroup rw,cpu\n");
+    for (const std::string bad : {"banana", "100000", "-5 100000", "100000 0", "99999999999999999999999 1",
+                                  "100000 100000 extra", ""}) {
+      put("/sys/fs/cgroup/a/cpu.max", bad);
+      CHECK(wd::cgroup_cpu_limit(root) == 0);
+    }
+    // /other/x is outside the v1 mount's root /docker/abc: its files are not this process's.
+    put("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "100000");
+    put("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000");
+    CHECK(wd::cgroup_cpu_limit(root) == 0);
+    // A directory in place of a file, and a path that climbs.
+    put("/proc/self/cgroup", "0::/../../etc\n");
+    std::filesystem::create_directories(root + "/sys/fs/cgroup/cpu.max");
+    CHECK(wd::cgroup_cpu_limit(root) == 0);
+  }
+}
+
 // The shm segment's count is read directly; a thread group's, from the line its ranks log.
 TEST_CASE("a group counts the ranks that can each have a CPU of their own", "[comm][shm][thread]") {
   namespace wd = gradsync::wait_detail;
@@ -754,8 +832,10 @@ TEST_CASE("a group counts the ranks that can each have a CPU of their own", "[co
   cpu_set_t set;
   CPU_ZERO(&set);
   REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
-  CHECK(static_cast<int>(cpus.size()) == CPU_COUNT(&set));
-  CHECK(wd::usable_cpus() == CPU_COUNT(&set));
+  const int limit = wd::cgroup_cpu_limit();
+  const int usable = limit > 0 ? std::min(limit, CPU_COUNT(&set)) : CPU_COUNT(&set);
+  CHECK(static_cast<int>(cpus.size()) == usable);
+  CHECK(wd::usable_cpus() == usable);
   REQUIRE(!cpus.empty());
 
   // Two ranks, each a thread pinned to one CPU (new threads: the test's own keeps its affinity).

@@ -32,7 +32,6 @@
 // tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <cstdint>
@@ -91,7 +90,7 @@ class RoundEngine {
   // reads), meets every rank at the arrival barrier and decides the round. Throws on a failed
   // round, and E_MISMATCH (or the argument's error) on every rank alike when the calls disagree.
   template <class Publish>
-  Round begin(Descriptor d, Publish&& publish);
+  Round begin(const Descriptor& d, Publish&& publish);
   // A barrier inside a round. When peers may still be using this rank's private buffers
   // (`hold_buffers` on a fabric whose peers use private memory), it waits for them whatever the
   // deadline or an abort says: returning would let a peer write into freed memory.
@@ -278,7 +277,7 @@ RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, 
 }
 
 template <class Publish>
-RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
+RoundEngine::Round RoundEngine::begin(const Descriptor& d, Publish&& publish) {
   fail_fast();
   Round round{++round_, 0, {}, true, false};
   round.parity = round.number & 1;
@@ -288,7 +287,7 @@ RoundEngine::Round RoundEngine::begin(Descriptor d, Publish&& publish) {
   // A store to a line that peers hold costs this rank a transfer before its arrival can count,
   // and each peer another after it: an unchanged descriptor is left alone.
   Descriptor& mine = control_.slot(rank_).desc[round.parity];
-  if (std::memcmp(&mine, &d, sizeof d) != 0) mine = d;
+  if (!(mine == d)) mine = d;
   arrive();
   const uint64_t target = barriers_;
   Paused paused = Paused::No;

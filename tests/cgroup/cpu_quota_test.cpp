@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: Apache-2.0
+// Real cgroups: this process makes two (an outer one with a CPU quota, and an inner one without)
+// under its own cgroup of the cpu controller, and forks children into them. Each child checks the
+// limit it reads, the CPUs its ranks may count on, and what a thread group and a shared-memory
+// segment of two ranks formed there count. cgroup v1 (cpu.cfs_quota_us) or v2 (cpu.max).
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gradsync/gradsync.h>
+
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/transport/shm/segment.hpp"
+#include "common/wait.hpp"
+
+namespace {
+
+namespace wd = gradsync::wait_detail;
+using namespace std::chrono_literals;
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The directory of this process's cgroup in the cpu controller, and whether it is cgroup v2; ""
+// when there is none this test can write.
+std::string own_cpu_cgroup(bool& v2) {
+  std::string v1_path, v2_path;
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroup, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    std::string controllers = ",";
+    controllers.append(line, a + 1, b - a - 1).append(",");
+    if (line.compare(0, a, "0") == 0 && b == a + 1) v2_path = line.substr(b + 1);
+    if (controllers.find(",cpu,") != std::string::npos) v1_path = line.substr(b + 1);
+  }
+  std::ifstream mounts("/proc/self/mountinfo");
+  for (std::string line; std::getline(mounts, line);) {
+    std::istringstream in(line);
+    std::vector<std::string> f;
+    for (std::string w; in >> w;) f.push_back(w);
+    size_t dash = 0;
+    while (dash < f.size() && f[dash] != "-") ++dash;
+    if (dash + 3 >= f.size() || f[3] != "/") continue;
+    std::string options = ",";
+    if (dash + 3 < f.size()) options.append(f[dash + 3]).append(",");
+    if (f[dash + 1] == "cgroup" && options.find(",cpu,") != std::string::npos && !v1_path.empty()) {
+      v2 = false;
+      return f[4] + (v1_path == "/" ? "" : v1_path);
+    }
+    // v2: the cpu controller must be enabled for this cgroup's children.
+    if (f[dash + 1] == "cgroup2" && !v2_path.empty() && v1_path.empty()) {
+      const std::string dir = f[4] + (v2_path == "/" ? "" : v2_path);
+      if (read_file(dir + "/cgroup.subtree_control").find("cpu") == std::string::npos &&
+          !write_file(dir + "/cgroup.subtree_control", "+cpu")) {
+        return "";
+      }
+      v2 = true;
+      return dir;
+    }
+  }
+  return "";
+}
+
+bool set_quota(const std::string& dir, bool v2, int64_t quota_us) {
+  if (v2) return write_file(dir + "/cpu.max", (quota_us < 0 ? "max" : std::to_string(quota_us)) + " 100000");
+  return write_file(dir + "/cpu.cfs_period_us", "100000") && write_file(dir + "/cpu.cfs_quota_us", std::to_string(quota_us));
+}
+
+int affinity_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// What a thread group and a segment of two ranks formed here count: each rank is a thread of this
+// process. The thread group's count is read from the line its ranks log.
+struct Counted {
+  int segment = 0;
+  std::vector<std::string> lines;
+  std::string error;
+};
+std::mutex g_lines_mutex;
+std::vector<std::string>* g_lines = nullptr;
+void capture(void*, int32_t, const char* message) {
+  std::lock_guard lock(g_lines_mutex);
+  if (g_lines != nullptr) g_lines->emplace_back(message);
+}
+
+Counted count_in_groups(const std::string& name) {
+  Counted out;
+  {
+    std::lock_guard lock(g_lines_mutex);
+    g_lines = &out.lines;
+  }
+  gradsync_set_log_callback(&capture, nullptr, GRADSYNC_LOG_DEBUG);
+  int got[2] = {0, 0};
+  std::string error[2];
+  std::barrier joined(2);
+  auto rank = [&](int r) {
+    std::unique_ptr<gradsync::comm::shm::Segment> seg;
+    std::unique_ptr<gradsync::comm::Communicator> group;
+    try {
+      seg = gradsync::comm::shm::Segment::join(name, r, 2, gradsync::comm::shm::Clock::now() + 20s);
+      got[r] = seg->cpus();
+      gradsync::comm::Options o;
+      o.name = name;
+      o.rank = r;
+      o.size = 2;
+      o.timeout = 20s;
+      group = gradsync::comm::create(o);
+    } catch (const std::exception& e) {
+      error[r] = e.what();
+    }
+    joined.arrive_and_wait();
+  };
+  std::thread a(rank, 0), b(rank, 1);
+  a.join();
+  b.join();
+  gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN);
+  {
+    std::lock_guard lock(g_lines_mutex);
+    g_lines = nullptr;
+  }
+  out.segment = got[0] == got[1] ? got[0] : -1;
+  out.error = error[0] + error[1];
+  return out;
+}
+
+// In a child moved into `dir`: the limit read must be `limit`, and ranks count min(limit, CPUs).
+int child_checks(const std::string& dir, int limit, const std::string& name) {
+  if (!write_file(dir + "/cgroup.procs", std::to_string(getpid()))) {
+    std::printf("FAIL could not move into %s\n", dir.c_str());
+    return 1;
+  }
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) ++failures;
+    std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  };
+  const int cpus = affinity_count();
+  const int usable = limit > 0 && limit < cpus ? limit : cpus;
+  expect(wd::cgroup_cpu_limit() == limit,
+         "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) + ", expected " + std::to_string(limit));
+  expect(wd::usable_cpus() == usable,
+         "usable CPUs " + std::to_string(wd::usable_cpus()) + ", expected " + std::to_string(usable));
+  const Counted c = count_in_groups(name);
+  const int own = usable >= 2 ? 2 : 1;
+  expect(c.error.empty(), "groups formed" + (c.error.empty() ? "" : ": " + c.error));
+  expect(c.segment == own, "segment of 2 counts " + std::to_string(c.segment) + ", expected " + std::to_string(own));
+  const std::string said = "thread group '" + name + "': rank 0 of 2 joined; " + std::to_string(own) +
+                           " of the ranks can each have a CPU of its own, so waits " + (own == 2 ? "spin" : "yield");
+  bool logged = false;
+  for (const auto& l : c.lines) logged |= l.find(said) != std::string::npos;
+  expect(logged, "the thread group logs: " + said);
+  return failures == 0 ? 0 : 1;
+}
+
+int run_child(const std::string& dir, int limit, const std::string& name) {
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int rc = child_checks(dir, limit, name);
+    std::fflush(stdout);
+    _exit(rc);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+
+int main() {
+  if (geteuid() != 0) {
+    std::printf("cgroup tests need root to make cgroups; run as root (CI does)\n");
+    return 77;
+  }
+  bool v2 = false;
+  const std::string own = own_cpu_cgroup(v2);
+  const std::string outer = own + "/gradsync-quota-" + std::to_string(getpid());
+  const std::string inner = outer + "/inner";
+  if (own.empty() || mkdir(outer.c_str(), 0755) != 0) {
+    std::printf("no cpu controller this test can write (cgroup %s)\n", own.empty() ? "not found" : own.c_str());
+    return 77;
+  }
+  std::printf("cgroup v%d at %s\n", v2 ? 2 : 1, outer.c_str());
+  int failures = 0;
+  const std::string tag = std::to_string(getpid());
+  if (v2 && !write_file(outer + "/cgroup.subtree_control", "+cpu")) ++failures;
+  if (mkdir(inner.c_str(), 0755) != 0) ++failures;
+  // 1.5 CPUs' time: one CPU for ranks to count on, in the cgroup and in one inside it without a
+  // limit of its own. 4 CPUs' time: no fewer CPUs than the affinity gives (2 here, or more).
+  failures += !set_quota(outer, v2, 150000);
+  failures += run_child(outer, 1, "quota-a-" + tag);
+  failures += run_child(inner, 1, "quota-b-" + tag);
+  failures += !set_quota(outer, v2, 400000);
+  failures += run_child(outer, 4, "quota-c-" + tag);
+  failures += !set_quota(outer, v2, 50000);
+  failures += run_child(inner, 1, "quota-d-" + tag);
+  rmdir(inner.c_str());
+  rmdir(outer.c_str());
+  std::printf("cpu_quota: %d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}
