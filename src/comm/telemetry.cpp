@@ -25,8 +25,7 @@ Telemetry::Call::Call(Telemetry& t, Collective what, uint64_t bytes) noexcept
     : t_(t),
       outer_(t.depth_++ == 0),
       what_(what),
-      bytes_(bytes),
-      exceptions_(std::uncaught_exceptions()) {
+      bytes_(bytes) {
   if (outer_) t.current_ = this;
 }
 
@@ -74,7 +73,7 @@ void Telemetry::arrival(Clock::time_point arrived, Clock::time_point decided, co
 
 void Telemetry::finish(const Call& c) noexcept {
   const Clock::time_point end = now();
-  const bool ok = std::uncaught_exceptions() == c.exceptions_;
+  const bool ok = !c.failed_;
   const bool waited = c.arrived_ != Clock::time_point{};
   // A call is timed from its arrival: what comes before (checking and publishing its arguments)
   // is a few instructions, not worth a clock read.

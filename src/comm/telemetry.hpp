@@ -2,7 +2,7 @@
 #pragma once
 // What a communicator measures about its own calls: statistics (gradsync_comm_stats) and a
 // Chrome-trace timeline (GRADSYNC_TIMELINE, gradsync_comm_timeline). Written once for every
-// transport: a transport opens a Call around each collective; whatever decides that every rank
+// transport: a transport runs each collective through measure(); whatever decides that every rank
 // has arrived (the round engine for threads and shm, MPI's rendezvous) reports the arrival wait
 // and every rank's arrival stamp to arrival(), once per call.
 //
@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,24 +68,21 @@ class Telemetry {
   Telemetry(const Telemetry&) = delete;
   Telemetry& operator=(const Telemetry&) = delete;
 
-  // One collective, from its start to its end. A call opened inside another (a collective built
-  // from another one) is not counted again: the outer call is the caller's.
-  class Call {
-   public:
-    Call(Telemetry& t, Collective what, uint64_t bytes) noexcept;
-    ~Call();
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-
-   private:
-    friend class Telemetry;
-    Telemetry& t_;
-    const bool outer_;
-    const Collective what_;
-    const uint64_t bytes_;
-    const int exceptions_;
-    Clock::time_point arrived_{}, decided_{};  // the arrival wait; unset when none was made
-  };
+  // Runs body, one collective of `what` with `bytes` of payload, as one call: timed, counted, and
+  // counted as failed when it throws. A call inside another (a collective built from another one)
+  // is not counted again: the outer call is the caller's. (A catch, not std::uncaught_exceptions()
+  // in a destructor: that costs a call into the C++ runtime each time, a few percent of a small
+  // collective, where a try block costs nothing until something is thrown.)
+  template <class Body>
+  void measure(Collective what, uint64_t bytes, Body&& body) {
+    Call call(*this, what, bytes);
+    try {
+      body();
+    } catch (...) {
+      call.failed_ = true;
+      throw;
+    }
+  }
 
   // The open call's arrival wait: this rank arrived at `arrived`, the group's verdict came at
   // `decided`. stamps (n entries, in one clock common to the ranks, ns) are every rank's arrival
@@ -135,6 +131,21 @@ class Telemetry {
   };
   struct Peer {
     Counter late_ns, max_late_ns, last;
+  };
+
+  class Call {
+   public:
+    Call(Telemetry& t, Collective what, uint64_t bytes) noexcept;
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+    Telemetry& t_;
+    const bool outer_;
+    const Collective what_;
+    const uint64_t bytes_;
+    bool failed_ = false;
+    Clock::time_point arrived_{}, decided_{};  // the arrival wait; unset when none was made
   };
 
   void finish(const Call& c) noexcept;

@@ -38,7 +38,7 @@
 #define DEATHS 0
 #endif
 #ifndef LOCAL_FAILS
-#define LOCAL_FAILS 0  /* errors of a rank's own in the middle of a round (RoundGuard) */
+#define LOCAL_FAILS 0  /* errors of a rank's own in the middle of a round (RoundEngine::run_call) */
 #endif
 
 /* Round shapes. */

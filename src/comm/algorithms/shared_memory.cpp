@@ -218,6 +218,12 @@ class SharedMemoryCommunicator final : public Communicator {
   template <class Consume>
   void exchange_parts(const Round& round, Collective what, const char* in, const SmallVector<Part>& parts,
                       uint64_t incoming, uint64_t longest, size_t es, Consume&& consume);
+  // Runs body as one collective: measured, and its round failed for every rank when an error
+  // leaves it once it holds the round (RoundEngine::run_call).
+  template <class Body>
+  void run(Collective what, uint64_t bytes, Body&& body) {
+    telemetry_.measure(what, bytes, [&] { engine_.run_call(body); });
+  }
   // A group of one: nothing to agree on, but the group's failure still fails the call.
   bool alone() {
     if (size() != 1) return false;
@@ -260,81 +266,82 @@ Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const v
 }
 
 void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
-  const Telemetry::Call call(telemetry_, Collective::Allreduce, payload_bytes(buffers, dtype));
-  const size_t es = dtype_size(dtype);
-  if (alone()) {
-    require_reducible("allreduce", dtype);
-    for (const auto& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
-    return;
-  }
-  const Concat all(buffers, es);
-  const uint64_t total = all.total(), bytes = total * es;
-  const bool fits_table = buffers.size() <= kMaxTableBuffers;
-  // A payload up to kInlineBytes travels inline, unless it is past kInPlaceFromBytes and every
-  // rank's buffers are reachable: then the round goes direct.
-  const bool fits_inline = bytes <= kInlineBytes;
-  const bool small = fits_inline && !(direct_from_small_sizes_ && fits_table && bytes > kInPlaceFromBytes);
-  bool direct = !small && fits_table;
-  for (size_t i = 0; i < buffers.size() && direct; ++i) {
-    direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
-             fabric_->address_of(buffers[i].recv, buffers[i].count * es) != kNoAddress;
-  }
-  Descriptor d{};
-  d.call = allreduce_call(buffers, dtype, op);
-  d.direct = direct ? 1 : 0;
-  auto stage = [&](uint64_t parity) { all.gather(0, total, control_.inline_area(rank(), parity)); };
-  const Round round = engine_.begin(d, [&](uint64_t parity) {
-    if (direct) {
-      for (size_t i = 0; i < buffers.size(); ++i) {
-        control_.publish_address(rank(), parity, i,
-                                 {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
-      }
-    } else if (fits_inline) {
-      stage(parity);
+  run(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
+    const size_t es = dtype_size(dtype);
+    if (alone()) {
+      require_reducible("allreduce", dtype);
+      for (const auto& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
+      return;
     }
-  });
-  const RoundGuard guard(engine_);
-  const size_t n = static_cast<size_t>(size());
-  SmallVector<const void*> srcs(n);
-  SmallVector<void*> dsts(n);
-
-  if (fits_inline && !round.all_direct) {
-    if (round.any_direct) {
-      // The ranks that offered the direct path stage their payload only now: reading a whole
-      // buffer before each direct round would pull back every line that peers wrote into it in
-      // the last one (1.2 us a call at 1K, in the host's slow mode). Then all meet again.
-      if (direct) stage(round.parity);
-      engine_.barrier(round, Collective::Allreduce, false);
+    const Concat all(buffers, es);
+    const uint64_t total = all.total(), bytes = total * es;
+    const bool fits_table = buffers.size() <= kMaxTableBuffers;
+    // A payload up to kInlineBytes travels inline, unless it is past kInPlaceFromBytes and every
+    // rank's buffers are reachable: then the round goes direct.
+    const bool fits_inline = bytes <= kInlineBytes;
+    const bool small = fits_inline && !(direct_from_small_sizes_ && fits_table && bytes > kInPlaceFromBytes);
+    bool direct = !small && fits_table;
+    for (size_t i = 0; i < buffers.size() && direct; ++i) {
+      direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
+               fabric_->address_of(buffers[i].recv, buffers[i].count * es) != kNoAddress;
     }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      for (size_t r = 0; r < n; ++r) {
-        srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+    Descriptor d{};
+    d.call = allreduce_call(buffers, dtype, op);
+    d.direct = direct ? 1 : 0;
+    auto stage = [&](uint64_t parity) { all.gather(0, total, control_.inline_area(rank(), parity)); };
+    const Round round = engine_.begin(d, [&](uint64_t parity) {
+      if (direct) {
+        for (size_t i = 0; i < buffers.size(); ++i) {
+          control_.publish_address(rank(), parity, i,
+                                   {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
+        }
+      } else if (fits_inline) {
+        stage(parity);
       }
-      reduce(dtype, op, srcs.data(), n, buffers[i].recv, 0, buffers[i].count);
-    }
-    // Reading the inline areas is done before this rank arrives at the next round, which is what
-    // lets peers reuse this parity two rounds later.
-    return;
-  }
-
-  if (round.all_direct) {
-    const Part mine = my_part(total);
-    all.for_range(mine.start, mine.start + mine.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t) {
-      // This rank's own recv first: the reduced block lands there and is copied on from cache.
-      for (size_t k = 0; k < n; ++k) {
-        const int r = static_cast<int>((static_cast<size_t>(rank()) + k) % n);
-        const BufferAddress& o = control_.table(r, round.parity)[i];
-        const uint64_t bytes = buffers[i].count * es;
-        srcs[static_cast<size_t>(r)] = peer(round, r, o.send, bytes);
-        dsts[k] = peer(round, r, o.recv, bytes);
-      }
-      reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
     });
-    // Peers may not reuse their buffers until everyone has written its slice into them.
-    engine_.barrier(round, Collective::Allreduce, true);
-    return;
-  }
-  pipeline_allreduce(round, all, dtype, op);
+    engine_.hold_round();
+    const size_t n = static_cast<size_t>(size());
+    SmallVector<const void*> srcs(n);
+    SmallVector<void*> dsts(n);
+
+    if (fits_inline && !round.all_direct) {
+      if (round.any_direct) {
+        // The ranks that offered the direct path stage their payload only now: reading a whole
+        // buffer before each direct round would pull back every line that peers wrote into it in
+        // the last one (1.2 us a call at 1K, in the host's slow mode). Then all meet again.
+        if (direct) stage(round.parity);
+        engine_.barrier(round, Collective::Allreduce, false);
+      }
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        for (size_t r = 0; r < n; ++r) {
+          srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + all.start(i) * es;
+        }
+        reduce(dtype, op, srcs.data(), n, buffers[i].recv, 0, buffers[i].count);
+      }
+      // Reading the inline areas is done before this rank arrives at the next round, which is what
+      // lets peers reuse this parity two rounds later.
+      return;
+    }
+
+    if (round.all_direct) {
+      const Part mine = my_part(total);
+      all.for_range(mine.start, mine.start + mine.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t) {
+        // This rank's own recv first: the reduced block lands there and is copied on from cache.
+        for (size_t k = 0; k < n; ++k) {
+          const int r = static_cast<int>((static_cast<size_t>(rank()) + k) % n);
+          const BufferAddress& o = control_.table(r, round.parity)[i];
+          const uint64_t bytes = buffers[i].count * es;
+          srcs[static_cast<size_t>(r)] = peer(round, r, o.send, bytes);
+          dsts[k] = peer(round, r, o.recv, bytes);
+        }
+        reduce_to_all(dtype, op, srcs.data(), n, dsts.data(), n, a, b);
+      });
+      // Peers may not reuse their buffers until everyone has written its slice into them.
+      engine_.barrier(round, Collective::Allreduce, true);
+      return;
+    }
+    pipeline_allreduce(round, all, dtype, op);
+  });
 }
 
 // A pipeline of kStageDepth chunks. Each rank stages chunk j of its input, reduces its slice of
@@ -414,51 +421,52 @@ void SharedMemoryCommunicator::pipeline_allreduce(const Round& round, const Conc
 }
 
 void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  const Telemetry::Call call(telemetry_, Collective::Broadcast, count * dtype_size(dtype));
-  if (alone()) {
-    GS_REQUIRE(root == 0, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, 1)", root);
-    return;
-  }
-  const size_t es = dtype_size(dtype);
-  const uint64_t bytes = count * es;
-  const bool is_root = rank() == root;
-  const bool small = bytes <= kInlineBytes;
-  const uint64_t address = !small && is_root ? fabric_->address_of(buf, bytes) : kNoAddress;
-  Descriptor d{};
-  d.call = broadcast_call(count, dtype, root);
-  d.direct = address != kNoAddress ? 1 : 0;
-  const Round round = engine_.begin(d, [&](uint64_t parity) {
-    if (!is_root) return;
+  run(Collective::Broadcast, count * dtype_size(dtype), [&] {
+    if (alone()) {
+      GS_REQUIRE(root == 0, GRADSYNC_E_OUT_OF_RANGE, "broadcast: root {} out of range [0, 1)", root);
+      return;
+    }
+    const size_t es = dtype_size(dtype);
+    const uint64_t bytes = count * es;
+    const bool is_root = rank() == root;
+    const bool small = bytes <= kInlineBytes;
+    const uint64_t address = !small && is_root ? fabric_->address_of(buf, bytes) : kNoAddress;
+    Descriptor d{};
+    d.call = broadcast_call(count, dtype, root);
+    d.direct = address != kNoAddress ? 1 : 0;
+    const Round round = engine_.begin(d, [&](uint64_t parity) {
+      if (!is_root) return;
+      if (small) {
+        if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), buf, bytes);
+      } else if (address != kNoAddress) {
+        control_.publish_address(rank(), parity, 0, {address, kNoAddress});
+      }
+    });
+    engine_.hold_round();
+    char* out = static_cast<char*>(buf);
     if (small) {
-      if (bytes > 0) std::memcpy(control_.inline_area(rank(), parity), buf, bytes);
-    } else if (address != kNoAddress) {
-      control_.publish_address(rank(), parity, 0, {address, kNoAddress});
+      if (!is_root && bytes > 0) std::memcpy(out, control_.inline_area(root, round.parity), bytes);
+      return;
+    }
+    if (engine_.desc(root, round.parity).direct != 0) {
+      if (!is_root) std::memcpy(out, peer(round, root, control_.table(root, round.parity)[0].send, bytes), bytes);
+      engine_.barrier(round, Collective::Broadcast, true);
+      return;
+    }
+    // Copy path: the root stages chunk k while the others copy out chunk k-1.
+    const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+    auto chunk_bytes = [&](uint64_t k) { return std::min<uint64_t>(kChunkBytes, bytes - k * kChunkBytes); };
+    for (uint64_t k = 0; k <= chunks; ++k) {
+      if (k >= 1 && !is_root) {
+        const uint64_t c = k - 1;
+        std::memcpy(out + c * kChunkBytes, control_.in_area(root, c & 1), chunk_bytes(c));
+      }
+      if (k < chunks) {
+        if (is_root) std::memcpy(control_.in_area(rank(), k & 1), out + k * kChunkBytes, chunk_bytes(k));
+        engine_.barrier(round, Collective::Broadcast, false);
+      }
     }
   });
-  const RoundGuard guard(engine_);
-  char* out = static_cast<char*>(buf);
-  if (small) {
-    if (!is_root && bytes > 0) std::memcpy(out, control_.inline_area(root, round.parity), bytes);
-    return;
-  }
-  if (engine_.desc(root, round.parity).direct != 0) {
-    if (!is_root) std::memcpy(out, peer(round, root, control_.table(root, round.parity)[0].send, bytes), bytes);
-    engine_.barrier(round, Collective::Broadcast, true);
-    return;
-  }
-  // Copy path: the root stages chunk k while the others copy out chunk k-1.
-  const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
-  auto chunk_bytes = [&](uint64_t k) { return std::min<uint64_t>(kChunkBytes, bytes - k * kChunkBytes); };
-  for (uint64_t k = 0; k <= chunks; ++k) {
-    if (k >= 1 && !is_root) {
-      const uint64_t c = k - 1;
-      std::memcpy(out + c * kChunkBytes, control_.in_area(root, c & 1), chunk_bytes(c));
-    }
-    if (k < chunks) {
-      if (is_root) std::memcpy(control_.in_area(rank(), k & 1), out + k * kChunkBytes, chunk_bytes(k));
-      engine_.barrier(round, Collective::Broadcast, false);
-    }
-  }
 }
 
 void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts,
@@ -471,72 +479,74 @@ void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::spa
     total += parts[r].len;
     longest = std::max<uint64_t>(longest, parts[r].len);
   }
-  const Telemetry::Call call(telemetry_, Collective::Allgather, total * es);
-  const Part mine = parts[static_cast<uint64_t>(rank())];
-  char* out = static_cast<char*>(recv);
-  const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
-  if (alone()) {
-    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
-    return;
-  }
-  const bool small = total * es <= kInlineBytes;
-  const uint64_t address = small ? kNoAddress : fabric_->address_of(own, mine.len * es);
-  const bool direct = address != kNoAddress && fabric_->address_of(recv, total * es) != kNoAddress;
-  Descriptor d{};
-  d.call = allgather_call(counts, dtype);
-  d.direct = direct ? 1 : 0;
-  const Round round = engine_.begin(d, [&](uint64_t parity) {
+  run(Collective::Allgather, total * es, [&] {
+    const Part mine = parts[static_cast<uint64_t>(rank())];
+    char* out = static_cast<char*>(recv);
+    const char* own = send != nullptr ? static_cast<const char*>(send) : out + mine.start * es;
+    if (alone()) {
+      if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+      return;
+    }
+    const bool small = total * es <= kInlineBytes;
+    const uint64_t address = small ? kNoAddress : fabric_->address_of(own, mine.len * es);
+    const bool direct = address != kNoAddress && fabric_->address_of(recv, total * es) != kNoAddress;
+    Descriptor d{};
+    d.call = allgather_call(counts, dtype);
+    d.direct = direct ? 1 : 0;
+    const Round round = engine_.begin(d, [&](uint64_t parity) {
+      if (small) {
+        if (mine.len > 0) std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
+      } else if (direct) {
+        control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
+      }
+    });
+    engine_.hold_round();
     if (small) {
-      if (mine.len > 0) std::memcpy(control_.inline_area(rank(), parity), own, mine.len * es);
-    } else if (direct) {
-      control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
+      if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+      for (uint64_t r = 0; r < n; ++r) {
+        if (static_cast<int>(r) == rank()) continue;
+        const Part p = parts[r];
+        const char* from = control_.inline_area(static_cast<int>(r), round.parity);
+        if (p.len > 0) std::memcpy(out + p.start * es, from, p.len * es);
+      }
+      return;
+    }
+    if (round.all_direct) {
+      // Each rank writes its own part into every rank's recv (read once, written N times).
+      if (mine.len > 0) {
+        SmallVector<void*> dsts(n);
+        for (uint64_t k = 0; k < n; ++k) {
+          const int r = static_cast<int>((static_cast<uint64_t>(rank()) + k) % n);
+          dsts[k] = peer(round, r, control_.table(r, round.parity)[0].recv, total * es) + mine.start * es;
+        }
+        copy_to_all(dtype, own, dsts.data(), n, 0, mine.len);
+      }
+      engine_.barrier(round, Collective::Allgather, true);
+      return;
+    }
+    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
+    // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
+    const uint64_t block = kChunkBytes / es;
+    const uint64_t steps = (longest + block - 1) / block;
+    for (uint64_t k = 0; k <= steps; ++k) {
+      if (k >= 1) {
+        const uint64_t c = k - 1;
+        for (uint64_t r = 0; r < n; ++r) {
+          const Part p = parts[r];
+          if (static_cast<int>(r) == rank() || c * block >= p.len) continue;
+          const uint64_t len = std::min(block, p.len - c * block);
+          std::memcpy(out + (p.start + c * block) * es, control_.in_area(static_cast<int>(r), c & 1), len * es);
+        }
+      }
+      if (k < steps) {
+        if (k * block < mine.len) {
+          const uint64_t len = std::min(block, mine.len - k * block);
+          std::memcpy(control_.in_area(rank(), k & 1), own + k * block * es, len * es);
+        }
+        engine_.barrier(round, Collective::Allgather, false);
+      }
     }
   });
-  const RoundGuard guard(engine_);
-  if (small) {
-    if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
-    for (uint64_t r = 0; r < n; ++r) {
-      if (static_cast<int>(r) == rank()) continue;
-      const Part p = parts[r];
-      if (p.len > 0) std::memcpy(out + p.start * es, control_.inline_area(static_cast<int>(r), round.parity), p.len * es);
-    }
-    return;
-  }
-  if (round.all_direct) {
-    // Each rank writes its own part into every rank's recv (read once, written N times).
-    if (mine.len > 0) {
-      SmallVector<void*> dsts(n);
-      for (uint64_t k = 0; k < n; ++k) {
-        const int r = static_cast<int>((static_cast<uint64_t>(rank()) + k) % n);
-        dsts[k] = peer(round, r, control_.table(r, round.parity)[0].recv, total * es) + mine.start * es;
-      }
-      copy_to_all(dtype, own, dsts.data(), n, 0, mine.len);
-    }
-    engine_.barrier(round, Collective::Allgather, true);
-    return;
-  }
-  if (send != nullptr) copy(dtype, send, out + mine.start * es, 0, mine.len);
-  // Copy path: every rank stages block k of its own part while copying out block k-1 of the others'.
-  const uint64_t block = kChunkBytes / es;
-  const uint64_t steps = (longest + block - 1) / block;
-  for (uint64_t k = 0; k <= steps; ++k) {
-    if (k >= 1) {
-      const uint64_t c = k - 1;
-      for (uint64_t r = 0; r < n; ++r) {
-        const Part p = parts[r];
-        if (static_cast<int>(r) == rank() || c * block >= p.len) continue;
-        const uint64_t len = std::min(block, p.len - c * block);
-        std::memcpy(out + (p.start + c * block) * es, control_.in_area(static_cast<int>(r), c & 1), len * es);
-      }
-    }
-    if (k < steps) {
-      if (k * block < mine.len) {
-        const uint64_t len = std::min(block, mine.len - k * block);
-        std::memcpy(control_.in_area(rank(), k & 1), own + k * block * es, len * es);
-      }
-      engine_.barrier(round, Collective::Allgather, false);
-    }
-  }
 }
 
 void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts,
@@ -545,40 +555,44 @@ void SharedMemoryCommunicator::reduce_scatterv(const void* send, void* recv, std
   const size_t n = static_cast<size_t>(size());
   SmallVector<Part> parts = parts_of(counts);
   const uint64_t total = parts[n - 1].start + parts[n - 1].len;
-  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * es);
-  const Part mine = parts[static_cast<size_t>(rank())];
-  const char* in = static_cast<const char*>(send);
-  if (alone()) {
-    require_reducible("reduce_scatter", dtype);
-    GS_REQUIRE(!root || *root == 0, GRADSYNC_E_OUT_OF_RANGE, "reduce: root {} out of range [0, 1)", root.value_or(0));
-    if (total > 0) std::memmove(recv, send, total * es);  // NULL buffers are allowed for 0 elements
-    return;
-  }
-  const bool small = total * es <= kInlineBytes;
-  const Round round = begin_reading(reduce_scatter_call(counts, dtype, op, root), send, total * es);
-  const RoundGuard guard(engine_);
-  SmallVector<const void*> srcs(n);
-  if (small) {
-    for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
-    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
-    return;
-  }
-  if (round.all_direct) {
-    // recv may be this rank's own part of send: the kernel allows dst == a source.
-    for (size_t r = 0; r < n; ++r)
-      srcs[r] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].send, total * es) +
-                mine.start * es;
-    reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
-    engine_.barrier(round, Collective::ReduceScatter, true);
-    return;
-  }
-  char* out = static_cast<char*>(recv);
-  uint64_t longest = 0;
-  for (size_t r = 0; r < n; ++r) longest = std::max<uint64_t>(longest, parts[r].len);
-  exchange_parts(round, Collective::ReduceScatter, in, parts, mine.len, longest, es,
-                 [&](uint64_t first, uint64_t block, const void* const* from) {
-                   reduce(dtype, op, from, n, out + first * es, 0, std::min(block, mine.len - first));
-                 });
+  run(Collective::ReduceScatter, total * es, [&] {
+    const Part mine = parts[static_cast<size_t>(rank())];
+    const char* in = static_cast<const char*>(send);
+    if (alone()) {
+      require_reducible("reduce_scatter", dtype);
+      GS_REQUIRE(!root || *root == 0, GRADSYNC_E_OUT_OF_RANGE, "reduce: root {} out of range [0, 1)", root.value_or(0));
+      if (total > 0) std::memmove(recv, send, total * es);  // NULL buffers are allowed for 0 elements
+      return;
+    }
+    const bool small = total * es <= kInlineBytes;
+    const Round round = begin_reading(reduce_scatter_call(counts, dtype, op, root), send, total * es);
+    engine_.hold_round();
+    SmallVector<const void*> srcs(n);
+    if (small) {
+      for (size_t r = 0; r < n; ++r) {
+        srcs[r] = control_.inline_area(static_cast<int>(r), round.parity) + mine.start * es;
+      }
+      reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+      return;
+    }
+    if (round.all_direct) {
+      // recv may be this rank's own part of send: the kernel allows dst == a source.
+      for (size_t r = 0; r < n; ++r) {
+        const int rr = static_cast<int>(r);
+        srcs[r] = peer(round, rr, control_.table(rr, round.parity)[0].send, total * es) + mine.start * es;
+      }
+      reduce(dtype, op, srcs.data(), n, recv, 0, mine.len);
+      engine_.barrier(round, Collective::ReduceScatter, true);
+      return;
+    }
+    char* out = static_cast<char*>(recv);
+    uint64_t longest = 0;
+    for (size_t r = 0; r < n; ++r) longest = std::max<uint64_t>(longest, parts[r].len);
+    exchange_parts(round, Collective::ReduceScatter, in, parts, mine.len, longest, es,
+                   [&](uint64_t first, uint64_t block, const void* const* from) {
+                     reduce(dtype, op, from, n, out + first * es, 0, std::min(block, mine.len - first));
+                   });
+  });
 }
 
 void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Routes& routes, DType dtype) {
@@ -586,49 +600,52 @@ void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Rout
   const uint64_t n = routes.n, me = static_cast<uint64_t>(rank());
   uint64_t sent = 0;
   for (uint64_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
-  const Telemetry::Call call(telemetry_, Collective::Alltoall, sent * es);
-  const char* in = static_cast<const char*>(send);
-  char* out = static_cast<char*>(recv);
-  if (alone()) {
-    GS_REQUIRE(routes.form == Collective::Alltoall || routes.root == 0, GRADSYNC_E_OUT_OF_RANGE,
-               "{}: root {} out of range [0, 1)", collective_name(routes.form), routes.root);
-    if (routes.count[0] > 0)
-      std::memcpy(out + routes.recv_displ[0] * es, in + routes.send_displ[0] * es, routes.count[0] * es);
-    return;
-  }
-  uint64_t widest = 0, incoming = 0;
-  for (uint64_t r = 0; r < n; ++r) {
-    widest = std::max(widest, routes.send_extent(r));
-    incoming = std::max(incoming, routes.count[routes.at(r, me)]);
-  }
-  const bool small = widest * es <= kInlineBytes;
-  const Round round = begin_reading(exchange_call(routes, dtype), send, routes.send_extent(me) * es, small);
-  const RoundGuard guard(engine_);
-  if (small || round.all_direct) {
-    for (uint64_t s = 0; s < n; ++s) {
-      const size_t part = routes.at(s, me);
-      if (routes.count[part] == 0) continue;
-      const char* from = small ? control_.inline_area(static_cast<int>(s), round.parity)
-                               : peer(round, static_cast<int>(s),
-                                      control_.table(static_cast<int>(s), round.parity)[0].send,
-                                      routes.send_extent(s) * es);
-      std::memcpy(out + routes.recv_displ[part] * es, from + routes.send_displ[part] * es, routes.count[part] * es);
+  run(Collective::Alltoall, sent * es, [&] {
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    if (alone()) {
+      GS_REQUIRE(routes.form == Collective::Alltoall || routes.root == 0, GRADSYNC_E_OUT_OF_RANGE,
+                 "{}: root {} out of range [0, 1)", collective_name(routes.form), routes.root);
+      if (routes.count[0] > 0)
+        std::memcpy(out + routes.recv_displ[0] * es, in + routes.send_displ[0] * es, routes.count[0] * es);
+      return;
     }
-    // Direct: peers may not reuse their send buffers until everyone has read its part.
-    if (!small) engine_.barrier(round, Collective::Alltoall, true);
-    return;
-  }
-  SmallVector<Part> parts(n);
-  for (uint64_t d = 0; d < n; ++d) parts[d] = Part{routes.send_displ[routes.at(me, d)], routes.count[routes.at(me, d)]};
-  exchange_parts(round, Collective::Alltoall, in, parts, incoming, routes.longest(), es,
-                 [&](uint64_t first, uint64_t block, const void* const* from) {
-                   for (uint64_t s = 0; s < n; ++s) {
-                     const size_t part = routes.at(s, me);
-                     if (first >= routes.count[part]) continue;
-                     std::memcpy(out + (routes.recv_displ[part] + first) * es, from[s],
-                                 std::min(block, routes.count[part] - first) * es);
-                   }
-                 });
+    uint64_t widest = 0, incoming = 0;
+    for (uint64_t r = 0; r < n; ++r) {
+      widest = std::max(widest, routes.send_extent(r));
+      incoming = std::max(incoming, routes.count[routes.at(r, me)]);
+    }
+    const bool small = widest * es <= kInlineBytes;
+    const Round round = begin_reading(exchange_call(routes, dtype), send, routes.send_extent(me) * es, small);
+    engine_.hold_round();
+    if (small || round.all_direct) {
+      for (uint64_t s = 0; s < n; ++s) {
+        const size_t part = routes.at(s, me);
+        if (routes.count[part] == 0) continue;
+        const char* from = small ? control_.inline_area(static_cast<int>(s), round.parity)
+                                 : peer(round, static_cast<int>(s),
+                                        control_.table(static_cast<int>(s), round.parity)[0].send,
+                                        routes.send_extent(s) * es);
+        std::memcpy(out + routes.recv_displ[part] * es, from + routes.send_displ[part] * es, routes.count[part] * es);
+      }
+      // Direct: peers may not reuse their send buffers until everyone has read its part.
+      if (!small) engine_.barrier(round, Collective::Alltoall, true);
+      return;
+    }
+    SmallVector<Part> parts(n);
+    for (uint64_t d = 0; d < n; ++d) {
+      parts[d] = Part{routes.send_displ[routes.at(me, d)], routes.count[routes.at(me, d)]};
+    }
+    exchange_parts(round, Collective::Alltoall, in, parts, incoming, routes.longest(), es,
+                   [&](uint64_t first, uint64_t block, const void* const* from) {
+                     for (uint64_t s = 0; s < n; ++s) {
+                       const size_t part = routes.at(s, me);
+                       if (first >= routes.count[part]) continue;
+                       std::memcpy(out + (routes.recv_displ[part] + first) * es, from[s],
+                                   std::min(block, routes.count[part] - first) * es);
+                     }
+                   });
+  });
 }
 
 template <class Consume>
@@ -663,100 +680,106 @@ void SharedMemoryCommunicator::exchange_parts(const Round& round, Collective wha
 }
 
 void SharedMemoryCommunicator::barrier() {
-  const Telemetry::Call call(telemetry_, Collective::Barrier, 0);
-  if (alone()) return;
-  Descriptor d{};
-  d.call = barrier_call();
-  engine_.begin(d, [](uint64_t) {});
+  run(Collective::Barrier, 0, [&] {
+    if (alone()) return;
+    Descriptor d{};
+    d.call = barrier_call();
+    engine_.begin(d, [](uint64_t) {});
+  });
 }
 
 // comm::weighted_mean (reduce.hpp) on the three paths. The engine has checked every rank's dtype
 // and weight, so every rank fails alike and nothing is read or written on a bad one.
 void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                              uint64_t* total_weight) {
-  const Telemetry::Call call(telemetry_, Collective::WeightedMean, count * dtype_size(dtype));
-  if (size() == 1) {
-    engine_.fail_fast();
-    Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
-    return;
-  }
-  const size_t es = dtype_size(dtype);
-  const bool small = count * es <= kInlineBytes;
-  const uint64_t address = small ? kNoAddress : fabric_->address_of(send, count * es);
-  const bool direct = address != kNoAddress && fabric_->address_of(recv, count * es) != kNoAddress;
-  Descriptor d{};
-  d.call = weighted_mean_call(count, dtype);
-  d.weight = weight;
-  d.direct = direct ? 1 : 0;
-  const Round round = engine_.begin(d, [&](uint64_t parity) {
+  run(Collective::WeightedMean, count * dtype_size(dtype), [&] {
+    if (size() == 1) {
+      engine_.fail_fast();
+      Communicator::weighted_mean(send, recv, count, dtype, weight, total_weight);
+      return;
+    }
+    const size_t es = dtype_size(dtype);
+    const bool small = count * es <= kInlineBytes;
+    const uint64_t address = small ? kNoAddress : fabric_->address_of(send, count * es);
+    const bool direct = address != kNoAddress && fabric_->address_of(recv, count * es) != kNoAddress;
+    Descriptor d{};
+    d.call = weighted_mean_call(count, dtype);
+    d.weight = weight;
+    d.direct = direct ? 1 : 0;
+    const Round round = engine_.begin(d, [&](uint64_t parity) {
+      if (small) {
+        if (count > 0) std::memcpy(control_.inline_area(rank(), parity), send, count * es);
+      } else if (direct) {
+        control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
+      }
+    });
+    const size_t n = static_cast<size_t>(size());
+    SmallVector<double> w(n);
+    uint64_t total = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const uint64_t wr = engine_.desc(static_cast<int>(r), round.parity).weight;
+      w[r] = static_cast<double>(wr);
+      total += wr;
+    }
+    if (total_weight != nullptr) *total_weight = total;
+    const double denom = static_cast<double>(total);
+    // Every rank sees the same total, so every rank fails alike, before anyone touches a buffer.
+    GS_REQUIRE(total > 0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+    engine_.hold_round();
+    SmallVector<const void*> srcs(n);
     if (small) {
-      if (count > 0) std::memcpy(control_.inline_area(rank(), parity), send, count * es);
-    } else if (direct) {
-      control_.publish_address(rank(), parity, 0, {address, fabric_->address_of(recv, 0)});
+      for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity);
+      comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, recv, 0, count);
+      return;
+    }
+    if (round.all_direct) {
+      {
+        const Part part = my_part(count);
+        for (size_t r = 0; r < n; ++r) {
+          const int rr = static_cast<int>(r);
+          srcs[r] = peer(round, rr, control_.table(rr, round.parity)[0].send, count * es);
+        }
+        // Into this rank's recv, then on to the others from cache, block by block.
+        const size_t block = kBlockBytes / es;
+        SmallVector<void*> dsts(n - 1);
+        size_t k = 0;
+        for (size_t r = 0; r < n; ++r) {
+          if (static_cast<int>(r) == rank()) continue;
+          dsts[k++] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].recv,
+                           count * es);
+        }
+        for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
+          const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);
+          char* mine_out = static_cast<char*>(recv) + lo * es;
+          comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, mine_out, lo, hi);
+          for (size_t j = 0; j < n - 1; ++j) {
+            std::memcpy(static_cast<char*>(dsts[j]) + lo * es, mine_out, (hi - lo) * es);
+          }
+        }
+      }
+      engine_.barrier(round, Collective::WeightedMean, true);
+      return;
+    }
+    // Copy path: the contributions in double go through the allreduce pipeline (a sum in rank order
+    // from c_0, the same operations as the kernel), then one division.
+    std::vector<double> staged(count, 0.0);
+    if (weight != 0) {
+      const double wr = static_cast<double>(weight);
+      if (dtype == DType::F32) {
+        for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<double>(static_cast<const float*>(send)[i]);
+      } else {
+        for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<const double*>(send)[i];
+      }
+    }
+    const BufferRef buffer{staged.data(), staged.data(), count};
+    const Concat all(std::span<const BufferRef>(&buffer, 1), sizeof(double));
+    pipeline_allreduce(round, all, DType::F64, ReduceOp::Sum);
+    if (dtype == DType::F32) {
+      for (size_t i = 0; i < count; ++i) static_cast<float*>(recv)[i] = static_cast<float>(staged[i] / denom);
+    } else {
+      for (size_t i = 0; i < count; ++i) static_cast<double*>(recv)[i] = staged[i] / denom;
     }
   });
-  const size_t n = static_cast<size_t>(size());
-  SmallVector<double> w(n);
-  uint64_t total = 0;
-  for (size_t r = 0; r < n; ++r) {
-    const uint64_t wr = engine_.desc(static_cast<int>(r), round.parity).weight;
-    w[r] = static_cast<double>(wr);
-    total += wr;
-  }
-  if (total_weight != nullptr) *total_weight = total;
-  const double denom = static_cast<double>(total);
-  // Every rank sees the same total, so every rank fails alike, before anyone touches a buffer.
-  GS_REQUIRE(total > 0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
-  const RoundGuard guard(engine_);
-  SmallVector<const void*> srcs(n);
-  if (small) {
-    for (size_t r = 0; r < n; ++r) srcs[r] = control_.inline_area(static_cast<int>(r), round.parity);
-    comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, recv, 0, count);
-    return;
-  }
-  if (round.all_direct) {
-    {
-      const Part part = my_part(count);
-      for (size_t r = 0; r < n; ++r) {
-        srcs[r] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].send, count * es);
-      }
-      // Into this rank's recv, then on to the others from cache, block by block.
-      const size_t block = kBlockBytes / es;
-      SmallVector<void*> dsts(n - 1);
-      size_t k = 0;
-      for (size_t r = 0; r < n; ++r) {
-        if (static_cast<int>(r) == rank()) continue;
-        dsts[k++] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].recv,
-                         count * es);
-      }
-      for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
-        const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);
-        char* mine_out = static_cast<char*>(recv) + lo * es;
-        comm::weighted_mean(dtype, srcs.data(), w.data(), n, denom, mine_out, lo, hi);
-        for (size_t j = 0; j < n - 1; ++j) std::memcpy(static_cast<char*>(dsts[j]) + lo * es, mine_out, (hi - lo) * es);
-      }
-    }
-    engine_.barrier(round, Collective::WeightedMean, true);
-    return;
-  }
-  // Copy path: the contributions in double go through the allreduce pipeline (a sum in rank order
-  // from c_0, the same operations as the kernel), then one division.
-  std::vector<double> staged(count, 0.0);
-  if (weight != 0) {
-    const double wr = static_cast<double>(weight);
-    if (dtype == DType::F32) {
-      for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<double>(static_cast<const float*>(send)[i]);
-    } else {
-      for (size_t i = 0; i < count; ++i) staged[i] = wr * static_cast<const double*>(send)[i];
-    }
-  }
-  const BufferRef buffer{staged.data(), staged.data(), count};
-  pipeline_allreduce(round, Concat(std::span<const BufferRef>(&buffer, 1), sizeof(double)), DType::F64, ReduceOp::Sum);
-  if (dtype == DType::F32) {
-    for (size_t i = 0; i < count; ++i) static_cast<float*>(recv)[i] = static_cast<float>(staged[i] / denom);
-  } else {
-    for (size_t i = 0; i < count; ++i) static_cast<double*>(recv)[i] = staged[i] / denom;
-  }
 }
 
 }  // namespace

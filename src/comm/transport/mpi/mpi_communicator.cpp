@@ -704,94 +704,97 @@ void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& blo
 }
 
 void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
-  const Telemetry::Call call(telemetry_, Collective::Allreduce, payload_bytes(buffers, dtype));
-  size_t total = 0;
-  for (const BufferRef& b : buffers) total += b.count;
-  Fingerprint fp;
-  fp.call = allreduce_call(buffers, dtype, op);
-  const size_t elem = dtype_size(dtype);
-  // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
-  if (size_ > 1 && total * elem <= kInlineBytes) {
-    const std::vector<BufferRef> list(buffers.begin(), buffers.end());
-    arrive(fp, &list, elem);
-    const auto n = static_cast<size_t>(size_);
-    std::vector<const void*> sources(n);
-    size_t at_byte = 0;
-    for (const BufferRef& b : buffers) {
-      for (size_t r = 0; r < n; ++r) sources[r] = rendezvous_->all[r].payload + at_byte;
-      reduce(dtype, op, sources.data(), n, b.recv, 0, b.count);
-      at_byte += b.count * elem;
+  telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
+    size_t total = 0;
+    for (const BufferRef& b : buffers) total += b.count;
+    Fingerprint fp;
+    fp.call = allreduce_call(buffers, dtype, op);
+    const size_t elem = dtype_size(dtype);
+    // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
+    if (size_ > 1 && total * elem <= kInlineBytes) {
+      const std::vector<BufferRef> list(buffers.begin(), buffers.end());
+      arrive(fp, &list, elem);
+      const auto n = static_cast<size_t>(size_);
+      std::vector<const void*> sources(n);
+      size_t at_byte = 0;
+      for (const BufferRef& b : buffers) {
+        for (size_t r = 0; r < n; ++r) sources[r] = rendezvous_->all[r].payload + at_byte;
+        reduce(dtype, op, sources.data(), n, b.recv, 0, b.count);
+        at_byte += b.count * elem;
+      }
+      return;
     }
-    return;
-  }
-  arrive(fp);
-  if (size_ == 1) {
-    for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
-    return;
-  }
-  const bool det = deterministic_for(dtype, op);
-  if (buffers.size() == 1) return allreduce_one(buffers[0].send, buffers[0].recv, buffers[0].count, dtype, op, det);
+    arrive(fp);
+    if (size_ == 1) {
+      for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
+      return;
+    }
+    const bool det = deterministic_for(dtype, op);
+    if (buffers.size() == 1) return allreduce_one(buffers[0].send, buffers[0].recv, buffers[0].count, dtype, op, det);
 
-  // Fused: small buffers are packed back to back into the staging buffer, reduced in one call per
-  // fill, and unpacked; a buffer may straddle two fills. Large ones go straight to MPI.
-  const size_t capacity = kStagingBytes / elem;
-  struct Piece {
-    void* recv;
-    size_t at;  // element offset in staging
-    size_t len;
-  };
-  std::vector<Piece> pieces;
-  size_t used = 0;
-  auto flush = [&] {
-    if (used == 0) return;
-    allreduce_one(staging_.data(), staging_.data(), used, dtype, op, det);
-    for (const Piece& p : pieces) std::memcpy(p.recv, at(staging_.data(), p.at, elem), p.len * elem);
-    pieces.clear();
-    used = 0;
-  };
-  for (const BufferRef& b : buffers) {
-    if (b.count == 0) continue;
-    if (b.count * elem >= kStagingBytes) {
-      allreduce_one(b.send, b.recv, b.count, dtype, op, det);
-      continue;
+    // Fused: small buffers are packed back to back into the staging buffer, reduced in one call per
+    // fill, and unpacked; a buffer may straddle two fills. Large ones go straight to MPI.
+    const size_t capacity = kStagingBytes / elem;
+    struct Piece {
+      void* recv;
+      size_t at;  // element offset in staging
+      size_t len;
+    };
+    std::vector<Piece> pieces;
+    size_t used = 0;
+    auto flush = [&] {
+      if (used == 0) return;
+      allreduce_one(staging_.data(), staging_.data(), used, dtype, op, det);
+      for (const Piece& p : pieces) std::memcpy(p.recv, at(staging_.data(), p.at, elem), p.len * elem);
+      pieces.clear();
+      used = 0;
+    };
+    for (const BufferRef& b : buffers) {
+      if (b.count == 0) continue;
+      if (b.count * elem >= kStagingBytes) {
+        allreduce_one(b.send, b.recv, b.count, dtype, op, det);
+        continue;
+      }
+      if (staging_.size() < capacity * elem) staging_.resize(capacity * elem);
+      for (size_t done = 0; done < b.count;) {
+        const size_t len = std::min(b.count - done, capacity - used);
+        std::memcpy(at(staging_.data(), used, elem), at(b.send, done, elem), len * elem);
+        pieces.push_back(Piece{at(b.recv, done, elem), used, len});
+        used += len;
+        done += len;
+        if (used == capacity) flush();
+      }
     }
-    if (staging_.size() < capacity * elem) staging_.resize(capacity * elem);
-    for (size_t done = 0; done < b.count;) {
-      const size_t len = std::min(b.count - done, capacity - used);
-      std::memcpy(at(staging_.data(), used, elem), at(b.send, done, elem), len * elem);
-      pieces.push_back(Piece{at(b.recv, done, elem), used, len});
-      used += len;
-      done += len;
-      if (used == capacity) flush();
-    }
-  }
-  flush();
+    flush();
+  });
 }
 
 // A collective of its own, judged like the others (collective, dtype, count, and every rank's
 // weight, so a bad weight fails every rank alike), then the staged products summed in rank order.
 void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                     uint64_t* total_weight) {
-  const Telemetry::Call call(telemetry_, Collective::WeightedMean, count * dtype_size(dtype));
-  Fingerprint fp;
-  fp.call = weighted_mean_call(count, dtype);
-  arrive(fp, nullptr, 0, weight);
-  std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
-  if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
-  finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
+  telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
+    Fingerprint fp;
+    fp.call = weighted_mean_call(count, dtype);
+    arrive(fp, nullptr, 0, weight);
+    std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
+    if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
+    finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
+  });
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  const Telemetry::Call call(telemetry_, Collective::Broadcast, count * dtype_size(dtype));
-  Fingerprint fp;
-  fp.call = broadcast_call(count, dtype, root);
-  arrive(fp);
-  if (size_ == 1) return;
-  const size_t elem = dtype_size(dtype);
-  for (size_t lo = 0; lo < count; lo += max_count_) {
-    const int n = static_cast<int>(std::min(max_count_, count - lo));
-    check(mpi::lib().Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
-  }
+  telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype), [&] {
+    Fingerprint fp;
+    fp.call = broadcast_call(count, dtype, root);
+    arrive(fp);
+    if (size_ == 1) return;
+    const size_t elem = dtype_size(dtype);
+    for (size_t lo = 0; lo < count; lo += max_count_) {
+      const int n = static_cast<int>(std::min(max_count_, count - lo));
+      check(mpi::lib().Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
+    }
+  });
 }
 
 void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
@@ -803,32 +806,33 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
     total += counts[r];
   }
   const size_t elem = dtype_size(dtype);
-  const Telemetry::Call call(telemetry_, Collective::Allgather, total * elem);
-  Fingerprint fp;
-  fp.call = allgather_call(counts, dtype);
-  arrive(fp);
-  const Part mine = parts[static_cast<size_t>(rank_)];
-  if (size_ == 1) {
-    if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
-    return;
-  }
-  // Every rank sees the same counts here (the fingerprints matched), so all take the same path.
-  if (total > max_count_) {
-    const void* own = send == nullptr ? at(recv, mine.start, elem) : send;
-    return pairwise(dtype, [&](int peer) {
-      const Part p = parts[static_cast<size_t>(peer)];
-      return Block{own, mine.len, const_cast<std::byte*>(at(recv, p.start, elem)), p.len};
-    });
-  }
-  std::vector<int> icounts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    icounts[r] = static_cast<int>(parts[r].len);
-    displs[r] = static_cast<int>(parts[r].start);
-  }
-  const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
-  check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
-                       mpi_type(dtype), comm_),
-        "MPI_Allgatherv");
+  telemetry_.measure(Collective::Allgather, total * elem, [&] {
+    Fingerprint fp;
+    fp.call = allgather_call(counts, dtype);
+    arrive(fp);
+    const Part mine = parts[static_cast<size_t>(rank_)];
+    if (size_ == 1) {
+      if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
+      return;
+    }
+    // Every rank sees the same counts here (the fingerprints matched), so all take the same path.
+    if (total > max_count_) {
+      const void* own = send == nullptr ? at(recv, mine.start, elem) : send;
+      return pairwise(dtype, [&](int peer) {
+        const Part p = parts[static_cast<size_t>(peer)];
+        return Block{own, mine.len, const_cast<std::byte*>(at(recv, p.start, elem)), p.len};
+      });
+    }
+    std::vector<int> icounts(n), displs(n);
+    for (size_t r = 0; r < n; ++r) {
+      icounts[r] = static_cast<int>(parts[r].len);
+      displs[r] = static_cast<int>(parts[r].start);
+    }
+    const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
+    check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
+                         mpi_type(dtype), comm_),
+          "MPI_Allgatherv");
+  });
 }
 
 void MpiCommunicator::exchange(const void* send, void* recv, const Routes& routes, DType dtype) {
@@ -836,31 +840,32 @@ void MpiCommunicator::exchange(const void* send, void* recv, const Routes& route
   const auto n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
   uint64_t sent = 0;
   for (size_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
-  const Telemetry::Call call(telemetry_, Collective::Alltoall, sent * elem);
-  Fingerprint fp;
-  fp.call = exchange_call(routes, dtype);
-  arrive(fp);
-  // Every rank holds the same routes (the fingerprints matched), so all take the same path.
-  bool fits = true;
-  for (size_t i = 0; i < n * n; ++i)
-    fits &= routes.count[i] <= max_count_ && routes.send_displ[i] <= max_count_ && routes.recv_displ[i] <= max_count_;
-  if (size_ == 1 || !fits) {
-    return pairwise(dtype, [&](int peer) {
-      const size_t out = routes.at(me, static_cast<size_t>(peer)), in = routes.at(static_cast<size_t>(peer), me);
-      return Block{at(send, routes.send_displ[out], elem), routes.count[out],
-                   const_cast<std::byte*>(at(recv, routes.recv_displ[in], elem)), routes.count[in]};
-    });
-  }
-  std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    send_counts[r] = static_cast<int>(routes.count[routes.at(me, r)]);
-    send_displs[r] = static_cast<int>(routes.send_displ[routes.at(me, r)]);
-    recv_counts[r] = static_cast<int>(routes.count[routes.at(r, me)]);
-    recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
-  }
-  check(mpi::lib().Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
-                      recv_displs.data(), mpi_type(dtype), comm_),
-        "MPI_Alltoallv");
+  telemetry_.measure(Collective::Alltoall, sent * elem, [&] {
+    Fingerprint fp;
+    fp.call = exchange_call(routes, dtype);
+    arrive(fp);
+    // Every rank holds the same routes (the fingerprints matched), so all take the same path.
+    bool fits = true;
+    for (size_t i = 0; i < n * n; ++i)
+      fits &= routes.count[i] <= max_count_ && routes.send_displ[i] <= max_count_ && routes.recv_displ[i] <= max_count_;
+    if (size_ == 1 || !fits) {
+      return pairwise(dtype, [&](int peer) {
+        const size_t out = routes.at(me, static_cast<size_t>(peer)), in = routes.at(static_cast<size_t>(peer), me);
+        return Block{at(send, routes.send_displ[out], elem), routes.count[out],
+                     const_cast<std::byte*>(at(recv, routes.recv_displ[in], elem)), routes.count[in]};
+      });
+    }
+    std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
+    for (size_t r = 0; r < n; ++r) {
+      send_counts[r] = static_cast<int>(routes.count[routes.at(me, r)]);
+      send_displs[r] = static_cast<int>(routes.send_displ[routes.at(me, r)]);
+      recv_counts[r] = static_cast<int>(routes.count[routes.at(r, me)]);
+      recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
+    }
+    check(mpi::lib().Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
+                        recv_displs.data(), mpi_type(dtype), comm_),
+          "MPI_Alltoallv");
+  });
 }
 
 void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
@@ -874,67 +879,69 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
     longest = std::max(longest, counts[r]);
   }
   const size_t elem = dtype_size(dtype);
-  const Telemetry::Call call(telemetry_, Collective::ReduceScatter, total * elem);
-  Fingerprint fp;
-  fp.call = reduce_scatter_call(counts, dtype, op, root);
-  arrive(fp);
-  const Part mine = parts[static_cast<size_t>(rank_)];
-  if (size_ == 1) {
-    if (recv != send && total > 0) std::memmove(recv, send, total * elem);
-    return;
-  }
-  if (total > max_count_) {
-    // Window by window of the slices (bounded scratch): every rank's copy of this rank's window
-    // comes here pairwise and is folded in rank order, as the deterministic path does. Every
-    // rank runs the windows of the longest slice.
-    const size_t window = std::min(max_count_, std::max<size_t>(kWindowBytes / elem, 1));
-    std::vector<const void*> sources(n);
-    for (size_t lo = 0; lo < longest; lo += window) {
-      const size_t m = lo < mine.len ? std::min(window, mine.len - lo) : 0;
-      std::byte* copies = scratch(n * m * elem);
-      pairwise(dtype, [&](int peer) {
-        const Part p = parts[static_cast<size_t>(peer)];
-        const size_t theirs = lo < p.len ? std::min(window, p.len - lo) : 0;
-        return Block{at(send, p.start + lo, elem), theirs, copies + static_cast<size_t>(peer) * m * elem, m};
-      });
-      for (size_t r = 0; r < n; ++r) sources[r] = copies + r * m * elem;
-      reduce(dtype, op, sources.data(), n, const_cast<std::byte*>(at(recv, lo, elem)), 0, m);
+  telemetry_.measure(Collective::ReduceScatter, total * elem, [&] {
+    Fingerprint fp;
+    fp.call = reduce_scatter_call(counts, dtype, op, root);
+    arrive(fp);
+    const Part mine = parts[static_cast<size_t>(rank_)];
+    if (size_ == 1) {
+      if (recv != send && total > 0) std::memmove(recv, send, total * elem);
+      return;
     }
-    return;
-  }
-  std::vector<int> icounts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) {
-    icounts[r] = static_cast<int>(parts[r].len);
-    displs[r] = static_cast<int>(parts[r].start);
-  }
-  if (deterministic_for(dtype, op)) {
-    std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
-    for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
-    std::byte* copies = scratch(n * mine.len * elem);
-    check(mpi::lib().Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
-                        recv_displs.data(), mpi_type(dtype), comm_),
-          "MPI_Alltoallv");
-    std::vector<const void*> sources(n);
-    for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
-    reduce(dtype, op, sources.data(), n, recv, 0, mine.len);
-    return;
-  }
-  // MPI forbids recv overlapping send; the caller may pass recv inside send (at its offset).
-  const auto* s = static_cast<const std::byte*>(send);
-  const auto* r = static_cast<const std::byte*>(recv);
-  const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
-  void* out = overlaps ? scratch(mine.len * elem) : recv;
-  check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
-  if (overlaps) std::memcpy(recv, out, mine.len * elem);
-  if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
+    if (total > max_count_) {
+      // Window by window of the slices (bounded scratch): every rank's copy of this rank's window
+      // comes here pairwise and is folded in rank order, as the deterministic path does. Every
+      // rank runs the windows of the longest slice.
+      const size_t window = std::min(max_count_, std::max<size_t>(kWindowBytes / elem, 1));
+      std::vector<const void*> sources(n);
+      for (size_t lo = 0; lo < longest; lo += window) {
+        const size_t m = lo < mine.len ? std::min(window, mine.len - lo) : 0;
+        std::byte* copies = scratch(n * m * elem);
+        pairwise(dtype, [&](int peer) {
+          const Part p = parts[static_cast<size_t>(peer)];
+          const size_t theirs = lo < p.len ? std::min(window, p.len - lo) : 0;
+          return Block{at(send, p.start + lo, elem), theirs, copies + static_cast<size_t>(peer) * m * elem, m};
+        });
+        for (size_t r = 0; r < n; ++r) sources[r] = copies + r * m * elem;
+        reduce(dtype, op, sources.data(), n, const_cast<std::byte*>(at(recv, lo, elem)), 0, m);
+      }
+      return;
+    }
+    std::vector<int> icounts(n), displs(n);
+    for (size_t r = 0; r < n; ++r) {
+      icounts[r] = static_cast<int>(parts[r].len);
+      displs[r] = static_cast<int>(parts[r].start);
+    }
+    if (deterministic_for(dtype, op)) {
+      std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
+      for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
+      std::byte* copies = scratch(n * mine.len * elem);
+      check(mpi::lib().Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
+                          recv_displs.data(), mpi_type(dtype), comm_),
+            "MPI_Alltoallv");
+      std::vector<const void*> sources(n);
+      for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
+      reduce(dtype, op, sources.data(), n, recv, 0, mine.len);
+      return;
+    }
+    // MPI forbids recv overlapping send; the caller may pass recv inside send (at its offset).
+    const auto* s = static_cast<const std::byte*>(send);
+    const auto* r = static_cast<const std::byte*>(recv);
+    const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
+    void* out = overlaps ? scratch(mine.len * elem) : recv;
+    check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
+    if (overlaps) std::memcpy(recv, out, mine.len * elem);
+    if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
+  });
 }
 
 void MpiCommunicator::barrier() {
-  const Telemetry::Call call(telemetry_, Collective::Barrier, 0);
-  Fingerprint fp;
-  fp.call = barrier_call();
-  // The rendezvous completes only once every rank has arrived: it is the barrier.
-  arrive(fp);
+  telemetry_.measure(Collective::Barrier, 0, [&] {
+    Fingerprint fp;
+    fp.call = barrier_call();
+    // The rendezvous completes only once every rank has arrived: it is the barrier.
+    arrive(fp);
+  });
 }
 
 // The data and control communicators, duplicated from base_ one after the other, never side by
