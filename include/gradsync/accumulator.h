@@ -81,8 +81,8 @@ typedef struct gradsync_accum_options {
   int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16.
                               OWNER: partitions = min(64, the STRIPED lock count) */
   int64_t threads;       /**< OWNER (version 2): owners, 1..64 (the caller and threads - 1 threads of the
-                              handle); UNSET = the CPUs this process may run on (at most 64). Ignored
-                              by the other modes */
+                              handle); UNSET = the CPUs this process may run on, at most its cgroups' CPU
+                              quota (a container's --cpus) and at most 64. Ignored by the other modes */
   int32_t file_mode;         /**< version 3: permission bits of a created file, exactly (umask ignored);
                                   0 (default) means 0600 (other users who share the file need more) */
   int32_t allow_other_owner; /**< version 3: 1: open a file owned by another user; default 0

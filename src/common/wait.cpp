@@ -64,6 +64,7 @@ bool affinity_mask(CpuMask& mask) noexcept {
     const size_t bytes = CPU_ALLOC_SIZE(cpus);
     CPU_ZERO_S(bytes, set);
     const bool read = sched_getaffinity(0, bytes, set) == 0;
+    const int error = errno;
     if (read) {
       for (size_t c = 0; c < cpus; ++c) {
         if (CPU_ISSET_S(c, bytes, set)) mask.bits[(c % 1024) / 64] |= uint64_t{1} << (c % 64);
@@ -71,7 +72,7 @@ bool affinity_mask(CpuMask& mask) noexcept {
     }
     CPU_FREE(set);
     if (read) return std::any_of(std::begin(mask.bits), std::end(mask.bits), [](uint64_t b) { return b != 0; });
-    if (errno != EINVAL) return false;
+    if (error != EINVAL) return false;
   }
   return false;
 }
@@ -155,11 +156,14 @@ int least_limit(const std::string& root, const std::string& mount_point, std::st
 
 int cgroup_cpu_limit(const std::string& root) noexcept {
   try {
-    // Where this process sits: "0::<path>" in the v2 hierarchy, "<id>:<controllers>:<path>" in v1.
+    // Where this thread sits (a thread of a v2 threaded subtree may have a cgroup of its own; a
+    // kernel before 3.17 has no thread-self): "0::<path>" in the v2 hierarchy,
+    // "<id>:<controllers>:<path>" in v1.
     std::string v1_path, v2_path;
     bool in_v1 = false, in_v2 = false;
     {
-      std::ifstream cgroup(root + "/proc/self/cgroup");
+      std::ifstream cgroup(root + "/proc/thread-self/cgroup");
+      if (!cgroup.is_open()) cgroup.open(root + "/proc/self/cgroup");
       for (std::string line; std::getline(cgroup, line);) {
         const size_t a = line.find(':');
         const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
@@ -202,8 +206,8 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
         path.erase(0, mount_root.size());
       }
       while (!path.empty() && path.back() == '/') path.pop_back();
-      // A path that climbs (..) is none the kernel writes; it is not followed.
-      if (path.find("/..") != std::string::npos) continue;
+      // A path that climbs (a component "..") is none the kernel writes; it is not followed.
+      if ((path + "/").find("/../") != std::string::npos) continue;
       const int here = least_limit(root, mount_point, path, v2);
       if (here > 0 && (least == 0 || here < least)) least = here;
     }
@@ -220,19 +224,13 @@ CpuMask usable_cpu_mask() noexcept {
     const unsigned n = std::min(std::max(std::thread::hardware_concurrency(), 1u), 1024u);
     for (unsigned c = 0; c < n; ++c) mask.bits[c / 64] |= uint64_t{1} << (c % 64);
   }
-  // A quota of N CPUs' time: N CPUs of the mask, the same N for every rank with the same mask.
-  if (const int limit = cgroup_cpu_limit(); limit > 0) {
-    int kept = 0;
-    for (auto& word : mask.bits) {
-      for (uint64_t b = word; b != 0; b &= b - 1) {
-        if (++kept > limit) word &= ~(b & (~b + 1));  // drop b's lowest CPU
-      }
-    }
-  }
   return mask;
 }
 
-int usable_cpus() noexcept { return usable_cpu_mask().count(); }
+int usable_cpus() noexcept {
+  const int cpus = usable_cpu_mask().count(), limit = cgroup_cpu_limit();
+  return limit > 0 ? std::min(cpus, limit) : cpus;
+}
 
 namespace {
 
@@ -257,7 +255,7 @@ bool place(size_t r, std::span<const CpuMask> masks, std::array<int, 1024>& hold
 
 }  // namespace
 
-int ranks_with_own_cpu(std::span<const CpuMask> masks) noexcept {
+int ranks_with_own_cpu(std::span<const CpuMask> masks, std::span<const int> limits) noexcept {
   std::array<int, 1024> holder;
   holder.fill(-1);
   std::array<char, 1024> seen;
@@ -265,6 +263,9 @@ int ranks_with_own_cpu(std::span<const CpuMask> masks) noexcept {
   for (size_t r = 0; r < masks.size(); ++r) {
     seen.fill(0);
     if (place(r, masks, holder, seen)) ++placed;
+  }
+  for (const int limit : limits) {
+    if (limit > 0) placed = std::min(placed, limit);
   }
   return std::max(placed, 1);
 }

@@ -66,24 +66,27 @@ struct CpuMask {
   // How many CPUs, at least 1 (an empty set is no CPU count to divide work by).
   int count() const noexcept;
 };
-// The CPUs the calling thread may count on: its affinity mask (as taskset and cpusets set it; where
-// that cannot be read, the first hardware_concurrency CPUs), cut to its first N CPUs when the
-// process's cgroups allow it only N CPUs' worth of time (cgroup_cpu_limit). A container limited
-// to 2 CPUs on a 64-CPU host is the common case: ranks that spun there would be throttled for the
-// rest of each quota period. A CPU numbered 1024 or more counts as CPU (number mod 1024): a mask
-// has 1024 bits, so two such CPUs may count as one, never one as two.
+// The CPUs the calling thread may run on (its affinity mask, as taskset and cpusets set it); where
+// that cannot be read, the first hardware_concurrency CPUs. CPU c counts as CPU c mod 1024: a mask
+// has 1024 bits, so two CPUs past 1023 may count as one, never one as two.
 CpuMask usable_cpu_mask() noexcept;
-// How many of them, at least 1.
-int usable_cpus() noexcept;
-// The CPU time that the cgroups of the calling process allow it, in whole CPUs (quota / period,
-// rounded down, at least 1), the least over its cgroup and the ancestors visible to it, under
-// cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us); 0 when none sets a limit or none can be read.
-// Every path read is prefixed with `root` ("" for this system; tests pass a tree of their own).
+// The CPU time that the calling thread's cgroups allow, in whole CPUs (quota / period, rounded
+// down, at least 1): the least over its cgroup and the ancestors visible to it, under cgroup v2
+// (cpu.max) or v1 (cpu.cfs_quota_us); 0 when none sets a limit or none can be read. A container
+// limited to 2 CPUs' time on a 64-CPU host is the common case: ranks that spun there would be
+// throttled for the rest of each quota period. Every path read is prefixed with `root` ("" for
+// this system; tests pass a tree of their own).
 int cgroup_cpu_limit(const std::string& root = "") noexcept;
+// How many CPUs the calling thread may count on: its mask's, at most its cgroups' limit; at least 1.
+int usable_cpus() noexcept;
 // How many of the ranks whose affinities are `masks` can each run on a CPU of its own: the size of
-// a largest matching of ranks to the CPUs of their masks, at least 1. Not the size of their union:
-// two ranks pinned to one CPU share it however many CPUs a third rank may use.
-int ranks_with_own_cpu(std::span<const CpuMask> masks) noexcept;
+// a largest matching of ranks to the CPUs of their masks (not the size of their union: two ranks
+// pinned to one CPU share it however many CPUs a third rank may use), at most the least of
+// `limits` (each rank's cgroup_cpu_limit, 0 for none; empty: none). At least 1. A quota is shared
+// by every rank in its cgroup, and the ranks of one host's group almost always share one (a
+// container); ranks in separate cgroups with quotas of their own count as sharing the least,
+// which errs toward yielding, never toward spinning into a throttled quota.
+int ranks_with_own_cpu(std::span<const CpuMask> masks, std::span<const int> limits = {}) noexcept;
 }  // namespace wait_detail
 
 // How long to spin, then how long to yield, before sleeping. Both are bounded in time, and the

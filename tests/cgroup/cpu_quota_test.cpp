@@ -4,6 +4,7 @@
 // limit it reads, the CPUs its ranks may count on, and what a thread group and a shared-memory
 // segment of two ranks formed there count. cgroup v1 (cpu.cfs_quota_us) or v2 (cpu.max).
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 
 #include <gradsync/gradsync.h>
 
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -45,18 +47,28 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The directory of this process's cgroup in the cpu controller, and whether it is cgroup v2; ""
-// when there is none this test can write.
-std::string own_cpu_cgroup(bool& v2) {
+bool has_word(const std::string& list, const std::string& word) {
+  std::istringstream in(list);
+  for (std::string w; in >> w;) {
+    if (w == word) return true;
+  }
+  return false;
+}
+
+// The directory under which this test makes its cgroups, in the cpu controller, and whether it is
+// cgroup v2; "" when there is none this test can write. Under v2 a cgroup's children get cpu.max
+// only when it hands them the controller (cgroup.subtree_control), which a cgroup holding
+// processes (this one, at least) may not do unless it is the root or does so already.
+std::string cpu_cgroup_base(bool& v2) {
   std::string v1_path, v2_path;
   std::ifstream cgroup("/proc/self/cgroup");
   for (std::string line; std::getline(cgroup, line);) {
     const size_t a = line.find(':'), b = line.find(':', a + 1);
     if (b == std::string::npos) continue;
-    std::string controllers = ",";
-    controllers.append(line, a + 1, b - a - 1).append(",");
+    std::string controllers = line.substr(a + 1, b - a - 1);
+    std::replace(controllers.begin(), controllers.end(), ',', ' ');
     if (line.compare(0, a, "0") == 0 && b == a + 1) v2_path = line.substr(b + 1);
-    if (controllers.find(",cpu,") != std::string::npos) v1_path = line.substr(b + 1);
+    if (has_word(controllers, "cpu")) v1_path = line.substr(b + 1);
   }
   std::ifstream mounts("/proc/self/mountinfo");
   for (std::string line; std::getline(mounts, line);) {
@@ -66,21 +78,21 @@ std::string own_cpu_cgroup(bool& v2) {
     size_t dash = 0;
     while (dash < f.size() && f[dash] != "-") ++dash;
     if (dash + 3 >= f.size() || f[3] != "/") continue;
-    std::string options = ",";
-    if (dash + 3 < f.size()) options.append(f[dash + 3]).append(",");
-    if (f[dash + 1] == "cgroup" && options.find(",cpu,") != std::string::npos && !v1_path.empty()) {
+    std::string options = f[dash + 3];
+    std::replace(options.begin(), options.end(), ',', ' ');
+    if (f[dash + 1] == "cgroup" && has_word(options, "cpu") && !v1_path.empty()) {
       v2 = false;
       return f[4] + (v1_path == "/" ? "" : v1_path);
     }
-    // v2: the cpu controller must be enabled for this cgroup's children.
     if (f[dash + 1] == "cgroup2" && !v2_path.empty() && v1_path.empty()) {
-      const std::string dir = f[4] + (v2_path == "/" ? "" : v2_path);
-      if (read_file(dir + "/cgroup.subtree_control").find("cpu") == std::string::npos &&
-          !write_file(dir + "/cgroup.subtree_control", "+cpu")) {
+      v2 = true;
+      const std::string own = f[4] + (v2_path == "/" ? "" : v2_path);
+      if (!has_word(read_file(own + "/cgroup.controllers"), "cpu")) return "";
+      if (!has_word(read_file(own + "/cgroup.subtree_control"), "cpu") &&
+          !write_file(own + "/cgroup.subtree_control", "+cpu")) {
         return "";
       }
-      v2 = true;
-      return dir;
+      return own;
     }
   }
   return "";
@@ -111,7 +123,10 @@ void capture(void*, int32_t, const char* message) {
   if (g_lines != nullptr) g_lines->emplace_back(message);
 }
 
-Counted count_in_groups(const std::string& name) {
+// pinned: each rank's thread pinned to a CPU of its own (the first two of the affinity), as
+// launchers that bind ranks to cores do: each mask then holds one CPU, and only the quota says
+// that the two share one CPU's time.
+Counted count_in_groups(const std::string& name, bool pinned) {
   Counted out;
   {
     std::lock_guard lock(g_lines_mutex);
@@ -121,7 +136,20 @@ Counted count_in_groups(const std::string& name) {
   int got[2] = {0, 0};
   std::string error[2];
   std::barrier joined(2);
+  std::vector<int> cpus;
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  sched_getaffinity(0, sizeof all, &all);
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &all)) cpus.push_back(c);
+  }
   auto rank = [&](int r) {
+    if (pinned) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[static_cast<size_t>(r) % cpus.size()], &one);
+      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) error[r] = "could not pin to one CPU; ";
+    }
     std::unique_ptr<gradsync::comm::shm::Segment> seg;
     std::unique_ptr<gradsync::comm::Communicator> group;
     try {
@@ -134,7 +162,7 @@ Counted count_in_groups(const std::string& name) {
       o.timeout = 20s;
       group = gradsync::comm::create(o);
     } catch (const std::exception& e) {
-      error[r] = e.what();
+      error[r] += e.what();
     }
     joined.arrive_and_wait();
   };
@@ -151,7 +179,8 @@ Counted count_in_groups(const std::string& name) {
   return out;
 }
 
-// In a child moved into `dir`: the limit read must be `limit`, and ranks count min(limit, CPUs).
+// In a child moved into `dir`: the limit read must be `limit`, and ranks count min(limit, CPUs),
+// whether they share the affinity or are pinned one per CPU.
 int child_checks(const std::string& dir, int limit, const std::string& name) {
   if (!write_file(dir + "/cgroup.procs", std::to_string(getpid()))) {
     std::printf("FAIL could not move into %s\n", dir.c_str());
@@ -168,15 +197,21 @@ int child_checks(const std::string& dir, int limit, const std::string& name) {
          "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) + ", expected " + std::to_string(limit));
   expect(wd::usable_cpus() == usable,
          "usable CPUs " + std::to_string(wd::usable_cpus()) + ", expected " + std::to_string(usable));
-  const Counted c = count_in_groups(name);
-  const int own = usable >= 2 ? 2 : 1;
-  expect(c.error.empty(), "groups formed" + (c.error.empty() ? "" : ": " + c.error));
-  expect(c.segment == own, "segment of 2 counts " + std::to_string(c.segment) + ", expected " + std::to_string(own));
-  const std::string said = "thread group '" + name + "': rank 0 of 2 joined; " + std::to_string(own) +
-                           " of the ranks can each have a CPU of its own, so waits " + (own == 2 ? "spin" : "yield");
-  bool logged = false;
-  for (const auto& l : c.lines) logged |= l.find(said) != std::string::npos;
-  expect(logged, "the thread group logs: " + said);
+  for (const bool pinned : {false, true}) {
+    if (pinned && cpus < 2) continue;
+    const std::string group = name + (pinned ? "-pinned" : "");
+    const Counted c = count_in_groups(group, pinned);
+    const int own = usable >= 2 ? 2 : 1;
+    const std::string how = pinned ? " (ranks pinned to CPUs of their own)" : "";
+    expect(c.error.empty(), "groups formed" + how + (c.error.empty() ? "" : ": " + c.error));
+    expect(c.segment == own,
+           "segment of 2 counts " + std::to_string(c.segment) + ", expected " + std::to_string(own) + how);
+    const std::string said = "thread group '" + group + "': rank 0 of 2 joined; " + std::to_string(own) +
+                             " of the ranks can each have a CPU of its own, so waits " + (own == 2 ? "spin" : "yield");
+    bool logged = false;
+    for (const auto& l : c.lines) logged |= l.find(said) != std::string::npos;
+    expect(logged, "the thread group logs: " + said);
+  }
   return failures == 0 ? 0 : 1;
 }
 
@@ -200,28 +235,32 @@ int main() {
     std::printf("cgroup tests need root to make cgroups; run as root (CI does)\n");
     return 77;
   }
+  // A quota above this process's own cgroups' (a CI container's, say) is capped by theirs.
+  const int above = wd::cgroup_cpu_limit();
   bool v2 = false;
-  const std::string own = own_cpu_cgroup(v2);
-  const std::string outer = own + "/gradsync-quota-" + std::to_string(getpid());
+  const std::string base = cpu_cgroup_base(v2);
+  const std::string outer = base + "/gradsync-quota-" + std::to_string(getpid());
   const std::string inner = outer + "/inner";
-  if (own.empty() || mkdir(outer.c_str(), 0755) != 0) {
-    std::printf("no cpu controller this test can write (cgroup %s)\n", own.empty() ? "not found" : own.c_str());
+  if (base.empty() || mkdir(outer.c_str(), 0755) != 0) {
+    std::printf("no cpu controller this test can write (cgroup %s)\n", base.empty() ? "not found" : base.c_str());
     return 77;
   }
   std::printf("cgroup v%d at %s\n", v2 ? 2 : 1, outer.c_str());
   int failures = 0;
   const std::string tag = std::to_string(getpid());
-  if (v2 && !write_file(outer + "/cgroup.subtree_control", "+cpu")) ++failures;
+  // inner has no quota of its own (under v2, outer does not even hand it the controller, so that
+  // outer may hold processes too).
   if (mkdir(inner.c_str(), 0755) != 0) ++failures;
   // 1.5 CPUs' time: one CPU for ranks to count on, in the cgroup and in one inside it without a
   // limit of its own. 4 CPUs' time: no fewer CPUs than the affinity gives (2 here, or more).
+  auto capped = [&](int limit) { return above > 0 ? std::min(limit, above) : limit; };
   failures += !set_quota(outer, v2, 150000);
-  failures += run_child(outer, 1, "quota-a-" + tag);
-  failures += run_child(inner, 1, "quota-b-" + tag);
+  failures += run_child(outer, capped(1), "quota-a-" + tag);
+  failures += run_child(inner, capped(1), "quota-b-" + tag);
   failures += !set_quota(outer, v2, 400000);
-  failures += run_child(outer, 4, "quota-c-" + tag);
+  failures += run_child(outer, capped(4), "quota-c-" + tag);
   failures += !set_quota(outer, v2, 50000);
-  failures += run_child(inner, 1, "quota-d-" + tag);
+  failures += run_child(inner, capped(1), "quota-d-" + tag);
   rmdir(inner.c_str());
   rmdir(outer.c_str());
   std::printf("cpu_quota: %d failure(s)\n", failures);

@@ -743,6 +743,19 @@ TEST_CASE("the ranks that can each have a CPU of their own: a largest matching",
   CHECK(own({}) == 1);
   std::vector<wd::CpuMask> all(64, mask({0, 1, 2, 3, 4, 5, 6, 7}));
   CHECK(own(all) == 8);
+
+  // A cgroup's CPU quota caps the count, also for ranks pinned one per CPU (8 ranks on 8 CPUs in a
+  // container allowed 2 CPUs' time count 2): each mask alone says nothing of the quota.
+  auto capped = [](std::vector<wd::CpuMask> masks, std::vector<int> limits) {
+    return wd::ranks_with_own_cpu(masks, limits);
+  };
+  std::vector<wd::CpuMask> pinned;
+  for (int c = 0; c < 8; ++c) pinned.push_back(mask({c}));
+  CHECK(capped(pinned, std::vector<int>(8, 2)) == 2);
+  CHECK(capped(pinned, std::vector<int>(8, 0)) == 8);
+  CHECK(capped(pinned, {0, 0, 0, 3, 0, 0, 5, 0}) == 3);  // the least limit, 0 counting as none
+  CHECK(capped(pinned, std::vector<int>(8, 16)) == 8);    // a quota above the CPUs changes nothing
+  CHECK(capped({mask({0}), mask({0})}, {4, 4}) == 1);
 }
 
 // A tree of files laid out as /proc and /sys/fs/cgroup are (real files, a made-up system): the
@@ -792,6 +805,27 @@ TEST_CASE("the CPU limit of the process's cgroups, v1 and v2, nested, in a conta
     put("/sys/fs/cgroup/a/b/c/cpu.max", "20000 100000\n");  // a fifth of a CPU
     CHECK(wd::cgroup_cpu_limit(root) == 1);
   }
+  SECTION("v1 and v2 together (hybrid): the cpu controller's v1 hierarchy holds the limit") {
+    fresh();
+    put("/proc/self/cgroup", "4:cpu,cpuacct:/user.slice/job\n1:name=systemd:/x\n0::/user.slice/job\n");
+    put("/proc/self/mountinfo", "31 23 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n" + v1_mount);
+    // v1: the parent limits, the cgroup itself does not; the unified hierarchy has no cpu files.
+    put("/sys/fs/cgroup/cpu/user.slice/cpu.cfs_quota_us", "300000\n");
+    put("/sys/fs/cgroup/cpu/user.slice/cpu.cfs_period_us", "100000\n");
+    put("/sys/fs/cgroup/cpu/user.slice/job/cpu.cfs_quota_us", "-1\n");
+    put("/sys/fs/cgroup/cpu/user.slice/job/cpu.cfs_period_us", "100000\n");
+    put("/sys/fs/cgroup/unified/user.slice/job/cgroup.procs", "1\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 3);
+  }
+  SECTION("this thread's cgroup (a v2 threaded subtree) before the process's") {
+    fresh();
+    put("/proc/self/cgroup", "0::/app\n");
+    put("/proc/thread-self/cgroup", "0::/app/worker\n");
+    put("/proc/self/mountinfo", v2_mount);
+    put("/sys/fs/cgroup/app/cpu.max", "max 100000\n");
+    put("/sys/fs/cgroup/app/worker/cpu.max", "100000 100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 1);
+  }
   SECTION("a mount point with a space, escaped as the kernel writes it") {
     fresh();
     put("/proc/self/cgroup", "0::/job\n");
@@ -814,10 +848,17 @@ TEST_CASE("the CPU limit of the process's cgroups, v1 and v2, nested, in a conta
     put("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "100000");
     put("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000");
     CHECK(wd::cgroup_cpu_limit(root) == 0);
-    // A directory in place of a file, and a path that climbs.
-    put("/proc/self/cgroup", "0::/../../etc\n");
-    std::filesystem::create_directories(root + "/sys/fs/cgroup/cpu.max");
+    // A directory in place of the file.
+    put("/proc/self/cgroup", "0::/b\n");
+    std::filesystem::create_directories(root + "/sys/fs/cgroup/b/cpu.max");
     CHECK(wd::cgroup_cpu_limit(root) == 0);
+    // A path that climbs out of the mount is not followed; a name that merely starts with ".." is.
+    put("/sys/fs/cgroup/cpu.max", "200000 100000\n");
+    put("/proc/self/cgroup", "0::/b/../..\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 0);
+    put("/proc/self/cgroup", "0::/..b\n");
+    put("/sys/fs/cgroup/..b/cpu.max", "max 100000\n");
+    CHECK(wd::cgroup_cpu_limit(root) == 2);
   }
 }
 
@@ -832,10 +873,9 @@ TEST_CASE("a group counts the ranks that can each have a CPU of their own", "[co
   cpu_set_t set;
   CPU_ZERO(&set);
   REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  CHECK(static_cast<int>(cpus.size()) == CPU_COUNT(&set));
   const int limit = wd::cgroup_cpu_limit();
-  const int usable = limit > 0 ? std::min(limit, CPU_COUNT(&set)) : CPU_COUNT(&set);
-  CHECK(static_cast<int>(cpus.size()) == usable);
-  CHECK(wd::usable_cpus() == usable);
+  CHECK(wd::usable_cpus() == (limit > 0 ? std::min(limit, CPU_COUNT(&set)) : CPU_COUNT(&set)));
   REQUIRE(!cpus.empty());
 
   // Two ranks, each a thread pinned to one CPU (new threads: the test's own keeps its affinity).

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -85,18 +86,18 @@ void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
 
 // A vector without a heap allocation for up to 16 entries: one per rank, or per fused buffer, of
 // the usual calls (collectives of small buffers are dominated by fixed costs).
-// Its entries start unset: every user fills all n before reading any, and zeroing even the few in
-// use (a `rep stos`, slow to start) took a few percent of a small call.
+// Its entries start unset, inline or on the heap alike: every user fills all n before reading any,
+// and zeroing even the few in use (a `rep stos`, slow to start) took a few percent of a small call.
 template <class T>
 class SmallVector {
   static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_copyable_v<T>);
 
  public:
   explicit SmallVector(size_t n) : size_(n) {
-    if (size_ > kInline) heap_.resize(size_);
+    if (size_ > kInline) heap_.reset(new T[size_]);
   }
-  T* data() noexcept { return size_ > kInline ? heap_.data() : inline_; }
-  const T* data() const noexcept { return size_ > kInline ? heap_.data() : inline_; }
+  T* data() noexcept { return size_ > kInline ? heap_.get() : inline_; }
+  const T* data() const noexcept { return size_ > kInline ? heap_.get() : inline_; }
   T& operator[](size_t i) noexcept { return data()[i]; }
   const T& operator[](size_t i) const noexcept { return data()[i]; }
   size_t size() const noexcept { return size_; }
@@ -105,7 +106,7 @@ class SmallVector {
   static constexpr size_t kInline = 16;
   size_t size_;
   T inline_[kInline];
-  std::vector<T> heap_;
+  std::unique_ptr<T[]> heap_;
 };
 
 // The fused list seen as one concatenated vector of elements.

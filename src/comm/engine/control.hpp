@@ -126,6 +126,11 @@ struct alignas(64) RankSlot {
   // AdaptiveWait); -1 until it does (and for good when its own waits count as oversubscribed).
   // Written only when it changes, in a line of such words, so peers read it from their caches.
   std::atomic<int32_t> cpu{-1};
+  // shm: the CPU time the cgroups of the thread that joined as this rank allow it
+  // (wait_detail::cgroup_cpu_limit; 0 for no limit), written with cpu_mask: the group's CPU count
+  // is at most the least of them. Here rather than beside the mask, in this line's spare room, so
+  // that the slot keeps its size.
+  std::atomic<int32_t> cpu_limit{0};
   // Barriers this rank has arrived at, written after its arrival on the barrier word; only its
   // owner writes it. Peers poll the barrier word, not this: it names the ranks a wait is waiting
   // for, and tells a wait that must hold its buffers which live peers are past their arrival.

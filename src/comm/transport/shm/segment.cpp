@@ -325,6 +325,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     RankSlot& mine = seg->slot(rank);
     const wait_detail::CpuMask mask = wait_detail::usable_cpu_mask();
     for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(mask.bits[i], std::memory_order_relaxed);
+    mine.cpu_limit.store(wait_detail::cgroup_cpu_limit(), std::memory_order_relaxed);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
@@ -362,12 +363,14 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     }
     if (missing.empty()) {
       std::vector<wait_detail::CpuMask> masks(static_cast<size_t>(size));
+      std::vector<int> limits(static_cast<size_t>(size));
       for (int r = 0; r < size; ++r) {
         for (size_t i = 0; i < 16; ++i) {
           masks[static_cast<size_t>(r)].bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
         }
+        limits[static_cast<size_t>(r)] = seg->slot(r).cpu_limit.load(std::memory_order_relaxed);
       }
-      seg->cpus_ = wait_detail::ranks_with_own_cpu(masks);
+      seg->cpus_ = wait_detail::ranks_with_own_cpu(masks, limits);
       break;
     }
     if (Clock::now() >= deadline) {

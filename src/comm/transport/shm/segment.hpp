@@ -37,7 +37,7 @@ namespace gradsync::comm::shm {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
-constexpr uint32_t kFormatVersion = 9;
+constexpr uint32_t kFormatVersion = 10;
 constexpr off_t kSetupLockByte = 0;
 constexpr off_t kRankLockByte = 1;
 constexpr int kMaxRanks = kMaxLocalRanks;

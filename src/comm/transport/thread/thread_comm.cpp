@@ -31,7 +31,8 @@ namespace {
 // a copy path cost nothing until used) and its membership.
 struct Group {
   Group(std::string n, int s)
-      : name(std::move(n)), size(s), present(static_cast<size_t>(s), 0), masks(static_cast<size_t>(s)) {
+      : name(std::move(n)), size(s), present(static_cast<size_t>(s), 0), masks(static_cast<size_t>(s)),
+        limits(static_cast<size_t>(s)) {
     layout = control_layout(s, 0);
     bytes = layout.end;
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -58,6 +59,7 @@ struct Group {
   // Membership, guarded by the registry mutex.
   std::vector<char> present;
   std::vector<wait_detail::CpuMask> masks;  // each rank's thread's affinity as it joined
+  std::vector<int> limits;                  // and its cgroups' CPU limit (0: none)
   int cpus = 1;  // how many ranks can each have one of them to itself, set as the group forms
   int joined = 0;
   int members = 0;
@@ -150,6 +152,9 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
   GS_REQUIRE(!options.name.empty(), GRADSYNC_E_INVALID_ARG, "group name is empty");
   GS_REQUIRE(options.timeout.count() > 0, GRADSYNC_E_INVALID_ARG, "timeout must be > 0 ms, got {}",
              options.timeout.count());
+  // Read before the registry lock: the limit parses /proc/self/mountinfo, which can be long.
+  const wait_detail::CpuMask mask = wait_detail::usable_cpu_mask();
+  const int cpu_limit = wait_detail::cgroup_cpu_limit();
   Registry& reg = registry();
   std::shared_ptr<Group> group;
   {
@@ -191,11 +196,12 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
            options.name, rank_list(still));
     }
     group->present[r] = 1;
-    group->masks[r] = wait_detail::usable_cpu_mask();
+    group->masks[r] = mask;
+    group->limits[r] = cpu_limit;
     ++group->joined;
     ++group->members;
     if (group->joined == group->size) {
-      group->cpus = wait_detail::ranks_with_own_cpu(group->masks);
+      group->cpus = wait_detail::ranks_with_own_cpu(group->masks, group->limits);
       group->formed.store(1, std::memory_order_seq_cst);
     }
   }
