@@ -4,7 +4,6 @@
 // limit it reads, the CPUs its ranks may count on, and what a thread group and a shared-memory
 // segment of two ranks formed there count. cgroup v1 (cpu.cfs_quota_us) or v2 (cpu.max).
 #include <fcntl.h>
-#include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,25 +12,19 @@
 #include <gradsync/gradsync.h>
 
 #include <algorithm>
-#include <barrier>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "comm/communicator.hpp"
-#include "comm/transport/shm/segment.hpp"
+#include "../unit/group_pair.hpp"
 #include "common/wait.hpp"
 
 namespace {
 
 namespace wd = gradsync::wait_detail;
-using namespace std::chrono_literals;
 
 bool write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -109,74 +102,12 @@ int affinity_count() {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
-// What a thread group and a segment of two ranks formed here count: each rank is a thread of this
-// process. The thread group's count is read from the line its ranks log.
-struct Counted {
-  int segment = 0;
-  std::vector<std::string> lines;
-  std::string error;
-};
+// The lines the library logs while a pair forms (the thread group's count is in one of them).
 std::mutex g_lines_mutex;
 std::vector<std::string>* g_lines = nullptr;
 void capture(void*, int32_t, const char* message) {
   std::lock_guard lock(g_lines_mutex);
   if (g_lines != nullptr) g_lines->emplace_back(message);
-}
-
-// pinned: each rank's thread pinned to a CPU of its own (the first two of the affinity), as
-// launchers that bind ranks to cores do: each mask then holds one CPU, and only the quota says
-// that the two share one CPU's time.
-Counted count_in_groups(const std::string& name, bool pinned) {
-  Counted out;
-  {
-    std::lock_guard lock(g_lines_mutex);
-    g_lines = &out.lines;
-  }
-  gradsync_set_log_callback(&capture, nullptr, GRADSYNC_LOG_DEBUG);
-  int got[2] = {0, 0};
-  std::string error[2];
-  std::barrier joined(2);
-  std::vector<int> cpus;
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  sched_getaffinity(0, sizeof all, &all);
-  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
-    if (CPU_ISSET(c, &all)) cpus.push_back(c);
-  }
-  auto rank = [&](int r) {
-    if (pinned) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[static_cast<size_t>(r) % cpus.size()], &one);
-      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) error[r] = "could not pin to one CPU; ";
-    }
-    std::unique_ptr<gradsync::comm::shm::Segment> seg;
-    std::unique_ptr<gradsync::comm::Communicator> group;
-    try {
-      seg = gradsync::comm::shm::Segment::join(name, r, 2, gradsync::comm::shm::Clock::now() + 20s);
-      got[r] = seg->cpus();
-      gradsync::comm::Options o;
-      o.name = name;
-      o.rank = r;
-      o.size = 2;
-      o.timeout = 20s;
-      group = gradsync::comm::create(o);
-    } catch (const std::exception& e) {
-      error[r] += e.what();
-    }
-    joined.arrive_and_wait();
-  };
-  std::thread a(rank, 0), b(rank, 1);
-  a.join();
-  b.join();
-  gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN);
-  {
-    std::lock_guard lock(g_lines_mutex);
-    g_lines = nullptr;
-  }
-  out.segment = got[0] == got[1] ? got[0] : -1;
-  out.error = error[0] + error[1];
-  return out;
 }
 
 // In a child moved into `dir`: the limit read must be `limit`, and ranks count min(limit, CPUs),
@@ -197,19 +128,42 @@ int child_checks(const std::string& dir, int limit, const std::string& name) {
          "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) + ", expected " + std::to_string(limit));
   expect(wd::usable_cpus() == usable,
          "usable CPUs " + std::to_string(wd::usable_cpus()) + ", expected " + std::to_string(usable));
+  // Pinned: each rank's thread on a CPU of its own (the first two of the affinity), as launchers
+  // that bind ranks to cores do: each mask then holds one CPU, and only the quota says that the
+  // two share one CPU's time.
+  std::vector<int> first_two;
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  sched_getaffinity(0, sizeof all, &all);
+  for (int c = 0; c < CPU_SETSIZE && first_two.size() < 2; ++c) {
+    if (CPU_ISSET(c, &all)) first_two.push_back(c);
+  }
   for (const bool pinned : {false, true}) {
-    if (pinned && cpus < 2) continue;
+    if (pinned && first_two.size() < 2) continue;
     const std::string group = name + (pinned ? "-pinned" : "");
-    const Counted c = count_in_groups(group, pinned);
+    std::vector<std::string> lines;
+    {
+      std::lock_guard lock(g_lines_mutex);
+      g_lines = &lines;
+    }
+    gradsync_set_log_callback(&capture, nullptr, GRADSYNC_LOG_DEBUG);
+    const PairCount c = form_pair(group, pinned ? first_two[0] : -1, pinned ? first_two[1] : -1);
+    gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN);
+    {
+      std::lock_guard lock(g_lines_mutex);
+      g_lines = nullptr;
+    }
     const int own = usable >= 2 ? 2 : 1;
     const std::string how = pinned ? " (ranks pinned to CPUs of their own)" : "";
     expect(c.error.empty(), "groups formed" + how + (c.error.empty() ? "" : ": " + c.error));
-    expect(c.segment == own,
-           "segment of 2 counts " + std::to_string(c.segment) + ", expected " + std::to_string(own) + how);
+    for (int r = 0; r < 2; ++r) {
+      expect(c.segment[r] == own, "segment of 2 counts " + std::to_string(c.segment[r]) + " on rank " +
+                                      std::to_string(r) + ", expected " + std::to_string(own) + how);
+    }
     const std::string said = "thread group '" + group + "': rank 0 of 2 joined; " + std::to_string(own) +
                              " of the ranks can each have a CPU of its own, so waits " + (own == 2 ? "spin" : "yield");
     bool logged = false;
-    for (const auto& l : c.lines) logged |= l.find(said) != std::string::npos;
+    for (const auto& l : lines) logged |= l.find(said) != std::string::npos;
     expect(logged, "the thread group logs: " + said);
   }
   return failures == 0 ? 0 : 1;
