@@ -206,7 +206,8 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
         path.erase(0, mount_root.size());
       }
       while (!path.empty() && path.back() == '/') path.pop_back();
-      // A path that climbs (a component "..") is none the kernel writes; it is not followed.
+      // A path that climbs (a component ".."): the cgroup lies outside this cgroup namespace's
+      // root, where this mount cannot reach it; not followed.
       if ((path + "/").find("/../") != std::string::npos) continue;
       const int here = least_limit(root, mount_point, path, v2);
       if (here > 0 && (least == 0 || here < least)) least = here;

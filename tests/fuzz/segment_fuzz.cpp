@@ -106,6 +106,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto seg = shm::Segment::join(group, rank, size_claimed, shm::Clock::now() + std::chrono::microseconds(20));
     struct stat st {};
     if (::fstat(fd, &st) != 0) std::abort();
+    // Whatever masks and CPU limits the peers' slots held, the group counts 1 to size CPUs.
+    if (seg->cpus() < 1 || seg->cpus() > seg->size()) {
+      std::fprintf(stderr, "a group of %d counts %d CPUs\n", seg->size(), seg->cpus());
+      std::abort();
+    }
     read_peers(*seg, static_cast<uint64_t>(st.st_size));
   } catch (const gradsync::Error& e) {
     if (!expected_failure(e.status())) {

@@ -2,7 +2,7 @@
 // Writes seeds of segment_fuzz in this build's segment format: a group of 1 to 4 ranks forming,
 // every rank but the joiner (the last) already in with a live lock, and the peers' CPU masks all
 // CPUs, none, one each, or (with rank 0 still missing, so the join times out) CPU 0; then all CPUs
-// with a cgroup CPU limit of 1 each, and with limits no kernel gives (negative, huge). Run it
+// with a cgroup CPU limit of 1 each, and with limits no kernel gives (-7, then INT32_MAX). Run it
 // after a change of the segment's format; the fuzzer grows the corpus from them.
 //   segment_seeds DIR
 #include <cstdio>
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     while ((shm::compute_layout(n, heap).total_bytes % 65536) != 0) ++heap;
     const shm::Layout l = shm::compute_layout(n, heap);
     if (l.total_bytes / 65536 > 255) return 1;
-    for (int variant = 0; variant < 6; ++variant) {
+    for (int variant = 0; variant < 7; ++variant) {
       const int joiner = n - 1;
       std::vector<unsigned char> image(l.control.slots + n * sizeof(RankSlot), 0);
       auto* h = new (image.data()) shm::Header();
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
           const uint64_t all = ~uint64_t{0}, one = i == r / 64 ? uint64_t{1} << (r % 64) : 0, cpu0 = i == 0 ? 1 : 0;
           s->cpu_mask[i].store(variant == 1 ? 0 : variant == 2 ? one : variant == 3 ? cpu0 : all);
         }
-        s->cpu_limit.store(variant == 4 ? 1 : variant == 5 ? (r % 2 == 0 ? -7 : 0x7fffffff) : 0);
+        s->cpu_limit.store(variant == 4 ? 1 : variant == 5 ? -7 : variant == 6 ? 0x7fffffff : 0);
         alive |= 1u << r;
       }
       std::vector<unsigned char> input = {static_cast<unsigned char>(joiner), static_cast<unsigned char>(n - 1),

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -757,11 +758,14 @@ TEST_CASE("the ranks that can each have a CPU of their own: a largest matching",
   CHECK(capped(pinned, {0, 0, 0, 3, 0, 0, 5, 0}) == 3);  // the least limit, 0 counting as none
   CHECK(capped(pinned, std::vector<int>(8, 16)) == 8);    // a quota above the CPUs changes nothing
   CHECK(capped({mask({0}), mask({0})}, {4, 4}) == 1);
+  // Limits no kernel gives (a member gone bad wrote them): negative ones count as none.
+  CHECK(capped(pinned, {-7, INT_MAX, 0, -1, INT_MIN, 0, 0, 0}) == 8);
+  CHECK(capped(pinned, {-7, INT_MAX, 0, 3, INT_MIN, 0, 0, 0}) == 3);
 }
 
 // A tree of files laid out as /proc and /sys/fs/cgroup are (real files, a made-up system): the
 // limit read from it, as the kernel's cgroup v1 and v2 write their files, and from hostile ones.
-TEST_CASE("the CPU limit of the process's cgroups, v1 and v2, nested, in a container, and garbage", "[comm]") {
+TEST_CASE("the CPU limit of the thread's cgroups, v1 and v2, nested, in a container, and garbage", "[comm]") {
   namespace wd = gradsync::wait_detail;
   const TempDir tmp("gradsync-cgroup");
   const std::string root = tmp.dir.string() + "/system";

@@ -154,6 +154,9 @@ struct alignas(64) RankSlot {
   // before it counts as joined; the group's CPU count is read from every rank's (Fabric::cpus).
   alignas(64) std::atomic<uint64_t> cpu_mask[16];
 };
+// Segments of one format have one slot layout: a field added in a line's spare room keeps it.
+static_assert(sizeof(RankSlot) == 640 && offsetof(RankSlot, arrivals) == 64 && offsetof(RankSlot, desc) == 384,
+              "RankSlot's layout changed: change the segment format (shm::kFormatVersion) and its fuzz seeds");
 
 // The group's own words.
 struct GroupWords {

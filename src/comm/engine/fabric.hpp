@@ -31,7 +31,8 @@ class Fabric {
   virtual bool peers_use_private_memory() const noexcept = 0;
 
   // How many of the group's ranks can each have a CPU of its own (wait_detail::ranks_with_own_cpu
-  // over the affinities they joined with), taken once as the group formed: fewer than the ranks
+  // over the affinities they joined with, capped by their cgroups' CPU limits), taken once as the
+  // group formed: fewer than the ranks
   // means they outnumber the CPUs, which chooses how they wait and which data paths they take,
   // as every rank should choose alike.
   virtual int cpus() const noexcept = 0;

@@ -147,11 +147,16 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
   seg->size_ = size;
   const std::string& shm_name = seg->shm_name_;
 
+  // What this rank publishes of its CPUs, read before the set-up lock is taken: the limit parses
+  // /proc/self/mountinfo, which can be long.
+  const wait_detail::CpuMask cpu_mask = wait_detail::usable_cpu_mask();
+  const int cpu_limit = wait_detail::cgroup_cpu_limit();
+
   // Phase 1, under the set-up lock: find a joinable segment (building or rebuilding it as
-  // needed) and claim our rank in it.
+  // needed) and claim our rank in it. The first attempt is made whatever the deadline.
   std::string waiting_for;  // why we are still polling, for the timeout message
-  for (;;) {
-    if (Clock::now() >= deadline) {
+  for (bool first = true;; first = false) {
+    if (!first && Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "could not join shm group '{}' within the timeout: {}", name,
            waiting_for.empty() ? "the segment's set-up lock stayed busy" : waiting_for);
     }
@@ -323,9 +328,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
   // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
   seg->control_.set_reachable(seg->layout_.heap_offset, seg->layout_.total_bytes);
     RankSlot& mine = seg->slot(rank);
-    const wait_detail::CpuMask mask = wait_detail::usable_cpu_mask();
-    for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(mask.bits[i], std::memory_order_relaxed);
-    mine.cpu_limit.store(wait_detail::cgroup_cpu_limit(), std::memory_order_relaxed);
+    for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(cpu_mask.bits[i], std::memory_order_relaxed);
+    mine.cpu_limit.store(cpu_limit, std::memory_order_relaxed);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
