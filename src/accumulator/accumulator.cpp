@@ -146,9 +146,10 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
   a->attach_aux(spec);
   a->claim_holder_slot();
   if (a->mode_ == Concurrency::Owner) {
+    a->usable_cpus_ = wait_detail::usable_cpus();
     const auto owners = static_cast<unsigned>(
         spec.threads != -1 ? spec.threads
-                           : std::clamp<int64_t>(wait_detail::usable_cpus(), 1, static_cast<int64_t>(kMaxOwnerPartitions)));
+                           : std::clamp<int64_t>(a->usable_cpus_, 1, static_cast<int64_t>(kMaxOwnerPartitions)));
     a->scratch_.resize(owners);
     // A partition lock taken must always find room in `held` (else it would never be released).
     for (auto& s : a->scratch_) {
@@ -157,7 +158,6 @@ std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
     }
     // A file other processes have open: they are expected to add too.
     if (shared) a->contended_.store(kContendedBatches, std::memory_order_relaxed);
-    a->usable_cpus_ = wait_detail::usable_cpus();
     if (owners > 1) {
       // One bit per row up to 2^23 rows (1 MiB an owner), hashed beyond.
       const uint64_t rows = static_cast<uint64_t>(a->rows());

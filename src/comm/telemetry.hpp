@@ -133,6 +133,7 @@ class Telemetry {
     Counter late_ns, max_late_ns, last;
   };
 
+  // One call of measure(), from its start to its end (finish()).
   class Call {
    public:
     Call(Telemetry& t, Collective what, uint64_t bytes) noexcept;

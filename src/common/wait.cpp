@@ -23,6 +23,8 @@
 #include <immintrin.h>
 #endif
 
+#include "common/log.hpp"
+
 namespace gradsync::wait_detail {
 
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept {
@@ -140,12 +142,17 @@ int limit_of(const std::string& dir, bool v2) {
   return static_cast<int>(std::clamp<int64_t>(quota / period, 1, 1 << 20));
 }
 
-// The least limit of directory `mount_point + path` and its ancestors up to the mount point.
-int least_limit(const std::string& root, const std::string& mount_point, std::string path, bool v2) {
+// The least limit of directory `mount_point + path` and its ancestors up to the mount point; *at
+// names the directory that sets it.
+int least_limit(const std::string& root, const std::string& mount_point, std::string path, bool v2,
+                std::string* at) {
   int least = 0;
   for (;;) {
     const int here = limit_of(root + mount_point + path, v2);
-    if (here > 0 && (least == 0 || here < least)) least = here;
+    if (here > 0 && (least == 0 || here < least)) {
+      least = here;
+      *at = mount_point + path;
+    }
     if (path.empty()) return least;
     const size_t slash = path.rfind('/');
     path.resize(slash == std::string::npos ? 0 : slash);
@@ -180,9 +187,10 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
     }
     // Where each hierarchy is mounted: "<id> <parent> <dev> <root> <mount point> <options>
     // [<optional fields>] - <type> <source> <super options>". A container sees its own cgroup as
-    // the mount's root, and its path in /proc/self/cgroup starts with it (or is "/" in a cgroup
+    // the mount's root, and the thread's path above starts with it (or is "/" in a cgroup
     // namespace); a path outside the mount's root is not visible here.
     int least = 0;
+    std::string at;
     std::ifstream mounts(root + "/proc/self/mountinfo");
     for (std::string line; std::getline(mounts, line);) {
       std::vector<std::string_view> f;
@@ -191,8 +199,9 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
         f.push_back(std::string_view(line).substr(at, space - at));
         at = space + 1;
       }
-      const auto dash = std::find(f.begin(), f.end(), "-");
-      if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
+      // The separator comes after the six fixed fields and any optional ones.
+      const auto dash = f.size() > 6 ? std::find(f.begin() + 6, f.end(), "-") : f.end();
+      if (dash == f.end() || f.end() - dash < 4) continue;
       const std::string_view type = dash[1], options = dash[3];
       const bool v2 = type == "cgroup2";
       if (!(v2 ? in_v2 : in_v1 && type == "cgroup" && has_item(options, "cpu"))) continue;
@@ -209,9 +218,15 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
       // A path that climbs (a component ".."): the cgroup lies outside this cgroup namespace's
       // root, where this mount cannot reach it; not followed.
       if ((path + "/").find("/../") != std::string::npos) continue;
-      const int here = least_limit(root, mount_point, path, v2);
-      if (here > 0 && (least == 0 || here < least)) least = here;
+      std::string here_at;
+      const int here = least_limit(root, mount_point, path, v2, &here_at);
+      if (here > 0 && (least == 0 || here < least)) {
+        least = here;
+        at = here_at;
+      }
     }
+    // Says why a group counts fewer CPUs than its ranks' affinities hold.
+    if (least > 0) GS_LOG_DEBUG("the CPU quota of cgroup {} allows {} CPU(s)' time", at, least);
     return least;
   } catch (...) {
     return 0;  // out of memory: no limit is known

@@ -111,8 +111,9 @@ void capture(void*, int32_t, const char* message) {
 }
 
 // In a child moved into `dir`: the limit read must be `limit`, and ranks count min(limit, CPUs),
-// whether they share the affinity or are pinned one per CPU.
-int child_checks(const std::string& dir, int limit, const std::string& name) {
+// whether they share the affinity or are pinned one per CPU. `setter`: the cgroup whose quota
+// the debug log must name, or "" when it need not be checked.
+int child_checks(const std::string& dir, int limit, const std::string& setter, const std::string& name) {
   if (!write_file(dir + "/cgroup.procs", std::to_string(getpid()))) {
     std::printf("FAIL could not move into %s\n", dir.c_str());
     return 1;
@@ -165,15 +166,21 @@ int child_checks(const std::string& dir, int limit, const std::string& name) {
     bool logged = false;
     for (const auto& l : lines) logged |= l.find(said) != std::string::npos;
     expect(logged, "the thread group logs: " + said);
+    if (!setter.empty()) {
+      const std::string why = "the CPU quota of cgroup " + setter + " allows " + std::to_string(limit) + " CPU(s)' time";
+      bool named = false;
+      for (const auto& l : lines) named |= l.find(why) != std::string::npos;
+      expect(named, "the log names the quota: " + why);
+    }
   }
   return failures == 0 ? 0 : 1;
 }
 
-int run_child(const std::string& dir, int limit, const std::string& name) {
+int run_child(const std::string& dir, int limit, const std::string& setter, const std::string& name) {
   std::fflush(stdout);
   const pid_t pid = fork();
   if (pid == 0) {
-    const int rc = child_checks(dir, limit, name);
+    const int rc = child_checks(dir, limit, setter, name);
     std::fflush(stdout);
     _exit(rc);
   }
@@ -207,14 +214,16 @@ int main() {
   if (mkdir(inner.c_str(), 0755) != 0) ++failures;
   // 1.5 CPUs' time: one CPU for ranks to count on, in the cgroup and in one inside it without a
   // limit of its own. 4 CPUs' time: no fewer CPUs than the affinity gives (2 here, or more).
+  // The log names outer as the quota's cgroup, unless one above it allows as little or less.
   auto capped = [&](int limit) { return above > 0 ? std::min(limit, above) : limit; };
+  auto setter = [&](int limit) { return above > 0 && above <= limit ? std::string() : outer; };
   failures += !set_quota(outer, v2, 150000);
-  failures += run_child(outer, capped(1), "quota-a-" + tag);
-  failures += run_child(inner, capped(1), "quota-b-" + tag);
+  failures += run_child(outer, capped(1), setter(1), "quota-a-" + tag);
+  failures += run_child(inner, capped(1), setter(1), "quota-b-" + tag);
   failures += !set_quota(outer, v2, 400000);
-  failures += run_child(outer, capped(4), "quota-c-" + tag);
+  failures += run_child(outer, capped(4), setter(4), "quota-c-" + tag);
   failures += !set_quota(outer, v2, 50000);
-  failures += run_child(inner, capped(1), "quota-d-" + tag);
+  failures += run_child(inner, capped(1), setter(1), "quota-d-" + tag);
   rmdir(inner.c_str());
   rmdir(outer.c_str());
   std::printf("cpu_quota: %d failure(s)\n", failures);

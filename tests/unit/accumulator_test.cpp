@@ -437,9 +437,17 @@ TEST_CASE("a stopped holder makes a waiting add fail with E_TIMEOUT, not hang", 
   const auto path = tmp.file("stopped.gsa");
   const int64_t dim = 1 << 16;
   auto a = Accumulator::open(aspec(path, OpenMode::Create, 4, dim, static_cast<int32_t>(mode), 1));
+  std::vector<float> g(static_cast<size_t>(dim), 1.0f);
+  if (mode == Concurrency::Owner) {
+    // A batch first, so that the owner threads have started and wait idle: a fork while a thread
+    // is still starting can copy a lock it holds (a sanitizer's allocator or thread registry)
+    // into the child, whose own open then waits for it forever.
+    const std::vector<int64_t> ids(gradsync::accumulator::kHandOffRows, 3);
+    std::vector<float> batch(ids.size() * g.size(), 1.0f);
+    a->add_batch(ids.data(), ids.size(), batch.data(), batch.size());
+  }
   const pid_t adder = start_adder(path, dim);
   stop_holding(adder, *a);
-  std::vector<float> g(static_cast<size_t>(dim), 1.0f);
   std::string message;
   const auto start = std::chrono::steady_clock::now();
   if (mode == Concurrency::Owner) {

@@ -32,9 +32,8 @@ class Fabric {
 
   // How many of the group's ranks can each have a CPU of its own (wait_detail::ranks_with_own_cpu
   // over the affinities they joined with, capped by their cgroups' CPU limits), taken once as the
-  // group formed: fewer than the ranks
-  // means they outnumber the CPUs, which chooses how they wait and which data paths they take,
-  // as every rank should choose alike.
+  // group formed: fewer than the ranks means they outnumber the CPUs, which chooses how they wait
+  // and which data paths they take, as every rank should choose alike.
   virtual int cpus() const noexcept = 0;
 
   // False once rank r is gone for good (its process died, or it freed its communicator).

@@ -94,7 +94,8 @@ class Segment {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   // How many members can each have a CPU of its own (Fabric::cpus), by the masks and CPU limits
-  // their slots held when the group formed: read once, so that a member gone bad cannot change it under a call.
+  // their slots held when the group formed: read once, so that a member gone bad cannot change it
+  // under a call.
   int cpus() const noexcept { return cpus_; }
   const std::string& group() const noexcept { return group_; }
 
