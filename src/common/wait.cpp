@@ -194,10 +194,10 @@ int cgroup_cpu_limit(const std::string& root) noexcept {
     std::ifstream mounts(root + "/proc/self/mountinfo");
     for (std::string line; std::getline(mounts, line);) {
       std::vector<std::string_view> f;
-      for (size_t at = 0; at < line.size();) {
-        const size_t space = std::min(line.find(' ', at), line.size());
-        f.push_back(std::string_view(line).substr(at, space - at));
-        at = space + 1;
+      for (size_t from = 0; from < line.size();) {
+        const size_t space = std::min(line.find(' ', from), line.size());
+        f.push_back(std::string_view(line).substr(from, space - from));
+        from = space + 1;
       }
       // The separator comes after the six fixed fields and any optional ones.
       const auto dash = f.size() > 6 ? std::find(f.begin() + 6, f.end(), "-") : f.end();
