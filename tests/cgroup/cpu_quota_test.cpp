@@ -96,10 +96,16 @@ bool set_quota(const std::string& dir, bool v2, int64_t quota_us) {
   return write_file(dir + "/cpu.cfs_period_us", "100000") && write_file(dir + "/cpu.cfs_quota_us", std::to_string(quota_us));
 }
 
-int affinity_count() {
+// The CPUs of this thread's affinity, in order.
+std::vector<int> affinity_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
 }
 
 // The lines the library logs while a pair forms (the thread group's count is in one of them).
@@ -123,7 +129,8 @@ int child_checks(const std::string& dir, int limit, const std::string& setter, c
     if (!ok) ++failures;
     std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
   };
-  const int cpus = affinity_count();
+  const std::vector<int> affinity = affinity_cpus();
+  const int cpus = std::max(static_cast<int>(affinity.size()), 1);
   const int usable = limit > 0 && limit < cpus ? limit : cpus;
   expect(wd::cgroup_cpu_limit() == limit,
          "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) + ", expected " + std::to_string(limit));
@@ -132,15 +139,8 @@ int child_checks(const std::string& dir, int limit, const std::string& setter, c
   // Pinned: each rank's thread on a CPU of its own (the first two of the affinity), as launchers
   // that bind ranks to cores do: each mask then holds one CPU, and only the quota says that the
   // two share one CPU's time.
-  std::vector<int> first_two;
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  sched_getaffinity(0, sizeof all, &all);
-  for (int c = 0; c < CPU_SETSIZE && first_two.size() < 2; ++c) {
-    if (CPU_ISSET(c, &all)) first_two.push_back(c);
-  }
   for (const bool pinned : {false, true}) {
-    if (pinned && first_two.size() < 2) continue;
+    if (pinned && affinity.size() < 2) continue;
     const std::string group = name + (pinned ? "-pinned" : "");
     std::vector<std::string> lines;
     {
@@ -148,7 +148,7 @@ int child_checks(const std::string& dir, int limit, const std::string& setter, c
       g_lines = &lines;
     }
     gradsync_set_log_callback(&capture, nullptr, GRADSYNC_LOG_DEBUG);
-    const PairCount c = form_pair(group, pinned ? first_two[0] : -1, pinned ? first_two[1] : -1);
+    const PairCount c = form_pair(group, pinned ? affinity[0] : -1, pinned ? affinity[1] : -1);
     gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN);
     {
       std::lock_guard lock(g_lines_mutex);
