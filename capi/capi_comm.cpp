@@ -150,14 +150,17 @@ void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* f
   auto done = std::make_shared<comm::Completion>();
   // The task holds its own reference: this call is not counted until the task runs, so a free on
   // another thread may destroy the handle (and its reference) before; the task then finds the
-  // link closed. body outlives the task: this thread waits for it here.
-  progress->submit([link, function, &body, done] {
+  // link closed. body outlives the task: this thread waits for it here. From the submit on, this
+  // thread touches only what it holds itself (held, done, progress), never the handle.
+  const std::shared_ptr<CommLink> held = link;
+  progress->submit([held, function, &body, done] {
     Outcome o = capture([&] {
-      const Call call(*link, function);
+      const Call call(*held, function);
       body();
     });
     done->finish(o.status, std::move(o.message));
   });
+  GS_LOG_DEBUG("{}: {} waits for the non-blocking calls made before it", held->description_, function);
   done->wait(std::chrono::milliseconds(-1));
   if (done->status() != GRADSYNC_OK) throw Error(done->status(), done->message());
 }

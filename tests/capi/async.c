@@ -2,8 +2,8 @@
 /* The non-blocking collectives through the C ABI, on a thread group of two: many requests in flight
  * give the blocking calls' results, in issue order, mixed with blocking calls; a mismatch fails the
  * request on both ranks and is the communicator's async error until reset; an abort fails every
- * pending request; a deadline fails the request; a free with requests pending fails them; bad
- * arguments fail at once, without a request. */
+ * pending request; a deadline fails the request; a free with requests pending fails them, and so
+ * it does a blocking call queued behind them; bad arguments fail at once, without a request. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -110,6 +110,32 @@ static void *reset_rank(void *p) {
   return NULL;
 }
 
+/* A blocking call made on another thread while a request is pending, and what it returned. */
+typedef struct {
+  gradsync_comm *comm;
+  int status;
+  int freed_message;
+} queued_call;
+
+static void *queued_allreduce(void *p) {
+  queued_call *q = (queued_call *)p;
+  float v = 1;
+  q->status = gradsync_comm_allreduce(q->comm, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM);
+  q->freed_message = check_message_has("was freed");
+  return NULL;
+}
+
+/* Set once the queued call says (at debug level) that it waits behind the pending requests: from
+ * then on it no longer touches the handle, so the handle may be freed under it. */
+static int call_queued;
+
+static void watch_for_queued(void *user_data, int32_t level, const char *message) {
+  (void)user_data;
+  (void)level;
+  if (strstr(message, "gradsync_comm_allreduce waits for the non-blocking calls made before it") != NULL)
+    set_flag(&call_queued);
+}
+
 static void run_pair(void *(*body)(void *), void *a, void *b) {
   pthread_t t;
   pthread_create(&t, NULL, body, b);
@@ -207,6 +233,35 @@ int main(void) {
     }
     for (i = 1; i < 3; ++i) CHECK_STATUS_MSG(gradsync_request_wait(req[i], -1), GRADSYNC_E_MISUSE, "was freed");
     for (i = 0; i < 3; ++i) gradsync_request_free(req[i]);
+    gradsync_comm_free(c[1]);
+  }
+
+  /* A free while a blocking call on another thread waits behind a pending request: the request is
+   * aborted (or fails as freed, if it had not started), the blocking call fails as freed, and
+   * neither touches the freed handle (the sanitizer runs would see it). */
+  if (join_pair("async-free-queued", 20000, c) != 0) return check_report("capi_async");
+  {
+    const int32_t level = gradsync_get_log_level();
+    float v = 1;
+    gradsync_request *req;
+    queued_call q;
+    pthread_t t;
+    q.comm = c[0];
+    q.status = GRADSYNC_OK;
+    q.freed_message = 0;
+    CHECK_STATUS(gradsync_set_log_callback(watch_for_queued, NULL, GRADSYNC_LOG_DEBUG), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_comm_iallreduce(c[0], &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM, &req), GRADSYNC_OK);
+    pthread_create(&t, NULL, queued_allreduce, &q);
+    while (!get_flag(&call_queued)) sched_yield();
+    gradsync_comm_free(c[0]);
+    pthread_join(t, NULL);
+    CHECK(q.status == GRADSYNC_E_MISUSE && q.freed_message);
+    {
+      const int first = gradsync_request_wait(req, -1);
+      CHECK(first == GRADSYNC_E_ABORTED || (first == GRADSYNC_E_MISUSE && check_message_has("was freed")));
+    }
+    gradsync_request_free(req);
+    CHECK_STATUS(gradsync_set_log_callback(NULL, NULL, level), GRADSYNC_OK);
     gradsync_comm_free(c[1]);
   }
   return check_report("capi_async");
