@@ -170,12 +170,12 @@ inline decide(index, failing) {
   }
 }
 
-/* Arrival: one fetch_add on the barrier word (with this rank's local counts), then its own count
- * in its slot; a death may come between the two. */
+/* Arrival: this rank's own count in its slot, then one fetch_add on the barrier word (with its
+ * local counts); a death may come between the two. */
 inline arrive() {
-  atomic { barriers++; target = barriers; g++ };
+  arrivals[me] = barriers + 1;
   die_here();
-  arrivals[me] = barriers
+  atomic { barriers++; target = barriers; g++ }
 }
 
 /* A deadline may pass at any moment while the budget lasts, and whenever nothing else can move.

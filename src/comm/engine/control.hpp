@@ -131,9 +131,9 @@ struct alignas(64) RankSlot {
   // is at most the least of them. Here rather than beside the mask, in this line's spare room, so
   // that the slot keeps its size.
   std::atomic<int32_t> cpu_limit{0};
-  // Barriers this rank has arrived at, written after its arrival on the barrier word; only its
+  // Barriers this rank has arrived at, written just before its add to the barrier word; only its
   // owner writes it. Peers poll the barrier word, not this: it names the ranks a wait is waiting
-  // for, and tells a wait that must hold its buffers which live peers are past their arrival.
+  // for, and tells a wait that must hold its buffers which live peers are done with them.
   alignas(64) std::atomic<uint64_t> arrivals;
   // Copy-path allreduce progress, in chunks counted over the group's life: staged in, own slice
   // reduced, result copied out. Peers read them to know when a stage is full or free again.
