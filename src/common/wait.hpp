@@ -12,7 +12,10 @@
 //   waker:   publish the condition (seq_cst store or RMW), then notify(word)
 //   waiter:  wait_until(word, ready, deadline [, abort flag])
 // notify() bumps word.value and issues FUTEX_WAKE only when word.sleepers > 0; a sleeper registers
-// in `sleepers` before re-checking the condition and sleeping on `value`.
+// in `sleepers` before re-checking the condition and sleeping on `value`. A part of the condition
+// may also be published with a release store, if a seq_cst RMW on a word that ready() reads
+// first (seq_cst) follows it before notify(): the pair then goes through that word (the round
+// engine's arrival counts and its barrier word).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gradsync/gradsync.h"
 #include "check.h"
@@ -252,7 +253,21 @@ int main(void) {
     CHECK_STATUS(gradsync_set_log_callback(watch_for_queued, NULL, GRADSYNC_LOG_DEBUG), GRADSYNC_OK);
     CHECK_STATUS(gradsync_comm_iallreduce(c[0], &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM, &req), GRADSYNC_OK);
     pthread_create(&t, NULL, queued_allreduce, &q);
-    while (!get_flag(&call_queued)) sched_yield();
+    {
+      /* Bounded (the request's own deadline is 20 s): a call that never queues fails the test
+       * rather than hanging it, and the handle is left alone then. */
+      struct timespec start, now;
+      clock_gettime(CLOCK_MONOTONIC, &start);
+      while (!get_flag(&call_queued)) {
+        sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec > 60) {
+          fprintf(stderr, "the blocking call never said it was queued behind the request\n");
+          check_failed();
+          return check_report("capi_async");
+        }
+      }
+    }
     gradsync_comm_free(c[0]);
     pthread_join(t, NULL);
     CHECK(q.status == GRADSYNC_E_MISUSE && q.freed_message);

@@ -59,7 +59,8 @@ void RoundEngine::arrive() noexcept {
   // This rank's own count first: a peer that finds it knows this rank is done with the steps
   // before the barrier (its writes into peers' buffers among them), which is what a wait holding
   // its buffers after a failure or a death needs. The add may still be to come then; it changes
-  // nothing there (the barrier is decided, and an add after a failure counts above it).
+  // nothing there (that wait decides the barrier by the word alone, and an add after a failure
+  // counts above it).
   // A release store, not a seq_cst one (an xchg, 3% of a small round): the add after it is a
   // full barrier, and every wait reads the word before any count, so a waiter either reads the
   // add, and with it this count, or registered as a sleeper before, and notify() sees it.
