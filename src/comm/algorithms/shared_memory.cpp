@@ -161,14 +161,10 @@ class Concat {
 
 using Round = RoundEngine::Round;
 
-// Rank r's part: counts[r] elements after the parts before it.
+// Rank r's part: counts[r] elements after the parts before it (pack_parts).
 SmallVector<Part> parts_of(std::span<const size_t> counts) {
   SmallVector<Part> parts(counts.size());
-  uint64_t at = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    parts[r] = Part{at, counts[r]};
-    at += counts[r];
-  }
+  pack_parts(counts, parts.data());
   return parts;
 }
 

@@ -208,7 +208,7 @@ class MpiCommunicator final : public Communicator {
   void throw_if_aborted();
   // The arrival rendezvous; `payload` (at most kInlineBytes) and a weighted mean's `weight`
   // travel with the fingerprint.
-  void arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0,
+  void arrive(const CallSignature& call, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0,
               uint64_t weight = 0);
   // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
   // (the memory the requests use), aborts the communicator, tells the peers, and throws.
@@ -545,10 +545,11 @@ void MpiCommunicator::commit(const Fingerprint& fp, Clock::time_point deadline) 
   wait(&request, 1, deadline, nullptr, &fp, nullptr, true, false);
 }
 
-void MpiCommunicator::arrive(Fingerprint fp, const std::vector<BufferRef>* inline_buffers, size_t elem,
+void MpiCommunicator::arrive(const CallSignature& call, const std::vector<BufferRef>* inline_buffers, size_t elem,
                              uint64_t weight) {
   throw_if_aborted();
-  fp.seq = ++seq_;  // calls are numbered from 1, as the other transports number their rounds
+  // Calls are numbered from 1, as the other transports number their rounds.
+  const Fingerprint fp{++seq_, call};
   auto where = [] { return std::string("MPI communicator"); };
   const auto own = [&](int) -> const CallSignature& { return fp.call; };
   const auto own_weight = [&](int) { return weight; };
@@ -707,13 +708,12 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
   telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
     size_t total = 0;
     for (const BufferRef& b : buffers) total += b.count;
-    Fingerprint fp;
-    fp.call = allreduce_call(buffers, dtype, op);
+    const CallSignature call = allreduce_call(buffers, dtype, op);
     const size_t elem = dtype_size(dtype);
     // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
     if (size_ > 1 && total * elem <= kInlineBytes) {
       const std::vector<BufferRef> list(buffers.begin(), buffers.end());
-      arrive(fp, &list, elem);
+      arrive(call, &list, elem);
       const auto n = static_cast<size_t>(size_);
       std::vector<const void*> sources(n);
       size_t at_byte = 0;
@@ -724,7 +724,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
       }
       return;
     }
-    arrive(fp);
+    arrive(call);
     if (size_ == 1) {
       for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
       return;
@@ -774,9 +774,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
 void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                     uint64_t* total_weight) {
   telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
-    Fingerprint fp;
-    fp.call = weighted_mean_call(count, dtype);
-    arrive(fp, nullptr, 0, weight);
+    arrive(weighted_mean_call(count, dtype), nullptr, 0, weight);
     std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
     if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
     finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
@@ -785,9 +783,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype), [&] {
-    Fingerprint fp;
-    fp.call = broadcast_call(count, dtype, root);
-    arrive(fp);
+    arrive(broadcast_call(count, dtype, root));
     if (size_ == 1) return;
     const size_t elem = dtype_size(dtype);
     for (size_t lo = 0; lo < count; lo += max_count_) {
@@ -800,16 +796,10 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
 void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
   const auto n = static_cast<size_t>(size_);
   std::vector<Part> parts(n);
-  size_t total = 0;
-  for (size_t r = 0; r < n; ++r) {
-    parts[r] = Part{total, counts[r]};
-    total += counts[r];
-  }
+  const size_t total = pack_parts(counts, parts.data());
   const size_t elem = dtype_size(dtype);
   telemetry_.measure(Collective::Allgather, total * elem, [&] {
-    Fingerprint fp;
-    fp.call = allgather_call(counts, dtype);
-    arrive(fp);
+    arrive(allgather_call(counts, dtype));
     const Part mine = parts[static_cast<size_t>(rank_)];
     if (size_ == 1) {
       if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
@@ -841,9 +831,7 @@ void MpiCommunicator::exchange(const void* send, void* recv, const Routes& route
   uint64_t sent = 0;
   for (size_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
   telemetry_.measure(Collective::Alltoall, sent * elem, [&] {
-    Fingerprint fp;
-    fp.call = exchange_call(routes, dtype);
-    arrive(fp);
+    arrive(exchange_call(routes, dtype));
     // Every rank holds the same routes (the fingerprints matched), so all take the same path.
     bool fits = true;
     for (size_t i = 0; i < n * n; ++i)
@@ -872,17 +860,11 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
                                       ReduceOp op, std::optional<int> root) {
   const auto n = static_cast<size_t>(size_);
   std::vector<Part> parts(n);
-  size_t total = 0, longest = 0;
-  for (size_t r = 0; r < n; ++r) {
-    parts[r] = Part{total, counts[r]};
-    total += counts[r];
-    longest = std::max(longest, counts[r]);
-  }
+  const size_t total = pack_parts(counts, parts.data());
+  const size_t longest = *std::max_element(counts.begin(), counts.end());  // a group has a rank
   const size_t elem = dtype_size(dtype);
   telemetry_.measure(Collective::ReduceScatter, total * elem, [&] {
-    Fingerprint fp;
-    fp.call = reduce_scatter_call(counts, dtype, op, root);
-    arrive(fp);
+    arrive(reduce_scatter_call(counts, dtype, op, root));
     const Part mine = parts[static_cast<size_t>(rank_)];
     if (size_ == 1) {
       if (recv != send && total > 0) std::memmove(recv, send, total * elem);
@@ -937,10 +919,8 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
 
 void MpiCommunicator::barrier() {
   telemetry_.measure(Collective::Barrier, 0, [&] {
-    Fingerprint fp;
-    fp.call = barrier_call();
     // The rendezvous completes only once every rank has arrived: it is the barrier.
-    arrive(fp);
+    arrive(barrier_call());
   });
 }
 
