@@ -34,7 +34,8 @@ CommLink::CommLink(std::unique_ptr<comm::Communicator> impl, std::string descrip
       description_(std::move(description)),
       rank_(impl_->rank()),
       size_(impl_->size()),
-      transport_(impl_->transport()) {}
+      transport_(impl_->transport()),
+      topology_(impl_->topology()) {}
 
 CommLink::Call::Call(CommLink& l, const char* function) : link_(l) {
   uint32_t state = l.state_.load(std::memory_order_relaxed);
@@ -263,6 +264,10 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
     out.timeout = std::chrono::milliseconds(o.timeout_ms);
   }
   out.mpi_fcomm = o.mpi_fcomm;
+  const size_t host_len = strnlen(o.host, GRADSYNC_COMM_NAME_MAX);
+  GS_REQUIRE(host_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
+             "host label is not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
+  out.host_label.assign(o.host, host_len);
   return out;
 }
 
@@ -371,6 +376,35 @@ GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_o
     }
     std::string description = describe(options, *impl);
     return new gradsync_comm(std::make_shared<CommLink>(std::move(impl), std::move(description)));
+  });
+}
+
+GRADSYNC_API int gradsync_comm_split(gradsync_comm* comm, int32_t color, int32_t key, gradsync_comm** out) {
+  if (out != nullptr) *out = nullptr;
+  return guard(__func__, [&] {
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "out-parameter is NULL");
+    const std::shared_ptr<CommLink>& link = check(comm)->link;
+    std::unique_ptr<Communicator> impl;
+    CommLink::run_in_order(link, __func__, [&] { impl = link->communicator().split(color, key); });
+    if (impl == nullptr) return;
+    std::string description = fmt::format("subgroup (color {}) of {}", color, link->description());
+    *out = new gradsync_comm(std::make_shared<CommLink>(std::move(impl), std::move(description)));
+  });
+}
+
+GRADSYNC_API int gradsync_comm_topology(const gradsync_comm* comm, int32_t* host, int32_t* local_rank,
+                                        int32_t* local_size, int32_t* num_hosts, int32_t* rank_hosts,
+                                        size_t rank_hosts_len) {
+  return guard(__func__, [&] {
+    const CommLink& link = *check(comm)->link;
+    const gradsync::comm::Topology& t = link.topology();
+    GS_REQUIRE(rank_hosts == nullptr || rank_hosts_len >= t.rank_host.size(), GRADSYNC_E_INVALID_ARG,
+               "rank_hosts holds {} entries; the group has {} ranks", rank_hosts_len, t.rank_host.size());
+    if (host != nullptr) *host = t.host;
+    if (local_rank != nullptr) *local_rank = t.local_rank;
+    if (local_size != nullptr) *local_size = t.local_size;
+    if (num_hosts != nullptr) *num_hosts = t.num_hosts;
+    if (rank_hosts != nullptr) std::copy(t.rank_host.begin(), t.rank_host.end(), rank_hosts);
   });
 }
 

@@ -61,6 +61,9 @@ class CommLink {
   int32_t rank() const noexcept { return rank_; }
   int32_t size() const noexcept { return size_; }
   comm::Transport transport() const noexcept { return transport_; }
+  // Fixed at creation, like the rank: read by any thread.
+  const comm::Topology& topology() const noexcept { return topology_; }
+  const std::string& description() const noexcept { return description_; }
   // The communicator, for what only reads it while the link is open (a shard's constructor).
   comm::Communicator& communicator() const noexcept { return *impl_; }
 
@@ -117,6 +120,7 @@ class CommLink {
   const std::string description_;
   const int32_t rank_, size_;
   const comm::Transport transport_;
+  const comm::Topology topology_;
 };
 
 }  // namespace gradsync::capi

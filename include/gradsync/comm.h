@@ -140,7 +140,7 @@ typedef enum gradsync_transport {
   GRADSYNC_TRANSPORT_MPI = 2     /**< processes over MPI (see "MPI transport" above); when built with it */
 } gradsync_transport;
 
-#define GRADSYNC_COMM_OPTIONS_VERSION 1
+#define GRADSYNC_COMM_OPTIONS_VERSION 2
 #define GRADSYNC_COMM_NAME_MAX 64
 /**
  * timeout_ms for "wait as long as it takes": a deadline that never passes. A rank that never
@@ -171,6 +171,8 @@ typedef struct gradsync_comm_options {
   int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000; GRADSYNC_NO_TIMEOUT */
   int64_t mpi_fcomm;       /**< MPI: communicator as its Fortran handle (MPI_Comm_c2f); UNSET = MPI_COMM_WORLD */
   char name[GRADSYNC_COMM_NAME_MAX]; /**< group name, NUL-terminated: members with the same name form one group */
+  /* version 2 */
+  char host[GRADSYNC_COMM_NAME_MAX]; /**< host label, NUL-terminated; empty (default): detected (see gradsync_comm_topology) */
   /* append only */
 } gradsync_comm_options;
 
@@ -178,7 +180,7 @@ typedef struct gradsync_comm_options {
   {                                                                                              \
     sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD,     \
         GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0,       \
-        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }                                            \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }, { 0 }                                     \
   }
 
 /**
@@ -268,6 +270,56 @@ GRADSYNC_API int gradsync_comm_rank(const gradsync_comm *comm, int32_t *rank);
 GRADSYNC_API int gradsync_comm_size(const gradsync_comm *comm, int32_t *size);
 /** @brief The transport (gradsync_transport) of this communicator. @threadsafety any */
 GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *transport);
+
+/** gradsync_comm_split's color for a rank that joins no subgroup (MPI_UNDEFINED). */
+#define GRADSYNC_SPLIT_NONE (-1)
+
+/**
+ * @brief Split the group into subgroups, as MPI_Comm_split does. Collective: every rank calls it.
+ *
+ * Ranks that pass the same color (>= 0) form one new communicator, their ranks ordered by key and
+ * then by their rank in comm. The new communicator has comm's transport and options (timeout,
+ * check_mismatch, deterministic) and is independent of comm: either may be freed first, and
+ * subgroups of subgroups work alike. Its topology is comm's, restricted to its members.
+ * Every collective, the non-blocking calls, abort, timeout and reset work on it as on comm; an
+ * abort of comm does not abort its subgroups (abort each, or free them).
+ * @param comm the group to split
+ * @param color the subgroup to join, >= 0; or GRADSYNC_SPLIT_NONE to join none (*out is NULL)
+ * @param key orders the subgroup's ranks (ties: by rank in comm)
+ * @param[out] out the new communicator, or NULL (GRADSYNC_SPLIT_NONE, or on failure)
+ * @retval GRADSYNC_E_INVALID_ARG some rank passed a color below GRADSYNC_SPLIT_NONE (every rank
+ *         gets it, naming that rank), or out is NULL
+ * @retval GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED, GRADSYNC_E_REMOTE as for a collective on comm,
+ *         or from forming a subgroup (as gradsync_comm_create)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_split(gradsync_comm *comm, int32_t color, int32_t key, gradsync_comm **out);
+
+/**
+ * @brief Which ranks share a host. The same on every rank.
+ *
+ * A host is a set of ranks that can map each other's shared memory. At creation the ranks
+ * exchange a host identity (the hostname, the kernel's boot id and the identity of the /dev/shm
+ * mount, which tells apart containers and namespaces with private /dev/shm under one hostname),
+ * or the host label of their options where set. Ranks with one identity are one host when they
+ * also share memory: threads of one process (THREAD) and the processes of one segment (SHM) do
+ * by construction; on MPI every rank leaves a nonce in a file in /dev/shm and reads its
+ * candidates' (a probe whose files are removed before create returns). Environment variables
+ * (LOCAL_RANK, LOCAL_WORLD_SIZE) are never read. Hosts are numbered in the order of their lowest
+ * rank, and local ranks in rank order.
+ * @param comm the communicator
+ * @param[out] host this rank's host, in [0, num_hosts) (NULL: not wanted; the same for each out)
+ * @param[out] local_rank this rank's place among its host's ranks
+ * @param[out] local_size the number of ranks on this rank's host
+ * @param[out] num_hosts the number of hosts
+ * @param[out] rank_hosts every rank's host, by rank: size entries, or NULL
+ * @param rank_hosts_len the entries rank_hosts holds (at least the size), 0 when it is NULL
+ * @retval GRADSYNC_E_INVALID_ARG rank_hosts is shorter than the group
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_comm_topology(const gradsync_comm *comm, int32_t *host, int32_t *local_rank,
+                                        int32_t *local_size, int32_t *num_hosts, int32_t *rank_hosts,
+                                        size_t rank_hosts_len);
 
 /* ---------------------------------------------------------------- collectives */
 

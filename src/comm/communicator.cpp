@@ -8,7 +8,10 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <cstring>
 #include <cstdlib>
 #include <limits>
@@ -327,7 +330,8 @@ bool transport_available(Transport t) noexcept {
 #endif
 }
 
-std::unique_ptr<Communicator> create(const Options& options) {
+namespace {
+std::unique_ptr<Communicator> create_transport(const Options& options) {
   switch (options.transport) {
     case Transport::Thread: return create_thread_communicator(options);
     case Transport::Shm: return create_shm_communicator(options);
@@ -339,6 +343,66 @@ std::unique_ptr<Communicator> create(const Options& options) {
 #endif
   }
   fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
+}
+}  // namespace
+
+std::unique_ptr<Communicator> create(const Options& options) {
+  GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
+             "host label contains a NUL byte");
+  std::unique_ptr<Communicator> c = create_transport(options);
+  c->establish(options);
+  return c;
+}
+
+void Communicator::establish(const Options& options) {
+  group_options_ = options;
+  topology_ = detect_topology(*this, options.host_label, shares_memory());
+  telemetry_.forget();
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  // Every rank's color and key, and rank 0's nonce: it makes the subgroups' names differ from
+  // those of an earlier group of the same name whose subgroups may still live.
+  std::random_device rd;
+  const std::array<int64_t, 3> mine{color, key, static_cast<int64_t>((uint64_t{rd()} << 32) ^ rd())};
+  const auto n = static_cast<size_t>(size());
+  std::vector<int64_t> all(3 * n);
+  allgather(mine.data(), all.data(), all.size(), DType::I64);
+  const uint64_t split_number = ++splits_;
+  for (size_t r = 0; r < n; ++r) {
+    GS_REQUIRE(all[3 * r] >= kNoColor, GRADSYNC_E_INVALID_ARG,
+               "split: rank {} passed color {}; a color is >= 0, or {} for no subgroup", r, all[3 * r], kNoColor);
+  }
+  if (color == kNoColor) return nullptr;
+
+  Subgroup sub;
+  for (size_t r = 0; r < n; ++r)
+    if (all[3 * r] == color) sub.members.push_back(static_cast<int>(r));
+  std::stable_sort(sub.members.begin(), sub.members.end(),
+                   [&](int a, int b) { return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1]; });
+  sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank()) - sub.members.begin());
+  // The parent's name (cut to leave room) and a hash of what makes this subgroup unique; '.' and
+  // hex digits only, so the name is a valid shm segment name as it is.
+  const uint64_t words[3] = {static_cast<uint64_t>(all[2]), split_number, static_cast<uint64_t>(color)};
+  uint64_t h = fnv1a64(group_options_.name.data(), group_options_.name.size());
+  h = fnv1a64(words, sizeof words, h);
+  sub.name = fmt::format("{}.{:016x}", group_options_.name.substr(0, 40), h);
+
+  std::unique_ptr<Communicator> child = make_subgroup(sub);
+  child->group_options_ = group_options_;
+  child->group_options_.name = sub.name;
+  child->group_options_.rank = sub.rank;
+  child->group_options_.size = static_cast<int32_t>(sub.members.size());
+  child->topology_ = topology_.restricted(sub.members, sub.rank);
+  return child;
+}
+
+std::unique_ptr<Communicator> Communicator::make_subgroup(const Subgroup& sub) {
+  Options o = group_options_;
+  o.name = sub.name;
+  o.rank = sub.rank;
+  o.size = static_cast<int32_t>(sub.members.size());
+  return create_transport(o);
 }
 
 }  // namespace gradsync::comm

@@ -27,6 +27,7 @@
 #include "common/dtype.hpp"
 #include "common/partition.hpp"
 #include "comm/telemetry.hpp"
+#include "comm/topology.hpp"
 
 namespace gradsync::comm {
 
@@ -42,6 +43,7 @@ struct Options {
   std::chrono::milliseconds timeout{300000};
   int64_t mpi_fcomm = INT64_MIN;  // INT64_MIN: MPI_COMM_WORLD
   std::string name;
+  std::string host_label;  // replaces the detected host identity when not empty (comm/topology.hpp)
 };
 
 // Asked now and then (every 10 to 100 ms) by a call of this communicator that is waiting for its
@@ -159,6 +161,16 @@ class Communicator {
   // Frees a pointer from alloc(); Error(GRADSYNC_E_INVALID_ARG) for any other pointer.
   virtual void dealloc(void* p);
 
+  // Which ranks share a host; the same on every rank (comm/topology.hpp).
+  const Topology& topology() const noexcept { return topology_; }
+
+  // MPI_Comm_split: collective over this group. Ranks passing the same color >= 0 form a new
+  // group, ordered by key, then by their rank here; color kNoColor gives nullptr. The new group has
+  // this one's transport and options, and its topology is this one's restricted to its members.
+  // A color below kNoColor on any rank fails every rank with E_INVALID_ARG naming it.
+  static constexpr int kNoColor = -1;
+  std::unique_ptr<Communicator> split(int color, int key);
+
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
   }
@@ -174,6 +186,25 @@ class Communicator {
   Telemetry& telemetry() noexcept { return telemetry_; }
 
  protected:
+  friend std::unique_ptr<Communicator> create(const Options& options);
+
+  // A subgroup of this group as split() decided it: this rank's place in it, and its members'
+  // ranks here in subgroup rank order.
+  struct Subgroup {
+    int rank;
+    std::vector<int> members;
+    std::string name;  // a name no other group of this parent's has, for transports that meet by name
+  };
+  // Makes this rank's communicator of the subgroup; every member calls it at once. The default
+  // creates a group of this transport by the subgroup's name.
+  virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup);
+  // Whether the ranks share memory by construction (threads of one process, processes of one
+  // segment): then detecting the topology needs no probe.
+  virtual bool shares_memory() const noexcept { return false; }
+  // After the transport has joined: keeps the options for subgroups, detects the topology
+  // (collective), and forgets the statistics of doing so.
+  void establish(const Options& options);
+
   // The default weighted_mean in two halves around a rank-order f64 sum of the staged vector (its
   // count + 1 entries: the products, then the weight), for a transport that judges the call
   // itself and moves the data as it likes. The weight is at most 2^53 (checked by the caller).
@@ -185,6 +216,9 @@ class Communicator {
   Telemetry telemetry_;
 
  private:
+  Options group_options_;
+  Topology topology_;
+  uint64_t splits_ = 0;  // split() calls made, the same count on every rank: part of subgroup names
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
   std::vector<size_t> partition_counts_;  // allgather's and reduce_scatter's, reused: no allocation per call
   std::span<const size_t> rule_counts(size_t total);

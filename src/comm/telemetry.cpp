@@ -36,6 +36,20 @@ Telemetry::Call::~Call() {
   t_.finish(*this);
 }
 
+void Telemetry::forget() noexcept {
+  for (Totals& t : totals_) {
+    t.calls.zero();
+    t.failed.zero();
+    t.bytes.zero();
+    t.wait_ns.zero();
+    t.move_ns.zero();
+  }
+  rounds_.zero();
+  peers_.reset();
+  npeers_.store(0, std::memory_order_relaxed);
+  calls_ = 0;
+}
+
 void Telemetry::arrival(Clock::time_point arrived, Clock::time_point decided, const int64_t* stamps, int n) noexcept {
   // A nested call's arrival belongs to the outer call, which records its first one.
   Call* c = current_;

@@ -90,6 +90,9 @@ class Telemetry {
   void arrival(Clock::time_point arrived, Clock::time_point decided, const int64_t* stamps, int n) noexcept;
 
   StatsSnapshot stats() const;
+  // Zeroes the statistics: the calls a communicator makes while it is being set up (its topology
+  // exchange) are not the caller's. Before any other thread can read them.
+  void forget() noexcept;
 
   // Writes this rank's timeline to `path` (truncated) from now on, as Chrome-trace JSON with
   // events of process `rank`; an empty path stops it. Ends a timeline already open first.
@@ -125,6 +128,7 @@ class Telemetry {
       if (x > v.load(std::memory_order_relaxed)) v.store(x, std::memory_order_relaxed);
     }
     uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
+    void zero() noexcept { v.store(0, std::memory_order_relaxed); }
   };
   struct Totals {
     Counter calls, failed, bytes, wait_ns, move_ns;

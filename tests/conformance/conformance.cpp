@@ -8,6 +8,8 @@
 //
 //   conformance thread|shm <ranks> [filter]           starts the ranks itself
 //   mpirun -np <ranks> conformance mpi <ranks> [filter]
+//   conformance thread/split|shm/split <ranks> ...     every scenario's group a subgroup
+//   mpirun -np <ranks> conformance mpi/split <ranks>   of a subgroup (gradsync_comm_split)
 //
 // Every rank runs every scenario whose name contains the filter. A failed check is recorded with
 // its rank and message and the scenario goes on, so that one run reports every failure. Between
@@ -155,6 +157,10 @@ bool expect_status(Ctx& x, int line, const char* what, int got, int want,
 #define EXPECT_STATUS(x, call, want, ...) expect_status((x), __LINE__, #call, (call), (want), {__VA_ARGS__})
 #define EXPECT_OK(x, call) expect_status((x), __LINE__, #call, (call), GRADSYNC_OK, {})
 
+// The scenarios' groups are subgroups of subgroups (gradsync_comm_split twice, the parents freed
+// at once), so that every semantic of comm.h is checked on split communicators too.
+bool g_split = false;
+
 gradsync_comm* join(int transport, int rank, int size, const std::string& name, int64_t timeout_ms, int* status) {
   gradsync_comm_options o;
   gradsync_comm_options_init(&o, sizeof o);
@@ -178,6 +184,12 @@ gradsync_comm* Ctx::group(int64_t timeout_ms) {
     EXPECT_OK(*this, gradsync_comm_barrier(c));
     int st = 0;
     gradsync_comm* g = join(transport, rank, size, name + "-" + std::to_string(++serial), timeout_ms, &st);
+    for (int level = 0; g_split && st == GRADSYNC_OK && level < 2; ++level) {
+      gradsync_comm* sub = nullptr;
+      st = gradsync_comm_split(g, 0, rank, &sub);
+      gradsync_comm_free(g);
+      g = sub;
+    }
     if (st != GRADSYNC_OK) last_error = gradsync_last_error_message();
     int32_t joined = st == GRADSYNC_OK ? 1 : 0, everywhere = 0;
     EXPECT_OK(*this, gradsync_comm_allreduce(c, &joined, &everywhere, 1, GRADSYNC_I32, GRADSYNC_MIN));
@@ -2228,7 +2240,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s thread|shm|mpi <ranks> [scenario filter]\n", argv[0]);
     return 2;
   }
-  const std::string kind = argv[1];
+  std::string kind = argv[1];
+  if (kind.size() > 6 && kind.compare(kind.size() - 6, 6, "/split") == 0) {
+    g_split = true;
+    kind.resize(kind.size() - 6);
+  }
   const int size = std::atoi(argv[2]);
   const char* filter = argc > 3 ? argv[3] : nullptr;
   if (size < 1 || size > kMaxRanks) {

@@ -196,6 +196,9 @@ class SharedMemoryCommunicator final : public Communicator {
   void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }
   void dealloc(void* p) override { fabric_->dealloc(p); }
 
+ protected:
+  bool shares_memory() const noexcept override { return true; }
+
  private:
   // begin() for a collective whose peers read this rank's send buffer (bytes long): it is copied
   // into the inline area when small (a decision every rank makes alike), or published as an

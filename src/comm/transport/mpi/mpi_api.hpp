@@ -17,7 +17,7 @@
 namespace gradsync::comm::mpi {
 
 // Bumped whenever Api changes: a plugin of another build is refused, not misread.
-inline constexpr uint32_t kApiVersion = 2;
+inline constexpr uint32_t kApiVersion = 3;
 
 // The mpi.h a build was compiled against, as far as the transport depends on it: the standard's
 // version, the sizes of the types it passes by value or lays out (MPI_Status in MPI_Test's
@@ -58,6 +58,10 @@ struct Api {
   decltype(&MPI_Comm_set_errhandler) Comm_set_errhandler;
   decltype(&MPI_Comm_rank) Comm_rank;
   decltype(&MPI_Comm_size) Comm_size;
+  decltype(&MPI_Comm_group) Comm_group;
+  decltype(&MPI_Group_incl) Group_incl;
+  decltype(&MPI_Group_free) Group_free;
+  decltype(&MPI_Comm_create_group) Comm_create_group;
   decltype(&MPI_Iallgather) Iallgather;
   decltype(&MPI_Ibarrier) Ibarrier;
   decltype(&MPI_Irecv) Irecv;

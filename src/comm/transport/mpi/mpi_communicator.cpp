@@ -58,6 +58,7 @@ constexpr size_t kStagingBytes = size_t{256} << 10;
 // Deterministic mode reduces in windows of this many bytes (its scratch memory is bounded by it).
 constexpr size_t kWindowBytes = size_t{16} << 20;
 constexpr int kAbortTag = 7001;
+constexpr int kSplitTag = 7002;
 // How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 constexpr auto kSpinPhase = std::chrono::milliseconds(2);
@@ -176,7 +177,8 @@ struct FreshComms {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const Options& options);
+  // parent: the MPI communicator to duplicate; comm_null for the one options name.
+  MpiCommunicator(const Options& options, MPI_Comm parent);
   ~MpiCommunicator() override;
 
   int rank() const noexcept override { return rank_; }
@@ -202,6 +204,11 @@ class MpiCommunicator final : public Communicator {
                : "non-blocking calls need MPI_THREAD_MULTIPLE, and MPI was initialised with a lower thread level "
                  "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let gradsync do it)";
   }
+
+ protected:
+  // MPI_Comm_create_group over the members only (the parent's other ranks need not take part),
+  // then a communicator duplicated from it, as create duplicates the host's.
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) override;
 
  private:
   void check(int rc, const char* call);
@@ -275,12 +282,14 @@ class MpiCommunicator final : public Communicator {
   bool runtime_acquired_ = false;
 };
 
-MpiCommunicator::MpiCommunicator(const Options& options) : options_(options), max_count_(max_mpi_count()) {
+MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
+    : options_(options), max_count_(max_mpi_count()) {
   mpi::acquire_runtime();
   runtime_acquired_ = true;
   try {
-    MPI_Comm parent = mpi::lib().comm_world;
-    if (options.mpi_fcomm != INT64_MIN) {
+    if (parent == mpi::lib().comm_null && options.mpi_fcomm == INT64_MIN) {
+      parent = mpi::lib().comm_world;
+    } else if (parent == mpi::lib().comm_null) {
       GS_REQUIRE(options.mpi_fcomm >= INT32_MIN && options.mpi_fcomm <= INT32_MAX, GRADSYNC_E_INVALID_ARG,
                  "mpi_fcomm {} is not a Fortran communicator handle (MPI_Fint range)", options.mpi_fcomm);
       parent = mpi::lib().Comm_f2c(static_cast<MPI_Fint>(options.mpi_fcomm));
@@ -966,11 +975,34 @@ void MpiCommunicator::reset() {
   }
 }
 
+std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub) {
+  const mpi::Api& m = mpi::lib();
+  // MPI_GROUP_NULL is an object inside libmpi, which this library does not link: track by hand.
+  MPI_Group all{}, part{};
+  MPI_Comm made = m.comm_null;
+  const int rc_all = m.Comm_group(base_, &all);
+  const int rc_part = rc_all == MPI_SUCCESS
+                          ? m.Group_incl(all, static_cast<int>(sub.members.size()), sub.members.data(), &part)
+                          : rc_all;
+  // Blocking, as the data transfers are: split()'s exchange has shown that every member is here.
+  const int rc = rc_part == MPI_SUCCESS ? m.Comm_create_group(base_, part, kSplitTag, &made) : rc_part;
+  if (rc_part == MPI_SUCCESS) m.Group_free(&part);
+  if (rc_all == MPI_SUCCESS) m.Group_free(&all);
+  check(rc, "MPI_Comm_create_group");
+  struct Free {
+    MPI_Comm& c;
+    ~Free() {
+      if (c != mpi::lib().comm_null) mpi::lib().Comm_free(&c);
+    }
+  } free_made{made};
+  return std::make_unique<MpiCommunicator>(options_, made);
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options) {
   (void)mpi::lib();  // the plugin, or E_UNSUPPORTED saying what to install, before anything else
-  return std::make_unique<MpiCommunicator>(options);
+  return std::make_unique<MpiCommunicator>(options, mpi::lib().comm_null);
 }
 
 bool mpi_transport_available() noexcept { return mpi::available(); }

@@ -41,6 +41,10 @@ Api make() {
   a.Comm_set_errhandler = &MPI_Comm_set_errhandler;
   a.Comm_rank = &MPI_Comm_rank;
   a.Comm_size = &MPI_Comm_size;
+  a.Comm_group = &MPI_Comm_group;
+  a.Group_incl = &MPI_Group_incl;
+  a.Group_free = &MPI_Group_free;
+  a.Comm_create_group = &MPI_Comm_create_group;
   a.Iallgather = &MPI_Iallgather;
   a.Ibarrier = &MPI_Ibarrier;
   a.Irecv = &MPI_Irecv;

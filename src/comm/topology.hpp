@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Which ranks of a group share a host, decided from facts every rank can check, never from
+// environment variables (a launcher's LOCAL_WORLD_SIZE is a claim, and a wrong claim makes a
+// shared-memory path deadlock or read another host's memory).
+//
+// A host is a set of ranks that can map each other's shared memory. Each rank names its candidate
+// host by an identity: the hostname, the kernel's boot id, and the device of the /dev/shm mount
+// (unique per tmpfs superblock within one boot, so two containers or namespaces with private
+// /dev/shm differ even under one hostname). A caller's host label replaces that identity (odd
+// clusters, tests). Ranks with equal identities are one host only where they also prove it:
+// transports whose ranks share memory by construction (threads of one process, the processes of
+// one shm segment) have that proof already; others run a probe in which every rank writes a
+// nonce to a file in /dev/shm and reads its candidate peers' files.
+//
+// Hosts are numbered in the order of their lowest rank; local ranks in rank order. Every rank
+// computes the same Topology from the same gathered records.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gradsync::comm {
+
+class Communicator;
+
+struct Topology {
+  int host = 0;          // this rank's host
+  int local_rank = 0;    // this rank's place among its host's ranks
+  int local_size = 1;    // ranks on this rank's host
+  int num_hosts = 1;
+  std::vector<int> rank_host;  // every rank's host, by rank
+
+  // The topology of a subgroup: members[i] is the parent rank of the subgroup's rank i;
+  // my_rank is this rank's place in the subgroup. Hosts are renumbered, as detection does.
+  Topology restricted(const std::vector<int>& members, int my_rank) const;
+};
+
+// This process's host identity (hostname, boot id, /dev/shm device), or label when not empty.
+std::string host_identity(const std::string& label);
+
+// Collective over comm (two small allgathers, plus the probe's when !shares_memory): every rank
+// passes the same shares_memory. Throws what the collectives throw.
+Topology detect_topology(Communicator& comm, const std::string& label, bool shares_memory);
+
+// The topology of groups whose ranks are their hosts: rank_host as given.
+Topology topology_from_hosts(const std::vector<int>& rank_host, int my_rank);
+
+}  // namespace gradsync::comm
