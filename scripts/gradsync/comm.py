@@ -23,6 +23,7 @@ while a call runs gets GradsyncError E_MISUSE at once, and the running call is u
 and the rank/size/transport properties are the exceptions. close() while another thread is in a
 call aborts that call (it raises E_ABORTED) and returns once it has left the library.
 """
+import collections
 import ctypes
 import os
 import signal
@@ -103,6 +104,14 @@ UNSET_I64 = -(2 ** 63)
 NO_TIMEOUT = 2 ** 63 - 1  # timeout_ms of a deadline that never passes (GRADSYNC_NO_TIMEOUT)
 
 
+SPLIT_NONE = -1  # GRADSYNC_SPLIT_NONE
+
+
+class Topology(collections.namedtuple("Topology", "host local_rank local_size num_hosts rank_hosts")):
+    """Communicator.topology: this rank's host, its place and the number of ranks there, the number
+    of hosts, and every rank's host (by rank). Hosts are numbered by their lowest rank."""
+
+
 class CommOptions(ctypes.Structure):
     """gradsync_comm_options, field for field (include/gradsync/comm.h)."""
 
@@ -118,6 +127,7 @@ class CommOptions(ctypes.Structure):
         ("timeout_ms", c_int64),
         ("mpi_fcomm", c_int64),
         ("name", ctypes.c_char * NAME_MAX),
+        ("host", ctypes.c_char * NAME_MAX),
     ]
 
 
@@ -132,6 +142,9 @@ declare("gradsync_comm_reset", c_int, _P)
 declare("gradsync_comm_rank", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_size", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_transport", c_int, _P, ctypes.POINTER(c_int32))
+declare("gradsync_comm_split", c_int, _P, c_int32, c_int32, ctypes.POINTER(_P))
+declare("gradsync_comm_topology", c_int, _P, ctypes.POINTER(c_int32), ctypes.POINTER(c_int32),
+        ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), c_size_t)
 declare("gradsync_comm_allreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allreduce_many", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), c_size_t, c_int32, c_int32)
 declare("gradsync_comm_allreduce_mixed", c_int, _P, _PP, _PP, ctypes.POINTER(c_size_t), ctypes.POINTER(c_int32),
@@ -300,12 +313,13 @@ class Communicator(Handle):
     `Communicator(transport="mpi")` is enough; mpi_comm is an mpi4py communicator or a Fortran
     handle to use instead of MPI_COMM_WORLD; deterministic=True reduces in rank order, which MPI's
     own reduction does not promise; check_mismatch=False skips comparing the ranks' calls).
+    host: a label that replaces the detected host identity (see topology()); for odd clusters and tests.
     """
 
     _free = lib.gradsync_comm_free
 
     def __init__(self, name=None, rank=None, size=None, timeout_ms=None, transport="threads", *,
-                 deterministic=None, check_mismatch=None, mpi_comm=None):
+                 deterministic=None, check_mismatch=None, mpi_comm=None, host=None):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.transport = _transport(transport)
@@ -327,9 +341,17 @@ class Communicator(Handle):
             opts.check_mismatch = int(bool(check_mismatch))
         if timeout_ms is not None:
             opts.timeout_ms = int(timeout_ms)
+        if host is not None:
+            encoded = host.encode()
+            if len(encoded) >= NAME_MAX:
+                raise ValueError(f"host label is {len(encoded)} bytes; at most {NAME_MAX - 1}")
+            opts.host = encoded
         out = c_void_p()
         check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
-        super().__init__(out)
+        self._adopt(out)
+
+    def _adopt(self, ptr):
+        Handle.__init__(self, ptr)
         check(lib.gradsync_comm_set_interrupt(self.ptr, _interrupt_fn, None))
         _watch_ctrl_c()
 
@@ -363,6 +385,31 @@ class Communicator(Handle):
     @property
     def transport(self):
         return self._query(lib.gradsync_comm_transport)
+
+    def split(self, color, key=0):
+        """A subgroup, as MPI_Comm_split: ranks passing the same color (>= 0) form a new
+        Communicator, ranked by key, then by rank here; color None joins none and returns None.
+        Collective over this group. The subgroup is independent of this one (close either first)."""
+        out = _P()
+        _blocking(lib.gradsync_comm_split, self.ptr, SPLIT_NONE if color is None else int(color), int(key),
+                  ctypes.byref(out))
+        if not out:
+            return None
+        sub = type(self).__new__(type(self))
+        sub._adopt(out)
+        return sub
+
+    @property
+    def topology(self):
+        """Which ranks share a host, the same on every rank: a Topology with host, local_rank,
+        local_size, num_hosts and rank_hosts (every rank's host). Hosts come from facts (hostname,
+        boot id, the /dev/shm mount, and a shared-memory probe), or the host label of the options."""
+        host, local_rank, local_size, num_hosts = c_int32(), c_int32(), c_int32(), c_int32()
+        n = self.size
+        hosts = (c_int32 * n)()
+        check(lib.gradsync_comm_topology(self.ptr, ctypes.byref(host), ctypes.byref(local_rank),
+                                         ctypes.byref(local_size), ctypes.byref(num_hosts), hosts, n))
+        return Topology(host.value, local_rank.value, local_size.value, num_hosts.value, tuple(hosts))
 
     def part(self, total):
         """(start, length) of this rank's part of `total` elements (reduce_scatter, allgather)."""

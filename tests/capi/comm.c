@@ -308,7 +308,7 @@ static void test_options_versions(void) {
 
   opts.version = 0;
   CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.version 0");
-  CHECK_MESSAGE("(accepted: 1, or later from a newer header)");
+  CHECK_MESSAGE("(accepted: 1 to 2, or later from a newer header)");
   opts.version = GRADSYNC_COMM_OPTIONS_VERSION;
 
   opts.struct_size = 0;
@@ -317,9 +317,16 @@ static void test_options_versions(void) {
   /* garbage far beyond the struct: refused before anything past the struct is read */
   opts.struct_size = 0xFFFFFFFFu;
   CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.struct_size 4294967295");
-  /* a version-1 struct cannot be larger than this library's */
+  /* a struct of this library's version cannot be larger than this library's */
   opts.struct_size = (uint32_t)(sizeof opts + extra);
-  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "larger than version 1");
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "larger than version 2");
+  /* a version-1 struct (before the host label): accepted, the label left empty */
+  opts.struct_size = (uint32_t)offsetof(gradsync_comm_options, host);
+  opts.version = 1;
+  strcpy(opts.host, "never read");
+  CHECK_STATUS(create_alone(&opts), GRADSYNC_OK);
+  memset(opts.host, 0, sizeof opts.host);
+  opts.version = GRADSYNC_COMM_OPTIONS_VERSION;
   /* a newer version must have appended fields */
   opts.struct_size = (uint32_t)sizeof opts;
   opts.version = GRADSYNC_COMM_OPTIONS_VERSION + 1;

@@ -725,7 +725,7 @@ static void sweep_options_structs(void) {
     report_options_case("gradsync_accum_apply", c->what, c->expected, status, __LINE__);
 
     obuf.comm = comm_options("capi-sweep-options");
-    apply_options_case(c, sizeof obuf.comm, sizeof obuf.comm, GRADSYNC_COMM_OPTIONS_VERSION);
+    apply_options_case(c, offsetof(gradsync_comm_options, host), sizeof obuf.comm, GRADSYNC_COMM_OPTIONS_VERSION);
     sweep_begin();
     status = gradsync_comm_create(&m, &obuf.comm);
     report_options_case("gradsync_comm_create", c->what, c->expected, status, __LINE__);
@@ -760,7 +760,7 @@ static void sweep_options_structs(void) {
   SWEEP_INIT(gradsync_accum_options_init, gradsync_accum_options,
              offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t));
   SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, sizeof(gradsync_optimizer));
-  SWEEP_INIT(gradsync_comm_options_init, gradsync_comm_options, sizeof(gradsync_comm_options));
+  SWEEP_INIT(gradsync_comm_options_init, gradsync_comm_options, offsetof(gradsync_comm_options, host));
   SWEEP_INIT(gradsync_shard_options_init, gradsync_shard_options, sizeof(gradsync_shard_options));
 #undef SWEEP_INIT
 }

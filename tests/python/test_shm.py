@@ -210,3 +210,39 @@ def test_a_group_fits_an_address_space_limit_or_fails_clearly_leaving_nothing(he
         assert results[0][0] == "error" and results[0][1] == gs.E_NOMEM, results[0]
         assert "address space" in results[0][2]
     assert not os.path.exists(f"/dev/shm/gradsync.{name}")
+
+
+def _split_and_topology(rank, size, queue, group):
+    # Ranks 0, 2 claim host "a", ranks 1, 3 host "b"; one process each.
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm", host="ab"[rank % 2]) as comm:
+        topo = comm.topology
+        sub = comm.split(rank % 2, key=-rank)
+        x = np.array([rank + 1.0], dtype=np.float32)
+        sub.allreduce(x, op="sum")
+        order = np.zeros(2, dtype=np.int32)
+        sub.allgather(order, part=np.array([rank], dtype=np.int32))
+        none = comm.split(None if rank == 3 else 0)
+        three = None if none is None else (none.size, none.topology.rank_hosts)
+        sub_topo = sub.topology
+        comm.close()  # the subgroup outlives its parent
+        y = np.array([1.0], dtype=np.float32)
+        sub.allreduce(y, op="sum")
+        sub.close()
+        if none is not None:
+            none.close()
+        queue.put((rank, (tuple(topo), None, float(x[0]), order.tolist(), three,
+                          tuple(sub_topo), float(y[0]))))
+
+
+def test_split_and_topology_across_processes():
+    results, codes = _run(_split_and_topology, 4, _group("split"))
+    assert codes == [0, 0, 0, 0]
+    for rank in range(4):
+        topo, _, x, order, three, sub_topo, y = results[rank]
+        assert topo == (rank % 2, rank // 2, 2, 2, (0, 1, 0, 1))
+        assert x == (4.0 if rank % 2 == 0 else 6.0)
+        assert order == ([2, 0] if rank % 2 == 0 else [3, 1])
+        assert three == (None if rank == 3 else (3, (0, 1, 0)))
+        assert sub_topo[3] == 1 and sub_topo[2] == 2  # both members of a subgroup share their label
+        assert y == 2.0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("gradsync.py-split")]

@@ -505,12 +505,13 @@ pub const GRADSYNC_TRANSPORT_THREAD: i32 = 0;
 pub const GRADSYNC_TRANSPORT_SHM: i32 = 1;
 pub const GRADSYNC_TRANSPORT_MPI: i32 = 2;
 
-pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 1;
+pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 2;
+pub const GRADSYNC_SPLIT_NONE: i32 = -1;
 pub const GRADSYNC_COMM_NAME_MAX: usize = 64;
 pub const GRADSYNC_NO_TIMEOUT: i64 = i64::MAX;
 pub const GRADSYNC_MAX_FUSED_BUFFERS: usize = 1 << 20;
 
-/// Options of [`gradsync_comm_create`] (comm.h, version 1).
+/// Options of [`gradsync_comm_create`] (comm.h, version 2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct gradsync_comm_options {
@@ -525,6 +526,7 @@ pub struct gradsync_comm_options {
     pub timeout_ms: i64,
     pub mpi_fcomm: i64,
     pub name: [c_char; GRADSYNC_COMM_NAME_MAX],
+    pub host: [c_char; GRADSYNC_COMM_NAME_MAX],
 }
 
 /// GRADSYNC_COMM_OPTIONS_INIT.
@@ -540,9 +542,10 @@ pub const GRADSYNC_COMM_OPTIONS_INIT: gradsync_comm_options = gradsync_comm_opti
     timeout_ms: GRADSYNC_UNSET_I64,
     mpi_fcomm: GRADSYNC_UNSET_I64,
     name: [0; GRADSYNC_COMM_NAME_MAX],
+    host: [0; GRADSYNC_COMM_NAME_MAX],
 };
 
-const _: () = assert!(size_of::<gradsync_comm_options>() == 112);
+const _: () = assert!(size_of::<gradsync_comm_options>() == 176);
 const _: () = assert!(align_of::<gradsync_comm_options>() == 8);
 
 /// Asked now and then by a waiting collective; non-zero aborts the group.
@@ -570,6 +573,19 @@ extern "C" {
     pub fn gradsync_comm_size(comm: *const gradsync_comm, size: *mut i32) -> c_int;
     /// `@threadsafety any`
     pub fn gradsync_comm_transport(comm: *const gradsync_comm, transport: *mut i32) -> c_int;
+    /// Collective. `@threadsafety handle`
+    pub fn gradsync_comm_split(comm: *mut gradsync_comm, color: i32, key: i32, out: *mut *mut gradsync_comm)
+        -> c_int;
+    /// `@threadsafety any`
+    pub fn gradsync_comm_topology(
+        comm: *const gradsync_comm,
+        host: *mut i32,
+        local_rank: *mut i32,
+        local_size: *mut i32,
+        num_hosts: *mut i32,
+        rank_hosts: *mut i32,
+        rank_hosts_len: usize,
+    ) -> c_int;
 
     /// `@threadsafety handle`
     pub fn gradsync_comm_allreduce(

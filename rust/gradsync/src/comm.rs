@@ -46,6 +46,22 @@ pub struct CommOptions {
     deterministic: Option<bool>,
     check_mismatch: Option<bool>,
     mpi_fcomm: Option<i64>,
+    host: Option<String>,
+}
+
+/// Which ranks share a host ([`Communicator::topology`]), the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// This rank's host; hosts are numbered by their lowest rank.
+    pub host: i32,
+    /// This rank's place among its host's ranks.
+    pub local_rank: i32,
+    /// The number of ranks on this rank's host.
+    pub local_size: i32,
+    /// The number of hosts.
+    pub num_hosts: i32,
+    /// Every rank's host, by rank.
+    pub rank_hosts: Vec<i32>,
 }
 
 impl CommOptions {
@@ -61,7 +77,14 @@ impl CommOptions {
             deterministic: None,
             check_mismatch: None,
             mpi_fcomm: None,
+            host: None,
         }
+    }
+    /// A host label that replaces the detected host identity (odd clusters, tests).
+    #[must_use]
+    pub fn host(mut self, label: &str) -> Self {
+        self.host = Some(label.to_owned());
+        self
     }
     /// The transport (default [`Transport::Thread`]).
     #[must_use]
@@ -124,6 +147,18 @@ impl CommOptions {
         if let Some(fcomm) = self.mpi_fcomm {
             raw.mpi_fcomm = fcomm;
         }
+        if let Some(label) = &self.host {
+            let bytes = label.as_bytes();
+            if bytes.contains(&0) || bytes.len() >= sys::GRADSYNC_COMM_NAME_MAX {
+                return Err(invalid(
+                    "CommOptions",
+                    format!("host label {:?} has a NUL byte or more than {} bytes", label, sys::GRADSYNC_COMM_NAME_MAX - 1),
+                ));
+            }
+            for (dst, &src) in raw.host.iter_mut().zip(bytes) {
+                *dst = src as sys::c_char;
+            }
+        }
         Ok(raw)
     }
 }
@@ -175,6 +210,10 @@ impl Communicator {
         let mut out = ptr::null_mut();
         check(unsafe { sys::gradsync_comm_create(&mut out, &raw_opts) })?;
         let raw = NonNull::new(out).expect("gradsync_comm_create returned OK and a NULL handle");
+        Communicator::adopt(raw)
+    }
+
+    fn adopt(raw: NonNull<sys::gradsync_comm>) -> Result<Communicator> {
         let mut comm = Communicator { raw, rank: 0, size: 0, transport: Transport::Thread };
         // The getters of values fixed at creation; they cannot fail on a live handle.
         let (mut rank, mut size, mut transport) = (0i32, 0i32, 0i32);
@@ -209,6 +248,35 @@ impl Communicator {
     pub fn transport(&self) -> Transport {
         self.transport
     }
+    /// A subgroup, as `MPI_Comm_split` (`gradsync_comm_split`): ranks passing the same
+    /// `Some(color)` (>= 0) form a new communicator, ranked by `key`, then by rank here; `None`
+    /// joins no subgroup and returns `Ok(None)`. Collective; the subgroup is independent of `self`.
+    pub fn split(&self, color: Option<i32>, key: i32) -> Result<Option<Communicator>> {
+        let mut out = ptr::null_mut();
+        check(unsafe { sys::gradsync_comm_split(self.raw(), color.unwrap_or(sys::GRADSYNC_SPLIT_NONE), key, &mut out) })?;
+        match NonNull::new(out) {
+            Some(raw) => Communicator::adopt(raw).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Which ranks share a host (`gradsync_comm_topology`), the same on every rank.
+    pub fn topology(&self) -> Result<Topology> {
+        let mut t = Topology { host: 0, local_rank: 0, local_size: 0, num_hosts: 0, rank_hosts: vec![0; self.size as usize] };
+        check(unsafe {
+            sys::gradsync_comm_topology(
+                self.raw(),
+                &mut t.host,
+                &mut t.local_rank,
+                &mut t.local_size,
+                &mut t.num_hosts,
+                t.rank_hosts.as_mut_ptr(),
+                t.rank_hosts.len(),
+            )
+        })?;
+        Ok(t)
+    }
+
     /// The raw handle, for calls into [`gradsync_sys`]; it stays owned by `self`.
     pub fn as_raw(&self) -> *mut sys::gradsync_comm {
         self.raw.as_ptr()

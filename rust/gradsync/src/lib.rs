@@ -76,7 +76,7 @@ mod types;
 pub use accumulator::{AccumOptions, Accumulator, Concurrency, Optimizer};
 pub use atomics::{Counter, Counter32, Flag, Mutex, MutexGuard};
 pub use codec::Codec;
-pub use comm::{AbortHandle, CommBuffer, CommOptions, Communicator, Transport};
+pub use comm::{AbortHandle, CommBuffer, CommOptions, Communicator, Topology, Transport};
 pub use dataparallel::{partition, split_round_robin, weighted_merge, weighted_merge_f64, Merged};
 pub use error::{status, status_string, Error, Result};
 pub use shard::{ShardOptimizer, ShardOptions, ShardedParameter, Slice};

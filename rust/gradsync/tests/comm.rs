@@ -287,3 +287,38 @@ fn v_and_rooted_collectives() {
         assert_eq!(again, mine);
     });
 }
+
+#[test]
+fn split_by_color_and_key_and_topology_from_labels() {
+    let name = format!("rs-split-{}", std::process::id());
+    let out: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|r| {
+                let name = name.clone();
+                s.spawn(move || {
+                    let opts = gradsync::CommOptions::new(&name, r, 4).timeout_ms(20000).host(if r % 2 == 0 { "a" } else { "b" });
+                    let comm = Communicator::new(&opts).unwrap();
+                    let topo = comm.topology().unwrap();
+                    let sub = comm.split(Some(r % 2), -r).unwrap().expect("a color gives a subgroup");
+                    let mut x = [(r + 1) as f32];
+                    sub.allreduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                    let none = comm.split(if r == 3 { None } else { Some(0) }, 0).unwrap();
+                    drop(comm); // the subgroups outlive their parent
+                    let mut y = [1f32];
+                    sub.allreduce_in_place(&mut y, ReduceOp::Sum).unwrap();
+                    (topo, sub.rank(), sub.size(), x[0], y[0], none.map(|c| c.size()), sub.topology().unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (topo, sub_rank, sub_size, x, y, none, sub_topo)) in out.into_iter().enumerate() {
+        assert_eq!(topo.rank_hosts, vec![0, 1, 0, 1]);
+        assert_eq!((topo.host, topo.local_rank, topo.local_size, topo.num_hosts), (r as i32 % 2, r as i32 / 2, 2, 2));
+        assert_eq!((sub_rank, sub_size), (if r < 2 { 1 } else { 0 }, 2));
+        assert_eq!(x, if r % 2 == 0 { 4.0 } else { 6.0 });
+        assert_eq!(y, 2.0);
+        assert_eq!(none, if r == 3 { None } else { Some(3) });
+        assert_eq!((sub_topo.num_hosts, sub_topo.local_size), (1, 2));
+    }
+}

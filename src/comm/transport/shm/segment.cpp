@@ -342,17 +342,21 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
   for (;;) {
     seg->check_intact();
     std::vector<int> missing;
+    int dead = -1;
     for (int r = 0; r < size; ++r) {
       const RankSlot& s = seg->slot(r);
       if (s.generation.load(std::memory_order_acquire) != generation) {
         missing.push_back(r);
-        continue;
+      } else if (dead < 0 && !seg->alive(r)) {
+        dead = r;
       }
-      if (!seg->alive(r)) {
-        seg->close_group();
-        fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", r,
-             s.pid.load(), name);
-      }
+    }
+    // A member gone once every rank has joined left a formed group (it may free its communicator
+    // and exit before a slower member sees the group complete): the first collective reports it.
+    if (dead >= 0 && !missing.empty()) {
+      seg->close_group();
+      fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", dead,
+           seg->slot(dead).pid.load(), name);
     }
     // Checked before completeness: a refusal is recorded only while the group is incomplete, so a
     // member that sees every rank joined also sees any refusal, and all members agree.
