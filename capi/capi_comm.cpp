@@ -239,9 +239,12 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
 
   gradsync::comm::Options out;
-  GS_REQUIRE(o.transport >= 0 && o.transport <= 2, GRADSYNC_E_INVALID_ARG, "unknown transport {}", o.transport);
+  GS_REQUIRE(o.transport >= 0 && o.transport <= 3, GRADSYNC_E_INVALID_ARG, "unknown transport {}", o.transport);
+  GS_REQUIRE(o.reserved1 == 0, GRADSYNC_E_INVALID_ARG, "reserved1 must be 0, got {}", o.reserved1);
   out.transport = static_cast<gradsync::comm::Transport>(o.transport);
-  const bool needs_rank = out.transport != gradsync::comm::Transport::Mpi;
+  const bool over_mpi =
+      out.transport == gradsync::comm::Transport::Mpi || out.transport == gradsync::comm::Transport::Hier;
+  const bool needs_rank = !over_mpi;
   if (needs_rank) {
     GS_REQUIRE(o.size != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG, "size is not set");
     GS_REQUIRE(o.size >= 1, GRADSYNC_E_INVALID_ARG, "size must be at least 1, got {}", o.size);
@@ -258,6 +261,7 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
   }
   out.deterministic = o.deterministic == GRADSYNC_UNSET_I32 ? out.transport != gradsync::comm::Transport::Mpi
                                                             : o.deterministic != 0;
+  out.topology_independent = o.topology_independent != 0;
   out.check_mismatch = o.check_mismatch == GRADSYNC_UNSET_I32 ? true : o.check_mismatch != 0;
   if (o.timeout_ms != GRADSYNC_UNSET_I64) {
     GS_REQUIRE(o.timeout_ms > 0, GRADSYNC_E_INVALID_ARG, "timeout_ms must be > 0, got {}", o.timeout_ms);
@@ -274,7 +278,7 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
 // "communicator 'train' (thread transport, rank 0 of 2)": how messages about a handle name it.
 std::string describe(const gradsync::comm::Options& options, const Communicator& c) {
   const char* transport = gradsync::comm::transport_name(c.transport());
-  if (c.transport() == gradsync::comm::Transport::Mpi) {
+  if (c.transport() == gradsync::comm::Transport::Mpi || c.transport() == gradsync::comm::Transport::Hier) {
     return fmt::format("communicator ({} transport, rank {} of {})", transport, c.rank(), c.size());
   }
   return fmt::format("communicator '{}' ({} transport, rank {} of {})", options.name, transport, c.rank(), c.size());

@@ -118,6 +118,27 @@
  *   SIZE_MAX: transfers that MPI's int counts cannot describe go in pieces (allgather, alltoall
  *   and reduce_scatter pairwise between ranks; reduce_scatter then folds in rank order, as its
  *   deterministic mode does).
+ *
+ * Hierarchical transport (GRADSYNC_TRANSPORT_HIER; needs the MPI transport):
+ * - Group: as the MPI transport's (MPI_COMM_WORLD or mpi_fcomm; rank and size from MPI), over any
+ *   number of hosts. The hosts are the group's topology (gradsync_comm_topology): ranks of one host
+ *   form a shared-memory group among themselves, and only traffic between hosts goes through MPI.
+ *   On one host no data moves through MPI at all; one rank per host moves everything through MPI.
+ * - allreduce and allreduce_many (f32, f64; i32 and i64 except mean) of more than 16 KiB run in
+ *   levels: with the same number of ranks on every host there is no leader (each host
+ *   reduce-scatters through shared memory, each local rank all-reduces its own slice across hosts
+ *   over MPI, each host all-gathers); with hosts of different sizes, local rank 0 of each host
+ *   carries the host's sum. The reduction order is fixed by the topology (within a host in local
+ *   rank order, then across hosts in host order): every rank gets the same bits on every run of
+ *   the same layout, but not the flat rank-order bits, unless topology_independent is 1, which
+ *   reduces flat over MPI in rank order instead (flat MPI's speed). Smaller payloads, bf16, f16,
+ *   the integer mean, allreduce_mixed's other dtypes, and every other collective run flat over MPI
+ *   in rank order, with the MPI transport's semantics.
+ * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
+ *   timeout or abort needs gradsync_comm_reset on every rank, and gradsync_comm_abort aborts
+ *   every level. The one-outcome-per-call guarantee holds per level: a rank whose last level
+ *   (the host's all-gather) fails alone after its host's peers completed returns an error while
+ *   they return GRADSYNC_OK; the next call then fails on every rank until the reset.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
@@ -137,7 +158,9 @@ typedef struct gradsync_request gradsync_request;
 typedef enum gradsync_transport {
   GRADSYNC_TRANSPORT_THREAD = 0, /**< threads of one process, grouped by name (no set-up) */
   GRADSYNC_TRANSPORT_SHM = 1,    /**< processes of one host, grouped by name through /dev/shm/gradsync.\<name\> */
-  GRADSYNC_TRANSPORT_MPI = 2     /**< processes over MPI (see "MPI transport" above); when built with it */
+  GRADSYNC_TRANSPORT_MPI = 2,    /**< processes over MPI (see "MPI transport" above); when built with it */
+  GRADSYNC_TRANSPORT_HIER = 3    /**< processes over MPI on any number of hosts: shared memory within a host,
+                                      MPI between hosts (see "Hierarchical transport" above) */
 } gradsync_transport;
 
 #define GRADSYNC_COMM_OPTIONS_VERSION 2
@@ -173,6 +196,8 @@ typedef struct gradsync_comm_options {
   char name[GRADSYNC_COMM_NAME_MAX]; /**< group name, NUL-terminated: members with the same name form one group */
   /* version 2 */
   char host[GRADSYNC_COMM_NAME_MAX]; /**< host label, NUL-terminated; empty (default): detected (see gradsync_comm_topology) */
+  int32_t topology_independent; /**< HIER: 1 gives the flat rank-order reduction's bits on any layout (at flat MPI's speed); default 0 */
+  int32_t reserved1;       /**< must be 0 */
   /* append only */
 } gradsync_comm_options;
 
@@ -180,7 +205,7 @@ typedef struct gradsync_comm_options {
   {                                                                                              \
     sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD,     \
         GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0,       \
-        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }, { 0 }                                     \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }, { 0 }, 0, 0                               \
   }
 
 /**

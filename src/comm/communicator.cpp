@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "comm/communicator.hpp"
+#include "comm/transport/hier/hier_communicator.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #if GRADSYNC_HAVE_MPI
 #include "comm/transport/mpi/mpi_communicator.hpp"
@@ -78,6 +79,7 @@ const char* transport_name(Transport t) noexcept {
     case Transport::Thread: return "thread";
     case Transport::Shm: return "shm";
     case Transport::Mpi: return "mpi";
+    case Transport::Hier: return "hier";
   }
   return "unknown";
 }
@@ -322,7 +324,7 @@ void Communicator::dealloc(void* p) {
 }
 
 bool transport_available(Transport t) noexcept {
-  if (t != Transport::Mpi) return true;
+  if (t != Transport::Mpi && t != Transport::Hier) return true;
 #if GRADSYNC_HAVE_MPI
   return mpi_transport_available();
 #else
@@ -336,10 +338,12 @@ std::unique_ptr<Communicator> create_transport(const Options& options) {
     case Transport::Thread: return create_thread_communicator(options);
     case Transport::Shm: return create_shm_communicator(options);
     case Transport::Mpi:
+    case Transport::Hier:
 #if GRADSYNC_HAVE_MPI
       return create_mpi_communicator(options);
 #else
-      fail(GRADSYNC_E_UNSUPPORTED, "the MPI transport is not available: libgradsync was built without MPI");
+      fail(GRADSYNC_E_UNSUPPORTED, "the {} transport is not available: libgradsync was built without MPI",
+           transport_name(options.transport));
 #endif
   }
   fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
@@ -351,7 +355,13 @@ std::unique_ptr<Communicator> create(const Options& options) {
              "host label contains a NUL byte");
   std::unique_ptr<Communicator> c = create_transport(options);
   c->establish(options);
-  return c;
+  if (options.transport != Transport::Hier) return c;
+  // The MPI group with its topology, then the levels over it (collective over the group).
+  const Topology topology = c->topology();
+  std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
+  hier->group_options_ = options;
+  hier->topology_ = topology;
+  return hier;
 }
 
 void Communicator::establish(const Options& options) {
@@ -387,7 +397,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   uint64_t h = fnv1a64(group_options_.name.data(), group_options_.name.size());
   h = fnv1a64(words, sizeof words, h);
   sub.name = fmt::format("{}.{:016x}", group_options_.name.substr(0, 40), h);
+  return form_subgroup(sub);
+}
 
+std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
   std::unique_ptr<Communicator> child = make_subgroup(sub);
   child->group_options_ = group_options_;
   child->group_options_.name = sub.name;

@@ -31,7 +31,7 @@
 
 namespace gradsync::comm {
 
-enum class Transport : int32_t { Thread = 0, Shm = 1, Mpi = 2 };
+enum class Transport : int32_t { Thread = 0, Shm = 1, Mpi = 2, Hier = 3 };
 const char* transport_name(Transport t) noexcept;
 
 struct Options {
@@ -44,6 +44,7 @@ struct Options {
   int64_t mpi_fcomm = INT64_MIN;  // INT64_MIN: MPI_COMM_WORLD
   std::string name;
   std::string host_label;  // replaces the detected host identity when not empty (comm/topology.hpp)
+  bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
 };
 
 // Asked now and then (every 10 to 100 ms) by a call of this communicator that is waiting for its
@@ -171,6 +172,17 @@ class Communicator {
   static constexpr int kNoColor = -1;
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // A subgroup of this group as split() decides it: this rank's place in it, and its members'
+  // ranks here in subgroup rank order.
+  struct Subgroup {
+    int rank;
+    std::vector<int> members;
+    std::string name;  // a name no other group of this parent's has, for transports that meet by name
+  };
+  // The second half of split(): this rank's communicator of the subgroup, with its options and
+  // topology. Collective over the members only, which all pass the same subgroup.
+  std::unique_ptr<Communicator> form_subgroup(const Subgroup& subgroup);
+
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
   }
@@ -180,7 +192,7 @@ class Communicator {
   virtual const char* progress_thread_refused() const noexcept { return nullptr; }
 
   // Set while no call runs (the C API's one-call-at-a-time rule makes that so).
-  void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
+  virtual void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
 
   // Statistics and timeline of this communicator's calls (comm/telemetry.hpp).
   Telemetry& telemetry() noexcept { return telemetry_; }
@@ -188,13 +200,6 @@ class Communicator {
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);
 
-  // A subgroup of this group as split() decided it: this rank's place in it, and its members'
-  // ranks here in subgroup rank order.
-  struct Subgroup {
-    int rank;
-    std::vector<int> members;
-    std::string name;  // a name no other group of this parent's has, for transports that meet by name
-  };
   // Makes this rank's communicator of the subgroup; every member calls it at once. The default
   // creates a group of this transport by the subgroup's name.
   virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup);
@@ -204,6 +209,7 @@ class Communicator {
   // After the transport has joined: keeps the options for subgroups, detects the topology
   // (collective), and forgets the statistics of doing so.
   void establish(const Options& options);
+  const Options& group_options() const noexcept { return group_options_; }
 
   // The default weighted_mean in two halves around a rank-order f64 sum of the staged vector (its
   // count + 1 entries: the products, then the weight), for a transport that judges the call

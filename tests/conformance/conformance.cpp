@@ -8,6 +8,8 @@
 //
 //   conformance thread|shm <ranks> [filter]           starts the ranks itself
 //   mpirun -np <ranks> conformance mpi <ranks> [filter]
+//   mpirun -np <ranks> conformance hier <ranks>        the hierarchical transport
+//   mpirun -np <ranks> conformance hier/hosts2 <ranks> ... with ranks labelled onto two hosts
 //   conformance thread/split|shm/split <ranks> ...     every scenario's group a subgroup
 //   mpirun -np <ranks> conformance mpi/split <ranks>   of a subgroup (gradsync_comm_split)
 //
@@ -127,7 +129,8 @@ struct Ctx {
     if (failures < 20) std::fprintf(stderr, "  [%s] rank %d, line %d: %s\n", scenario, rank, line, msg.c_str());
     ++failures;
   }
-  bool mpi() const { return transport == GRADSYNC_TRANSPORT_MPI; }
+  // Launched by mpirun (MPI and the hierarchical transport): no side channel between ranks.
+  bool mpi() const { return transport == GRADSYNC_TRANSPORT_MPI || transport == GRADSYNC_TRANSPORT_HIER; }
   gradsync_comm* group(int64_t timeout_ms);
   void post(int k);
   void wait_for(int r, int k, int64_t mpi_ms);
@@ -160,6 +163,10 @@ bool expect_status(Ctx& x, int line, const char* what, int got, int want,
 // The scenarios' groups are subgroups of subgroups (gradsync_comm_split twice, the parents freed
 // at once), so that every semantic of comm.h is checked on split communicators too.
 bool g_split = false;
+// hier/hosts2: ranks claim host "h<rank % 2>" by label, so that one machine gives the hierarchical
+// transport two hosts (even with 4 ranks, uneven with 3). The rank comes from Open MPI's
+// launcher, as the label must be set before the group exists.
+bool g_two_hosts = false;
 
 gradsync_comm* join(int transport, int rank, int size, const std::string& name, int64_t timeout_ms, int* status) {
   gradsync_comm_options o;
@@ -170,6 +177,10 @@ gradsync_comm* join(int transport, int rank, int size, const std::string& name, 
   o.timeout_ms = timeout_ms;
   o.deterministic = 1;  // MPI: rank order, as the other transports always are
   std::snprintf(o.name, sizeof o.name, "%s", name.c_str());
+  if (g_two_hosts) {
+    const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    std::snprintf(o.host, sizeof o.host, "h%d", world_rank != nullptr ? std::atoi(world_rank) % 2 : 0);
+  }
   gradsync_comm* c = nullptr;
   *status = gradsync_comm_create(&c, &o);
   return c;
@@ -372,13 +383,48 @@ typename E::T fold(int32_t op, int n, const typename E::T* col) {
   }
 }
 
-// fold() of input<E>(r, offset + i, seed) over the ranks, for i in [0, count).
+// The hierarchical transport over two or more hosts: every rank's host (else empty). Its
+// allreduce of f32 and f64 above 16 KiB runs in levels, whose order comm.h fixes by the topology:
+// each host's ranks in rank order, then the hosts' sums in host order.
+std::vector<int> g_level_hosts;
+
 template <class E>
-std::vector<typename E::T> reference(int32_t op, int n, size_t count, uint64_t seed, size_t offset = 0) {
+bool by_levels(size_t payload_bytes) {
+  return !g_level_hosts.empty() && std::is_floating_point_v<typename E::T> && !E::half && payload_bytes > 16384;
+}
+
+// fold() in the hierarchical transport's order (floats only: see by_levels).
+template <class E>
+typename E::T fold_levels(int32_t op, int n, const typename E::T* col) {
+  using T = typename E::T;
+  const int hosts = *std::max_element(g_level_hosts.begin(), g_level_hosts.end()) + 1;
+  T all{};
+  for (int h = 0; h < hosts; ++h) {
+    T acc{};
+    bool first = true;
+    for (int r = 0; r < n; ++r) {
+      if (g_level_hosts[static_cast<size_t>(r)] != h) continue;
+      acc = first ? col[r] : combine(op == GRADSYNC_MEAN ? GRADSYNC_SUM : op, acc, col[r]);
+      first = false;
+    }
+    all = h == 0 ? acc : combine(op == GRADSYNC_MEAN ? GRADSYNC_SUM : op, all, acc);
+  }
+  return op == GRADSYNC_MEAN ? all / static_cast<T>(n) : all;
+}
+
+// fold() of input<E>(r, offset + i, seed) over the ranks, for i in [0, count); levels: an
+// allreduce whose payload the hierarchical transport reduces in levels.
+template <class E>
+std::vector<typename E::T> reference(int32_t op, int n, size_t count, uint64_t seed, size_t offset = 0,
+                                     bool levels = false) {
   std::vector<typename E::T> out(count), col(static_cast<size_t>(n));
   for (size_t i = 0; i < count; ++i) {
     for (int r = 0; r < n; ++r) col[static_cast<size_t>(r)] = input<E>(r, offset + i, seed);
-    out[i] = fold<E>(op, n, col.data());
+    if constexpr (std::is_floating_point_v<typename E::T>) {
+      out[i] = levels ? fold_levels<E>(op, n, col.data()) : fold<E>(op, n, col.data());
+    } else {
+      out[i] = fold<E>(op, n, col.data());
+    }
   }
   return out;
 }
@@ -539,7 +585,12 @@ void s_allreduce(Ctx& x) {
         want.resize(count);
         for (size_t i = 0; i < count; ++i) {
           for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<E>(r, i, op_seed);
-          want[i] = fold<E>(op, x.size, col.data());
+          if constexpr (std::is_floating_point_v<T>) {
+            want[i] = by_levels<E>(count * sizeof(T)) ? fold_levels<E>(op, x.size, col.data())
+                                                      : fold<E>(op, x.size, col.data());
+          } else {
+            want[i] = fold<E>(op, x.size, col.data());
+          }
         }
       }
       for (const int path : {4, 5, 0, 1, 2, 3}) {
@@ -572,8 +623,9 @@ void s_arrival_order(Ctx& x) {
   std::vector<float> sum(count), mean(count), col(static_cast<size_t>(x.size));
   for (size_t i = 0; check && i < count; ++i) {
     for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<F32>(r, i, seed);
-    sum[i] = fold<F32>(GRADSYNC_SUM, x.size, col.data());
-    mean[i] = fold<F32>(GRADSYNC_MEAN, x.size, col.data());
+    const bool levels = by_levels<F32>(count * sizeof(float));
+    sum[i] = levels ? fold_levels<F32>(GRADSYNC_SUM, x.size, col.data()) : fold<F32>(GRADSYNC_SUM, x.size, col.data());
+    mean[i] = levels ? fold_levels<F32>(GRADSYNC_MEAN, x.size, col.data()) : fold<F32>(GRADSYNC_MEAN, x.size, col.data());
   }
   for (int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN}) {
     const auto& want = op == GRADSYNC_SUM ? sum : mean;
@@ -629,7 +681,7 @@ void many_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, int mode, 
   uint64_t hash = kFnvBasis;
   for (size_t k = 0; k < counts.size(); ++k) {
     if (checker(x, seed)) {
-      const auto want = reference<E>(op, x.size, counts[k], seed, offsets[k]);
+      const auto want = reference<E>(op, x.size, counts[k], seed, offsets[k], by_levels<E>(offset * sizeof(typename E::T)));
       EXPECT_BITS(E, x, want.data(), recvs[k]->data(), counts[k], "%s: buffer %zu (%zu elements)", what.c_str(), k,
                   counts[k]);
     }
@@ -1984,6 +2036,12 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     }
     return 2;
   }
+  if (transport == GRADSYNC_TRANSPORT_HIER) {
+    int32_t hosts = 1;
+    std::vector<int32_t> rank_hosts(static_cast<size_t>(x.size));
+    gradsync_comm_topology(x.c, nullptr, nullptr, nullptr, &hosts, rank_hosts.data(), rank_hosts.size());
+    if (hosts > 1) g_level_hosts.assign(rank_hosts.begin(), rank_hosts.end());
+  }
   if (x.mpi()) std::signal(SIGALRM, on_watchdog);
   Tally tally;
   tally.print = x.mpi() && x.rank == 0;
@@ -2245,6 +2303,10 @@ int main(int argc, char** argv) {
     g_split = true;
     kind.resize(kind.size() - 6);
   }
+  if (kind == "hier/hosts2") {
+    g_two_hosts = true;
+    kind = "hier";
+  }
   const int size = std::atoi(argv[2]);
   const char* filter = argc > 3 ? argv[3] : nullptr;
   if (size < 1 || size > kMaxRanks) {
@@ -2254,12 +2316,12 @@ int main(int argc, char** argv) {
   const std::string name = "conformance-" + std::to_string(getpid());
   if (kind == "thread") return run_threads(size, name, filter);
   if (kind == "shm") return run_processes(size, name, filter);
-  if (kind == "mpi") {
+  if (kind == "mpi" || kind == "hier") {
     if (!gradsync_has_feature(GRADSYNC_FEATURE_MPI_TRANSPORT)) {
       std::fprintf(stderr, "this build has no MPI transport\n");
       return 2;
     }
-    return run_rank(GRADSYNC_TRANSPORT_MPI, 0, size, name, filter, nullptr);
+    return run_rank(kind == "mpi" ? GRADSYNC_TRANSPORT_MPI : GRADSYNC_TRANSPORT_HIER, 0, size, name, filter, nullptr);
   }
   std::fprintf(stderr, "unknown transport '%s'\n", kind.c_str());
   return 2;

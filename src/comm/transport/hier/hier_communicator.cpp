@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "comm/transport/hier/hier_communicator.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/call_signature.hpp"
+#include "comm/transport/shm/shm_communicator.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+// Below this many payload bytes one flat MPI call (a single rendezvous that carries small data
+// itself) beats three levels of rounds.
+constexpr uint64_t kFlatBytes = 16 * 1024;
+
+// The pairs whose reduction is the same whether it is done in one fold or in levels: floats
+// combine in their own type (the order is fixed either way), integer sums wrap alike in any
+// order. Half types and the integer mean accumulate wider than their type, so a level's rounding
+// would change the result: they go flat.
+bool levels_preserve(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::F32: case DType::F64: return true;
+    case DType::I32: case DType::I64: return op != ReduceOp::Mean;
+    case DType::BF16: case DType::F16: return false;
+  }
+  return false;
+}
+
+template <class T>
+void divide(void* data, size_t count, size_t n) {
+  T* p = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] = p[i] / static_cast<T>(n);
+}
+
+class HierCommunicator final : public Communicator {
+ public:
+  HierCommunicator(std::unique_ptr<Communicator> world, const Options& options)
+      : world_(std::move(world)),
+        topology_independent_(options.topology_independent),
+        check_mismatch_(options.check_mismatch) {
+    const Topology& t = world_->topology();
+    even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(), [&](int h) {
+      return std::count(t.rank_host.begin(), t.rank_host.end(), h) == t.local_size;
+    });
+    // One name per host for the shared-memory level, the same on that host's ranks: world rank
+    // 0's nonce, and the host index (hosts that a label makes distinct may share one /dev/shm).
+    uint64_t nonce = 0;
+    if (world_->rank() == 0) {
+      std::random_device rd;
+      nonce = (uint64_t{rd()} << 32) ^ rd();
+    }
+    world_->broadcast(&nonce, 1, DType::I64, 0);
+    Options local = options;
+    local.transport = Transport::Shm;
+    local.name = fmt::format("gs-h{:016x}.{}", nonce, t.host);
+    local.rank = t.local_rank;
+    local.size = t.local_size;
+    local_ = create_shm_communicator(local);
+    // The cross-host level: the ranks of one local rank (leaderless), or the hosts' local rank 0.
+    const int color = even_ ? t.local_rank : (t.local_rank == 0 ? 0 : kNoColor);
+    cross_ = world_->split(color, t.host);
+    GS_LOG_DEBUG("hierarchical transport: rank {} of {}: local rank {} of {} on host {} of {} ({})", world_->rank(),
+                 world_->size(), t.local_rank, t.local_size, t.host, t.num_hosts,
+                 even_ ? "leaderless" : "hosts of different sizes: local rank 0 carries its host");
+  }
+
+  int rank() const noexcept override { return world_->rank(); }
+  int size() const noexcept override { return world_->size(); }
+  Transport transport() const noexcept override { return Transport::Hier; }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
+    const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
+                      payload_bytes(buffers, dtype) <= kFlatBytes;
+    if (flat) return world_->allreduce(buffers, dtype, op);
+    telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
+      ++calls_;
+      require_same_call(allreduce_call(buffers, dtype, op));
+      try {
+        for (const BufferRef& b : buffers) allreduce_levels(b, dtype, op);
+      } catch (const Error&) {
+        // A level that failed on this rank leaves peers waiting in another level: stop them all
+        // now rather than at their deadlines. The group then needs a reset, as after any failure.
+        abort();
+        throw;
+      }
+    });
+  }
+
+  void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    world_->broadcast(buf, count, dtype, root);
+  }
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
+    world_->allgatherv(send, recv, counts, dtype);
+  }
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                       std::optional<int> root) override {
+    world_->reduce_scatterv(send, recv, counts, dtype, op, root);
+  }
+  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
+    world_->exchange(send, recv, routes, dtype);
+  }
+  void barrier() override { world_->barrier(); }
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override {
+    world_->weighted_mean(send, recv, count, dtype, weight, total_weight);
+  }
+  void abort() noexcept override {
+    world_->abort();
+    local_->abort();
+    if (cross_ != nullptr) cross_->abort();
+  }
+  // Collective over every level, in one order on every rank.
+  void reset() override {
+    local_->reset();
+    if (cross_ != nullptr) cross_->reset();
+    world_->reset();
+  }
+  const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
+  void set_interrupt(InterruptCheck check) noexcept override {
+    Communicator::set_interrupt(check);
+    world_->set_interrupt(check);
+    local_->set_interrupt(check);
+    if (cross_ != nullptr) cross_->set_interrupt(check);
+  }
+
+ protected:
+  // The subgroup's MPI group, and the levels built on it as for a new group.
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& sub) override {
+    return std::make_unique<HierCommunicator>(world_->form_subgroup(sub), group_options());
+  }
+
+ private:
+  void allreduce_levels(const BufferRef& b, DType dtype, ReduceOp op) {
+    const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const size_t es = dtype_size(dtype);
+    auto* recv = static_cast<std::byte*>(b.recv);
+    if (even_) {
+      const Part mine = local_->my_part(b.count);
+      std::byte* slice = recv + mine.start * es;
+      local_->reduce_scatter(b.send, slice, b.count, dtype, level_op);
+      cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{slice, slice, mine.len}}),
+                        dtype, level_op);
+      if (op == ReduceOp::Mean) finish_mean(slice, mine.len, dtype);
+      local_->allgather(nullptr, recv, b.count, dtype);
+    } else {
+      local_->reduce_to(b.send, recv, b.count, dtype, level_op, 0);
+      if (cross_ != nullptr) {
+        cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{recv, recv, b.count}}),
+                          dtype, level_op);
+        if (op == ReduceOp::Mean) finish_mean(recv, b.count, dtype);
+      }
+      local_->broadcast(recv, b.count, dtype, 0);
+    }
+  }
+
+  // Every rank's signature, compared before any level starts: the levels see only their own
+  // ranks, so ranks that disagree across hosts would otherwise fail at different levels (or wait
+  // for each other until the deadline). Ranks that disagree all get E_MISMATCH, and the next call
+  // works, as on every transport.
+  void require_same_call(const CallSignature& mine) {
+    if (!check_mismatch_) return;
+    constexpr size_t kWords = sizeof(CallSignature) / sizeof(int64_t);
+    std::array<int64_t, kWords> word{};
+    std::memcpy(word.data(), &mine, sizeof mine);
+    std::vector<int64_t> all(kWords * static_cast<size_t>(size()));
+    world_->allgather(word.data(), all.data(), all.size(), DType::I64);
+    std::vector<CallSignature> calls(static_cast<size_t>(size()));
+    std::memcpy(static_cast<void*>(calls.data()), all.data(), calls.size() * sizeof(CallSignature));
+    require_same_calls([&] { return fmt::format("hier group (rank {} of {})", rank(), size()); }, calls_, size(),
+                       [&](int r) -> const CallSignature& { return calls[static_cast<size_t>(r)]; });
+  }
+
+  void finish_mean(void* data, size_t count, DType dtype) const {
+    const auto n = static_cast<size_t>(size());
+    if (dtype == DType::F32) divide<float>(data, count, n);
+    if (dtype == DType::F64) divide<double>(data, count, n);
+  }
+
+  std::unique_ptr<Communicator> world_, local_, cross_;
+  bool even_ = true;
+  bool topology_independent_ = false;
+  bool check_mismatch_ = true;
+  uint64_t calls_ = 0;  // the hierarchical allreduces, for messages
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,
+                                                             const Options& options) {
+  return std::make_unique<HierCommunicator>(std::move(world), options);
+}
+
+}  // namespace gradsync::comm

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The hierarchical transport: one group of MPI processes over any number of hosts, whose ranks of
+// one host meet through shared memory (the shm transport, on the round engine) and whose hosts
+// talk through MPI. Which ranks share a host is the MPI group's topology (comm/topology.hpp).
+//
+// An allreduce has no leader where every host has the same number of ranks: each host
+// reduce-scatters the buffer over its ranks through shared memory, each local rank all-reduces its
+// own slice across hosts through an MPI group of the ranks with its local rank, and each host
+// all-gathers the slices. With hosts of different sizes, local rank 0 of each host carries its
+// host's sum across hosts and broadcasts the result. Either way a reduction combines in a fixed
+// order for a given topology (within a host in local rank order, then across hosts in host order),
+// so every rank gets the same bits on every run; topology_independent trades the hierarchy for
+// the flat rank-order reduction's bits. Small payloads, half-precision types and the integer mean
+// (whose accumulator is wider than its type), and every other collective, go flat over MPI.
+#include <memory>
+
+#include "comm/communicator.hpp"
+
+namespace gradsync::comm {
+
+// world: the group's MPI communicator, its topology detected. Collective over world.
+std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,
+                                                             const Options& options);
+
+}  // namespace gradsync::comm
