@@ -36,12 +36,15 @@ from .dataparallel import partition
 from ._lib import (E_IN_PROGRESS, GradsyncError, Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
                    lib, numpy_array)
 
-__all__ = ["Communicator", "Request", "COLLECTIVES", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI", "OPS", "NO_TIMEOUT"]
+__all__ = ["Communicator", "Request", "Topology", "COLLECTIVES", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI",
+           "TRANSPORT_HIER", "OPS", "NO_TIMEOUT", "SPLIT_NONE"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
 TRANSPORT_MPI = 2
-TRANSPORTS = {"threads": TRANSPORT_THREAD, "thread": TRANSPORT_THREAD, "shm": TRANSPORT_SHM, "mpi": TRANSPORT_MPI}
+TRANSPORT_HIER = 3
+TRANSPORTS = {"threads": TRANSPORT_THREAD, "thread": TRANSPORT_THREAD, "shm": TRANSPORT_SHM, "mpi": TRANSPORT_MPI,
+              "hier": TRANSPORT_HIER}
 
 OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
 # float16 (IEEE half): moved bit for bit, and reduced in f32 with one rounding.
@@ -128,6 +131,8 @@ class CommOptions(ctypes.Structure):
         ("mpi_fcomm", c_int64),
         ("name", ctypes.c_char * NAME_MAX),
         ("host", ctypes.c_char * NAME_MAX),
+        ("topology_independent", c_int32),
+        ("reserved1", c_int32),
     ]
 
 
@@ -314,16 +319,19 @@ class Communicator(Handle):
     handle to use instead of MPI_COMM_WORLD; deterministic=True reduces in rank order, which MPI's
     own reduction does not promise; check_mismatch=False skips comparing the ranks' calls).
     host: a label that replaces the detected host identity (see topology()); for odd clusters and tests.
+    transport="hier": the processes of an mpirun job on any number of hosts, shared memory within a
+    host and MPI between hosts (as "mpi", name, rank and size come from MPI); its large float
+    allreduces reduce host by host, so their bits depend on the layout unless topology_independent=True.
     """
 
     _free = lib.gradsync_comm_free
 
     def __init__(self, name=None, rank=None, size=None, timeout_ms=None, transport="threads", *,
-                 deterministic=None, check_mismatch=None, mpi_comm=None, host=None):
+                 deterministic=None, check_mismatch=None, mpi_comm=None, host=None, topology_independent=None):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.transport = _transport(transport)
-        if opts.transport == TRANSPORT_MPI:
+        if opts.transport in (TRANSPORT_MPI, TRANSPORT_HIER):
             if mpi_comm is not None:
                 opts.mpi_fcomm = int(mpi_comm.py2f()) if hasattr(mpi_comm, "py2f") else int(mpi_comm)
         else:
@@ -341,6 +349,8 @@ class Communicator(Handle):
             opts.check_mismatch = int(bool(check_mismatch))
         if timeout_ms is not None:
             opts.timeout_ms = int(timeout_ms)
+        if topology_independent is not None:
+            opts.topology_independent = int(bool(topology_independent))
         if host is not None:
             encoded = host.encode()
             if len(encoded) >= NAME_MAX:

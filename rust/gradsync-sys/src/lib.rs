@@ -504,6 +504,7 @@ extern "C" {
 pub const GRADSYNC_TRANSPORT_THREAD: i32 = 0;
 pub const GRADSYNC_TRANSPORT_SHM: i32 = 1;
 pub const GRADSYNC_TRANSPORT_MPI: i32 = 2;
+pub const GRADSYNC_TRANSPORT_HIER: i32 = 3;
 
 pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 2;
 pub const GRADSYNC_SPLIT_NONE: i32 = -1;
@@ -527,6 +528,8 @@ pub struct gradsync_comm_options {
     pub mpi_fcomm: i64,
     pub name: [c_char; GRADSYNC_COMM_NAME_MAX],
     pub host: [c_char; GRADSYNC_COMM_NAME_MAX],
+    pub topology_independent: i32,
+    pub reserved1: i32,
 }
 
 /// GRADSYNC_COMM_OPTIONS_INIT.
@@ -543,9 +546,11 @@ pub const GRADSYNC_COMM_OPTIONS_INIT: gradsync_comm_options = gradsync_comm_opti
     mpi_fcomm: GRADSYNC_UNSET_I64,
     name: [0; GRADSYNC_COMM_NAME_MAX],
     host: [0; GRADSYNC_COMM_NAME_MAX],
+    topology_independent: 0,
+    reserved1: 0,
 };
 
-const _: () = assert!(size_of::<gradsync_comm_options>() == 176);
+const _: () = assert!(size_of::<gradsync_comm_options>() == 184);
 const _: () = assert!(align_of::<gradsync_comm_options>() == 8);
 
 /// Asked now and then by a waiting collective; non-zero aborts the group.

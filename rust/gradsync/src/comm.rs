@@ -22,6 +22,8 @@ pub enum Transport {
     Shm = sys::GRADSYNC_TRANSPORT_SHM,
     /// Processes over MPI (when the library was built with it; rank and size come from MPI).
     Mpi = sys::GRADSYNC_TRANSPORT_MPI,
+    /// Processes over MPI on any number of hosts: shared memory within a host, MPI between hosts.
+    Hier = sys::GRADSYNC_TRANSPORT_HIER,
 }
 
 impl Transport {
@@ -29,6 +31,7 @@ impl Transport {
         match value {
             sys::GRADSYNC_TRANSPORT_SHM => Transport::Shm,
             sys::GRADSYNC_TRANSPORT_MPI => Transport::Mpi,
+            sys::GRADSYNC_TRANSPORT_HIER => Transport::Hier,
             _ => Transport::Thread,
         }
     }

@@ -12,6 +12,7 @@
 #include "comm/call_signature.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::comm {
@@ -80,6 +81,8 @@ class HierCommunicator final : public Communicator {
     const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
                       payload_bytes(buffers, dtype) <= kFlatBytes;
     if (flat) return world_->allreduce(buffers, dtype, op);
+    // One host: its shared-memory group is the whole group, and its own round checks the call.
+    if (world_->topology().num_hosts == 1) return local_->allreduce(buffers, dtype, op);
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
       ++calls_;
       require_same_call(allreduce_call(buffers, dtype, op));
@@ -161,12 +164,18 @@ class HierCommunicator final : public Communicator {
     }
   }
 
-  // Every rank's signature, compared before any level starts: the levels see only their own
-  // ranks, so ranks that disagree across hosts would otherwise fail at different levels (or wait
-  // for each other until the deadline). Ranks that disagree all get E_MISMATCH, and the next call
-  // works, as on every transport.
+  // Every rank's call, compared before any level starts: the levels see only their own ranks, so
+  // ranks that disagree across hosts would otherwise fail at different levels (or wait for each
+  // other until the deadline). One small allreduce of the signature's hash (it travels inside the
+  // MPI rendezvous: one round trip); only when the hashes differ are the signatures gathered, to
+  // name both sides. Ranks that disagree all get E_MISMATCH, and the next call works.
   void require_same_call(const CallSignature& mine) {
     if (!check_mismatch_) return;
+    const auto h = static_cast<int64_t>(fnv1a64(&mine, sizeof mine) >> 1);
+    std::array<int64_t, 2> extremes{h, -h};
+    const BufferRef b{extremes.data(), extremes.data(), extremes.size()};
+    world_->allreduce(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max);
+    if (extremes[0] == -extremes[1]) return;
     constexpr size_t kWords = sizeof(CallSignature) / sizeof(int64_t);
     std::array<int64_t, kWords> word{};
     std::memcpy(word.data(), &mine, sizeof mine);

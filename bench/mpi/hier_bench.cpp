@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// The hierarchical transport beside flat MPI_Allreduce on the same processes, in the same run:
+// allreduce of M floats, M in {1, 1K, 64K, 1M, 16M}, out of place (raw MPI: MPI_Allreduce; the
+// library: the hierarchical transport, and the flat MPI transport). Meant for several hosts
+// (bench/mpi/multihost.sh starts it on separate namespaces); on one host it shows the
+// shared-memory level alone.
+//
+// Each figure is the median, over interleaved repetitions, of the slowest rank's time per call;
+// each line gives the library's speed as a ratio of raw MPI's (> 1: faster).
+#define OMPI_SKIP_MPICXX 1  // C bindings only
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+using namespace gradsync;
+using namespace gradsync::comm;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Variant {
+  const char* name;
+  std::function<void()> run;
+  std::vector<double> per_call;
+};
+
+void measure(std::vector<Variant>& variants, int reps, int batch) {
+  for (auto& v : variants) v.run();
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      Variant& v = variants[(k + static_cast<size_t>(rep)) % variants.size()];
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      for (int i = 0; i < batch; ++i) v.run();
+      double t = (MPI_Wtime() - t0) / batch;
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      v.per_call.push_back(t);
+    }
+  }
+}
+
+std::string human(double seconds) {
+  char b[32];
+  if (seconds < 1e-3) std::snprintf(b, sizeof b, "%.1f us", seconds * 1e6);
+  else std::snprintf(b, sizeof b, "%.2f ms", seconds * 1e3);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
+
+  Options o;
+  o.transport = Transport::Hier;
+  o.timeout = std::chrono::milliseconds(300000);
+  auto hier = create(o);
+  o.transport = Transport::Mpi;
+  o.deterministic = true;  // the rank-order reduction, as the hierarchical transport's levels
+  auto flat = create(o);
+  const Topology& t = hier->topology();
+  if (rank == 0) {
+    std::printf("hier_bench: %d ranks on %d hosts (this host: %d ranks); median of %d reps, slowest rank\n", size,
+                t.num_hosts, t.local_size, reps);
+    std::printf("%10s %12s %12s %8s %12s %8s\n", "floats", "raw MPI", "hier", "x raw", "mpi transport", "x raw");
+  }
+  for (const size_t n : {size_t{1}, size_t{1} << 10, size_t{1} << 16, size_t{1} << 20, size_t{1} << 24}) {
+    std::vector<float> send(n, 1.0f + static_cast<float>(rank)), recv(n);
+    const int batch = n <= (1u << 10) ? 200 : n <= (1u << 16) ? 50 : n <= (1u << 20) ? 5 : 1;
+    std::vector<Variant> variants;
+    variants.push_back({"raw", [&] {
+                          MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                                        MPI_COMM_WORLD);
+                        }, {}});
+    variants.push_back({"hier", [&] {
+                          const BufferRef b{send.data(), recv.data(), n};
+                          hier->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+                        }, {}});
+    variants.push_back({"mpi", [&] {
+                          const BufferRef b{send.data(), recv.data(), n};
+                          flat->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+                        }, {}});
+    measure(variants, reps, batch);
+    const double raw = median(variants[0].per_call), h = median(variants[1].per_call),
+                 m = median(variants[2].per_call);
+    if (rank == 0) {
+      std::printf("%10zu %12s %12s %7.2fx %12s %7.2fx\n", n, human(raw).c_str(), human(h).c_str(), raw / h,
+                  human(m).c_str(), raw / m);
+      std::fflush(stdout);
+    }
+  }
+  hier.reset();
+  flat.reset();
+  MPI_Finalize();
+  return 0;
+}
