@@ -35,6 +35,12 @@ bool levels_preserve(DType dtype, ReduceOp op) {
   return false;
 }
 
+uint64_t total_of(std::span<const size_t> counts) {
+  uint64_t n = 0;
+  for (size_t c : counts) n += c;
+  return n;
+}
+
 template <class T>
 void divide(void* data, size_t count, size_t n) {
   T* p = static_cast<T*>(data);
@@ -78,12 +84,12 @@ class HierCommunicator final : public Communicator {
   Transport transport() const noexcept override { return Transport::Hier; }
 
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
-    const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
-                      payload_bytes(buffers, dtype) <= kFlatBytes;
-    if (flat) return world_->allreduce(buffers, dtype, op);
-    // One host: its shared-memory group is the whole group, and its own round checks the call.
-    if (world_->topology().num_hosts == 1) return local_->allreduce(buffers, dtype, op);
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
+      const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
+                        payload_bytes(buffers, dtype) <= kFlatBytes;
+      if (flat) return world_->allreduce(buffers, dtype, op);
+      // One host: its shared-memory group is the whole group, and its own round checks the call.
+      if (world_->topology().num_hosts == 1) return local_->allreduce(buffers, dtype, op);
       ++calls_;
       require_same_call(allreduce_call(buffers, dtype, op));
       try {
@@ -97,23 +103,33 @@ class HierCommunicator final : public Communicator {
     });
   }
 
+  // The rest run flat over MPI, measured here so that this communicator's statistics count them.
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
-    world_->broadcast(buf, count, dtype, root);
+    telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype),
+                       [&] { world_->broadcast(buf, count, dtype, root); });
   }
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
-    world_->allgatherv(send, recv, counts, dtype);
+    telemetry_.measure(Collective::Allgather, total_of(counts) * dtype_size(dtype),
+                       [&] { world_->allgatherv(send, recv, counts, dtype); });
   }
   void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
                        std::optional<int> root) override {
-    world_->reduce_scatterv(send, recv, counts, dtype, op, root);
+    telemetry_.measure(Collective::ReduceScatter, total_of(counts) * dtype_size(dtype),
+                       [&] { world_->reduce_scatterv(send, recv, counts, dtype, op, root); });
   }
   void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
-    world_->exchange(send, recv, routes, dtype);
+    uint64_t sent = 0;
+    for (size_t d = 0; d < routes.n; ++d) sent += routes.count[routes.at(static_cast<uint64_t>(rank()), d)];
+    telemetry_.measure(Collective::Alltoall, sent * dtype_size(dtype),
+                       [&] { world_->exchange(send, recv, routes, dtype); });
   }
-  void barrier() override { world_->barrier(); }
+  void barrier() override {
+    telemetry_.measure(Collective::Barrier, 0, [&] { world_->barrier(); });
+  }
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override {
-    world_->weighted_mean(send, recv, count, dtype, weight, total_weight);
+    telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype),
+                       [&] { world_->weighted_mean(send, recv, count, dtype, weight, total_weight); });
   }
   void abort() noexcept override {
     world_->abort();
