@@ -6,6 +6,7 @@ since a process loads the plugin (or fails to) once.
 """
 import os
 import pathlib
+import struct
 import subprocess
 import sys
 
@@ -102,3 +103,80 @@ def test_a_plugin_built_against_another_mpi_h_is_refused():
     assert lines[1] == f"status {gs.E_UNSUPPORTED}"
     assert f"{skewed}: built against another mpi.h" in proc.stdout, proc.stdout
     assert lines[-1] == "threads [0.0, 1.0, 2.0, 3.0]"
+
+
+def load_segments(image):
+    """End of the program header table and (offset, file size) of each PT_LOAD of a 64-bit ELF image."""
+    assert image[:4] == b"\x7fELF" and image[4] == 2, "a 64-bit ELF file"
+    order = "<" if image[5] == 1 else ">"
+    phoff, = struct.unpack_from(order + "Q", image, 0x20)
+    phentsize, phnum = struct.unpack_from(order + "HH", image, 0x36)
+    loads = []
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(order + "IIQQQQ", image, phoff + i * phentsize)
+        if p_type == 1 and p_filesz > 0:
+            loads.append((p_offset, p_filesz))
+    return phoff + phnum * phentsize, loads
+
+
+def damaged_copies(tmp_path):
+    """Name -> (path of a damaged copy of the built plugin, what the refusal must say)."""
+    image = PLUGIN.resolve().read_bytes()
+    headers_end, loads = load_segments(image)
+    assert len(loads) >= 2, loads
+    cuts = {
+        "empty": (0, "truncated: 0 bytes, shorter than an ELF header"),
+        "half an ELF header": (40, "truncated: 40 bytes, shorter than an ELF header"),
+        "program headers cut": (headers_end - 1, "truncated or damaged: its program headers"),
+        "second segment cut": (loads[1][0] + 1, "truncated or damaged: its loadable segment"),
+        "last segment half there": (loads[-1][0] + loads[-1][1] // 2, "truncated or damaged: its loadable segment"),
+        # The loader would map this one without a fault (the byte is on a page the file still
+        # reaches) and run the plugin with a byte of its data zeroed.
+        "last byte of the last segment gone": (loads[-1][0] + loads[-1][1] - 1,
+                                               "truncated or damaged: its loadable segment"),
+    }
+    copies = {}
+    for name, (size, says) in cuts.items():
+        path = tmp_path / (name.replace(" ", "-") + ".so")
+        path.write_bytes(image[:size])
+        copies[name] = (path, says)
+    text = tmp_path / "text.so"
+    text.write_text("a shell script or a download's error page, not a library\n" * 4)
+    copies["not ELF"] = (text, "not an ELF file")
+    order = "<" if image[5] == 1 else ">"
+    machine, = struct.unpack_from(order + "H", image, 0x12)
+    foreign = tmp_path / "foreign.so"  # e_machine: aarch64's, or x86-64's on aarch64
+    foreign.write_bytes(image[:0x12] + struct.pack(order + "H", 183 if machine != 183 else 62) + image[0x14:])
+    copies["another machine"] = (foreign, "an ELF file for another machine")
+    return copies
+
+
+def test_a_truncated_or_foreign_plugin_file_is_refused_before_it_is_mapped(tmp_path):
+    # A partial copy of the plugin made the loader map segments past the end of the file, and the
+    # process died of SIGBUS inside dlopen. Each damaged file is now refused with E_UNSUPPORTED and
+    # a message naming it and what is wrong, and the other transports still work.
+    if EXPECT_MPI != "1":
+        pytest.skip("built without MPI: there is no plugin to damage")
+    for name, (path, says) in damaged_copies(tmp_path).items():
+        proc = run_python(CREATE_MPI, GRADSYNC_MPI_PLUGIN=str(path))
+        assert proc.returncode == 0, (name, proc.returncode, proc.stdout + proc.stderr)
+        lines = proc.stdout.splitlines()
+        assert lines[:2] == ["feature False", f"status {gs.E_UNSUPPORTED}"], (name, proc.stdout)
+        assert f"{path}: {says}" in proc.stdout, (name, proc.stdout)
+        assert lines[-1] == "threads [0.0, 1.0, 2.0, 3.0]", (name, proc.stdout)
+
+
+def test_a_copy_cut_right_after_its_last_segment_still_loads(tmp_path):
+    # Past the last segment are only the section headers, which the loader never reads: the check
+    # refuses what would fault or lose bytes, not a file the loader can use whole.
+    if EXPECT_MPI != "1":
+        pytest.skip("built without MPI: there is no plugin to cut")
+    image = PLUGIN.resolve().read_bytes()
+    _, loads = load_segments(image)
+    end = max(offset + size for offset, size in loads)
+    assert end < len(image)
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(image[:end])
+    proc = run_python("import gradsync as gs; print(gs.has_feature(gs.FEATURE_MPI_TRANSPORT))",
+                      GRADSYNC_MPI_PLUGIN=str(cut))
+    assert proc.returncode == 0 and proc.stdout == "True\n", proc.stdout + proc.stderr
