@@ -28,9 +28,10 @@ for dir in "${dirs[@]}"; do
   batch=()
   for cmd in "$dir"/*; do
     name="${cmd##*/}"
-    [ -x "$cmd" ] && [ ! -d "$cmd" ] && [ -z "${seen[$name]:-}" ] || continue
-    seen[$name]=1
-    [[ "$name" == git || "$name" == git-* ]] || batch+=("$cmd")
+    if [ -x "$cmd" ] && [ ! -d "$cmd" ] && [ -z "${seen[$name]:-}" ]; then
+      seen[$name]=1
+      [[ "$name" == git || "$name" == git-* ]] || batch+=("$cmd")
+    fi
   done
   [ ${#batch[@]} -eq 0 ] || ln -s -t "$bin" -- "${batch[@]}"
 done
