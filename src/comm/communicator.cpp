@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <numeric>
 #include <random>
 #include <cstring>
 #include <cstdlib>
@@ -391,8 +390,8 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::stable_sort(sub.members.begin(), sub.members.end(),
                    [&](int a, int b) { return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1]; });
   sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank()) - sub.members.begin());
-  // The parent's name (cut to leave room) and a hash of what makes this subgroup unique; '.' and
-  // hex digits only, so the name is a valid shm segment name as it is.
+  // The parent's name cut to 40 bytes, a dot and a hash of what makes this subgroup unique: within
+  // the name limit, and as valid a segment name as the parent's.
   const uint64_t words[3] = {static_cast<uint64_t>(all[2]), split_number, static_cast<uint64_t>(color)};
   uint64_t h = fnv1a64(group_options_.name.data(), group_options_.name.size());
   h = fnv1a64(words, sizeof words, h);
