@@ -16,6 +16,16 @@ viewed, so optimizer.zero_grad(set_to_none=True) (torch 2's default) cannot deta
 no_sync() skips the averaging for gradient accumulation; the next synchronised backward averages
 the accumulated gradients.
 
+Wrapping is collective and checks that every rank wraps the same model: the parameters' and
+buffers' names, shapes, dtypes and requires_grad, and the bucket size, in order. Ranks that
+differ all raise ValueError naming the first difference, as torch's DDP does; equal sizes are
+not enough (a (4, 3) weight on one rank and a (3, 4) one on another would otherwise train as two
+readings of the same bytes). A backward that fails (a timeout, an abort) leaves no call in
+flight and no bucket state behind: after comm.reset() on every rank, the next step runs. A
+backward that fails for a reason of its own (an exception in the model's backward) aborts the
+group, as its peers would otherwise wait out the timeout for buckets this rank never starts; so
+every rank fails that step, and the same reset recovers.
+
 ZeroRedundancyOptimizer is ZeRO-1 over the sharded parameter: every parameter of the model lives in
 one flat float32 vector, each rank keeps the optimizer state (Adam's moments, momentum) of its
 1/size slice only, and step() reduce-scatters the local gradients (optionally bf16/fp16 on the
@@ -27,6 +37,8 @@ wire), updates the slice and all-gathers the new weights into the parameters:
     opt.step()                                        # the same weights, bit for bit, on every rank
 """
 import contextlib
+import hashlib
+import json
 
 import numpy as np
 import torch
@@ -64,6 +76,60 @@ class _Bucket:
         self.request = None
 
 
+def _describe(module, bucket_cap_mb):
+    """What every rank must agree on, in order: one entry per parameter and buffer."""
+    entries = [["option", "bucket_cap_mb", repr(float(bucket_cap_mb)), "", False]]
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, t in named:
+            entries.append([kind, name, list(t.shape), str(t.dtype).replace("torch.", ""), bool(t.requires_grad)])
+    return entries
+
+
+def _show(entry):
+    kind, name, shape, dtype, requires_grad = entry
+    if kind == "option":
+        return f"{name}={shape}"
+    return f"{kind} {name!r} {dtype} {tuple(shape)}{'' if requires_grad or kind == 'buffer' else ' (frozen)'}"
+
+
+def _check_same_model(module, comm, bucket_cap_mb):
+    """Collective: raises ValueError on every rank when the ranks' models differ.
+
+    One allgather of a digest settles the common case; only when the digests differ do the ranks
+    gather every rank's whole description, so that each names the same first difference."""
+    mine = _describe(module, bucket_cap_mb)
+    text = json.dumps(mine, separators=(",", ":")).encode()
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    digest = np.frombuffer(hashlib.sha256(text).digest(), dtype=np.int64)
+    digests = comm.allgatherv(digest, [digest.size] * size)
+    if all((digests[r * digest.size:(r + 1) * digest.size] == digest).all() for r in range(size)):
+        return
+    lengths = comm.allgatherv(np.array([len(text)], dtype=np.int64), [1] * size)
+    words = [(int(n) + 3) // 4 for n in lengths]
+    padded = np.zeros(words[rank], dtype=np.int32)
+    padded.view(np.uint8)[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+    everyone = comm.allgatherv(padded, words)
+    descriptions, at = [], 0
+    for r in range(size):
+        raw = everyone[at:at + words[r]].view(np.uint8)[:int(lengths[r])].tobytes()
+        descriptions.append(json.loads(raw))
+        at += words[r]
+    # The first entry where some rank differs from rank 0, and the first such rank.
+    first = descriptions[0]
+    for i in range(max(len(d) for d in descriptions)):
+        for r in range(1, size):
+            a = first[i] if i < len(first) else None
+            b = descriptions[r][i] if i < len(descriptions[r]) else None
+            if a != b:
+                where = lambda e: "nothing (it has fewer parameters and buffers)" if e is None else _show(e)  # noqa: E731
+                raise ValueError(f"DistributedDataParallel: the ranks wrap different models; the first difference "
+                                 f"is {where(a)} on rank 0 but {where(b)} on rank {r}; every rank must wrap the same "
+                                 f"model (parameters and buffers in the same order, same shapes and dtypes)")
+    raise AssertionError("the digests differ but the descriptions are equal")  # unreachable: json is canonical
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its forward is the module's. See the module docstring."""
 
@@ -73,6 +139,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.comm = comm
         self.broadcast_buffers = broadcast_buffers
         self._sync = True
+        _check_same_model(module, comm, bucket_cap_mb)
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self._broadcast(t)
@@ -99,7 +166,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._hooks.append(acc.register_hook(self._make_hook(p)))
             self._grad_accs.append(acc)
         self._next = 0  # the next bucket to start: buckets start in index order on every rank
-        self._callback_queued = False
+        self._in_step = False  # a synchronised backward has begun and not ended
+        self._step = 0  # its number: the end-of-backward callback of an earlier one is stale
 
     def _broadcast(self, tensor):
         a = tensor.detach().numpy()
@@ -108,6 +176,8 @@ class DistributedDataParallel(torch.nn.Module):
         self.comm.broadcast(a, root=0)
 
     def forward(self, *args, **kwargs):
+        if self._in_step:
+            self._abandon_unfinished()
         if self.broadcast_buffers and self._sync:
             with torch.no_grad():
                 for t in self.module.buffers():
@@ -127,22 +197,33 @@ class DistributedDataParallel(torch.nn.Module):
         def hook(*_):
             if not self._sync:
                 return
-            self.comm.ptr  # raises once the communicator is closed: the buckets were its memory
-            if not self._callback_queued:
-                self._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            b, i = self._where[p]
-            bucket = self._buckets[b]
-            n = p.numel()
-            view = bucket.flat[bucket.offsets[i]:bucket.offsets[i] + n]
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad.reshape(-1))
-            bucket.arrived[i] = True
-            bucket.pending -= 1
-            self._start_ready()
+            try:
+                self._arrive(p)
+            except BaseException as e:
+                self._fail(e)
+                raise
         return hook
+
+    def _arrive(self, p):
+        self.comm.ptr  # raises once the communicator is closed: the buckets were its memory
+        b, i = self._where[p]
+        bucket = self._buckets[b]
+        if self._in_step and bucket.arrived[i]:  # a gradient twice: a new backward, the last unfinished
+            self._abandon_unfinished()
+        if not self._in_step:
+            self._in_step = True
+            self._step += 1
+            step = self._step
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish(step))
+        n = p.numel()
+        view = bucket.flat[bucket.offsets[i]:bucket.offsets[i] + n]
+        if p.grad is None:
+            view.zero_()
+        else:
+            view.copy_(p.grad.reshape(-1))
+        bucket.arrived[i] = True
+        bucket.pending -= 1
+        self._start_ready()
 
     def _start_ready(self):
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
@@ -150,10 +231,19 @@ class DistributedDataParallel(torch.nn.Module):
             bucket.request = self.comm.iallreduce(bucket.flat.numpy(), op="mean")
             self._next += 1
 
-    def _finish(self):
+    def _finish(self, step):
         """End of backward: start what is left (parameters without a gradient this step count as
         zero), wait for every bucket in order, and put the averages into .grad."""
-        self._callback_queued = False
+        if step != self._step or not self._in_step:
+            return  # the step failed and was cleared already
+        self._in_step = False
+        try:
+            self._complete()
+        except BaseException as e:
+            self._fail(e)
+            raise
+
+    def _complete(self):
         for bucket in self._buckets[self._next:]:
             for i, (p, at) in enumerate(zip(bucket.params, bucket.offsets)):
                 if not bucket.arrived[i]:
@@ -170,6 +260,40 @@ class DistributedDataParallel(torch.nn.Module):
                     p.grad = g.clone()
                 else:
                     p.grad.copy_(g)
+            bucket.pending = len(bucket.params)
+            bucket.arrived = [False] * len(bucket.params)
+        self._next = 0
+
+    def _fail(self, error):
+        """A step failed: leave nothing of it behind, so that after comm.reset() the next step runs.
+
+        An error of the group (a timeout, an abort, a mismatch) is every rank's. Any other error
+        stops this rank's step halfway, and its peers would wait out the timeout for the buckets
+        it will never start: the group is aborted, so that they fail now too."""
+        self._in_step = False
+        if not isinstance(error, GradsyncError):
+            with contextlib.suppress(GradsyncError):
+                self.comm.abort()
+        self._abandon()
+
+    def _abandon_unfinished(self):
+        """A backward that began and never ended: it failed outside the hooks (autograd then drops
+        the end-of-backward callback). This rank never started its remaining buckets, which its
+        peers wait for: the group is aborted, so that every rank fails now and resets."""
+        self._in_step = False
+        with contextlib.suppress(GradsyncError):
+            self.comm.abort()
+        self._abandon()
+
+    def _abandon(self):
+        """Wait out the step's calls in flight (their buckets are borrowed until they end; once the
+        group has failed they fail at once) and forget its bucket state."""
+        for bucket in self._buckets:
+            if bucket.request is not None:
+                with contextlib.suppress(GradsyncError):  # the step's error is raised already
+                    bucket.request.wait()
+                bucket.request.close()
+                bucket.request = None
             bucket.pending = len(bucket.params)
             bucket.arrived = [False] * len(bucket.params)
         self._next = 0

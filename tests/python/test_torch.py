@@ -252,3 +252,111 @@ with gs.Communicator(transport="mpi", timeout_ms=30000) as c:
 """, 2)
     got = lines_of(lines, "torch")
     assert len(got) == 2 and got[0].split(" ", 2)[2] == got[1].split(" ", 2)[2]
+
+
+def _models_that_differ(rank):
+    """(what, this rank's module) pairs: each pair's modules differ between ranks 0 and 1 in one
+    way that equal element counts would hide, except the last, which is the same model."""
+    frozen = torch.nn.Linear(4, 3)
+    if rank == 1:
+        frozen.bias.requires_grad_(False)
+    buffered = torch.nn.Linear(4, 3)
+    buffered.register_buffer("table", torch.zeros((2, 3) if rank == 0 else (3, 2)))
+    renamed = torch.nn.Module()
+    renamed.x = torch.nn.Linear(4, 3)
+    return [
+        ("transposed", torch.nn.Linear(4, 3) if rank == 0 else torch.nn.Linear(3, 4)),
+        ("one more layer", torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(2 + rank)])),
+        ("dtype", torch.nn.Linear(4, 3) if rank == 0 else torch.nn.Linear(4, 3).double()),
+        ("frozen", frozen),
+        ("buffer", buffered),
+        ("renamed", torch.nn.Sequential(torch.nn.Linear(4, 3)) if rank == 0 else renamed),
+        ("same", torch.nn.Linear(4, 3)),
+    ]
+
+
+def _shm_differ_rank(rank, size, queue, group):
+    import gradsync as gs
+    torch.set_num_threads(1)
+    outcome = {}
+    with gs.Communicator(group, rank, size, timeout_ms=30000, transport="shm") as comm:
+        for what, module in _models_that_differ(rank):
+            try:
+                gst.DistributedDataParallel(module, comm)
+                outcome[what] = "wrapped"
+            except ValueError as e:
+                outcome[what] = str(e)
+    queue.put((rank, outcome))
+
+
+def test_ranks_that_wrap_different_models_all_fail_naming_the_first_difference():
+    results, codes = _run(_shm_differ_rank, 2, _group("differ"))
+    assert codes == [0, 0]
+    assert results[0] == results[1]  # every rank fails alike, naming the same difference
+    got = results[0]
+    assert "parameter 'weight' float32 (3, 4) on rank 0 but parameter 'weight' float32 (4, 3) on rank 1" in got["transposed"]
+    assert "nothing (it has fewer parameters and buffers) on rank 0" in got["one more layer"]
+    assert "'2.weight'" in got["one more layer"]
+    assert "float32 (3, 4) on rank 0 but parameter 'weight' float64 (3, 4) on rank 1" in got["dtype"]
+    assert "parameter 'bias' float32 (3,) on rank 0 but parameter 'bias' float32 (3,) (frozen) on rank 1" in got["frozen"]
+    assert "buffer 'table' float32 (2, 3) on rank 0 but buffer 'table' float32 (3, 2) on rank 1" in got["buffer"]
+    assert got["same"] == "wrapped"  # and the failed checks left the group usable
+    assert "'0.weight'" in got["renamed"] and "'x.weight'" in got["renamed"]
+
+
+def _train_through_a_timeout(rank, size, comm, timed_out, steps=6, lost=2):
+    """Plain over `steps` steps; at step `lost` rank 1 holds its backward back until rank 0 has
+    timed out waiting for it; then every rank resets the group and trains on."""
+    from gradsync import GradsyncError
+    model = gst.DistributedDataParallel(Plain(rank), comm, bucket_cap_mb=0.001)  # a bucket per parameter
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    failures = []
+    for step in range(steps):
+        x, y = data(step)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x[rank::size]), y[rank::size])
+        if step == lost and rank == 1:
+            assert timed_out.wait(60)
+        try:
+            loss.backward()
+        except GradsyncError as e:
+            failures.append((step, e.status))
+            if rank == 0:
+                timed_out.set()
+            comm.reset()
+            continue
+        opt.step()
+    return failures, [p.detach().clone() for p in model.module.parameters()]
+
+
+def _shm_timeout_rank(rank, size, queue, group, timed_out):
+    import gradsync as gs
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=3000, transport="shm") as comm:
+        failures, weights = _train_through_a_timeout(rank, size, comm, timed_out)
+    queue.put((rank, (failures, [w.numpy() for w in weights])))
+
+
+def test_a_step_that_timed_out_then_a_reset_and_training_goes_on():
+    import multiprocessing as mp
+    import gradsync as gs
+    results, codes = _run(_shm_timeout_rank, 2, _group("timeout"), mp.get_context("spawn").Event())
+    assert codes == [0, 0]
+    # Step 2 failed on both ranks, and no other step (a stale request would fail every later one).
+    assert results[0][0] == [(2, gs.E_TIMEOUT)], results[0][0]
+    assert [step for step, _ in results[1][0]] == [2], results[1][0]
+    assert results[1][0][0][1] in (gs.E_TIMEOUT, gs.E_ABORTED)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert np.array_equal(a, b)  # bitwise the same weights
+    # and the right ones: one process on the whole batch, without step 2's update.
+    ref = Plain(0)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(6):
+        if step == 2:
+            continue
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for got, want in zip(results[0][1], ref.parameters()):
+        assert np.allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-6)
