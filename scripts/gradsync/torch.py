@@ -22,9 +22,9 @@ differ all raise ValueError naming the first difference, as torch's DDP does; eq
 not enough (a (4, 3) weight on one rank and a (3, 4) one on another would otherwise train as two
 readings of the same bytes). A backward that fails (a timeout, an abort) leaves no call in
 flight and no bucket state behind: after comm.reset() on every rank, the next step runs. A
-backward that fails for a reason of its own (an exception in the model's backward) aborts the
-group, as its peers would otherwise wait out the timeout for buckets this rank never starts; so
-every rank fails that step, and the same reset recovers.
+backward that fails for a reason of its own (an exception in the model's backward) after it
+started a bucket aborts the group at the next forward, as its peers wait for buckets this rank
+never starts; so every rank fails that step, and the same reset recovers.
 
 ZeroRedundancyOptimizer is ZeRO-1 over the sharded parameter: every parameter of the model lives in
 one flat float32 vector, each rank keeps the optimizer state (Adam's moments, momentum) of its
@@ -278,11 +278,14 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _abandon_unfinished(self):
         """A backward that began and never ended: it failed outside the hooks (autograd then drops
-        the end-of-backward callback). This rank never started its remaining buckets, which its
-        peers wait for: the group is aborted, so that every rank fails now and resets."""
+        the end-of-backward callback). If it started buckets, its peers wait for the rest, which
+        would pair with other buckets of this rank's next step: the group is aborted, so that
+        every rank fails now and resets. If it started none, the peers' buckets pair with the
+        next step's, as if this rank had skipped the failed batch."""
         self._in_step = False
-        with contextlib.suppress(GradsyncError):
-            self.comm.abort()
+        if self._next > 0:
+            with contextlib.suppress(GradsyncError):
+                self.comm.abort()
         self._abandon()
 
     def _abandon(self):

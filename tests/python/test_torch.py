@@ -360,3 +360,72 @@ def test_a_step_that_timed_out_then_a_reset_and_training_goes_on():
         opt.step()
     for got, want in zip(results[0][1], ref.parameters()):
         assert np.allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("boom")
+
+
+class Breaking(Plain):
+    """Plain whose backward can fail halfway, after the last layer's buckets have started."""
+    boom = False
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.c(torch.relu(_Boom.apply(h) if self.boom else h))
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [1e-5, 100])
+def test_a_backward_that_failed_on_one_rank_only_and_training_goes_on(bucket_cap_mb):
+    from gradsync import GradsyncError
+
+    def run(comm, rank):
+        model = gst.DistributedDataParallel(Breaking(rank), comm, bucket_cap_mb=bucket_cap_mb)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        failures, done, attempt = [], 0, 0
+        while done < 5:  # a failed step's batch is tried again
+            model.module.boom = rank == 1 and attempt == 2
+            attempt += 1
+            x, y = data(done)
+            opt.zero_grad(set_to_none=True)
+            try:
+                torch.nn.functional.cross_entropy(model(x[rank::2]), y[rank::2]).backward()
+            except GradsyncError as e:
+                failures.append((done, e.status))
+                comm.reset()
+                continue
+            except RuntimeError as e:
+                failures.append((done, str(e)))  # this rank's own: the user sees no group error
+                continue
+            opt.step()
+            done += 1
+        return failures, [p.detach().clone() for p in model.module.parameters()]
+
+    import gradsync as gs
+    results = run_ranks(2, run, timeout_ms=60000)
+    if bucket_cap_mb < 1:
+        # A bucket per parameter: rank 1 started the last layer's and never the first layer's,
+        # which rank 0 waits for. Its next forward aborts the group, so that rank 0 fails now (not
+        # after the timeout) and no bucket of the next step is paired with another of this one.
+        assert results[0][0] == [(2, gs.E_ABORTED)]
+        assert results[1][0] == [(2, "boom"), (2, gs.E_ABORTED)]
+    else:
+        # One bucket, never started: rank 0's waits for rank 1's next try of the same batch.
+        assert results[0][0] == []
+        assert results[1][0] == [(2, "boom")]
+    ref = Plain(0)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(5):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for a, b, want in zip(results[0][1], results[1][1], ref.parameters()):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, want.detach(), rtol=1e-5, atol=1e-6)
