@@ -86,6 +86,8 @@ def _describe(module, bucket_cap_mb):
 
 
 def _show(entry):
+    if entry is None:
+        return "nothing (it has fewer parameters and buffers)"
     kind, name, shape, dtype, requires_grad = entry
     if kind == "option":
         return f"{name}={shape}"
@@ -123,9 +125,8 @@ def _check_same_model(module, comm, bucket_cap_mb):
             a = first[i] if i < len(first) else None
             b = descriptions[r][i] if i < len(descriptions[r]) else None
             if a != b:
-                where = lambda e: "nothing (it has fewer parameters and buffers)" if e is None else _show(e)  # noqa: E731
                 raise ValueError(f"DistributedDataParallel: the ranks wrap different models; the first difference "
-                                 f"is {where(a)} on rank 0 but {where(b)} on rank {r}; every rank must wrap the same "
+                                 f"is {_show(a)} on rank 0 but {_show(b)} on rank {r}; every rank must wrap the same "
                                  f"model (parameters and buffers in the same order, same shapes and dtypes)")
     raise AssertionError("the digests differ but the descriptions are equal")  # unreachable: json is canonical
 

@@ -294,11 +294,13 @@ def test_ranks_that_wrap_different_models_all_fail_naming_the_first_difference()
     assert codes == [0, 0]
     assert results[0] == results[1]  # every rank fails alike, naming the same difference
     got = results[0]
-    assert "parameter 'weight' float32 (3, 4) on rank 0 but parameter 'weight' float32 (4, 3) on rank 1" in got["transposed"]
+    assert ("parameter 'weight' float32 (3, 4) on rank 0 but parameter 'weight' float32 (4, 3) on rank 1"
+            in got["transposed"])
     assert "nothing (it has fewer parameters and buffers) on rank 0" in got["one more layer"]
     assert "'2.weight'" in got["one more layer"]
     assert "float32 (3, 4) on rank 0 but parameter 'weight' float64 (3, 4) on rank 1" in got["dtype"]
-    assert "parameter 'bias' float32 (3,) on rank 0 but parameter 'bias' float32 (3,) (frozen) on rank 1" in got["frozen"]
+    assert ("parameter 'bias' float32 (3,) on rank 0 but parameter 'bias' float32 (3,) (frozen) on rank 1"
+            in got["frozen"])
     assert "buffer 'table' float32 (2, 3) on rank 0 but buffer 'table' float32 (3, 2) on rank 1" in got["buffer"]
     assert got["same"] == "wrapped"  # and the failed checks left the group usable
     assert "'0.weight'" in got["renamed"] and "'x.weight'" in got["renamed"]
