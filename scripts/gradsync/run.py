@@ -2,20 +2,152 @@
 """Start N ranks of a program on this host, joined by shared memory:
 
     python3 -m gradsync.run -n 4 train.py --epochs 3
+    python3 -m gradsync.run -n 4 --log-dir logs -m mypackage.train --epochs 3
 
-Each rank is `python3 train.py --epochs 3` with GRADSYNC_GROUP, GRADSYNC_RANK, GRADSYNC_SIZE and
-GRADSYNC_TRANSPORT=shm in its environment, which `gradsync.Communicator.from_env()` reads.
-SIGINT and SIGTERM are passed on to every rank. When a rank fails (a non-zero exit or a signal),
-the launcher says which, stops the others (SIGTERM, then SIGKILL after --grace seconds) and exits
-with that rank's status; when all succeed, it exits 0.
+Each rank is `python3 train.py --epochs 3` (or `python3 -m module ...`) with GRADSYNC_GROUP,
+GRADSYNC_RANK, GRADSYNC_SIZE and GRADSYNC_TRANSPORT=shm in its environment, which
+`gradsync.Communicator.from_env()` reads, and OMP_NUM_THREADS=1 unless it is set already (the
+ranks are the parallelism: a thread pool per rank would fight the other ranks for the cores).
+
+Output: each line a rank writes, to stdout or stderr, is passed on whole with the rank in front
+("[rank 3] ..."), so that the ranks' lines never merge; --no-tag-output passes it on untouched
+(the ranks then write to the launcher's own stdout and stderr). --log-dir DIR also writes each
+rank's lines, untagged, to DIR/rank.<N>.log.
+
+Stopping: when a rank fails (a non-zero exit or a signal), the launcher says which, stops the
+others (SIGTERM, then SIGKILL after --grace seconds) and exits with that rank's status; when all
+succeed, it exits 0. SIGINT or SIGTERM to the launcher is passed on to every rank and escalated
+(SIGINT, then SIGTERM, then SIGKILL, --grace seconds apart; a second signal escalates at once),
+and the launcher then dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
+parent-death signal). Once its ranks are gone, the group's shared-memory segment, which a killed
+rank leaves behind, is removed: by the launcher, or if the launcher itself was killed, by a small
+watcher process it started for this.
 """
 import argparse
+import ctypes
 import os
+import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+
+_PR_SET_PDEATHSIG = 1
+_ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+
+
+def segment_path(group):
+    """The group's shared-memory segment, named as the library names it (segment_name in
+    src/comm/transport/shm/segment.cpp)."""
+    safe = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+    name = "".join(chr(c) if c in safe else f"%{c:02X}" for c in group.encode())
+    return pathlib.Path("/dev/shm") / f"gradsync.{name}"
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# The watcher: started in a session of its own (a kill of the launcher's process group spares it),
+# it reads the ranks' pids from the launcher. "exit" means the launcher cleaned up itself. End of
+# input without it means the launcher died: the ranks had a parent-death signal; any still alive
+# after the grace is killed (pidfds: no pid reuse can redirect the signal), then the segment goes.
+_WATCHER = """
+import os, select, signal, sys
+segment, grace = sys.argv[1], float(sys.argv[2])
+fds = []
+for line in sys.stdin:
+    if line == "exit\\n":
+        sys.exit(0)
+    try:
+        fds.append(os.pidfd_open(int(line)))
+    except ProcessLookupError:
+        pass
+for fd in fds:
+    if not select.select([fd], [], [], grace)[0]:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        select.select([fd], [], [], 10.0)
+try:
+    os.unlink(segment)
+except FileNotFoundError:
+    pass
+"""
+
+
+class _Output:
+    """Passes the ranks' output on line by line; one lock over every write, so lines never merge."""
+
+    def __init__(self, nprocs, tag, log_dir):
+        self.lock = threading.Lock()
+        width = len(str(nprocs - 1))
+        self.prefixes = [f"[rank {r:>{width}}] ".encode() if tag else b"" for r in range(nprocs)]
+        self.logs = [None] * nprocs
+        if log_dir is not None:
+            pathlib.Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self.logs = [open(pathlib.Path(log_dir) / f"rank.{r}.log", "wb") for r in range(nprocs)]
+        self.threads = []
+
+    def follow(self, rank, stream, out):
+        t = threading.Thread(target=self._pump, args=(rank, stream, out), daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _pump(self, rank, stream, out):
+        fd, pending = stream.fileno(), b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) >= 65536:  # a line too long to hold: passed on in pieces
+                lines.append(pending)
+                pending = b""
+            self._write(rank, out, lines)
+        if pending:
+            self._write(rank, out, [pending])
+        stream.close()
+
+    def _write(self, rank, out, lines):
+        if not lines:
+            return
+        prefix = self.prefixes[rank]
+        with self.lock:
+            try:
+                out.write(b"".join(prefix + line + b"\n" for line in lines))
+                out.flush()
+            except (BrokenPipeError, ValueError):  # the launcher's own output is gone: keep draining
+                pass
+            if self.logs[rank] is not None:
+                self.logs[rank].write(b"".join(line + b"\n" for line in lines))
+                self.logs[rank].flush()
+
+    def finish(self, bound):
+        deadline = time.monotonic() + bound
+        for t in self.threads:  # a rank's own child may hold its pipe open: bounded
+            t.join(max(0.0, deadline - time.monotonic()))
+        for log in self.logs:
+            if log is not None:
+                log.close()
+
+
+def _parent_death_signal(launcher):
+    """preexec_fn of each rank: SIGKILL when the launcher dies, even of SIGKILL."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: nothing is loaded in the child
+
+    def arm():
+        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            os._exit(127)
+        if os.getppid() != launcher:  # the launcher died before the signal was armed
+            os._exit(127)
+    return arm
 
 
 def main(argv=None):
@@ -23,71 +155,132 @@ def main(argv=None):
     ap.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
     ap.add_argument("--group", default=None, help="group name (default: a fresh unique one)")
     ap.add_argument("--timeout-ms", type=int, default=None, help="the communicators' timeout")
-    ap.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
-    ap.add_argument("program", help="a Python script (run with this interpreter)")
+    ap.add_argument("--grace", type=float, default=5.0,
+                    help="seconds between the stopping signals: SIGINT, SIGTERM, SIGKILL (default 5)")
+    ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
+                    help="put [rank N] in front of each line of rank N's output (default: on)")
+    ap.add_argument("--log-dir", default=None, help="also write rank N's output to LOG_DIR/rank.N.log")
+    ap.add_argument("-m", "--module", action="store_true", help="the program is a module, run as python3 -m")
+    ap.add_argument("program", help="a Python script (run with this interpreter), or with -m a module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.nprocs < 1:
         ap.error("-n must be at least 1")
+    if a.grace < 0:
+        ap.error("--grace must be >= 0")
     group = a.group or f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    segment = segment_path(group)
+    piped = a.tag_output or a.log_dir is not None
+    output = _Output(a.nprocs, a.tag_output, a.log_dir)
+    base = dict(os.environ, GRADSYNC_GROUP=group, GRADSYNC_SIZE=str(a.nprocs), GRADSYNC_TRANSPORT="shm")
+    base.setdefault("OMP_NUM_THREADS", "1")
+    if piped:
+        base.setdefault("PYTHONUNBUFFERED", "1")  # lines as they are written, as on a terminal
+    if a.timeout_ms is not None:
+        base["GRADSYNC_TIMEOUT_MS"] = str(a.timeout_ms)
+    command = [sys.executable, *(["-m"] if a.module else []), a.program, *a.args]
+
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(segment), str(a.grace)], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               text=True)
+    # Signals only record what was asked until every rank runs: the loop below acts on them.
+    requests = []
+
+    def on_signal(signum, _frame):
+        requests.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    arm = _parent_death_signal(os.getpid())
     procs = []
-    for rank in range(a.nprocs):
-        env = dict(os.environ, GRADSYNC_GROUP=group, GRADSYNC_RANK=str(rank), GRADSYNC_SIZE=str(a.nprocs),
-                   GRADSYNC_TRANSPORT="shm")
-        if a.timeout_ms is not None:
-            env["GRADSYNC_TIMEOUT_MS"] = str(a.timeout_ms)
-        procs.append(subprocess.Popen([sys.executable, a.program, *a.args], env=env))
-
-    def forward(signum, _frame):
+    pipe = subprocess.PIPE if piped else None
+    try:
+        for rank in range(a.nprocs):
+            procs.append(subprocess.Popen(command, env=dict(base, GRADSYNC_RANK=str(rank)), stdout=pipe, stderr=pipe,
+                                          preexec_fn=arm))
+            watcher.stdin.write(f"{procs[-1].pid}\n")
+            watcher.stdin.flush()
+    except OSError as e:
+        print(f"gradsync.run: cannot start rank {len(procs)}: {e}", file=sys.stderr)
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+            p.kill()
+    if piped:  # threads only now: preexec_fn runs between fork and exec, where threads are unsafe
+        for rank, p in enumerate(procs):
+            output.follow(rank, p.stdout, sys.stdout.buffer)
+            output.follow(rank, p.stderr, sys.stderr.buffer)
 
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+    codes, stopped = {}, set()
+    first = None  # the first rank that failed on its own
+    stop_at = None  # (time, index into _ESCALATION) of the next stopping signal
+    received = None  # the signal that stopped the launcher
+    settle = None
+
+    def send(sig):
+        for rank, p in enumerate(procs):
+            if rank not in codes:
+                p.send_signal(sig)  # a no-op once the rank is reaped: never another process
+                stopped.add(rank)
+
+    def escalate(index):
+        nonlocal stop_at
+        send(_ESCALATION[index])
+        stop_at = (time.monotonic() + a.grace, index + 1) if index + 1 < len(_ESCALATION) else None
+
+    if len(procs) < a.nprocs:
+        first = -1
+        escalate(2)
+    while len(codes) < len(procs):
+        while requests:
+            signum = requests.pop(0)
+            if received is None:
+                received = signum
+                escalate(_ESCALATION.index(signum))
+            elif stop_at is not None:  # asked again: the next signal now
+                escalate(stop_at[1])
+        for rank, p in enumerate(procs):
+            if rank not in codes and p.poll() is not None:
+                codes[rank] = p.returncode
+                if p.returncode != 0 and first is None and received is None and rank not in stopped:
+                    first = rank
+                    # A rank's failure usually makes the others fail at once (it left their
+                    # group), and which exit comes first is a race: every rank that fails on its
+                    # own within a short settling time is reported.
+                    settle = time.monotonic() + 0.5
+        now = time.monotonic()
+        if settle is not None and now >= settle:
+            settle = None
+            escalate(1)
+        if stop_at is not None and now >= stop_at[0]:
+            escalate(stop_at[1])
+        time.sleep(0.01)
+
+    # Every rank is gone: what a killed one left is removed, and the watcher is told all is done.
+    _remove(segment)
+    try:
+        watcher.stdin.write("exit\n")
+        watcher.stdin.close()
+    except OSError:
+        pass
+    try:
+        watcher.wait(10)
+    except subprocess.TimeoutExpired:
+        watcher.kill()
+        watcher.wait()
+    output.finish(bound=max(a.grace, 1.0))
+    for s, handler in previous.items():
+        signal.signal(s, handler)
 
     def describe(code):
         return f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
 
-    # Children are reaped as they exit. A rank's failure usually makes the others fail at once (it
-    # left their group), and which exit comes first is a race: every rank that failed on its own
-    # within a short settling time is reported, the first seen giving the exit status.
-    rank_of = {p.pid: r for r, p in enumerate(procs)}
-    codes, stopped = {}, set()
-
-    def reap(block):
-        while len(codes) < len(procs):
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-            if pid == 0:
-                return
-            if pid in rank_of:
-                codes[rank_of[pid]] = os.waitstatus_to_exitcode(status)
-                if codes[rank_of[pid]] != 0:
-                    return
-
-    first = None
-    while len(codes) < len(procs) and first is None:
-        reap(block=True)
-        first = next((r for r in codes if codes[r] != 0), None)
+    if received is not None:
+        print(f"gradsync.run: stopped by {signal.Signals(received).name}", file=sys.stderr)
+        signal.signal(received, signal.SIG_DFL)
+        os.kill(os.getpid(), received)  # dies of it, as the caller asked
+        return 128 + received
     if first is None:
         return 0
-    settle = time.monotonic() + 0.5
-    while len(codes) < len(procs) and time.monotonic() < settle:
-        reap(block=False)
-        time.sleep(0.01)
-    for rank, p in enumerate(procs):
-        if rank not in codes:
-            p.terminate()
-            stopped.add(rank)
-    deadline = time.monotonic() + a.grace
-    while len(codes) < len(procs):
-        if time.monotonic() >= deadline:
-            for rank, p in enumerate(procs):
-                if rank not in codes:
-                    p.kill()
-            deadline = float("inf")
-        reap(block=False)
-        time.sleep(0.01)
+    if first < 0:
+        return 1
     failed = [f"rank {r} ({describe(codes[r])})" for r in sorted(codes) if codes[r] != 0 and r not in stopped]
     print(f"gradsync.run: {len(failed)} of {a.nprocs} ranks failed: {', '.join(failed)}"
           f"{f'; stopped ranks {sorted(stopped)}' if stopped else ''}", file=sys.stderr)

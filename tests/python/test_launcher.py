@@ -1,10 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """python3 -m gradsync.run: N real processes joined by shared memory through the environment; a
-failing rank is named, the others stopped, its status returned."""
+failing rank is named, the others stopped, its status returned; each output line tagged with its
+rank, whole; OMP_NUM_THREADS=1 unless set; -m module; and whatever kills what, no rank and no
+segment is left behind."""
 import os
+import pathlib
+import queue
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import uuid
+
+from gradsync.run import segment_path
 
 RANK = textwrap.dedent("""
     import sys, numpy as np, gradsync as gs
@@ -31,7 +42,7 @@ def launch(tmp_path, n, *args):
 def test_ranks_join_through_the_environment(tmp_path):
     done = launch(tmp_path, 3)
     assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split("\n")[:-1]) == [f"rank {r} of 3 6.0 1" for r in range(3)]
+    assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] rank {r} of 3 6.0 1" for r in range(3)]
 
 
 def test_a_failed_rank_is_named_and_the_others_stopped(tmp_path):
@@ -47,3 +58,188 @@ def test_outside_a_launcher_the_error_says_how_to_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_") or k == "GRADSYNC_LIBRARY"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode != 0 and "python3 -m gradsync.run -n N" in done.stderr
+
+
+def run_launcher(tmp_path, source, *args, env=None, name="prog.py"):
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "gradsync.run", *args, str(script)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ) if env is None else env)
+
+
+def test_omp_num_threads_is_1_unless_the_user_set_it(tmp_path):
+    source = 'import os; print(os.environ.get("OMP_NUM_THREADS"), flush=True)\n'
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = run_launcher(tmp_path, source, "-n", "2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] 1", "[rank 1] 1"]
+    done = run_launcher(tmp_path, source, "-n", "2", env=dict(env, OMP_NUM_THREADS="3"))
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] 3", "[rank 1] 3"]
+
+
+CHATTY = """
+    import os, sys
+    r = int(os.environ["GRADSYNC_RANK"])
+    for i in range(300):
+        # Two writes a line: unbuffered (as the launcher asks), each reaches the pipe alone, and
+        # another rank's line could land between them.
+        sys.stdout.write(f"line {i} ")
+        sys.stdout.write(f"of rank {r}\\n")
+        if i % 100 == 0:
+            sys.stderr.write(f"err {i} of rank {r}\\n")
+    sys.stdout.write(f"no newline from rank {r}")
+"""
+
+
+def test_each_line_whole_and_tagged_with_its_rank_and_logs_per_rank(tmp_path):
+    done = run_launcher(tmp_path, CHATTY, "-n", "3", "--log-dir", str(tmp_path / "logs"))
+    assert done.returncode == 0, done.stderr
+    by_rank = {r: [] for r in range(3)}
+    for line in done.stdout.splitlines():
+        m = re.fullmatch(r"\[rank (\d)\] (.*)", line)
+        assert m, line
+        by_rank[int(m.group(1))].append(m.group(2))
+    for r, lines in by_rank.items():
+        assert lines == [f"line {i} of rank {r}" for i in range(300)] + [f"no newline from rank {r}"]
+    err = sorted(done.stderr.splitlines())
+    assert err == sorted(f"[rank {r}] err {i} of rank {r}" for r in range(3) for i in (0, 100, 200))
+    for r in range(3):
+        log = (tmp_path / "logs" / f"rank.{r}.log").read_text().splitlines()
+        assert [x for x in log if x.startswith("line")] == [f"line {i} of rank {r}" for i in range(300)]
+        assert sorted(x for x in log if x.startswith("err")) == sorted(f"err {i} of rank {r}" for i in (0, 100, 200))
+        assert log[-1] == f"no newline from rank {r}" and len(log) == 304
+
+
+def test_untagged_output_on_request(tmp_path):
+    done = run_launcher(tmp_path, 'import os; print("rank", os.environ["GRADSYNC_RANK"])\n', "-n", "2",
+                        "--no-tag-output")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["rank 0", "rank 1"]
+
+
+def test_a_module_with_its_arguments(tmp_path):
+    package = tmp_path / "trainpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "main.py").write_text('import sys\nprint("module", __name__, sys.argv[1:])\n')
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "2", "-m", "trainpkg.main", "-m", "x", "--y"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"[rank {r}] module __main__ ['-m', 'x', '--y']" for r in range(2)]
+
+
+# The kill matrix: each case starts 2 ranks that join a group (its segment now exists) and say
+# their pids, kills something, and then waits (bounded) for every rank and the segment to be gone.
+KILL_RANK = """
+    import os, signal, sys, time
+    import gradsync as gs
+    mode = sys.argv[1]
+    if mode == "ignore-int":  # as a program that ignores SIGINT (or a background job that inherited it)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with gs.Communicator.from_env(timeout_ms=60000) as c:
+        print("joined", os.getpid(), flush=True)
+        if mode == "stuck":
+            if c.rank == 1:
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stuck in Python: only SIGKILL ends it
+        while True:
+            time.sleep(0.1)
+"""
+
+
+def _alive(pid):
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie has ended; its new parent reaps it
+
+
+def _watchers(segment):
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(segment).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return [pid for pid in found if _alive(pid)]
+
+
+def _start(tmp_path, mode, group, ignore_int=False):
+    script = tmp_path / "kill_rank.py"
+    script.write_text(textwrap.dedent(KILL_RANK))
+    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", "--grace", "1", "--group", group,
+                                 str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in launcher.stdout] + [lines.put(None)], daemon=True).start()
+    pids = []
+    while len(pids) < 2:
+        line = lines.get(timeout=60)
+        assert line is not None, launcher.stderr.read()
+        if " joined " in line:
+            pids.append(int(line.split()[-1]))
+    assert segment_path(group).exists()  # the launcher names the segment as the library does
+    return launcher, pids
+
+
+def _nothing_left(pids, group, bound_s=30):
+    segment = segment_path(group)
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids) and not segment.exists() and not _watchers(segment):
+            return True
+        time.sleep(0.05)
+    return f"alive: {[p for p in pids if _alive(p)]}, segment: {segment.exists()}, watchers: {_watchers(segment)}"
+
+
+def _group(tag):
+    return f"kill {tag}+{os.getpid()}-{uuid.uuid4().hex[:6]}"  # a space and a +: escaped in the segment's name
+
+
+def test_kill_a_rank_stuck_in_python_the_segment_is_removed(tmp_path):
+    group = _group("stuck")
+    launcher, pids = _start(tmp_path, "stuck", group)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 3, err  # rank 1's status; rank 0 ignored SIGTERM and got SIGKILL
+    assert "rank 1 (status 3)" in err and "stopped ranks [0]" in err, err
+    assert _nothing_left(pids, group) is True
+
+
+def test_kill_sigterm_to_the_launcher(tmp_path):
+    group = _group("term")
+    launcher, pids = _start(tmp_path, "wait", group)
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == -signal.SIGTERM, err  # it dies of the signal it got
+    assert "stopped by SIGTERM" in err
+    assert _nothing_left(pids, group) is True
+
+
+def test_kill_sigint_to_a_launcher_whose_ranks_ignore_it_escalates(tmp_path):
+    group = _group("int")
+    launcher, pids = _start(tmp_path, "ignore-int", group, ignore_int=True)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == -signal.SIGINT, err
+    assert _nothing_left(pids, group) is True
+
+
+def test_kill_sigint_to_a_launcher_ranks_that_take_it_end_cleanly(tmp_path):
+    group = _group("int-clean")
+    launcher, pids = _start(tmp_path, "wait", group)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == -signal.SIGINT, err
+    assert "KeyboardInterrupt" in err  # the ranks' own traceback, tagged
+    assert _nothing_left(pids, group) is True
+
+
+def test_kill_sigkill_to_the_launcher_its_ranks_die_with_it(tmp_path):
+    group = _group("kill")
+    launcher, pids = _start(tmp_path, "wait", group)
+    launcher.kill()
+    launcher.wait(timeout=60)
+    assert _nothing_left(pids, group) is True
