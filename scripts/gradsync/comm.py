@@ -36,8 +36,8 @@ from .dataparallel import partition
 from ._lib import (E_IN_PROGRESS, GradsyncError, Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p, check, declare,
                    lib, numpy_array)
 
-__all__ = ["Communicator", "Request", "Topology", "COLLECTIVES", "TRANSPORT_THREAD", "TRANSPORT_SHM", "TRANSPORT_MPI",
-           "TRANSPORT_HIER", "OPS", "NO_TIMEOUT", "SPLIT_NONE"]
+__all__ = ["Communicator", "Request", "Topology", "Transport", "COLLECTIVES", "TRANSPORT_THREAD", "TRANSPORT_SHM",
+           "TRANSPORT_MPI", "TRANSPORT_HIER", "OPS", "NO_TIMEOUT", "SPLIT_NONE"]
 
 TRANSPORT_THREAD = 0
 TRANSPORT_SHM = 1
@@ -45,6 +45,36 @@ TRANSPORT_MPI = 2
 TRANSPORT_HIER = 3
 TRANSPORTS = {"threads": TRANSPORT_THREAD, "thread": TRANSPORT_THREAD, "shm": TRANSPORT_SHM, "mpi": TRANSPORT_MPI,
               "hier": TRANSPORT_HIER}
+
+
+class Transport(str):
+    """A communicator's transport by name: "threads", "shm", "mpi" or "hier" (Communicator.transport).
+
+    It also equals its TRANSPORT_* code, and int() gives the code, so code written when the
+    property was an int keeps working."""
+
+    _NAMES = {TRANSPORT_THREAD: "threads", TRANSPORT_SHM: "shm", TRANSPORT_MPI: "mpi", TRANSPORT_HIER: "hier"}
+
+    def __new__(cls, code):
+        self = super().__new__(cls, cls._NAMES.get(code, f"transport {code}"))
+        self.code = code
+        return self
+
+    def __eq__(self, other):
+        if isinstance(other, int) and not isinstance(other, bool):
+            return self.code == other
+        return str.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = str.__hash__
+
+    def __int__(self):
+        return self.code
+
+    def __reduce__(self):
+        return Transport, (self.code,)
 
 OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
 # float16 (IEEE half): moved bit for bit, and reduced in f32 with one rounding.
@@ -394,7 +424,8 @@ class Communicator(Handle):
 
     @property
     def transport(self):
-        return self._query(lib.gradsync_comm_transport)
+        """"threads", "shm", "mpi" or "hier" (a Transport: it equals the TRANSPORT_* code too)."""
+        return Transport(self._query(lib.gradsync_comm_transport))
 
     def split(self, color, key=0):
         """A subgroup, as MPI_Comm_split: ranks passing the same color (>= 0) form a new

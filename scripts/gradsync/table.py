@@ -104,6 +104,13 @@ def _addr(arr):
     return arr.ctypes.data if arr.size else None
 
 
+class _Count(int):
+    """An int that calling returns: Accumulator.touched_count, a method that was a property."""
+
+    def __call__(self):
+        return int(self)
+
+
 class _Owner:
     """Owns the C handle; numpy views hold it too, so the mapping outlives close() while they live."""
 
@@ -333,15 +340,18 @@ class Accumulator(_Mapped):
 
     @property
     def touched_count(self):
+        """touched_count(): how many rows are touched now. A method, as touched() is (both ask the
+        accumulator, whose rows other threads and processes touch meanwhile); read as an attribute
+        (`a.touched_count`, the older form) it gives the same number."""
         n = c_int64()
         check(lib.gradsync_accum_touched_count(self.ptr, ctypes.byref(n)))
-        return n.value
+        return _Count(n.value)
 
     def touched(self):
         """The touched rows (int64), in the order they were first touched."""
         needed = c_size_t()
         while True:
-            n = self.touched_count
+            n = int(self.touched_count)
             out = np.empty(n, dtype=np.int64)
             status = lib.gradsync_accum_touched(self.ptr, _addr(out), n, ctypes.byref(needed))
             if status == 0:

@@ -100,7 +100,10 @@ def test_timeout_abort_and_reset():
     for t in threads:
         t.join(30)
     a, b = comms
-    assert a.transport == gs.TRANSPORT_THREAD and (a.rank, a.size) == (0, 2)
+    assert a.transport == "threads" and f"{a.transport}" == "threads" and (a.rank, a.size) == (0, 2)
+    # A name that still equals the code it was before, for code written then.
+    assert a.transport == gs.TRANSPORT_THREAD and int(a.transport) == 0 and a.transport != gs.TRANSPORT_SHM
+    assert a.transport in {"threads"} and a.transport != "shm"
     with pytest.raises(gs.GradsyncError) as info:
         a.allreduce(np.ones(3, np.float32))  # rank 1 never comes
     assert info.value.status == gs.E_TIMEOUT

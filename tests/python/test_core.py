@@ -15,6 +15,31 @@ def test_version_and_abi():
 def test_features():
     assert gs.has_feature(gs.FEATURE_THREAD_TRANSPORT)
     assert not gs.has_feature(999)
+    # By name, as users write them.
+    assert gs.has_feature("threads") and gs.has_feature("SHM")
+    assert gs.has_feature("mpi") == gs.has_feature(gs.FEATURE_MPI_TRANSPORT)
+    assert gs.has_feature("f16c") == gs.has_feature(gs.FEATURE_F16C)
+    with pytest.raises(ValueError, match="unknown feature 'pigeons'; expected one of"):
+        gs.has_feature("pigeons")
+    with pytest.raises(TypeError):
+        gs.has_feature(1.5)
+
+
+def test_log_levels_by_name():
+    try:
+        gs.set_log_level("debug")
+        assert gs.get_log_level() == gs.LOG_DEBUG
+        gs.set_log_level("Warning")
+        assert gs.get_log_level() == gs.LOG_WARN
+        gs.set_log_level(gs.LOG_ERROR)
+        assert gs.get_log_level() == gs.LOG_ERROR
+        with pytest.raises(ValueError, match="unknown log level 'verbose'; expected one of .*'debug'"):
+            gs.set_log_level("verbose")
+        assert gs.get_log_level() == gs.LOG_ERROR  # unchanged
+        with pytest.raises(ValueError):
+            gs.set_log_callback(lambda level, msg: None, "loud")
+    finally:
+        gs.set_log_level("warn")
 
 
 def test_error_carries_status_and_message():

@@ -42,7 +42,7 @@ def launch(tmp_path, n, *args):
 def test_ranks_join_through_the_environment(tmp_path):
     done = launch(tmp_path, 3)
     assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] rank {r} of 3 6.0 1" for r in range(3)]
+    assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] rank {r} of 3 6.0 shm" for r in range(3)]
 
 
 def test_a_failed_rank_is_named_and_the_others_stopped(tmp_path):

@@ -59,7 +59,7 @@ def test_seed_two_ranks_mean_both_data_paths():
     for rank in range(2):
         plain, shared, transport = results[rank]
         assert plain == [3.0, 6.0] and shared == [3.0, 6.0]
-        assert transport == gs.TRANSPORT_SHM
+        assert transport == gs.TRANSPORT_SHM and transport == "shm"  # a name, through pickling too
 
 
 def _seed3(rank, size, queue, group):
