@@ -15,8 +15,9 @@
 Results are reduced in rank order, so every rank gets the same bits on every run. Ranks that
 disagree (length, dtype, op, root, collective) all get GradsyncError E_MISMATCH and the next round
 works; a missing rank gives E_TIMEOUT on the others; abort() from any thread wakes every waiter.
-Arrays are passed without copying (C-contiguous numpy arrays of float32, float64, int32 or int64),
-and the GIL is released during every call, so Python threads run collectives truly in parallel.
+Arrays are passed without copying (C-contiguous numpy arrays of float32, float64, int32, int64 or
+float16, or contiguous CPU torch tensors of those dtypes, for which the results are tensors too:
+an argument returned is that tensor), and the GIL is released during every call, so Python threads run collectives truly in parallel.
 
 One Communicator is used by one thread at a time (each rank its own): a second thread calling it
 while a call runs gets GradsyncError E_MISUSE at once, and the running call is unaffected; abort()
@@ -25,8 +26,11 @@ call aborts that call (it raises E_ABORTED) and returns once it has left the lib
 """
 import collections
 import ctypes
+import functools
+import inspect
 import os
 import signal
+import sys
 import threading
 import weakref
 
@@ -331,6 +335,81 @@ declare("gradsync_comm_timeline", c_int, _P, ctypes.c_char_p)
 
 def _array(a, name, writable=True):
     return numpy_array(a, name, _DTYPES, writable)
+
+
+# torch tensors, beside numpy arrays: a CPU tensor's numpy view shares its memory, so a tensor goes
+# in without a copy, and a result that is an argument comes back as that very tensor; a result the
+# binding allocates comes back as a tensor over the same memory. torch is never imported here: a
+# tensor can only exist once the program has imported it.
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_tensor(x):
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _tensor_view(t, name):
+    if t.device.type != "cpu":
+        raise TypeError(f"{name} is a tensor on {t.device}; the collectives take CPU tensors")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() and pass that tensor)")
+    try:
+        view = t.detach().numpy()
+    except (TypeError, RuntimeError) as e:  # bfloat16, complex views, ...: no numpy form
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float32, float64, int32, int64 or float16"
+                        f" ({e})") from None
+    if view.dtype not in _DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float32, float64, int32, int64 or float16")
+    return view
+
+
+def _tensors_in_out(method):
+    """Lets a collective take CPU torch tensors (in lists too, and a torch dtype) wherever it takes
+    numpy arrays, and give tensors back; its non-blocking form's wait() too."""
+    names = list(inspect.signature(method).parameters)[1:]
+
+    @functools.wraps(method)
+    def collective(self, *args, **kwargs):
+        views = {}  # id(numpy view) -> (view, tensor): the tensor a result that is a view stands for
+        as_tensors = False
+
+        def to_numpy(x, name):
+            nonlocal as_tensors
+            if _is_tensor(x):
+                view = _tensor_view(x, name)
+                views[id(view)] = (view, x)
+                as_tensors = True
+                return view
+            if isinstance(x, (list, tuple)) and any(_is_tensor(y) for y in x):
+                return [to_numpy(y, f"{name}[{i}]") for i, y in enumerate(x)]
+            torch = _torch()
+            if torch is not None and isinstance(x, torch.dtype):
+                as_tensors = True
+                return torch.empty(0, dtype=x).numpy().dtype
+            return x
+
+        args = [to_numpy(a, names[i] if i < len(names) else f"argument {i + 1}") for i, a in enumerate(args)]
+        kwargs = {k: to_numpy(v, k) for k, v in kwargs.items()}
+        result = method(self, *args, **kwargs)
+        if not as_tensors:
+            return result
+
+        def to_tensors(r):
+            if isinstance(r, np.ndarray):
+                hit = views.get(id(r))
+                return hit[1] if hit is not None and hit[0] is r else _torch().from_numpy(r)
+            if isinstance(r, list):
+                return [to_tensors(y) for y in r]
+            return r
+
+        if isinstance(result, Request):
+            inner = result._result
+            result._result = lambda: to_tensors(inner() if callable(inner) else inner)
+            return result
+        return to_tensors(result)
+    return collective
 
 
 _ptr = address
@@ -788,3 +867,9 @@ class Communicator(Handle):
         if not self._ptr:
             return "<gradsync.Communicator closed>"
         return f"<gradsync.Communicator rank {self.rank} of {self.size}>"
+
+
+for _name in ("allreduce", "allreduce_many", "weighted_mean", "broadcast", "allgather", "allgatherv", "reduce_scatter",
+              "reduce_scatterv", "alltoall", "alltoallv", "reduce", "gather", "gatherv", "scatter", "scatterv"):
+    # The i* forms call these, so they take and give tensors too.
+    setattr(Communicator, _name, _tensors_in_out(getattr(Communicator, _name)))
