@@ -76,10 +76,15 @@ class _Bucket:
         self.request = None
 
 
-def _describe(module, bucket_cap_mb):
-    """What every rank must agree on, in order: one entry per parameter and buffer."""
-    entries = [["option", "bucket_cap_mb", repr(float(bucket_cap_mb)), "", False]]
-    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+def _describe(module, options):
+    """What every rank must agree on, in order: the options, then one entry per parameter and
+    buffer (a module's, or a list of parameters named by their index)."""
+    entries = [["option", k, repr(v), "", False] for k, v in options.items()]
+    if isinstance(module, torch.nn.Module):
+        tensors = [("parameter", module.named_parameters()), ("buffer", module.named_buffers())]
+    else:
+        tensors = [("parameter", ((f"params[{i}]", p) for i, p in enumerate(module)))]
+    for kind, named in tensors:
         for name, t in named:
             entries.append([kind, name, list(t.shape), str(t.dtype).replace("torch.", ""), bool(t.requires_grad)])
     return entries
@@ -94,12 +99,13 @@ def _show(entry):
     return f"{kind} {name!r} {dtype} {tuple(shape)}{'' if requires_grad or kind == 'buffer' else ' (frozen)'}"
 
 
-def _check_same_model(module, comm, bucket_cap_mb):
-    """Collective: raises ValueError on every rank when the ranks' models differ.
+def _check_same_model(module, comm, options, who="DistributedDataParallel"):
+    """Collective: raises ValueError on every rank when the ranks' models (a module, or a list of
+    parameters) or options differ.
 
     One allgather of a digest settles the common case; only when the digests differ do the ranks
     gather every rank's whole description, so that each names the same first difference."""
-    mine = _describe(module, bucket_cap_mb)
+    mine = _describe(module, options)
     text = json.dumps(mine, separators=(",", ":")).encode()
     size, rank = comm.size, comm.rank
     if size == 1:
@@ -125,7 +131,7 @@ def _check_same_model(module, comm, bucket_cap_mb):
             a = first[i] if i < len(first) else None
             b = descriptions[r][i] if i < len(descriptions[r]) else None
             if a != b:
-                raise ValueError(f"DistributedDataParallel: the ranks wrap different models; the first difference "
+                raise ValueError(f"{who}: the ranks wrap different models; the first difference "
                                  f"is {_show(a)} on rank 0 but {_show(b)} on rank {r}; every rank must wrap the same "
                                  f"model (parameters and buffers in the same order, same shapes and dtypes)")
     raise AssertionError("the digests differ but the descriptions are equal")  # unreachable: json is canonical
@@ -140,7 +146,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.comm = comm
         self.broadcast_buffers = broadcast_buffers
         self._sync = True
-        _check_same_model(module, comm, bucket_cap_mb)
+        _check_same_model(module, comm, {"bucket_cap_mb": float(bucket_cap_mb)})
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self._broadcast(t)
@@ -313,6 +319,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     "bigdl_fp16" for the gradients on the wire (the weights travel in full precision);
     error_feedback, clip_norm: as ShardedParameter has them.
 
+    Construction is collective and checks, as DistributedDataParallel does, that every rank passes
+    parameters of the same shapes in the same order (and the same optimizer and compression).
     Use it on the plain model, not on one wrapped in DistributedDataParallel: step() averages the
     gradients itself (a wrapper would average them twice, for nothing). A parameter whose .grad is
     None this step contributes zeros. A learning-rate change in param_groups (a scheduler's) is
@@ -330,6 +338,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for p in self._params:
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise ValueError(f"parameters must be float32 CPU tensors, got {p.dtype} on {p.device}")
+        _check_same_model(self._params, comm, {"optimizer": optimizer, "compress": compress},
+                          who="ZeroRedundancyOptimizer")
         self._offsets, total = [], 0
         for p in self._params:
             self._offsets.append(total)

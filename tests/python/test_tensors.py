@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-import gradsync as gs
 from conftest import run_ranks
 
 torch.set_num_threads(1)

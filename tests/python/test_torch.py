@@ -286,6 +286,13 @@ def _shm_differ_rank(rank, size, queue, group):
                 outcome[what] = "wrapped"
             except ValueError as e:
                 outcome[what] = str(e)
+        for what, module in (("zero transposed", torch.nn.Linear(4, 3) if rank == 0 else torch.nn.Linear(3, 4)),
+                             ("zero same", torch.nn.Linear(4, 3))):
+            try:
+                gst.ZeroRedundancyOptimizer(module.parameters(), comm, optimizer="sgd").close()
+                outcome[what] = "made"
+            except ValueError as e:
+                outcome[what] = str(e)
     queue.put((rank, outcome))
 
 
@@ -303,6 +310,10 @@ def test_ranks_that_wrap_different_models_all_fail_naming_the_first_difference()
             in got["frozen"])
     assert "buffer 'table' float32 (2, 3) on rank 0 but buffer 'table' float32 (3, 2) on rank 1" in got["buffer"]
     assert got["same"] == "wrapped"  # and the failed checks left the group usable
+    assert got["zero transposed"].startswith("ZeroRedundancyOptimizer: the ranks wrap different models; the first "
+                                             "difference is parameter 'params[0]' float32 (3, 4) on rank 0 but "
+                                             "parameter 'params[0]' float32 (4, 3) on rank 1")
+    assert got["zero same"] == "made"
     assert "'0.weight'" in got["renamed"] and "'x.weight'" in got["renamed"]
 
 
