@@ -19,12 +19,13 @@ others (SIGTERM, then SIGKILL after --grace seconds) and exits with that rank's 
 succeed, it exits 0. SIGINT or SIGTERM to the launcher is passed on to every rank and escalated
 (SIGINT, then SIGTERM, then SIGKILL, --grace seconds apart; a second signal escalates at once),
 and the launcher then dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
-parent-death signal). Once its ranks are gone, the group's shared-memory segment, which a killed
-rank leaves behind, is removed: by the launcher, or if the launcher itself was killed, by a small
+parent-death signal). Once its ranks are gone, the group's shared-memory segments (its own and its
+subgroups'), which a killed rank leaves behind, are removed: by the launcher, or if the launcher itself was killed, by a small
 watcher process it started for this.
 """
 import argparse
 import ctypes
+import inspect
 import os
 import pathlib
 import signal
@@ -41,25 +42,42 @@ _ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 def segment_path(group):
     """The group's shared-memory segment, named as the library names it (segment_name in
     src/comm/transport/shm/segment.cpp)."""
+    return _segment(group.encode())
+
+
+def _segment(name):
     safe = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
-    name = "".join(chr(c) if c in safe else f"%{c:02X}" for c in group.encode())
-    return pathlib.Path("/dev/shm") / f"gradsync.{name}"
+    return pathlib.Path("/dev/shm") / ("gradsync." + "".join(chr(c) if c in safe else f"%{c:02X}" for c in name))
 
 
-def _remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def subgroup_prefix(group):
+    """What the segments of the group's subgroups (Communicator.split), and theirs, begin with:
+    the group's name cut to 40 bytes and a dot, then hex digits and dots only
+    (Communicator::split in src/comm/communicator.cpp)."""
+    return str(_segment(group.encode()[:40])) + "."
+
+
+def remove_segments(segment, prefix):
+    """Removes the segment and those of its subgroups. The watcher runs this function's source: it
+    must need nothing but the standard library, imported inside."""
+    import os
+    import re
+    for name in os.listdir("/dev/shm"):
+        path = os.path.join("/dev/shm", name)
+        if path == segment or (path.startswith(prefix) and re.fullmatch(r"[0-9a-f.]+", path[len(prefix):])):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 # The watcher: started in a session of its own (a kill of the launcher's process group spares it),
 # it reads the ranks' pids from the launcher. "exit" means the launcher cleaned up itself. End of
 # input without it means the launcher died: the ranks had a parent-death signal; any still alive
 # after the grace is killed (pidfds: no pid reuse can redirect the signal), then the segment goes.
-_WATCHER = """
+_WATCHER = inspect.getsource(remove_segments) + """
 import os, select, signal, sys
-segment, grace = sys.argv[1], float(sys.argv[2])
+segment, prefix, grace = sys.argv[1], sys.argv[2], float(sys.argv[3])
 fds = []
 for line in sys.stdin:
     if line == "exit\\n":
@@ -72,10 +90,7 @@ for fd in fds:
     if not select.select([fd], [], [], grace)[0]:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         select.select([fd], [], [], 10.0)
-try:
-    os.unlink(segment)
-except FileNotFoundError:
-    pass
+remove_segments(segment, prefix)
 """
 
 
@@ -169,7 +184,9 @@ def main(argv=None):
     if a.grace < 0:
         ap.error("--grace must be >= 0")
     group = a.group or f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    segment = segment_path(group)
+    if not group or len(group.encode()) > 63:  # gradsync_comm_options.name
+        ap.error(f"--group must be 1 to 63 bytes, got {len(group.encode())}")
+    segment, prefix = str(segment_path(group)), subgroup_prefix(group)
     piped = a.tag_output or a.log_dir is not None
     output = _Output(a.nprocs, a.tag_output, a.log_dir)
     base = dict(os.environ, GRADSYNC_GROUP=group, GRADSYNC_SIZE=str(a.nprocs), GRADSYNC_TRANSPORT="shm")
@@ -180,7 +197,7 @@ def main(argv=None):
         base["GRADSYNC_TIMEOUT_MS"] = str(a.timeout_ms)
     command = [sys.executable, *(["-m"] if a.module else []), a.program, *a.args]
 
-    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(segment), str(a.grace)], stdin=subprocess.PIPE,
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, segment, prefix, str(a.grace)], stdin=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                text=True)
     # Signals only record what was asked until every rank runs: the loop below acts on them.
@@ -254,7 +271,7 @@ def main(argv=None):
         time.sleep(0.01)
 
     # Every rank is gone: what a killed one left is removed, and the watcher is told all is done.
-    _remove(segment)
+    remove_segments(segment, prefix)
     try:
         watcher.stdin.write("exit\n")
         watcher.stdin.close()

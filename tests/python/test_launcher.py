@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 
-from gradsync.run import segment_path
+from gradsync.run import segment_path, subgroup_prefix
 
 RANK = textwrap.dedent("""
     import sys, numpy as np, gradsync as gs
@@ -137,7 +137,7 @@ KILL_RANK = """
     mode = sys.argv[1]
     if mode == "ignore-int":  # as a program that ignores SIGINT (or a background job that inherited it)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with gs.Communicator.from_env(timeout_ms=60000) as c:
+    with gs.Communicator.from_env(timeout_ms=60000) as c, c.split(0) as sub:  # a subgroup: a segment too
         print("joined", os.getpid(), flush=True)
         if mode == "stuck":
             if c.rank == 1:
@@ -181,18 +181,26 @@ def _start(tmp_path, mode, group, ignore_int=False):
         assert line is not None, launcher.stderr.read()
         if " joined " in line:
             pids.append(int(line.split()[-1]))
-    assert segment_path(group).exists()  # the launcher names the segment as the library does
+    # The launcher names the segments as the library does.
+    assert segment_path(group).exists() and _subgroup_segments(group)
     return launcher, pids
+
+
+def _subgroup_segments(group):
+    prefix = subgroup_prefix(group)
+    return [p for p in pathlib.Path("/dev/shm").iterdir() if str(p).startswith(prefix)]
 
 
 def _nothing_left(pids, group, bound_s=30):
     segment = segment_path(group)
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids) and not segment.exists() and not _watchers(segment):
+        if (not any(_alive(p) for p in pids) and not segment.exists() and not _subgroup_segments(group)
+                and not _watchers(segment)):
             return True
         time.sleep(0.05)
-    return f"alive: {[p for p in pids if _alive(p)]}, segment: {segment.exists()}, watchers: {_watchers(segment)}"
+    return (f"alive: {[p for p in pids if _alive(p)]}, segment: {segment.exists()}, "
+            f"subgroups: {_subgroup_segments(group)}, watchers: {_watchers(segment)}")
 
 
 def _group(tag):
@@ -209,7 +217,7 @@ def test_kill_a_rank_stuck_in_python_the_segment_is_removed(tmp_path):
 
 
 def test_kill_sigterm_to_the_launcher(tmp_path):
-    group = _group("term")
+    group = _group("term, longer than the 40 bytes kept")
     launcher, pids = _start(tmp_path, "wait", group)
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=60)
@@ -243,3 +251,9 @@ def test_kill_sigkill_to_the_launcher_its_ranks_die_with_it(tmp_path):
     launcher.kill()
     launcher.wait(timeout=60)
     assert _nothing_left(pids, group) is True
+
+
+def test_a_group_name_too_long_is_refused_before_any_rank_starts(tmp_path):
+    done = run_launcher(tmp_path, 'print("started")\n', "-n", "2", "--group", "g" * 64)
+    assert done.returncode == 2 and "--group must be 1 to 63 bytes, got 64" in done.stderr
+    assert done.stdout == ""
