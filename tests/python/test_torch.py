@@ -342,9 +342,10 @@ def _train_through_a_timeout(rank, size, comm, timed_out, steps=6, lost=2):
     return failures, [p.detach().clone() for p in model.module.parameters()]
 
 
-def _shm_timeout_rank(rank, size, queue, group, timed_out):
+def _shm_timeout_rank(rank, size, queue, group, timed_out, started):
     import gradsync as gs
     torch.set_num_threads(1)
+    started.wait(60)  # the short timeout bounds the join too: join together, however slow the start
     with gs.Communicator(group, rank, size, timeout_ms=3000, transport="shm") as comm:
         failures, weights = _train_through_a_timeout(rank, size, comm, timed_out)
     queue.put((rank, (failures, [w.numpy() for w in weights])))
@@ -353,7 +354,8 @@ def _shm_timeout_rank(rank, size, queue, group, timed_out):
 def test_a_step_that_timed_out_then_a_reset_and_training_goes_on():
     import multiprocessing as mp
     import gradsync as gs
-    results, codes = _run(_shm_timeout_rank, 2, _group("timeout"), mp.get_context("spawn").Event())
+    ctx = mp.get_context("spawn")
+    results, codes = _run(_shm_timeout_rank, 2, _group("timeout"), ctx.Event(), ctx.Barrier(2))
     assert codes == [0, 0]
     # Step 2 failed on both ranks, and no other step (a stale request would fail every later one).
     assert results[0][0] == [(2, gs.E_TIMEOUT)], results[0][0]
