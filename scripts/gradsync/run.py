@@ -237,9 +237,13 @@ def main(argv=None):
                 p.send_signal(sig)  # a no-op once the rank is reaped: never another process
                 stopped.add(rank)
 
+    sent = -1  # the index into _ESCALATION of the strongest signal sent
+
     def escalate(index):
-        nonlocal stop_at
+        nonlocal stop_at, sent
+        index = min(index, len(_ESCALATION) - 1)
         send(_ESCALATION[index])
+        sent = max(sent, index)
         stop_at = (time.monotonic() + a.grace, index + 1) if index + 1 < len(_ESCALATION) else None
 
     if len(procs) < a.nprocs:
@@ -247,12 +251,10 @@ def main(argv=None):
         escalate(2)
     while len(codes) < len(procs):
         while requests:
+            # The signal asked for, or, once the ranks are being stopped, the next one now.
             signum = requests.pop(0)
-            if received is None:
-                received = signum
-                escalate(_ESCALATION.index(signum))
-            elif stop_at is not None:  # asked again: the next signal now
-                escalate(stop_at[1])
+            escalate(max(_ESCALATION.index(signum) if received is None else 0, sent + 1))
+            received = received or signum
         for rank, p in enumerate(procs):
             if rank not in codes and p.poll() is not None:
                 codes[rank] = p.returncode

@@ -167,10 +167,10 @@ def _watchers(segment):
     return [pid for pid in found if _alive(pid)]
 
 
-def _start(tmp_path, mode, group, ignore_int=False):
+def _start(tmp_path, mode, group, ignore_int=False, grace=1):
     script = tmp_path / "kill_rank.py"
     script.write_text(textwrap.dedent(KILL_RANK))
-    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", "--grace", "1", "--group", group,
+    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", "--grace", str(grace), "--group", group,
                                  str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None)
     lines = queue.Queue()
@@ -229,6 +229,17 @@ def test_kill_sigterm_to_the_launcher(tmp_path):
 def test_kill_sigint_to_a_launcher_whose_ranks_ignore_it_escalates(tmp_path):
     group = _group("int")
     launcher, pids = _start(tmp_path, "ignore-int", group, ignore_int=True)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == -signal.SIGINT, err
+    assert _nothing_left(pids, group) is True
+
+
+def test_kill_a_second_sigint_escalates_at_once(tmp_path):
+    group = _group("int-twice")
+    launcher, pids = _start(tmp_path, "ignore-int", group, grace=3600)  # only the second SIGINT can end it
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # two deliveries: two pending SIGINTs would be one
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == -signal.SIGINT, err
