@@ -17,7 +17,8 @@ disagree (length, dtype, op, root, collective) all get GradsyncError E_MISMATCH 
 works; a missing rank gives E_TIMEOUT on the others; abort() from any thread wakes every waiter.
 Arrays are passed without copying (C-contiguous numpy arrays of float32, float64, int32, int64 or
 float16, or contiguous CPU torch tensors of those dtypes, for which the results are tensors too:
-an argument returned is that tensor), and the GIL is released during every call, so Python threads run collectives truly in parallel.
+an argument returned is that tensor), and the GIL is released during every call, so Python
+threads run collectives truly in parallel.
 
 One Communicator is used by one thread at a time (each rank its own): a second thread calling it
 while a call runs gets GradsyncError E_MISUSE at once, and the running call is unaffected; abort()

@@ -20,8 +20,8 @@ succeed, it exits 0. SIGINT or SIGTERM to the launcher is passed on to every ran
 (SIGINT, then SIGTERM, then SIGKILL, --grace seconds apart; a second signal escalates at once),
 and the launcher then dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
 parent-death signal). Once its ranks are gone, the group's shared-memory segments (its own and its
-subgroups'), which a killed rank leaves behind, are removed: by the launcher, or if the launcher itself was killed, by a small
-watcher process it started for this.
+subgroups'), which a killed rank leaves behind, are removed: by the launcher, or if the launcher
+itself was killed, by a small watcher process it started for this.
 """
 import argparse
 import ctypes

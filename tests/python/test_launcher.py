@@ -170,9 +170,12 @@ def _watchers(segment):
 def _start(tmp_path, mode, group, ignore_int=False, grace=1):
     script = tmp_path / "kill_rank.py"
     script.write_text(textwrap.dedent(KILL_RANK))
-    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", "--grace", str(grace), "--group", group,
-                                 str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None)
+    def background():  # as a shell starts a background job: SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", "--grace", str(grace),
+                                 "--group", group, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=background if ignore_int else None)
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in launcher.stdout] + [lines.put(None)], daemon=True).start()
     pids = []
