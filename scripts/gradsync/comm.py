@@ -479,13 +479,16 @@ class Communicator(Handle):
     def from_env(cls, **kwargs):
         """The communicator that `python3 -m gradsync.run` (or any launcher) describes in the
         environment: GRADSYNC_GROUP, GRADSYNC_RANK, GRADSYNC_SIZE, and optionally
-        GRADSYNC_TRANSPORT (default shm) and GRADSYNC_TIMEOUT_MS. Keyword arguments are passed on."""
+        GRADSYNC_TRANSPORT (default shm) and GRADSYNC_TIMEOUT_MS; GRADSYNC_TRANSPORT=hier or mpi
+        (`gradsync.run --hosts`) needs only MPI's launcher. Keyword arguments are passed on."""
         env = os.environ
+        if "GRADSYNC_TIMEOUT_MS" in env:
+            kwargs.setdefault("timeout_ms", int(env["GRADSYNC_TIMEOUT_MS"]))
+        if env.get("GRADSYNC_TRANSPORT") in ("mpi", "hier"):  # gradsync.run --hosts: rank and size from MPI
+            return cls(transport=env["GRADSYNC_TRANSPORT"], **kwargs)
         missing = [k for k in ("GRADSYNC_GROUP", "GRADSYNC_RANK", "GRADSYNC_SIZE") if k not in env]
         if missing:
             raise RuntimeError(f"{', '.join(missing)} not set: start this program with python3 -m gradsync.run -n N")
-        if "GRADSYNC_TIMEOUT_MS" in env:
-            kwargs.setdefault("timeout_ms", int(env["GRADSYNC_TIMEOUT_MS"]))
         return cls(env["GRADSYNC_GROUP"], int(env["GRADSYNC_RANK"]), int(env["GRADSYNC_SIZE"]),
                    transport=env.get("GRADSYNC_TRANSPORT", "shm"), **kwargs)
 

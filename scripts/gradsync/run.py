@@ -1,8 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Start N ranks of a program on this host, joined by shared memory:
+"""Start N ranks of a program on this host, joined by shared memory, or on several hosts:
 
     python3 -m gradsync.run -n 4 train.py --epochs 3
     python3 -m gradsync.run -n 4 --log-dir logs -m mypackage.train --epochs 3
+    python3 -m gradsync.run --hosts node1:2,node2:2 train.py --epochs 3
+
+With --hosts, mpirun starts the ranks (GRADSYNC_TRANSPORT=hier: shared memory within a host, MPI
+between hosts; rank and size come from MPI), tags their output and stops them; --mpirun and
+--mpirun-args choose it and pass it options. The rest of this text is about one host.
 
 Each rank is `python3 train.py --epochs 3` (or `python3 -m module ...`) with GRADSYNC_GROUP,
 GRADSYNC_RANK, GRADSYNC_SIZE and GRADSYNC_TRANSPORT=shm in its environment, which
@@ -28,6 +33,7 @@ import ctypes
 import inspect
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -165,9 +171,50 @@ def _parent_death_signal(launcher):
     return arm
 
 
+def _across_hosts(ap, a):
+    """--hosts: mpirun starts the ranks, tags their output and stops them all when one fails or a
+    signal comes; the launcher becomes mpirun. Each rank's Communicator.from_env() is then a group
+    of the hierarchical transport, its rank and size from MPI."""
+    try:
+        slots = [int(h.rsplit(":", 1)[1]) if ":" in h else 1 for h in a.hosts.split(",")]
+    except ValueError:
+        ap.error(f"--hosts must be HOST:N,HOST:N,..., got {a.hosts!r}")
+    if not slots or min(slots) < 1:
+        ap.error(f"--hosts must name at least one host with at least 1 rank, got {a.hosts!r}")
+    n = a.nprocs if a.nprocs is not None else sum(slots)
+    if n < 1 or n > sum(slots):
+        ap.error(f"-n {n} does not fit the {sum(slots)} ranks of --hosts")
+    env = {"GRADSYNC_TRANSPORT": "hier", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if a.timeout_ms is not None:
+        env["GRADSYNC_TIMEOUT_MS"] = str(a.timeout_ms)
+    command = [a.mpirun, "-H", a.hosts, "-np", str(n), "--bind-to", "none"]
+    if a.tag_output:
+        command.append("--tag-output")
+    if a.log_dir is not None:
+        command += ["--output-filename", a.log_dir]
+    command += shlex.split(a.mpirun_args)
+    for key, value in env.items():
+        os.environ[key] = value
+        command += ["-x", key]
+    command += [sys.executable, *(["-m"] if a.module else []), a.program, *a.args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        print(f"gradsync.run: cannot start {command[0]}: {e}", file=sys.stderr)
+        return 127
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m gradsync.run", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    ap.add_argument("-n", "--nprocs", type=int, default=None, help="number of ranks (with --hosts: their sum)")
+    ap.add_argument("--hosts", default=None,
+                    help="HOST:N,HOST:N,...: N ranks on each host, started by mpirun, in one group of the hierarchical "
+                         "transport (shared memory within a host, MPI between hosts)")
+    ap.add_argument("--mpirun", default="mpirun", help="with --hosts: the mpirun to use (default: mpirun)")
+    ap.add_argument("--mpirun-args", default="",
+                    help="with --hosts: more mpirun options, as one string (e.g. \"--mca plm_rsh_agent ssh\")")
     ap.add_argument("--group", default=None, help="group name (default: a fresh unique one)")
     ap.add_argument("--timeout-ms", type=int, default=None, help="the communicators' timeout")
     ap.add_argument("--grace", type=float, default=5.0,
@@ -179,8 +226,10 @@ def main(argv=None):
     ap.add_argument("program", help="a Python script (run with this interpreter), or with -m a module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    if a.nprocs < 1:
-        ap.error("-n must be at least 1")
+    if a.hosts is not None:
+        return _across_hosts(ap, a)
+    if a.nprocs is None or a.nprocs < 1:
+        ap.error("-n must be given, at least 1")
     if a.grace < 0:
         ap.error("--grace must be >= 0")
     group = a.group or f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
