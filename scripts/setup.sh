@@ -8,6 +8,8 @@ packages=(
   build-essential cmake pkg-config
   libboost-dev libboost-thread-dev libspdlog-dev catch2
   libopenmpi-dev openmpi-bin
+  # tests/multihost makes hosts out of namespaces: ip (netns, veth, bridge), unshare, mount, hostname.
+  iproute2 util-linux mount hostname
   python3 python3-numpy python3-pytest python3-sklearn python3-networkx python3-matplotlib
   clang-14 libclang-rt-14-dev
   spin

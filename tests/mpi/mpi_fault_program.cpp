@@ -4,6 +4,8 @@
 //   kill         rank 1 is SIGKILLed at a random point of a loop of allreduces; the others keep calling.
 //   kill-before  rank 1 is SIGKILLed while the others wait for it to arrive at a barrier.
 //   abandon      rank 1 skips an allreduce; the others time out and exit without a reset.
+//   loop         every rank calls allreduces until one fails, saying "looping" once under way;
+//                ranks are killed from outside (tests/multihost/kill_host.py kills a host's).
 // Every rank prints "rank R: <status> <message>" for each failed call and "rank R: done" at the end.
 #include <signal.h>
 #include <unistd.h>
@@ -42,8 +44,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
 
-  if (mode == "kill") {
-    if (rank == 1) {
+  if (mode == "kill" || mode == "loop") {
+    if (mode == "kill" && rank == 1) {
       std::thread([] {
         std::this_thread::sleep_for(200ms);
         ::kill(::getpid(), SIGKILL);
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
       try {
         c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
         std::fill(v.begin(), v.end(), 1.0f);
+        if (round == 10 && mode == "loop") {
+          std::printf("rank %d: looping\n", rank);
+          std::fflush(stdout);
+        }
       } catch (const Error& e) {
         report(e);
         break;
@@ -77,7 +83,7 @@ int main(int argc, char** argv) {
       }
     }
   } else {
-    std::fprintf(stderr, "usage: %s kill|kill-before|abandon\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kill|kill-before|abandon|loop\n", argv[0]);
     return 2;
   }
   c.reset();

@@ -225,10 +225,10 @@ class Job:
         self.proc.wait()
 
     def wait(self, timeout):
-        """Waits for mpirun to exit; at the timeout kills it and reports EXIT_TIMEOUT."""
+        """Waits up to `timeout` more seconds for mpirun to exit, else kills it (EXIT_TIMEOUT)."""
         timed_out = False
         try:
-            self.proc.wait(timeout=max(0.0, timeout - (time.monotonic() - self.start_time)))
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             self.kill()
