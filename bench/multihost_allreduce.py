@@ -16,11 +16,9 @@ Needs root (namespaces) and a build with GRADSYNC_BUILD_BENCH=ON and MPI.
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "tests", "multihost"))

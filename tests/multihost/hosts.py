@@ -34,7 +34,6 @@ import fcntl
 import ipaddress
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
