@@ -114,4 +114,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except hosts.Interrupted as e:
+        sys.exit(128 + e.signum)  # the hosts are gone already

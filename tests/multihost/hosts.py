@@ -15,7 +15,8 @@ A host is what a rank can tell apart from facts, as on separate machines:
   subnet of 10.250.0.0/16 chosen for this run (the bridge holds the first address, for mpirun's own
   connections); no namespace has a route anywhere else, and IPv6 is off on every link made here;
 - its own IPC, mount and UTS namespaces: a private tmpfs on /dev/shm and on /tmp (so nothing a host
-  writes there can outlive it), and its own hostname, "h<index>".
+  writes there can outlive it; a program under /tmp is therefore not found), and its own hostname,
+  "h<index>".
 All hosts share the kernel, hence /proc/sys/kernel/random/boot_id. mpirun reaches a host through a
 launch agent that enters its namespaces instead of ssh; Open MPI is held to TCP on the run's subnet
 (shared memory only among the ranks of one host). The harness sets no variable of its own in the

@@ -1,18 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-/* Proves that the harness's hosts are separate the way real machines are, from facts a rank can
- * read, under mpirun across the hosts (tests/multihost/hosts.py):
+/* The harness's hosts are separate the way real machines are, and the library sees them as they
+ * are. Run under mpirun across the hosts (tests/multihost/hosts.py):
  *
- *   separation LAYOUT          LAYOUT as given to the harness (e.g. 1,2)
+ *   topology LAYOUT            LAYOUT as given to the harness (e.g. 1,2)
  *
- * Ranks are placed host by host, so LAYOUT says which host each rank is on; the program checks,
- * for every pair of ranks, that their hostnames, IPC namespaces (/proc/self/ns/ipc), network
- * namespaces and mount namespaces are equal exactly when they are on one host, that a POSIX
- * shared-memory segment one rank makes is opened and shared by the ranks of its host and by no
- * other, and that every rank reads the same boot id (one kernel: the boot id alone cannot tell
- * these hosts apart). Rank 0 prints every rank's facts; every failed check prints a line; the
- * exit status is non-zero if any check failed on any rank. */
+ * Ranks are placed host by host, so LAYOUT says which host each rank is on. From facts a rank can
+ * read, the program checks for every pair of ranks that their hostnames, IPC namespaces
+ * (/proc/self/ns/ipc), network namespaces and mount namespaces are equal exactly when they are on
+ * one host; that a POSIX shared-memory segment one rank makes is opened and shared by the ranks of
+ * its host and by no other; and that every rank reads the same boot id (one kernel: the boot id
+ * alone cannot tell these hosts apart). Then gradsync_comm_topology on an MPI communicator must
+ * report LAYOUT: once detected, and once with one host label on every rank, where the identities
+ * agree across hosts and only the library's shared-memory probe can tell the hosts apart; no probe
+ * file may outlive the communicator's creation. Rank 0 prints every rank's facts and the reported
+ * topologies; every failed check prints a line; the exit status is non-zero if any check failed. */
 #define _GNU_SOURCE
 #include <mpi.h>
+
+#include <dirent.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +28,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "gradsync/gradsync.h"
 
 enum { kMaxRanks = 64, kText = 64 };
 
@@ -63,9 +70,56 @@ static void read_line(const char* path, char* out) {
 
 static void segment_name(char* out, const char* tag, int rank) { snprintf(out, 2 * kText, "/%s-rank%d", tag, rank); }
 
+/* gradsync_comm_topology of a new MPI communicator (host label: none, i.e. detected, or `label`)
+ * against the layout; rank 0 prints what it reported. */
+static void check_topology(const char* label, const int* host_of, int size) {
+  gradsync_comm_options o;
+  gradsync_comm_options_init(&o, sizeof o);
+  o.transport = GRADSYNC_TRANSPORT_MPI;
+  o.mpi_fcomm = (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD);
+  o.timeout_ms = 60000;
+  if (label) snprintf(o.host, sizeof o.host, "%s", label);
+  const char* how = label ? "one host label on every rank" : "detected";
+  gradsync_comm* c = NULL;
+  int st = gradsync_comm_create(&c, &o);
+  CHECK(st == GRADSYNC_OK, "gradsync_comm_create (%s): %s", how, gradsync_last_error_message());
+  int32_t mine[3] = {-1, -1, -1}, num_hosts = -1, rank_hosts[kMaxRanks], all[3 * kMaxRanks];
+  if (c) {
+    st = gradsync_comm_topology(c, &mine[0], &mine[1], &mine[2], &num_hosts, rank_hosts, kMaxRanks);
+    CHECK(st == GRADSYNC_OK, "gradsync_comm_topology (%s): %s", how, gradsync_last_error_message());
+  }
+  int local_rank = 0, local_size = 0;
+  for (int r = 0; r < size; ++r) {
+    if (host_of[r] != host_of[my_rank]) continue;
+    local_size += 1;
+    if (r < my_rank) local_rank += 1;
+  }
+  CHECK(mine[0] == host_of[my_rank] && mine[1] == local_rank && mine[2] == local_size,
+        "topology (%s): host %d, local rank %d of %d; expected host %d, local rank %d of %d", how, mine[0], mine[1],
+        mine[2], host_of[my_rank], local_rank, local_size);
+  CHECK(num_hosts == host_of[size - 1] + 1, "topology (%s): %d hosts, expected %d", how, num_hosts,
+        host_of[size - 1] + 1);
+  for (int r = 0; c && r < size; ++r)
+    CHECK(rank_hosts[r] == host_of[r], "topology (%s): rank %d on host %d, expected %d", how, r, rank_hosts[r],
+          host_of[r]);
+  /* Every rank's creation has returned: the probe's files must be gone from this host's /dev/shm. */
+  MPI_Barrier(MPI_COMM_WORLD);
+  DIR* shm = opendir("/dev/shm");
+  for (struct dirent* e = shm ? readdir(shm) : NULL; e; e = readdir(shm))
+    CHECK(strncmp(e->d_name, "gradsync-probe.", 15) != 0, "a probe file outlived creation: /dev/shm/%s", e->d_name);
+  if (shm) closedir(shm);
+  gradsync_comm_free(c);
+  MPI_Gather(mine, 3, MPI_INT32_T, all, 3, MPI_INT32_T, 0, MPI_COMM_WORLD);
+  if (my_rank == 0) {
+    printf("gradsync_comm_topology (%s): %d hosts\n%6s %6s %11s %10s\n", how, num_hosts, "rank", "host", "local_rank",
+           "local_size");
+    for (int r = 0; r < size; ++r) printf("%6d %6d %11d %10d\n", r, all[3 * r], all[3 * r + 1], all[3 * r + 2]);
+  }
+}
+
 int main(int argc, char** argv) {
-  int size = 0, host_of[kMaxRanks], ranks = 0, host = 0;
-  MPI_Init(&argc, &argv);
+  int size = 0, host_of[kMaxRanks], ranks = 0, host = 0, provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc != 2 || size > kMaxRanks) {
@@ -91,7 +145,7 @@ int main(int argc, char** argv) {
   if (my_rank == 0) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    snprintf(tag, kText, "gradsync-separation-%ld-%ld", (long)getpid(), (long)now.tv_nsec);
+    snprintf(tag, kText, "gradsync-topology-%ld-%ld", (long)getpid(), (long)now.tv_nsec);
   }
   MPI_Bcast(tag, kText, MPI_CHAR, 0, MPI_COMM_WORLD);
 
@@ -158,6 +212,10 @@ int main(int argc, char** argv) {
       printf("%4d %4d %-8s %-18s %-18s %-18s %s\n", r, host_of[r], all[r].hostname, all[r].ipc, all[r].net, all[r].mnt,
              all[r].boot_id);
   }
+  if (my_rank == 0) printf("\n");
+  check_topology(NULL, host_of, size);
+  check_topology("one-label", host_of, size);
+
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (my_rank == 0) printf("%s: %d failed checks\n", total ? "FAIL" : "ok", total);
