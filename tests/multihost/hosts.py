@@ -147,6 +147,10 @@ def sweep_stale():
     def stale(name):
         return not _alive(int(NAME_RE.match(name).group(1)))
     _remove([ns for ns in _our_netns() if stale(ns)], [link for link in _our_links() if stale(link)])
+    if os.path.isdir(RUNDIR):
+        for entry in os.listdir(RUNDIR):
+            if NAME_RE.match(entry) and stale(entry):
+                shutil.rmtree(os.path.join(RUNDIR, entry), ignore_errors=True)
 
 
 def _disable_ipv6(path):
