@@ -109,7 +109,7 @@ def main():
         fl = spread(floor)
         print(f"\nCross-host limit, a plain TCP stream h0 -> h1 in the same namespaces: "
               f"{s[0] / 1e9:.2f} / {s[1] / 1e9:.2f} / {s[2] / 1e9:.2f} GB/s,\n"
-              f"i.e. 16M floats (64 MiB) in {fl[2]:.1f} / {fl[1]:.1f} / {fl[0]:.1f} ms; "
+              f"i.e. 16M floats (64 MiB) in {fl[0]:.1f} / {fl[1]:.1f} / {fl[2]:.1f} ms; "
               f"flat MPI_Allreduce of 16M floats: {spread(flat[str(16 << 20)])[1] / 1e3:.1f} ms (median)")
 
 
