@@ -2,8 +2,8 @@
 // The hierarchical transport beside flat MPI_Allreduce on the same processes, in the same run:
 // allreduce of M floats, M in {1, 1K, 64K, 1M, 16M}, out of place (raw MPI: MPI_Allreduce; the
 // library: the hierarchical transport, and the flat MPI transport). Meant for several hosts
-// (bench/mpi/multihost.sh starts it on separate namespaces); on one host it shows the
-// shared-memory level alone.
+// (tests/multihost/hosts.py --layout 2,2 -- build/bench/mpi/hier_bench starts it on separate
+// hosts made of namespaces); on one host it shows the shared-memory level alone.
 //
 // Each figure is the median, over interleaved repetitions, of the slowest rank's time per call;
 // each line gives the library's speed as a ratio of raw MPI's (> 1: faster).
