@@ -18,7 +18,14 @@
 
 struct gradsync_request : gradsync::capi::Handle<gradsync::capi::Kind::Request> {
   explicit gradsync_request(const char* f) : function(f) {}
+  void require_this_process() const {
+    if (!owner.here()) {
+      owner.refuse(fmt::format("the request of {}", function),
+                   "its call runs on a thread of the parent, so it never completes here; free it");
+    }
+  }
   const char* function;  // the entry point that started it, for messages
+  const gradsync::OwnerProcess owner;
   std::shared_ptr<gradsync::comm::Completion> done = std::make_shared<gradsync::comm::Completion>();
 };
 
@@ -94,6 +101,10 @@ void CommLink::abort(std::shared_ptr<CommLink> link) {
 // one wait that could never end, for a call on this very thread (a free from a log callback
 // inside the call), is refused: that call is aborted and the communicator leaked, with an error.
 bool CommLink::close() noexcept {
+  if (!owner_.here()) {
+    forsake();
+    return true;
+  }
   const uint32_t before = state_.fetch_or(kClosed);
   if ((before & kClosed) != 0) {
     GS_LOG_ERROR("gradsync_comm_free: {} is already being freed by another thread; this free does nothing",
@@ -124,6 +135,25 @@ bool CommLink::close() noexcept {
   }
   impl_.reset();
   return true;
+}
+
+CommLink::~CommLink() {
+  if (!owner_.here()) forsake();
+}
+
+void CommLink::forsake() noexcept {
+  state_.fetch_or(kClosed, std::memory_order_relaxed);
+  if (impl_ != nullptr) {
+    impl_->release_after_fork();
+    static_cast<void>(impl_.release());
+  }
+  if (progress_ != nullptr) new std::shared_ptr<comm::Progress>(std::move(progress_));
+}
+
+void CommLink::refuse_elsewhere() const {
+  owner_.refuse(description_,
+                "here it can only be freed (gradsync_comm_free releases this process's share and leaves the parent's "
+                "group alone); create a communicator of this process's own");
 }
 
 void CommLink::fail_closed() const {
@@ -185,6 +215,7 @@ std::shared_ptr<comm::Progress> CommLink::start_progress() {
 }
 
 void CommLink::stop_progress() noexcept {
+  if (!owner_.here()) return;  // forsaken by close(): the thread is the parent's
   std::shared_ptr<comm::Progress> last;
   {
     std::lock_guard lock(progress_mutex_);
@@ -220,6 +251,7 @@ bool CommLink::held_by_this_thread() const noexcept {
 namespace {
 using gradsync::DType;
 using gradsync::capi::check;
+using gradsync::capi::check_kind;
 using gradsync::capi::CommLink;
 using gradsync::capi::guard;
 using gradsync::capi::Outcome;
@@ -415,7 +447,7 @@ GRADSYNC_API int gradsync_comm_topology(const gradsync_comm* comm, int32_t* host
 GRADSYNC_API void gradsync_comm_free(gradsync_comm* comm) {
   if (comm == nullptr) return;
   try {
-    check(comm);
+    check_kind(comm);
   } catch (const gradsync::Error& e) {
     GS_LOG_ERROR("gradsync_comm_free: {}", e.what());
     return;
@@ -925,14 +957,15 @@ GRADSYNC_API int gradsync_request_test(gradsync_request* request, int32_t* done)
 GRADSYNC_API void gradsync_request_free(gradsync_request* request) {
   if (request == nullptr) return;
   try {
-    check(request);
+    check_kind(request);
   } catch (const gradsync::Error& e) {
     GS_LOG_ERROR("gradsync_request_free: {}", e.what());
     return;
   }
   // The buffers stay borrowed until the call completes: freeing the request waits for it (a
-  // collective's wait is bounded by the communicator's timeout).
-  request->done->wait(std::chrono::milliseconds(-1));
+  // collective's wait is bounded by the communicator's timeout). In a forked child nothing runs
+  // the call, and nothing borrows the child's copy of the buffers.
+  if (request->owner.here()) request->done->wait(std::chrono::milliseconds(-1));
   delete request;
 }
 

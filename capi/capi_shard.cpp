@@ -18,6 +18,8 @@
 struct gradsync_shard : gradsync::capi::Handle<gradsync::capi::Kind::Shard> {
   gradsync_shard(std::shared_ptr<gradsync::capi::CommLink> l, uint64_t total, const gradsync::shard::Options& options)
       : link(std::move(l)), impl(link->communicator(), total, options) {}
+  // A shard is its communicator's: in a forked child it is refused as the communicator is.
+  void require_this_process() const { link->require_this_process(); }
   std::shared_ptr<gradsync::capi::CommLink> link;
   gradsync::shard::ShardedParameter impl;
 };

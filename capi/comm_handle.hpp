@@ -14,6 +14,10 @@
 //   the link like any call; a blocking call made while some are pending is queued behind them.
 // - Shards outlive their communicator safely: a shard holds the link, not the handle, and its
 //   collective stages find the link closed (GRADSYNC_E_MISUSE) once the communicator is freed.
+// - A fork() copies the handle into the child, where it is the parent's (common/fork.hpp): every
+//   entry point refuses it (check() in capi/handle.hpp asks require_this_process), before looking
+//   at a word or a mutex that a thread of the parent may have held at the fork; and the link's
+//   end there only releases the child's own resources (forsake).
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -26,6 +30,7 @@
 #include "capi/handle.hpp"
 #include "comm/async/progress.hpp"
 #include "comm/communicator.hpp"
+#include "common/fork.hpp"
 
 namespace gradsync::capi {
 
@@ -41,6 +46,7 @@ class CommLink {
   CommLink(std::unique_ptr<comm::Communicator> impl, std::string description);
   CommLink(const CommLink&) = delete;
   CommLink& operator=(const CommLink&) = delete;
+  ~CommLink();
 
   // One entry point's hold on the link, from construction to destruction: one atomic operation
   // each way. Letting go is its last touch of the link (a waiting close polls for it).
@@ -72,6 +78,10 @@ class CommLink {
   static void abort(std::shared_ptr<CommLink> link);
   // gradsync_comm_free. Returns true when the communicator is destroyed and the handle may go.
   bool close() noexcept;
+  // Throws GRADSYNC_E_MISUSE in a process forked from the one that created the communicator.
+  void require_this_process() const {
+    if (!owner_.here()) refuse_elsewhere();
+  }
 
   // Runs body holding the link (a Call), in the order of the handle's calls: on this thread when no
   // non-blocking call is pending, else queued behind them on the progress thread and waited for.
@@ -101,6 +111,11 @@ class CommLink {
   static constexpr uint32_t kClosed = 1u, kHeld = 2u, kUser = 4u;
 
   [[noreturn]] void fail_closed() const;
+  [[noreturn]] void refuse_elsewhere() const;
+  // close() and the destructor outside the owner process: the communicator releases what is this
+  // process's alone and is leaked with the progress thread's handle (the thread is the parent's),
+  // without a look at the state word or a mutex.
+  void forsake() noexcept;
   // Counts a user (an abort) in; false (and nothing counted) once the link is closed: a close
   // either sees the user and waits for it, or the user sees the close.
   bool acquire() noexcept;
@@ -121,11 +136,13 @@ class CommLink {
   const int32_t rank_, size_;
   const comm::Transport transport_;
   const comm::Topology topology_;
+  const OwnerProcess owner_;
 };
 
 }  // namespace gradsync::capi
 
 struct gradsync_comm : gradsync::capi::Handle<gradsync::capi::Kind::Comm> {
   explicit gradsync_comm(std::shared_ptr<gradsync::capi::CommLink> l) : link(std::move(l)) {}
+  void require_this_process() const { link->require_this_process(); }
   std::shared_ptr<gradsync::capi::CommLink> link;
 };

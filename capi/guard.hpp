@@ -61,7 +61,7 @@ template <class H>
 void destroy(H* h) noexcept {
   if (h == nullptr) return;
   try {
-    check(h);
+    check_kind(h);
   } catch (const Error& e) {
     GS_LOG_ERROR("free: {}", e.what());
     return;

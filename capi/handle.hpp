@@ -55,9 +55,10 @@ constexpr const char* article(const char* name) noexcept {
   return name[0] == 'a' || name[0] == 'e' || name[0] == 'i' || name[0] == 'o' || name[0] == 'u' ? "an" : "a";
 }
 
-// Returns h after checking it is a live handle of its kind; throws MISUSE otherwise.
+// Returns h after checking it is a live handle of its kind; throws MISUSE otherwise. Frees use
+// this alone: a handle that a fork() copied into a child is still freed there (by its own rules).
 template <class H>
-H* check(H* h) {
+H* check_kind(H* h) {
   constexpr const char* expected = kind_name(static_cast<uint32_t>(H::kKind));
   if (h == nullptr) fail(GRADSYNC_E_MISUSE, "NULL {} handle", expected);
   uint32_t magic;
@@ -70,6 +71,15 @@ H* check(H* h) {
          article(actual), actual);
   }
   fail(GRADSYNC_E_MISUSE, "not a gradsync {} handle (bad magic 0x{:08x})", expected, magic);
+}
+
+// check_kind, then, for a handle that belongs to the process that made it (it has
+// require_this_process(), common/fork.hpp), that this is that process.
+template <class H>
+H* check(H* h) {
+  check_kind(h);
+  if constexpr (requires { h->require_this_process(); }) h->require_this_process();
+  return h;
 }
 
 // Destroy a handle from its *_free function: NULL is a no-op, a wrong or stale handle is

@@ -34,6 +34,18 @@
  *   at once with GRADSYNC_E_MISUSE and touches nothing; the running call is unaffected. Exempt:
  *   gradsync_comm_abort (any thread, any time) and the rank, size and transport getters (values
  *   fixed at creation). gradsync_comm_free during a call on another thread: see there.
+ * - fork(): a communicator belongs to the process that created it, on every transport. In a child
+ *   forked from that process (with or without calls in flight there), every function given the
+ *   communicator, a request of it or a shard made on it fails with GRADSYNC_E_MISUSE, saying that
+ *   it belongs to the parent process and naming that process's pid; none of them waits (so
+ *   gradsync_request_wait on a request started before the fork returns at once). The exceptions
+ *   are the frees: gradsync_comm_free there releases only what is the child's own (the shm
+ *   transport unmaps the segment and closes its descriptor; the thread and MPI transports release
+ *   nothing, since their state is the parent's or MPI's), never tells the group, never touches the
+ *   segment's shared state and never joins a thread (the progress thread is the parent's);
+ *   gradsync_request_free and gradsync_shard_free release the handle without waiting. The parent's
+ *   group, and the parent's calls in flight, carry on unaffected. A child wanting to communicate
+ *   creates communicators of its own.
  * - Timeouts: any timeout_ms up to INT64_MAX (GRADSYNC_NO_TIMEOUT) works; a deadline too far to
  *   represent saturates to one that never passes, never overflowing into the past.
  * - Partition rule (reduce-scatter, allgather, alltoall): part i of n elements over p ranks
@@ -47,8 +59,8 @@
  *   disagree on size get GRADSYNC_E_MISMATCH, as does a joiner of a segment that live processes
  *   of another libgradsync build hold (never rebuilt under them); a rank that is already in the
  *   group, alive, GRADSYNC_E_MISUSE (for a group still forming, see gradsync_comm_create). The last member to
- *   leave removes the segment. Use a communicator only in the process that created it (not
- *   across fork()).
+ *   leave removes the segment. A forked child of a member is not a member: its copy of the
+ *   communicator is refused, and freeing it there only unmaps the segment (fork(), above).
  * - Trust: the segment is created 0600 and used only if it belongs to the caller with no
  *   group/other access. Every buffer address a member publishes is bounds-checked against the
  *   group's heaps before a peer touches it: a member gone bad stops the group, and every rank's
@@ -254,7 +266,9 @@ GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_o
  * a call on the same thread, i.e. from a log callback, which must not call back, cannot wait: it
  * aborts that call, logs an error and leaves the communicator allocated.) A call that starts once
  * free has begun uses a freed handle. Shards made on the communicator stay valid handles, to be
- * freed as usual; their collective stages fail with GRADSYNC_E_MISUSE.
+ * freed as usual; their collective stages fail with GRADSYNC_E_MISUSE. In a process forked from
+ * the one that created the communicator, free releases only that process's own resources and
+ * leaves the group alone (see fork() above).
  * @threadsafety handle (a call running on another thread is aborted and waited for, see above)
  */
 GRADSYNC_API void gradsync_comm_free(gradsync_comm *comm);

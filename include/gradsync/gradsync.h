@@ -5,7 +5,8 @@
  *
  * Thread-safety rule: unless a function's comment says otherwise, a handle must not be used by
  * two threads at once; different handles may be used in parallel. Use a handle only in the
- * process that created it, never across fork().
+ * process that created it, never across fork(); a communicator, its requests and its shards that
+ * a fork() copied into a child are refused there (GRADSYNC_E_MISUSE) and may only be freed (comm.h).
  *
  * Error model: every fallible function returns an int status (errors.h); on failure the
  * reason is in gradsync_last_error_message() on the calling thread. Constructors write the new

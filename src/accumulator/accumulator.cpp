@@ -22,6 +22,7 @@
 #endif
 
 #include "common/error.hpp"
+#include "common/fork.hpp"
 #include "common/log.hpp"
 #include "common/ofd_lock.hpp"
 #include "common/partition.hpp"
@@ -324,7 +325,7 @@ class Accumulator::Team {
  public:
   using Fn = void (*)(void* ctx, unsigned owner, unsigned owners);
 
-  explicit Team(unsigned owners) : pid_(::getpid()), taken_(owners) {
+  explicit Team(unsigned owners) : taken_(owners) {
     for (auto& slot : ring_) slot.store(nullptr, std::memory_order_relaxed);
     threads_.reserve(owners - 1);
     try {
@@ -342,9 +343,8 @@ class Accumulator::Team {
   // Runs fn(ctx, w, owners) for every owner w, after every job published before it; returns when
   // all are done. The first error an owner raised is rethrown here, with its status and message.
   void run(Fn fn, void* ctx) {
-    GS_REQUIRE(::getpid() == pid_, GRADSYNC_E_MISUSE,
-               "an owner-mode accumulator was used in a process forked from the one that opened it (its owner "
-               "threads are not in this process): open the file again in the child");
+    owner_.require_here("an owner-mode accumulator",
+                        "its owner threads are not in this process; open the file again in the child");
     Job job;
     job.fn = fn;
     job.ctx = ctx;
@@ -443,7 +443,7 @@ class Accumulator::Team {
   void stop() noexcept {
     stop_.store(1, std::memory_order_seq_cst);
     notify(published_word_);
-    if (::getpid() != pid_) {
+    if (!owner_.here()) {
       // A forked child has none of these threads: joining (or destroying joinable handles) would
       // hang or abort, so the handles are left behind.
       new std::vector<std::thread>(std::move(threads_));
@@ -453,7 +453,7 @@ class Accumulator::Team {
       if (t.joinable()) t.join();
   }
 
-  const pid_t pid_;
+  const OwnerProcess owner_;
   std::vector<Taken> taken_;  // [0]: owner 0, the submitters in turn
   std::vector<std::thread> threads_;
   std::mutex submit_;

@@ -191,6 +191,12 @@ class Communicator {
   // thread of the non-blocking calls), or nullptr when they may.
   virtual const char* progress_thread_refused() const noexcept { return nullptr; }
 
+  // In a process forked from the one that created it, instead of the destructor (which would
+  // leave the group, join threads that exist only in the parent, or call MPI): releases what is
+  // this process's alone, such as the shared-memory transport's mapping, and touches nothing the
+  // group shares. The object is never used or destroyed afterwards. By default there is nothing.
+  virtual void release_after_fork() noexcept {}
+
   // Set while no call runs (the C API's one-call-at-a-time rule makes that so).
   virtual void set_interrupt(InterruptCheck check) noexcept { interrupt_ = check; }
 

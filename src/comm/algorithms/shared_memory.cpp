@@ -195,6 +195,7 @@ class SharedMemoryCommunicator final : public Communicator {
   void reset() override { engine_.reset(); }
   void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }
   void dealloc(void* p) override { fabric_->dealloc(p); }
+  void release_after_fork() noexcept override { fabric_->release_after_fork(); }
 
  protected:
   bool shares_memory() const noexcept override { return true; }

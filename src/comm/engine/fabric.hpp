@@ -41,6 +41,8 @@ class Fabric {
   virtual int pid(int r) const noexcept = 0;
   // A peer died: nobody may join what is left of the group.
   virtual void close_group() noexcept = 0;
+  // Communicator::release_after_fork's part here.
+  virtual void release_after_fork() noexcept {}
 
   virtual void* alloc(size_t bytes) = 0;
   virtual void dealloc(void* p) = 0;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/error.hpp"
+#include "common/fork.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::comm::mpi {
@@ -17,8 +18,12 @@ bool g_we_initialised = false;
 bool g_exit_handler = false;
 std::atomic<int> g_thread_level{MPI_THREAD_SINGLE};
 std::atomic<int> g_abandoned{0};
+OwnerProcess g_initialiser;  // set as MPI is initialised
 
 void finalize_at_exit() {
+  // A forked child inherits the handler, not the MPI rank: finalising there would join the
+  // parent's job in its parent's name.
+  if (!g_initialiser.here()) return;
   int initialised = 0, finalised = 0;
   lib().Initialized(&initialised);
   lib().Finalized(&finalised);
@@ -47,6 +52,7 @@ void acquire_runtime() {
     const int rc = lib().Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_IO, "MPI_Init_thread failed with MPI error {}", rc);
     g_we_initialised = true;
+    g_initialiser = OwnerProcess();
     GS_LOG_DEBUG("MPI transport: initialised MPI (thread level {})", provided);
     if (!g_exit_handler) {
       // Exit handlers and static destructors run in reverse order of registration: constructing

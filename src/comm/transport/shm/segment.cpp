@@ -496,6 +496,15 @@ void Segment::leave() noexcept {
   }
 }
 
+void Segment::release_after_fork() noexcept {
+  guard_.reset();
+  bip::mapped_region().swap(region_);
+  bip::shared_memory_object().swap(object_);
+  fd_ = -1;
+  base_ = nullptr;
+  header_ = nullptr;
+}
+
 Segment::~Segment() { leave(); }
 
 }  // namespace gradsync::comm::shm

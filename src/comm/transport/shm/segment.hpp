@@ -116,6 +116,10 @@ class Segment {
   void* allocate(size_t bytes);
   // Returns a pointer from allocate(); false when p is not one.
   bool deallocate(void* p);
+  // In a child forked from the member: unmaps the segment and closes this process's descriptor,
+  // touching nothing the group shares (the rank's lock belongs to the open file, which the parent
+  // keeps). The segment is then never used again, and its destructor does nothing.
+  void release_after_fork() noexcept;
 
  private:
   Segment() = default;

@@ -35,6 +35,7 @@ class ShmFabric final : public Fabric {
   }
   int pid(int r) const noexcept override { return segment_->slot(r).pid.load(std::memory_order_relaxed); }
   void close_group() noexcept override { segment_->close_group(); }
+  void release_after_fork() noexcept override { segment_->release_after_fork(); }
   void* alloc(size_t bytes) override { return segment_->allocate(bytes); }
   void dealloc(void* p) override {
     GS_REQUIRE(segment_->deallocate(p), GRADSYNC_E_INVALID_ARG,
