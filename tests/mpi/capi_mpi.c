@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 /* The MPI transport through the C API of the shared library, as a C99 MPI program would use it:
  * the host initialises MPI itself, hands over a communicator of its own as its Fortran handle
- * (MPI_Comm_c2f), keeps using MPI beside us, and finalises MPI itself (the library must not). */
+ * (MPI_Comm_c2f), keeps using MPI beside us, and finalises MPI itself (the library must not).
+ * A child forked from a rank is refused the rank's communicator, and its free there leaves the
+ * group alone. */
+#define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gradsync/gradsync.h"
 
@@ -29,6 +35,43 @@ static gradsync_comm *create(int64_t fcomm, int32_t deterministic) {
   o.timeout_ms = 20000;
   EXPECT(gradsync_comm_create(&c, &o) == GRADSYNC_OK);
   return c;
+}
+
+/* Forks a child that finds c and the request (started before the fork) refused as the parent's,
+ * and frees both; then the parent's group works on. */
+static void forked_child_leaves_the_group_alone(gradsync_comm *c, int size) {
+  char parent[64];
+  float v = 1.0f, x = 1.0f;
+  int32_t done = 0;
+  int status = -1;
+  gradsync_request *req = NULL;
+  pid_t child;
+  EXPECT(gradsync_comm_iallreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM, &req) == GRADSYNC_OK);
+  fflush(NULL);
+  child = fork();
+  if (child == 0) {
+    int bad = 0;
+    alarm(60); /* a hang is the bug under test */
+    snprintf(parent, sizeof parent, "parent process (pid %d)", (int)getppid());
+    bad += gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) != GRADSYNC_E_MISUSE;
+    bad += strstr(gradsync_last_error_message(), parent) == NULL;
+    bad += gradsync_request_wait(req, -1) != GRADSYNC_E_MISUSE;
+    bad += gradsync_request_test(req, &done) != GRADSYNC_E_MISUSE;
+    bad += gradsync_comm_barrier(c) != GRADSYNC_E_MISUSE;
+    if (bad) fprintf(stderr, "forked child of rank %d: %d check(s) failed; last error: %s\n", world_rank, bad,
+                     gradsync_last_error_message());
+    gradsync_request_free(req);
+    gradsync_comm_free(c);
+    fflush(NULL);
+    _exit(bad ? 1 : 0);
+  }
+  EXPECT(child > 0 && waitpid(child, &status, 0) == child);
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT(gradsync_request_wait(req, -1) == GRADSYNC_OK && x == (float)size);
+  gradsync_request_free(req);
+  v = 1.0f;
+  EXPECT(gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
+  EXPECT(gradsync_comm_barrier(c) == GRADSYNC_OK);
 }
 
 int main(int argc, char **argv) {
@@ -106,6 +149,8 @@ int main(int argc, char **argv) {
   EXPECT(gradsync_comm_create(&bad, &o) == GRADSYNC_E_INVALID_ARG && bad == NULL);
   o.mpi_fcomm = (int64_t)1 << 40;
   EXPECT(gradsync_comm_create(&bad, &o) == GRADSYNC_E_INVALID_ARG && bad == NULL);
+
+  forked_child_leaves_the_group_alone(c, size);
 
   gradsync_comm_free(c);
   gradsync_comm_free(NULL);
