@@ -432,6 +432,12 @@ class Communicator(Handle):
     transport="hier": the processes of an mpirun job on any number of hosts, shared memory within a
     host and MPI between hosts (as "mpi", name, rank and size come from MPI); its large float
     allreduces reduce host by host, so their bits depend on the layout unless topology_independent=True.
+
+    A communicator belongs to the process that created it: in a child made by os.fork() (or
+    multiprocessing's "fork" start method), every call on it and on its requests raises
+    GradsyncError (E_MISUSE) naming the parent's pid, and closing it there (or its finalizer)
+    releases only the child's share, leaving the parent's group running. Create a new one in the
+    child to communicate.
     """
 
     _free = lib.gradsync_comm_free
