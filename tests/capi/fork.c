@@ -3,7 +3,8 @@
  * on a request started before the fork, and on a shard made on it) fails at once with
  * GRADSYNC_E_MISUSE naming the parent's pid, and its free releases only the child's share; the
  * parent's group works on. On the thread transport and on the shm transport with a real second
- * process, with and without a progress thread, and with a call in flight in the parent at the fork. */
+ * process, with and without a progress thread, with a call in flight in the parent at the fork, and
+ * with a subgroup (gradsync_comm_split). */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdint.h>
@@ -18,13 +19,13 @@
 #include "check.h"
 #include "two_threads.h"
 
-/* Whether a line of /proc/self/maps names path. */
-static int mapped(const char *path) {
+/* Whether a line of /proc/self/maps contains text (a path, or with "\n" a whole path's end). */
+static int mapped(const char *text) {
   char line[512];
   int found = 0;
   FILE *maps = fopen("/proc/self/maps", "r");
   if (maps == NULL) return -1;
-  while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, path) != NULL;
+  while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, text) != NULL;
   fclose(maps);
   return found;
 }
@@ -32,7 +33,7 @@ static int mapped(const char *path) {
 /* In the child: every kind of call on comm is refused, naming the parent, and none waits (a hang is
  * the bug under test: the alarm turns one into a failure of the child). pending: a request of comm
  * started before the fork, or NULL; shard: one made on comm, or NULL; segment: the shm segment's
- * path, which the free unmaps, or NULL. Frees them all. */
+ * path (as mapped() takes it), which the free unmaps, or NULL. Frees them all. */
 static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gradsync_shard *shard,
                              const char *segment) {
   char parent[64];
@@ -78,8 +79,8 @@ static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gra
   alarm(0);
 }
 
-/* Forks a child that runs refused_in_child on each of n communicators (pending and shard go with
- * the first) and exits with its verdict; returns once the child has, counting a failure unless it
+/* Forks a child that runs refused_in_child on each of n communicators (pending, shard and segment
+ * go with the first) and exits with its verdict; returns once the child has, counting a failure unless it
  * exited with 0. */
 static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pending, gradsync_shard *shard,
                             const char *segment) {
@@ -94,7 +95,11 @@ static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pend
   }
   if (child == 0) {
     int code;
-    for (i = 0; i < n; ++i) refused_in_child(comms[i], i == 0 ? pending : NULL, i == 0 ? shard : NULL, segment);
+    check_failures = 0; /* the child's verdict is its own */
+    for (i = 0; i < n; ++i)
+      refused_in_child(comms[i], i == 0 ? pending : NULL, i == 0 ? shard : NULL, i == 0 ? segment : NULL);
+    /* Subgroups' segments too: nothing of the library's is mapped any more. */
+    if (segment != NULL) CHECK(mapped("/dev/shm/gradsync.") == 0);
     code = check_report("forked child") == 0 ? 0 : 1;
     fflush(NULL);
     _exit(code);
@@ -116,7 +121,9 @@ typedef struct {
 
 static void *allreduce_on(void *p) {
   one_call *c = (one_call *)p;
-  CHECK_STATUS(gradsync_comm_allreduce(c->comm, &c->value, &c->value, 1, GRADSYNC_I32, GRADSYNC_SUM), GRADSYNC_OK);
+  int status;
+  RETRY_WHILE_PROBED(status, gradsync_comm_allreduce(c->comm, &c->value, &c->value, 1, GRADSYNC_I32, GRADSYNC_SUM));
+  CHECK_STATUS(status, GRADSYNC_OK);
   return NULL;
 }
 
@@ -196,9 +203,10 @@ static void shm_step(gradsync_comm *comm, int32_t rank) {
 static int shm_rank1(const char *name, int go) {
   char byte;
   int i;
-  gradsync_comm *comm = join_shm(name, 1);
+  gradsync_comm *comm = join_shm(name, 1), *sub = NULL;
   if (comm == NULL) return 1;
   shm_step(comm, 1);
+  CHECK_STATUS(gradsync_comm_split(comm, 0, 1, &sub), GRADSYNC_OK);
   for (i = 0; i < 3; ++i) {
     if (read(go, &byte, 1) != 1) {
       check_failed();
@@ -206,7 +214,9 @@ static int shm_rank1(const char *name, int go) {
     }
     shm_step(comm, 1);
   }
+  shm_step(sub, 1);
   CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_OK);
+  gradsync_comm_free(sub);
   gradsync_comm_free(comm);
   return check_report("shm rank 1") == 0 ? 0 : 1;
 }
@@ -215,12 +225,12 @@ static void shm_transport(void) {
   char name[64], segment[96];
   int go[2], status = 0;
   int32_t v = 1;
-  gradsync_comm *comm;
+  gradsync_comm *comm, *both[2];
   gradsync_request *req = NULL;
   gradsync_shard *shard = NULL;
   pid_t peer;
   snprintf(name, sizeof name, "fork.shm.%d", (int)getpid());
-  snprintf(segment, sizeof segment, "/dev/shm/gradsync.%s", name);
+  snprintf(segment, sizeof segment, "/dev/shm/gradsync.%s\n", name); /* not its subgroups' */
   CHECK(pipe(go) == 0);
   fflush(NULL);
   peer = fork(); /* before this process has any thread or communicator */
@@ -232,17 +242,19 @@ static void shm_transport(void) {
   comm = join_shm(name, 0);
   if (comm == NULL) return;
   shm_step(comm, 0);
+  both[0] = comm;
+  CHECK_STATUS(gradsync_comm_split(comm, 0, 0, &both[1]), GRADSYNC_OK); /* a subgroup, its own segment */
 
-  /* Idle, blocking calls only (no progress thread), with a shard: the child frees both. */
+  /* Idle, blocking calls only (no progress thread), with a shard and a subgroup: the child frees them. */
   CHECK_STATUS(gradsync_shard_create(&shard, comm, 8, NULL), GRADSYNC_OK);
-  fork_and_refuse(&comm, 1, NULL, shard, segment);
+  fork_and_refuse(both, 2, NULL, shard, segment);
   CHECK(write(go[1], "1", 1) == 1);
   shm_step(comm, 0);
 
   /* A request in flight on the progress thread at the fork: rank 1 joins the call only after the
    * child has freed everything. */
   CHECK_STATUS(gradsync_comm_iallreduce(comm, &v, &v, 1, GRADSYNC_I32, GRADSYNC_SUM, &req), GRADSYNC_OK);
-  fork_and_refuse(&comm, 1, req, NULL, segment);
+  fork_and_refuse(both, 2, req, NULL, segment);
   CHECK(write(go[1], "2", 1) == 1);
   CHECK_STATUS(gradsync_request_wait(req, -1), GRADSYNC_OK);
   CHECK(v == 3);
@@ -251,7 +263,9 @@ static void shm_transport(void) {
   /* The group carries on, progress thread and all. */
   CHECK(write(go[1], "3", 1) == 1);
   shm_step(comm, 0);
+  shm_step(both[1], 0);
   CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_OK);
+  gradsync_comm_free(both[1]);
   gradsync_shard_free(shard);
   gradsync_comm_free(comm);
   close(go[1]);
