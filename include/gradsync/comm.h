@@ -40,12 +40,12 @@
  *   it belongs to the parent process and naming that process's pid; none of them waits (so
  *   gradsync_request_wait on a request started before the fork returns at once). The exceptions
  *   are the frees: gradsync_comm_free there releases only what is the child's own (the shm
- *   transport unmaps the segment and closes its descriptor; the thread and MPI transports release
- *   nothing, since their state is the parent's or MPI's), never tells the group, never touches the
- *   segment's shared state and never joins a thread (the progress thread is the parent's);
- *   gradsync_request_free and gradsync_shard_free release the handle without waiting. The parent's
- *   group, and the parent's calls in flight, carry on unaffected. A child wanting to communicate
- *   creates communicators of its own.
+ *   transport, and the hierarchical one's shared-memory level, unmap the segment and close its
+ *   descriptor; the thread and MPI transports release nothing, since their state is the parent's or
+ *   MPI's), never tells the group, never touches the segment's shared state and never joins a
+ *   thread (the progress thread is the parent's); gradsync_request_free and gradsync_shard_free
+ *   release the handle without waiting. The parent's group, and the parent's calls in flight,
+ *   carry on unaffected. A child wanting to communicate creates communicators of its own.
  * - Timeouts: any timeout_ms up to INT64_MAX (GRADSYNC_NO_TIMEOUT) works; a deadline too far to
  *   represent saturates to one that never passes, never overflowing into the past.
  * - Partition rule (reduce-scatter, allgather, alltoall): part i of n elements over p ranks

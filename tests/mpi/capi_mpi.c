@@ -37,9 +37,21 @@ static gradsync_comm *create(int64_t fcomm, int32_t deterministic) {
   return c;
 }
 
-/* Forks a child that finds c and the request (started before the fork) refused as the parent's,
- * and frees both; then the parent's group works on. */
-static void forked_child_leaves_the_group_alone(gradsync_comm *c, int size) {
+/* Whether a line of /proc/self/maps contains text. */
+static int mapped(const char *text) {
+  char line[512];
+  int found = 0;
+  FILE *maps = fopen("/proc/self/maps", "r");
+  if (maps == NULL) return -1;
+  while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, text) != NULL;
+  fclose(maps);
+  return found;
+}
+
+/* Forks a child that finds c, h (hierarchical) and the request (started before the fork) refused
+ * as the parent's, and frees them (h's shared-memory level unmapped); then the parent's groups
+ * work on. */
+static void forked_child_leaves_the_group_alone(gradsync_comm *c, gradsync_comm *h, int size) {
   char parent[64];
   float v = 1.0f, x = 1.0f;
   int32_t done = 0;
@@ -58,10 +70,15 @@ static void forked_child_leaves_the_group_alone(gradsync_comm *c, int size) {
     bad += gradsync_request_wait(req, -1) != GRADSYNC_E_MISUSE;
     bad += gradsync_request_test(req, &done) != GRADSYNC_E_MISUSE;
     bad += gradsync_comm_barrier(c) != GRADSYNC_E_MISUSE;
+    bad += gradsync_comm_allreduce(h, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) != GRADSYNC_E_MISUSE;
+    bad += strstr(gradsync_last_error_message(), parent) == NULL;
+    bad += mapped("/dev/shm/gradsync.") != 1;
     if (bad) fprintf(stderr, "forked child of rank %d: %d check(s) failed; last error: %s\n", world_rank, bad,
                      gradsync_last_error_message());
     gradsync_request_free(req);
     gradsync_comm_free(c);
+    gradsync_comm_free(h);
+    bad += mapped("/dev/shm/gradsync.") != 0;
     fflush(NULL);
     _exit(bad ? 1 : 0);
   }
@@ -72,6 +89,8 @@ static void forked_child_leaves_the_group_alone(gradsync_comm *c, int size) {
   v = 1.0f;
   EXPECT(gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
   EXPECT(gradsync_comm_barrier(c) == GRADSYNC_OK);
+  v = 1.0f;
+  EXPECT(gradsync_comm_allreduce(h, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
 }
 
 int main(int argc, char **argv) {
@@ -150,7 +169,15 @@ int main(int argc, char **argv) {
   o.mpi_fcomm = (int64_t)1 << 40;
   EXPECT(gradsync_comm_create(&bad, &o) == GRADSYNC_E_INVALID_ARG && bad == NULL);
 
-  forked_child_leaves_the_group_alone(c, size);
+  {
+    gradsync_comm *h = NULL;
+    gradsync_comm_options_init(&o, sizeof o);
+    o.transport = GRADSYNC_TRANSPORT_HIER;
+    o.timeout_ms = 20000;
+    EXPECT(gradsync_comm_create(&h, &o) == GRADSYNC_OK);
+    if (h != NULL) forked_child_leaves_the_group_alone(c, h, size);
+    gradsync_comm_free(h);
+  }
 
   gradsync_comm_free(c);
   gradsync_comm_free(NULL);

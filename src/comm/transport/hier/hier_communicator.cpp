@@ -143,6 +143,12 @@ class HierCommunicator final : public Communicator {
     world_->reset();
   }
   const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
+  // The host's shared-memory level is the one with a mapping of the child's own.
+  void release_after_fork() noexcept override {
+    world_->release_after_fork();
+    local_->release_after_fork();
+    if (cross_ != nullptr) cross_->release_after_fork();
+  }
   void set_interrupt(InterruptCheck check) noexcept override {
     Communicator::set_interrupt(check);
     world_->set_interrupt(check);
