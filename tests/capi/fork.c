@@ -80,8 +80,8 @@ static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gra
 }
 
 /* Forks a child that runs refused_in_child on each of n communicators (pending, shard and segment
- * go with the first) and exits with its verdict; returns once the child has, counting a failure unless it
- * exited with 0. */
+ * go with the first) and exits with its verdict; returns once the child has, counting a failure
+ * unless it exited with 0. */
 static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pending, gradsync_shard *shard,
                             const char *segment) {
   int status = 0, i;
