@@ -18,17 +18,7 @@
 #include "gradsync/gradsync.h"
 #include "check.h"
 #include "two_threads.h"
-
-/* Whether a line of /proc/self/maps contains text (a path, or with "\n" a whole path's end). */
-static int mapped(const char *text) {
-  char line[512];
-  int found = 0;
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (maps == NULL) return -1;
-  while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, text) != NULL;
-  fclose(maps);
-  return found;
-}
+#include "fork_helpers.h"
 
 /* In the child: every kind of call on comm is refused, naming the parent, and none waits (a hang is
  * the bug under test: the alarm turns one into a failure of the child). pending: a request of comm
@@ -86,6 +76,7 @@ static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pend
                             const char *segment) {
   int status = 0, i;
   pid_t child;
+  wait_until_others_sleep();
   fflush(NULL);
   child = fork();
   if (child < 0) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "gradsync/gradsync.h"
+#include "../capi/fork_helpers.h"
 
 static int failures = 0;
 static int world_rank = 0;
@@ -37,17 +38,6 @@ static gradsync_comm *create(int64_t fcomm, int32_t deterministic) {
   return c;
 }
 
-/* Whether a line of /proc/self/maps contains text. */
-static int mapped(const char *text) {
-  char line[512];
-  int found = 0;
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (maps == NULL) return -1;
-  while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, text) != NULL;
-  fclose(maps);
-  return found;
-}
-
 /* Forks a child that finds c, h (hierarchical) and the request (started before the fork) refused
  * as the parent's, and frees them (h's shared-memory level unmapped); then the parent's groups
  * work on. */
@@ -59,6 +49,7 @@ static void forked_child_leaves_the_group_alone(gradsync_comm *c, gradsync_comm 
   gradsync_request *req = NULL;
   pid_t child;
   EXPECT(gradsync_comm_iallreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM, &req) == GRADSYNC_OK);
+  wait_until_others_sleep();
   fflush(NULL);
   child = fork();
   if (child == 0) {

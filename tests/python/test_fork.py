@@ -32,6 +32,26 @@ def _wait_bounded(pid):
     return None
 
 
+def _wait_until_others_sleep():
+    """Returns once every thread of this process but this one is asleep (state S), twice in a row:
+    they then wait in a collective, not inside malloc. A sanitizer's allocator has no fork handler,
+    so a fork while another thread holds its lock would leave the child's copy locked for ever."""
+    me, calm = threading.get_native_id(), 0
+    while calm < 2:
+        asleep = True
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) == me:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    state = f.read().rpartition(")")[2].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue  # the thread has exited
+            asleep = asleep and state == "S"
+        calm = calm + 1 if asleep else 0
+        os.sched_yield()
+
+
 def _expect_refused(call, parent_pid, what):
     try:
         call()
@@ -48,6 +68,7 @@ def _fork_child(held, segment=None):
     holds them only there), and exits with the number of problems (printed). The parent gets the
     child's exit status."""
     parent = os.getpid()
+    _wait_until_others_sleep()
     pid = os.fork()
     if pid != 0:
         return _wait_bounded(pid)
