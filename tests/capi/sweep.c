@@ -1307,7 +1307,7 @@ static void sweep_comm(void) {
   o = comm_options("capi-sweep-create");
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_create(NULL, &o));
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, NULL));
-  o.transport = 3; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.transport = 4; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o.transport = 7; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o.transport = -1; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o.transport = INT32_MIN; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
