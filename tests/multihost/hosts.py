@@ -14,8 +14,8 @@ A host is what a rank can tell apart from facts, as on separate machines:
 - a network namespace joined to the others by a veth pair on a bridge, with an address of a /28
   subnet of 10.250.0.0/16 chosen for this run (the bridge holds the first address, for mpirun's own
   connections); no namespace has a route anywhere else, and IPv6 is off on every link made here;
-- its own IPC, mount and UTS namespaces: a private tmpfs on /dev/shm and on /tmp (so nothing a host
-  writes there can outlive it; a program under /tmp is therefore not found), and its own hostname,
+- its own IPC, mount and UTS namespaces: a private tmpfs on /dev/shm and on the directory of Open
+  MPI's session files (so nothing a host writes there can outlive it), and its own hostname,
   "h<index>".
 All hosts share the kernel, hence /proc/sys/kernel/random/boot_id. mpirun reaches a host through a
 launch agent that enters its namespaces instead of ssh; Open MPI is held to TCP on the run's subnet
@@ -174,7 +174,8 @@ case "$host" in
   *) echo "launch agent: $host is not a host of this run" >&2; exit 2 ;;
 esac
 exec ip netns exec "$ns" unshare --ipc --mount --uts --propagation private sh -c '
-  mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs /tmp && hostname "$0" || exit 1
+  mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs @SESSIONS@ && hostname "$0" ||
+    exit 1
   exec sh -c "$*"' "$name" "$@"
 """
 
@@ -338,14 +339,19 @@ class Hosts:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         _ip("link", "set", self.bridge, "up")
-        # Not under /tmp, which each host replaces with its own: the daemons look for the agent too.
+        # Outside every directory a host covers with its own tmpfs: the daemons run the agent too.
         os.makedirs(RUNDIR, exist_ok=True)
         self.tmpdir = tempfile.mkdtemp(prefix=f"{self.tag}-", dir=RUNDIR)
         cases = "\n".join(f"  {addr}) ns={ns}; name={name} ;;"
                           for addr, ns, name in zip(self.addresses, self.netns, self.names))
         self.agent = os.path.join(self.tmpdir, "agent")
+        # Open MPI's session files go here (orte_tmpdir_base), which each host covers with a tmpfs
+        # of its own: nothing a host writes there outlives it, and /tmp, where a program may live,
+        # is left as it is.
+        self.sessions = os.path.join(self.tmpdir, "sessions")
+        os.makedirs(self.sessions, exist_ok=True)
         with open(self.agent, "w") as f:
-            f.write(AGENT.replace("@CASES@", cases))
+            f.write(AGENT.replace("@CASES@", cases).replace("@SESSIONS@", self.sessions))
         os.chmod(self.agent, 0o755)
 
     def close(self):
@@ -379,6 +385,7 @@ class Hosts:
                   ("oob_tcp_if_include", str(self.subnet)),
                   ("btl_tcp_if_include", str(self.subnet)),
                   ("btl", "self,vader,tcp"),
+                  ("orte_tmpdir_base", self.sessions),
                   # Ranks outnumber cores: without it flat MPI_Allreduce of 1K floats over 2 hosts
                   # x 2 ranks takes milliseconds instead of tens of microseconds.
                   ("mpi_yield_when_idle", "1")]

@@ -13,7 +13,7 @@ including Open MPI's daemon (--what host, as when a machine dies), are SIGKILLed
 - a survivor is either ended by mpirun inside MPI, or (when the death reaches it in the library's
   own wait) reports an error that names a killed rank; none finishes as if nothing had happened;
 - nothing is left: no namespace, link or process of the run, and none of the hosts' IPC and mount
-  namespaces (whose tmpfs are their /dev/shm and /tmp) still alive.
+  namespaces (whose tmpfs are their /dev/shm and session directory) still alive.
 """
 import argparse
 import os
