@@ -23,8 +23,9 @@ macro_rules! check_offsets {
 fn option_structs_have_the_c_layout() {
     check_offsets!(gradsync_comm_options {
         struct_size => 0, version => 4, transport => 8, rank => 12, size => 16, deterministic => 20,
-        check_mismatch => 24, reserved0 => 28, timeout_ms => 32, mpi_fcomm => 40, name => 48,
-    }, size 112);
+        check_mismatch => 24, reserved0 => 28, timeout_ms => 32, mpi_fcomm => 40, name => 48, host => 112,
+        topology_independent => 176, reserved1 => 180,
+    }, size 184);
     check_offsets!(gradsync_table_options {
         struct_size => 0, version => 4, mode => 8, read_only => 12, rows => 16, dim => 24, dtype => 32,
         init => 36, seed => 40, lo => 48, hi => 56, file_mode => 64, allow_other_owner => 68,
