@@ -22,10 +22,10 @@ namespace {
 // itself) beats three levels of rounds.
 constexpr uint64_t kFlatBytes = 16 * 1024;
 
-// The pairs whose reduction is the same whether it is done in one fold or in levels: floats
-// combine in their own type (the order is fixed either way), integer sums wrap alike in any
-// order. Half types and the integer mean accumulate wider than their type, so a level's rounding
-// would change the result: they go flat.
+// The pairs that levels reduce at full precision: floats combine in their own type at every step
+// (the levels change only the order, which the topology fixes), integer sums wrap alike in any
+// order, and min and max are exact. Half types and the integer mean accumulate wider than their
+// type, so a level's rounding would lose what the flat fold keeps: they go flat.
 bool levels_preserve(DType dtype, ReduceOp op) {
   switch (dtype) {
     case DType::F32: case DType::F64: return true;
