@@ -18,37 +18,15 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "measure.hpp"
 
 using namespace gradsync;
 using namespace gradsync::comm;
+using gradsync::bench::measure;
+using gradsync::bench::median;
+using gradsync::bench::Variant;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-struct Variant {
-  const char* name;
-  std::function<void()> run;
-  std::vector<double> per_call;
-};
-
-void measure(std::vector<Variant>& variants, int reps, int batch) {
-  for (auto& v : variants) v.run();
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t k = 0; k < variants.size(); ++k) {
-      Variant& v = variants[(k + static_cast<size_t>(rep)) % variants.size()];
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double t0 = MPI_Wtime();
-      for (int i = 0; i < batch; ++i) v.run();
-      double t = (MPI_Wtime() - t0) / batch;
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      v.per_call.push_back(t);
-    }
-  }
-}
 
 std::string human(double seconds) {
   char b[32];
@@ -96,7 +74,7 @@ int main(int argc, char** argv) {
                           const BufferRef b{send.data(), recv.data(), n};
                           flat->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
                         }, {}});
-    measure(variants, reps, batch);
+    measure(variants, reps, batch, MPI_COMM_WORLD);
     const double raw = median(variants[0].per_call), h = median(variants[1].per_call),
                  m = median(variants[2].per_call);
     if (rank == 0) {

@@ -16,39 +16,15 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "measure.hpp"
 
 using namespace gradsync;
 using namespace gradsync::comm;
+using gradsync::bench::measure;
+using gradsync::bench::median;
+using gradsync::bench::Variant;
 
 namespace {
-
-struct Variant {
-  std::string name;
-  std::function<void()> run;
-  std::vector<double> per_call;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-// Runs each variant `batch` times back to back, `reps` times, rotating the order, and records
-// the slowest rank's time per call.
-void measure(std::vector<Variant>& variants, int reps, int batch, MPI_Comm world) {
-  for (auto& v : variants) v.run();  // warm-up (allocations, first-touch, connections)
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t k = 0; k < variants.size(); ++k) {
-      Variant& v = variants[(k + static_cast<size_t>(rep)) % variants.size()];
-      MPI_Barrier(world);
-      const double t0 = MPI_Wtime();
-      for (int i = 0; i < batch; ++i) v.run();
-      double t = (MPI_Wtime() - t0) / batch;
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world);
-      v.per_call.push_back(t);
-    }
-  }
-}
 
 std::unique_ptr<Communicator> make(bool deterministic, bool check) {
   Options o;

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <random>
 #include <cstring>
 #include <cstdlib>
 #include <limits>
@@ -20,6 +19,7 @@
 #include "comm/call_signature.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm {
 
@@ -372,8 +372,7 @@ void Communicator::establish(const Options& options) {
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   // Every rank's color and key, and rank 0's nonce: it makes the subgroups' names differ from
   // those of an earlier group of the same name whose subgroups may still live.
-  std::random_device rd;
-  const std::array<int64_t, 3> mine{color, key, static_cast<int64_t>((uint64_t{rd()} << 32) ^ rd())};
+  const std::array<int64_t, 3> mine{color, key, static_cast<int64_t>(random_nonce())};
   const auto n = static_cast<size_t>(size());
   std::vector<int64_t> all(3 * n);
   allgather(mine.data(), all.data(), all.size(), DType::I64);

@@ -12,11 +12,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
+#include <functional>
 
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -30,11 +31,6 @@ std::string read_first_line(const char* path) {
   std::string line;
   if (in) std::getline(in, line);
   return line;
-}
-
-uint64_t random_nonce() {
-  std::random_device rd;
-  return ((uint64_t{rd()} << 32) ^ rd()) | 1;
 }
 
 std::string probe_path(uint64_t nonce) { return fmt::format("/dev/shm/gradsync-probe.{:016x}", nonce); }
@@ -125,7 +121,7 @@ Topology detect_topology(Communicator& comm, const std::string& label, bool shar
   const int n = comm.size();
   const auto un = static_cast<size_t>(n);
   const std::string identity = host_identity(label);
-  const uint64_t nonce = random_nonce();
+  const uint64_t nonce = random_nonce() | 1;  // 0 says "no probe file"
   const bool probing = !shares_memory && n > 1;
   const bool probe_written = probing && write_probe(nonce);
   struct Unlink {

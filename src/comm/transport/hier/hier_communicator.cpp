@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "comm/call_signature.hpp"
@@ -14,6 +13,7 @@
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -59,11 +59,7 @@ class HierCommunicator final : public Communicator {
     });
     // One name per host for the shared-memory level, the same on that host's ranks: world rank
     // 0's nonce, and the host index (hosts that a label makes distinct may share one /dev/shm).
-    uint64_t nonce = 0;
-    if (world_->rank() == 0) {
-      std::random_device rd;
-      nonce = (uint64_t{rd()} << 32) ^ rd();
-    }
+    uint64_t nonce = world_->rank() == 0 ? random_nonce() : 0;
     world_->broadcast(&nonce, 1, DType::I64, 0);
     Options local = options;
     local.transport = Transport::Shm;
