@@ -174,11 +174,13 @@ class Handle:
 
     @property
     def ptr(self):
+        """The C handle; raises GradsyncError E_MISUSE once the object is closed."""
         if not self._ptr:
             raise GradsyncError(E_MISUSE, f"{type(self).__name__} is closed")
         return self._ptr
 
     def close(self):
+        """Free the C handle now (idempotent); later calls on the object raise E_MISUSE."""
         if self._ptr:
             ptr, self._ptr = self._ptr, None
             type(self)._free(ptr)

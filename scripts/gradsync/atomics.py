@@ -73,6 +73,7 @@ class Counter(Handle):
 
     @property
     def bits(self):
+        """The counter's width, 32 or 64: arithmetic wraps modulo 2**bits."""
         return self._fns.bits
 
     def fetch_add(self, delta=1):
@@ -82,18 +83,22 @@ class Counter(Handle):
         return old.value, new.value
 
     def load(self):
+        """The current value (an atomic load)."""
         value = self._fns.ctype()
         check(self._fns.load(self.ptr, ctypes.byref(value)))
         return value.value
 
     def store(self, value):
+        """Set the value atomically; ValueError if it does not fit in `bits` bits."""
         check(self._fns.store(self.ptr, _fit(value, self.bits, "value")))
 
     @property
     def value(self):
+        """The current value, as load()."""
         return self.load()
 
     def close(self):
+        """Free the counter now (idempotent)."""
         if self._ptr:
             ptr, self._ptr = self._ptr, None
             self._fns.free(ptr)
@@ -119,11 +124,13 @@ class Flag(Handle):
         return bool(is_set.value)
 
     def check(self):
+        """Whether the flag is set."""
         is_set = c_int32()
         check(_flag_check(self.ptr, ctypes.byref(is_set)))
         return bool(is_set.value)
 
     def reset(self):
+        """Clear the flag (the only way to clear it)."""
         check(_flag_reset(self.ptr))
 
     def __bool__(self):
@@ -161,6 +168,7 @@ class Mutex(Handle):
         return bool(acquired.value)
 
     def unlock(self):
+        """Release the mutex, which this thread must hold (E_MISUSE otherwise)."""
         check(_mutex_unlock(self.ptr))
 
     def __enter__(self):

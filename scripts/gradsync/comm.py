@@ -505,10 +505,12 @@ class Communicator(Handle):
 
     @property
     def rank(self):
+        """This member's rank in the group, 0 <= rank < size."""
         return self._query(lib.gradsync_comm_rank)
 
     @property
     def size(self):
+        """The number of ranks in the group."""
         return self._query(lib.gradsync_comm_size)
 
     @property
@@ -762,55 +764,76 @@ class Communicator(Handle):
         return None, np.dtype(dtype)
 
     def barrier(self, *, _nonblocking=False):
+        """Collective: return once every rank has entered the barrier."""
         return self._issue("barrier", _nonblocking, (), None)
 
     # The non-blocking forms: the same arguments, a Request whose wait() returns the same result.
     def iallreduce(self, array, op="mean", out=None):
+        """Non-blocking allreduce(): the same arguments; returns a Request whose wait() returns what
+        allreduce() returns. The arrays must stay untouched until then."""
         return self.allreduce(array, op, out, _nonblocking=True)
 
     def iallreduce_many(self, arrays, op="mean"):
+        """Non-blocking allreduce_many(): returns a Request whose wait() returns the reduced arrays."""
         return self.allreduce_many(arrays, op, _nonblocking=True)
 
     def iweighted_mean(self, array, weight, out=None):
+        """Non-blocking weighted_mean(): returns a Request whose wait() returns (mean, total weight)."""
         return self.weighted_mean(array, weight, out, _nonblocking=True)
 
     def ibroadcast(self, array, root=0):
+        """Non-blocking broadcast(): returns a Request whose wait() returns the root's array."""
         return self.broadcast(array, root, _nonblocking=True)
 
     def iallgather(self, array, part=None):
+        """Non-blocking allgather(): returns a Request whose wait() returns every rank's part, in rank order."""
         return self.allgather(array, part, _nonblocking=True)
 
     def iallgatherv(self, part, counts, out=None):
+        """Non-blocking allgatherv(): returns a Request whose wait() returns the concatenated parts."""
         return self.allgatherv(part, counts, out, _nonblocking=True)
 
     def ireduce_scatterv(self, array, counts, op="mean", out=None):
+        """Non-blocking reduce_scatterv(): returns a Request whose wait() returns this rank's reduced part."""
         return self.reduce_scatterv(array, counts, op, out, _nonblocking=True)
 
     def ireduce_scatter(self, array, op="mean", out=None):
+        """Non-blocking reduce_scatter(): returns a Request whose wait() returns this rank's reduced part."""
         return self.reduce_scatter(array, op, out, _nonblocking=True)
 
     def ialltoall(self, array, out=None):
+        """Non-blocking alltoall(): returns a Request whose wait() returns the received blocks."""
         return self.alltoall(array, out, _nonblocking=True)
 
     def ialltoallv(self, array, send_counts, recv_counts, out=None):
+        """Non-blocking alltoallv(): returns a Request whose wait() returns the received blocks."""
         return self.alltoallv(array, send_counts, recv_counts, out, _nonblocking=True)
 
     def ireduce(self, array, root=0, op="mean", out=None):
+        """Non-blocking reduce(): returns a Request whose wait() returns the result at the root (None
+        elsewhere)."""
         return self.reduce(array, root, op, out, _nonblocking=True)
 
     def igather(self, array, root=0):
+        """Non-blocking gather(): returns a Request whose wait() returns the parts at the root (None
+        elsewhere)."""
         return self.gather(array, root, _nonblocking=True)
 
     def igatherv(self, array, counts=None, root=0):
+        """Non-blocking gatherv(): returns a Request whose wait() returns the parts at the root (None
+        elsewhere)."""
         return self.gatherv(array, counts, root, _nonblocking=True)
 
     def iscatter(self, array, count, root=0, dtype=None):
+        """Non-blocking scatter(): returns a Request whose wait() returns this rank's part."""
         return self.scatter(array, count, root, dtype, _nonblocking=True)
 
     def iscatterv(self, array, count, counts=None, root=0, dtype=None):
+        """Non-blocking scatterv(): returns a Request whose wait() returns this rank's part."""
         return self.scatterv(array, count, counts, root, dtype, _nonblocking=True)
 
     def ibarrier(self):
+        """Non-blocking barrier(): returns a Request whose wait() returns once every rank has entered it."""
         return self.barrier(_nonblocking=True)
 
     def async_error(self):

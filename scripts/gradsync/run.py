@@ -207,6 +207,8 @@ def _across_hosts(ap, a):
 
 
 def main(argv=None):
+    """Entry point of `python3 -m gradsync.run`: parse argv (sys.argv[1:] when None), start the ranks, and
+    return the exit status."""
     ap = argparse.ArgumentParser(prog="python3 -m gradsync.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--nprocs", type=int, default=None, help="number of ranks (with --hosts: their sum)")
     ap.add_argument("--hosts", default=None,

@@ -158,6 +158,7 @@ class ShardedParameter(Handle):
 
     @property
     def updates(self):
+        """How many optimizer updates this rank's slice has had (the same on every rank)."""
         v = c_int64()
         check(lib.gradsync_shard_updates(self.ptr, ctypes.byref(v)))
         return v.value

@@ -206,30 +206,39 @@ class Table(_Mapped):
 
     @classmethod
     def create(cls, path, rows, dim, **kw):
+        """Create a new table file of rows x dim float32 at path (GradsyncError E_IO if the path exists);
+        see Table() for the options."""
         return cls(path, rows, dim, mode="create", **kw)
 
     @classmethod
     def open(cls, path, rows=None, dim=None, read_only=False):
+        """Open an existing table file; rows and dim, when given, must match the file's (E_MISMATCH
+        otherwise)."""
         return cls(path, rows, dim, mode="open", read_only=read_only)
 
     @classmethod
     def create_or_open(cls, path, rows, dim, **kw):
+        """Open the table at path, or create it when absent (every process racing here gets the same file)."""
         return cls(path, rows, dim, mode="create_or_open", **kw)
 
     @classmethod
     def anonymous(cls, rows, dim, **kw):
+        """A table in private memory, backed by no file (for tests and one-process use)."""
         return cls(None, rows, dim, mode="anonymous", **kw)
 
     def get(self, row, out=None):
+        """Row `row` as a float32 array of dim values (written into out when given)."""
         out = self._row_out(out)
         check(lib.gradsync_table_get(self.ptr, int(row), _addr(out), out.size))
         return out
 
     def set(self, row, values):
+        """Overwrite row `row` with dim float32 values."""
         values = _f32(values, "values")
         check(lib.gradsync_table_set(self.ptr, int(row), _addr(values), values.size))
 
     def gather(self, rows, out=None):
+        """Rows `rows` (any order, repeats allowed) as an (n, dim) float32 array (into out when given)."""
         ids = _ids(rows)
         if out is None:
             out = np.empty((ids.size, self.dim), dtype=np.float32)
@@ -238,14 +247,17 @@ class Table(_Mapped):
         return out
 
     def scatter(self, rows, values):
+        """Write values[i] to row rows[i]; values is (n, dim) float32. With repeated rows the last write wins."""
         ids = _ids(rows)
         values = _f32(values, "values")
         check(lib.gradsync_table_scatter(self.ptr, _addr(ids), ids.size, _addr(values), values.size))
 
     def fill_zero(self):
+        """Set every value to 0."""
         check(lib.gradsync_table_fill_zero(self.ptr))
 
     def fill_uniform(self, seed, lo=-0.5, hi=0.5):
+        """Fill with uniform values in [lo, hi], a fixed function of (seed, element): the same seed gives the same table bit for bit."""
         check(lib.gradsync_table_fill_uniform(self.ptr, int(seed) & ((1 << 64) - 1), float(lo), float(hi)))
 
     def flush(self):
@@ -253,6 +265,7 @@ class Table(_Mapped):
         check(lib.gradsync_table_flush(self.ptr))
 
     def prefetch(self, rows):
+        """Hint that `rows` are about to be used (the kernel reads their pages ahead); ids are checked, no data changes."""
         ids = _ids(rows)
         check(lib.gradsync_table_prefetch(self.ptr, _addr(ids), ids.size))
 
@@ -294,33 +307,40 @@ class Accumulator(_Mapped):
 
     @classmethod
     def create(cls, path, rows, dim, **kw):
+        """Create a new accumulator file of rows x dim float32 at path; see Accumulator() for the options."""
         return cls(path, rows, dim, mode="create", **kw)
 
     @classmethod
     def open(cls, path, rows=None, dim=None, **kw):
+        """Open an existing accumulator file; rows and dim, when given, must match the file's."""
         return cls(path, rows, dim, mode="open", **kw)
 
     @classmethod
     def create_or_open(cls, path, rows, dim, **kw):
+        """Open the accumulator at path, or create it when absent."""
         return cls(path, rows, dim, mode="create_or_open", **kw)
 
     @classmethod
     def anonymous(cls, rows, dim, **kw):
+        """An accumulator in private memory, backed by no file (threads of one process share it)."""
         return cls(None, rows, dim, mode="anonymous", **kw)
 
     @property
     def concurrency(self):
+        """How concurrent adds are made safe: 'striped', 'lock_free', 'none' or 'owner'."""
         mode, rpl = c_int32(), c_int64()
         check(lib.gradsync_accum_get_concurrency(self.ptr, ctypes.byref(mode), ctypes.byref(rpl)))
         return {STRIPED: "striped", LOCK_FREE: "lock_free", NONE: "none", OWNER: "owner"}[mode.value]
 
     @property
     def rows_per_lock(self):
+        """Rows guarded by one stripe lock (in 'striped' mode)."""
         rpl = c_int64()
         check(lib.gradsync_accum_get_concurrency(self.ptr, None, ctypes.byref(rpl)))
         return rpl.value
 
     def add(self, row, grad):
+        """Add grad (dim float32 values) to row `row` and mark it touched."""
         grad = _f32(grad, "grad")
         check(lib.gradsync_accum_add(self.ptr, int(row), _addr(grad), grad.size))
 
@@ -331,11 +351,13 @@ class Accumulator(_Mapped):
         check(lib.gradsync_accum_add_batch(self.ptr, _addr(ids), ids.size, _addr(grads), grads.size))
 
     def get(self, row, out=None):
+        """Row `row`'s accumulated gradient as a float32 array of dim values (into out when given)."""
         out = self._row_out(out)
         check(lib.gradsync_accum_get(self.ptr, int(row), _addr(out), out.size))
         return out
 
     def zero(self):
+        """Zero the touched rows and clear the touched set."""
         check(lib.gradsync_accum_zero(self.ptr))
 
     @property
@@ -376,4 +398,5 @@ class Accumulator(_Mapped):
                                        None if state is None else state.ptr))
 
     def flush(self):
+        """Make the accumulator durable on return (msync + fsync)."""
         check(lib.gradsync_accum_flush(self.ptr))

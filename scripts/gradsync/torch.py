@@ -183,6 +183,8 @@ class DistributedDataParallel(torch.nn.Module):
         self.comm.broadcast(a, root=0)
 
     def forward(self, *args, **kwargs):
+        """Run the wrapped module (after broadcasting its buffers from rank 0 when broadcast_buffers); the
+        backward pass then all-reduces the gradients in buckets."""
         if self._in_step:
             self._abandon_unfinished()
         if self.broadcast_buffers and self._sync:
@@ -380,10 +382,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         return loss
 
     def state_dict(self):
+        """Refused (NotImplementedError): the optimizer state is sliced over the ranks inside the library."""
         raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
                                   "the library and cannot be saved; checkpoint the model's weights")
 
     def load_state_dict(self, state_dict):
+        """Refused (NotImplementedError): the optimizer state is sliced over the ranks inside the library."""
         raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
                                   "the library and cannot be loaded; restore the model's weights")
 
