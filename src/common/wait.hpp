@@ -40,6 +40,11 @@ enum class WaitResult { Ready, Timeout, Aborted };
 
 using WaitClock = std::chrono::steady_clock;
 
+// A wait this long is logged (a warning naming the ranks not there, where the wait can tell), and
+// again every interval: a group forming or a collective waiting on a late rank is never silent.
+inline constexpr auto kStragglerReportAfter = std::chrono::seconds(5);
+inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
+
 // now + timeout, saturating: a timeout of up to INT64_MAX ms is a deadline that never passes
 // rather than an overflow into the past. Computed in the clock's own ticks: the headroom left
 // after now, converted down to milliseconds (truncating, so a timeout below it always fits).

@@ -380,3 +380,31 @@ def test_rooted_reduce_gather_scatter_and_their_v_forms():
     assert [g[4] for g in got] == [None, [1.0, 2.0, 2.0], None]
     assert [g[5] for g in got] == [[], [1.0], [2.0, 2.0]]
     assert all(g[6] == gs.E_MISMATCH for g in got)
+
+
+def test_a_forming_group_names_the_ranks_it_waits_for():
+    # A rank that never joins gives periodic warnings naming it (the first after 5 s), then the
+    # timeout: on threads and on shared memory, whose joins are written apart.
+    seen = []
+    gs.set_log_callback(lambda level, msg: seen.append(msg), gs.LOG_WARN)
+    errors = {}
+
+    def join(transport):
+        try:
+            gs.Communicator(fresh_group_name(), 0, 3, timeout_ms=5600, transport=transport)
+        except gs.GradsyncError as e:
+            errors[transport] = e
+
+    try:
+        threads = [threading.Thread(target=join, args=(t,)) for t in ("threads", "shm")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gs.set_log_callback(None)
+    assert sorted(errors) == ["shm", "threads"]
+    assert all(e.status == gs.E_TIMEOUT for e in errors.values())
+    waiting = [m for m in seen if "waiting for rank(s)" in m and "1, 2" in m and "(1 of 3 joined" in m]
+    assert any("shm group" in m for m in waiting), seen
+    assert any("shm group" not in m for m in waiting), seen

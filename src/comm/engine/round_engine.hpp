@@ -223,9 +223,6 @@ class RoundEngine {
 
 // While waiting, peers' liveness is checked this often (a dead peer is reported within it).
 inline constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
-// A wait this long is logged (a warning naming the ranks not there), and again every interval.
-inline constexpr auto kStragglerReportAfter = std::chrono::seconds(5);
-inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
 
 template <class Settled, class Counter>
 RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, uint64_t target,

@@ -339,7 +339,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
 
   // Phase 2: wait for the others (a late joiner within the deadline is fine).
   const uint64_t generation = seg->header_->generation;
-  for (;;) {
+  for (auto report = Clock::now() + kStragglerReportAfter;;) {
     seg->check_intact();
     std::vector<int> missing;
     int dead = -1;
@@ -384,6 +384,11 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     if (Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
            fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
+    }
+    if (const auto now = Clock::now(); now >= report) {
+      GS_LOG_WARN("shm group '{}' rank {}: waiting for rank(s) {} to join ({} of {} joined)", name, rank,
+                  fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
+      report = now + kStragglerReportEvery;
     }
     std::this_thread::sleep_for(kPollInterval);
   }

@@ -209,7 +209,23 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
 
   const auto deadline = deadline_after(options.timeout);
   auto formed = [&] { return group->formed.load(std::memory_order_seq_cst) != 0; };
-  const WaitResult waited = wait_until(group->words->wake, formed, deadline, &group->broken);
+  WaitResult waited;
+  for (auto report = WaitClock::now() + kStragglerReportAfter;; report += kStragglerReportEvery) {
+    waited = wait_until(group->words->wake, formed, std::min(deadline, report), &group->broken);
+    if (waited != WaitResult::Timeout || WaitClock::now() >= deadline) break;
+    std::vector<int> missing;
+    {
+      std::lock_guard lock(reg.mutex);
+      for (int i = 0; i < group->size; ++i) {
+        if (!group->present[static_cast<size_t>(i)]) missing.push_back(i);
+      }
+    }
+    if (!missing.empty()) {
+      GS_LOG_WARN("rank {} of group '{}': waiting for rank(s) {} to join ({} of {} joined; timeout {} ms)",
+                  options.rank, options.name, rank_list(missing), group->size - static_cast<int>(missing.size()),
+                  group->size, options.timeout.count());
+    }
+  }
   if (waited != WaitResult::Ready) {
     std::lock_guard lock(reg.mutex);
     // Formed is decided under the registry lock: either the last member came in time, or we withdraw.
