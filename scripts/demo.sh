@@ -4,7 +4,8 @@
 # First a small CNN through gradsync.torch, on 1 worker and then on 2 worker processes (the
 # speed-up of data parallelism on this host's cores, at the same accuracy); then the MLP
 # data-parallel through the sharded parameter with Adam, comparing 1 worker with 4 workers
-# (uncompressed, bf16 and IEEE-half gradients), and writing the loss curves to loss_curves.png in
+# (uncompressed, bf16 and IEEE-half gradients: a correctness check, and its table says so when it
+# shows no speed, as with more workers than cores), and writing the loss curves to loss_curves.png in
 # BUILD/demo-output (never into the source tree; --out DIR elsewhere). Extra arguments go to
 # scripts/train_digits.py (the second part), e.g.
 #   scripts/demo.sh --transport shm              worker processes on this host

@@ -100,3 +100,24 @@ def test_torch_demo_trains_the_same_on_one_worker_and_on_worker_processes(capsys
     one, two = (float(line.split("held-out accuracy ")[1].split(",")[0]) for line in out.splitlines()
                 if line.startswith(("torch x1:", "torch x2 (shm):")))
     assert one > 0.5 and two > 0.5 and abs(one - two) < 0.1, out  # it learns, and as much on two workers
+
+
+def test_digits_report_shows_no_speed_up_where_speed_is_not_the_point():
+    import io
+    import types
+
+    import train_digits as td
+
+    runs = [td.RunResult("sharded", 1, 1.0, 1000, [2.0, 0.1], 0.9), td.RunResult("sharded", 4, 4.0, 1000, [2.0, 0.1], 0.9)]
+    small = types.SimpleNamespace(size=4810)
+    why = td.speed_is_the_point(small, 4)
+    assert why is not None
+    out = io.StringIO()
+    td.report(runs, out, not_speed=why)
+    assert "vs 1 worker" not in out.getvalue() and "0.25x" not in out.getvalue()
+    assert "not speed" in out.getvalue()
+    big = types.SimpleNamespace(size=10_000_000)
+    assert td.speed_is_the_point(big, 1) is None
+    out = io.StringIO()
+    td.report(runs, out)
+    assert "0.25x" in out.getvalue()
