@@ -39,6 +39,8 @@
 
 namespace gradsync::accumulator {
 
+class Team;
+
 enum class Concurrency : int32_t { Striped = 0, LockFree = 1, None = 2, Owner = 3 };
 enum class OptimizerKind : int32_t { Sgd = 0, RowAdagrad = 1 };
 
@@ -154,7 +156,6 @@ class Accumulator {
   template <Concurrency M>
   void add_rows(const int64_t* rows, size_t n, const float* grads, const uint32_t* pos = nullptr);
   struct Pending;
-  class Team;
   struct OwnerScratch;
   struct OwnerBatch;
   // Owner mode: owner w's share of a batch, each row added by one owner in position order: split
