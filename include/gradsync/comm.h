@@ -135,8 +135,10 @@
  * - Group: as the MPI transport's (MPI_COMM_WORLD or mpi_fcomm; rank and size from MPI), over any
  *   number of hosts. The hosts are the group's topology (gradsync_comm_topology): ranks of one host
  *   form a shared-memory group among themselves, and an allreduce in levels (below) sends only
- *   the traffic between hosts through MPI: on one host it moves no data through MPI; with one rank
- *   per host it moves everything through MPI. What runs flat goes through MPI on any layout.
+ *   the traffic between hosts through MPI; with one rank per host it moves everything through
+ *   MPI. On one host every call runs on the shared-memory group, which is then the whole group
+ *   in the same rank order: no data moves through MPI, and results are the shared-memory
+ *   transport's, bit for bit (so the transport suits a job that may or may not span hosts).
  * - allreduce and allreduce_many (f32, f64; i32 and i64 except mean) whose payload (all buffers
  *   of the call together) exceeds 16 KiB run in levels, and so does each dtype's part of
  *   allreduce_mixed: with the same number of ranks on every host there is no leader (each host
@@ -145,9 +147,9 @@
  *   carries the host's sum. The reduction order is fixed by the topology (within a host in local
  *   rank order, then across hosts in host order): every rank gets the same bits on every run of
  *   the same layout, but not the flat rank-order bits, unless topology_independent is 1, which
- *   reduces flat over MPI in rank order instead (flat MPI's speed). Smaller payloads, bf16, f16,
- *   the integer mean, and every other collective run flat over MPI in rank order, with the MPI
- *   transport's semantics.
+ *   reduces flat over MPI in rank order instead (flat MPI's speed). Across hosts, smaller
+ *   payloads, bf16, f16, the integer mean, and every other collective run flat over MPI in rank
+ *   order, with the MPI transport's semantics.
  * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
  *   timeout or abort needs gradsync_comm_reset on every rank, and gradsync_comm_abort aborts
  *   every level. The one-outcome-per-call guarantee holds per level: a rank whose last level

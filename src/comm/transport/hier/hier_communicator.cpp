@@ -54,6 +54,7 @@ class HierCommunicator final : public Communicator {
         topology_independent_(options.topology_independent),
         check_mismatch_(options.check_mismatch) {
     const Topology& t = world_->topology();
+    one_host_ = t.num_hosts == 1;
     even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(), [&](int h) {
       return std::count(t.rank_host.begin(), t.rank_host.end(), h) == t.local_size;
     });
@@ -83,9 +84,7 @@ class HierCommunicator final : public Communicator {
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
       const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
                         payload_bytes(buffers, dtype) <= kFlatBytes;
-      if (flat) return world_->allreduce(buffers, dtype, op);
-      // One host: its shared-memory group is the whole group, and its own round checks the call.
-      if (world_->topology().num_hosts == 1) return local_->allreduce(buffers, dtype, op);
+      if (flat || one_host_) return flat_level().allreduce(buffers, dtype, op);
       ++calls_;
       require_same_call(allreduce_call(buffers, dtype, op));
       try {
@@ -99,33 +98,34 @@ class HierCommunicator final : public Communicator {
     });
   }
 
-  // The rest run flat over MPI, measured here so that this communicator's statistics count them.
+  // The rest run flat (over MPI, or over the host's shared memory when it is the whole group),
+  // measured here so that this communicator's statistics count them.
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype),
-                       [&] { world_->broadcast(buf, count, dtype, root); });
+                       [&] { flat_level().broadcast(buf, count, dtype, root); });
   }
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
     telemetry_.measure(Collective::Allgather, total_of(counts) * dtype_size(dtype),
-                       [&] { world_->allgatherv(send, recv, counts, dtype); });
+                       [&] { flat_level().allgatherv(send, recv, counts, dtype); });
   }
   void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
                        std::optional<int> root) override {
     telemetry_.measure(Collective::ReduceScatter, total_of(counts) * dtype_size(dtype),
-                       [&] { world_->reduce_scatterv(send, recv, counts, dtype, op, root); });
+                       [&] { flat_level().reduce_scatterv(send, recv, counts, dtype, op, root); });
   }
   void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
     uint64_t sent = 0;
     for (size_t d = 0; d < routes.n; ++d) sent += routes.count[routes.at(static_cast<uint64_t>(rank()), d)];
     telemetry_.measure(Collective::Alltoall, sent * dtype_size(dtype),
-                       [&] { world_->exchange(send, recv, routes, dtype); });
+                       [&] { flat_level().exchange(send, recv, routes, dtype); });
   }
   void barrier() override {
-    telemetry_.measure(Collective::Barrier, 0, [&] { world_->barrier(); });
+    telemetry_.measure(Collective::Barrier, 0, [&] { flat_level().barrier(); });
   }
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override {
     telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype),
-                       [&] { world_->weighted_mean(send, recv, count, dtype, weight, total_weight); });
+                       [&] { flat_level().weighted_mean(send, recv, count, dtype, weight, total_weight); });
   }
   void abort() noexcept override {
     world_->abort();
@@ -159,6 +159,11 @@ class HierCommunicator final : public Communicator {
   }
 
  private:
+  // What runs flat: on one host its shared-memory group, which is the whole group in the same rank
+  // order (local rank = world rank there) and folds in rank order, so no data moves through MPI;
+  // otherwise MPI.
+  Communicator& flat_level() const noexcept { return one_host_ ? *local_ : *world_; }
+
   void allreduce_levels(const BufferRef& b, DType dtype, ReduceOp op) {
     const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     const size_t es = dtype_size(dtype);
@@ -213,6 +218,7 @@ class HierCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> world_, local_, cross_;
   bool even_ = true;
+  bool one_host_ = false;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;  // the hierarchical allreduces, for messages
