@@ -147,9 +147,12 @@
  *   carries the host's sum. The reduction order is fixed by the topology (within a host in local
  *   rank order, then across hosts in host order): every rank gets the same bits on every run of
  *   the same layout, but not the flat rank-order bits, unless topology_independent is 1, which
- *   reduces flat over MPI in rank order instead (flat MPI's speed). Across hosts, smaller
- *   payloads, bf16, f16, the integer mean, and every other collective run flat over MPI in rank
- *   order, with the MPI transport's semantics.
+ *   reduces flat over MPI in rank order instead (flat MPI's speed). A broadcast above 16 KiB
+ *   runs in levels too (the root's host spreads it over shared memory, then each local rank
+ *   carries its slice across hosts and each host all-gathers; with hosts of different sizes,
+ *   local rank 0 carries it all), with the flat broadcast's bits on any layout. Across hosts,
+ *   smaller payloads, bf16, f16, the integer mean, and every other collective run flat over MPI
+ *   in rank order, with the MPI transport's semantics.
  * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
  *   timeout or abort needs gradsync_comm_reset on every rank, and gradsync_comm_abort aborts
  *   every level. The one-outcome-per-call guarantee holds per level: a rank whose last level

@@ -101,8 +101,21 @@ class HierCommunicator final : public Communicator {
   // The rest run flat (over MPI, or over the host's shared memory when it is the whole group),
   // measured here so that this communicator's statistics count them.
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
-    telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype),
-                       [&] { flat_level().broadcast(buf, count, dtype, root); });
+    const uint64_t bytes = count * dtype_size(dtype);
+    telemetry_.measure(Collective::Broadcast, bytes, [&] {
+      if (one_host_ || size() == 1 || bytes <= kFlatBytes) return flat_level().broadcast(buf, count, dtype, root);
+      ++calls_;
+      require_same_call(broadcast_call(count, dtype, root));
+      // Every rank passed this root (checked above), so every rank refuses it alike.
+      GS_REQUIRE(root >= 0 && root < size(), GRADSYNC_E_OUT_OF_RANGE,
+                 "hier group: broadcast from root {} of a group of {} ranks", root, size());
+      try {
+        broadcast_levels(static_cast<std::byte*>(buf), count, dtype, root);
+      } catch (const Error&) {
+        abort();  // as for the allreduce: peers in another level stop now, not at their deadlines
+        throw;
+      }
+    });
   }
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
     telemetry_.measure(Collective::Allgather, total_of(counts) * dtype_size(dtype),
@@ -184,6 +197,27 @@ class HierCommunicator final : public Communicator {
         if (op == ReduceOp::Mean) finish_mean(recv, b.count, dtype);
       }
       local_->broadcast(recv, b.count, dtype, 0);
+    }
+  }
+
+  // The root's host spreads the data over shared memory; then, with hosts of equal size, each
+  // local rank carries its own slice from the root's host to the others (no leader) and each host
+  // all-gathers it; with hosts of different sizes, local rank 0 of each host carries it all. A
+  // broadcast moves bits unchanged, so the result is the flat broadcast's on any layout.
+  void broadcast_levels(std::byte* buf, size_t count, DType dtype, int root) {
+    const Topology& t = world_->topology();
+    const int root_host = t.rank_host[static_cast<size_t>(root)];
+    const auto root_local = static_cast<int>(
+        std::count(t.rank_host.begin(), t.rank_host.begin() + root, root_host));
+    if (t.host == root_host) local_->broadcast(buf, count, dtype, root_local);
+    // A cross-level group is keyed by host: its rank r is host r's member.
+    if (even_) {
+      const Part mine = local_->my_part(count);
+      cross_->broadcast(buf + mine.start * dtype_size(dtype), mine.len, dtype, root_host);
+      local_->allgather(nullptr, buf, count, dtype);
+    } else {
+      if (cross_ != nullptr) cross_->broadcast(buf, count, dtype, root_host);
+      if (t.host != root_host) local_->broadcast(buf, count, dtype, 0);
     }
   }
 
