@@ -20,6 +20,7 @@ enum class Kind : uint32_t {
   Table = 0x47530020u,
   Accumulator = 0x47530021u,
   Shard = 0x47530030u,
+  Embedding = 0x47530040u,
 };
 constexpr uint32_t kFreedMagic = 0x47DEAD00u;
 
@@ -34,6 +35,7 @@ constexpr const char* kind_name(uint32_t magic) noexcept {
     case Kind::Table: return "table";
     case Kind::Accumulator: return "accumulator";
     case Kind::Shard: return "shard";
+    case Kind::Embedding: return "embedding";
   }
   return nullptr;
 }

@@ -32,5 +32,6 @@
 #include "gradsync/codec.h"
 #include "gradsync/shard.h"
 #include "gradsync/comm.h"
+#include "gradsync/embedding.h"
 
 #endif /* GRADSYNC_GRADSYNC_H */

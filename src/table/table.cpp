@@ -203,14 +203,14 @@ FileHeader make_header(const OpenSpec& spec, const Layout& l) {
 
 std::atomic<uint64_t> g_tmp_counter{0};
 
+}  // namespace
+
 uint64_t splitmix64(uint64_t x) noexcept {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-
-}  // namespace
 
 float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) noexcept {
   const uint64_t bits = splitmix64(splitmix64(seed) ^ index) >> 40;  // 24 random bits

@@ -141,4 +141,8 @@ class Table {
 // any thread count and any platform.
 float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) noexcept;
 
+// The mixer behind uniform_at; also the sharded embedding's hash sharding rule (a public contract
+// there), so it never changes.
+uint64_t splitmix64(uint64_t x) noexcept;
+
 }  // namespace gradsync::table

@@ -1,0 +1,239 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file embedding.h
+ * @brief An embedding table of rows x dim f32 sharded row-wise over the ranks of a communicator:
+ *        lookups and sparse gradient pushes routed to the rows' owners, exact and deterministic
+ *        updates (SGD or row-wise Adagrad), and checkpoints keyed by global row id that load into
+ *        any world size and sharding rule.
+ *
+ * Ownership. Every global row id g in [0, rows) belongs to exactly one rank, by the rule the caller
+ * picks at creation (the same on every rank):
+ * - GRADSYNC_EMBEDDING_CONTIGUOUS: rank r owns the range the library's partition rule gives it:
+ *   it starts at r*(rows/P) + min(r, rows%P) and holds rows/P + (r < rows%P) rows (P ranks).
+ * - GRADSYNC_EMBEDDING_HASH: rank r owns the ids g with splitmix64(g) % P == r (splitmix64 as in
+ *   gradsync_table_fill_uniform's generator); hot neighbouring ids spread over the ranks.
+ * An owner keeps its rows, their gradient accumulator and their optimizer state as the library's
+ * own tables (table.h, accumulator.h), in anonymous memory or in files under a directory.
+ *
+ * Calls. gradsync_embedding_lookup, _push, _save and _load are collective: every rank of the
+ * communicator calls them in the same order (a rank with nothing to look up passes n = 0). Each
+ * lookup or push first agrees on who sends how many ids to whom in one small allgather, which also
+ * carries every rank's argument check, so a bad id or buffer on one rank fails the call on every
+ * rank in the same round, before any data moves, with a message that names the rank, the position
+ * and the id. Then a lookup moves the ids to their owners and the rows back in one all-to-all-v
+ * each way; a push moves the ids with their gradients to the owners in one all-to-all-v.
+ *
+ * Determinism. A push is one step of the optimizer over the global batch: the concatenation of
+ * every rank's (ids, grads) in rank order (rank 0's first, each rank's in its own order). A row's
+ * gradient is the sum of its contributions in global batch order, starting from zero
+ * (((0 + g_first) + g_second) + ...), in f32; then SGD (w -= lr*g) or row-wise Adagrad
+ * (s += mean(g^2); w -= lr*g/(sqrt(s)+eps)) updates each row that appears in the batch, once. The
+ * table after any sequence of pushes is therefore bitwise the same for any world size, sharding
+ * rule, transport, number of hosts and timing, and equal to what one process computes with
+ * gradsync_accum_add_batch of the global batch followed by gradsync_accum_apply (with a table
+ * created with the same init and seed).
+ *
+ * Initial values. GRADSYNC_TABLE_INIT_UNIFORM gives element j of global row g the value that
+ * gradsync_table_fill_uniform(seed, lo, hi) gives element g*dim + j of a rows x dim table: the same
+ * table whatever the sharding.
+ *
+ * Checkpoints (a directory visible to every rank: a shared file system across hosts). Each rank
+ * writes the rows it owns, sorted by global id, with their optimizer state, into a part file of its
+ * own, in parallel; each part is written under a temporary name, fsync'ed and renamed into place;
+ * when every part is durable, rank 0 commits the checkpoint by writing a manifest the same way (it
+ * names the parts, their row counts and checksums, the shape, the optimizer and the step count),
+ * then removes the parts of earlier checkpoints in the directory. A crash before the manifest is
+ * renamed leaves the previous checkpoint whole. Loading reads the manifest and, on each rank, the
+ * parts that hold its rows: the world size and the sharding rule may differ from the saver's, and
+ * every row and its optimizer state come back bitwise. Files are checked before use (magic,
+ * version, sizes, checksums, ids sorted, in range, each present once): a damaged or hostile file
+ * gives GRADSYNC_E_CORRUPT on every rank, never a crash, and leaves the table as it was.
+ *
+ * Thread safety: one thread at a time per handle; the table holds its communicator for the
+ * duration of each collective call (a call on the communicator from another thread meanwhile gets
+ * GRADSYNC_E_MISUSE). A table outlives its communicator safely: its collective calls then fail with
+ * GRADSYNC_E_MISUSE.
+ */
+#ifndef GRADSYNC_EMBEDDING_H
+#define GRADSYNC_EMBEDDING_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gradsync/export.h"
+#include "gradsync/common.h"
+#include "gradsync/comm.h"
+#include "gradsync/table.h"
+
+GRADSYNC_BEGIN_DECL
+
+typedef struct gradsync_embedding gradsync_embedding;
+
+/** Which rank owns a row (the `sharding` field). */
+typedef enum gradsync_embedding_sharding {
+  GRADSYNC_EMBEDDING_CONTIGUOUS = 0, /**< rank r owns the r-th range of the partition rule (default) */
+  GRADSYNC_EMBEDDING_HASH = 1        /**< rank r owns the rows g with splitmix64(g) % P == r */
+} gradsync_embedding_sharding;
+
+#define GRADSYNC_EMBEDDING_OPTIONS_VERSION 1
+
+/** Options of gradsync_embedding_create. Fill with GRADSYNC_EMBEDDING_OPTIONS_INIT or gradsync_embedding_options_init. */
+typedef struct gradsync_embedding_options {
+  uint32_t struct_size; /**< sizeof(gradsync_embedding_options) as the caller compiled it */
+  uint32_t version;     /**< GRADSYNC_EMBEDDING_OPTIONS_VERSION */
+  int64_t rows;         /**< global rows, >= 1 (the same on every rank) */
+  int64_t dim;          /**< floats per row, >= 1 (the same on every rank) */
+  int32_t sharding;     /**< a gradsync_embedding_sharding; default CONTIGUOUS */
+  int32_t optimizer;    /**< GRADSYNC_OPTIM_SGD (default) or GRADSYNC_OPTIM_ROW_ADAGRAD */
+  double lr;            /**< learning rate, finite; default 0.01 */
+  double eps;           /**< ROW_ADAGRAD: added to sqrt(state), > 0; default 1e-10 */
+  int32_t init;         /**< a gradsync_table_init: ZEROS (default) or UNIFORM */
+  int32_t threads;      /**< the owner threads that add an owner's received gradients (the
+                             accumulator's GRADSYNC_ACCUM_OWNER mode), 1..64; UNSET = 1. The
+                             result does not depend on it */
+  uint64_t seed;        /**< seed of GRADSYNC_TABLE_INIT_UNIFORM */
+  double lo;            /**< lower bound of UNIFORM (default -0.5) */
+  double hi;            /**< upper bound of UNIFORM (default 0.5) */
+  /* append only */
+} gradsync_embedding_options;
+
+#define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                 \
+  {                                                                                                     \
+    sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0,                         \
+        GRADSYNC_EMBEDDING_CONTIGUOUS, GRADSYNC_OPTIM_SGD, 0.01, 1e-10, GRADSYNC_TABLE_INIT_ZEROS,       \
+        GRADSYNC_UNSET_I32, 0, -0.5, 0.5                                                                \
+  }
+
+/**
+ * @brief Fill opts with defaults (for FFIs that cannot expand GRADSYNC_EMBEDDING_OPTIONS_INIT).
+ * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than version 1's
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options *opts, size_t struct_size);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+/**
+ * @brief Create this rank's part of a sharded table. Local: no communication (every rank must pass
+ *        the same rows, dim, sharding and optimizer; lookups and pushes check the rows and dim).
+ * @param[out] out the new table; NULL on failure
+ * @param comm the communicator; the table keeps a reference to it (not the handle)
+ * @param[in] dir NULL: the shard lives in anonymous memory. Otherwise a directory (created if
+ *        missing) where this rank keeps its shard as table files named
+ *        shard-<rank>-of-<size>.{params,grad,state}; existing files of the same shape are reopened
+ *        as they are (init then applies only to files created now). Borrowed for the call.
+ * @param[in] opts the options (rows and dim required)
+ * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1, unknown sharding or init, an
+ *         optimizer other than SGD or ROW_ADAGRAD, bad lr, eps, threads or bounds)
+ * @retval GRADSYNC_E_MISUSE a bad communicator handle
+ * @retval GRADSYNC_E_MISMATCH, GRADSYNC_E_CORRUPT, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE as for
+ *         gradsync_table_open on the shard's files
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_embedding_create(gradsync_embedding **out, gradsync_comm *comm, const char *dir,
+                                           const gradsync_embedding_options *opts);
+
+/** @brief Free this rank's part (local; does not flush). NULL is a no-op. @threadsafety handle */
+GRADSYNC_API void gradsync_embedding_free(gradsync_embedding *table);
+
+/**
+ * @brief The global shape, and how many rows this rank owns. Any pointer may be NULL.
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_embedding_shape(const gradsync_embedding *table, int64_t *rows, int64_t *dim,
+                                          int64_t *local_rows);
+
+/**
+ * @brief The rank that owns each of n ids (local; the sharding rule above).
+ * @param[out] owners n ranks
+ * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) (nothing written)
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_embedding_owner(const gradsync_embedding *table, const int64_t *ids, size_t n,
+                                          int32_t *owners);
+
+/**
+ * @brief The number of pushes applied since creation (or as loaded from a checkpoint): the
+ *        table's scalar state, the same on every rank.
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_embedding_steps(const gradsync_embedding *table, int64_t *steps);
+
+/**
+ * @brief Change the learning rate of later pushes (local: set the same on every rank).
+ * @retval GRADSYNC_E_INVALID_ARG lr not finite as a float
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding *table, double lr);
+
+/* ---------------------------------------------------------------- collective calls */
+
+/**
+ * @brief Look up n rows (collective). ids may repeat and come in any order; out receives row
+ *        ids[i] at out[i*dim .. (i+1)*dim). Each rank passes its own ids (n may differ, and be 0).
+ * @param[out] out n * dim floats (may be NULL when n is 0)
+ * @param count n * dim
+ * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) on some rank; every rank fails, with a
+ *         message naming that rank, the position and the id ("rank 2: id 1000 at position 5 is
+ *         outside [0, 100)"); nothing was moved
+ * @retval GRADSYNC_E_INVALID_ARG a NULL buffer or count != n * dim on some rank (every rank fails)
+ * @retval GRADSYNC_E_MISMATCH the ranks' tables disagree on rows, dim or sharding
+ * @retval GRADSYNC_E_MISUSE the communicator was freed, or is in a call on another thread
+ * @return or an error of the communicator (GRADSYNC_E_TIMEOUT, _REMOTE, _ABORTED)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding *table, const int64_t *ids, size_t n, float *out,
+                                           size_t count);
+
+/**
+ * @brief Push n row gradients and apply one optimizer step (collective): grads[i*dim ..] is the
+ *        gradient of row ids[i]; repeats are summed. See "Determinism" above for the exact order.
+ * @param count n * dim
+ * @retval GRADSYNC_E_OUT_OF_RANGE, GRADSYNC_E_INVALID_ARG, GRADSYNC_E_MISMATCH as for lookup: on
+ *         every rank, before anything moves or changes
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_push(gradsync_embedding *table, const int64_t *ids, size_t n, const float *grads,
+                                         size_t count);
+
+/**
+ * @brief Write a checkpoint into dir (collective; see "Checkpoints" above). Every rank passes the
+ *        same dir, which is created if missing.
+ * @retval GRADSYNC_E_IO a write, sync or rename failed on some rank (every rank fails; the
+ *         previous checkpoint in dir stays whole)
+ * @retval GRADSYNC_E_NO_SPACE the file system is full
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_save(gradsync_embedding *table, const char *dir);
+
+/**
+ * @brief Load a checkpoint from dir (collective): every row's values and optimizer state and the
+ *        step count, whatever world size and sharding rule wrote it.
+ * @retval GRADSYNC_E_MISMATCH the checkpoint holds another shape or another optimizer's state
+ *         ("checkpoint has 100 x 16, the table 100 x 32")
+ * @retval GRADSYNC_E_CORRUPT a damaged, truncated or hostile manifest or part (bad magic, sizes,
+ *         checksum, ids out of order, out of range, missing or repeated)
+ * @retval GRADSYNC_E_VERSION_MISMATCH a checkpoint of another format version
+ * @retval GRADSYNC_E_IO no checkpoint in dir, or a read failed
+ * On any error every rank fails and no row has changed.
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_load(gradsync_embedding *table, const char *dir);
+
+/* ---------------------------------------------------------------- local access */
+
+/**
+ * @brief Copy this rank's rows and optimizer state out, with their global ids, in ascending
+ *        global id order (local; for tests and inspection).
+ * @param[out] ids local_rows ids (may be NULL)
+ * @param[out] values local_rows * dim floats (may be NULL)
+ * @param[out] state local_rows floats of row-wise Adagrad state (may be NULL; zeros for SGD)
+ * @param capacity the rows each non-NULL buffer can hold
+ * @retval GRADSYNC_E_BUFS capacity < local_rows: nothing was copied
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_local_rows(const gradsync_embedding *table, int64_t *ids, float *values,
+                                               float *state, size_t capacity);
+
+GRADSYNC_END_DECL
+
+#endif /* GRADSYNC_EMBEDDING_H */

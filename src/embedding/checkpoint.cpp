@@ -1,0 +1,416 @@
+// SPDX-License-Identifier: Apache-2.0
+// Saving and loading the sharded embedding (formats in embedding/checkpoint.hpp).
+#include "embedding/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/fnv.hpp"
+#include "common/random.hpp"
+#include "embedding/embedding.hpp"
+
+namespace gradsync::embedding {
+
+namespace checkpoint {
+
+std::string part_name(int part, int parts, uint64_t nonce) {
+  return fmt::format("part-{:05d}-of-{:05d}-{:016x}.gsemb", part, parts, nonce);
+}
+
+void Checksum::update(const void* data, size_t n) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  length_ += n;
+  auto step = [this](const unsigned char* w) {
+    uint64_t word;
+    std::memcpy(&word, w, 8);
+    h_ = (h_ ^ word) * 0x100000001b3ull;
+  };
+  if (ntail_ > 0) {
+    const size_t take = std::min(n, sizeof tail_ - ntail_);
+    std::memcpy(tail_ + ntail_, p, take);
+    ntail_ += take;
+    p += take;
+    n -= take;
+    if (ntail_ < sizeof tail_) return;
+    step(tail_);
+    ntail_ = 0;
+  }
+  for (; n >= 8; n -= 8, p += 8) step(p);
+  std::memcpy(tail_, p, n);
+  ntail_ = n;
+}
+
+uint64_t Checksum::value() const noexcept {
+  uint64_t h = h_;
+  if (ntail_ > 0) {
+    unsigned char last[8] = {};
+    std::memcpy(last, tail_, ntail_);
+    uint64_t word;
+    std::memcpy(&word, last, 8);
+    h = (h ^ word) * 0x100000001b3ull;
+  }
+  return (h ^ length_) * 0x100000001b3ull;
+}
+
+}  // namespace checkpoint
+
+namespace {
+
+using namespace checkpoint;
+
+struct Outcome {
+  int status = GRADSYNC_OK;
+  std::string message;
+};
+
+template <class F>
+Outcome capture(F&& body) noexcept {
+  try {
+    body();
+    return {};
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return {GRADSYNC_E_NOMEM, "out of memory"};
+  } catch (const std::exception& e) {
+    return {GRADSYNC_E_INTERNAL, e.what()};
+  }
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+class Fd {
+ public:
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const noexcept { return fd_; }
+  // A close that reports: on some file systems the write's error shows only here.
+  void close(const std::string& path) {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail(GRADSYNC_E_IO, "cannot close '{}': {}", path, errno_text(errno));
+  }
+
+ private:
+  int fd_;
+};
+
+int write_status(int err) { return err == ENOSPC || err == EDQUOT || err == EFBIG ? GRADSYNC_E_NO_SPACE : GRADSYNC_E_IO; }
+
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail(write_status(w < 0 ? errno : ENOSPC), "cannot write '{}': {}", path, errno_text(w < 0 ? errno : ENOSPC));
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+// Reads exactly n bytes; a file that ends first is a damaged one.
+void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(GRADSYNC_E_IO, "cannot read '{}': {}", path, errno_text(errno));
+    if (r == 0) fail(GRADSYNC_E_CORRUPT, "'{}' ends early (truncated?)", path);
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+}
+
+void fsync_directory(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) fail(GRADSYNC_E_IO, "cannot open the directory '{}': {}", dir, errno_text(errno));
+  if (::fsync(fd.get()) != 0) fail(GRADSYNC_E_IO, "cannot sync the directory '{}': {}", dir, errno_text(errno));
+}
+
+// Writes pieces at their offsets under path + ".tmp", syncs it, renames it over path and syncs
+// the directory: path holds either its old bytes or all the new ones.
+template <class WriteBody>
+void write_durably(const std::string& dir, const std::string& name, WriteBody&& body) {
+  const std::string path = dir + "/" + name, tmp = path + ".tmp";
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (fd.get() < 0) fail(write_status(errno), "cannot create '{}': {}", tmp, errno_text(errno));
+  try {
+    body(fd.get(), tmp);
+    if (::fsync(fd.get()) != 0) fail(write_status(errno), "cannot sync '{}': {}", tmp, errno_text(errno));
+    fd.close(tmp);
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(GRADSYNC_E_IO, "cannot rename '{}' to '{}': {}", tmp, path, errno_text(errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_directory(dir);
+}
+
+template <class Header>
+uint64_t header_checksum(const Header& h) noexcept {
+  return fnv1a64(&h, offsetof(Header, header_checksum));
+}
+
+// Bytes of a part of count rows, or 0 when that overflows (the caller's bounds make it fit).
+uint64_t part_bytes(uint64_t count, uint64_t dim, uint64_t state_width) noexcept {
+  const uint64_t row = 8 + 4 * dim + 4 * state_width;
+  if (count > (UINT64_MAX - sizeof(PartHeader)) / row) return 0;
+  return sizeof(PartHeader) + count * row;
+}
+
+void make_directory(const std::string& dir) {
+  GS_REQUIRE(!dir.empty(), GRADSYNC_E_INVALID_ARG, "the checkpoint directory is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  GS_REQUIRE(!ec, GRADSYNC_E_IO, "cannot create the directory '{}': {}", dir, ec.message());
+}
+
+// Removes what earlier checkpoints (and interrupted saves) left of their parts, keeping nonce's.
+void remove_stale_parts(const std::string& dir, uint64_t nonce) {
+  const std::string keep = fmt::format("-{:016x}.gsemb", nonce);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const bool part = name.rfind("part-", 0) == 0 &&
+                      (name.ends_with(".gsemb") || name.ends_with(".gsemb.tmp"));
+    if (part && !name.ends_with(keep)) stale.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string& name : stale) ::unlink((dir + "/" + name).c_str());
+}
+
+constexpr size_t kChunkBytes = size_t{8} << 20;
+
+}  // namespace
+
+void ShardedTable::save(const std::string& dir) {
+  uint64_t nonce = comm_.rank() == 0 ? random_nonce() : 0;
+  comm_.broadcast(&nonce, 1, DType::I64, 0);
+  const auto d = static_cast<uint64_t>(options_.dim);
+  const auto sw = static_cast<uint64_t>(state_width());
+  const uint64_t count = owned_.size();
+
+  // 1. Every rank writes its part in parallel.
+  uint64_t payload_checksum = 0;
+  const Outcome wrote = capture([&] {
+    make_directory(dir);
+    write_durably(dir, part_name(comm_.rank(), comm_.size(), nonce), [&](int fd, const std::string& path) {
+      Checksum sum;
+      uint64_t at = sizeof(PartHeader);
+      auto put = [&](const void* data, size_t bytes) {
+        const auto* p = static_cast<const char*>(data);
+        for (size_t off = 0; off < bytes; off += kChunkBytes) {
+          const size_t n = std::min(kChunkBytes, bytes - off);
+          sum.update(p + off, n);
+          pwrite_all(fd, p + off, n, at, path);
+          at += n;
+        }
+      };
+      put(owned_.data(), count * 8);
+      put(params_->data(), count * d * 4);
+      if (sw != 0) put(state_->data(), count * sw * 4);
+      params_->check_mapping();
+      PartHeader h{};
+      std::memcpy(h.magic, kPartMagic, sizeof h.magic);
+      h.format_version = kFormatVersion;
+      h.byte_order = kByteOrder;
+      h.rows = options_.rows;
+      h.dim = options_.dim;
+      h.state_width = static_cast<int32_t>(sw);
+      h.part = comm_.rank();
+      h.parts = comm_.size();
+      h.nonce = nonce;
+      h.count = count;
+      h.payload_checksum = payload_checksum = sum.value();
+      h.header_checksum = header_checksum(h);
+      pwrite_all(fd, &h, sizeof h, 0, path);
+    });
+  });
+  const std::vector<int64_t> parts =
+      agree(wrote.status, wrote.message, static_cast<int64_t>(count), static_cast<int64_t>(payload_checksum));
+
+  // 2. Rank 0 commits them with the manifest, then clears out what earlier checkpoints left.
+  Outcome committed;
+  if (comm_.rank() == 0) {
+    committed = capture([&] {
+      ManifestHeader m{};
+      std::memcpy(m.magic, kManifestMagic, sizeof m.magic);
+      m.format_version = kFormatVersion;
+      m.byte_order = kByteOrder;
+      m.rows = options_.rows;
+      m.dim = options_.dim;
+      m.optimizer = static_cast<int32_t>(options_.optimizer);
+      m.state_width = static_cast<int32_t>(sw);
+      m.sharding = static_cast<int32_t>(options_.sharding);
+      m.parts = comm_.size();
+      m.nonce = nonce;
+      m.steps = steps_;
+      m.lr = options_.lr;
+      m.eps = options_.eps;
+      std::vector<PartEntry> entries(static_cast<size_t>(comm_.size()));
+      for (size_t p = 0; p < entries.size(); ++p) {
+        entries[p].count = static_cast<uint64_t>(parts[2 * p]);
+        entries[p].payload_checksum = static_cast<uint64_t>(parts[2 * p + 1]);
+      }
+      m.entries_checksum = fnv1a64(entries.data(), entries.size() * sizeof(PartEntry));
+      m.header_checksum = header_checksum(m);
+      write_durably(dir, kManifestName, [&](int fd, const std::string& path) {
+        pwrite_all(fd, &m, sizeof m, 0, path);
+        pwrite_all(fd, entries.data(), entries.size() * sizeof(PartEntry), sizeof m, path);
+      });
+      remove_stale_parts(dir, nonce);
+    });
+  }
+  agree(committed.status, committed.message);
+}
+
+void ShardedTable::load(const std::string& dir) {
+  const auto d = static_cast<uint64_t>(options_.dim);
+  const auto sw = static_cast<uint64_t>(state_width());
+  const uint64_t local = owned_.size();
+  const int me = comm_.rank();
+  // Staged, and copied into the shard only when every rank has read all of its rows.
+  std::vector<float> values, state;
+  ManifestHeader m{};
+  const Outcome read = capture([&] {
+    GS_REQUIRE(!dir.empty(), GRADSYNC_E_INVALID_ARG, "the checkpoint directory is empty");
+    const std::string mpath = dir + "/" + kManifestName;
+    Fd mfd(::open(mpath.c_str(), O_RDONLY | O_CLOEXEC));
+    if (mfd.get() < 0) {
+      const int err = errno;
+      if (err == ENOENT) fail(GRADSYNC_E_IO, "no checkpoint in '{}' ({} is missing)", dir, kManifestName);
+      fail(GRADSYNC_E_IO, "cannot open '{}': {}", mpath, errno_text(err));
+    }
+    struct stat st {};
+    if (::fstat(mfd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", mpath, errno_text(errno));
+    const auto msize = static_cast<uint64_t>(st.st_size);
+    GS_REQUIRE(msize >= sizeof m, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, less than its header's {}", mpath, msize,
+               sizeof m);
+    pread_all(mfd.get(), &m, sizeof m, 0, mpath);
+    GS_REQUIRE(std::memcmp(m.magic, kManifestMagic, sizeof m.magic) == 0, GRADSYNC_E_CORRUPT,
+               "'{}' is not a checkpoint manifest (bad magic)", mpath);
+    GS_REQUIRE(m.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH, "'{}' was written with another byte order",
+               mpath);
+    GS_REQUIRE(m.format_version == kFormatVersion, GRADSYNC_E_VERSION_MISMATCH,
+               "'{}' has format version {}, this library reads {}", mpath, m.format_version, kFormatVersion);
+    GS_REQUIRE(m.header_checksum == header_checksum(m), GRADSYNC_E_CORRUPT, "'{}': header checksum mismatch", mpath);
+    GS_REQUIRE(m.parts >= 1 && m.parts <= kMaxParts, GRADSYNC_E_CORRUPT, "'{}' names {} parts", mpath, m.parts);
+    GS_REQUIRE(msize == sizeof m + static_cast<uint64_t>(m.parts) * sizeof(PartEntry), GRADSYNC_E_CORRUPT,
+               "'{}' has {} bytes, its {} parts need {}", mpath, msize, m.parts,
+               sizeof m + static_cast<uint64_t>(m.parts) * sizeof(PartEntry));
+    std::vector<PartEntry> entries(static_cast<size_t>(m.parts));
+    pread_all(mfd.get(), entries.data(), entries.size() * sizeof(PartEntry), sizeof m, mpath);
+    GS_REQUIRE(m.entries_checksum == fnv1a64(entries.data(), entries.size() * sizeof(PartEntry)), GRADSYNC_E_CORRUPT,
+               "'{}': part list checksum mismatch", mpath);
+    GS_REQUIRE(m.rows == options_.rows && m.dim == options_.dim, GRADSYNC_E_MISMATCH,
+               "checkpoint '{}' has {} x {}, the table {} x {}", dir, m.rows, m.dim, options_.rows, options_.dim);
+    GS_REQUIRE(m.state_width == static_cast<int32_t>(sw) && m.optimizer == static_cast<int32_t>(options_.optimizer),
+               GRADSYNC_E_MISMATCH, "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir,
+               m.optimizer, static_cast<int32_t>(options_.optimizer), "0 sgd, 1 row-wise Adagrad");
+    uint64_t total = 0;
+    for (const PartEntry& e : entries) {
+      GS_REQUIRE(e.count <= static_cast<uint64_t>(m.rows), GRADSYNC_E_CORRUPT, "'{}': a part of {} rows", mpath,
+                 e.count);
+      total += e.count;
+    }
+    GS_REQUIRE(total == static_cast<uint64_t>(m.rows), GRADSYNC_E_CORRUPT, "'{}': the parts hold {} rows, not {}",
+               mpath, total, m.rows);
+
+    values.resize(local * d);
+    state.resize(local * sw);
+    std::vector<uint8_t> found(local, 0);
+    const uint64_t row_bytes = d * 4;
+    std::vector<int64_t> ids;
+    std::vector<char> chunk;
+    for (int p = 0; p < m.parts; ++p) {
+      const PartEntry& e = entries[static_cast<size_t>(p)];
+      const std::string path = dir + "/" + part_name(p, m.parts, m.nonce);
+      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
+      if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
+      const uint64_t expected = part_bytes(e.count, d, sw);
+      GS_REQUIRE(static_cast<uint64_t>(st.st_size) == expected, GRADSYNC_E_CORRUPT,
+                 "'{}' has {} bytes, its {} rows need {} (truncated?)", path, st.st_size, e.count, expected);
+      PartHeader h{};
+      pread_all(fd.get(), &h, sizeof h, 0, path);
+      GS_REQUIRE(std::memcmp(h.magic, kPartMagic, sizeof h.magic) == 0 && h.header_checksum == header_checksum(h),
+                 GRADSYNC_E_CORRUPT, "'{}' is not a checkpoint part (bad magic or header checksum)", path);
+      GS_REQUIRE(h.format_version == kFormatVersion && h.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH,
+                 "'{}' has format version {}, this library reads {}", path, h.format_version, kFormatVersion);
+      GS_REQUIRE(h.rows == m.rows && h.dim == m.dim && h.state_width == m.state_width && h.part == p &&
+                     h.parts == m.parts && h.nonce == m.nonce && h.count == e.count &&
+                     h.payload_checksum == e.payload_checksum,
+                 GRADSYNC_E_CORRUPT, "'{}' does not belong to the checkpoint its manifest describes", path);
+      ids.resize(e.count);
+      pread_all(fd.get(), ids.data(), e.count * 8, sizeof h, path);
+      // Which of the part's rows are this rank's, where they go; the ids themselves are checked
+      // by every rank, so a bad part fails every rank however the rows fall.
+      std::vector<std::pair<uint64_t, uint64_t>> mine;  // (index in part, local row)
+      for (uint64_t i = 0; i < e.count; ++i) {
+        const int64_t id = ids[i];
+        GS_REQUIRE(id >= 0 && id < m.rows && (i == 0 || id > ids[i - 1]), GRADSYNC_E_CORRUPT,
+                   "'{}': id {} at {} is out of range or out of order", path, id, i);
+        if (layout_.owner(id) == me) mine.emplace_back(i, static_cast<uint64_t>(local_of(id)));
+      }
+      if (mine.empty()) continue;
+      // The rows are copied out as the checksum streams over the whole payload.
+      Checksum sum;
+      sum.update(ids.data(), e.count * 8);
+      const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+      chunk.resize(per_chunk * row_bytes);
+      size_t next = 0;
+      for (uint64_t first = 0; first < e.count; first += per_chunk) {
+        const uint64_t n = std::min(per_chunk, e.count - first);
+        pread_all(fd.get(), chunk.data(), n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
+        sum.update(chunk.data(), n * row_bytes);
+        for (; next < mine.size() && mine[next].first < first + n; ++next) {
+          const auto [i, l] = mine[next];
+          GS_REQUIRE(!found[l], GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts", path, ids[i]);
+          found[l] = 1;
+          std::memcpy(values.data() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
+        }
+      }
+      if (sw != 0) {
+        std::vector<float> s(e.count * sw);
+        pread_all(fd.get(), s.data(), s.size() * 4, sizeof h + e.count * (8 + row_bytes), path);
+        sum.update(s.data(), s.size() * 4);
+        for (const auto& [i, l] : mine) std::copy(&s[i * sw], &s[(i + 1) * sw], &state[l * sw]);
+      }
+      GS_REQUIRE(sum.value() == e.payload_checksum, GRADSYNC_E_CORRUPT, "'{}': payload checksum mismatch", path);
+    }
+    for (uint64_t l = 0; l < local; ++l)
+      GS_REQUIRE(found[l], GRADSYNC_E_CORRUPT, "checkpoint '{}' lacks row {}", dir, owned_[l]);
+  });
+  const std::vector<int64_t> nonces = agree(read.status, read.message, static_cast<int64_t>(m.nonce), m.steps);
+  for (size_t r = 1; r < nonces.size() / 2; ++r) {
+    GS_REQUIRE(nonces[2 * r] == nonces[0], GRADSYNC_E_MISMATCH,
+               "rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r, dir);
+  }
+  if (local > 0) {
+    std::memcpy(params_->data(), values.data(), values.size() * 4);
+    if (sw != 0) std::memcpy(state_->data(), state.data(), state.size() * 4);
+    params_->check_mapping();
+  }
+  steps_ = m.steps;
+}
+
+}  // namespace gradsync::embedding

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Checkpoint files of the sharded embedding, keyed by global row id (docs/file-format.md has the
+// bytes). A checkpoint is a directory holding one part per saving rank and a manifest:
+//   part-<p>-of-<P>-<nonce>.gsemb  PartHeader, then count ids (int64, strictly ascending), then
+//                                  count x dim values (f32), then count x state_width state (f32)
+//   checkpoint.gsemb               ManifestHeader, then P PartEntry
+// The manifest is the commit point: it is written (temporary name, fsync, rename, fsync of the
+// directory) only after every part is durable, and it names its parts by the nonce, so the parts of
+// a checkpoint being written never replace those of the committed one. Every field is checked on
+// load before it sizes a read; the payload checksum covers ids, values and state in that order.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gradsync::embedding::checkpoint {
+
+constexpr char kPartMagic[8] = {'G', 'S', 'E', 'M', 'B', 'P', 'R', 'T'};
+constexpr char kManifestMagic[8] = {'G', 'S', 'E', 'M', 'B', 'M', 'A', 'N'};
+constexpr uint32_t kFormatVersion = 1;
+// Written as the machine's uint32: another byte order reads it as 0x04030201.
+constexpr uint32_t kByteOrder = 0x01020304u;
+constexpr const char* kManifestName = "checkpoint.gsemb";
+constexpr int64_t kMaxParts = 1 << 16;
+
+struct PartHeader {
+  char magic[8];
+  uint32_t format_version;
+  uint32_t byte_order;
+  int64_t rows;  // of the whole table
+  int64_t dim;
+  int32_t state_width;  // floats of optimizer state per row (0 SGD, 1 row-wise Adagrad)
+  int32_t part;
+  int32_t parts;
+  int32_t reserved0;
+  uint64_t nonce;  // the checkpoint's: a part of another checkpoint is refused
+  uint64_t count;  // rows in this part
+  uint64_t payload_checksum;
+  uint64_t reserved[6];
+  uint64_t header_checksum;  // fnv1a64 of the bytes before it
+};
+static_assert(sizeof(PartHeader) == 128);
+
+struct ManifestHeader {
+  char magic[8];
+  uint32_t format_version;
+  uint32_t byte_order;
+  int64_t rows;
+  int64_t dim;
+  int32_t optimizer;  // gradsync_optimizer_kind of the saver
+  int32_t state_width;
+  int32_t sharding;   // the saver's rule (informative: a load may use any)
+  int32_t parts;
+  uint64_t nonce;
+  int64_t steps;      // the table's scalar state
+  double lr;          // the saver's (informative: a load keeps its own)
+  double eps;
+  uint64_t reserved[4];
+  uint64_t entries_checksum;  // fnv1a64 of the PartEntry array
+  uint64_t header_checksum;   // fnv1a64 of the bytes before it
+};
+static_assert(sizeof(ManifestHeader) == 128);
+
+struct PartEntry {
+  uint64_t count;
+  uint64_t payload_checksum;
+};
+
+std::string part_name(int part, int parts, uint64_t nonce);
+
+// A checksum of a byte stream fed in pieces of any size: fnv1a64's step over 64-bit words
+// (eight times fewer multiplies than over bytes, so it keeps up with the disk), the last partial
+// word zero-padded, then the length folded in.
+class Checksum {
+ public:
+  void update(const void* data, size_t n) noexcept;
+  uint64_t value() const noexcept;
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ull;
+  uint64_t length_ = 0;
+  unsigned char tail_[8] = {};
+  size_t ntail_ = 0;
+};
+
+}  // namespace gradsync::embedding::checkpoint

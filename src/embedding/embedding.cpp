@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "embedding/embedding.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "comm/call_signature.hpp"
+#include "common/error.hpp"
+#include "optim/optim.hpp"
+
+namespace gradsync::embedding {
+
+namespace {
+
+// Fields of a rank's row of the plan round (int64 words): its verdict, what it believes the table
+// is (ranks that disagree fail alike), what it is calling, then one count per owner, then the text
+// of its error.
+enum PlanField : size_t { kStatus, kRows, kDim, kSharding, kOp, kHead };
+constexpr size_t kMessageWords = 32;  // 256 bytes of message, NUL-terminated
+constexpr const char* kOpNames[] = {"", "lookup", "push"};
+
+std::string message_of(const int64_t* words) {
+  char text[kMessageWords * 8];
+  std::memcpy(text, words, sizeof text);
+  text[sizeof text - 1] = '\0';
+  return text;
+}
+
+void put_message(int64_t* words, const std::string& message) {
+  char text[kMessageWords * 8] = {};
+  std::memcpy(text, message.data(), std::min(message.size(), sizeof text - 1));
+  std::memcpy(words, text, sizeof text);
+}
+
+}  // namespace
+
+struct ShardedTable::Plan {
+  // counts[s * P + d]: ids rank s sends owner d.
+  std::vector<uint64_t> counts;
+  uint64_t ranks = 0;
+  uint64_t at(uint64_t s, uint64_t d) const noexcept { return counts[s * ranks + d]; }
+};
+
+void validate(const Options& o) {
+  GS_REQUIRE(o.rows >= 1, GRADSYNC_E_INVALID_ARG, "rows must be >= 1, got {}", o.rows);
+  GS_REQUIRE(o.dim >= 1 && o.dim <= (int64_t{1} << 24), GRADSYNC_E_INVALID_ARG, "dim must be in [1, 2^24], got {}",
+             o.dim);
+  GS_REQUIRE(o.rows <= (int64_t{1} << 48) / o.dim, GRADSYNC_E_INVALID_ARG, "{} x {} floats is too large a table",
+             o.rows, o.dim);
+  GS_REQUIRE(o.sharding == Sharding::Contiguous || o.sharding == Sharding::Hash, GRADSYNC_E_INVALID_ARG,
+             "unknown sharding {} (0 contiguous, 1 hash)", static_cast<int32_t>(o.sharding));
+  GS_REQUIRE(optim::finite_in_float(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", o.lr);
+  GS_REQUIRE(std::isfinite(o.eps) && o.eps > 0.0f, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}", o.eps);
+  GS_REQUIRE(o.threads >= 1 && static_cast<uint64_t>(o.threads) <= accumulator::kMaxOwnerPartitions,
+             GRADSYNC_E_INVALID_ARG, "threads must be in [1, {}], got {}", accumulator::kMaxOwnerPartitions, o.threads);
+  GS_REQUIRE(o.init == table::Init::Zeros || o.init == table::Init::Uniform, GRADSYNC_E_INVALID_ARG,
+             "unknown init {} (0 zeros, 1 uniform)", static_cast<int32_t>(o.init));
+  GS_REQUIRE(std::isfinite(o.lo) && std::isfinite(o.hi) && o.lo <= o.hi, GRADSYNC_E_INVALID_ARG,
+             "uniform init needs finite lo <= hi, got [{}, {}]", o.lo, o.hi);
+}
+
+int Layout::owner(int64_t id) const noexcept {
+  const auto g = static_cast<uint64_t>(id), p = static_cast<uint64_t>(ranks_);
+  if (sharding_ == Sharding::Hash) return static_cast<int>(table::splitmix64(g) % p);
+  // The inverse of the partition rule: the first rows % p parts hold one row more.
+  const uint64_t n = static_cast<uint64_t>(rows_), base = n / p, extra = n % p;
+  const uint64_t big = extra * (base + 1);
+  return static_cast<int>(g < big ? g / (base + 1) : extra + (g - big) / base);
+}
+
+std::vector<int64_t> Layout::owned(int r) const {
+  std::vector<int64_t> ids;
+  if (sharding_ == Sharding::Contiguous) {
+    const Part part = partition(static_cast<uint64_t>(rows_), static_cast<uint64_t>(ranks_), static_cast<uint64_t>(r));
+    ids.resize(part.len);
+    for (uint64_t i = 0; i < part.len; ++i) ids[i] = static_cast<int64_t>(part.start + i);
+    return ids;
+  }
+  ids.reserve(static_cast<size_t>(rows_ / ranks_ + 16));
+  for (int64_t g = 0; g < rows_; ++g)
+    if (owner(g) == r) ids.push_back(g);
+  return ids;
+}
+
+ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
+    : comm_(comm), options_(options), layout_(options.rows, comm.size(), options.sharding) {
+  validate(options_);
+  owned_ = layout_.owned(comm_.rank());
+  // A table has at least one row: an owner of none keeps one that no id ever reaches.
+  const int64_t local = std::max<int64_t>(1, local_rows());
+  const bool files = !options_.dir.empty();
+  std::string stem;
+  if (files) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.dir, ec);
+    GS_REQUIRE(!ec, GRADSYNC_E_IO, "cannot create the directory '{}': {}", options_.dir, ec.message());
+    stem = fmt::format("{}/shard-{}-of-{}", options_.dir, comm_.rank(), comm_.size());
+  }
+  table::OpenSpec spec;
+  spec.mode = files ? table::OpenMode::CreateOrOpen : table::OpenMode::Anonymous;
+  spec.rows = local;
+  spec.dim = options_.dim;
+  spec.path = files ? stem + ".params" : "";
+  params_ = table::Table::open(spec);
+  if (params_->created() && options_.init == table::Init::Uniform) {
+    // Element j of global row g takes the value a whole rows x dim table filled from the seed
+    // gives element g * dim + j: the values do not depend on the sharding.
+    const auto d = static_cast<uint64_t>(options_.dim);
+    for (size_t l = 0; l < owned_.size(); ++l) {
+      float* row = params_->row_ptr(static_cast<int64_t>(l));
+      const uint64_t base = static_cast<uint64_t>(owned_[l]) * d;
+      for (uint64_t j = 0; j < d; ++j) row[j] = table::uniform_at(options_.seed, base + j, options_.lo, options_.hi);
+    }
+  }
+  if (state_width() != 0) {
+    spec.dim = 1;
+    spec.path = files ? stem + ".state" : "";
+    state_ = table::Table::open(spec);
+  }
+  accumulator::AccumSpec aspec;
+  aspec.path = files ? stem + ".grad" : "";
+  aspec.mode = spec.mode;
+  aspec.rows = local;
+  aspec.dim = options_.dim;
+  aspec.concurrency = static_cast<int32_t>(accumulator::Concurrency::Owner);
+  aspec.threads = options_.threads;
+  accum_ = accumulator::Accumulator::open(aspec);
+}
+
+ShardedTable::~ShardedTable() = default;
+
+void ShardedTable::set_lr(double lr) {
+  GS_REQUIRE(optim::finite_in_float(lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", lr);
+  options_.lr = static_cast<float>(lr);
+}
+
+int64_t ShardedTable::local_of(int64_t id) const noexcept {
+  if (options_.sharding == Sharding::Contiguous) return owned_.empty() ? 0 : id - owned_.front();
+  return std::lower_bound(owned_.begin(), owned_.end(), id) - owned_.begin();
+}
+
+std::vector<int64_t> ShardedTable::agree(int status, const std::string& message, int64_t word0, int64_t word1) {
+  const auto p = static_cast<size_t>(comm_.size());
+  const size_t width = 3 + kMessageWords;
+  std::vector<int64_t> rows(p * width);
+  int64_t* mine = &rows[static_cast<size_t>(comm_.rank()) * width];
+  mine[0] = status;
+  mine[1] = word0;
+  mine[2] = word1;
+  put_message(mine + 3, message);
+  comm_.allgather(nullptr, rows.data(), rows.size(), DType::I64);
+  for (size_t r = 0; r < p; ++r) {
+    const int64_t* row = &rows[r * width];
+    if (row[0] != GRADSYNC_OK) throw Error(static_cast<int>(row[0]), fmt::format("rank {}: {}", r, message_of(row + 3)));
+  }
+  std::vector<int64_t> words(2 * p);
+  for (size_t r = 0; r < p; ++r) {
+    words[2 * r] = rows[r * width + 1];
+    words[2 * r + 1] = rows[r * width + 2];
+  }
+  return words;
+}
+
+ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, const void* buf, size_t count) {
+  const auto p = static_cast<size_t>(comm_.size());
+  const size_t width = kHead + p + kMessageWords;
+  std::vector<int64_t> rows(p * width);
+  int64_t* mine = &rows[static_cast<size_t>(comm_.rank()) * width];
+  mine[kRows] = options_.rows;
+  mine[kDim] = options_.dim;
+  mine[kSharding] = static_cast<int64_t>(options_.sharding);
+  mine[kOp] = op;
+  // This rank's check, and its counts per owner; the verdict travels with the counts, so a bad id
+  // fails every rank in this round, before any id or row moves.
+  std::string problem;
+  int status = GRADSYNC_OK;
+  const auto d = static_cast<size_t>(options_.dim);
+  if (n > 0 && ids == nullptr) {
+    status = GRADSYNC_E_INVALID_ARG;
+    problem = fmt::format("{}: ids is NULL with n = {}", kOpNames[op], n);
+  } else if (n > 0 && buf == nullptr) {
+    status = GRADSYNC_E_INVALID_ARG;
+    problem = fmt::format("{}: the {} buffer is NULL with n = {}", kOpNames[op], op == 1 ? "output" : "gradient", n);
+  } else if (n > SIZE_MAX / d || count != n * d) {
+    status = GRADSYNC_E_INVALID_ARG;
+    problem = fmt::format("{}: count is {}, but {} ids x dim {} need {}", kOpNames[op], count, n, d,
+                          n > SIZE_MAX / d ? std::string("more than fits") : std::to_string(n * d));
+  } else {
+    int64_t* counts = mine + kHead;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t id = ids[i];
+      if (id < 0 || id >= options_.rows) {
+        status = GRADSYNC_E_OUT_OF_RANGE;
+        problem = fmt::format("{}: id {} at position {} is outside [0, {})", kOpNames[op], id, i, options_.rows);
+        break;
+      }
+      ++counts[layout_.owner(id)];
+    }
+  }
+  mine[kStatus] = status;
+  put_message(mine + kHead + p, problem);
+  comm_.allgather(nullptr, rows.data(), rows.size(), DType::I64);
+
+  auto row = [&](size_t r) { return &rows[r * width]; };
+  for (size_t r = 1; r < p; ++r) {
+    GS_REQUIRE(row(r)[kOp] == row(0)[kOp], GRADSYNC_E_MISMATCH, "rank {} called {} but rank 0 called {}", r,
+               kOpNames[row(r)[kOp] == 2 ? 2 : 1], kOpNames[row(0)[kOp] == 2 ? 2 : 1]);
+    GS_REQUIRE(row(r)[kRows] == row(0)[kRows] && row(r)[kDim] == row(0)[kDim] &&
+                   row(r)[kSharding] == row(0)[kSharding],
+               GRADSYNC_E_MISMATCH, "rank {}'s table is {} x {} ({} sharding), rank 0's {} x {} ({} sharding)", r,
+               row(r)[kRows], row(r)[kDim], row(r)[kSharding] == 0 ? "contiguous" : "hash", row(0)[kRows],
+               row(0)[kDim], row(0)[kSharding] == 0 ? "contiguous" : "hash");
+  }
+  for (size_t r = 0; r < p; ++r) {
+    if (row(r)[kStatus] != GRADSYNC_OK)
+      throw Error(static_cast<int>(row(r)[kStatus]), fmt::format("rank {}: {}", r, message_of(row(r) + kHead + p)));
+  }
+  Plan plan;
+  plan.ranks = p;
+  plan.counts.resize(p * p);
+  for (size_t s = 0; s < p; ++s)
+    for (size_t d2 = 0; d2 < p; ++d2) plan.counts[s * p + d2] = static_cast<uint64_t>(row(s)[kHead + d2]);
+  return plan;
+}
+
+namespace {
+
+// Routes of the plan, each id carrying `width` elements: forward (sources to owners) or back.
+comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back) {
+  comm::Routes routes(comm::Collective::Alltoall, -1, p);
+  // Sender s packs its parts in owner order; owner d packs what it receives in sender order.
+  std::vector<uint64_t> recv_at(p, 0);
+  for (uint64_t s = 0; s < p; ++s) {
+    uint64_t send_at = 0;
+    for (uint64_t d = 0; d < p; ++d) {
+      const uint64_t c = counts[s * p + d] * width;
+      const size_t i = back ? routes.at(d, s) : routes.at(s, d);
+      routes.count[i] = c;
+      if (back) {
+        routes.send_displ[i] = recv_at[d];
+        routes.recv_displ[i] = send_at;
+      } else {
+        routes.send_displ[i] = send_at;
+        routes.recv_displ[i] = recv_at[d];
+      }
+      send_at += c;
+      recv_at[d] += c;
+    }
+  }
+  return routes;
+}
+
+// A record of a push: the global id's bits in the first two floats, then the gradient.
+constexpr size_t kIdFloats = 2;
+
+}  // namespace
+
+void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count) {
+  const Plan pl = plan(1, ids, n, out, count);
+  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
+  const auto d = static_cast<size_t>(options_.dim);
+  // Stable counting sort of the positions by owner: each owner's ids keep the caller's order.
+  std::vector<uint64_t> start(p + 1, 0);
+  for (uint64_t o = 0; o < p; ++o) start[o + 1] = start[o] + pl.at(me, o);
+  std::vector<size_t> order(n);
+  std::vector<int64_t> send(std::max<size_t>(n, 1));
+  {
+    std::vector<uint64_t> at(start.begin(), start.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t k = at[static_cast<size_t>(layout_.owner(ids[i]))]++;
+      order[k] = i;
+      send[k] = ids[i];
+    }
+  }
+  uint64_t incoming = 0;
+  for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
+  std::vector<int64_t> asked(std::max<uint64_t>(incoming, 1));
+  comm_.exchange(send.data(), asked.data(), routes_of(pl.counts, p, 1, false), DType::I64);
+
+  std::vector<float> reply(std::max<size_t>(incoming * d, 1));
+  for (uint64_t k = 0; k < incoming; ++k) {
+    const float* src = params_->row_ptr(local_of(asked[k]));
+    std::copy(src, src + d, reply.data() + k * d);
+  }
+  params_->check_mapping();
+  std::vector<float> rows(std::max<size_t>(n * d, 1));
+  comm_.exchange(reply.data(), rows.data(), routes_of(pl.counts, p, d, true), DType::F32);
+  for (size_t k = 0; k < n; ++k) std::copy(rows.data() + k * d, rows.data() + (k + 1) * d, out + order[k] * d);
+}
+
+void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
+  const Plan pl = plan(2, ids, n, grads, count);
+  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
+  const auto d = static_cast<size_t>(options_.dim);
+  const size_t width = kIdFloats + d;
+  std::vector<uint64_t> at(p, 0);
+  for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
+  std::vector<float> send(std::max<size_t>(n * width, 1));
+  for (size_t i = 0; i < n; ++i) {
+    float* rec = send.data() + at[static_cast<size_t>(layout_.owner(ids[i]))]++ * width;
+    std::memcpy(rec, &ids[i], sizeof(int64_t));
+    std::memcpy(rec + kIdFloats, grads + i * d, d * sizeof(float));
+  }
+  uint64_t incoming = 0;
+  for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
+  std::vector<float> recv(std::max<size_t>(incoming * width, 1));
+  comm_.exchange(send.data(), recv.data(), routes_of(pl.counts, p, width, false), DType::F32);
+
+  // Records arrive in global batch order (sender by sender, each in its own order): one add_batch
+  // keeps that order for every row.
+  std::vector<int64_t> local(std::max<uint64_t>(incoming, 1));
+  std::vector<float> g(std::max<size_t>(incoming * d, 1));
+  for (uint64_t k = 0; k < incoming; ++k) {
+    const float* rec = recv.data() + k * width;
+    int64_t id;
+    std::memcpy(&id, rec, sizeof id);
+    local[k] = local_of(id);
+    std::memcpy(g.data() + k * d, rec + kIdFloats, d * sizeof(float));
+  }
+  if (incoming > 0) accum_->add_batch(local.data(), incoming, g.data(), incoming * d);
+  accumulator::OptimizerSpec opt;
+  opt.kind = options_.optimizer;
+  opt.lr = options_.lr;
+  opt.eps = options_.eps;
+  accum_->apply(*params_, opt, state_.get());
+  ++steps_;
+}
+
+void ShardedTable::local_rows(int64_t* ids, float* values, float* state) const {
+  const size_t n = owned_.size(), d = static_cast<size_t>(options_.dim);
+  if (ids != nullptr) std::copy(owned_.begin(), owned_.end(), ids);
+  if (values != nullptr && n > 0) std::memcpy(values, params_->data(), n * d * sizeof(float));
+  if (state != nullptr) {
+    if (state_) std::memcpy(state, state_->data(), n * sizeof(float));
+    else std::fill(state, state + n, 0.0f);
+  }
+  params_->check_mapping();
+}
+
+}  // namespace gradsync::embedding

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// An embedding table sharded row-wise over the ranks of a communicator (include/gradsync/embedding.h
+// is the contract). Each rank's shard is the library's own storage: a parameter table, an
+// accumulator in owner mode (which adds a batch's gradients to each row in position order, whatever
+// its thread count) and, for row-wise Adagrad, a rows x 1 state table. Local row l holds the l-th
+// smallest global id this rank owns, so a shard's rows are in ascending global order, which is the
+// order of a checkpoint's part.
+//
+// Exactness rests on one invariant: an owner receives the ids of a push in global batch order
+// (the exchange packs rank s's records before rank s+1's, each rank's in its own order), and adds
+// them with one add_batch, so every row's sum has the order a single process gives the global batch.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accumulator/accumulator.hpp"
+#include "comm/communicator.hpp"
+#include "table/table.hpp"
+
+namespace gradsync::embedding {
+
+enum class Sharding : int32_t { Contiguous = 0, Hash = 1 };
+
+struct Options {
+  int64_t rows = 0;
+  int64_t dim = 0;
+  Sharding sharding = Sharding::Contiguous;
+  accumulator::OptimizerKind optimizer = accumulator::OptimizerKind::Sgd;
+  float lr = 0.01f;
+  float eps = 1e-10f;
+  table::Init init = table::Init::Zeros;
+  int threads = 1;
+  uint64_t seed = 0;
+  float lo = -0.5f, hi = 0.5f;
+  std::string dir;  // empty: anonymous memory
+};
+
+// Throws E_INVALID_ARG naming the first bad field.
+void validate(const Options& o);
+
+// Who owns what, for a world of `ranks`: a pure function of (rows, ranks, rule), used by the live
+// table and by a load that reads parts written under another layout.
+class Layout {
+ public:
+  Layout(int64_t rows, int ranks, Sharding sharding) noexcept : rows_(rows), ranks_(ranks), sharding_(sharding) {}
+  int owner(int64_t id) const noexcept;
+  // The ids rank r owns, ascending.
+  std::vector<int64_t> owned(int r) const;
+  int64_t rows() const noexcept { return rows_; }
+  int ranks() const noexcept { return ranks_; }
+  Sharding sharding() const noexcept { return sharding_; }
+
+ private:
+  int64_t rows_;
+  int ranks_;
+  Sharding sharding_;
+};
+
+class ShardedTable {
+ public:
+  // Local: opens or creates this rank's shard; no communication.
+  ShardedTable(comm::Communicator& comm, const Options& options);
+  ~ShardedTable();
+  ShardedTable(const ShardedTable&) = delete;
+  ShardedTable& operator=(const ShardedTable&) = delete;
+
+  int64_t rows() const noexcept { return options_.rows; }
+  int64_t dim() const noexcept { return options_.dim; }
+  int64_t local_rows() const noexcept { return static_cast<int64_t>(owned_.size()); }
+  int64_t steps() const noexcept { return steps_; }
+  const Layout& layout() const noexcept { return layout_; }
+  const Options& options() const noexcept { return options_; }
+  void set_lr(double lr);
+  int state_width() const noexcept { return options_.optimizer == accumulator::OptimizerKind::RowAdagrad ? 1 : 0; }
+
+  // Collective calls.
+  void lookup(const int64_t* ids, size_t n, float* out, size_t count);
+  void push(const int64_t* ids, size_t n, const float* grads, size_t count);
+  void save(const std::string& dir);
+  void load(const std::string& dir);
+
+  // This rank's rows in ascending global id order (capacity checked by the caller).
+  void local_rows(int64_t* ids, float* values, float* state) const;
+
+ private:
+  struct Plan;
+  // The round every lookup and push starts with: each rank's argument check and its count of ids
+  // for every owner, allgathered; throws on every rank alike when any rank's check failed.
+  Plan plan(int op, const int64_t* ids, size_t n, const void* buf, size_t count);
+  // Position of a global id among this rank's rows (the id must be owned here).
+  int64_t local_of(int64_t id) const noexcept;
+  // Collective verdict of a step with a local outcome: throws the first failing rank's error on
+  // every rank (naming it), or returns each rank's two payload words.
+  std::vector<int64_t> agree(int status, const std::string& message, int64_t word0 = 0, int64_t word1 = 0);
+
+  comm::Communicator& comm_;
+  Options options_;
+  Layout layout_;
+  std::vector<int64_t> owned_;  // ascending
+  std::unique_ptr<table::Table> params_;
+  std::unique_ptr<table::Table> state_;
+  std::unique_ptr<accumulator::Accumulator> accum_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace gradsync::embedding

@@ -1,0 +1,566 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The sharded embedding table through the C ABI: bitwise equality with a one-process reference
+ * (built from the public table and accumulator) over 1, 2, 3 and 4 ranks, both sharding rules and
+ * both optimizers, on threads and on shm processes; checkpoints saved on 4 ranks and loaded into
+ * 3, 2 and 5 ranks under either rule; bad ids and buffers on one rank; damaged, hostile and
+ * mismatched checkpoints. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gradsync/gradsync.h"
+#include "check.h"
+
+#define ROWS 1000
+#define DIM 7 /* odd: a push record's id then sits at a 4-byte, not 8-byte, boundary */
+#define GLOBAL 600
+#define STEPS 4
+#define MAX_RANKS 5
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* The global batch of a step: a third of the ids among 10 hot rows (each summed from dozens of
+ * contributions, so a change of order changes bits), the rest anywhere; gradients spanning several
+ * orders of magnitude. */
+static void global_batch(int step, int64_t *ids, float *grads) {
+  int i, j;
+  for (i = 0; i < GLOBAL; ++i) {
+    const uint64_t h = mix((uint64_t)step * 100003u + (uint64_t)i);
+    ids[i] = (int64_t)(h % 3 == 0 ? (h >> 8) % 10 : (h >> 8) % ROWS);
+    for (j = 0; j < DIM; ++j) {
+      const uint64_t g = mix(h + (uint64_t)j);
+      grads[i * DIM + j] = ((float)(g % 2001) - 1000.0f) * (j % 3 == 0 ? 1e-4f : j % 3 == 1 ? 1e-1f : 3.0f);
+    }
+  }
+}
+
+/* Rank r's slice [lo, hi) of the global batch among p ranks: uneven, rank 0's the smallest (empty
+ * on some steps). */
+static void slice_of(int step, int r, int p, int *lo, int *hi) {
+  if (step % 2 == 0) {
+    *lo = GLOBAL * r * r / (p * p);
+    *hi = GLOBAL * (r + 1) * (r + 1) / (p * p);
+  } else {
+    *lo = r == 0 ? 0 : GLOBAL * (r + 1) / (p + 1);
+    *hi = GLOBAL * (r + 2) / (p + 1);
+    if (r == p - 1) *hi = GLOBAL;
+  }
+}
+
+typedef struct {
+  float values[ROWS * DIM];
+  float state[ROWS];
+} snapshot;
+
+static gradsync_embedding_options table_options(int32_t optimizer, int32_t sharding) {
+  gradsync_embedding_options o = GRADSYNC_EMBEDDING_OPTIONS_INIT;
+  o.rows = ROWS;
+  o.dim = DIM;
+  o.optimizer = optimizer;
+  o.sharding = sharding;
+  o.lr = 0.05;
+  o.init = GRADSYNC_TABLE_INIT_UNIFORM;
+  o.seed = 42;
+  o.lo = -0.1;
+  o.hi = 0.1;
+  return o;
+}
+
+/* One process, the public table and accumulator: after `steps` steps of the global batches
+ * (reverse: each batch added back to front, to show the order matters). */
+static void reference(int32_t optimizer, int steps, int reverse, snapshot *out) {
+  gradsync_table_options to = GRADSYNC_TABLE_OPTIONS_INIT;
+  gradsync_accum_options ao = GRADSYNC_ACCUM_OPTIONS_INIT;
+  gradsync_optimizer opt = GRADSYNC_OPTIMIZER_INIT;
+  gradsync_table *params = NULL, *state = NULL;
+  gradsync_accum *accum = NULL;
+  static int64_t ids[GLOBAL], rids[GLOBAL];
+  static float grads[GLOBAL * DIM], rgrads[GLOBAL * DIM];
+  int s, i;
+  to.mode = GRADSYNC_TABLE_ANONYMOUS;
+  to.rows = ROWS;
+  to.dim = DIM;
+  to.init = GRADSYNC_TABLE_INIT_UNIFORM;
+  to.seed = 42;
+  to.lo = -0.1;
+  to.hi = 0.1;
+  CHECK_STATUS(gradsync_table_open(&params, NULL, &to), GRADSYNC_OK);
+  to.dim = 1;
+  to.init = GRADSYNC_TABLE_INIT_ZEROS;
+  CHECK_STATUS(gradsync_table_open(&state, NULL, &to), GRADSYNC_OK);
+  ao.mode = GRADSYNC_TABLE_ANONYMOUS;
+  ao.rows = ROWS;
+  ao.dim = DIM;
+  ao.concurrency = GRADSYNC_ACCUM_OWNER;
+  ao.threads = 2;
+  CHECK_STATUS(gradsync_accum_open(&accum, NULL, &ao), GRADSYNC_OK);
+  opt.kind = optimizer;
+  opt.lr = 0.05;
+  for (s = 0; s < steps; ++s) {
+    global_batch(s, ids, grads);
+    if (reverse) {
+      for (i = 0; i < GLOBAL; ++i) {
+        rids[i] = ids[GLOBAL - 1 - i];
+        memcpy(&rgrads[i * DIM], &grads[(GLOBAL - 1 - i) * DIM], sizeof(float) * DIM);
+      }
+      CHECK_STATUS(gradsync_accum_add_batch(accum, rids, GLOBAL, rgrads, GLOBAL * DIM), GRADSYNC_OK);
+    } else {
+      CHECK_STATUS(gradsync_accum_add_batch(accum, ids, GLOBAL, grads, GLOBAL * DIM), GRADSYNC_OK);
+    }
+    CHECK_STATUS(gradsync_accum_apply(accum, params, &opt, optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD ? state : NULL),
+                 GRADSYNC_OK);
+  }
+  for (i = 0; i < ROWS; ++i) {
+    CHECK_STATUS(gradsync_table_get(params, i, &out->values[i * DIM], DIM), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_table_get(state, i, &out->state[i], 1), GRADSYNC_OK);
+  }
+  gradsync_accum_free(accum);
+  gradsync_table_free(params);
+  gradsync_table_free(state);
+}
+
+static snapshot g_ref[2];      /* per optimizer, after STEPS steps */
+static snapshot g_ref_more[2]; /* per optimizer, after STEPS + 2 steps */
+
+/* This rank's rows equal the reference bit for bit; returns the number of rows that differ. */
+static int compare_local(gradsync_embedding *t, const snapshot *ref, int32_t optimizer, const char *what) {
+  static __thread int64_t ids[ROWS];
+  static __thread float values[ROWS * DIM], state[ROWS];
+  int64_t local = 0, i;
+  int bad = 0;
+  CHECK_STATUS(gradsync_embedding_shape(t, NULL, NULL, &local), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_embedding_local_rows(t, ids, values, state, ROWS), GRADSYNC_OK);
+  for (i = 0; i < local; ++i) {
+    const int64_t g = ids[i];
+    if (memcmp(&values[i * DIM], &ref->values[g * DIM], sizeof(float) * DIM) != 0 ||
+        (optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD && memcmp(&state[i], &ref->state[g], sizeof(float)) != 0)) {
+      if (bad++ == 0) fprintf(stderr, "%s: row %lld differs from the reference\n", what, (long long)g);
+    }
+  }
+  if (bad != 0) check_failed();
+  return bad;
+}
+
+/* Pushes steps [from, to) of the global batches, this rank's slice of each. */
+static void train(gradsync_embedding *t, int rank, int size, int from, int to) {
+  static __thread int64_t ids[GLOBAL];
+  static __thread float grads[GLOBAL * DIM];
+  int s, lo, hi;
+  for (s = from; s < to; ++s) {
+    global_batch(s, ids, grads);
+    slice_of(s, rank, size, &lo, &hi);
+    CHECK_STATUS(gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM),
+                 GRADSYNC_OK);
+  }
+}
+
+/* Lookups in any order with repeats answer in the caller's order. */
+static void check_lookup(gradsync_embedding *t, int rank, const snapshot *ref) {
+  int64_t ids[97];
+  float rows[97 * DIM];
+  int i, bad = 0;
+  for (i = 0; i < 97; ++i) ids[i] = (int64_t)(mix((uint64_t)(rank * 1000 + i)) % (i % 2 ? 7 : ROWS));
+  CHECK_STATUS(gradsync_embedding_lookup(t, ids, 97, rows, 97 * DIM), GRADSYNC_OK);
+  for (i = 0; i < 97; ++i) bad += memcmp(&rows[i * DIM], &ref->values[ids[i] * DIM], sizeof(float) * DIM) != 0;
+  CHECK(bad == 0);
+  /* a rank with nothing to look up takes part with n = 0 */
+  if (rank == 0) {
+    CHECK_STATUS(gradsync_embedding_lookup(t, NULL, 0, NULL, 0), GRADSYNC_OK);
+  } else {
+    CHECK_STATUS(gradsync_embedding_lookup(t, ids, 97, rows, 97 * DIM), GRADSYNC_OK);
+    for (i = 0; i < 97; ++i) bad += memcmp(&rows[i * DIM], &ref->values[ids[i] * DIM], sizeof(float) * DIM) != 0;
+    CHECK(bad == 0);
+  }
+}
+
+typedef struct {
+  const char *group;
+  int32_t transport;
+  int rank, size;
+  int32_t optimizer, sharding;
+} rank_arg;
+
+static gradsync_comm *join(const char *name, int32_t transport, int rank, int size) {
+  gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm *comm = NULL;
+  opts.transport = transport;
+  opts.rank = rank;
+  opts.size = size;
+  opts.timeout_ms = 60000;
+  strncpy(opts.name, name, sizeof opts.name - 1);
+  if (gradsync_comm_create(&comm, &opts) != GRADSYNC_OK) {
+    fprintf(stderr, "join %s rank %d: %s\n", name, rank, gradsync_last_error_message());
+    check_failed();
+  }
+  return comm;
+}
+
+static gradsync_embedding *make_table(gradsync_comm *comm, int32_t optimizer, int32_t sharding) {
+  gradsync_embedding_options o = table_options(optimizer, sharding);
+  gradsync_embedding *t = NULL;
+  CHECK_STATUS(gradsync_embedding_create(&t, comm, NULL, &o), GRADSYNC_OK);
+  return t;
+}
+
+/* ---- determinism: the reference's bits on any number of ranks */
+static void *determinism_rank(void *p) {
+  const rank_arg *a = (const rank_arg *)p;
+  char what[128];
+  int64_t steps = 0;
+  gradsync_comm *comm = join(a->group, a->transport, a->rank, a->size);
+  gradsync_embedding *t;
+  if (comm == NULL) return NULL;
+  t = make_table(comm, a->optimizer, a->sharding);
+  if (t != NULL) {
+    train(t, a->rank, a->size, 0, STEPS);
+    snprintf(what, sizeof what, "%s rank %d/%d", a->group, a->rank, a->size);
+    compare_local(t, &g_ref[a->optimizer], a->optimizer, what);
+    check_lookup(t, a->rank, &g_ref[a->optimizer]);
+    CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+    CHECK(steps == STEPS);
+  }
+  gradsync_embedding_free(t);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void run_threads(void *(*fn)(void *), rank_arg *args, int size) {
+  pthread_t threads[MAX_RANKS];
+  int r;
+  for (r = 0; r < size; ++r) pthread_create(&threads[r], NULL, fn, &args[r]);
+  for (r = 0; r < size; ++r) pthread_join(threads[r], NULL);
+}
+
+static void determinism_on_threads(void) {
+  int size, opt, sh, r;
+  for (size = 1; size <= 4; ++size)
+    for (opt = 0; opt < 2; ++opt)
+      for (sh = 0; sh < 2; ++sh) {
+        rank_arg args[MAX_RANKS];
+        char group[64];
+        snprintf(group, sizeof group, "emb-det-%d-%d-%d", size, opt, sh);
+        for (r = 0; r < size; ++r) {
+          rank_arg a = {NULL, GRADSYNC_TRANSPORT_THREAD, 0, 0, 0, 0};
+          a.group = strdup(group);
+          a.rank = r;
+          a.size = size;
+          a.optimizer = opt;
+          a.sharding = sh;
+          args[r] = a;
+        }
+        run_threads(determinism_rank, args, size);
+        for (r = 0; r < size; ++r) free((void *)args[r].group);
+      }
+}
+
+/* ---- bad input on one rank: every rank fails in the same round, the table is unchanged, and the
+ * group goes on */
+static void *bad_input_rank(void *p) {
+  const rank_arg *a = (const rank_arg *)p;
+  gradsync_comm *comm = join("emb-bad", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding *t;
+  int64_t ids[3] = {1, 2, 3};
+  float g[3 * DIM], before[3 * DIM], after[3 * DIM];
+  int i;
+  if (comm == NULL) return NULL;
+  for (i = 0; i < 3 * DIM; ++i) g[i] = 1.0f;
+  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH);
+  CHECK_STATUS(gradsync_embedding_lookup(t, ids, 3, before, 3 * DIM), GRADSYNC_OK);
+  /* rank 1 pushes id 1000 (rows is 1000) at position 2 */
+  if (a->rank == 1) ids[2] = ROWS;
+  CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, g, 3 * DIM), GRADSYNC_E_OUT_OF_RANGE,
+                   "rank 1: push: id 1000 at position 2 is outside [0, 1000)");
+  if (a->rank == 2) ids[0] = -5;
+  CHECK_STATUS_MSG(gradsync_embedding_lookup(t, ids, 3, after, 3 * DIM), GRADSYNC_E_OUT_OF_RANGE, "rank 1: lookup");
+  ids[0] = 1;
+  ids[2] = 3;
+  /* a NULL gradient buffer, and a wrong count, on one rank */
+  CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, a->rank == 2 ? NULL : g, 3 * DIM), GRADSYNC_E_INVALID_ARG,
+                   "rank 2: push: the gradient buffer is NULL");
+  CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, g, a->rank == 0 ? 3 * DIM - 1 : 3 * DIM),
+                   GRADSYNC_E_INVALID_ARG, "rank 0: push: count is 20");
+  CHECK_STATUS(gradsync_embedding_lookup(t, ids, 3, after, 3 * DIM), GRADSYNC_OK);
+  CHECK(memcmp(before, after, sizeof before) == 0);
+  CHECK_STATUS(gradsync_embedding_push(t, ids, 3, g, 3 * DIM), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_embedding_lookup(t, ids, 3, after, 3 * DIM), GRADSYNC_OK);
+  CHECK(memcmp(before, after, sizeof before) != 0);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+/* ---- checkpoints: saved on 4 ranks (contiguous), loaded into 3, 2, 5 and 1 ranks under either
+ * rule, every row and its Adagrad state bitwise, and training goes on as if never interrupted */
+static char g_dir[256];
+
+static void *save_rank(void *p) {
+  const rank_arg *a = (const rank_arg *)p;
+  gradsync_comm *comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding *t;
+  if (comm == NULL) return NULL;
+  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  train(t, a->rank, a->size, 0, STEPS - 1);
+  CHECK_STATUS(gradsync_embedding_save(t, g_dir), GRADSYNC_OK);
+  /* a later checkpoint in the same directory replaces it whole */
+  train(t, a->rank, a->size, STEPS - 1, STEPS);
+  CHECK_STATUS(gradsync_embedding_save(t, g_dir), GRADSYNC_OK);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void *load_rank(void *p) {
+  const rank_arg *a = (const rank_arg *)p;
+  char what[128];
+  int64_t steps = 0;
+  gradsync_comm *comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding *t;
+  if (comm == NULL) return NULL;
+  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, a->sharding);
+  CHECK_STATUS(gradsync_embedding_load(t, g_dir), GRADSYNC_OK);
+  snprintf(what, sizeof what, "loaded into %s", a->group);
+  compare_local(t, &g_ref[1], GRADSYNC_OPTIM_ROW_ADAGRAD, what);
+  CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+  CHECK(steps == STEPS);
+  train(t, a->rank, a->size, STEPS, STEPS + 2);
+  snprintf(what, sizeof what, "resumed in %s", a->group);
+  compare_local(t, &g_ref_more[1], GRADSYNC_OPTIM_ROW_ADAGRAD, what);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static int count_files(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int n = 0;
+  if (d == NULL) return -1;
+  while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static void resharding(void) {
+  static const int sizes[] = {3, 2, 5, 1, 4};
+  rank_arg args[MAX_RANKS];
+  int i, r, sh;
+  for (r = 0; r < 4; ++r) {
+    rank_arg a = {"emb-save-4", GRADSYNC_TRANSPORT_THREAD, 0, 4, GRADSYNC_OPTIM_ROW_ADAGRAD, 0};
+    a.rank = r;
+    args[r] = a;
+  }
+  run_threads(save_rank, args, 4);
+  CHECK(count_files(g_dir) == 5); /* the manifest and the 4 parts of the last checkpoint */
+  for (i = 0; i < (int)(sizeof sizes / sizeof sizes[0]); ++i)
+    for (sh = 0; sh < 2; ++sh) {
+      char group[64];
+      snprintf(group, sizeof group, "emb-load-%d-%s", sizes[i], sh ? "hash" : "contiguous");
+      for (r = 0; r < sizes[i]; ++r) {
+        rank_arg a = {NULL, GRADSYNC_TRANSPORT_THREAD, 0, 0, GRADSYNC_OPTIM_ROW_ADAGRAD, 0};
+        a.group = strdup(group);
+        a.rank = r;
+        a.size = sizes[i];
+        a.sharding = sh;
+        args[r] = a;
+      }
+      run_threads(load_rank, args, sizes[i]);
+      for (r = 0; r < sizes[i]; ++r) free((void *)args[r].group);
+    }
+}
+
+/* ---- damaged, hostile and mismatched checkpoints: a clear status on every rank, the table unchanged */
+static int find_file(const char *dir, const char *prefix, char *path, size_t cap) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int found = 0;
+  if (d == NULL) return 0;
+  while (!found && (e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+      found = (size_t)snprintf(path, cap, "%s/", dir) + strlen(e->d_name) < cap;
+      if (found) strcat(path, e->d_name);
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+static void damage(const char *path, long offset, const void *bytes, size_t n, long truncate_to) {
+  int fd = open(path, O_WRONLY);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  if (n > 0) CHECK(pwrite(fd, bytes, n, offset) == (ssize_t)n);
+  if (truncate_to >= 0) CHECK(ftruncate(fd, truncate_to) == 0);
+  close(fd);
+}
+
+enum { DAMAGE_TRUNCATE_PART, DAMAGE_FLIP_VALUE, DAMAGE_GARBAGE_MANIFEST, DAMAGE_SHORT_MANIFEST,
+       DAMAGE_VERSION, DAMAGE_MISSING_PART, DAMAGE_KINDS };
+
+static void *hostile_rank(void *p) {
+  const rank_arg *a = (const rank_arg *)p;
+  gradsync_comm *comm = join("emb-hostile", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding *t, *wide, *sgd;
+  gradsync_embedding_options o = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  static float before[2][ROWS * DIM], before_state[2][ROWS], now[2][ROWS * DIM], now_state[2][ROWS];
+  char path[1024], dir[300];
+  int kind;
+  if (comm == NULL) return NULL;
+  snprintf(dir, sizeof dir, "%s/hostile", g_dir);
+  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  train(t, a->rank, a->size, 0, 1);
+  CHECK_STATUS(gradsync_embedding_local_rows(t, NULL, before[a->rank], before_state[a->rank], ROWS), GRADSYNC_OK);
+
+  CHECK_STATUS_MSG(gradsync_embedding_load(t, "/nonexistent/checkpoint"), GRADSYNC_E_IO, "no checkpoint in");
+  for (kind = 0; kind < DAMAGE_KINDS; ++kind) {
+    static const char garbage[200] = "not a checkpoint at all, but long enough to pass for a header";
+    const uint32_t version = 99;
+    const unsigned char flip = 0x5a;
+    int expected = GRADSYNC_E_CORRUPT;
+    CHECK_STATUS(gradsync_embedding_save(t, dir), GRADSYNC_OK);
+    if (a->rank == 0) {
+      switch (kind) {
+        case DAMAGE_TRUNCATE_PART:
+          CHECK(find_file(dir, "part-00001", path, sizeof path));
+          damage(path, 0, NULL, 0, 128 + 10);
+          break;
+        case DAMAGE_FLIP_VALUE:
+          CHECK(find_file(dir, "part-00000", path, sizeof path));
+          damage(path, 128 + 8 * 500 + 4 * 3, &flip, 1, -1);
+          break;
+        case DAMAGE_GARBAGE_MANIFEST:
+          CHECK(find_file(dir, "checkpoint.gsemb", path, sizeof path));
+          damage(path, 0, garbage, sizeof garbage, 128 + 2 * 16);
+          break;
+        case DAMAGE_SHORT_MANIFEST:
+          CHECK(find_file(dir, "checkpoint.gsemb", path, sizeof path));
+          damage(path, 0, NULL, 0, 50);
+          break;
+        case DAMAGE_VERSION:
+          CHECK(find_file(dir, "checkpoint.gsemb", path, sizeof path));
+          damage(path, 8, &version, sizeof version, -1);
+          expected = GRADSYNC_E_VERSION_MISMATCH;
+          break;
+        default:
+          CHECK(find_file(dir, "part-00001", path, sizeof path));
+          CHECK(unlink(path) == 0);
+          break;
+      }
+    } else {
+      expected = kind == DAMAGE_VERSION ? GRADSYNC_E_VERSION_MISMATCH : GRADSYNC_E_CORRUPT;
+    }
+    CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_embedding_load(t, dir), expected);
+    if (kind == DAMAGE_FLIP_VALUE) CHECK_MESSAGE("checksum");
+    if (kind == DAMAGE_TRUNCATE_PART) CHECK_MESSAGE("truncated");
+    CHECK_STATUS(gradsync_embedding_local_rows(t, NULL, now[a->rank], now_state[a->rank], ROWS), GRADSYNC_OK);
+    CHECK(memcmp(now[a->rank], before[a->rank], sizeof before[0]) == 0);
+    CHECK(memcmp(now_state[a->rank], before_state[a->rank], sizeof before_state[0]) == 0);
+  }
+  /* another shape, another optimizer: refused */
+  CHECK_STATUS(gradsync_embedding_save(t, dir), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_embedding_load(t, a->rank == 1 ? NULL : dir), GRADSYNC_E_INVALID_ARG, "rank 1");
+  o.dim = DIM + 1;
+  CHECK_STATUS(gradsync_embedding_create(&wide, comm, NULL, &o), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_embedding_load(wide, dir), GRADSYNC_E_MISMATCH, "has 1000 x 7, the table 1000 x 8");
+  o = table_options(GRADSYNC_OPTIM_SGD, GRADSYNC_EMBEDDING_HASH);
+  CHECK_STATUS(gradsync_embedding_create(&sgd, comm, NULL, &o), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_embedding_load(sgd, dir), GRADSYNC_E_MISMATCH, "optimizer");
+  CHECK_STATUS(gradsync_embedding_load(t, dir), GRADSYNC_OK);
+  gradsync_embedding_free(wide);
+  gradsync_embedding_free(sgd);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(comm);
+  return NULL;
+}
+
+static void hostile_checkpoints(void) {
+  rank_arg args[2];
+  int r;
+  for (r = 0; r < 2; ++r) {
+    rank_arg a = {"emb-hostile", GRADSYNC_TRANSPORT_THREAD, 0, 2, 0, 0};
+    a.rank = r;
+    args[r] = a;
+  }
+  run_threads(hostile_rank, args, 2);
+}
+
+static void bad_input(void) {
+  rank_arg args[3];
+  int r;
+  for (r = 0; r < 3; ++r) {
+    rank_arg a = {"emb-bad", GRADSYNC_TRANSPORT_THREAD, 0, 3, 0, 0};
+    a.rank = r;
+    args[r] = a;
+  }
+  run_threads(bad_input_rank, args, 3);
+}
+
+/* ---- the same determinism on shm: real processes, forked before any handle exists */
+static int shm_ranks(int size) {
+  pid_t pids[MAX_RANKS];
+  char group[64];
+  int r, failed = 0;
+  snprintf(group, sizeof group, "emb-shm-%d-%d", (int)getpid(), size);
+  for (r = 0; r < size; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      rank_arg a = {NULL, GRADSYNC_TRANSPORT_SHM, 0, 0, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH};
+      a.group = group;
+      a.rank = r;
+      a.size = size;
+      alarm(120);
+      determinism_rank(&a);
+      _exit(check_failures == 0 ? 0 : 1);
+    }
+  }
+  for (r = 0; r < size; ++r) {
+    int status = 0;
+    if (waitpid(pids[r], &status, 0) != pids[r] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "shm rank %d of %d failed (status 0x%x)\n", r, size, status);
+      failed = 1;
+    }
+  }
+  return failed;
+}
+
+int main(void) {
+  snapshot *reversed = (snapshot *)malloc(sizeof(snapshot));
+  reference(GRADSYNC_OPTIM_SGD, STEPS, 0, &g_ref[0]);
+  reference(GRADSYNC_OPTIM_ROW_ADAGRAD, STEPS, 0, &g_ref[1]);
+  reference(GRADSYNC_OPTIM_SGD, STEPS + 2, 0, &g_ref_more[0]);
+  reference(GRADSYNC_OPTIM_ROW_ADAGRAD, STEPS + 2, 0, &g_ref_more[1]);
+  /* The test can tell orders apart: summing each batch back to front changes some row's bits. */
+  reference(GRADSYNC_OPTIM_SGD, STEPS, 1, reversed);
+  CHECK(memcmp(reversed->values, g_ref[0].values, sizeof reversed->values) != 0);
+  free(reversed);
+
+  /* real processes first, while this one has no thread to copy into them */
+  CHECK(shm_ranks(2) == 0);
+  CHECK(shm_ranks(3) == 0);
+  determinism_on_threads();
+  bad_input();
+  snprintf(g_dir, sizeof g_dir, "/tmp/gradsync-embedding-XXXXXX");
+  CHECK(mkdtemp(g_dir) != NULL);
+  resharding();
+  hostile_checkpoints();
+  {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    CHECK(system(cmd) == 0);
+  }
+  return check_report("embedding");
+}
