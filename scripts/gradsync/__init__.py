@@ -17,3 +17,4 @@ from .dataparallel import *  # noqa: F401,F403
 from .codec import *  # noqa: F401,F403
 from .shard import *  # noqa: F401,F403
 from .comm import *  # noqa: F401,F403
+from .embedding import *  # noqa: F401,F403

@@ -35,6 +35,21 @@ wire), updates the slice and all-gathers the new weights into the parameters:
     opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=1e-3)
     loss_fn(model(x), y).backward()                   # local gradients
     opt.step()                                        # the same weights, bit for bit, on every rank
+
+ShardedEmbedding and ShardedEmbeddingBag keep their table sharded over the ranks
+(gradsync.ShardedEmbeddingTable): forward looks the rows up from their owners, and backward pushes
+the rows' gradients back, where the owners apply the table's own optimizer (SGD or row-wise
+Adagrad) at once, exactly and deterministically. They sit beside DistributedDataParallel, which
+averages the dense part of the model (keep them out of the module DDP wraps, or they would be
+wrapped twice):
+
+    emb = gst.ShardedEmbedding(comm, rows, dim, optimizer="row_adagrad", lr=0.1, init="uniform")
+    model = gst.DistributedDataParallel(dense, comm)
+    loss_fn(model(emb(ids)), y).backward()            # pushes the embedding gradients, one step
+    opt.step()                                        # the dense part
+
+Every forward and its backward are collective: each rank runs as many of them, in the same order
+(a rank with no ids passes an empty tensor), and uses each forward's output in its loss.
 """
 import contextlib
 import hashlib
@@ -44,9 +59,10 @@ import numpy as np
 import torch
 
 from ._lib import E_NO_SPACE, E_NOMEM, GradsyncError
+from .embedding import ShardedEmbeddingTable
 from .shard import ShardedParameter
 
-__all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer"]
+__all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
 
 
 class _Bucket:
@@ -394,3 +410,79 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def close(self):
         """Free this rank's slice (and its optimizer state) now rather than at garbage collection."""
         self.shard.close()
+
+
+class _LookupPush(torch.autograd.Function):
+    """Rows of ids from a sharded table; backward pushes their gradient (one optimizer step)."""
+
+    @staticmethod
+    def forward(ctx, anchor, ids, table):
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        ctx.table, ctx.ids = table, flat
+        return torch.from_numpy(table.lookup(flat.numpy()))
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.detach().to(torch.float32).contiguous()
+        ctx.table.push(ctx.ids.numpy(), g.numpy())
+        return None, None, None
+
+
+class ShardedEmbedding(torch.nn.Module):
+    """torch.nn.Embedding whose rows live sharded over comm's ranks, updated by the table itself.
+
+    Arguments after comm, rows and dim are those of gradsync.ShardedEmbeddingTable (sharding,
+    optimizer, lr, eps, init, seed, lo, hi, threads, directory); `table` is that table, for
+    save() and load(). The weights are no torch parameter: the optimizer step happens in backward.
+    """
+
+    def __init__(self, comm, rows, dim, **table_options):
+        super().__init__()
+        self.table = ShardedEmbeddingTable(comm, rows, dim, **table_options)
+        self.rows, self.dim = int(rows), int(dim)
+        # Makes the output require grad, so that backward reaches the push; never a parameter.
+        self._anchor = torch.empty(0, requires_grad=True)
+
+    def _rows(self, ids):
+        if ids.is_floating_point():
+            raise TypeError(f"ids must be integers, got {ids.dtype}")
+        return _LookupPush.apply(self._anchor, ids.detach().cpu(), self.table)
+
+    def forward(self, ids):
+        return self._rows(ids).reshape(*ids.shape, self.dim)
+
+    def extra_repr(self):
+        return f"{self.rows}, {self.dim}, {self.table.local_rows} rows on this rank"
+
+
+class ShardedEmbeddingBag(ShardedEmbedding):
+    """torch.nn.EmbeddingBag (mode "sum" or "mean") over a sharded table: ids of all bags in one
+    1-D tensor and offsets (the start of each bag), or a 2-D tensor of equal bags."""
+
+    def __init__(self, comm, rows, dim, mode="mean", **table_options):
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        super().__init__(comm, rows, dim, **table_options)
+        self.mode = mode
+
+    def forward(self, ids, offsets=None):
+        if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError("offsets must be None with 2-D ids")
+            bags, per = ids.shape
+            bag_of = torch.arange(bags).repeat_interleave(per)
+        else:
+            if offsets is None:
+                raise ValueError("1-D ids need offsets")
+            offsets = offsets.to(torch.int64).cpu()
+            bags = offsets.numel()
+            lengths = torch.diff(offsets, append=torch.tensor([ids.numel()]))
+            if bags and (offsets[0] != 0 or bool((lengths < 0).any())):
+                raise ValueError("offsets must start at 0 and not decrease")
+            bag_of = torch.arange(bags).repeat_interleave(lengths)
+        rows = self._rows(ids)
+        out = torch.zeros(bags, self.dim, dtype=rows.dtype).index_add(0, bag_of, rows)
+        if self.mode == "mean":
+            counts = torch.bincount(bag_of, minlength=bags).clamp(min=1).to(rows.dtype)
+            out = out / counts.unsqueeze(1)
+        return out

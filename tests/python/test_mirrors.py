@@ -9,7 +9,7 @@ import re
 import pytest
 
 import gradsync as gs
-from gradsync import _lib, comm, shard, table
+from gradsync import _lib, comm, embedding, shard, table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADERS = ROOT / "include" / "gradsync"
@@ -63,6 +63,7 @@ def test_abi_version_is_one_number():
     ("table.h", "gradsync_table_options", table._TableOptions),
     ("accumulator.h", "gradsync_accum_options", table._AccumOptions),
     ("accumulator.h", "gradsync_optimizer", table._Optimizer),
+    ("embedding.h", "gradsync_embedding_options", embedding.EmbeddingOptions),
 ])
 def test_options_structs_are_mirrored_field_for_field(hdr, struct, mirror):
     expected = c_struct_fields(header(hdr), struct)

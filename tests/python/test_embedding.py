@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The sharded embedding table through ctypes and torch, on the thread transport: bitwise equality
+with one process's accumulator over 1 to 4 ranks, checkpoints across world sizes and sharding
+rules, errors on every rank, and the torch modules."""
+import numpy as np
+import pytest
+
+import gradsync as gs
+from conftest import run_ranks
+
+ROWS, DIM, GLOBAL = 300, 6, 240
+
+
+def global_batch(step):
+    rng = np.random.default_rng([7, step])
+    hot = rng.integers(0, 8, GLOBAL)
+    ids = np.where(rng.random(GLOBAL) < 0.4, hot, rng.integers(0, ROWS, GLOBAL)).astype(np.int64)
+    grads = (rng.standard_normal((GLOBAL, DIM)) * np.array([1e-3, 1.0, 30.0, 1e-2, 3.0, 0.1])).astype(np.float32)
+    return ids, grads
+
+
+def slice_of(step, rank, size):
+    bounds = np.linspace(0, GLOBAL, size + 1).astype(int)
+    if step % 2:  # uneven: rank 0's share moves to the last rank
+        bounds[1:-1] = (bounds[1:-1] + bounds[2:]) // 2
+    return bounds[rank], bounds[rank + 1]
+
+
+def reference(optimizer, steps):
+    """(values, state) after `steps` global batches in one process: the public table and accumulator."""
+    params = gs.Table.anonymous(ROWS, DIM, init="uniform", seed=5, lo=-0.2, hi=0.2)
+    state = gs.Table.anonymous(ROWS, 1)
+    accum = gs.Accumulator.anonymous(ROWS, DIM, concurrency="owner", threads=2)
+    for s in range(steps):
+        ids, grads = global_batch(s)
+        accum.add_batch(ids, grads)
+        if optimizer == "sgd":
+            accum.apply(params, "sgd", lr=0.05)
+        else:
+            accum.apply(params, "adagrad", lr=0.05, state=state)
+    return np.array(params.view).reshape(ROWS, DIM).copy(), np.array(state.view).reshape(ROWS).copy()
+
+
+def make(comm, sharding="contiguous", optimizer="row_adagrad", **kw):
+    return gs.ShardedEmbeddingTable(comm, ROWS, DIM, sharding=sharding, optimizer=optimizer, lr=0.05,
+                                    init="uniform", seed=5, lo=-0.2, hi=0.2, **kw)
+
+
+def train(table, rank, size, steps, first=0):
+    for s in range(first, steps):
+        ids, grads = global_batch(s)
+        lo, hi = slice_of(s, rank, size)
+        table.push(ids[lo:hi], grads[lo:hi])
+
+
+def gather_rows(parts):
+    values = np.full((ROWS, DIM), np.nan, dtype=np.float32)
+    state = np.full(ROWS, np.nan, dtype=np.float32)
+    for ids, v, s in parts:
+        values[ids], state[ids] = v, s
+    return values, state
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "row_adagrad"])
+@pytest.mark.parametrize("sharding", ["contiguous", "hash"])
+def test_bitwise_equal_to_one_process_on_1_to_4_ranks(optimizer, sharding):
+    ref_values, ref_state = reference(optimizer, 3)
+
+    def body(comm, rank):
+        with make(comm, sharding, optimizer, threads=1 + rank % 2) as t:
+            train(t, rank, comm.size, 3)
+            probe = np.array([3, 3, 299, 0, 7, 150, 3], dtype=np.int64)
+            looked = t.lookup(probe)
+            assert t.steps == 3
+            return t.local_state(), probe, looked
+
+    for size in (1, 2, 3, 4):
+        results = run_ranks(size, body)
+        values, state = gather_rows([r[0] for r in results])
+        assert values.tobytes() == ref_values.tobytes(), f"{size} ranks, {sharding}"
+        if optimizer == "row_adagrad":
+            assert state.tobytes() == ref_state.tobytes()
+        for _, probe, looked in results:
+            assert looked.tobytes() == ref_values[probe].tobytes()
+
+
+def test_order_matters_so_the_test_can_fail():
+    ids, grads = global_batch(0)
+    a = gs.Accumulator.anonymous(ROWS, DIM, concurrency="owner", threads=1)
+    b = gs.Accumulator.anonymous(ROWS, DIM, concurrency="owner", threads=1)
+    a.add_batch(ids, grads)
+    b.add_batch(ids[::-1].copy(), grads[::-1].copy())
+    assert np.array(a.view).tobytes() != np.array(b.view).tobytes()
+
+
+def test_checkpoint_loads_into_other_world_sizes_and_rules(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ref_values, ref_state = reference("row_adagrad", 3)
+    more_values, _ = reference("row_adagrad", 5)
+
+    def saver(comm, rank):
+        with make(comm, "hash") as t:
+            train(t, rank, comm.size, 3)
+            t.save(ckpt)
+
+    run_ranks(4, saver)
+    for size, sharding in ((3, "contiguous"), (2, "hash"), (1, "contiguous")):
+        def loader(comm, rank):
+            with make(comm, sharding) as t:
+                t.load(ckpt)
+                loaded = t.local_state()
+                steps = t.steps
+                train(t, rank, comm.size, 5, first=3)
+                return loaded, steps, t.local_state()
+
+        results = run_ranks(size, loader)
+        values, state = gather_rows([r[0] for r in results])
+        assert values.tobytes() == ref_values.tobytes() and state.tobytes() == ref_state.tobytes()
+        assert all(r[1] == 3 for r in results)
+        assert gather_rows([r[2] for r in results])[0].tobytes() == more_values.tobytes()
+
+
+def test_bad_id_on_one_rank_fails_every_rank():
+    def body(comm, rank):
+        with make(comm) as t:
+            ids = np.array([1, 2, ROWS + 5 if rank == 2 else 3], dtype=np.int64)
+            with pytest.raises(gs.GradsyncError) as info:
+                t.push(ids, np.ones((3, DIM), dtype=np.float32))
+            assert info.value.status == gs.E_OUT_OF_RANGE
+            assert "rank 2" in str(info.value) and "id 305 at position 2" in str(info.value)
+            with pytest.raises(gs.GradsyncError):
+                t.lookup(np.array([-1 if rank == 0 else 0]))
+            t.push(ids[:2], np.ones((2, DIM), dtype=np.float32))  # the group goes on
+            return t.steps
+
+    assert run_ranks(3, body) == [1, 1, 1]
+
+
+def test_checkpoint_of_another_shape_is_refused(tmp_path):
+    def body(comm, rank):
+        with make(comm) as t:
+            t.save(tmp_path)
+        with gs.ShardedEmbeddingTable(comm, ROWS, DIM + 1, optimizer="row_adagrad") as wide:
+            with pytest.raises(gs.GradsyncError) as info:
+                wide.load(tmp_path)
+            assert info.value.status == gs.E_MISMATCH and "300 x 6" in str(info.value)
+        with pytest.raises(gs.GradsyncError) as info:
+            with make(comm) as t:
+                t.load(tmp_path / "nothing-here")
+        assert info.value.status == gs.E_IO
+
+    run_ranks(2, body)
+
+
+def test_torch_sharded_embedding_matches_embedding_bag_with_sgd():
+    torch = pytest.importorskip("torch")
+    import gradsync.torch as gst
+
+    ids = torch.tensor([[1, 4, 4], [0, 9, 2]])
+    target = torch.randn(2, DIM, generator=torch.Generator().manual_seed(3))
+
+    def body(comm, rank):
+        bag = gst.ShardedEmbeddingBag(comm, 10, DIM, mode="mean", optimizer="sgd", lr=0.5, init="uniform", seed=5)
+        emb = gst.ShardedEmbedding(comm, 10, DIM, optimizer="sgd", lr=0.5, init="uniform", seed=5)
+        mine = ids[rank:rank + 1]
+        loss = ((bag(mine) - target[rank:rank + 1]) ** 2).sum()
+        loss.backward()
+        x = emb(mine)
+        assert x.shape == (1, 3, DIM)
+        (x.sum() * 0).backward()  # a zero gradient still pushes (collective), changing nothing
+        out = bag.table.lookup(np.arange(10)), emb.table.lookup(np.arange(10))
+        bag.table.close()
+        emb.table.close()
+        return out
+
+    results = run_ranks(2, body)
+    # torch's own EmbeddingBag on the whole batch, plain SGD: the same weights
+    w0 = gs.Table.anonymous(10, DIM, init="uniform", seed=5, lo=-0.5, hi=0.5)
+    ref = torch.nn.EmbeddingBag(10, DIM, mode="mean")
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(np.array(w0.view).reshape(10, DIM)))
+    ((ref(ids) - target) ** 2).sum().backward()
+    with torch.no_grad():
+        expected = (ref.weight - 0.5 * ref.weight.grad).numpy()
+    for bag_rows, emb_rows in results:
+        np.testing.assert_allclose(bag_rows, expected, rtol=1e-6, atol=1e-6)
+        assert emb_rows.tobytes() == np.array(w0.view).reshape(10, DIM).tobytes()
