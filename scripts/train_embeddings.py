@@ -41,6 +41,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -181,6 +182,40 @@ class Result:
     seconds: float
 
 
+def minibatch(args, n, train_e, perm, step, workers, wid, batch, rng, fetch):
+    """Worker wid's share of a step: (rows, their float32 gradients, its mean loss), computed from
+    the rows fetch(ids) returns; the same bits from a table's gather and a sharded table's lookup."""
+    k = args.negatives
+    lo = (step * workers + wid) * batch
+    pairs = train_e[perm[lo:lo + batch]]
+    u, v = pairs[:, 0], pairs[:, 1]
+    # k negative pairs per edge, drawn like the held-out non-edges: both ends uniform.
+    # ("tail" keeps u and draws only the other end, as the first version of this demo
+    # did: a popular u is then as frequent among the negatives as among the edges, so
+    # its popularity carries no signal, unlike in the held-out pairs.)
+    neg_b = rng.integers(0, n, len(pairs) * k)
+    if args.negative_pairs == "uniform":
+        neg_a = rng.integers(0, n, len(pairs) * k)
+    else:
+        neg_a = np.repeat(u, k)
+    rows = np.concatenate([u, v, neg_a, neg_b])       # repeated rows are summed
+    x = fetch(rows)                                   # one fetch: one lookup round when sharded
+    eu, ev, ea, eb = np.split(x, np.cumsum([len(u), len(v), len(neg_a)]))
+    s_pos, s_neg = score(eu, ev), score(ea, eb)
+    g_pos = (sigmoid(s_pos) - 1.0)[:, None]            # d loss / d s_pos
+    g_neg = sigmoid(s_neg)[:, None]                   # d loss / d s_neg
+    g = np.concatenate([d_score(ev, g_pos), d_score(eu, g_pos), d_score(eb, g_neg), d_score(ea, g_neg)])
+    g[:, :-1] += args.l2 * x[:, :-1]  # L2 on the embedding at every use, not on the bias
+    loss = -np.log(sigmoid(s_pos) + 1e-9).sum() - np.log(sigmoid(-s_neg) + 1e-9).sum()
+    return rows, g.astype(np.float32), loss / len(pairs)
+
+
+def digest(values):
+    """A short fingerprint of a table's bytes, to compare runs bit for bit."""
+    import hashlib
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()[:16]
+
+
 def train(name, args, workdir):
     rng = np.random.default_rng(args.seed)
     n, edges = load_graph(name, args)
@@ -190,7 +225,6 @@ def train(name, args, workdir):
     dim = args.dim + 1  # embedding plus bias
     threads = args.threads
     batch = max(1, min(args.batch, len(train_e) // threads))
-    k = args.negatives
     paths = {part: workdir / f"{name}-{part}" for part in ("emb.gst", "adagrad.gst", "grad.gsa")}
     for p in paths.values():
         p.unlink(missing_ok=True)
@@ -199,7 +233,7 @@ def train(name, args, workdir):
     grads = gs.Accumulator.create(paths["grad.gsa"], n, dim)  # striped locks, shared by the threads
     view = emb.view  # zero-copy, read-only numpy view of the mapped file
     print(f"\n== {name}: {n} nodes, {len(edges)} edges ({len(test_pos)} held out, and as many non-edges), "
-          f"dim {dim - 1} + bias, {threads} threads x batch {batch} edges x {k} {args.negative_pairs} negative "
+          f"dim {dim - 1} + bias, {threads} threads x batch {batch} edges x {args.negatives} {args.negative_pairs} negative "
           f"pairs, lr {args.lr}, L2 {args.l2}, {args.epochs} epochs")
     print(f"   tables in {workdir}; held-out AUC before training {auc_of(view, test_pos, test_neg):.3f}, "
           f"degree baseline {baseline:.3f}")
@@ -230,31 +264,10 @@ def train(name, args, workdir):
         total = 0.0
         try:
             for step in range(steps):
-                lo = (step * threads + wid) * batch
-                pairs = train_e[perm[lo:lo + batch]]
-                u, v = pairs[:, 0], pairs[:, 1]
-                # k negative pairs per edge, drawn like the held-out non-edges: both ends uniform.
-                # ("tail" keeps u and draws only the other end, as the first version of this demo
-                # did: a popular u is then as frequent among the negatives as among the edges, so
-                # its popularity carries no signal, unlike in the held-out pairs.)
-                neg_b = local_rng.integers(0, n, len(pairs) * k)
-                if args.negative_pairs == "uniform":
-                    neg_a = local_rng.integers(0, n, len(pairs) * k)
-                else:
-                    neg_a = np.repeat(u, k)
-                eu, ev = emb.gather(u), emb.gather(v)
-                ea, eb = emb.gather(neg_a), emb.gather(neg_b)
-                s_pos, s_neg = score(eu, ev), score(ea, eb)
-                g_pos = (sigmoid(s_pos) - 1.0)[:, None]            # d loss / d s_pos
-                g_neg = sigmoid(s_neg)[:, None]                   # d loss / d s_neg
-                rows = np.concatenate([u, v, neg_a, neg_b])       # repeated rows are summed
-                x = np.concatenate([eu, ev, ea, eb])
-                g = np.concatenate([d_score(ev, g_pos), d_score(eu, g_pos), d_score(eb, g_neg), d_score(ea, g_neg)])
-                g[:, :-1] += args.l2 * x[:, :-1]  # L2 on the embedding at every use, not on the bias
-                add_in_turn(wid, rows, g.astype(np.float32))
+                rows, g, loss = minibatch(args, n, train_e, perm, step, threads, wid, batch, local_rng, emb.gather)
+                add_in_turn(wid, rows, g)
                 barrier.wait()
-                loss = -np.log(sigmoid(s_pos) + 1e-9).sum() - np.log(sigmoid(-s_neg) + 1e-9).sum()
-                total += loss / len(pairs)
+                total += loss
             out[wid] = total
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             with turn:
@@ -284,6 +297,7 @@ def train(name, args, workdir):
                   f"{epoch * steps * threads * batch / elapsed:,.0f} edges/s", flush=True)
     seconds = time.monotonic() - t0
     auc = auc_of(view, test_pos, test_neg)  # the trained table itself, through the mapping
+    print(f"   embeddings sha256 {digest(view)}")
     verdict = f"{auc - baseline:+.3f} over it" if auc > baseline else f"{auc - baseline:+.3f}: NOT above it"
     print(f"   loss {losses[0]:.4f} -> {losses[-1]:.4f} in {args.epochs} epochs, {seconds:.1f} s; held-out "
           f"link-prediction AUC {auc:.3f}, degree baseline {baseline:.3f} on the same pairs ({verdict})")
@@ -311,6 +325,76 @@ def train(name, args, workdir):
           f"({'same' if reopened_auc == f'{auc:.3f}' else 'DIFFERENT'})")
     if reopened_auc != f"{auc:.3f}":
         raise SystemExit(f"{name}: the reopened table gives AUC {reopened_auc}, this process {auc:.3f}")
+    return Result(name, losses, aucs, auc, baseline, seconds)
+
+
+def train_sharded(name, args, workdir, comm):
+    """The same training with the table sharded over comm's ranks (under gradsync.run): rank r
+    plays worker r of a --threads size run, looks its rows up from their owners and pushes its
+    gradients to them, where row-wise Adagrad runs. A push sums each row in rank order, as the
+    threads above add in thread order, so P ranks give bitwise the embeddings of P threads."""
+    rank, size = comm.rank, comm.size
+    say = print if rank == 0 else (lambda *a, **k: None)
+    rng = np.random.default_rng(args.seed)
+    n, edges = load_graph(name, args)
+    train_e, test_pos, test_neg = split_edges(n, edges, args.holdout, rng)
+    baseline = degree_auc(n, train_e, test_pos, test_neg)
+    train_e = np.r_[train_e, train_e[:, ::-1]]
+    dim = args.dim + 1
+    batch = max(1, min(args.batch, len(train_e) // size))
+    steps = max(1, len(train_e) // (batch * size))
+    table = gs.ShardedEmbeddingTable(comm, n, dim, sharding=args.sharding, optimizer="row_adagrad", lr=args.lr,
+                                     init="uniform", seed=args.seed, lo=-0.1, hi=0.1)
+    everything = np.arange(n)
+
+    def whole_table():  # collective: rank 0 receives every row
+        return table.lookup(everything if rank == 0 else everything[:0])
+
+    first = 1
+    if args.resume:
+        table.load(args.resume)
+        marker = json.loads((pathlib.Path(args.resume) / "demo-epoch.json").read_text())
+        first = marker["epoch"] + 1
+        full = whole_table()
+        say(f"   resumed from {args.resume} (saved by {marker['ranks']} ranks after epoch {marker['epoch']}, "
+            f"sha256 {marker['sha256']}): loaded sha256 {digest(full) if rank == 0 else ''}")
+        if rank == 0 and digest(full) != marker["sha256"]:
+            raise SystemExit("the loaded table differs from the saved one")
+        for _ in range(1, first):
+            rng.permutation(len(train_e))  # the epochs already trained drew theirs
+    say(f"\n== {name} sharded over {size} ranks ({args.sharding}): {n} nodes, {len(edges)} edges, dim {dim - 1} + "
+        f"bias, {size} ranks x batch {batch} edges, {table.local_rows} rows on rank 0; degree baseline {baseline:.3f}")
+    losses, aucs = [], []
+    every = max(1, args.epochs // 10)
+    t0 = time.monotonic()
+    for epoch in range(first, args.epochs + 1):
+        perm = rng.permutation(len(train_e))
+        local_rng = np.random.default_rng([args.seed, epoch, rank])
+        total = np.zeros(1)
+        for step in range(steps):
+            rows, g, loss = minibatch(args, n, train_e, perm, step, size, rank, batch, local_rng, table.lookup)
+            table.push(rows, g)
+            total += loss
+        comm.allreduce(total, op="sum")
+        losses.append(float(total[0]) / (steps * size))
+        full = whole_table()
+        if epoch == first or epoch % every == 0 or epoch == args.epochs:
+            auc_now = auc_of(full, test_pos, test_neg) if rank == 0 else 0.0
+            aucs.append((epoch, auc_now))
+            say(f"   epoch {epoch:4d}  loss {losses[-1]:.4f}  held-out AUC {auc_now:.3f}  "
+                f"{(epoch - first + 1) * steps * size * batch / (time.monotonic() - t0):,.0f} edges/s", flush=True)
+        if args.checkpoint and epoch == args.save_at:
+            table.save(args.checkpoint)
+            if rank == 0:
+                marker = {"epoch": epoch, "ranks": size, "sha256": digest(full)}
+                (pathlib.Path(args.checkpoint) / "demo-epoch.json").write_text(json.dumps(marker))
+            say(f"   checkpoint after epoch {epoch} in {args.checkpoint}, sha256 {digest(full) if rank == 0 else ''}")
+    seconds = time.monotonic() - t0
+    full = whole_table()
+    auc = auc_of(full, test_pos, test_neg) if rank == 0 else 0.0
+    say(f"   held-out link-prediction AUC {auc:.3f}, degree baseline {baseline:.3f}, {seconds:.1f} s")
+    say(f"   embeddings sha256 {digest(full) if rank == 0 else ''}")
+    table.close()
     return Result(name, losses, aucs, auc, baseline, seconds)
 
 
@@ -377,6 +461,16 @@ def parse_args(argv=None):
     ap.add_argument("--negative-pairs", choices=("uniform", "tail"), default="uniform",
                     help="uniform (default): both ends uniform, as the held-out non-edges; tail: (u, uniform)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sharded", action="store_true",
+                    help="shard the table over the ranks of gradsync.run (python3 -m gradsync.run -n 4 "
+                         "scripts/train_embeddings.py --sharded): bitwise the embeddings of --threads 4")
+    ap.add_argument("--sharding", choices=("contiguous", "hash"), default="contiguous",
+                    help="--sharded: which rank owns which row")
+    ap.add_argument("--checkpoint", type=pathlib.Path, default=None,
+                    help="--sharded: save a checkpoint here after epoch --save-at")
+    ap.add_argument("--save-at", type=int, default=None, help="--sharded: the epoch after which to save")
+    ap.add_argument("--resume", type=pathlib.Path, default=None,
+                    help="--sharded: load this checkpoint (saved by any number of ranks) and go on from its epoch")
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error("--threads must be >= 1")
@@ -387,9 +481,17 @@ def main(argv=None):
     args = parse_args(argv)
     out = args.out or default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
-    print(f"libgradsync {gs.version()}: node embeddings through a table and the accumulator, "
-          f"{args.threads} threads; outputs in {out}")
-    results = [train(name, graph_args(args, name), out) for name in dict.fromkeys(args.graph)]
+    if not args.sharded or os.environ.get("GRADSYNC_RANK", "0") == "0":
+        print(f"libgradsync {gs.version()}: node embeddings through a table and the accumulator, "
+              + (f"sharded over {os.environ.get('GRADSYNC_SIZE', '1')} ranks" if args.sharded
+                 else f"{args.threads} threads") + f"; outputs in {out}")
+    if args.sharded:
+        with gs.Communicator.from_env() as comm:
+            results = [train_sharded(name, graph_args(args, name), out, comm) for name in dict.fromkeys(args.graph)]
+            if comm.rank != 0:
+                return 0
+    else:
+        results = [train(name, graph_args(args, name), out) for name in dict.fromkeys(args.graph)]
     figure = out / "embeddings_auc.png"
     plot(results, figure)
     print(f"\n{'graph':<12} {'held-out AUC':>12} {'degree baseline':>16} {'difference':>11} {'seconds':>8}")
@@ -397,7 +499,7 @@ def main(argv=None):
         print(f"{r.name:<12} {r.auc:>12.3f} {r.baseline:>16.3f} {r.auc - r.baseline:>+11.3f} {r.seconds:>8.1f}")
     print(f"AUC by epoch: {figure}")
     for r in results:
-        if not r.losses[-1] < r.losses[0]:
+        if len(r.losses) > 1 and not r.losses[-1] < r.losses[0]:
             raise SystemExit(f"{r.name}: the loss did not fall ({r.losses[0]:.4f} -> {r.losses[-1]:.4f})")
         if r.name in STRUCTURED and not r.auc > r.baseline:
             raise SystemExit(f"{r.name}: held-out AUC {r.auc:.3f} does not beat the degree baseline {r.baseline:.3f}")
