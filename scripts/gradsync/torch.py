@@ -449,9 +449,11 @@ class ShardedEmbedding(torch.nn.Module):
         return _LookupPush.apply(self._anchor, ids.detach().cpu(), self.table)
 
     def forward(self, ids):
+        """The rows of ids (any integer shape), as a float32 tensor of shape ids.shape + (dim,)."""
         return self._rows(ids).reshape(*ids.shape, self.dim)
 
     def extra_repr(self):
+        """Shape and this rank's share, for print(module)."""
         return f"{self.rows}, {self.dim}, {self.table.local_rows} rows on this rank"
 
 
@@ -466,6 +468,7 @@ class ShardedEmbeddingBag(ShardedEmbedding):
         self.mode = mode
 
     def forward(self, ids, offsets=None):
+        """Each bag's sum or mean of rows: (bags, dim)."""
         if ids.dim() == 2:
             if offsets is not None:
                 raise ValueError("offsets must be None with 2-D ids")

@@ -9,6 +9,7 @@
 
 #include "comm/call_signature.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "optim/optim.hpp"
 
 namespace gradsync::embedding {
@@ -18,7 +19,7 @@ namespace {
 // Fields of a rank's row of the plan round (int64 words): its verdict, what it believes the table
 // is (ranks that disagree fail alike), what it is calling, then one count per owner, then the text
 // of its error.
-enum PlanField : size_t { kStatus, kRows, kDim, kSharding, kOp, kHead };
+enum PlanField : size_t { kStatus, kRows, kDim, kSharding, kOp, kOptimizer, kHead };
 constexpr size_t kMessageWords = 32;  // 256 bytes of message, NUL-terminated
 constexpr const char* kOpNames[] = {"", "lookup", "push"};
 
@@ -173,6 +174,10 @@ ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, cons
   mine[kDim] = options_.dim;
   mine[kSharding] = static_cast<int64_t>(options_.sharding);
   mine[kOp] = op;
+  // The optimizer and its hyperparameters, as one word: a rank that updates its rows otherwise
+  // would break the equality with one process as surely as a wrong id.
+  const float hyper[2] = {options_.lr, options_.eps};
+  mine[kOptimizer] = static_cast<int64_t>(fnv1a64(hyper, sizeof hyper, static_cast<uint64_t>(options_.optimizer)));
   // This rank's check, and its counts per owner; the verdict travels with the counts, so a bad id
   // fails every rank in this round, before any id or row moves.
   std::string problem;
@@ -213,6 +218,8 @@ ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, cons
                GRADSYNC_E_MISMATCH, "rank {}'s table is {} x {} ({} sharding), rank 0's {} x {} ({} sharding)", r,
                row(r)[kRows], row(r)[kDim], row(r)[kSharding] == 0 ? "contiguous" : "hash", row(0)[kRows],
                row(0)[kDim], row(0)[kSharding] == 0 ? "contiguous" : "hash");
+    GS_REQUIRE(row(r)[kOptimizer] == row(0)[kOptimizer], GRADSYNC_E_MISMATCH,
+               "rank {}'s optimizer, learning rate or eps differs from rank 0's", r);
   }
   for (size_t r = 0; r < p; ++r) {
     if (row(r)[kStatus] != GRADSYNC_OK)

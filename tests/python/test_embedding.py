@@ -131,7 +131,13 @@ def test_bad_id_on_one_rank_fails_every_rank():
             with pytest.raises(gs.GradsyncError):
                 t.lookup(np.array([-1 if rank == 0 else 0]))
             t.push(ids[:2], np.ones((2, DIM), dtype=np.float32))  # the group goes on
-            return t.steps
+            steps = t.steps
+        # a rank whose learning rate differs would update its rows differently: refused on every rank
+        with gs.ShardedEmbeddingTable(comm, ROWS, DIM, lr=0.5 if rank == 1 else 0.1) as t:
+            with pytest.raises(gs.GradsyncError) as info:
+                t.push(np.array([1]), np.ones((1, DIM), dtype=np.float32))
+            assert info.value.status == gs.E_MISMATCH and "rank 1" in str(info.value)
+        return steps
 
     assert run_ranks(3, body) == [1, 1, 1]
 
