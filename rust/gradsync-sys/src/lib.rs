@@ -57,6 +57,8 @@ opaque! {
     gradsync_accum;
     /// A sharded parameter (shard.h).
     gradsync_shard;
+    /// A sharded embedding table (embedding.h).
+    gradsync_embedding;
     /// A 32-bit atomic counter (atomics.h).
     gradsync_counter32;
     /// A 64-bit atomic counter (atomics.h).
@@ -844,4 +846,96 @@ extern "C" {
     pub fn gradsync_shard_read_slice(shard: *const gradsync_shard, which: i32, out: *mut f32, count: usize) -> c_int;
     pub fn gradsync_shard_write_weights(shard: *mut gradsync_shard, slice: *const f32, count: usize) -> c_int;
     pub fn gradsync_shard_gather(shard: *mut gradsync_shard, weights: *mut f32, count: usize) -> c_int;
+}
+
+// ------------------------------------------------------------------ embedding.h
+
+pub const GRADSYNC_EMBEDDING_CONTIGUOUS: i32 = 0;
+pub const GRADSYNC_EMBEDDING_HASH: i32 = 1;
+
+pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 1;
+
+/// Options of [`gradsync_embedding_create`] (embedding.h, version 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct gradsync_embedding_options {
+    pub struct_size: u32,
+    pub version: u32,
+    pub rows: i64,
+    pub dim: i64,
+    pub sharding: i32,
+    pub optimizer: i32,
+    pub lr: f64,
+    pub eps: f64,
+    pub init: i32,
+    pub threads: i32,
+    pub seed: u64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// GRADSYNC_EMBEDDING_OPTIONS_INIT.
+pub const GRADSYNC_EMBEDDING_OPTIONS_INIT: gradsync_embedding_options = gradsync_embedding_options {
+    struct_size: size_of::<gradsync_embedding_options>() as u32,
+    version: GRADSYNC_EMBEDDING_OPTIONS_VERSION,
+    rows: 0,
+    dim: 0,
+    sharding: GRADSYNC_EMBEDDING_CONTIGUOUS,
+    optimizer: GRADSYNC_OPTIM_SGD,
+    lr: 0.01,
+    eps: 1e-10,
+    init: GRADSYNC_TABLE_INIT_ZEROS,
+    threads: GRADSYNC_UNSET_I32,
+    seed: 0,
+    lo: -0.5,
+    hi: 0.5,
+};
+
+const _: () = assert!(size_of::<gradsync_embedding_options>() == 80);
+const _: () = assert!(align_of::<gradsync_embedding_options>() == 8);
+
+// Thread safety (embedding.h): every function on a table handle is `handle`, except create,
+// shape, owner and steps (`any`).
+extern "C" {
+    pub fn gradsync_embedding_options_init(opts: *mut gradsync_embedding_options, struct_size: usize) -> c_int;
+    pub fn gradsync_embedding_create(
+        out: *mut *mut gradsync_embedding,
+        comm: *mut gradsync_comm,
+        dir: *const c_char,
+        opts: *const gradsync_embedding_options,
+    ) -> c_int;
+    pub fn gradsync_embedding_free(table: *mut gradsync_embedding);
+    pub fn gradsync_embedding_shape(
+        table: *const gradsync_embedding,
+        rows: *mut i64,
+        dim: *mut i64,
+        local_rows: *mut i64,
+    ) -> c_int;
+    pub fn gradsync_embedding_owner(table: *const gradsync_embedding, ids: *const i64, n: usize, owners: *mut i32)
+        -> c_int;
+    pub fn gradsync_embedding_steps(table: *const gradsync_embedding, steps: *mut i64) -> c_int;
+    pub fn gradsync_embedding_set_lr(table: *mut gradsync_embedding, lr: f64) -> c_int;
+    pub fn gradsync_embedding_lookup(
+        table: *mut gradsync_embedding,
+        ids: *const i64,
+        n: usize,
+        out: *mut f32,
+        count: usize,
+    ) -> c_int;
+    pub fn gradsync_embedding_push(
+        table: *mut gradsync_embedding,
+        ids: *const i64,
+        n: usize,
+        grads: *const f32,
+        count: usize,
+    ) -> c_int;
+    pub fn gradsync_embedding_save(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
+    pub fn gradsync_embedding_load(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
+    pub fn gradsync_embedding_local_rows(
+        table: *const gradsync_embedding,
+        ids: *mut i64,
+        values: *mut f32,
+        state: *mut f32,
+        capacity: usize,
+    ) -> c_int;
 }

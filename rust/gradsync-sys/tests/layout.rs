@@ -42,6 +42,10 @@ fn option_structs_have_the_c_layout() {
         lr => 24, momentum => 32, beta1 => 40, beta2 => 48, eps => 56, weight_decay => 64, clamp_min => 72,
         clamp_max => 80, clip_norm => 88,
     }, size 96);
+    check_offsets!(gradsync_embedding_options {
+        struct_size => 0, version => 4, rows => 8, dim => 16, sharding => 24, optimizer => 28, lr => 32, eps => 40,
+        init => 48, threads => 52, seed => 56, lo => 64, hi => 72,
+    }, size 80);
 }
 
 macro_rules! init_matches {
@@ -67,6 +71,7 @@ fn init_mirrors_equal_the_library_defaults() {
     init_matches!(gradsync_accum_options, gradsync_accum_options_init, GRADSYNC_ACCUM_OPTIONS_INIT);
     init_matches!(gradsync_optimizer, gradsync_optimizer_init, GRADSYNC_OPTIMIZER_INIT);
     init_matches!(gradsync_shard_options, gradsync_shard_options_init, GRADSYNC_SHARD_OPTIONS_INIT);
+    init_matches!(gradsync_embedding_options, gradsync_embedding_options_init, GRADSYNC_EMBEDDING_OPTIONS_INIT);
 }
 
 #[test]
