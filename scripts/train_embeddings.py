@@ -29,6 +29,18 @@ recomputes the AUC. Runs are deterministic: every step N threads compute their m
 from the same parameters, add them into the accumulator in thread order, and one of them applies
 Adagrad; a fixed seed gives the same figures on every run and machine with the same library.
 
+Sharded (--sharded, under the launcher): the table is split over the ranks
+(gradsync.ShardedEmbeddingTable); rank r computes worker r's minibatch from rows it looks up from
+their owners and pushes the gradients to them, where row-wise Adagrad runs. A push sums each row's
+gradients in rank order, as the threads add theirs in thread order, so N ranks end with bitwise the
+embeddings of --threads N (each run prints their sha256). --checkpoint DIR --save-at E saves the
+table after epoch E; --resume DIR goes on from it on any number of ranks, under either sharding:
+
+    python3 -m gradsync.run -n 4 scripts/train_embeddings.py --graph communities --sharded \
+        --checkpoint /tmp/ckpt --save-at 5
+    python3 -m gradsync.run -n 3 scripts/train_embeddings.py --graph communities --sharded \
+        --sharding hash --resume /tmp/ckpt
+
 Outputs (tables, held-out pairs, embeddings_auc.png) go to --out DIR (default build/demo-output in
 the checkout, or a temporary directory when that is not writable); nothing is written elsewhere.
 
