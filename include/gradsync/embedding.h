@@ -119,7 +119,7 @@ GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options *opt
  * @param comm the communicator; the table keeps a reference to it (not the handle)
  * @param[in] dir NULL: the shard lives in anonymous memory. Otherwise a directory (created if
  *        missing) where this rank keeps its shard as table files named
- *        shard-<rank>-of-<size>.{params,grad,state}; existing files of the same shape are reopened
+ *        shard-\<rank\>-of-\<size\>.{params,grad,state}; existing files of the same shape are reopened
  *        as they are (init then applies only to files created now). Borrowed for the call.
  * @param[in] opts the options (rows and dim required)
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1, unknown sharding or init, an
@@ -144,6 +144,9 @@ GRADSYNC_API int gradsync_embedding_shape(const gradsync_embedding *table, int64
 
 /**
  * @brief The rank that owns each of n ids (local; the sharding rule above).
+ * @param table the table
+ * @param[in] ids n global row ids
+ * @param n the number of ids
  * @param[out] owners n ranks
  * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) (nothing written)
  * @threadsafety any
@@ -170,6 +173,9 @@ GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding *table, double lr)
 /**
  * @brief Look up n rows (collective). ids may repeat and come in any order; out receives row
  *        ids[i] at out[i*dim .. (i+1)*dim). Each rank passes its own ids (n may differ, and be 0).
+ * @param table the table
+ * @param[in] ids n global row ids in [0, rows) (may be NULL when n is 0)
+ * @param n the number of ids
  * @param[out] out n * dim floats (may be NULL when n is 0)
  * @param count n * dim
  * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) on some rank; every rank fails, with a
@@ -187,6 +193,10 @@ GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding *table, const int6
 /**
  * @brief Push n row gradients and apply one optimizer step (collective): grads[i*dim ..] is the
  *        gradient of row ids[i]; repeats are summed. See "Determinism" above for the exact order.
+ * @param table the table
+ * @param[in] ids n global row ids in [0, rows) (may be NULL when n is 0)
+ * @param n the number of ids
+ * @param[in] grads n * dim floats, row i's gradient at i * dim (may be NULL when n is 0)
  * @param count n * dim
  * @retval GRADSYNC_E_OUT_OF_RANGE, GRADSYNC_E_INVALID_ARG, GRADSYNC_E_MISMATCH as for lookup: on
  *         every rank, before anything moves or changes
@@ -224,6 +234,7 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding *table, const char *
 /**
  * @brief Copy this rank's rows and optimizer state out, with their global ids, in ascending
  *        global id order (local; for tests and inspection).
+ * @param table the table
  * @param[out] ids local_rows ids (may be NULL)
  * @param[out] values local_rows * dim floats (may be NULL)
  * @param[out] state local_rows floats of row-wise Adagrad state (may be NULL; zeros for SGD)
