@@ -146,7 +146,11 @@ GRADSYNC_API int gradsync_embedding_push(gradsync_embedding* table, const int64_
 }
 
 GRADSYNC_API int gradsync_embedding_save(gradsync_embedding* table, const char* dir) {
-  return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.save(dir_arg(dir)); });
+  return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.save(dir_arg(dir), false); });
+}
+
+GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding* table, const char* dir) {
+  return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.save(dir_arg(dir), true); });
 }
 
 GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* dir) {

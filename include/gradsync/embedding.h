@@ -43,7 +43,9 @@
  * when every part is durable, rank 0 commits the checkpoint by writing a manifest the same way (it
  * names the parts, their row counts and checksums, the shape, the optimizer and the step count),
  * then removes the parts of earlier checkpoints in the directory. A crash before the manifest is
- * renamed leaves the previous checkpoint whole. Loading reads the manifest and, on each rank, the
+ * renamed leaves the previous checkpoint whole. An incremental save writes only the rows pushed
+ * since the table's last save or load, as a layer on that checkpoint (same directory), committed
+ * the same way; a load applies the layers in order. Loading reads the manifest and, on each rank, the
  * parts that hold its rows: the world size and the sharding rule may differ from the saver's, and
  * every row and its optimizer state come back bitwise. Files are checked before use (magic,
  * version, sizes, checksums, ids sorted, in range, each present once): a damaged or hostile file
@@ -214,6 +216,19 @@ GRADSYNC_API int gradsync_embedding_push(gradsync_embedding *table, const int64_
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_embedding_save(gradsync_embedding *table, const char *dir);
+
+/**
+ * @brief Write only the rows pushed since this table's last save or load (collective), with their
+ *        optimizer state and the step count, as a layer on that checkpoint, which must still be
+ *        the one in dir. Crash-safe as gradsync_embedding_save; loads the same way.
+ * @param table the table
+ * @param[in] dir the directory of the table's last save or load (the same on every rank)
+ * @retval GRADSYNC_E_MISUSE the table has saved or loaded no checkpoint in dir, or another save
+ *         replaced it since (every rank fails; save in full)
+ * @return or an error as gradsync_embedding_save
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding *table, const char *dir);
 
 /**
  * @brief Load a checkpoint from dir (collective): every row's values and optimizer state and the

@@ -67,6 +67,7 @@ declare("gradsync_embedding_set_lr", c_int, _P, c_double)
 declare("gradsync_embedding_lookup", c_int, _P, _P, c_size_t, _P, c_size_t)
 declare("gradsync_embedding_push", c_int, _P, _P, c_size_t, _P, c_size_t)
 declare("gradsync_embedding_save", c_int, _P, ctypes.c_char_p)
+declare("gradsync_embedding_save_incremental", c_int, _P, ctypes.c_char_p)
 declare("gradsync_embedding_load", c_int, _P, ctypes.c_char_p)
 declare("gradsync_embedding_local_rows", c_int, _P, _P, _P, _P, c_size_t)
 
@@ -178,6 +179,11 @@ class ShardedEmbeddingTable(Handle):
     def save(self, directory):
         """Checkpoint every row and its optimizer state into `directory` (the same on every rank)."""
         check(lib.gradsync_embedding_save(self.ptr, _path(directory)))
+
+    def save_incremental(self, directory):
+        """Only the rows pushed since the last save or load, as a layer on that checkpoint (in
+        `directory`); E_MISUSE when that checkpoint is not there."""
+        check(lib.gradsync_embedding_save_incremental(self.ptr, _path(directory)))
 
     def load(self, directory):
         """Load a checkpoint written by any world size and sharding rule."""

@@ -182,9 +182,9 @@ void make_directory(const std::string& dir) {
   GS_REQUIRE(!ec, GRADSYNC_E_IO, "cannot create the directory '{}': {}", dir, ec.message());
 }
 
-// Removes what earlier checkpoints (and interrupted saves) left of their parts, keeping nonce's.
-void remove_stale_parts(const std::string& dir, uint64_t nonce) {
-  const std::string keep = fmt::format("-{:016x}.gsemb", nonce);
+// Removes what earlier checkpoints (and interrupted saves) left of their parts, keeping those of
+// the nonces the manifest names.
+void remove_stale_parts(const std::string& dir, const std::vector<uint64_t>& keep) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;
   std::vector<std::string> stale;
@@ -192,7 +192,11 @@ void remove_stale_parts(const std::string& dir, uint64_t nonce) {
     const std::string name = e->d_name;
     const bool part = name.rfind("part-", 0) == 0 &&
                       (name.ends_with(".gsemb") || name.ends_with(".gsemb.tmp"));
-    if (part && !name.ends_with(keep)) stale.push_back(name);
+    const bool kept = std::any_of(keep.begin(), keep.end(), [&](uint64_t nonce) {
+      const std::string tail = fmt::format("-{:016x}.gsemb", nonce);
+      return name.ends_with(tail);
+    });
+    if (part && !kept) stale.push_back(name);
   }
   ::closedir(d);
   for (const std::string& name : stale) ::unlink((dir + "/" + name).c_str());
@@ -202,14 +206,139 @@ constexpr size_t kChunkBytes = size_t{8} << 20;
 
 }  // namespace
 
-void ShardedTable::save(const std::string& dir) {
+namespace {
+
+// A manifest as read and checked: its header, its layers, and each layer's parts.
+struct Manifest {
+  ManifestHeader header{};
+  std::vector<LayerEntry> layers;
+  std::vector<std::vector<PartEntry>> parts;  // per layer
+};
+
+Manifest read_manifest(const std::string& dir) {
+  GS_REQUIRE(!dir.empty(), GRADSYNC_E_INVALID_ARG, "the checkpoint directory is empty");
+  const std::string mpath = dir + "/" + kManifestName;
+  Fd fd(::open(mpath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) fail(GRADSYNC_E_IO, "no checkpoint in '{}' ({} is missing)", dir, kManifestName);
+    fail(GRADSYNC_E_IO, "cannot open '{}': {}", mpath, errno_text(err));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", mpath, errno_text(errno));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  Manifest out;
+  ManifestHeader& m = out.header;
+  GS_REQUIRE(size >= sizeof m, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, less than its header's {}", mpath, size,
+             sizeof m);
+  pread_all(fd.get(), &m, sizeof m, 0, mpath);
+  GS_REQUIRE(std::memcmp(m.magic, kManifestMagic, sizeof m.magic) == 0, GRADSYNC_E_CORRUPT,
+             "'{}' is not a checkpoint manifest (bad magic)", mpath);
+  GS_REQUIRE(m.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH, "'{}' was written with another byte order",
+             mpath);
+  GS_REQUIRE(m.format_version == kFormatVersion, GRADSYNC_E_VERSION_MISMATCH,
+             "'{}' has format version {}, this library reads {}", mpath, m.format_version, kFormatVersion);
+  GS_REQUIRE(m.header_checksum == header_checksum(m), GRADSYNC_E_CORRUPT, "'{}': header checksum mismatch", mpath);
+  GS_REQUIRE(m.layers >= 1 && m.layers <= kMaxLayers, GRADSYNC_E_CORRUPT, "'{}' names {} layers", mpath, m.layers);
+  GS_REQUIRE(m.parts >= 1 && m.parts <= static_cast<uint64_t>(kMaxLayers * kMaxParts), GRADSYNC_E_CORRUPT,
+             "'{}' names {} parts", mpath, m.parts);
+  const uint64_t expected = sizeof m + static_cast<uint64_t>(m.layers) * sizeof(LayerEntry) + m.parts * sizeof(PartEntry);
+  GS_REQUIRE(size == expected, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, its {} layers of {} parts need {}", mpath,
+             size, m.layers, m.parts, expected);
+  std::vector<char> tail(size - sizeof m);
+  pread_all(fd.get(), tail.data(), tail.size(), sizeof m, mpath);
+  GS_REQUIRE(m.entries_checksum == fnv1a64(tail.data(), tail.size()), GRADSYNC_E_CORRUPT,
+             "'{}': layer and part list checksum mismatch", mpath);
+  out.layers.resize(static_cast<size_t>(m.layers));
+  std::memcpy(out.layers.data(), tail.data(), out.layers.size() * sizeof(LayerEntry));
+  const char* at = tail.data() + out.layers.size() * sizeof(LayerEntry);
+  uint64_t listed = 0;
+  for (const LayerEntry& l : out.layers) {
+    GS_REQUIRE(l.parts >= 1 && l.parts <= static_cast<uint64_t>(kMaxParts) && l.parts <= m.parts - listed,
+               GRADSYNC_E_CORRUPT, "'{}': a layer of {} parts", mpath, l.parts);
+    std::vector<PartEntry> entries(l.parts);
+    std::memcpy(entries.data(), at + listed * sizeof(PartEntry), entries.size() * sizeof(PartEntry));
+    listed += l.parts;
+    uint64_t total = 0;
+    for (const PartEntry& e : entries) {
+      GS_REQUIRE(e.count <= static_cast<uint64_t>(m.rows) && m.rows >= 0, GRADSYNC_E_CORRUPT,
+                 "'{}': a part of {} rows", mpath, e.count);
+      total += e.count;
+    }
+    // The first layer is a full save: every row exactly once; later ones at most once each.
+    GS_REQUIRE(out.parts.empty() ? total == static_cast<uint64_t>(m.rows) : total <= static_cast<uint64_t>(m.rows),
+               GRADSYNC_E_CORRUPT, "'{}': layer {} holds {} rows of {}", mpath, out.parts.size(), total, m.rows);
+    out.parts.push_back(std::move(entries));
+  }
+  GS_REQUIRE(listed == m.parts, GRADSYNC_E_CORRUPT, "'{}': its layers list {} parts, its header {}", mpath, listed,
+             m.parts);
+  return out;
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  std::vector<char> tail;
+  auto put = [&](const void* p, size_t n) {
+    tail.insert(tail.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+  };
+  put(m.layers.data(), m.layers.size() * sizeof(LayerEntry));
+  for (const auto& entries : m.parts) put(entries.data(), entries.size() * sizeof(PartEntry));
+  ManifestHeader h = m.header;
+  h.entries_checksum = fnv1a64(tail.data(), tail.size());
+  h.header_checksum = header_checksum(h);
+  write_durably(dir, kManifestName, [&](int fd, const std::string& path) {
+    pwrite_all(fd, &h, sizeof h, 0, path);
+    pwrite_all(fd, tail.data(), tail.size(), sizeof h, path);
+  });
+}
+
+}  // namespace
+
+void ShardedTable::save(const std::string& dir, bool incremental) {
   uint64_t nonce = comm_.rank() == 0 ? random_nonce() : 0;
   comm_.broadcast(&nonce, 1, DType::I64, 0);
   const auto d = static_cast<uint64_t>(options_.dim);
   const auto sw = static_cast<uint64_t>(state_width());
-  const uint64_t count = owned_.size();
 
-  // 1. Every rank writes its part in parallel.
+  // An incremental save stacks a layer on the checkpoint this table last saved or loaded, so that
+  // checkpoint must still be the one in dir; every rank checks, and all refuse alike.
+  Manifest base;
+  if (incremental) {
+    const Outcome checked = capture([&] {
+      GS_REQUIRE(base_dir_ == dir, GRADSYNC_E_MISUSE,
+                 "an incremental save needs the checkpoint this table last saved or loaded in '{}'{}", dir,
+                 base_dir_.empty() ? " (it has none: save in full first)" : fmt::format(" (its last is in '{}')", base_dir_));
+      base = read_manifest(dir);
+      GS_REQUIRE(base.layers.back().nonce == base_nonce_, GRADSYNC_E_MISUSE,
+                 "the checkpoint in '{}' is not the one this table last saved or loaded (another save replaced it): "
+                 "save in full", dir);
+      GS_REQUIRE(base.layers.size() < static_cast<size_t>(kMaxLayers), GRADSYNC_E_MISUSE,
+                 "'{}' holds {} layers already: save in full", dir, base.layers.size());
+      GS_REQUIRE(base.header.rows == options_.rows && base.header.dim == options_.dim &&
+                     base.header.state_width == static_cast<int32_t>(sw),
+                 GRADSYNC_E_MISMATCH, "the checkpoint in '{}' has another shape", dir);
+    });
+    agree(checked.status, checked.message);
+  }
+
+  // 1. Every rank writes its part in parallel: all its rows, or those pushed since the base.
+  std::vector<int64_t> ids;
+  std::vector<float> rows, state;
+  const int64_t* id_data = owned_.data();
+  const float* row_data = params_->data();
+  const float* state_data = sw != 0 ? state_->data() : nullptr;
+  uint64_t count = owned_.size();
+  if (incremental) {
+    for (size_t l = 0; l < owned_.size(); ++l) {
+      if (!dirty_[l]) continue;
+      ids.push_back(owned_[l]);
+      rows.insert(rows.end(), params_->row_ptr(static_cast<int64_t>(l)), params_->row_ptr(static_cast<int64_t>(l)) + d);
+      if (sw != 0) state.insert(state.end(), state_->row_ptr(static_cast<int64_t>(l)), state_->row_ptr(static_cast<int64_t>(l)) + sw);
+    }
+    id_data = ids.data();
+    row_data = rows.data();
+    state_data = state.data();
+    count = ids.size();
+  }
   uint64_t payload_checksum = 0;
   const Outcome wrote = capture([&] {
     make_directory(dir);
@@ -225,9 +354,9 @@ void ShardedTable::save(const std::string& dir) {
           at += n;
         }
       };
-      put(owned_.data(), count * 8);
-      put(params_->data(), count * d * 4);
-      if (sw != 0) put(state_->data(), count * sw * 4);
+      put(id_data, count * 8);
+      put(row_data, count * d * 4);
+      if (sw != 0) put(state_data, count * sw * 4);
       params_->check_mapping();
       PartHeader h{};
       std::memcpy(h.magic, kPartMagic, sizeof h.magic);
@@ -248,39 +377,47 @@ void ShardedTable::save(const std::string& dir) {
   const std::vector<int64_t> parts =
       agree(wrote.status, wrote.message, static_cast<int64_t>(count), static_cast<int64_t>(payload_checksum));
 
-  // 2. Rank 0 commits them with the manifest, then clears out what earlier checkpoints left.
+  // 2. Rank 0 commits the layer with the manifest, then clears out parts no layer names.
   Outcome committed;
   if (comm_.rank() == 0) {
     committed = capture([&] {
-      ManifestHeader m{};
-      std::memcpy(m.magic, kManifestMagic, sizeof m.magic);
-      m.format_version = kFormatVersion;
-      m.byte_order = kByteOrder;
-      m.rows = options_.rows;
-      m.dim = options_.dim;
-      m.optimizer = static_cast<int32_t>(options_.optimizer);
-      m.state_width = static_cast<int32_t>(sw);
-      m.sharding = static_cast<int32_t>(options_.sharding);
-      m.parts = comm_.size();
-      m.nonce = nonce;
-      m.steps = steps_;
-      m.lr = options_.lr;
-      m.eps = options_.eps;
+      Manifest m;
+      if (incremental) {
+        m.layers = base.layers;
+        m.parts = base.parts;
+      }
+      ManifestHeader& h = m.header;
+      std::memcpy(h.magic, kManifestMagic, sizeof h.magic);
+      h.format_version = kFormatVersion;
+      h.byte_order = kByteOrder;
+      h.rows = options_.rows;
+      h.dim = options_.dim;
+      h.optimizer = static_cast<int32_t>(options_.optimizer);
+      h.state_width = static_cast<int32_t>(sw);
+      h.sharding = static_cast<int32_t>(options_.sharding);
+      h.steps = steps_;
+      h.lr = options_.lr;
+      h.eps = options_.eps;
+      m.layers.push_back(LayerEntry{nonce, static_cast<uint64_t>(comm_.size())});
       std::vector<PartEntry> entries(static_cast<size_t>(comm_.size()));
       for (size_t p = 0; p < entries.size(); ++p) {
         entries[p].count = static_cast<uint64_t>(parts[2 * p]);
         entries[p].payload_checksum = static_cast<uint64_t>(parts[2 * p + 1]);
       }
-      m.entries_checksum = fnv1a64(entries.data(), entries.size() * sizeof(PartEntry));
-      m.header_checksum = header_checksum(m);
-      write_durably(dir, kManifestName, [&](int fd, const std::string& path) {
-        pwrite_all(fd, &m, sizeof m, 0, path);
-        pwrite_all(fd, entries.data(), entries.size() * sizeof(PartEntry), sizeof m, path);
-      });
-      remove_stale_parts(dir, nonce);
+      m.parts.push_back(std::move(entries));
+      h.layers = static_cast<int32_t>(m.layers.size());
+      h.parts = 0;
+      for (const LayerEntry& l : m.layers) h.parts += l.parts;
+      write_manifest(dir, m);
+      std::vector<uint64_t> keep;
+      for (const LayerEntry& l : m.layers) keep.push_back(l.nonce);
+      remove_stale_parts(dir, keep);
     });
   }
   agree(committed.status, committed.message);
+  std::fill(dirty_.begin(), dirty_.end(), 0);
+  base_dir_ = dir;
+  base_nonce_ = nonce;
 }
 
 void ShardedTable::load(const std::string& dir) {
@@ -290,117 +427,93 @@ void ShardedTable::load(const std::string& dir) {
   const int me = comm_.rank();
   // Staged, and copied into the shard only when every rank has read all of its rows.
   std::vector<float> values, state;
-  ManifestHeader m{};
+  Manifest manifest;
   const Outcome read = capture([&] {
-    GS_REQUIRE(!dir.empty(), GRADSYNC_E_INVALID_ARG, "the checkpoint directory is empty");
-    const std::string mpath = dir + "/" + kManifestName;
-    Fd mfd(::open(mpath.c_str(), O_RDONLY | O_CLOEXEC));
-    if (mfd.get() < 0) {
-      const int err = errno;
-      if (err == ENOENT) fail(GRADSYNC_E_IO, "no checkpoint in '{}' ({} is missing)", dir, kManifestName);
-      fail(GRADSYNC_E_IO, "cannot open '{}': {}", mpath, errno_text(err));
-    }
-    struct stat st {};
-    if (::fstat(mfd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", mpath, errno_text(errno));
-    const auto msize = static_cast<uint64_t>(st.st_size);
-    GS_REQUIRE(msize >= sizeof m, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, less than its header's {}", mpath, msize,
-               sizeof m);
-    pread_all(mfd.get(), &m, sizeof m, 0, mpath);
-    GS_REQUIRE(std::memcmp(m.magic, kManifestMagic, sizeof m.magic) == 0, GRADSYNC_E_CORRUPT,
-               "'{}' is not a checkpoint manifest (bad magic)", mpath);
-    GS_REQUIRE(m.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH, "'{}' was written with another byte order",
-               mpath);
-    GS_REQUIRE(m.format_version == kFormatVersion, GRADSYNC_E_VERSION_MISMATCH,
-               "'{}' has format version {}, this library reads {}", mpath, m.format_version, kFormatVersion);
-    GS_REQUIRE(m.header_checksum == header_checksum(m), GRADSYNC_E_CORRUPT, "'{}': header checksum mismatch", mpath);
-    GS_REQUIRE(m.parts >= 1 && m.parts <= kMaxParts, GRADSYNC_E_CORRUPT, "'{}' names {} parts", mpath, m.parts);
-    GS_REQUIRE(msize == sizeof m + static_cast<uint64_t>(m.parts) * sizeof(PartEntry), GRADSYNC_E_CORRUPT,
-               "'{}' has {} bytes, its {} parts need {}", mpath, msize, m.parts,
-               sizeof m + static_cast<uint64_t>(m.parts) * sizeof(PartEntry));
-    std::vector<PartEntry> entries(static_cast<size_t>(m.parts));
-    pread_all(mfd.get(), entries.data(), entries.size() * sizeof(PartEntry), sizeof m, mpath);
-    GS_REQUIRE(m.entries_checksum == fnv1a64(entries.data(), entries.size() * sizeof(PartEntry)), GRADSYNC_E_CORRUPT,
-               "'{}': part list checksum mismatch", mpath);
+    manifest = read_manifest(dir);
+    const ManifestHeader& m = manifest.header;
     GS_REQUIRE(m.rows == options_.rows && m.dim == options_.dim, GRADSYNC_E_MISMATCH,
                "checkpoint '{}' has {} x {}, the table {} x {}", dir, m.rows, m.dim, options_.rows, options_.dim);
     GS_REQUIRE(m.state_width == static_cast<int32_t>(sw) && m.optimizer == static_cast<int32_t>(options_.optimizer),
                GRADSYNC_E_MISMATCH, "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir,
                m.optimizer, static_cast<int32_t>(options_.optimizer), "0 sgd, 1 row-wise Adagrad");
-    uint64_t total = 0;
-    for (const PartEntry& e : entries) {
-      GS_REQUIRE(e.count <= static_cast<uint64_t>(m.rows), GRADSYNC_E_CORRUPT, "'{}': a part of {} rows", mpath,
-                 e.count);
-      total += e.count;
-    }
-    GS_REQUIRE(total == static_cast<uint64_t>(m.rows), GRADSYNC_E_CORRUPT, "'{}': the parts hold {} rows, not {}",
-               mpath, total, m.rows);
-
     values.resize(local * d);
     state.resize(local * sw);
-    std::vector<uint8_t> found(local, 0);
+    std::vector<uint16_t> found(local, 0);
     const uint64_t row_bytes = d * 4;
     std::vector<int64_t> ids;
     std::vector<char> chunk;
-    for (int p = 0; p < m.parts; ++p) {
-      const PartEntry& e = entries[static_cast<size_t>(p)];
-      const std::string path = dir + "/" + part_name(p, m.parts, m.nonce);
-      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (fd.get() < 0) fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
-      if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
-      const uint64_t expected = part_bytes(e.count, d, sw);
-      GS_REQUIRE(static_cast<uint64_t>(st.st_size) == expected, GRADSYNC_E_CORRUPT,
-                 "'{}' has {} bytes, its {} rows need {} (truncated?)", path, st.st_size, e.count, expected);
-      PartHeader h{};
-      pread_all(fd.get(), &h, sizeof h, 0, path);
-      GS_REQUIRE(std::memcmp(h.magic, kPartMagic, sizeof h.magic) == 0 && h.header_checksum == header_checksum(h),
-                 GRADSYNC_E_CORRUPT, "'{}' is not a checkpoint part (bad magic or header checksum)", path);
-      GS_REQUIRE(h.format_version == kFormatVersion && h.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH,
-                 "'{}' has format version {}, this library reads {}", path, h.format_version, kFormatVersion);
-      GS_REQUIRE(h.rows == m.rows && h.dim == m.dim && h.state_width == m.state_width && h.part == p &&
-                     h.parts == m.parts && h.nonce == m.nonce && h.count == e.count &&
-                     h.payload_checksum == e.payload_checksum,
-                 GRADSYNC_E_CORRUPT, "'{}' does not belong to the checkpoint its manifest describes", path);
-      ids.resize(e.count);
-      pread_all(fd.get(), ids.data(), e.count * 8, sizeof h, path);
-      // Which of the part's rows are this rank's, where they go; the ids themselves are checked
-      // by every rank, so a bad part fails every rank however the rows fall.
-      std::vector<std::pair<uint64_t, uint64_t>> mine;  // (index in part, local row)
-      for (uint64_t i = 0; i < e.count; ++i) {
-        const int64_t id = ids[i];
-        GS_REQUIRE(id >= 0 && id < m.rows && (i == 0 || id > ids[i - 1]), GRADSYNC_E_CORRUPT,
-                   "'{}': id {} at {} is out of range or out of order", path, id, i);
-        if (layout_.owner(id) == me) mine.emplace_back(i, static_cast<uint64_t>(local_of(id)));
-      }
-      if (mine.empty()) continue;
-      // The rows are copied out as the checksum streams over the whole payload.
-      Checksum sum;
-      sum.update(ids.data(), e.count * 8);
-      const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
-      chunk.resize(per_chunk * row_bytes);
-      size_t next = 0;
-      for (uint64_t first = 0; first < e.count; first += per_chunk) {
-        const uint64_t n = std::min(per_chunk, e.count - first);
-        pread_all(fd.get(), chunk.data(), n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
-        sum.update(chunk.data(), n * row_bytes);
-        for (; next < mine.size() && mine[next].first < first + n; ++next) {
-          const auto [i, l] = mine[next];
-          GS_REQUIRE(!found[l], GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts", path, ids[i]);
-          found[l] = 1;
-          std::memcpy(values.data() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
+    struct stat st {};
+    for (size_t layer = 0; layer < manifest.layers.size(); ++layer) {
+      const LayerEntry& le = manifest.layers[layer];
+      const auto nparts = static_cast<int>(le.parts);
+      // found[l] == layer + 1: row l was read in this layer (a second time is a damaged layer).
+      const auto mark = static_cast<uint16_t>(layer + 1);  // kMaxLayers < 2^16
+      for (int p = 0; p < nparts; ++p) {
+        const PartEntry& e = manifest.parts[layer][static_cast<size_t>(p)];
+        const std::string path = dir + "/" + part_name(p, nparts, le.nonce);
+        Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (fd.get() < 0) fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
+        if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
+        const uint64_t expected = part_bytes(e.count, d, sw);
+        GS_REQUIRE(static_cast<uint64_t>(st.st_size) == expected, GRADSYNC_E_CORRUPT,
+                   "'{}' has {} bytes, its {} rows need {} (truncated?)", path, st.st_size, e.count, expected);
+        PartHeader h{};
+        pread_all(fd.get(), &h, sizeof h, 0, path);
+        GS_REQUIRE(std::memcmp(h.magic, kPartMagic, sizeof h.magic) == 0 && h.header_checksum == header_checksum(h),
+                   GRADSYNC_E_CORRUPT, "'{}' is not a checkpoint part (bad magic or header checksum)", path);
+        GS_REQUIRE(h.format_version == kFormatVersion && h.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH,
+                   "'{}' has format version {}, this library reads {}", path, h.format_version, kFormatVersion);
+        GS_REQUIRE(h.rows == m.rows && h.dim == m.dim && h.state_width == m.state_width && h.part == p &&
+                       h.parts == nparts && h.nonce == le.nonce && h.count == e.count &&
+                       h.payload_checksum == e.payload_checksum,
+                   GRADSYNC_E_CORRUPT, "'{}' does not belong to the checkpoint its manifest describes", path);
+        ids.resize(e.count);
+        pread_all(fd.get(), ids.data(), e.count * 8, sizeof h, path);
+        // Which of the part's rows are this rank's, where they go; the ids themselves are checked
+        // by every rank, so a bad part fails every rank however the rows fall.
+        std::vector<std::pair<uint64_t, uint64_t>> mine;  // (index in part, local row)
+        for (uint64_t i = 0; i < e.count; ++i) {
+          const int64_t id = ids[i];
+          GS_REQUIRE(id >= 0 && id < m.rows && (i == 0 || id > ids[i - 1]), GRADSYNC_E_CORRUPT,
+                     "'{}': id {} at {} is out of range or out of order", path, id, i);
+          if (layout_.owner(id) == me) mine.emplace_back(i, static_cast<uint64_t>(local_of(id)));
         }
+        if (mine.empty()) continue;
+        // The rows are copied out as the checksum streams over the whole payload.
+        Checksum sum;
+        sum.update(ids.data(), e.count * 8);
+        const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+        chunk.resize(per_chunk * row_bytes);
+        size_t next = 0;
+        for (uint64_t first = 0; first < e.count; first += per_chunk) {
+          const uint64_t n = std::min(per_chunk, e.count - first);
+          pread_all(fd.get(), chunk.data(), n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
+          sum.update(chunk.data(), n * row_bytes);
+          for (; next < mine.size() && mine[next].first < first + n; ++next) {
+            const auto [i, l] = mine[next];
+            GS_REQUIRE(found[l] != mark, GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts of one layer", path, ids[i]);
+            found[l] = mark;
+            std::memcpy(values.data() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
+          }
+        }
+        if (sw != 0) {
+          std::vector<float> s(e.count * sw);
+          pread_all(fd.get(), s.data(), s.size() * 4, sizeof h + e.count * (8 + row_bytes), path);
+          sum.update(s.data(), s.size() * 4);
+          for (const auto& [i, l] : mine) std::copy(&s[i * sw], &s[(i + 1) * sw], &state[l * sw]);
+        }
+        GS_REQUIRE(sum.value() == e.payload_checksum, GRADSYNC_E_CORRUPT, "'{}': payload checksum mismatch", path);
       }
-      if (sw != 0) {
-        std::vector<float> s(e.count * sw);
-        pread_all(fd.get(), s.data(), s.size() * 4, sizeof h + e.count * (8 + row_bytes), path);
-        sum.update(s.data(), s.size() * 4);
-        for (const auto& [i, l] : mine) std::copy(&s[i * sw], &s[(i + 1) * sw], &state[l * sw]);
+      // The full layer must have given every row of this rank.
+      if (layer == 0) {
+        for (uint64_t l = 0; l < local; ++l)
+          GS_REQUIRE(found[l] == 1, GRADSYNC_E_CORRUPT, "checkpoint '{}' lacks row {}", dir, owned_[l]);
       }
-      GS_REQUIRE(sum.value() == e.payload_checksum, GRADSYNC_E_CORRUPT, "'{}': payload checksum mismatch", path);
     }
-    for (uint64_t l = 0; l < local; ++l)
-      GS_REQUIRE(found[l], GRADSYNC_E_CORRUPT, "checkpoint '{}' lacks row {}", dir, owned_[l]);
   });
-  const std::vector<int64_t> nonces = agree(read.status, read.message, static_cast<int64_t>(m.nonce), m.steps);
+  const ManifestHeader& m = manifest.header;
+  const uint64_t last = read.status == GRADSYNC_OK ? manifest.layers.back().nonce : 0;
+  const std::vector<int64_t> nonces = agree(read.status, read.message, static_cast<int64_t>(last), m.steps);
   for (size_t r = 1; r < nonces.size() / 2; ++r) {
     GS_REQUIRE(nonces[2 * r] == nonces[0], GRADSYNC_E_MISMATCH,
                "rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r, dir);
@@ -411,6 +524,9 @@ void ShardedTable::load(const std::string& dir) {
     params_->check_mapping();
   }
   steps_ = m.steps;
+  std::fill(dirty_.begin(), dirty_.end(), 0);
+  base_dir_ = dir;
+  base_nonce_ = last;
 }
 
 }  // namespace gradsync::embedding

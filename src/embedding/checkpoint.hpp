@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Checkpoint files of the sharded embedding, keyed by global row id (docs/file-format.md has the
-// bytes). A checkpoint is a directory holding one part per saving rank and a manifest:
+// bytes). A checkpoint is a directory holding a manifest and the parts of one or more layers:
+//   checkpoint.gsemb               ManifestHeader, then `layers` LayerEntry, then every layer's
+//                                  PartEntry (layer after layer)
 //   part-<p>-of-<P>-<nonce>.gsemb  PartHeader, then count ids (int64, strictly ascending), then
 //                                  count x dim values (f32), then count x state_width state (f32)
-//   checkpoint.gsemb               ManifestHeader, then P PartEntry
+// Layer 0 is a full save (every row exactly once); each later layer is an incremental save that
+// holds the rows pushed since the layer before it and overrides them. Each layer's parts bear its
+// nonce, one part per rank of the world that wrote it.
 // The manifest is the commit point: it is written (temporary name, fsync, rename, fsync of the
-// directory) only after every part is durable, and it names its parts by the nonce, so the parts of
-// a checkpoint being written never replace those of the committed one. Every field is checked on
-// load before it sizes a read; the payload checksum covers ids, values and state in that order.
+// directory) only after every part of the new layer is durable, so the parts of a save in progress
+// never replace those the committed manifest names. Every field is checked on load before it sizes
+// a read; the payload checksum covers ids, values and state in that order.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -21,7 +25,8 @@ constexpr uint32_t kFormatVersion = 1;
 // Written as the machine's uint32: another byte order reads it as 0x04030201.
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr const char* kManifestName = "checkpoint.gsemb";
-constexpr int64_t kMaxParts = 1 << 16;
+constexpr int64_t kMaxParts = 1 << 16;   // in one layer
+constexpr int64_t kMaxLayers = 1 << 12;  // incremental saves on top of a full one, plus it
 
 struct PartHeader {
   char magic[8];
@@ -49,17 +54,22 @@ struct ManifestHeader {
   int64_t dim;
   int32_t optimizer;  // gradsync_optimizer_kind of the saver
   int32_t state_width;
-  int32_t sharding;   // the saver's rule (informative: a load may use any)
-  int32_t parts;
-  uint64_t nonce;
+  int32_t sharding;   // the last saver's rule (informative: a load may use any)
+  int32_t layers;     // LayerEntry records that follow
+  uint64_t parts;     // PartEntry records after them, every layer's
   int64_t steps;      // the table's scalar state
-  double lr;          // the saver's (informative: a load keeps its own)
+  double lr;          // the last saver's (informative: a load keeps its own)
   double eps;
   uint64_t reserved[4];
-  uint64_t entries_checksum;  // fnv1a64 of the PartEntry array
+  uint64_t entries_checksum;  // fnv1a64 of the LayerEntry and PartEntry arrays, in file order
   uint64_t header_checksum;   // fnv1a64 of the bytes before it
 };
 static_assert(sizeof(ManifestHeader) == 128);
+
+struct LayerEntry {
+  uint64_t nonce;
+  uint64_t parts;  // in [1, kMaxParts]
+};
 
 struct PartEntry {
   uint64_t count;

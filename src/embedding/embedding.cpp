@@ -129,6 +129,7 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
   aspec.concurrency = static_cast<int32_t>(accumulator::Concurrency::Owner);
   aspec.threads = options_.threads;
   accum_ = accumulator::Accumulator::open(aspec);
+  dirty_.assign(owned_.size(), 0);
 }
 
 ShardedTable::~ShardedTable() = default;
@@ -325,6 +326,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
     int64_t id;
     std::memcpy(&id, rec, sizeof id);
     local[k] = local_of(id);
+    dirty_[static_cast<size_t>(local[k])] = 1;
     std::memcpy(g.data() + k * d, rec + kIdFloats, d * sizeof(float));
   }
   if (incoming > 0) accum_->add_batch(local.data(), incoming, g.data(), incoming * d);

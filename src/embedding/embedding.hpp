@@ -79,7 +79,8 @@ class ShardedTable {
   // Collective calls.
   void lookup(const int64_t* ids, size_t n, float* out, size_t count);
   void push(const int64_t* ids, size_t n, const float* grads, size_t count);
-  void save(const std::string& dir);
+  // incremental: only the rows pushed since the last save or load, as a layer on that checkpoint.
+  void save(const std::string& dir, bool incremental);
   void load(const std::string& dir);
 
   // This rank's rows in ascending global id order (capacity checked by the caller).
@@ -104,6 +105,11 @@ class ShardedTable {
   std::unique_ptr<table::Table> state_;
   std::unique_ptr<accumulator::Accumulator> accum_;
   int64_t steps_ = 0;
+  // Rows pushed since the last save or load (per local row), and that checkpoint: an incremental
+  // save writes the former as a layer on the latter.
+  std::vector<uint8_t> dirty_;
+  std::string base_dir_;
+  uint64_t base_nonce_ = 0;
 };
 
 }  // namespace gradsync::embedding

@@ -191,3 +191,35 @@ def test_torch_sharded_embedding_matches_embedding_bag_with_sgd():
     for bag_rows, emb_rows in results:
         np.testing.assert_allclose(bag_rows, expected, rtol=1e-6, atol=1e-6)
         assert emb_rows.tobytes() == np.array(w0.view).reshape(10, DIM).tobytes()
+
+
+def test_incremental_save_writes_only_pushed_rows_and_loads_in_layers(tmp_path):
+    ref_values, ref_state = reference("row_adagrad", 4)
+
+    def saver(comm, rank):
+        with make(comm, "contiguous") as t:
+            with pytest.raises(gs.GradsyncError) as info:
+                t.save_incremental(tmp_path)          # nothing to stack a layer on
+            assert info.value.status == gs.E_MISUSE
+            train(t, rank, comm.size, 2)
+            t.save(tmp_path)
+            train(t, rank, comm.size, 3, first=2)
+            t.save_incremental(tmp_path)
+            train(t, rank, comm.size, 4, first=3)
+            t.save_incremental(tmp_path)
+
+    run_ranks(2, saver)
+    part_bytes = sorted(p.stat().st_size for p in tmp_path.glob("part-*.gsemb"))
+    assert len(part_bytes) == 6
+    full = 128 + (ROWS // 2) * (8 + 4 * DIM + 4)
+    assert part_bytes[-1] == full and part_bytes[0] < full  # the layers hold only the pushed rows
+
+    def loader(comm, rank):
+        with make(comm, "hash") as t:
+            t.load(tmp_path)
+            return t.local_state(), t.steps
+
+    results = run_ranks(3, loader)
+    values, state = gather_rows([r[0] for r in results])
+    assert values.tobytes() == ref_values.tobytes() and state.tobytes() == ref_state.tobytes()
+    assert [r[1] for r in results] == [4, 4, 4]

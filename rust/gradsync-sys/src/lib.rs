@@ -930,6 +930,7 @@ extern "C" {
         count: usize,
     ) -> c_int;
     pub fn gradsync_embedding_save(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
+    pub fn gradsync_embedding_save_incremental(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
     pub fn gradsync_embedding_load(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
     pub fn gradsync_embedding_local_rows(
         table: *const gradsync_embedding,

@@ -169,6 +169,13 @@ impl ShardedEmbedding {
         check(unsafe { sys::gradsync_embedding_save(self.raw.as_ptr(), d.as_ptr()) })
     }
 
+    /// Collective: only the rows pushed since the last save or load, as a layer on that
+    /// checkpoint in `dir` (`gradsync_embedding_save_incremental`).
+    pub fn save_incremental(&mut self, dir: &Path) -> Result<()> {
+        let d = path_to_cstring("gradsync::ShardedEmbedding::save_incremental", dir)?;
+        check(unsafe { sys::gradsync_embedding_save_incremental(self.raw.as_ptr(), d.as_ptr()) })
+    }
+
     /// Collective: loads a checkpoint written by any world size and sharding rule.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
         let d = path_to_cstring("gradsync::ShardedEmbedding::load", dir)?;

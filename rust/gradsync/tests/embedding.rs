@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The sharded embedding table over threads: the same rows on 1, 2 and 3 ranks as one process's
-//! accumulator, an id out of range failing every rank, and a checkpoint loaded by another world
-//! size under the other sharding rule.
+//! accumulator, an id out of range failing every rank, and a checkpoint (a full save and an
+//! incremental layer) loaded by another world size under the other sharding rule.
 mod common;
 
 use common::{with_ranks, TempDir};
@@ -120,8 +120,10 @@ fn a_checkpoint_loads_into_another_world_size_and_rule() {
     let path = dir.join("ckpt");
     with_ranks("emb-save", 3, |comm| {
         let mut t = ShardedEmbedding::new(&comm, &options(Sharding::Hash), None).unwrap();
-        train(&mut t, comm.rank(), 3, 0..3);
+        train(&mut t, comm.rank(), 3, 0..2);
         t.save(&path).unwrap();
+        train(&mut t, comm.rank(), 3, 2..3);
+        t.save_incremental(&path).unwrap(); // a layer of the rows pushed since
     });
     let parts = with_ranks("emb-load", 2, |comm| {
         let mut t = ShardedEmbedding::new(&comm, &options(Sharding::Contiguous), None).unwrap();
