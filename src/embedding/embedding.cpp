@@ -261,8 +261,16 @@ comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t
   return routes;
 }
 
-// A record of a push: the global id's bits in the first two floats, then the gradient.
+// A push carries each global id's bits in two floats of its part.
 constexpr size_t kIdFloats = 2;
+
+// v's storage with room for n elements (at least one, so that it is never NULL): the buffers of
+// the calls are kept and only grow, so a steady run allocates (and faults in) nothing per call.
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < std::max<size_t>(n, 1)) v.resize(std::max<size_t>(n, 1));
+  return v.data();
+}
 
 }  // namespace
 
@@ -271,32 +279,29 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
   const auto d = static_cast<size_t>(options_.dim);
   // Stable counting sort of the positions by owner: each owner's ids keep the caller's order.
-  std::vector<uint64_t> start(p + 1, 0);
-  for (uint64_t o = 0; o < p; ++o) start[o + 1] = start[o] + pl.at(me, o);
-  std::vector<size_t> order(n);
-  std::vector<int64_t> send(std::max<size_t>(n, 1));
-  {
-    std::vector<uint64_t> at(start.begin(), start.end() - 1);
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t k = at[static_cast<size_t>(layout_.owner(ids[i]))]++;
-      order[k] = i;
-      send[k] = ids[i];
-    }
+  std::vector<uint64_t> at(p, 0);
+  for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
+  size_t* order = grow(scratch_order_, n);
+  int64_t* send = grow(scratch_ids_, n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t k = at[static_cast<size_t>(layout_.owner(ids[i]))]++;
+    order[k] = i;
+    send[k] = ids[i];
   }
   uint64_t incoming = 0;
   for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
-  std::vector<int64_t> asked(std::max<uint64_t>(incoming, 1));
-  comm_.exchange(send.data(), asked.data(), routes_of(pl.counts, p, 1, false), DType::I64);
+  int64_t* asked = grow(scratch_asked_, incoming);
+  comm_.exchange(send, asked, routes_of(pl.counts, p, 1, false), DType::I64);
 
-  std::vector<float> reply(std::max<size_t>(incoming * d, 1));
+  float* reply = grow(scratch_send_, incoming * d);
   for (uint64_t k = 0; k < incoming; ++k) {
     const float* src = params_->row_ptr(local_of(asked[k]));
-    std::copy(src, src + d, reply.data() + k * d);
+    std::copy(src, src + d, reply + k * d);
   }
   params_->check_mapping();
-  std::vector<float> rows(std::max<size_t>(n * d, 1));
-  comm_.exchange(reply.data(), rows.data(), routes_of(pl.counts, p, d, true), DType::F32);
-  for (size_t k = 0; k < n; ++k) std::copy(rows.data() + k * d, rows.data() + (k + 1) * d, out + order[k] * d);
+  float* rows = grow(scratch_recv_, n * d);
+  comm_.exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
+  for (size_t k = 0; k < n; ++k) std::copy(rows + k * d, rows + (k + 1) * d, out + order[k] * d);
 }
 
 void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
@@ -304,32 +309,40 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
   const auto d = static_cast<size_t>(options_.dim);
   const size_t width = kIdFloats + d;
-  std::vector<uint64_t> at(p, 0);
-  for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
-  std::vector<float> send(std::max<size_t>(n * width, 1));
+  // The part for owner o: its c ids (kIdFloats floats each), then their c gradients, each in the
+  // caller's order; so an owner receives every sender's gradients contiguous, with no repacking.
+  std::vector<uint64_t> base(p, 0), next(p, 0);
+  for (uint64_t o = 1; o < p; ++o) base[o] = base[o - 1] + pl.at(me, o - 1) * width;
+  float* send = grow(scratch_send_, n * width);
   for (size_t i = 0; i < n; ++i) {
-    float* rec = send.data() + at[static_cast<size_t>(layout_.owner(ids[i]))]++ * width;
-    std::memcpy(rec, &ids[i], sizeof(int64_t));
-    std::memcpy(rec + kIdFloats, grads + i * d, d * sizeof(float));
+    const auto o = static_cast<size_t>(layout_.owner(ids[i]));
+    const uint64_t k = next[o]++;
+    float* part = send + base[o];
+    std::memcpy(part + k * kIdFloats, &ids[i], sizeof(int64_t));
+    std::memcpy(part + pl.at(me, o) * kIdFloats + k * d, grads + i * d, d * sizeof(float));
   }
   uint64_t incoming = 0;
   for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
-  std::vector<float> recv(std::max<size_t>(incoming * width, 1));
-  comm_.exchange(send.data(), recv.data(), routes_of(pl.counts, p, width, false), DType::F32);
+  float* recv = grow(scratch_recv_, incoming * width);
+  comm_.exchange(send, recv, routes_of(pl.counts, p, width, false), DType::F32);
 
-  // Records arrive in global batch order (sender by sender, each in its own order): one add_batch
-  // keeps that order for every row.
-  std::vector<int64_t> local(std::max<uint64_t>(incoming, 1));
-  std::vector<float> g(std::max<size_t>(incoming * d, 1));
-  for (uint64_t k = 0; k < incoming; ++k) {
-    const float* rec = recv.data() + k * width;
-    int64_t id;
-    std::memcpy(&id, rec, sizeof id);
-    local[k] = local_of(id);
-    dirty_[static_cast<size_t>(local[k])] = 1;
-    std::memcpy(g.data() + k * d, rec + kIdFloats, d * sizeof(float));
+  // Sender after sender, each in its own order: the global batch's order. Owner-mode add_batch
+  // calls enter one sequence in call order, so each row's sum keeps that order.
+  int64_t* local = grow(scratch_asked_, incoming);
+  uint64_t from = 0;
+  for (uint64_t s = 0; s < p; ++s) {
+    const uint64_t c = pl.at(s, me);
+    if (c == 0) continue;
+    const float* part = recv + from * width;
+    for (uint64_t k = 0; k < c; ++k) {
+      int64_t id;
+      std::memcpy(&id, part + k * kIdFloats, sizeof id);
+      local[k] = local_of(id);
+      dirty_[static_cast<size_t>(local[k])] = 1;
+    }
+    accum_->add_batch(local, c, part + c * kIdFloats, c * d);
+    from += c;
   }
-  if (incoming > 0) accum_->add_batch(local.data(), incoming, g.data(), incoming * d);
   accumulator::OptimizerSpec opt;
   opt.kind = options_.optimizer;
   opt.lr = options_.lr;

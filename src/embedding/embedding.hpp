@@ -108,6 +108,10 @@ class ShardedTable {
   // Rows pushed since the last save or load (per local row), and that checkpoint: an incremental
   // save writes the former as a layer on the latter.
   std::vector<uint8_t> dirty_;
+  // The buffers of lookup and push, kept between calls.
+  std::vector<int64_t> scratch_ids_, scratch_asked_;
+  std::vector<size_t> scratch_order_;
+  std::vector<float> scratch_send_, scratch_recv_;
   std::string base_dir_;
   uint64_t base_nonce_ = 0;
 };
