@@ -192,6 +192,7 @@ class Result:
     auc: float
     baseline: float
     seconds: float
+    digest: str = ""  # of the trained embeddings' bytes (rank 0's, when sharded)
 
 
 def minibatch(args, n, train_e, perm, step, workers, wid, batch, rng, fetch):
@@ -309,7 +310,8 @@ def train(name, args, workdir):
                   f"{epoch * steps * threads * batch / elapsed:,.0f} edges/s", flush=True)
     seconds = time.monotonic() - t0
     auc = auc_of(view, test_pos, test_neg)  # the trained table itself, through the mapping
-    print(f"   embeddings sha256 {digest(view)}")
+    trained_digest = digest(view)
+    print(f"   embeddings sha256 {trained_digest}")
     verdict = f"{auc - baseline:+.3f} over it" if auc > baseline else f"{auc - baseline:+.3f}: NOT above it"
     print(f"   loss {losses[0]:.4f} -> {losses[-1]:.4f} in {args.epochs} epochs, {seconds:.1f} s; held-out "
           f"link-prediction AUC {auc:.3f}, degree baseline {baseline:.3f} on the same pairs ({verdict})")
@@ -337,7 +339,7 @@ def train(name, args, workdir):
           f"({'same' if reopened_auc == f'{auc:.3f}' else 'DIFFERENT'})")
     if reopened_auc != f"{auc:.3f}":
         raise SystemExit(f"{name}: the reopened table gives AUC {reopened_auc}, this process {auc:.3f}")
-    return Result(name, losses, aucs, auc, baseline, seconds)
+    return Result(name, losses, aucs, auc, baseline, seconds, trained_digest)
 
 
 def train_sharded(name, args, workdir, comm):
@@ -405,9 +407,10 @@ def train_sharded(name, args, workdir, comm):
     full = whole_table()
     auc = auc_of(full, test_pos, test_neg) if rank == 0 else 0.0
     say(f"   held-out link-prediction AUC {auc:.3f}, degree baseline {baseline:.3f}, {seconds:.1f} s")
-    say(f"   embeddings sha256 {digest(full) if rank == 0 else ''}")
+    trained_digest = digest(full) if rank == 0 else ""
+    say(f"   embeddings sha256 {trained_digest}")
     table.close()
-    return Result(name, losses, aucs, auc, baseline, seconds)
+    return Result(name, losses, aucs, auc, baseline, seconds, trained_digest)
 
 
 def plot(results, path):

@@ -26,6 +26,26 @@ def test_embeddings_beat_the_degree_baseline_on_les_miserables(tmp_path):
     assert again.auc == r.auc and again.losses == r.losses
 
 
+def test_sharded_embeddings_are_bitwise_those_of_as_many_threads(tmp_path):
+    import train_embeddings as te
+    from conftest import run_ranks
+
+    argv = ["--graph", "lesmis", "--out", str(tmp_path), "--epochs", "20"]
+    threads = _train("lesmis", tmp_path, "--threads", "2", "--epochs", "20")
+    ckpt = tmp_path / "ckpt"
+
+    def sharded(*extra):
+        args = te.graph_args(te.parse_args(argv + ["--sharded", *extra]), "lesmis")
+        return lambda comm, rank: te.train_sharded("lesmis", args, tmp_path, comm)
+
+    two = run_ranks(2, sharded("--checkpoint", str(ckpt), "--save-at", "10"))[0]
+    assert two.digest == threads.digest and two.auc == threads.auc
+    # saved by 2 ranks after epoch 10, resumed by 3 under the other rule: it loads the same table
+    # (train_sharded checks the loaded digest) and trains on to the end
+    three = run_ranks(3, sharded("--sharding", "hash", "--resume", str(ckpt)))[0]
+    assert three.auc > three.baseline and len(three.losses) == 10
+
+
 def test_embeddings_beat_the_degree_baseline_on_planted_communities(tmp_path):
     r = _train("communities", tmp_path, "--nodes", "5000", "--communities", "20", "--epochs", "10")
     assert r.auc > r.baseline + 0.08, r
