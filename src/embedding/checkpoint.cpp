@@ -28,6 +28,7 @@ std::string part_name(int part, int parts, uint64_t nonce) {
 }
 
 void Checksum::update(const void* data, size_t n) noexcept {
+  if (n == 0) return;  // data may then be NULL, which memcpy must not see
   const auto* p = static_cast<const unsigned char*>(data);
   length_ += n;
   auto step = [this](const unsigned char* w) {
