@@ -237,14 +237,20 @@ ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, cons
 namespace {
 
 // Routes of the plan, each id carrying `width` elements: forward (sources to owners) or back.
+// Routes of the plan, each id carrying `width` elements: forward (sources to owners) or back.
+// A rank's part for itself does not travel (the caller handles it in place): the owners pack
+// only what others send them, in sender order; a sender's buffer keeps room for its own part.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back) {
   comm::Routes routes(comm::Collective::Alltoall, -1, p);
-  // Sender s packs its parts in owner order; owner d packs what it receives in sender order.
   std::vector<uint64_t> recv_at(p, 0);
   for (uint64_t s = 0; s < p; ++s) {
     uint64_t send_at = 0;
     for (uint64_t d = 0; d < p; ++d) {
       const uint64_t c = counts[s * p + d] * width;
+      if (s == d) {
+        send_at += c;
+        continue;
+      }
       const size_t i = back ? routes.at(d, s) : routes.at(s, d);
       routes.count[i] = c;
       if (back) {
@@ -281,6 +287,7 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   // Stable counting sort of the positions by owner: each owner's ids keep the caller's order.
   std::vector<uint64_t> at(p, 0);
   for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
+  const uint64_t own_begin = at[me], own_end = own_begin + pl.at(me, me);
   size_t* order = grow(scratch_order_, n);
   int64_t* send = grow(scratch_ids_, n);
   for (size_t i = 0; i < n; ++i) {
@@ -288,8 +295,8 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
     order[k] = i;
     send[k] = ids[i];
   }
-  uint64_t incoming = 0;
-  for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
+  uint64_t incoming = 0;  // ids other ranks ask this one for
+  for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
   int64_t* asked = grow(scratch_asked_, incoming);
   comm_.exchange(send, asked, routes_of(pl.counts, p, 1, false), DType::I64);
 
@@ -298,10 +305,13 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
     const float* src = params_->row_ptr(local_of(asked[k]));
     std::copy(src, src + d, reply + k * d);
   }
-  params_->check_mapping();
   float* rows = grow(scratch_recv_, n * d);
   comm_.exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
-  for (size_t k = 0; k < n; ++k) std::copy(rows + k * d, rows + (k + 1) * d, out + order[k] * d);
+  for (uint64_t k = 0; k < n; ++k) {
+    const float* src = k >= own_begin && k < own_end ? params_->row_ptr(local_of(send[k])) : rows + k * d;
+    std::copy(src, src + d, out + order[k] * d);
+  }
+  params_->check_mapping();
 }
 
 void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
@@ -321,19 +331,22 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
     std::memcpy(part + k * kIdFloats, &ids[i], sizeof(int64_t));
     std::memcpy(part + pl.at(me, o) * kIdFloats + k * d, grads + i * d, d * sizeof(float));
   }
-  uint64_t incoming = 0;
-  for (uint64_t s = 0; s < p; ++s) incoming += pl.at(s, me);
+  uint64_t incoming = 0;  // ids other ranks push to this one
+  for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
   float* recv = grow(scratch_recv_, incoming * width);
   comm_.exchange(send, recv, routes_of(pl.counts, p, width, false), DType::F32);
 
   // Sender after sender, each in its own order: the global batch's order. Owner-mode add_batch
   // calls enter one sequence in call order, so each row's sum keeps that order.
-  int64_t* local = grow(scratch_asked_, incoming);
+  uint64_t widest = 0;  // the largest sender's part, own part included
+  for (uint64_t s = 0; s < p; ++s) widest = std::max(widest, pl.at(s, me));
+  int64_t* local = grow(scratch_asked_, widest);
   uint64_t from = 0;
   for (uint64_t s = 0; s < p; ++s) {
     const uint64_t c = pl.at(s, me);
     if (c == 0) continue;
-    const float* part = recv + from * width;
+    // This rank's own part stayed where it packed it.
+    const float* part = s == me ? send + base[me] : recv + from * width;
     for (uint64_t k = 0; k < c; ++k) {
       int64_t id;
       std::memcpy(&id, part + k * kIdFloats, sizeof id);
@@ -341,7 +354,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
       dirty_[static_cast<size_t>(local[k])] = 1;
     }
     accum_->add_batch(local, c, part + c * kIdFloats, c * d);
-    from += c;
+    if (s != me) from += c;
   }
   accumulator::OptimizerSpec opt;
   opt.kind = options_.optimizer;

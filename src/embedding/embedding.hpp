@@ -7,9 +7,10 @@
 // smallest global id this rank owns, so a shard's rows are in ascending global order, which is the
 // order of a checkpoint's part.
 //
-// Exactness rests on one invariant: an owner receives the ids of a push in global batch order
-// (the exchange packs rank s's records before rank s+1's, each rank's in its own order), and adds
-// them with one add_batch, so every row's sum has the order a single process gives the global batch.
+// Exactness rests on one invariant: an owner adds the ids of a push in global batch order, one
+// add_batch per sender in rank order (each sender's part in its own order; its own part from where
+// it packed it, the others' from the exchange), and owner-mode add_batch calls enter one sequence in
+// call order, so every row's sum has the order a single process gives the global batch.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
