@@ -166,6 +166,29 @@ impl CommOptions {
     }
 }
 
+/// A slice as the C API's `const void *`.
+fn cptr<T>(s: &[T]) -> *const c_void {
+    s.as_ptr() as *const c_void
+}
+
+/// A slice as the C API's `void *`.
+fn mptr<T>(s: &mut [T]) -> *mut c_void {
+    s.as_mut_ptr() as *mut c_void
+}
+
+/// `T`'s `gradsync_dtype`.
+fn dtype<T: Element>() -> i32 {
+    T::DTYPE as i32
+}
+
+/// A local `INVALID_ARG` from `what` unless `send` and `recv` have the same length.
+fn same_len<T>(what: &str, send: &[T], recv: &[T]) -> Result<()> {
+    if send.len() == recv.len() {
+        return Ok(());
+    }
+    Err(invalid(what, format!("send has {} elements, recv {}", send.len(), recv.len())))
+}
+
 /// Start and length of part `index` of `n` elements over `parts` parts (the partition rule).
 pub(crate) fn part_of(n: usize, parts: usize, index: usize) -> (usize, usize) {
     let (q, r) = (n / parts, n % parts);
@@ -293,160 +316,102 @@ impl Communicator {
         part_of(n, self.size.max(1) as usize, self.rank as usize)
     }
 
+    /// `recv` at the root, NULL elsewhere (where the C call does not read it).
+    fn at_root_mut<T>(&self, root: i32, recv: &mut [T]) -> *mut c_void {
+        if self.rank == root {
+            mptr(recv)
+        } else {
+            ptr::null_mut()
+        }
+    }
+
+    /// `p` at the root, NULL elsewhere (where the C call does not read it).
+    fn at_root<P>(&self, root: i32, p: *const P) -> *const P {
+        if self.rank == root {
+            p
+        } else {
+            ptr::null()
+        }
+    }
+
+    /// A local `INVALID_ARG` unless this rank's part of `n` elements has `len` elements.
+    fn my_part_is(&self, what: &str, n: usize, buf: &str, len: usize) -> Result<()> {
+        let (_, part) = self.my_part(n);
+        if len == part {
+            return Ok(());
+        }
+        let message = format!(
+            "rank {}'s part of {} elements over {} ranks has {} elements, {} has {}",
+            self.rank, n, self.size, part, buf, len
+        );
+        Err(invalid(what, message))
+    }
+
     /// `recv[i] = op over ranks of send[i]` (`gradsync_comm_allreduce`). `send` and `recv` have the
     /// same length (else a local `INVALID_ARG`).
     pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(invalid(
-                "Communicator::allreduce",
-                format!("send has {} elements, recv {}", send.len(), recv.len()),
-            ));
-        }
-        check(unsafe {
-            sys::gradsync_comm_allreduce(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                send.len(),
-                T::DTYPE as i32,
-                op as i32,
-            )
-        })
+        same_len("Communicator::allreduce", send, recv)?;
+        let (s, r, n) = (cptr(send), mptr(recv), send.len());
+        check(unsafe { sys::gradsync_comm_allreduce(self.raw(), s, r, n, dtype::<T>(), op as i32) })
     }
 
     /// In-place allreduce of `buf` (`gradsync_comm_allreduce` with send == recv).
     pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let p = buf.as_mut_ptr() as *mut c_void;
-        check(unsafe { sys::gradsync_comm_allreduce(self.raw(), p, p, buf.len(), T::DTYPE as i32, op as i32) })
+        let p = mptr(buf);
+        check(unsafe { sys::gradsync_comm_allreduce(self.raw(), p, p, buf.len(), dtype::<T>(), op as i32) })
     }
 
     /// One fused in-place allreduce over several buffers, e.g. a gradient bucket
     /// (`gradsync_comm_allreduce_many`); the same results as one call each.
     pub fn allreduce_many<T: Element>(&self, bufs: &mut [&mut [T]], op: ReduceOp) -> Result<()> {
-        let recvs: Vec<*mut c_void> = bufs.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
+        let recvs: Vec<*mut c_void> = bufs.iter_mut().map(|b| mptr(b)).collect();
         let counts: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-        check(unsafe {
-            sys::gradsync_comm_allreduce_many(
-                self.raw(),
-                ptr::null(),
-                recvs.as_ptr(),
-                counts.as_ptr(),
-                bufs.len(),
-                T::DTYPE as i32,
-                op as i32,
-            )
-        })
+        let (r, c, n) = (recvs.as_ptr(), counts.as_ptr(), bufs.len());
+        check(unsafe { sys::gradsync_comm_allreduce_many(self.raw(), ptr::null(), r, c, n, dtype::<T>(), op as i32) })
     }
 
     /// `recv = Σ wᵢ·sendᵢ / Σ wᵢ` with `weight` this rank's sample count
     /// (`gradsync_comm_weighted_mean`; `f32` and `f64` only). Returns `Σ wᵢ`.
     pub fn weighted_mean<T: Element>(&self, send: &[T], recv: &mut [T], weight: u64) -> Result<u64> {
-        if send.len() != recv.len() {
-            return Err(invalid(
-                "Communicator::weighted_mean",
-                format!("send has {} elements, recv {}", send.len(), recv.len()),
-            ));
-        }
-        let mut total = 0u64;
-        check(unsafe {
-            sys::gradsync_comm_weighted_mean(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                send.len(),
-                T::DTYPE as i32,
-                weight,
-                &mut total,
-            )
-        })?;
-        Ok(total)
+        same_len("Communicator::weighted_mean", send, recv)?;
+        self.weighted_mean_raw(cptr(send), mptr(recv), send.len(), dtype::<T>(), weight)
     }
 
     /// In-place weighted mean of `buf`; returns `Σ wᵢ`.
     pub fn weighted_mean_in_place<T: Element>(&self, buf: &mut [T], weight: u64) -> Result<u64> {
-        let p = buf.as_mut_ptr() as *mut c_void;
+        let p = mptr(buf);
+        self.weighted_mean_raw(p, p, buf.len(), dtype::<T>(), weight)
+    }
+
+    fn weighted_mean_raw(&self, s: *const c_void, r: *mut c_void, n: usize, dtype: i32, weight: u64) -> Result<u64> {
         let mut total = 0u64;
-        check(unsafe {
-            sys::gradsync_comm_weighted_mean(self.raw(), p, p, buf.len(), T::DTYPE as i32, weight, &mut total)
-        })?;
+        check(unsafe { sys::gradsync_comm_weighted_mean(self.raw(), s, r, n, dtype, weight, &mut total) })?;
         Ok(total)
     }
 
     /// Copies `root`'s `buf` into every rank's `buf` (`gradsync_comm_broadcast`).
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: i32) -> Result<()> {
-        check(unsafe {
-            sys::gradsync_comm_broadcast(self.raw(), buf.as_mut_ptr() as *mut c_void, buf.len(), T::DTYPE as i32, root)
-        })
+        check(unsafe { sys::gradsync_comm_broadcast(self.raw(), mptr(buf), buf.len(), dtype::<T>(), root) })
     }
 
     /// Gathers every rank's part into `recv` (`gradsync_comm_allgather`); `send` is this rank's
     /// part of `recv.len()` elements by the partition rule ([`part`](Self::part)).
     pub fn allgather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let (_, len) = self.my_part(recv.len());
-        if send.len() != len {
-            return Err(invalid(
-                "Communicator::allgather",
-                format!(
-                    "rank {}'s part of {} elements over {} ranks has {} elements, send has {}",
-                    self.rank,
-                    recv.len(),
-                    self.size,
-                    len,
-                    send.len()
-                ),
-            ));
-        }
-        check(unsafe {
-            sys::gradsync_comm_allgather(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                recv.len(),
-                T::DTYPE as i32,
-            )
-        })
+        self.my_part_is("Communicator::allgather", recv.len(), "send", send.len())?;
+        check(unsafe { sys::gradsync_comm_allgather(self.raw(), cptr(send), mptr(recv), recv.len(), dtype::<T>()) })
     }
 
     /// Allgather with this rank's part already in place in `buf` at its offset.
     pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        check(unsafe {
-            sys::gradsync_comm_allgather(
-                self.raw(),
-                ptr::null(),
-                buf.as_mut_ptr() as *mut c_void,
-                buf.len(),
-                T::DTYPE as i32,
-            )
-        })
+        check(unsafe { sys::gradsync_comm_allgather(self.raw(), ptr::null(), mptr(buf), buf.len(), dtype::<T>()) })
     }
 
     /// Reduces `send` over ranks; this rank receives its part (by the partition rule) into `recv`
     /// (`gradsync_comm_reduce_scatter`), whose length must be that part's.
     pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        let (_, len) = self.my_part(send.len());
-        if recv.len() != len {
-            return Err(invalid(
-                "Communicator::reduce_scatter",
-                format!(
-                    "rank {}'s part of {} elements over {} ranks has {} elements, recv has {}",
-                    self.rank,
-                    send.len(),
-                    self.size,
-                    len,
-                    recv.len()
-                ),
-            ));
-        }
-        check(unsafe {
-            sys::gradsync_comm_reduce_scatter(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                send.len(),
-                T::DTYPE as i32,
-                op as i32,
-            )
-        })
+        self.my_part_is("Communicator::reduce_scatter", send.len(), "recv", recv.len())?;
+        let (s, r, n) = (cptr(send), mptr(recv), send.len());
+        check(unsafe { sys::gradsync_comm_reduce_scatter(self.raw(), s, r, n, dtype::<T>(), op as i32) })
     }
 
     /// Reduce-scatter in place: this rank's part of `buf` (at its offset) receives the reduction;
@@ -454,38 +419,22 @@ impl Communicator {
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (start, _) = self.my_part(buf.len());
         let base = buf.as_mut_ptr();
-        check(unsafe {
-            sys::gradsync_comm_reduce_scatter(
-                self.raw(),
-                base as *const c_void,
-                base.add(start) as *mut c_void,
-                buf.len(),
-                T::DTYPE as i32,
-                op as i32,
-            )
-        })
+        // SAFETY (add): start is within buf (the partition of buf.len() elements).
+        let (s, r) = (base as *const c_void, unsafe { base.add(start) } as *mut c_void);
+        check(unsafe { sys::gradsync_comm_reduce_scatter(self.raw(), s, r, buf.len(), dtype::<T>(), op as i32) })
     }
 
     /// Exchanges parts (`gradsync_comm_alltoall`): `send` is split by the partition rule and part
     /// j goes to rank j; `recv` holds `size` blocks of this rank's part length, in rank order.
     pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let (_, len) = self.my_part(send.len());
-        let want = len.checked_mul(self.size as usize);
-        if want != Some(recv.len()) {
+        if len.checked_mul(self.size as usize) != Some(recv.len()) {
             return Err(invalid(
                 "Communicator::alltoall",
                 format!("recv must hold {} ranks x {} elements, it has {}", self.size, len, recv.len()),
             ));
         }
-        check(unsafe {
-            sys::gradsync_comm_alltoall(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                send.len(),
-                T::DTYPE as i32,
-            )
-        })
+        check(unsafe { sys::gradsync_comm_alltoall(self.raw(), cptr(send), mptr(recv), send.len(), dtype::<T>()) })
     }
 
     /// `counts` must hold one entry per rank.
@@ -509,20 +458,19 @@ impl Communicator {
                 format!("send must hold counts[{}] and recv their sum ({})", self.rank, total),
             ));
         }
-        check(unsafe {
-            sys::gradsync_comm_allgatherv(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                counts.as_ptr(),
-                T::DTYPE as i32,
-            )
-        })
+        let (s, r, c) = (cptr(send), mptr(recv), counts.as_ptr());
+        check(unsafe { sys::gradsync_comm_allgatherv(self.raw(), s, r, c, dtype::<T>()) })
     }
 
     /// Reduces `send` (the counts' sum) over ranks; this rank receives the reduction of its
     /// `counts[rank]` elements (`gradsync_comm_reduce_scatterv`).
-    pub fn reduce_scatterv<T: Element>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatterv<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
         let total = self.per_rank("Communicator::reduce_scatterv", counts)?;
         if send.len() != total || recv.len() != counts[self.rank as usize] {
             return Err(invalid(
@@ -530,16 +478,8 @@ impl Communicator {
                 format!("send must hold the counts' sum ({}) and recv counts[{}]", total, self.rank),
             ));
         }
-        check(unsafe {
-            sys::gradsync_comm_reduce_scatterv(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                counts.as_ptr(),
-                T::DTYPE as i32,
-                op as i32,
-            )
-        })
+        let (s, r, c) = (cptr(send), mptr(recv), counts.as_ptr());
+        check(unsafe { sys::gradsync_comm_reduce_scatterv(self.raw(), s, r, c, dtype::<T>(), op as i32) })
     }
 
     /// Sends `send_counts[d]` elements to rank d and receives `recv_counts[s]` from rank s, both
@@ -560,18 +500,8 @@ impl Communicator {
                 format!("send must hold {} elements and recv {}", sent, received),
             ));
         }
-        check(unsafe {
-            sys::gradsync_comm_alltoallv(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                send_counts.as_ptr(),
-                std::ptr::null(),
-                recv.as_mut_ptr() as *mut c_void,
-                recv_counts.as_ptr(),
-                std::ptr::null(),
-                T::DTYPE as i32,
-            )
-        })
+        let (s, sc, r, rc) = (cptr(send), send_counts.as_ptr(), mptr(recv), recv_counts.as_ptr());
+        check(unsafe { sys::gradsync_comm_alltoallv(self.raw(), s, sc, ptr::null(), r, rc, ptr::null(), dtype::<T>()) })
     }
 
     /// Reduces `send` over ranks, in rank order, into root's `recv` (`gradsync_comm_reduce`);
@@ -580,17 +510,8 @@ impl Communicator {
         if self.rank == root && recv.len() != send.len() {
             return Err(invalid("Communicator::reduce", format!("recv must hold {} elements at the root", send.len())));
         }
-        check(unsafe {
-            sys::gradsync_comm_reduce(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
-                send.len(),
-                T::DTYPE as i32,
-                op as i32,
-                root,
-            )
-        })
+        let (s, r, n) = (cptr(send), self.at_root_mut(root, recv), send.len());
+        check(unsafe { sys::gradsync_comm_reduce(self.raw(), s, r, n, dtype::<T>(), op as i32, root) })
     }
 
     /// Every rank's `send` (same length everywhere) into root's `recv`, rank r's at r * len
@@ -599,16 +520,8 @@ impl Communicator {
         if self.rank == root && Some(recv.len()) != send.len().checked_mul(self.size as usize) {
             return Err(invalid("Communicator::gather", format!("recv must hold {} x {} elements at the root", self.size, send.len())));
         }
-        check(unsafe {
-            sys::gradsync_comm_gather(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
-                send.len(),
-                T::DTYPE as i32,
-                root,
-            )
-        })
+        let (s, r, n) = (cptr(send), self.at_root_mut(root, recv), send.len());
+        check(unsafe { sys::gradsync_comm_gather(self.raw(), s, r, n, dtype::<T>(), root) })
     }
 
     /// Every rank's `send` (any length) into root's `recv`, packed in rank order
@@ -617,17 +530,9 @@ impl Communicator {
         if self.rank == root && self.per_rank("Communicator::gatherv", recv_counts)? != recv.len() {
             return Err(invalid("Communicator::gatherv", "recv must hold the sum of recv_counts at the root".to_string()));
         }
-        check(unsafe {
-            sys::gradsync_comm_gatherv(
-                self.raw(),
-                send.as_ptr() as *const c_void,
-                send.len(),
-                if self.rank == root { recv.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
-                if self.rank == root { recv_counts.as_ptr() } else { std::ptr::null() },
-                T::DTYPE as i32,
-                root,
-            )
-        })
+        let (s, n) = (cptr(send), send.len());
+        let (r, rc) = (self.at_root_mut(root, recv), self.at_root(root, recv_counts.as_ptr()));
+        check(unsafe { sys::gradsync_comm_gatherv(self.raw(), s, n, r, rc, dtype::<T>(), root) })
     }
 
     /// Rank r receives block r of root's `send` (size x `recv.len()` elements; not read
@@ -636,16 +541,8 @@ impl Communicator {
         if self.rank == root && Some(send.len()) != recv.len().checked_mul(self.size as usize) {
             return Err(invalid("Communicator::scatter", format!("send must hold {} x {} elements at the root", self.size, recv.len())));
         }
-        check(unsafe {
-            sys::gradsync_comm_scatter(
-                self.raw(),
-                if self.rank == root { send.as_ptr() as *const c_void } else { std::ptr::null() },
-                recv.as_mut_ptr() as *mut c_void,
-                recv.len(),
-                T::DTYPE as i32,
-                root,
-            )
-        })
+        let (s, r, n) = (self.at_root(root, cptr(send)), mptr(recv), recv.len());
+        check(unsafe { sys::gradsync_comm_scatter(self.raw(), s, r, n, dtype::<T>(), root) })
     }
 
     /// Rank r receives `send_counts[r]` elements (its `recv.len()`) of root's `send`, parts
@@ -655,17 +552,9 @@ impl Communicator {
         if self.rank == root && self.per_rank("Communicator::scatterv", send_counts)? != send.len() {
             return Err(invalid("Communicator::scatterv", "send must hold the sum of send_counts at the root".to_string()));
         }
-        check(unsafe {
-            sys::gradsync_comm_scatterv(
-                self.raw(),
-                if self.rank == root { send.as_ptr() as *const c_void } else { std::ptr::null() },
-                if self.rank == root { send_counts.as_ptr() } else { std::ptr::null() },
-                recv.as_mut_ptr() as *mut c_void,
-                recv.len(),
-                T::DTYPE as i32,
-                root,
-            )
-        })
+        let (s, sc) = (self.at_root(root, cptr(send)), self.at_root(root, send_counts.as_ptr()));
+        let (r, n) = (mptr(recv), recv.len());
+        check(unsafe { sys::gradsync_comm_scatterv(self.raw(), s, sc, r, n, dtype::<T>(), root) })
     }
 
     /// Waits until every rank has arrived (`gradsync_comm_barrier`).
