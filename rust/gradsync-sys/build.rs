@@ -42,4 +42,7 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
     }
     println!("cargo:lib_dir={}", dir.display());
+    // tests/mirrors.rs compiles a C program against the headers: the checkout's, and the build's
+    // generated version.h.
+    println!("cargo:rustc-env=GRADSYNC_BUILD_INCLUDE_DIR={}", dir.join("include").display());
 }
