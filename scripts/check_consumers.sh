@@ -38,7 +38,7 @@ cc "$work/main.c" -o "$work/pc" $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags 
 cmake -S "$work" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 "${run_env[@]}" "$work/build/consumer"
-(cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$prefix/share/gradsync/python" \
+(cd / && env -u GRADSYNC_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$prefix/lib/python3/dist-packages" \
   /usr/bin/python3 -c "import gradsync; print('python: gradsync', gradsync.version(), gradsync.lib._name)")
 
 # MPI is a plugin: the core library never links it; where the plugin is installed, the MPI
@@ -46,7 +46,7 @@ cmake --build "$work/build" >/dev/null
 core="$(readlink -f "$lib_dir/libgradsync.so.0")"
 if readelf -d "$core" | grep NEEDED | grep -qi mpi; then echo "$core links MPI"; exit 1; fi
 if [ -e "$lib_dir/libgradsync-mpi.so.0" ]; then
-  "$here/check_mpi_python.sh" /usr/bin/python3 "$prefix/share/gradsync/python"
+  "$here/check_mpi_python.sh" /usr/bin/python3 "$prefix/lib/python3/dist-packages"
 else
   echo "no MPI plugin installed under $lib_dir: the MPI transport's check is not run"
 fi

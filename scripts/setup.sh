@@ -13,7 +13,10 @@ packages=(
   python3 python3-numpy python3-pytest python3-sklearn python3-networkx python3-matplotlib
   clang-14 libclang-rt-14-dev
   spin
-  python3-venv python3-pip python3-setuptools python3-wheel
+  # pip install . needs no setuptools: the build backend is in the tree (scripts/pep517).
+  python3-venv python3-pip
+  # scripts/ci.d/60-deb.sh checks the .deb packages with it.
+  lintian
   python3-torch
   # numpy's and torch's matrix products: without it they use Debian's reference BLAS, about 12x
   # slower, and every training step is compute-bound. The pthread build, not the serial one:

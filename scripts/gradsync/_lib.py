@@ -54,9 +54,9 @@ def _candidates():
     # A wheel carries the library inside the package.
     if (here / SONAME).exists():
         yield str(here / SONAME)
-    # cmake --install puts the package in <prefix>/share/gradsync/python/gradsync, the library in
-    # <prefix>/lib or <prefix>/lib/<multiarch>.
-    if len(here.parents) >= 4 and here.parents[1].name == "gradsync" and here.parents[2].name == "share":
+    # cmake --install (and the .deb) puts the package in <prefix>/lib/python3/dist-packages/gradsync,
+    # the library in <prefix>/lib or <prefix>/lib/<multiarch>.
+    if len(here.parents) >= 4 and [p.name for p in list(here.parents)[:3]] == ["dist-packages", "python3", "lib"]:
         prefix = here.parents[3]
         for path in sorted(prefix.glob("lib*/" + SONAME)) + sorted(prefix.glob("lib/*/" + SONAME)):
             yield str(path)
