@@ -61,9 +61,6 @@ mkdir "$work/debian-numpy"
 ln -s /usr/lib/python3/dist-packages/numpy /usr/lib/python3/dist-packages/numpy-*info "$work/debian-numpy/"
 site="$("$work/other/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 echo "$work/debian-numpy" > "$site/debian_numpy.pth"
-if "$work/other/bin/python" -c 'import setuptools' 2>/dev/null || "$work/other/bin/python" -c 'import wheel' 2>/dev/null; then
-  echo "40-wheel: note: $other has setuptools or wheel; the backend needs neither"
-fi
 "$work/other/bin/pip" install -q "${pip_build[@]}" "$root"
 (cd / && "${clean_env[@]}" "$work/other/bin/python" -c "$allreduce" "pip install . (another CPython)")
 
@@ -93,6 +90,7 @@ for lib in $(ldconfig -p | awk '/lib(spdlog|fmt)\.so/ {print $NF}' | xargs -r re
 [ ${#hide[@]} -gt 0 ] || { echo "40-wheel: no libspdlog or libfmt on this machine to hide"; exit 1; }
 unshare_cmd=(unshare --mount --propagation private)
 [ "$(id -u)" -eq 0 ] || unshare_cmd=(unshare --user --map-root-user --mount --propagation private)
+# shellcheck disable=SC2016
 (cd / && "${clean_env[@]}" "${unshare_cmd[@]}" bash -c '
   set -euo pipefail
   for f in "${@:3}"; do mount --bind /dev/null "$f"; done
