@@ -6,6 +6,7 @@
 // segment's heap, an abort named to the waiters); the collectives' semantics, mismatches,
 // timeouts and resets are tested for every transport by tests/conformance.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -276,6 +277,90 @@ void case_alloc(gradsync_comm* c) {
   OK(gradsync_comm_free_buffer(c, p));
 }
 
+void round_of_ones(gradsync_comm* c, int size);
+
+// Allreduces of ordinary buffers past the inline size, which ranks that reach each other's
+// processes run on each other's memory (process_vm_readv/writev) rather than through the segment's
+// stages: the same bits as the staged path (a second group whose ranks were told not to), in place
+// and out of place, fused, over several blocks per slice and odd lengths, with one rank's buffers
+// in the segment; with one rank refusing (its peers then stage too); and a rank whose buffer its
+// peers cannot read (pages it protected in the part they own) stops the group with E_CORRUPT on
+// every rank instead of hanging or crashing.
+void case_cross(gradsync_comm* c) {
+  setenv("GRADSYNC_SHM_CROSS_PROCESS", "0", 1);
+  gradsync_comm* staged = join(g_group + "-staged", g_rank, g_size, 20000);
+  // Rank 1 alone refuses in the third group: its peers must stage with it.
+  if (g_rank != 1) unsetenv("GRADSYNC_SHM_CROSS_PROCESS");
+  gradsync_comm* one_refuses = join(g_group + "-one", g_rank, g_size, 20000);
+  unsetenv("GRADSYNC_SHM_CROSS_PROCESS");
+  // Values whose sums round differently in another order, so that the bits say the order.
+  auto fill = [](float* p, size_t n, int salt) {
+    for (size_t i = 0; i < n; ++i) p[i] = float((i * 2654435761u + unsigned(salt) * 40503u) % 1000003) * 1e-3f + 1e-7f * float(salt);
+  };
+  for (size_t n : {size_t(4097), size_t(65536 + 3), size_t(300001), size_t(1) << 20}) {
+    for (bool in_place : {true, false}) {
+      for (int seg = 0; seg < 2; ++seg) {
+        // seg 1: rank 0's buffers in the segment, the others' ordinary.
+        const bool in_segment = seg == 1 && g_rank == 0;
+        Buffer<float> send(c, n, in_segment), recv(c, n, in_segment);
+        std::vector<float> a(n), b(n), expect_send(n);
+        fill(send.data, n, g_rank + 1);
+        std::copy(send.data, send.data + n, a.data());
+        std::copy(send.data, send.data + n, expect_send.data());
+        float* out = in_place ? send.data : recv.data;
+        OK(gradsync_comm_allreduce(c, send.data, out, n, GRADSYNC_F32, GRADSYNC_SUM));
+        std::copy(send.data, send.data + n, b.data());
+        float* out_a = a.data();
+        std::vector<float> a_out(n);
+        OK(gradsync_comm_allreduce(staged, a.data(), in_place ? out_a : a_out.data(), n, GRADSYNC_F32, GRADSYNC_SUM));
+        const float* want = in_place ? a.data() : a_out.data();
+        EXPECT(fnv(out, n * 4) == fnv(want, n * 4), "n=%zu in_place=%d seg=%d: not the staged path's bits (%g vs %g)", n,
+               int(in_place), seg, double(out[n - 1]), double(want[n - 1]));
+        if (!in_place) EXPECT(fnv(send.data, n * 4) == fnv(expect_send.data(), n * 4), "n=%zu: send changed", n);
+        std::vector<float> c_in(expect_send), c_out(n);
+        OK(gradsync_comm_allreduce(one_refuses, c_in.data(), c_out.data(), n, GRADSYNC_F32, GRADSYNC_SUM));
+        EXPECT(fnv(c_out.data(), n * 4) == fnv(want, n * 4), "n=%zu: one rank refusing gave other bits", n);
+      }
+    }
+  }
+  // Fused: three buffers, the middle one spanning both ranks' slices.
+  {
+    std::vector<double> x(5000), y(200000), z(7);
+    std::vector<double> x2, y2, z2;
+    for (size_t i = 0; i < y.size(); ++i) y[i] = double(i % 977) * (g_rank + 1) + 0.5;
+    for (size_t i = 0; i < x.size(); ++i) x[i] = double(i) - g_rank;
+    for (size_t i = 0; i < z.size(); ++i) z[i] = double(i * g_rank);
+    x2 = x, y2 = y, z2 = z;
+    void* recvs[3] = {x.data(), y.data(), z.data()};
+    void* recvs2[3] = {x2.data(), y2.data(), z2.data()};
+    const size_t counts[3] = {x.size(), y.size(), z.size()};
+    OK(gradsync_comm_allreduce_many(c, nullptr, recvs, counts, 3, GRADSYNC_F64, GRADSYNC_SUM));
+    OK(gradsync_comm_allreduce_many(staged, nullptr, recvs2, counts, 3, GRADSYNC_F64, GRADSYNC_SUM));
+    EXPECT(x == x2 && y == y2 && z == z2, "fused: not the staged path's results");
+    const double s = double(g_size) * (g_size + 1) / 2;
+    EXPECT(y[977 + 5] == 5 * s + 0.5 * g_size, "fused: y[982] = %g", y[977 + 5]);
+  }
+  gradsync_comm_free(staged);
+  gradsync_comm_free(one_refuses);
+  // Rank 1 protects the first half of its buffer, which rank 0 reduces (rank 1 itself reads only
+  // its own part, the second half): rank 0 cannot read it, and every rank fails alike.
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), n = 64 * page / sizeof(float);
+  float* p = static_cast<float*>(mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  EXPECT(p != MAP_FAILED, "mmap");
+  std::fill(p, p + n, 1.f);
+  if (g_rank == 1) EXPECT(mprotect(p, n * sizeof(float) / 4, PROT_NONE) == 0, "mprotect");
+  const int st = gradsync_comm_allreduce(c, p, p, n, GRADSYNC_F32, GRADSYNC_SUM);
+  if (g_rank == 0) {
+    expect_status(st, GRADSYNC_E_CORRUPT, "reading a peer's unreadable buffer", {"rank 1", "does not map"});
+  } else {
+    EXPECT(st == GRADSYNC_E_CORRUPT, "a peer that could not read rank 1's buffer: got %d (%s)", st,
+           gradsync_last_error_message());
+  }
+  OK(gradsync_comm_reset(c));
+  munmap(p, n * sizeof(float));
+  round_of_ones(c, g_size);
+}
+
 void round_of_ones(gradsync_comm* c, int size) {
   std::vector<double> v(20000, 1.0);
   OK(gradsync_comm_allreduce(c, v.data(), v.data(), v.size(), GRADSYNC_F64, GRADSYNC_SUM));
@@ -341,6 +426,7 @@ int main(int argc, char** argv) {
   else if (k == "alloc") case_alloc(c);
   else if (k == "oom") case_oom(c);
   else if (k == "truncate") case_truncate(c);
+  else if (k == "cross") case_cross(c);
   else if (k == "late" || k == "stale_reuse") round_of_ones(c, g_size);
   else if (k == "names") {
     // Each group sums its own value: any crosstalk between the groups would change the result.

@@ -59,6 +59,10 @@ constexpr uint64_t kStreamingBytes = 8u << 20;
 // some rank's buffers are out of its peers' reach (shm buffers not from comm.alloc()).
 constexpr uint64_t kInPlaceFromBytes = 512;
 
+// Where cross_process_allreduce looked for a peer's range it could not reach.
+constexpr const char* kOutsideHeaps = "outside the group's shared heaps";
+constexpr const char* kNotMapped = "that its process does not map";
+
 void copy_streaming(char* dst, const char* src, size_t bytes) noexcept {
 #if defined(__SSE2__)
   const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
@@ -211,6 +215,9 @@ class SharedMemoryCommunicator final : public Communicator {
   // The copy path of allreduce over the concatenation `all` (also the weighted mean's, on its
   // staged contributions).
   void pipeline_allreduce(const Round& round, const Concat& all, DType dtype, ReduceOp op);
+  // The allreduce of a round whose ranks all reach each other's processes (Round::all_cross).
+  void cross_process_allreduce(const Round& round, const Concat& all, std::span<const BufferRef> buffers,
+                               DType dtype, ReduceOp op);
   // The copy path of reduce_scatter and the exchange: in step k every rank stages block k of each
   // of its parts of `in` (its part for rank j in slot j, `block` elements each) and consumes block
   // k-1 of what every rank staged for it: consume(first element, block, from) with from[r] rank
@@ -249,6 +256,9 @@ class SharedMemoryCommunicator final : public Communicator {
   RoundEngine engine_;
   // Allreduces past kInPlaceFromBytes go direct when they can (see there).
   const bool direct_from_small_sizes_ = options_.size <= fabric_->cpus();
+  // cross_process_allreduce's copies of the peers' blocks, one chunk per peer; grown once.
+  std::unique_ptr<char[]> cross_scratch_;
+  size_t cross_scratch_bytes_ = 0;
 };
 
 Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,
@@ -286,15 +296,23 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
       direct = fabric_->address_of(buffers[i].send, buffers[i].count * es) != kNoAddress &&
                fabric_->address_of(buffers[i].recv, buffers[i].count * es) != kNoAddress;
     }
+    // Past the inline size, a rank that reaches its peers' processes offers to read and write
+    // their slices where they are (cross_process_allreduce); ranks that all do skip the stages.
+    const bool cross = !fits_inline && fits_table && fabric_->reaches_peer_processes();
     Descriptor d{};
     d.call = allreduce_call(buffers, dtype, op);
-    d.direct = direct ? 1 : 0;
+    d.direct = (direct ? kDirectShared : 0) | (cross ? kDirectCrossProcess : 0);
     auto stage = [&](uint64_t parity) { all.gather(0, total, control_.inline_area(rank(), parity)); };
     const Round round = engine_.begin(d, [&](uint64_t parity) {
       if (direct) {
         for (size_t i = 0; i < buffers.size(); ++i) {
           control_.publish_address(rank(), parity, i,
                                    {fabric_->address_of(buffers[i].send, 0), fabric_->address_of(buffers[i].recv, 0)});
+        }
+      } else if (cross) {
+        for (size_t i = 0; i < buffers.size(); ++i) {
+          control_.publish_address(rank(), parity, i,
+                                   {reinterpret_cast<uintptr_t>(buffers[i].send), reinterpret_cast<uintptr_t>(buffers[i].recv)});
         }
       } else if (fits_inline) {
         stage(parity);
@@ -341,8 +359,76 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
       engine_.barrier(round, Collective::Allreduce, true);
       return;
     }
+    if (round.all_cross) {
+      cross_process_allreduce(round, all, buffers, dtype, op);
+      return;
+    }
     pipeline_allreduce(round, all, dtype, op);
   });
+}
+
+// The direct path's owner slices over ordinary buffers in other processes: each rank reads its
+// slice of every peer's input from the peer's process into this rank's scratch, reduces it (in
+// rank order) into its own buffer, and writes the result into every peer's, block by block.
+// Every line of a buffer is thus touched by one core only, its slice's owner, as on the direct
+// path, while the staged copy path moves each line between cores twice a call (in through the
+// input stage, out through the result stage): on hosts where those transfers slow down (cores far
+// apart), that was the copy path's slow mode, and this path does not have it.
+void SharedMemoryCommunicator::cross_process_allreduce(const Round& round, const Concat& all,
+                                                       std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t n = static_cast<size_t>(size());
+  const uint64_t block = kChunkBytes / es;
+  if (cross_scratch_bytes_ < (n - 1) * kChunkBytes) {
+    cross_scratch_.reset(new char[(n - 1) * kChunkBytes]);
+    cross_scratch_bytes_ = (n - 1) * kChunkBytes;
+  }
+  SmallVector<const void*> srcs(n);
+  const Part mine = my_part(all.total());
+  all.for_range(mine.start, mine.start + mine.len, [&](size_t i, uint64_t a, uint64_t b, uint64_t) {
+    char* own_recv = all.recv(i);
+    for (uint64_t lo = a; lo < b; lo += block) {
+      const uint64_t len = std::min(block, b - lo);
+      const uint64_t offset = lo * es, bytes = len * es;
+      char* scratch = cross_scratch_.get();
+      for (size_t r = 0; r < n; ++r) {
+        const int rr = static_cast<int>(r);
+        if (rr == rank()) {
+          srcs[r] = all.send(i) + offset;
+          continue;
+        }
+        const uint32_t how = engine_.desc(rr, round.parity).direct;
+        const BufferAddress& o = control_.table(rr, round.parity)[i];
+        if ((how & kDirectShared) != 0) {
+          const char* p = control_.reach(o.send, buffers[i].count * es);
+          if (p == nullptr) engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.send, buffers[i].count * es, kOutsideHeaps);
+          srcs[r] = p + offset;
+        } else {
+          if (!fabric_->read_peer(rr, o.send + offset, scratch, bytes)) {
+            engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.send + offset, bytes, kNotMapped);
+          }
+          srcs[r] = scratch;
+          scratch += kChunkBytes;
+        }
+      }
+      reduce(dtype, op, srcs.data(), n, own_recv + offset, 0, len);
+      for (size_t r = 0; r < n; ++r) {
+        const int rr = static_cast<int>(r);
+        if (rr == rank()) continue;
+        const uint32_t how = engine_.desc(rr, round.parity).direct;
+        const BufferAddress& o = control_.table(rr, round.parity)[i];
+        if ((how & kDirectShared) != 0) {
+          char* p = control_.reach(o.recv, buffers[i].count * es);
+          if (p == nullptr) engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.recv, buffers[i].count * es, kOutsideHeaps);
+          std::memcpy(p + offset, own_recv + offset, bytes);
+        } else if (!fabric_->write_peer(rr, o.recv + offset, own_recv + offset, bytes)) {
+          engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.recv + offset, bytes, kNotMapped);
+        }
+      }
+    }
+  });
+  // Peers write into this rank's own memory: it holds its buffers until every peer is done.
+  engine_.barrier(round, Collective::Allreduce, true, true);
 }
 
 // A pipeline of kStageDepth chunks. Each rank stages chunk j of its input, reduces its slice of

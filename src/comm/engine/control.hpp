@@ -97,6 +97,13 @@ constexpr uint32_t reset_code_epoch(uint64_t code) noexcept { return static_cast
 constexpr uint32_t reset_code_attempt(uint64_t code) noexcept { return static_cast<uint32_t>(code >> 1) & 0x7fffffffu; }
 constexpr bool reset_code_open(uint64_t code) noexcept { return (code & 1) != 0; }
 
+// Descriptor::direct. kDirectShared: every buffer is reachable by the peers in memory they share;
+// its addresses are in the table. kDirectCrossProcess (an shm allreduce past the inline size):
+// this rank can copy to and from every peer's process memory (Fabric::reaches_peer_processes),
+// and, unless kDirectShared is set too, the table holds its buffers' addresses in its own process.
+constexpr uint32_t kDirectShared = 1;
+constexpr uint32_t kDirectCrossProcess = 2;
+
 // What a rank is about to do in a round; peers compare the calls before touching each other's data.
 // Stored only when it changed (a loop repeats its calls), so that it stays valid in the peers'
 // caches: keep what changes on every call out of it (the arrival stamp lives beside the barrier
@@ -108,7 +115,7 @@ constexpr bool reset_code_open(uint64_t code) noexcept { return (code & 1) != 0;
 // every rank joins once its call is over.
 struct Descriptor {
   CallSignature call;
-  uint32_t direct;  // every buffer is reachable by the peers; its addresses are in the table
+  uint32_t direct;  // kDirect* bits
   uint32_t pad;
   uint64_t reserved;  // 0
   uint64_t weight;  // weighted mean: this rank's sample count
@@ -131,6 +138,12 @@ struct alignas(64) RankSlot {
   // is at most the least of them. Here rather than beside the mask, in this line's spare room, so
   // that the slot keeps its size.
   std::atomic<int32_t> cpu_limit{0};
+  // shm: a random token in this rank's process memory, and its address there, written before it
+  // counts as joined. A peer that reads the token back through process_vm_readv knows both that
+  // it may copy to and from this process and that the pid in this slot is this rank's (not a
+  // process of another PID namespace that happens to bear the number). 0: not offered.
+  std::atomic<uint64_t> reach_token{0};
+  std::atomic<uint64_t> reach_token_address{0};
   // Barriers this rank has arrived at, written just before its add to the barrier word; only its
   // owner writes it. Peers poll the barrier word, not this: it names the ranks a wait is waiting
   // for, and tells a wait that must hold its buffers which live peers are done with them.
@@ -155,7 +168,8 @@ struct alignas(64) RankSlot {
   alignas(64) std::atomic<uint64_t> cpu_mask[16];
 };
 // Segments of one format have one slot layout: a field added in a line's spare room keeps it.
-static_assert(sizeof(RankSlot) == 640 && offsetof(RankSlot, arrivals) == 64 && offsetof(RankSlot, desc) == 384,
+static_assert(sizeof(RankSlot) == 640 && offsetof(RankSlot, arrivals) == 64 && offsetof(RankSlot, desc) == 384 &&
+                  offsetof(RankSlot, reach_token_address) + 8 <= 64,
               "RankSlot's layout changed: change the segment format (shm::kFormatVersion) and its fuzz seeds");
 
 // The group's own words.

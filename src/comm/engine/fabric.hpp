@@ -30,6 +30,16 @@ class Fabric {
   // call) it may give up at the deadline or on abort, and the group fails the round for everyone.
   virtual bool peers_use_private_memory() const noexcept = 0;
 
+  // Whether this rank can copy to and from every peer's process memory at addresses of the peer's
+  // own (process_vm_readv/writev; shm only, checked once as the group formed). When every rank
+  // can, an allreduce of ordinary buffers reads and writes the peers' slices where they are, as
+  // the direct path does, instead of staging them through the segment.
+  virtual bool reaches_peer_processes() const noexcept { return false; }
+  // Copies bytes from rank r's process at `address` into dst, or from src to there; false when
+  // the kernel refuses (the range is not mapped in r, or r is gone).
+  virtual bool read_peer(int, uint64_t, void*, size_t) const noexcept { return false; }
+  virtual bool write_peer(int, uint64_t, const void*, size_t) const noexcept { return false; }
+
   // How many of the group's ranks can each have a CPU of its own (wait_detail::ranks_with_own_cpu
   // over the affinities they joined with, capped by their cgroups' CPU limits), taken once as the
   // group formed: fewer than the ranks means they outnumber the CPUs, which chooses how they wait

@@ -138,8 +138,8 @@ void RoundEngine::fail_fast() {
   if (stop_reason(words().stop_word.load(std::memory_order_acquire)) != StopReason::None) throw_stopped(false, round_ + 1);
 }
 
-void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers) {
-  const bool hold = hold_buffers && fabric_.peers_use_private_memory();
+void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers, bool cross_process) {
+  const bool hold = hold_buffers && (cross_process || fabric_.peers_use_private_memory());
   arrive();
   const uint64_t target = barriers_;
   const Waited waited =
@@ -284,6 +284,25 @@ void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address
   decide(barriers_ + 1);
   fail(GRADSYNC_E_CORRUPT, "{}: rank {} published a buffer [{:#x}, +{}) outside the group's shared heaps; the group "
        "is stopped (reset or free it)", where(round.number), r, address, bytes);
+}
+
+void RoundEngine::refuse_peer_range(const Round& round, Collective what, int r, uint64_t address, uint64_t bytes,
+                                    const char* lies) {
+  const bool gone = !fabric_.alive(r);
+  if (gone) {
+    check_peers();
+  } else {
+    stop(StopReason::Corrupt, rank_);
+  }
+  // The round's next barrier falls, and this rank counts as past it (as fail_round has it), so
+  // peers holding their buffers know it copies no more; then it holds its own likewise.
+  decide(barriers_ + 1);
+  control_.slot(rank_).arrivals.store(barriers_ + 1, std::memory_order_seq_cst);
+  notify(words().wake);
+  wait_barrier(barriers_ + 1, round.deadline, WaitMode::Hold, collective_name(what), round.number);
+  if (gone) throw_gone(r, round.number);
+  fail(GRADSYNC_E_CORRUPT, "{}: rank {} published a buffer [{:#x}, +{}) {}; the group is stopped (reset or free it)",
+       where(round.number), r, address, bytes, lies);
 }
 
 void RoundEngine::leave() noexcept {

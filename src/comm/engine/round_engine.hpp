@@ -69,8 +69,9 @@ class RoundEngine {
     // Set at the round's first wait that outlasts its first polls (a clock read that a rank whose
     // peers are there, or come within those polls, never pays).
     mutable WaitClock::time_point deadline{};
-    bool all_direct;  // every rank's buffers are reachable by its peers (Descriptor::direct)
+    bool all_direct;  // every rank's buffers are reachable by its peers (kDirectShared)
     bool any_direct;  // some rank's are
+    bool all_cross;   // every rank reaches every peer's process memory (kDirectCrossProcess)
   };
 
   // interrupt is asked while waits last (InterruptCheck); it and telemetry (which hears of each
@@ -92,9 +93,10 @@ class RoundEngine {
   template <class Publish>
   Round begin(const Descriptor& d, Publish&& publish);
   // A barrier inside a round. When peers may still be using this rank's private buffers
-  // (`hold_buffers` on a fabric whose peers use private memory), it waits for them whatever the
-  // deadline or an abort says: returning would let a peer write into freed memory.
-  void barrier(const Round& round, Collective what, bool hold_buffers);
+  // (`hold_buffers` on a fabric whose peers use private memory, or in a round whose peers copy to
+  // and from this process: `cross_process`), it waits for them whatever the deadline or an abort
+  // says: returning would let a peer write into freed memory.
+  void barrier(const Round& round, Collective what, bool hold_buffers, bool cross_process = false);
   // Waits for a condition on the peers' copy-path counters. On abort, deadline or a dead peer it
   // decides the round's next barrier failed, so every rank fails the round, then throws.
   template <class Ready>
@@ -114,6 +116,12 @@ class RoundEngine {
   // Rank r published a buffer that this rank may not touch (ControlArea::reach): the group fails
   // this round on every rank (its next barrier is decided failed) and stops; throws E_CORRUPT.
   [[noreturn]] void refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes);
+  // The same for a round whose peers copy to and from this rank's process (Round::all_cross), where
+  // a copy with rank r failed: r died (thrown as such), or its range [address, +bytes) was not
+  // there (`lies` says where it was looked for; E_CORRUPT). This rank leaves only once no live
+  // peer copies into its process any more.
+  [[noreturn]] void refuse_peer_range(const Round& round, Collective what, int r, uint64_t address, uint64_t bytes,
+                                      const char* lies);
 
   // Runs body, one collective. Once it calls hold_round() (its round is agreed, and any check that
   // every rank makes alike is passed), the rest of the call is the round's: an exception that
@@ -279,7 +287,7 @@ RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, 
 template <class Publish>
 RoundEngine::Round RoundEngine::begin(const Descriptor& d, Publish&& publish) {
   fail_fast();
-  Round round{++round_, 0, {}, true, false};
+  Round round{++round_, 0, {}, true, false, true};
   round.parity = round.number & 1;
   publish(round.parity);
   const auto arrived = telemetry_.now();
@@ -326,9 +334,10 @@ RoundEngine::Round RoundEngine::begin(const Descriptor& d, Publish&& publish) {
   // Went ahead: every rank arrived, and every rank runs the round (even if an abort comes now).
   verify(round);
   for (int r = 0; r < size_; ++r) {
-    const bool direct = desc(r, round.parity).direct != 0;
-    round.all_direct &= direct;
-    round.any_direct |= direct;
+    const uint32_t direct = desc(r, round.parity).direct;
+    round.all_direct &= (direct & kDirectShared) != 0;
+    round.any_direct |= (direct & kDirectShared) != 0;
+    round.all_cross &= (direct & kDirectCrossProcess) != 0;
   }
   return round;
 }

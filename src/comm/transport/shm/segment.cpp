@@ -7,9 +7,11 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
@@ -21,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/ofd_lock.hpp"
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm::shm {
 namespace bip = boost::interprocess;
@@ -331,6 +334,9 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(cpu_mask.bits[i], std::memory_order_relaxed);
     mine.cpu_limit.store(cpu_limit, std::memory_order_relaxed);
     mine.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    seg->reach_token_ = random_nonce() | 1;
+    mine.reach_token.store(seg->reach_token_, std::memory_order_relaxed);
+    mine.reach_token_address.store(reinterpret_cast<uintptr_t>(&seg->reach_token_), std::memory_order_relaxed);
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
     seg->free_.emplace(0, seg->layout_.heap_bytes_per_rank);
@@ -379,6 +385,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         limits[static_cast<size_t>(r)] = seg->slot(r).cpu_limit.load(std::memory_order_relaxed);
       }
       seg->cpus_ = wait_detail::ranks_with_own_cpu(masks, limits);
+      seg->probe_peers();
       break;
     }
     if (Clock::now() >= deadline) {
@@ -393,6 +400,49 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     std::this_thread::sleep_for(kPollInterval);
   }
   return seg;
+}
+
+void Segment::probe_peers() {
+  peer_pids_.assign(static_cast<size_t>(size_), 0);
+  reaches_peers_ = false;
+  if (const char* env = std::getenv("GRADSYNC_SHM_CROSS_PROCESS"); env != nullptr && std::strcmp(env, "0") == 0) return;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const RankSlot& s = slot(r);
+    const uint64_t token = s.reach_token.load(std::memory_order_relaxed);
+    peer_pids_[static_cast<size_t>(r)] = s.pid.load(std::memory_order_relaxed);
+    uint64_t got = 0;
+    const char* why = nullptr;
+    if (token == 0) {
+      why = "it offers none";
+    } else if (!peer_copy(r, s.reach_token_address.load(std::memory_order_relaxed), &got, sizeof got, false)) {
+      why = std::strerror(errno);
+    } else if (got != token) {
+      why = "its pid names another process here";
+    }
+    if (why != nullptr) {
+      GS_LOG_DEBUG("shm group '{}': rank {} cannot copy to and from rank {}'s process ({}); allreduces of ordinary "
+                   "buffers are staged through the segment", group_, rank_, r, why);
+      return;
+    }
+  }
+  reaches_peers_ = true;
+}
+
+bool Segment::peer_copy(int r, uint64_t address, void* local, size_t bytes, bool write) const noexcept {
+  const pid_t pid = peer_pids_[static_cast<size_t>(r)];
+  char* at = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec here{at, bytes};
+    iovec there{reinterpret_cast<void*>(address), bytes};
+    const ssize_t moved = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                                : process_vm_readv(pid, &here, 1, &there, 1, 0);
+    if (moved <= 0) return false;  // a partial copy stops at the first page it could not reach
+    at += moved;
+    address += static_cast<uint64_t>(moved);
+    bytes -= static_cast<size_t>(moved);
+  }
+  return true;
 }
 
 bool Segment::alive(int r) const {

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -109,6 +110,14 @@ class Segment {
   // Marks the group unjoinable: used when a peer died, so nobody joins what is left of it.
   void close_group() noexcept;
 
+  // Whether this rank can copy to and from every peer's process (process_vm_readv/writev): each
+  // peer's reach_token was read back from its process as the group formed. Not when
+  // GRADSYNC_SHM_CROSS_PROCESS=0, nor where the kernel refuses (another user, a non-dumpable
+  // process, a seccomp filter, another PID namespace).
+  bool reaches_peers() const noexcept { return reaches_peers_; }
+  // process_vm_readv/writev with rank r's process, as it joined; false unless every byte moved.
+  bool peer_copy(int r, uint64_t address, void* local, size_t bytes, bool write) const noexcept;
+
   // Offset of p in the segment when [p, p+bytes) lies inside this rank's own heap, else kNoAddress.
   uint64_t own_heap_offset(const void* p, size_t bytes) const noexcept;
   // Allocates in this rank's heap (page-granular, backed by posix_fallocate so touching it can
@@ -124,6 +133,8 @@ class Segment {
  private:
   Segment() = default;
   void leave() noexcept;
+  // Sets reaches_peers_ (see reaches_peers), once every rank has joined.
+  void probe_peers();
 
   std::string group_;
   std::string shm_name_;
@@ -138,6 +149,10 @@ class Segment {
   Header* header_ = nullptr;
   Layout layout_{};
   ControlArea control_;
+  // Read back by the peers (RankSlot::reach_token); lives as long as the group, at a fixed address.
+  uint64_t reach_token_ = 0;
+  bool reaches_peers_ = false;
+  std::vector<pid_t> peer_pids_;  // as the peers joined: a slot rewritten later cannot redirect a copy
   // This rank's heap: free ranges and live allocations, by offset within the heap.
   std::map<uint64_t, uint64_t> free_;
   std::map<uint64_t, uint64_t> used_;

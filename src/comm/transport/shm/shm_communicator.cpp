@@ -26,6 +26,13 @@ class ShmFabric final : public Fabric {
   }
   // Peers only ever touch this rank's buffers in the segment, which outlives any call.
   bool peers_use_private_memory() const noexcept override { return false; }
+  bool reaches_peer_processes() const noexcept override { return segment_->reaches_peers(); }
+  bool read_peer(int r, uint64_t address, void* dst, size_t bytes) const noexcept override {
+    return segment_->peer_copy(r, address, dst, bytes, false);
+  }
+  bool write_peer(int r, uint64_t address, const void* src, size_t bytes) const noexcept override {
+    return segment_->peer_copy(r, address, const_cast<void*>(src), bytes, true);
+  }
   int cpus() const noexcept override { return segment_->cpus(); }
   // The waits ask this every liveness interval: a segment truncated under the group fails the
   // call here (E_IO) rather than waiting out the deadline on memory that no peer writes any more.
