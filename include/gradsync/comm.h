@@ -70,9 +70,14 @@
  *   GRADSYNC_E_NO_SPACE, never SIGBUS. A segment truncated by any process (a member included) makes
  *   every member's current or next call fail with GRADSYNC_E_IO within a few milliseconds, not SIGBUS.
  * - Data paths: buffers from gradsync_comm_alloc (on every rank) are reduced zero copy, each rank
- *   its slice straight from the peers' buffers; ordinary buffers are staged through the segment in
- *   pipelined chunks. Small payloads travel inline (one barrier per call; two for an allreduce
- *   whose ranks mix both kinds of buffers).
+ *   its slice straight from the peers' buffers. An allreduce of ordinary buffers past 16 KiB does
+ *   the same through the kernel (process_vm_readv/writev) when every rank may copy to and from its
+ *   peers' processes (same user, same PID namespace, not refused by a security policy; checked as
+ *   the group forms; GRADSYNC_SHM_CROSS_PROCESS=0 in a rank's environment declines); otherwise, and
+ *   for the other collectives, ordinary buffers are staged through the segment in pipelined
+ *   chunks. A buffer a peer cannot reach there (pages the caller unmapped or protected) stops the
+ *   group with GRADSYNC_E_CORRUPT on every rank. Small payloads travel inline (one barrier per
+ *   call; two for an allreduce whose ranks mix both kinds of buffers).
  * - A peer process that dies is detected while waiting (by a lock the kernel drops with the
  *   process, and by PID): every rank gets GRADSYNC_E_REMOTE naming its rank and pid, then
  *   later calls fail fast; free the group and form a new one (same name allowed). A member that

@@ -13,6 +13,10 @@
 //   a completion barrier keeps every caller in the call while peers touch its buffers. Element i
 //   is read and written only by the owner of its slice, all reads of a block before any write, so
 //   in place needs no extra phase.
+// - cross-process (shm allreduce of ordinary caller buffers past the inline size, when every rank
+//   can copy to and from its peers' processes: Fabric::reaches_peer_processes): the direct path's
+//   owner slices, each rank reading its slice of the peers' buffers with process_vm_readv and
+//   writing the result back with process_vm_writev, then the same completion barrier, holding.
 // - copy (shm, ordinary caller buffers): allreduce streams chunks of kChunkBytes through
 //   kStageDepth stages: each rank stages the slices its peers reduce, reduces its own slice
 //   straight from its own buffer and the peers' stages (into its buffer and the result stage),
