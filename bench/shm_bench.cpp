@@ -70,11 +70,11 @@ double median(std::vector<double> v) {
 // machine, where raw MPI's 16M round at N = 4 takes most of a second.
 bool g_matrix = false;
 int matrix_iterations(size_t m) {
-  if (m <= 1024) return 20000;
-  if (m <= 8192) return 5000;
-  if (m <= 65536) return 1000;
-  if (m <= (1u << 20)) return 60;
-  return 8;
+  if (m <= 1024) return 10000;
+  if (m <= 8192) return 3000;
+  if (m <= 65536) return 500;
+  if (m <= (1u << 20)) return 30;
+  return 5;
 }
 
 // Times `call` (per call, in microseconds) after a warm-up of half as many calls; returns the median.
