@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "comm/reduce.hpp"
 #include "common/log.hpp"
@@ -288,7 +289,13 @@ void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address
 
 void RoundEngine::refuse_peer_range(const Round& round, Collective what, int r, uint64_t address, uint64_t bytes,
                                     const char* lies) {
-  const bool gone = !fabric_.alive(r);
+  // A process being killed loses its memory before the kernel drops its lock: its death is given
+  // a moment to show before its range is called corrupt.
+  bool gone = !fabric_.alive(r);
+  for (auto until = WaitClock::now() + std::chrono::milliseconds(250); !gone && WaitClock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    gone = !fabric_.alive(r);
+  }
   if (gone) {
     check_peers();
   } else {
