@@ -15,6 +15,8 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -150,23 +152,49 @@ struct PeerInfo {
   uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
 };
 
-// What each rank contributes to the rendezvous: its fingerprint and, for an allreduce of at most
-// kInlineBytes, the data itself, so that a small allreduce takes one round trip (the reduction is
-// then done locally, in rank order, by every rank). One fixed size for every call, so that ranks
-// that disagree still exchange matching messages.
-constexpr size_t kInlineBytes = 64;
-struct Slot {
+// What every rank sends every other rank at the start of each call (the call's exchange): what it
+// is about to do, a weighted mean's weight, when it arrived, and, on the small path, its data.
+struct Header {
   Fingerprint fp;
   uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
   // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
   // clocks share no origin): the group's statistics compare the ranks' arrivals.
   int64_t arrived_ns;
-  std::byte payload[kInlineBytes];
+  uint64_t bytes;  // the data that follows the header (the small path), or 0
+};
+static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 72, "the header is sent as raw bytes");
+// Where a rank's data starts in its message: 16-byte aligned for the reduction kernels.
+constexpr size_t kHeaderArea = 80;
+// The small path: an allreduce of at most this many bytes per rank, and at most kPackBudget over the
+// group, travels inside the exchange and every rank folds the contributions in rank order. Every
+// rank computes the same limit from the group's size, so a message never exceeds the receive
+// posted for it, even when the ranks' calls differ.
+constexpr size_t kPackBytes = size_t{16} << 10;
+constexpr size_t kPackBudget = size_t{64} << 10;
+constexpr int kExchangeTag = 7003;
+
+// The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
+// Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
+struct Exchange {
+  size_t slot = 0;
+  std::vector<std::byte> table;
+  std::vector<MPI_Request> requests;
+  Exchange(int ranks, size_t capacity)
+      : slot(kHeaderArea + capacity),
+        table(static_cast<size_t>(ranks) * slot),
+        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
+  Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
+  std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
 };
 
-struct Rendezvous {
-  Slot mine;
-  std::vector<Slot> all;
+// An abort notice: why its sender gave up (abort, timeout, a dead peer), the rank that started it
+// (the sender may be forwarding it), and the first call of the group that the sender will not
+// post: that call can complete nowhere, earlier ones still can.
+struct Notice {
+  int64_t status = 0;
+  int64_t subject = -1;
+  int64_t stop_at = 0;
+  int source = -1;
 };
 
 struct FreshComms {
@@ -211,26 +239,37 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) override;
 
  private:
+  // What a call's exchange carries besides its header: the small path's data.
+  struct Payload {
+    std::span<const BufferRef> buffers;
+    size_t elem;
+  };
   void check(int rc, const char* call);
-  void throw_if_aborted();
-  // The arrival rendezvous; `payload` (at most kInlineBytes) and a weighted mean's `weight`
-  // travel with the fingerprint.
-  void arrive(const CallSignature& call, const std::vector<BufferRef>* inline_buffers = nullptr, size_t elem = 0,
-              uint64_t weight = 0);
-  // Polls requests to completion. On the deadline, an abort, or a dead peer: buries keepalive
-  // (the memory the requests use), aborts the communicator, tells the peers, and throws.
-  // `label` names the wait when fp is null; otherwise the fingerprint does (built only on failure).
-  // `local_abort`: gradsync_comm_abort on this rank ends the wait (not in a round's commit phase,
-  // where it takes effect at the next call instead).
+  // At the start of call `call`: fails if this rank was aborted, or heard a notice, telling the
+  // peers (once) that it will not post this call.
+  void throw_if_aborted(uint64_t call);
+  // The call's exchange (see "The round protocol" above arrive's definition), verified; `payload`
+  // travels with it when it fits (packed_ then tells). commit: a barrier follows, for the calls
+  // that move their data through MPI's blocking collectives.
+  void arrive(const CallSignature& call, Payload payload = {}, uint64_t weight = 0, bool commit = true);
+  // How a wait treats an abort on this rank and its peers' notices: Setup (joining, reset) ends on
+  // a local abort and does not watch notices; Round (a call's exchange or commit, posted) is
+  // committed: a local abort takes effect at the next call, and only a notice that this call can
+  // complete nowhere, a dead peer or the deadline end it.
+  enum class Mode { Setup, Round };
+  // Polls requests to completion. On the deadline, an abort, a notice or a dead peer (as `mode`
+  // says): buries keepalive (the memory the requests use), aborts the communicator, tells the
+  // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
   void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
-            std::shared_ptr<void> keepalive, bool watch_notices, bool local_abort = true);
-  // The commit phase of a round, after its arrival exchange: see arrive().
-  void commit(const Fingerprint& fp, Clock::time_point deadline);
+            std::shared_ptr<void> keepalive, Mode mode);
   std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
-  void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject);
-  void send_notices(int status, int subject) noexcept;
-  [[noreturn]] void fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what);
+  void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
+  void send_notices(int status, int subject, uint64_t stop_at) noexcept;
+  [[noreturn]] void fail_on_notice(std::shared_ptr<void> keepalive, const std::string& what, uint64_t call);
   void post_notice_receive();
+  // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
+  void poll_notices();
+  std::string notice_reason() const;
   void retire_control() noexcept;
   int dead_peer() const noexcept;
   bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
@@ -257,13 +296,18 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   size_t max_count_ = kMaxMpiCount;
   uint64_t seq_ = 0;
-  std::shared_ptr<Rendezvous> rendezvous_;
-  std::vector<int64_t> stamps_;  // the ranks' arrivals in the last rendezvous
+  size_t pack_capacity_ = 0;  // the small path's bytes per rank (kPackBytes, kPackBudget)
+  std::shared_ptr<Exchange> exchange_;
+  bool packed_ = false;  // the last exchange carried every rank's data
+  std::vector<int64_t> stamps_;  // the ranks' arrivals in the last exchange
+  std::vector<const void*> sources_;  // the small path's contributions, by rank
   std::vector<PeerInfo> peers_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
 
-  std::atomic<bool> abort_requested_{false};
+  // (calls posted << 1) | aborted: abort() learns atomically whether this rank has posted the call
+  // in progress (it is committed to it) or not (its notices say it will not post it).
+  std::atomic<uint64_t> state_{0};
   bool aborted_ = false;
   std::string aborted_reason_;
   bool holds_abandoned_ = false;  // counted in the runtime's abandoned total
@@ -274,9 +318,9 @@ class MpiCommunicator final : public Communicator {
   // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
   std::mutex ctl_mutex_;
   bool notices_sent_ = false;
-  // Abort notices carry {status, subject rank}: why the sender gave up (abort, timeout, a dead peer).
-  int notice_out_[2] = {0, 0};
-  int notice_in_[2] = {0, 0};
+  int64_t notice_out_[3] = {0, 0, 0};  // a Notice's status, subject, stop_at
+  int64_t notice_in_[3] = {0, 0, 0};
+  std::optional<Notice> notice_;  // the notice heard with the earliest stop_at, until reset
   MPI_Request notice_receive_ = mpi::lib().request_null;
   std::vector<MPI_Request> notice_sends_;
   bool runtime_acquired_ = false;
@@ -305,7 +349,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     // rank that never joins gives a timeout here too.
     auto fresh = std::make_shared<FreshComms>();
     check(mpi::lib().Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, false);
+    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, Mode::Setup);
     base_ = fresh->comm;
     mpi::lib().Comm_set_errhandler(base_, mpi::lib().errors_return);
     mpi::lib().Comm_rank(base_, &rank_);
@@ -322,7 +366,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
                          sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
           "MPI_Iallgather");
-    wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, false);
+    wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, Mode::Setup);
     peers_.assign(info->begin(), info->begin() + size_);
     // Ranks that split transfers differently would pair their pieces wrongly: refuse, on every rank.
     for (int r = 0; r < size_; ++r) {
@@ -330,9 +374,9 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
                  "GRADSYNC_MPI_MAX_COUNT differs between ranks: rank 0 has {}, rank {} has {}", peers_[0].max_count,
                  r, peers_[static_cast<size_t>(r)].max_count);
     }
-    rendezvous_ = std::make_shared<Rendezvous>();
+    pack_capacity_ = std::min(kPackBytes, kPackBudget / static_cast<size_t>(size_)) / 64 * 64;
+    exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
     stamps_.resize(static_cast<size_t>(size_));
-    rendezvous_->all.resize(static_cast<size_t>(size_));
     post_notice_receive();
     GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
                  size_, options_.deterministic, options_.check_mismatch, options_.timeout.count());
@@ -372,7 +416,30 @@ void MpiCommunicator::check(int rc, const char* call) {
 }
 
 void MpiCommunicator::post_notice_receive() {
-  check(mpi::lib().Irecv(notice_in_, 2, mpi::lib().int_, MPI_ANY_SOURCE, kAbortTag, ctl_, &notice_receive_), "MPI_Irecv");
+  check(mpi::lib().Irecv(notice_in_, 3, mpi::lib().int64, MPI_ANY_SOURCE, kAbortTag, ctl_, &notice_receive_),
+        "MPI_Irecv");
+}
+
+void MpiCommunicator::poll_notices() {
+  while (notice_receive_ != mpi::lib().request_null) {
+    int arrived = 0;
+    MPI_Status status;
+    check(mpi::lib().Test(&notice_receive_, &arrived, &status), "MPI_Test");
+    if (!arrived) return;
+    const Notice n{notice_in_[0], notice_in_[1], notice_in_[2], status.MPI_SOURCE};
+    if (!notice_ || n.stop_at < notice_->stop_at) notice_ = n;
+    post_notice_receive();  // a later notice may stop an earlier call
+  }
+}
+
+std::string MpiCommunicator::notice_reason() const {
+  const Notice& n = *notice_;
+  if (n.subject == rank_) return "gradsync_comm_abort was called on this rank";
+  // A notice names its subject, the rank that started it; the sender may only be forwarding it.
+  return n.status == GRADSYNC_E_REMOTE    ? fmt::format("rank {} died (reported by rank {})", n.subject, n.source)
+         : n.status == GRADSYNC_E_TIMEOUT ? fmt::format("rank {} timed out waiting for a rank that did not arrive",
+                                                        n.subject)
+                                          : fmt::format("rank {} aborted the group", n.subject);
 }
 
 // Cancels the posted notice receive, lets go of sent notices, frees ctl_.
@@ -388,45 +455,44 @@ void MpiCommunicator::retire_control() noexcept {
   if (ctl_ != mpi::lib().comm_null) mpi::lib().Comm_free(&ctl_);
 }
 
-// Tells every peer that this rank aborted the group (at most once per abort).
-void MpiCommunicator::send_notices(int status, int subject) noexcept {
+// Tells every peer that this rank aborted the group and will not post call stop_at (at most once
+// per abort: the first reason stands).
+void MpiCommunicator::send_notices(int status, int subject, uint64_t stop_at) noexcept {
   std::lock_guard lock(ctl_mutex_);
   if (notices_sent_ || ctl_ == mpi::lib().comm_null || mpi::finalized()) return;
   notices_sent_ = true;
   notice_out_[0] = status;
   notice_out_[1] = subject;
+  notice_out_[2] = static_cast<int64_t>(stop_at);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     MPI_Request r = mpi::lib().request_null;
-    if (mpi::lib().Isend(notice_out_, 2, mpi::lib().int_, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS) notice_sends_.push_back(r);
+    if (mpi::lib().Isend(notice_out_, 3, mpi::lib().int64, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS)
+      notice_sends_.push_back(r);
   }
 }
 
 void MpiCommunicator::abort() noexcept {
-  abort_requested_.store(true);
+  // Atomically with the owner's posting of a call: a rank that has posted call k is committed to
+  // it and will not post k + 1; one that has not will not post k.
+  const uint64_t before = state_.fetch_or(1);
   // With MPI_THREAD_MULTIPLE the peers hear of it at once; otherwise the thread that owns the
   // communicator sends the notices at its next poll or call.
-  if (mpi::thread_level() == MPI_THREAD_MULTIPLE) send_notices(GRADSYNC_E_ABORTED, rank_);
+  if (mpi::thread_level() == MPI_THREAD_MULTIPLE) send_notices(GRADSYNC_E_ABORTED, rank_, (before >> 1) + 1);
 }
 
-void MpiCommunicator::throw_if_aborted() {
-  if (!aborted_ && abort_requested_.load()) {
-    aborted_ = true;
-    aborted_reason_ = "gradsync_comm_abort was called on this rank";
-    send_notices(GRADSYNC_E_ABORTED, rank_);
-  }
-  if (!aborted_ && notice_receive_ != mpi::lib().request_null) {
-    int arrived = 0;
-    MPI_Status status;
-    check(mpi::lib().Test(&notice_receive_, &arrived, &status), "MPI_Test");
-    if (arrived) {
+void MpiCommunicator::throw_if_aborted(uint64_t call) {
+  if (!aborted_) {
+    poll_notices();
+    if (state_.load() & 1) {
       aborted_ = true;
-      // A notice names its subject, the rank that started it; the sender may only be forwarding it.
-      aborted_reason_ = notice_in_[0] == GRADSYNC_E_REMOTE
-                            ? fmt::format("rank {} died (reported by rank {})", notice_in_[1], status.MPI_SOURCE)
-                        : notice_in_[0] == GRADSYNC_E_TIMEOUT
-                            ? fmt::format("rank {} timed out waiting for a rank that did not arrive", notice_in_[1])
-                            : fmt::format("rank {} aborted the group", notice_in_[1]);
+      aborted_reason_ = "gradsync_comm_abort was called on this rank";
+      send_notices(GRADSYNC_E_ABORTED, rank_, call);
+    } else if (notice_) {
+      aborted_ = true;
+      aborted_reason_ = notice_reason();
+      // Forwarded: a peer committed to this call learns that it can complete nowhere.
+      send_notices(static_cast<int>(notice_->status), static_cast<int>(notice_->subject), call);
     }
   }
   if (aborted_)
@@ -434,7 +500,8 @@ void MpiCommunicator::throw_if_aborted() {
          rank_, size_, aborted_reason_);
 }
 
-void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject) {
+void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject,
+                              uint64_t stop_at) {
   bury(std::move(keepalive));
   aborted_ = true;
   aborted_reason_ = reason;
@@ -447,26 +514,32 @@ void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string
     holds_abandoned_ = true;
     mpi::mark_abandoned();
   }
-  send_notices(status, subject);
+  send_notices(status, subject, stop_at);
 }
 
-// A peer gave up on the group while this rank waited: report what the peer saw, so that a dead
-// rank or a timeout reads the same on every rank.
-void MpiCommunicator::fail_on_notice(const MPI_Status& from, std::shared_ptr<void> keepalive, const std::string& what) {
-  const int status = notice_in_[0], subject = notice_in_[1], source = from.MPI_SOURCE;
+// A peer's notice says that call `call`, which this rank waits in, can complete nowhere: report
+// what the peer saw, so that a dead rank or a timeout reads the same on every rank.
+void MpiCommunicator::fail_on_notice(std::shared_ptr<void> keepalive, const std::string& what, uint64_t call) {
+  const Notice n = *notice_;
+  const int status = static_cast<int>(n.status), subject = static_cast<int>(n.subject);
   if (status == GRADSYNC_E_REMOTE) {
-    abandon(std::move(keepalive), fmt::format("rank {} died during {}", subject, what), GRADSYNC_E_REMOTE, subject);
-    fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, source);
+    abandon(std::move(keepalive), fmt::format("rank {} died during {}", subject, what), status, subject, call);
+    fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, n.source);
   }
   if (status == GRADSYNC_E_TIMEOUT) {
-    abandon(std::move(keepalive), fmt::format("{} timed out", what), GRADSYNC_E_TIMEOUT, subject);
+    abandon(std::move(keepalive), fmt::format("{} timed out", what), status, subject, call);
     fail(GRADSYNC_E_TIMEOUT,
          "{} on rank {} of {}: not every rank arrived within the timeout ({} ms; the deadline passed first on rank "
          "{}); the communicator is aborted on every rank",
          what, rank_, size_, options_.timeout.count(), subject);
   }
+  if (subject == rank_) {
+    abandon(std::move(keepalive), fmt::format("gradsync_comm_abort was called on this rank during {}", what),
+            GRADSYNC_E_ABORTED, subject, call);
+    fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort (a peer had not posted it)", what, rank_);
+  }
   abandon(std::move(keepalive), fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED,
-          subject);
+          subject, call);
   fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
 
@@ -482,34 +555,35 @@ int MpiCommunicator::dead_peer() const noexcept {
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label,
-                           const Fingerprint* fp, std::shared_ptr<void> keepalive, bool watch_notices,
-                           bool local_abort) {
+                           const Fingerprint* fp, std::shared_ptr<void> keepalive, Mode mode) {
   const auto start = Clock::now();
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
+  const uint64_t call = fp != nullptr ? fp->seq : seq_ + 1;
   auto next_liveness = start + kLivenessPeriod;
   auto next_report = start + kStragglerReportAfter;
   for (uint64_t polls = 0;; ++polls) {
     int done = 0;
     check(mpi::lib().Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
-    if (local_abort && abort_requested_.load()) {
+    if (mode == Mode::Setup && (state_.load() & 1)) {
       abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()), GRADSYNC_E_ABORTED,
-              rank_);
+              rank_, call);
       fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
     }
-    if (watch_notices && notice_receive_ != mpi::lib().request_null) {
-      int arrived = 0;
-      MPI_Status status;
-      check(mpi::lib().Test(&notice_receive_, &arrived, &status), "MPI_Test");
-      if (arrived) fail_on_notice(status, keepalive, what());
+    if (mode == Mode::Round) {
+      // Committed: this rank's own abort is only announced (without MPI_THREAD_MULTIPLE abort()
+      // could not); the call goes on.
+      if ((state_.load() & 1) && !notices_sent_) send_notices(GRADSYNC_E_ABORTED, rank_, call + 1);
+      poll_notices();
+      if (notice_ && static_cast<uint64_t>(notice_->stop_at) <= call) fail_on_notice(keepalive, what(), call);
     }
     if ((polls & 63) != 63) continue;
     const auto now = Clock::now();
     if (now >= next_liveness) {
       next_liveness = now + kLivenessPeriod;
-      if (local_abort && interrupt_()) abort();  // acted on at the next poll, as an abort
+      if (interrupt_()) abort();  // acted on as an abort
       if (const int dead = dead_peer(); dead >= 0) {
-        abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead);
+        abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead, call);
         fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
              peers_[static_cast<size_t>(dead)].pid);
       }
@@ -523,7 +597,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
     }
     if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
-      abandon(keepalive, fmt::format("{} timed out", what()), GRADSYNC_E_TIMEOUT, rank_);
+      abandon(keepalive, fmt::format("{} timed out", what()), GRADSYNC_E_TIMEOUT, rank_, call);
       fail(GRADSYNC_E_TIMEOUT,
            "{} on rank {} of {}: not every rank arrived within the timeout ({} ms, waited {} ms); the communicator "
            "is aborted on every rank",
@@ -539,30 +613,39 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   }
 }
 
-// A round is decided in two phases, so that ranks never disagree on whether it happened when an
-// abort races it (MPI cannot cancel a collective, and there is no shared word to CAS):
-// - arrival: the fingerprint exchange (or a barrier). A rank aborted here abandons it and notifies
-//   its peers; it never posts the commit, so the round fails on every rank.
-// - commit: a barrier that a rank posts only after its arrival completed, i.e. once every rank has
-//   arrived. An abort on this rank no longer abandons it (it fails the next call instead): the
-//   commit then completes everywhere unless a peer abandoned its arrival (its notice fails the
-//   commit on every rank), a peer dies, or the deadline passes.
-// Only then does data move, through MPI's own collectives, which every rank has committed to.
-void MpiCommunicator::commit(const Fingerprint& fp, Clock::time_point deadline) {
-  MPI_Request request = mpi::lib().request_null;
-  check(mpi::lib().Ibarrier(comm_, &request), "MPI_Ibarrier");
-  wait(&request, 1, deadline, nullptr, &fp, nullptr, true, false);
-}
-
-void MpiCommunicator::arrive(const CallSignature& call, const std::vector<BufferRef>* inline_buffers, size_t elem,
-                             uint64_t weight) {
-  throw_if_aborted();
-  // Calls are numbered from 1, as the other transports number their rounds.
-  const Fingerprint fp{++seq_, call};
+// The round protocol (docs/mpi.md; tests/model/mpi_round.pml checks it over every interleaving).
+// Call k starts with its exchange: every rank sends every peer its header (and, on the small
+// path, its data) point to point and receives theirs, so every rank holds the same table and
+// reaches the same verdict. A rank that has posted its exchange is committed to call k:
+// - its own abort (or an interrupt) only sends notices saying it will not post call k + 1, and
+//   takes effect at its next call;
+// - it abandons the call only on a notice that call k can complete nowhere (its sender had not
+//   posted it), a dead peer, or its deadline; it then sends such a notice itself.
+// A rank that starts call k aborted, or having heard a notice, never posts it and says so. Hence
+// an abort makes every rank fail the same call: k if some rank had not posted k, else k + 1.
+// The small path (an allreduce that fits, a barrier) ends with the exchange: no blocking call
+// follows, so no wait is unbounded. The other calls move their data through MPI's blocking
+// collectives, which no rank may enter alone: they commit first with a barrier, which a rank posts
+// only once its exchange has completed (every rank has posted it), and which is abandoned on the
+// same terms. The deadline and a death are the exceptions: a rank whose deadline passes (or whose
+// peer dies) just as the call completes elsewhere fails it while the others complete it; every
+// rank then fails its next call, since the failed rank posts nothing more until the reset.
+void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_t weight, bool commit) {
+  const uint64_t k = seq_ + 1;  // calls are numbered from 1, as the other transports number their rounds
+  throw_if_aborted(k);
+  uint64_t expected = (k - 1) << 1;
+  if (!state_.compare_exchange_strong(expected, k << 1)) throw_if_aborted(k);  // aborted just now
+  seq_ = k;
+  const Fingerprint fp{k, call};
   auto where = [] { return std::string("MPI communicator"); };
-  const auto own = [&](int) -> const CallSignature& { return fp.call; };
-  const auto own_weight = [&](int) { return weight; };
-  if (size_ == 1) return verify_round(where, fp.seq, size_, 1, false, own, own_weight);
+  packed_ = false;
+  if (size_ == 1) {
+    const auto own = [&](int) -> const CallSignature& { return fp.call; };
+    return verify_round(where, fp.seq, size_, 1, false, own, [&](int) { return weight; });
+  }
+  size_t bytes = 0;
+  for (const BufferRef& b : payload.buffers) bytes += b.count * payload.elem;
+  const bool pack = !payload.buffers.empty() && bytes <= pack_capacity_;
   const auto deadline = deadline_after(options_.timeout);
   const auto arrived = telemetry_.now();
   // The arrival wait, for the statistics, however it ends.
@@ -573,56 +656,76 @@ void MpiCommunicator::arrive(const CallSignature& call, const std::vector<Buffer
     int n = 0;
     ~Waited() { telemetry.arrival(arrived, telemetry.now(), stamps, n); }
   } waited{telemetry_, arrived};
-  MPI_Request request = mpi::lib().request_null;
-  // A weighted mean always exchanges: its weights are judged by the group, as on every transport.
-  if (!options_.check_mismatch && inline_buffers == nullptr && fp.call.collective != Collective::WeightedMean) {
-    // Without the exchange only this rank's own arguments can be judged, before anything moves.
-    verify_round(where, fp.seq, size_, 1, false, own, own_weight);
-    check(mpi::lib().Ibarrier(comm_, &request), "MPI_Ibarrier");
-    // An Ibarrier references no memory of ours.
-    wait(&request, 1, deadline, nullptr, &fp, nullptr, true);
-    commit(fp, deadline);
-    return;
-  }
-  Rendezvous& rv = *rendezvous_;
-  rv.mine.fp = fp;
-  rv.mine.weight = weight;
-  rv.mine.arrived_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
-  if (inline_buffers != nullptr) {
-    size_t at_byte = 0;
-    for (const BufferRef& b : *inline_buffers) {
-      if (b.count > 0) std::memcpy(rv.mine.payload + at_byte, b.send, b.count * elem);
-      at_byte += b.count * elem;
+  Exchange& ex = *exchange_;
+  Header& mine = ex.header(rank_);
+  mine.fp = fp;
+  mine.weight = weight;
+  mine.arrived_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+  mine.bytes = pack ? bytes : 0;
+  if (pack) {
+    std::byte* to = ex.data(rank_);
+    for (const BufferRef& b : payload.buffers) {
+      if (b.count > 0) std::memcpy(to, b.send, b.count * payload.elem);
+      to += b.count * payload.elem;
     }
   }
-  check(mpi::lib().Iallgather(&rv.mine, sizeof(Slot), mpi::lib().byte, rv.all.data(), sizeof(Slot), mpi::lib().byte, comm_, &request),
-        "MPI_Iallgather");
+  const mpi::Api& m = mpi::lib();
+  size_t at_request = 0;
+  for (int s = 1; s < size_; ++s) {
+    const int from = (rank_ - s + size_) % size_;
+    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[at_request++]),
+          "MPI_Irecv");
+  }
+  for (int s = 1; s < size_; ++s) {
+    const int to = (rank_ + s) % size_;
+    check(m.Isend(&mine, static_cast<int>(kHeaderArea + mine.bytes), m.byte, to, kExchangeTag, comm_,
+                  &ex.requests[at_request++]),
+          "MPI_Isend");
+  }
   try {
-    wait(&request, 1, deadline, nullptr, &fp, rendezvous_, true);
+    wait(ex.requests.data(), static_cast<int>(at_request), deadline, nullptr, &fp, exchange_, Mode::Round);
   } catch (...) {
-    // The abandoned request may still write into the old buffers: they are buried; use new ones.
-    rendezvous_ = std::make_shared<Rendezvous>();
-    rendezvous_->all.resize(static_cast<size_t>(size_));
+    // The abandoned requests may still write into the old table: it is buried; use a new one.
+    exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
     throw;
   }
-  commit(fp, deadline);
-  for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = rv.all[static_cast<size_t>(r)].arrived_ns;
+  for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = ex.header(r).arrived_ns;
   waited.stamps = stamps_.data();
   waited.n = size_;
-  const auto signature_of = [&](int r) -> const CallSignature& { return rv.all[static_cast<size_t>(r)].fp.call; };
-  const auto weight_of = [&](int r) { return rv.all[static_cast<size_t>(r)].weight; };
-  // Every rank holds the same table, so every rank reaches the same verdict and names the same pair.
-  if (!options_.check_mismatch) return verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
-  const Fingerprint& first = rv.all[0].fp;
-  for (int r = 1; r < size_; ++r) {
-    const uint64_t seq = rv.all[static_cast<size_t>(r)].fp.seq;
-    if (seq != first.seq) {
-      fail(GRADSYNC_E_MISMATCH, "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)",
-           r, seq, first.seq);
+  const auto signature_of = [&](int r) -> const CallSignature& { return ex.header(r).fp.call; };
+  const auto weight_of = [&](int r) { return ex.header(r).weight; };
+  // Every rank holds the same table, so every rank reaches the same verdict and names the same
+  // pair. Data that travelled with the headers is folded only when every rank's call matches.
+  bool any_packed = false;
+  for (int r = 0; r < size_; ++r) any_packed |= ex.header(r).bytes != 0;
+  if (!options_.check_mismatch && !any_packed) {
+    verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
+  } else {
+    for (int r = 1; r < size_; ++r) {
+      const uint64_t seq = ex.header(r).fp.seq;
+      if (seq != ex.header(0).fp.seq) {
+        fail(GRADSYNC_E_MISMATCH,
+             "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)", r, seq,
+             ex.header(0).fp.seq);
+      }
+    }
+    verify_round(where, fp.seq, size_, size_, true, signature_of, weight_of);
+    // Equal calls pack alike (the limit is the group's): a difference is a build mismatch.
+    for (int r = 1; r < size_; ++r) {
+      GS_REQUIRE(ex.header(r).bytes == ex.header(0).bytes, GRADSYNC_E_MISMATCH,
+                 "MPI communicator call {}: rank {} sent {} bytes of data with its call, rank 0 {} (ranks of "
+                 "different builds?)",
+                 fp.seq, r, ex.header(r).bytes, ex.header(0).bytes);
     }
   }
-  verify_round(where, first.seq, size_, size_, true, signature_of, weight_of);
+  packed_ = pack;
+  if (pack || !commit) return;
+  MPI_Request request = m.request_null;
+  check(m.Ibarrier(comm_, &request), "MPI_Ibarrier");
+  // An Ibarrier references no memory of ours.
+  wait(&request, 1, deadline, nullptr, &fp, nullptr, Mode::Round);
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
@@ -715,25 +818,21 @@ void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& blo
 
 void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
   telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
-    size_t total = 0;
-    for (const BufferRef& b : buffers) total += b.count;
     const CallSignature call = allreduce_call(buffers, dtype, op);
     const size_t elem = dtype_size(dtype);
-    // Small enough to travel inside the rendezvous: one round trip, reduced here in rank order.
-    if (size_ > 1 && total * elem <= kInlineBytes) {
-      const std::vector<BufferRef> list(buffers.begin(), buffers.end());
-      arrive(call, &list, elem);
+    arrive(call, Payload{buffers, elem});
+    if (packed_) {
+      // Every rank's data came with the exchange: folded here in rank order, the same on every rank.
       const auto n = static_cast<size_t>(size_);
-      std::vector<const void*> sources(n);
+      sources_.resize(n);
       size_t at_byte = 0;
       for (const BufferRef& b : buffers) {
-        for (size_t r = 0; r < n; ++r) sources[r] = rendezvous_->all[r].payload + at_byte;
-        reduce(dtype, op, sources.data(), n, b.recv, 0, b.count);
+        for (size_t r = 0; r < n; ++r) sources_[r] = exchange_->data(static_cast<int>(r)) + at_byte;
+        reduce(dtype, op, sources_.data(), n, b.recv, 0, b.count);
         at_byte += b.count * elem;
       }
       return;
     }
-    arrive(call);
     if (size_ == 1) {
       for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
       return;
@@ -783,7 +882,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
 void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                     uint64_t* total_weight) {
   telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
-    arrive(weighted_mean_call(count, dtype), nullptr, 0, weight);
+    arrive(weighted_mean_call(count, dtype), {}, weight);
     std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
     if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
     finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
@@ -928,8 +1027,8 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
 
 void MpiCommunicator::barrier() {
   telemetry_.measure(Collective::Barrier, 0, [&] {
-    // The rendezvous completes only once every rank has arrived: it is the barrier.
-    arrive(barrier_call());
+    // The exchange completes only once every rank has posted it: it is the barrier.
+    arrive(barrier_call(), {}, 0, false);
   });
 }
 
@@ -941,9 +1040,9 @@ void MpiCommunicator::barrier() {
 std::shared_ptr<FreshComms> MpiCommunicator::duplicate_base(Clock::time_point deadline, const char* label) {
   auto fresh = std::make_shared<FreshComms>();
   check(mpi::lib().Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-  wait(&fresh->requests[0], 1, deadline, label, nullptr, fresh, false);
+  wait(&fresh->requests[0], 1, deadline, label, nullptr, fresh, Mode::Setup);
   check(mpi::lib().Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-  wait(&fresh->requests[1], 1, deadline, label, nullptr, fresh, false);
+  wait(&fresh->requests[1], 1, deadline, label, nullptr, fresh, Mode::Setup);
   return fresh;
 }
 
@@ -952,7 +1051,7 @@ void MpiCommunicator::reset() {
   // only when every rank has called it. An abandoned request stays with the old communicator,
   // which is never used again, so a late completion cannot be mistaken for a new round.
   // The abort being recovered from must not abort its own recovery; one during the reset does.
-  abort_requested_.store(false);
+  state_.store(0);
   const auto deadline = deadline_after(options_.timeout);
   const auto fresh = duplicate_base(deadline, "reset (MPI_Comm_idup)");
   retire_control();
@@ -964,6 +1063,7 @@ void MpiCommunicator::reset() {
     ctl_ = fresh->ctl;
     notices_sent_ = false;
   }
+  notice_.reset();
   post_notice_receive();
   seq_ = 0;
   aborted_ = false;
