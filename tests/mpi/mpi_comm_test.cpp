@@ -340,6 +340,90 @@ TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every r
   }
 }
 
+TEST_CASE("small path: calls that differ in count, dtype, op, size class or a skipped call fail on every rank",
+          "[mpi]") {
+  // An allreduce that fits travels with its exchange; ranks whose calls differ must all get
+  // E_MISMATCH naming the ranks, before any rank writes its output, and stay in step.
+  for (const bool deterministic : {false, true}) {
+    auto c = make(deterministic);
+    const bool odd = c->rank() % 2 == 1;
+    std::vector<float> v(16, static_cast<float>(c->rank())), out(16, -1.0f);
+    std::vector<float> big(64 << 10, 1.0f);  // past the small path: its exchange commits
+    const BufferRef b{v.data(), out.data(), 16}, b8{v.data(), out.data(), 8}, bbig{big.data(), big.data(), big.size()};
+    std::string message;
+    auto allreduce = [&](const BufferRef& x, DType t, ReduceOp op) {
+      c->allreduce(std::span<const BufferRef>(&x, 1), t, op);
+    };
+
+    int st = status_of([&] { allreduce(odd ? b8 : b, DType::F32, ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 8 f32 (sum) but rank 0 called allreduce of 16 f32 (sum)") !=
+          std::string::npos);
+
+    // Same bytes, another dtype.
+    st = status_of([&] { allreduce(b, odd ? DType::I32 : DType::F32, ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 16 i32 (sum)") != std::string::npos);
+
+    st = status_of([&] { allreduce(b, DType::F32, odd ? ReduceOp::Min : ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("(min) but rank 0 called allreduce of 16 f32 (sum)") != std::string::npos);
+
+    // One rank's call fits the small path, the other's does not.
+    st = status_of([&] { allreduce(odd ? bbig : b, DType::F32, ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 65536 f32 (sum)") != std::string::npos);
+
+    // The odd ranks skip the barrier the even ones call.
+    st = status_of([&] {
+      if (!odd) c->barrier();
+      allreduce(b, DType::F32, ReduceOp::Sum);
+    }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 16 f32 (sum) but rank 0 called barrier") != std::string::npos);
+    CHECK(out == std::vector<float>(16, -1.0f));  // nobody wrote its output
+    CHECK(big == std::vector<float>(64 << 10, 1.0f));
+
+    // Still in step: the even ranks' allreduce was never posted; everyone calls it now.
+    allreduce(b, DType::F32, ReduceOp::Sum);
+    CHECK(out[0] == static_cast<float>(c->size() * (c->size() - 1) / 2));
+  }
+}
+
+TEST_CASE("an abort racing small calls fails the same call on every rank, and reset recovers", "[mpi]") {
+  // A watchdog aborts rank 0 at some point of a loop of small allreduces. A rank that has posted a
+  // call is committed to it, so every rank fails the same call (whichever it is), and the group
+  // recovers with a reset. Repeated, so that the abort lands at different points of the calls.
+  auto c = make(false, true, 20000ms);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::thread watchdog;
+    if (c->rank() == 0) {
+      watchdog = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20 + 15 * trial));
+        c->abort();
+      });
+    }
+    int64_t failed_at = -1;
+    int st = GRADSYNC_OK;
+    std::vector<float> x(1);
+    for (int64_t i = 0; i < 100000000 && failed_at < 0; ++i) {
+      x[0] = 1.0f;
+      const BufferRef b{x.data(), x.data(), 1};
+      st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); });
+      if (st != GRADSYNC_OK) failed_at = i;
+      else REQUIRE(x[0] == static_cast<float>(c->size()));
+    }
+    if (watchdog.joinable()) watchdog.join();
+    CHECK(st == GRADSYNC_E_ABORTED);
+    c->reset();
+    int64_t lo = failed_at, hi = failed_at;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(lo == hi);
+  }
+  c->barrier();
+}
+
 TEST_CASE("check_mismatch off: matching rounds work", "[mpi]") {
   auto c = make(true, false);
   std::vector<float> v{2.0f * static_cast<float>(c->rank() + 1), 4.0f * static_cast<float>(c->rank() + 1)};

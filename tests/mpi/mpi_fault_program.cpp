@@ -3,6 +3,8 @@
 // job printed and how mpirun ended. Modes:
 //   kill         rank 1 is SIGKILLed at a random point of a loop of allreduces; the others keep calling.
 //   kill-before  rank 1 is SIGKILLed while the others wait for it to arrive at a barrier.
+//   kill-small   rank 1 is SIGKILLed at a random point of a loop of 1-float allreduces (the small
+//                path, whose data travels with the exchange); the others keep calling.
 //   abandon      rank 1 skips an allreduce; the others time out and exit without a reset.
 //   loop         every rank calls allreduces until one fails, saying "looping" once under way;
 //                ranks are killed from outside (tests/multihost/kill_host.py kills a host's).
@@ -38,14 +40,14 @@ int main(int argc, char** argv) {
   }
   const int rank = c->rank();
   std::vector<float> v(1 << 20, 1.0f);
-  const BufferRef b{v.data(), v.data(), v.size()};
+  const BufferRef b{v.data(), v.data(), mode == "kill-small" ? 1 : v.size()};
   auto report = [&](const Error& e) {
     std::printf("rank %d: %s %s\n", rank, gradsync_status_string(e.status()), e.what());
     std::fflush(stdout);
   };
 
-  if (mode == "kill" || mode == "loop") {
-    if (mode == "kill" && rank == 1) {
+  if (mode == "kill" || mode == "loop" || mode == "kill-small") {
+    if ((mode == "kill" || mode == "kill-small") && rank == 1) {
       std::thread([] {
         std::this_thread::sleep_for(200ms);
         ::kill(::getpid(), SIGKILL);
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
       }
     }
   } else {
-    std::fprintf(stderr, "usage: %s kill|kill-before|abandon|loop\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kill|kill-before|kill-small|abandon|loop\n", argv[0]);
     return 2;
   }
   c.reset();

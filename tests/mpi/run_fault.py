@@ -52,6 +52,15 @@ elif mode == "kill-before":
     # (mpirun's exit status and banner are its own business in recovery mode: OpenMPI 4.1 reports
     # 0 here, and sometimes fails to print its MPI_ABORT banner.)
     require("calling MPI_Abort(MPI_COMM_WORLD, 1)" in out, "the job did not end with MPI_Abort")
+elif mode == "kill-small":
+    # The small path has no blocking call: with --enable-recovery the survivors notice the death
+    # (theirs or a peer's notice of it), within their deadline, whatever the call it struck.
+    rc, out = run(["--enable-recovery"], 3)
+    for r in (0, 2):
+        require(re.search(rf"rank {r}: GRADSYNC_E_(REMOTE|ABORTED)\b.*rank 1 .*died", out),
+                f"rank {r} did not report rank 1's death")
+        require(f"rank {r}: done" in out, f"rank {r} did not run to its end")
+    require("GRADSYNC_E_TIMEOUT" not in out, "a death was reported as a timeout")
 elif mode == "abandon":
     # Ranks that timed out and never reset hold an abandoned collective: at exit the library calls
     # MPI_Abort rather than an MPI_Finalize that could wait forever for the missing rank.
