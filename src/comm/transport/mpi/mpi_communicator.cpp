@@ -171,7 +171,12 @@ constexpr size_t kHeaderArea = 80;
 // posted for it, even when the ranks' calls differ.
 constexpr size_t kPackBytes = size_t{16} << 10;
 constexpr size_t kPackBudget = size_t{64} << 10;
+// Data up to this size travels in the header's message; more follows in a message of its own, so
+// that the first stays within Open MPI's shared-memory eager limit (4 KiB), which a larger message
+// would cross into a rendezvous, a round trip more.
+constexpr size_t kInlineBytes = 4096 - kHeaderArea;
 constexpr int kExchangeTag = 7003;
+constexpr int kDataTag = 7004;
 
 // The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
 // Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
@@ -182,7 +187,7 @@ struct Exchange {
   Exchange(int ranks, size_t capacity)
       : slot(kHeaderArea + capacity),
         table(static_cast<size_t>(ranks) * slot),
-        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
+        requests(4 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
   Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
   std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
 };
@@ -301,6 +306,8 @@ class MpiCommunicator final : public Communicator {
   bool packed_ = false;  // the last exchange carried every rank's data
   std::vector<int64_t> stamps_;  // the ranks' arrivals in the last exchange
   std::vector<const void*> sources_;  // the small path's contributions, by rank
+  // The last call found alike on every rank and valid: the same call again needs no judging.
+  CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
   std::vector<PeerInfo> peers_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
@@ -317,10 +324,11 @@ class MpiCommunicator final : public Communicator {
 
   // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
   std::mutex ctl_mutex_;
-  bool notices_sent_ = false;
+  std::atomic<bool> notices_sent_{false};  // read by the waits without the lock
   int64_t notice_out_[3] = {0, 0, 0};  // a Notice's status, subject, stop_at
   int64_t notice_in_[3] = {0, 0, 0};
   std::optional<Notice> notice_;  // the notice heard with the earliest stop_at, until reset
+  Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
   MPI_Request notice_receive_ = mpi::lib().request_null;
   std::vector<MPI_Request> notice_sends_;
   bool runtime_acquired_ = false;
@@ -482,8 +490,14 @@ void MpiCommunicator::abort() noexcept {
 }
 
 void MpiCommunicator::throw_if_aborted(uint64_t call) {
+  // Notices are taken in by the waits. A rank that comes back after a while (a millisecond: calls
+  // in a loop come sooner) looks for them first, so that a notice sent meanwhile fails this call
+  // before it is posted; one still in flight is heard in this call's wait.
   if (!aborted_) {
-    poll_notices();
+    if (const auto now = Clock::now(); now - last_notice_poll_ > std::chrono::milliseconds(1)) {
+      poll_notices();
+      last_notice_poll_ = now;
+    }
     if (state_.load() & 1) {
       aborted_ = true;
       aborted_reason_ = "gradsync_comm_abort was called on this rank";
@@ -574,7 +588,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
       // Committed: this rank's own abort is only announced (without MPI_THREAD_MULTIPLE abort()
       // could not); the call goes on.
       if ((state_.load() & 1) && !notices_sent_) send_notices(GRADSYNC_E_ABORTED, rank_, call + 1);
-      poll_notices();
+      if ((polls & 15) == 15) poll_notices();
       if (notice_ && static_cast<uint64_t>(notice_->stop_at) <= call) fail_on_notice(keepalive, what(), call);
     }
     if ((polls & 63) != 63) continue;
@@ -671,21 +685,40 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     }
   }
   const mpi::Api& m = mpi::lib();
-  size_t at_request = 0;
+  // The headers' receives first (the first wait is for them alone), then the sends, then the
+  // receives of data that did not fit in a header's message, posted once its header has said so.
+  const int peers = size_ - 1;
+  int at_request = 0;
   for (int s = 1; s < size_; ++s) {
     const int from = (rank_ - s + size_) % size_;
-    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
-                  &ex.requests[at_request++]),
+    check(m.Irecv(&ex.header(from), static_cast<int>(kHeaderArea + std::min(kInlineBytes, pack_capacity_)), m.byte,
+                  from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Irecv");
   }
+  const bool apart = mine.bytes > kInlineBytes;
   for (int s = 1; s < size_; ++s) {
     const int to = (rank_ + s) % size_;
-    check(m.Isend(&mine, static_cast<int>(kHeaderArea + mine.bytes), m.byte, to, kExchangeTag, comm_,
-                  &ex.requests[at_request++]),
+    check(m.Isend(&mine, static_cast<int>(kHeaderArea + (apart ? 0 : mine.bytes)), m.byte, to, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Isend");
+    if (apart) {
+      check(m.Isend(ex.data(rank_), static_cast<int>(mine.bytes), m.byte, to, kDataTag, comm_,
+                    &ex.requests[static_cast<size_t>(at_request++)]),
+            "MPI_Isend");
+    }
   }
   try {
-    wait(ex.requests.data(), static_cast<int>(at_request), deadline, nullptr, &fp, exchange_, Mode::Round);
+    wait(ex.requests.data(), peers, deadline, nullptr, &fp, exchange_, Mode::Round);
+    for (int s = 1; s < size_; ++s) {
+      const int from = (rank_ - s + size_) % size_;
+      const uint64_t theirs = ex.header(from).bytes;
+      if (theirs <= kInlineBytes) continue;
+      // Never more than the group's limit (a peer of another build could claim more).
+      check(m.Irecv(ex.data(from), static_cast<int>(std::min<uint64_t>(theirs, pack_capacity_)), m.byte, from,
+                    kDataTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
+            "MPI_Irecv");
+    }
+    wait(ex.requests.data() + peers, at_request - peers, deadline, nullptr, &fp, exchange_, Mode::Round);
   } catch (...) {
     // The abandoned requests may still write into the old table: it is buried; use a new one.
     exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
@@ -694,31 +727,39 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = ex.header(r).arrived_ns;
   waited.stamps = stamps_.data();
   waited.n = size_;
-  const auto signature_of = [&](int r) -> const CallSignature& { return ex.header(r).fp.call; };
-  const auto weight_of = [&](int r) { return ex.header(r).weight; };
   // Every rank holds the same table, so every rank reaches the same verdict and names the same
   // pair. Data that travelled with the headers is folded only when every rank's call matches.
-  bool any_packed = false;
-  for (int r = 0; r < size_; ++r) any_packed |= ex.header(r).bytes != 0;
-  if (!options_.check_mismatch && !any_packed) {
-    verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
-  } else {
-    for (int r = 1; r < size_; ++r) {
-      const uint64_t seq = ex.header(r).fp.seq;
-      if (seq != ex.header(0).fp.seq) {
-        fail(GRADSYNC_E_MISMATCH,
-             "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)", r, seq,
-             ex.header(0).fp.seq);
+  // Calls alike on every rank, as they nearly always are, and judged before: nothing to judge.
+  const Header& first = ex.header(0);
+  bool alike = first.fp.call.collective != Collective::WeightedMean;
+  for (int r = 1; r < size_ && alike; ++r)
+    alike = std::memcmp(&ex.header(r).fp, &first.fp, sizeof(Fingerprint)) == 0 && ex.header(r).bytes == first.bytes;
+  if (!(alike && first.fp.call == judged_)) {
+    const auto signature_of = [&](int r) -> const CallSignature& { return ex.header(r).fp.call; };
+    const auto weight_of = [&](int r) { return ex.header(r).weight; };
+    bool any_packed = false;
+    for (int r = 0; r < size_; ++r) any_packed |= ex.header(r).bytes != 0;
+    if (!options_.check_mismatch && !any_packed) {
+      verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
+    } else {
+      for (int r = 1; r < size_; ++r) {
+        const uint64_t seq = ex.header(r).fp.seq;
+        if (seq != first.fp.seq) {
+          fail(GRADSYNC_E_MISMATCH,
+               "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)", r, seq,
+               first.fp.seq);
+        }
+      }
+      verify_round(where, fp.seq, size_, size_, true, signature_of, weight_of);
+      // Equal calls pack alike (the limit is the group's): a difference is a build mismatch.
+      for (int r = 1; r < size_; ++r) {
+        GS_REQUIRE(ex.header(r).bytes == first.bytes, GRADSYNC_E_MISMATCH,
+                   "MPI communicator call {}: rank {} sent {} bytes of data with its call, rank 0 {} (ranks of "
+                   "different builds?)",
+                   fp.seq, r, ex.header(r).bytes, first.bytes);
       }
     }
-    verify_round(where, fp.seq, size_, size_, true, signature_of, weight_of);
-    // Equal calls pack alike (the limit is the group's): a difference is a build mismatch.
-    for (int r = 1; r < size_; ++r) {
-      GS_REQUIRE(ex.header(r).bytes == ex.header(0).bytes, GRADSYNC_E_MISMATCH,
-                 "MPI communicator call {}: rank {} sent {} bytes of data with its call, rank 0 {} (ranks of "
-                 "different builds?)",
-                 fp.seq, r, ex.header(r).bytes, ex.header(0).bytes);
-    }
+    if (alike && (options_.check_mismatch || any_packed)) judged_ = first.fp.call;
   }
   packed_ = pack;
   if (pack || !commit) return;
