@@ -46,7 +46,9 @@ Spread spread(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // [runs [largest size in floats]]
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const size_t largest = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : size_t{16} << 20;
   auto plain = make(false);  // initialises MPI
   auto deterministic = make(true);
   MPI_Comm raw;
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
   }
   for (size_t m : {size_t{1}, size_t{1} << 10, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+    if (m > largest) break;
     std::vector<float> a(m, 0.0f), b(m, 0.0f), d(m, 0.0f);
     const BufferRef rb{b.data(), b.data(), m}, rd{d.data(), d.data(), m};
     // One call per sample for large sizes (ranks meet in a barrier first), short batches for small
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (largest < (size_t{16} << 20)) return 0;
   // Fused: 256 buffers of 4K floats.
   constexpr size_t kBuffers = 256, kCount = 4096;
   std::vector<std::vector<float>> raw_bufs(kBuffers, std::vector<float>(kCount, 1.0f)), fused_bufs = raw_bufs;

@@ -152,31 +152,52 @@ struct PeerInfo {
   uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
 };
 
-// What every rank sends every other rank at the start of each call (the call's exchange): what it
-// is about to do, a weighted mean's weight, when it arrived, and, on the small path, its data.
+// What every rank sends every other rank at the start of each call (the call's exchange): a key of
+// what it is about to do, when it arrived, a weighted mean's weight, and, on the small path, its
+// data. Small, since it travels with every call; ranks whose keys differ then exchange their whole
+// fingerprints (Details) to name the difference.
 struct Header {
-  Fingerprint fp;
-  uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
+  uint64_t key;  // key_of(the call's fingerprint)
   // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
   // clocks share no origin): the group's statistics compare the ranks' arrivals.
   int64_t arrived_ns;
-  uint64_t bytes;  // the data that follows the header (the small path), or 0
+  uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
+  uint32_t bytes;   // the data that follows the header (the small path), or 0
+  uint32_t reserved;
 };
-static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 72, "the header is sent as raw bytes");
+static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 32, "the header is sent as raw bytes");
 // Where a rank's data starts in its message: 16-byte aligned for the reduction kernels.
-constexpr size_t kHeaderArea = 80;
+constexpr size_t kHeaderArea = 32;
+struct Details {
+  Fingerprint fp;
+  uint64_t weight;
+};
+static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "details are sent as raw bytes");
+
+uint64_t mix64(uint64_t x) noexcept {  // splitmix64's finaliser: a bijection
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Equal fingerprints give equal keys; different ones differ but with probability 2^-64.
+uint64_t key_of(const Fingerprint& f) noexcept {
+  uint64_t words[sizeof(Fingerprint) / 8];
+  std::memcpy(words, &f, sizeof words);
+  uint64_t h = 0x6a09e667f3bcc908ull;
+  for (uint64_t w : words) h = mix64(h ^ mix64(w));
+  return h;
+}
+
 // The small path: an allreduce of at most this many bytes per rank, and at most kPackBudget over the
 // group, travels inside the exchange and every rank folds the contributions in rank order. Every
 // rank computes the same limit from the group's size, so a message never exceeds the receive
 // posted for it, even when the ranks' calls differ.
 constexpr size_t kPackBytes = size_t{16} << 10;
 constexpr size_t kPackBudget = size_t{64} << 10;
-// Data up to this size travels in the header's message; more follows in a message of its own, so
-// that the first stays within Open MPI's shared-memory eager limit (4 KiB), which a larger message
-// would cross into a rendezvous, a round trip more.
-constexpr size_t kInlineBytes = 4096 - kHeaderArea;
 constexpr int kExchangeTag = 7003;
-constexpr int kDataTag = 7004;
+constexpr int kDetailsTag = 7004;
 
 // The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
 // Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
@@ -187,9 +208,10 @@ struct Exchange {
   Exchange(int ranks, size_t capacity)
       : slot(kHeaderArea + capacity),
         table(static_cast<size_t>(ranks) * slot),
-        requests(4 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
+        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
   Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
   std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
+  std::vector<Details> details;  // only when the keys differ
 };
 
 // An abort notice: why its sender gave up (abort, timeout, a dead peer), the rank that started it
@@ -252,7 +274,7 @@ class MpiCommunicator final : public Communicator {
   void check(int rc, const char* call);
   // At the start of call `call`: fails if this rank was aborted, or heard a notice, telling the
   // peers (once) that it will not post this call.
-  void throw_if_aborted(uint64_t call);
+  void throw_if_aborted(uint64_t call, Clock::time_point now);
   // The call's exchange (see "The round protocol" above arrive's definition), verified; `payload`
   // travels with it when it fits (packed_ then tells). commit: a barrier follows, for the calls
   // that move their data through MPI's blocking collectives.
@@ -265,12 +287,18 @@ class MpiCommunicator final : public Communicator {
   // Polls requests to completion. On the deadline, an abort, a notice or a dead peer (as `mode`
   // says): buries keepalive (the memory the requests use), aborts the communicator, tells the
   // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
+  // `start`: when the wait began, if the caller has just read the clock.
   void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
-            std::shared_ptr<void> keepalive, Mode mode);
+            const std::shared_ptr<void>& keepalive, Mode mode,
+            std::optional<Clock::time_point> start = std::nullopt);
   std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
-  [[noreturn]] void fail_on_notice(std::shared_ptr<void> keepalive, const std::string& what, uint64_t call);
+  [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
+  // After an exchange whose keys differ: every rank sends every peer its whole fingerprint, and
+  // all throw the same verdict naming the ranks.
+  [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline);
+  void renew_exchange();
   void post_notice_receive();
   // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
   void poll_notices();
@@ -278,6 +306,9 @@ class MpiCommunicator final : public Communicator {
   void retire_control() noexcept;
   int dead_peer() const noexcept;
   bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
+  // The system clock's time at steady time `now`, in ns, from an offset read again every 100 ms
+  // (one clock read per call instead of two; the stamps only compare arrivals).
+  int64_t system_time_ns(Clock::time_point now) noexcept;
 
   void allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det);
   // Every rank swaps one block with every other rank, blocks of any size_t length, for the
@@ -303,6 +334,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t seq_ = 0;
   size_t pack_capacity_ = 0;  // the small path's bytes per rank (kPackBytes, kPackBudget)
   std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<void> exchange_keep_;  // the same, as the waits bury it
   bool packed_ = false;  // the last exchange carried every rank's data
   std::vector<int64_t> stamps_;  // the ranks' arrivals in the last exchange
   std::vector<const void*> sources_;  // the small path's contributions, by rank
@@ -329,6 +361,8 @@ class MpiCommunicator final : public Communicator {
   int64_t notice_in_[3] = {0, 0, 0};
   std::optional<Notice> notice_;  // the notice heard with the earliest stop_at, until reset
   Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
+  Clock::time_point offset_read_{};
+  int64_t system_offset_ns_ = 0;  // system clock minus steady clock
   MPI_Request notice_receive_ = mpi::lib().request_null;
   std::vector<MPI_Request> notice_sends_;
   bool runtime_acquired_ = false;
@@ -383,7 +417,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
                  r, peers_[static_cast<size_t>(r)].max_count);
     }
     pack_capacity_ = std::min(kPackBytes, kPackBudget / static_cast<size_t>(size_)) / 64 * 64;
-    exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
+    renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
     GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
@@ -489,12 +523,12 @@ void MpiCommunicator::abort() noexcept {
   if (mpi::thread_level() == MPI_THREAD_MULTIPLE) send_notices(GRADSYNC_E_ABORTED, rank_, (before >> 1) + 1);
 }
 
-void MpiCommunicator::throw_if_aborted(uint64_t call) {
+void MpiCommunicator::throw_if_aborted(uint64_t call, Clock::time_point now) {
   // Notices are taken in by the waits. A rank that comes back after a while (a millisecond: calls
   // in a loop come sooner) looks for them first, so that a notice sent meanwhile fails this call
   // before it is posted; one still in flight is heard in this call's wait.
   if (!aborted_) {
-    if (const auto now = Clock::now(); now - last_notice_poll_ > std::chrono::milliseconds(1)) {
+    if (now - last_notice_poll_ > std::chrono::milliseconds(1)) {
       poll_notices();
       last_notice_poll_ = now;
     }
@@ -533,26 +567,26 @@ void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string
 
 // A peer's notice says that call `call`, which this rank waits in, can complete nowhere: report
 // what the peer saw, so that a dead rank or a timeout reads the same on every rank.
-void MpiCommunicator::fail_on_notice(std::shared_ptr<void> keepalive, const std::string& what, uint64_t call) {
+void MpiCommunicator::fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call) {
   const Notice n = *notice_;
   const int status = static_cast<int>(n.status), subject = static_cast<int>(n.subject);
   if (status == GRADSYNC_E_REMOTE) {
-    abandon(std::move(keepalive), fmt::format("rank {} died during {}", subject, what), status, subject, call);
+    abandon(keepalive, fmt::format("rank {} died during {}", subject, what), status, subject, call);
     fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, n.source);
   }
   if (status == GRADSYNC_E_TIMEOUT) {
-    abandon(std::move(keepalive), fmt::format("{} timed out", what), status, subject, call);
+    abandon(keepalive, fmt::format("{} timed out", what), status, subject, call);
     fail(GRADSYNC_E_TIMEOUT,
          "{} on rank {} of {}: not every rank arrived within the timeout ({} ms; the deadline passed first on rank "
          "{}); the communicator is aborted on every rank",
          what, rank_, size_, options_.timeout.count(), subject);
   }
   if (subject == rank_) {
-    abandon(std::move(keepalive), fmt::format("gradsync_comm_abort was called on this rank during {}", what),
+    abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what),
             GRADSYNC_E_ABORTED, subject, call);
     fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort (a peer had not posted it)", what, rank_);
   }
-  abandon(std::move(keepalive), fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED,
+  abandon(keepalive, fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED,
           subject, call);
   fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
@@ -569,8 +603,9 @@ int MpiCommunicator::dead_peer() const noexcept {
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label,
-                           const Fingerprint* fp, std::shared_ptr<void> keepalive, Mode mode) {
-  const auto start = Clock::now();
+                           const Fingerprint* fp, const std::shared_ptr<void>& keepalive, Mode mode,
+                           std::optional<Clock::time_point> started) {
+  const auto start = started ? *started : Clock::now();
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   const uint64_t call = fp != nullptr ? fp->seq : seq_ + 1;
   auto next_liveness = start + kLivenessPeriod;
@@ -646,9 +681,10 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 // rank then fails its next call, since the failed rank posts nothing more until the reset.
 void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_t weight, bool commit) {
   const uint64_t k = seq_ + 1;  // calls are numbered from 1, as the other transports number their rounds
-  throw_if_aborted(k);
+  const auto now = Clock::now();
+  throw_if_aborted(k, now);
   uint64_t expected = (k - 1) << 1;
-  if (!state_.compare_exchange_strong(expected, k << 1)) throw_if_aborted(k);  // aborted just now
+  if (!state_.compare_exchange_strong(expected, k << 1)) throw_if_aborted(k, now);  // aborted just now
   seq_ = k;
   const Fingerprint fp{k, call};
   auto where = [] { return std::string("MPI communicator"); };
@@ -660,7 +696,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   size_t bytes = 0;
   for (const BufferRef& b : payload.buffers) bytes += b.count * payload.elem;
   const bool pack = !payload.buffers.empty() && bytes <= pack_capacity_;
-  const auto deadline = deadline_after(options_.timeout);
+  const auto deadline = deadline_after(options_.timeout, now);
   const auto arrived = telemetry_.now();
   // The arrival wait, for the statistics, however it ends.
   struct Waited {
@@ -672,11 +708,11 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   } waited{telemetry_, arrived};
   Exchange& ex = *exchange_;
   Header& mine = ex.header(rank_);
-  mine.fp = fp;
+  mine.key = key_of(fp);
+  mine.arrived_ns = system_time_ns(now);
   mine.weight = weight;
-  mine.arrived_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::system_clock::now().time_since_epoch()).count();
-  mine.bytes = pack ? bytes : 0;
+  mine.bytes = pack ? static_cast<uint32_t>(bytes) : 0;
+  mine.reserved = 0;
   if (pack) {
     std::byte* to = ex.data(rank_);
     for (const BufferRef& b : payload.buffers) {
@@ -685,81 +721,49 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     }
   }
   const mpi::Api& m = mpi::lib();
-  // The headers' receives first (the first wait is for them alone), then the sends, then the
-  // receives of data that did not fit in a header's message, posted once its header has said so.
-  const int peers = size_ - 1;
+  // One message to every peer, its data behind its header (even past Open MPI's eager limit, one
+  // message costs less than two).
   int at_request = 0;
   for (int s = 1; s < size_; ++s) {
     const int from = (rank_ - s + size_) % size_;
-    check(m.Irecv(&ex.header(from), static_cast<int>(kHeaderArea + std::min(kInlineBytes, pack_capacity_)), m.byte,
-                  from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
+    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Irecv");
   }
-  const bool apart = mine.bytes > kInlineBytes;
   for (int s = 1; s < size_; ++s) {
     const int to = (rank_ + s) % size_;
-    check(m.Isend(&mine, static_cast<int>(kHeaderArea + (apart ? 0 : mine.bytes)), m.byte, to, kExchangeTag, comm_,
+    check(m.Isend(&mine, static_cast<int>(kHeaderArea + mine.bytes), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Isend");
-    if (apart) {
-      check(m.Isend(ex.data(rank_), static_cast<int>(mine.bytes), m.byte, to, kDataTag, comm_,
-                    &ex.requests[static_cast<size_t>(at_request++)]),
-            "MPI_Isend");
-    }
   }
   try {
-    wait(ex.requests.data(), peers, deadline, nullptr, &fp, exchange_, Mode::Round);
-    for (int s = 1; s < size_; ++s) {
-      const int from = (rank_ - s + size_) % size_;
-      const uint64_t theirs = ex.header(from).bytes;
-      if (theirs <= kInlineBytes) continue;
-      // Never more than the group's limit (a peer of another build could claim more).
-      check(m.Irecv(ex.data(from), static_cast<int>(std::min<uint64_t>(theirs, pack_capacity_)), m.byte, from,
-                    kDataTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
-            "MPI_Irecv");
-    }
-    wait(ex.requests.data() + peers, at_request - peers, deadline, nullptr, &fp, exchange_, Mode::Round);
+    wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
   } catch (...) {
-    // The abandoned requests may still write into the old table: it is buried; use a new one.
-    exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
+    renew_exchange();  // the abandoned requests may still write into the old table: it is buried
     throw;
   }
   for (int r = 0; r < size_; ++r) stamps_[static_cast<size_t>(r)] = ex.header(r).arrived_ns;
   waited.stamps = stamps_.data();
   waited.n = size_;
-  // Every rank holds the same table, so every rank reaches the same verdict and names the same
-  // pair. Data that travelled with the headers is folded only when every rank's call matches.
-  // Calls alike on every rank, as they nearly always are, and judged before: nothing to judge.
-  const Header& first = ex.header(0);
-  bool alike = first.fp.call.collective != Collective::WeightedMean;
-  for (int r = 1; r < size_ && alike; ++r)
-    alike = std::memcmp(&ex.header(r).fp, &first.fp, sizeof(Fingerprint)) == 0 && ex.header(r).bytes == first.bytes;
-  if (!(alike && first.fp.call == judged_)) {
-    const auto signature_of = [&](int r) -> const CallSignature& { return ex.header(r).fp.call; };
-    const auto weight_of = [&](int r) { return ex.header(r).weight; };
-    bool any_packed = false;
-    for (int r = 0; r < size_; ++r) any_packed |= ex.header(r).bytes != 0;
-    if (!options_.check_mismatch && !any_packed) {
-      verify_round(where, fp.seq, size_, size_, false, signature_of, weight_of);
-    } else {
-      for (int r = 1; r < size_; ++r) {
-        const uint64_t seq = ex.header(r).fp.seq;
-        if (seq != first.fp.seq) {
-          fail(GRADSYNC_E_MISMATCH,
-               "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)", r, seq,
-               first.fp.seq);
-        }
-      }
-      verify_round(where, fp.seq, size_, size_, true, signature_of, weight_of);
-      // Equal calls pack alike (the limit is the group's): a difference is a build mismatch.
-      for (int r = 1; r < size_; ++r) {
-        GS_REQUIRE(ex.header(r).bytes == first.bytes, GRADSYNC_E_MISMATCH,
-                   "MPI communicator call {}: rank {} sent {} bytes of data with its call, rank 0 {} (ranks of "
-                   "different builds?)",
-                   fp.seq, r, ex.header(r).bytes, first.bytes);
-      }
+  // Every rank holds the same table, so every rank reaches the same verdict. Data that travelled
+  // with the headers is folded only when every rank's call matches.
+  bool same = true, any_packed = false;
+  for (int r = 0; r < size_; ++r) {
+    same &= ex.header(r).key == mine.key && ex.header(r).bytes == mine.bytes;
+    any_packed |= ex.header(r).bytes != 0;
+  }
+  const bool compare = options_.check_mismatch || any_packed;
+  if (!same && compare) explain_mismatch(fp, weight, deadline);
+  // Calls alike on every rank, as they nearly always are, and judged before: nothing to judge
+  // (a weighted mean's weights differ: always judged).
+  if (!(same && call == judged_ && call.collective != Collective::WeightedMean)) {
+    const auto own = [&](int) -> const CallSignature& { return call; };
+    if (same) {
+      verify_round(where, fp.seq, size_, size_, false, own, [&](int r) { return ex.header(r).weight; });
+      judged_ = call;
+    } else {  // check_mismatch off: only this rank's own arguments can be judged
+      verify_round(where, fp.seq, size_, 1, false, own, [&](int) { return weight; });
     }
-    if (alike && (options_.check_mismatch || any_packed)) judged_ = first.fp.call;
   }
   packed_ = pack;
   if (pack || !commit) return;
@@ -767,6 +771,63 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   check(m.Ibarrier(comm_, &request), "MPI_Ibarrier");
   // An Ibarrier references no memory of ours.
   wait(&request, 1, deadline, nullptr, &fp, nullptr, Mode::Round);
+}
+
+void MpiCommunicator::renew_exchange() {
+  exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
+  exchange_keep_ = exchange_;
+}
+
+void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline) {
+  // Every rank saw the same keys, so every rank comes here for this call, and the messages pair up.
+  Exchange& ex = *exchange_;
+  ex.details.assign(static_cast<size_t>(size_), Details{});
+  ex.details[static_cast<size_t>(rank_)] = Details{fp, weight};
+  const mpi::Api& m = mpi::lib();
+  int at_request = 0;
+  for (int s = 1; s < size_; ++s) {
+    const int from = (rank_ - s + size_) % size_, to = (rank_ + s) % size_;
+    check(m.Irecv(&ex.details[static_cast<size_t>(from)], sizeof(Details), m.byte, from, kDetailsTag, comm_,
+                  &ex.requests[static_cast<size_t>(at_request++)]),
+          "MPI_Irecv");
+    check(m.Isend(&ex.details[static_cast<size_t>(rank_)], sizeof(Details), m.byte, to, kDetailsTag, comm_,
+                  &ex.requests[static_cast<size_t>(at_request++)]),
+          "MPI_Isend");
+  }
+  try {
+    wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round);
+  } catch (...) {
+    renew_exchange();
+    throw;
+  }
+  auto where = [] { return std::string("MPI communicator"); };
+  const Fingerprint& first = ex.details[0].fp;
+  for (int r = 1; r < size_; ++r) {
+    const uint64_t seq = ex.details[static_cast<size_t>(r)].fp.seq;
+    if (seq != first.seq) {
+      fail(GRADSYNC_E_MISMATCH, "MPI communicator: rank {} is at call {} but rank 0 at call {} (a rank skipped a call)",
+           r, seq, first.seq);
+    }
+  }
+  verify_round(where, fp.seq, size_, size_, true,
+               [&](int r) -> const CallSignature& { return ex.details[static_cast<size_t>(r)].fp.call; },
+               [&](int r) { return ex.details[static_cast<size_t>(r)].weight; });
+  // Equal calls whose data differed in size: ranks of different builds (another group limit).
+  fail(GRADSYNC_E_MISMATCH, "MPI communicator call {}: the ranks sent different amounts of data with the same call "
+       "(ranks of different builds?)", fp.seq);
+}
+
+int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
+  const auto steady = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  if (offset_read_ == Clock::time_point{} || now - offset_read_ > std::chrono::milliseconds(100)) {
+    offset_read_ = now;
+    system_offset_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count() -
+                        steady(now);
+  }
+  return steady(now) + system_offset_ns_;
 }
 
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
