@@ -723,18 +723,20 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   const mpi::Api& m = mpi::lib();
   // One message to every peer, its data behind its header (even past Open MPI's eager limit, one
   // message costs less than two).
+  // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
+  // receive is posted waits in MPI's queue of unexpected messages).
   int at_request = 0;
-  for (int s = 1; s < size_; ++s) {
-    const int from = (rank_ - s + size_) % size_;
-    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
-                  &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Irecv");
-  }
   for (int s = 1; s < size_; ++s) {
     const int to = (rank_ + s) % size_;
     check(m.Isend(&mine, static_cast<int>(kHeaderArea + mine.bytes), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Isend");
+  }
+  for (int s = 1; s < size_; ++s) {
+    const int from = (rank_ - s + size_) % size_;
+    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(at_request++)]),
+          "MPI_Irecv");
   }
   try {
     wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
