@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Checks the round protocol's model (round.pml) with spin over every interleaving, in the
-# configurations below, and checks that each earlier, wrong rule (the MUTANT_* switches) is caught.
+# Checks the round protocols' models with spin over every interleaving, in the configurations
+# below, and checks that each wrong rule (the MUTANT_* switches) is caught: round.pml, the round
+# engine's (threads, shared memory), and mpi_round.pml, the MPI transport's.
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.
-# About three minutes and 4 GB of memory.
+# About three minutes and 4 GB of memory (the MPI model: half a minute).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp "$here/round.pml" "$work/"
+cp "$here/round.pml" "$here/mpi_round.pml" "$work/"
 cd "$work"
 
 failed=0
-# expect (holds|violated), a name, then spin's -D switches.
+model=round.pml
+# expect (holds|violated), a name, then spin's -D switches; the model is $model.
 check() {
   local expect=$1 name=$2
   shift 2
-  spin -a "$@" round.pml >/dev/null
+  spin -a "$@" "$model" >/dev/null
   gcc -O2 -DSAFETY -DCOLLAPSE -DVECTORSZ=2048 -w -o pan pan.c
   local out errors states
   out="$(./pan -m1000000 -w26 2>&1 || true)"
@@ -31,10 +33,10 @@ check() {
     echo "ok   $name: violation found, as it must be ($(grep -m1 'violated\|invalid end' <<<"$out" | cut -c1-90))"
   else
     echo "FAIL $name: expected the properties to be $expect"; echo "$out"
-    [ -e round.pml.trail ] && spin -t -p round.pml | tail -60
+    [ -e "$model.trail" ] && spin -t -p "$model" | tail -60
     failed=1
   fi
-  rm -f round.pml.trail
+  rm -f "$model.trail"
 }
 
 check holds "2 ranks, 2 calls, an abort and a deadline" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=1
@@ -50,4 +52,18 @@ check violated "mutant: a rank that left its round is not counted past it" -DN=2
 check violated "mutant: reset ignores a barrier decided failed before anyone arrived" -DN=2 -DK=2 -DMUTANT_SKIP
 check violated "mutant: reset retracts a request a peer may have seen" -DN=2 -DK=3 -DMUTANT_RETRACT
 check violated "mutant: a stop tagged with a reset epoch read apart from its CAS" -DN=2 -DK=2 -DMUTANT_TAG
+
+model=mpi_round.pml
+check holds "MPI: 2 ranks, 2 calls, an abort" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0
+check holds "MPI: 2 ranks, 3 calls, two aborts" -DN=2 -DK=3 -DABORTS=2 -DTIMEOUTS=0
+check holds "MPI: 2 ranks, 2 calls, an abort and a deadline" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=1
+check holds "MPI: 2 ranks, 2 calls, an abort and a death" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0 -DDEATHS=1
+check holds "MPI: 3 ranks, 2 calls, an abort" -DN=3 -DK=2 -DABORTS=1 -DTIMEOUTS=0
+check holds "MPI: 3 ranks, 1 call, an abort, a deadline and a death" -DN=3 -DK=1 -DABORTS=1 -DTIMEOUTS=1 -DDEATHS=1
+check violated "MPI mutant: an abort abandons the exchange this rank posted" -DN=2 -DK=2 -DMUTANT_ABANDON
+check violated "MPI mutant: any notice ends a wait, whatever call it stops at" -DN=2 -DK=2 -DMUTANT_STOPAT
+check violated "MPI mutant: abort() reads how far the rank posted apart from its flag" -DN=2 -DK=2 -DMUTANT_NOCAS
+check violated "MPI mutant: a rank that failed a call goes on in its epoch" -DN=2 -DK=2 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_STAY
+check violated "MPI mutant: a large call enters MPI's collective without a commit" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_NOCOMMIT
+check violated "MPI mutant (the assumption): a deadline in a commit every rank posted" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_COMMIT_DEADLINE
 exit $failed
