@@ -102,22 +102,24 @@
  *   MPI that the host initialised is never finalised by us. A host with less than
  *   MPI_THREAD_MULTIPLE must call each communicator from the thread allowed to call MPI.
  * - Collectives map onto MPI's own (MPI_Allreduce with MPI_IN_PLACE, MPI_Bcast, MPI_Allgatherv,
- *   MPI_Reduce_scatter, MPI_Alltoallv, a barrier). allreduce_many packs small buffers into one
- *   MPI call per fill of a staging buffer (larger buffers go to MPI directly). A very small
- *   allreduce travels with the fingerprint (one round trip, rank order).
+ *   MPI_Reduce_scatter, MPI_Alltoallv). allreduce_many packs small buffers into one MPI call per
+ *   fill of a staging buffer (larger buffers go to MPI directly). An allreduce of at most 16 KiB
+ *   per rank (64 KiB over the group), and a barrier, take one exchange between the ranks: the data
+ *   travels with the call's check and every rank reduces it in rank order (the same bits on every
+ *   rank, deterministic or not). docs/mpi.md describes the mechanism and its cost.
  * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank (MPI_Alltoallv of the
  *   slices, the library's rank-order kernels, MPI_Allgatherv); 0 leaves the order to MPI (all ranks
  *   still get MPI's one result). weighted_mean and i32 mean are always in rank order.
- * - check_mismatch (default 1): before each collective the ranks exchange a 40-byte fingerprint
- *   (collective, count, dtype, op, root, sequence number) with a non-blocking MPI_Iallgather; on a
- *   difference every rank returns GRADSYNC_E_MISMATCH before any data moves. 0 replaces it by an
- *   MPI_Ibarrier that still enforces the deadline (and judges only this rank's own arguments).
- * - One outcome per call: after the arrival exchange every rank posts a commit barrier; an abort
- *   on a rank whose exchange is in flight fails the call on every rank, one that comes later fails
- *   the next call. A timeout that expires on one rank while its peers complete the commit (a rank
- *   stalled for timeout_ms between the two phases) can still end that call differently on them;
- *   every rank then fails its next call until the reset.
- * - Deadlines and what happens after a timeout: the arrival exchange above is polled against
+ * - check_mismatch (default 1): the ranks compare their calls (collective, count, dtype, op, root,
+ *   call number) before any data moves into a caller's buffer; on a difference every rank returns
+ *   GRADSYNC_E_MISMATCH naming the ranks. 0 judges only this rank's own arguments (except an
+ *   allreduce small enough to travel with the check, whose calls are always compared).
+ * - One outcome per call for aborts: a rank that has started a call is committed to it. An abort
+ *   on a rank whose call has started takes effect at its next call; every rank then fails the same
+ *   call: that one if some rank had not started it yet, else the next. A timeout or a death is the
+ *   exception: one that strikes a rank just as the call completes elsewhere ends that call
+ *   differently on it; every rank then fails its next call until the reset.
+ * - Deadlines and what happens after a timeout: every wait for the peers is polled against
  *   timeout_ms, so a rank that never arrives gives GRADSYNC_E_TIMEOUT; the timed-out rank tells the
  *   others (they get GRADSYNC_E_TIMEOUT too if waiting, GRADSYNC_E_ABORTED on their next call).
  *   A peer process on the same host that dies while others wait gives GRADSYNC_E_REMOTE. MPI cannot
@@ -800,8 +802,8 @@ GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm *comm, int32_
  * reached, each rank's arrival is compared with the round's first arrival; every rank sees the
  * same arrivals, so every rank computes the same lateness figures and names the same straggler.
  * Arrivals are compared in the host's monotonic clock (THREAD, SHM) or, on MPI, in the ranks'
- * system clocks (exchanged with the arrival fingerprint; across hosts only as good as their clock
- * synchronisation, and not measured when check_mismatch is 0). Figures accumulate from creation;
+ * system clocks (exchanged at the start of every call; across hosts only as good as their clock
+ * synchronisation). Figures accumulate from creation;
  * a call that starts another collective inside it counts once.
  */
 

@@ -14,14 +14,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GS_CPU_RELAX() _mm_pause()
-#else
-#define GS_CPU_RELAX() ((void)0)
-#endif
-
 #include "accumulator/team.hpp"
+#include "common/cpu_relax.hpp"
 #include "common/error.hpp"
 #include "common/fork.hpp"
 #include "common/log.hpp"
@@ -273,7 +267,7 @@ void Accumulator::lock_stripe_slow(uint32_t* word) {
     if ((spins & 63) == 0) {
       sched_yield();
     } else {
-      GS_CPU_RELAX();
+      cpu_relax();
     }
     if ((spins & 0x3FFF) != 0) continue;
     // Another process's slot whose OFD lock is gone: that process has exited while holding the

@@ -8,14 +8,10 @@
 #include <cstdint>
 #include <thread>
 
+#include "common/cpu_relax.hpp"
+
 namespace gradsync::atomics {
 namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // 4096 locks of 4 bytes (16 KiB, stays in L1/L2). Blocks are spread over the table by a
 // multiplicative hash so that two threads sweeping neighbouring blocks rarely share a lock's
@@ -34,7 +30,7 @@ inline void acquire(std::atomic<uint32_t>& lock) noexcept {
   for (unsigned spins = 0;; ++spins) {
     while (lock.load(std::memory_order_relaxed) != 0) {
       if (++spins < 128) {
-        cpu_relax();
+        gradsync::cpu_relax();
       } else {
         std::this_thread::yield();
       }

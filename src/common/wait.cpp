@@ -19,10 +19,6 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "common/log.hpp"
 
 namespace gradsync::wait_detail {
@@ -39,14 +35,6 @@ void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chron
 
 void futex_wake_all(const std::atomic<uint32_t>* word) noexcept {
   syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
 }
 
 int CpuMask::count() const noexcept {

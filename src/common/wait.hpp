@@ -27,6 +27,8 @@
 #include <string>
 #include <thread>
 
+#include "common/cpu_relax.hpp"
+
 namespace gradsync {
 
 // The futex word and its sleeper count: put one per cache line in shared structures.
@@ -67,7 +69,7 @@ namespace wait_detail {
 // Sleeps while *word == expected, at most `timeout`; wakes early on FUTEX_WAKE or a signal.
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept;
 void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
-void cpu_relax() noexcept;
+using gradsync::cpu_relax;
 // A set of CPUs, as a bitmap of cpu_set_t's 1024 in a layout that shared memory can hold.
 struct CpuMask {
   uint64_t bits[16] = {};

@@ -43,6 +43,7 @@
 #include "comm/engine/control.hpp"
 #include "comm/engine/fabric.hpp"
 #include "comm/telemetry.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
@@ -254,34 +255,39 @@ RoundEngine::Waited RoundEngine::wait_all(Settled&& settled, Counter&& counter, 
   if (paused != nullptr) *paused = Paused::Long;
   const auto started = WaitClock::now();
   start_deadline(deadline, started);
-  auto next_report = started + kStragglerReportAfter;
-  for (auto now = started;; now = WaitClock::now()) {
-    const auto slice = std::min(deadline, now + kLivenessInterval);
-    switch (waiter_(words().wake, ready, slice, stop_word, kStopReasonMask, awaited_on_this_cpu(target))) {
-      case WaitResult::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
-      case WaitResult::Aborted: return Waited::Stopped;
-      case WaitResult::Timeout: break;
-    }
-    if (mode == WaitMode::Abortable && interrupt_()) {
-      abort();
-      return Waited::Stopped;
-    }
-    if (check_peers() && mode != WaitMode::Hold) return Waited::PeerDied;
-    if (const auto now = WaitClock::now(); now >= next_report) {
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        if (counter(r) < target) missing.push_back(r);
-      }
-      if (!missing.empty()) report_stragglers(missing, what, call, now - started);
-      next_report = now + kStragglerReportEvery;
-    }
-    if (WaitClock::now() >= deadline) {
-      if (mode != WaitMode::Hold) return Waited::TimedOut;
-      GS_LOG_WARN("group '{}' rank {}: peers still use this rank's buffers after {} ms; waiting for them",
-                  fabric_.group(), rank_, timeout_.count());
-      deadline = deadline_after(timeout_);
-    }
+  const WaitEnd end = bounded_wait(
+      [&](WaitClock::time_point until) {
+        return waiter_(words().wake, ready, until, stop_word, kStopReasonMask, awaited_on_this_cpu(target));
+      },
+      [&] {
+        if (mode != WaitMode::Abortable || !interrupt_()) return false;
+        abort();
+        return true;
+      },
+      [&] { return check_peers() && mode != WaitMode::Hold; },
+      [&](std::chrono::nanoseconds waited) {
+        std::vector<int> missing;
+        for (int r = 0; r < size_; ++r) {
+          if (counter(r) < target) missing.push_back(r);
+        }
+        if (!missing.empty()) report_stragglers(missing, what, call, waited);
+      },
+      [&] {
+        if (mode != WaitMode::Hold) return true;
+        GS_LOG_WARN("group '{}' rank {}: peers still use this rank's buffers after {} ms; waiting for them",
+                    fabric_.group(), rank_, timeout_.count());
+        deadline = deadline_after(timeout_);
+        return false;
+      },
+      deadline, kLivenessInterval, started);
+  switch (end) {
+    case WaitEnd::Ready: return dead_.empty() ? Waited::Ready : Waited::PeerDied;
+    case WaitEnd::Stopped:
+    case WaitEnd::Interrupted: return Waited::Stopped;
+    case WaitEnd::PeerGone: return Waited::PeerDied;
+    case WaitEnd::Deadline: break;
   }
+  return Waited::TimedOut;
 }
 
 template <class Publish>

@@ -28,6 +28,7 @@
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/wait.hpp"
 
 namespace gradsync::comm {
@@ -608,58 +609,69 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   const auto start = started ? *started : Clock::now();
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   const uint64_t call = fp != nullptr ? fp->seq : seq_ + 1;
-  auto next_liveness = start + kLivenessPeriod;
-  auto next_report = start + kStragglerReportAfter;
-  for (uint64_t polls = 0;; ++polls) {
-    int done = 0;
-    check(mpi::lib().Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) return;
-    if (mode == Mode::Setup && (state_.load() & 1)) {
-      abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()), GRADSYNC_E_ABORTED,
-              rank_, call);
-      fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
-    }
-    if (mode == Mode::Round) {
-      // Committed: this rank's own abort is only announced (without MPI_THREAD_MULTIPLE abort()
-      // could not); the call goes on.
-      if ((state_.load() & 1) && !notices_sent_) send_notices(GRADSYNC_E_ABORTED, rank_, call + 1);
-      if ((polls & 15) == 15) poll_notices();
-      if (notice_ && static_cast<uint64_t>(notice_->stop_at) <= call) fail_on_notice(keepalive, what(), call);
-    }
-    if ((polls & 63) != 63) continue;
-    const auto now = Clock::now();
-    if (now >= next_liveness) {
-      next_liveness = now + kLivenessPeriod;
-      if (interrupt_()) abort();  // acted on as an abort
-      if (const int dead = dead_peer(); dead >= 0) {
-        abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead, call);
-        fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
-             peers_[static_cast<size_t>(dead)].pid);
+  uint64_t polls = 0;
+  // Polls until the requests complete (Ready), an abort or a notice ends the wait (Aborted), or
+  // `until`. Spins briefly (the common case is a peer a few microseconds late), then gives the core
+  // away: ranks are often oversubscribed, and a long wait gains nothing from spinning.
+  auto slice = [&](Clock::time_point until) {
+    for (;; ++polls) {
+      int done = 0;
+      check(mpi::lib().Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (done) return WaitResult::Ready;
+      if (mode == Mode::Setup && (state_.load() & 1)) return WaitResult::Aborted;
+      if (mode == Mode::Round) {
+        // Committed: this rank's own abort is only announced (without MPI_THREAD_MULTIPLE abort()
+        // could not); the call goes on.
+        if ((state_.load() & 1) && !notices_sent_) send_notices(GRADSYNC_E_ABORTED, rank_, call + 1);
+        if ((polls & 15) == 15) poll_notices();
+        if (notice_ && static_cast<uint64_t>(notice_->stop_at) <= call) return WaitResult::Aborted;
+      }
+      if ((polls & 63) != 63) continue;
+      const auto now = Clock::now();
+      if (now >= until) return WaitResult::Timeout;
+      if (now - start < kSpinPhase) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
-    if (now >= next_report) {
-      // MPI does not say which ranks have not posted their part: the late rank is the one not
-      // logging this.
-      GS_LOG_WARN("{} on rank {} of {}: waiting {} s for the other ranks", what(), rank_, size_,
-                  std::chrono::duration_cast<std::chrono::seconds>(now - start).count());
-      next_report = now + kStragglerReportEvery;
-    }
-    if (now >= deadline) {
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
-      abandon(keepalive, fmt::format("{} timed out", what()), GRADSYNC_E_TIMEOUT, rank_, call);
-      fail(GRADSYNC_E_TIMEOUT,
-           "{} on rank {} of {}: not every rank arrived within the timeout ({} ms, waited {} ms); the communicator "
-           "is aborted on every rank",
-           what(), rank_, size_, options_.timeout.count(), waited);
-    }
-    // Spin briefly (the common case is a peer a few microseconds late), then give the core away:
-    // ranks are often oversubscribed, and a long wait gains nothing from spinning.
-    if (now - start < kSpinPhase) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+  };
+  int dead = -1;
+  const WaitEnd end = bounded_wait(
+      slice,
+      [&] {
+        if (interrupt_()) abort();  // acted on as an abort: at the next poll, as its mode says
+        return false;
+      },
+      [&] { return (dead = dead_peer()) >= 0; },
+      [&](Clock::duration waited) {
+        // MPI does not say which ranks have not posted their part: the late rank is the one not
+        // logging this.
+        GS_LOG_WARN("{} on rank {} of {}: waiting {} s for the other ranks", what(), rank_, size_,
+                    std::chrono::duration_cast<std::chrono::seconds>(waited).count());
+      },
+      [] { return true; }, deadline, kLivenessPeriod, start);
+  switch (end) {
+    case WaitEnd::Ready: return;
+    case WaitEnd::Stopped:
+      if (mode == Mode::Round) fail_on_notice(keepalive, what(), call);
+      [[fallthrough]];
+    case WaitEnd::Interrupted:
+      abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()),
+              GRADSYNC_E_ABORTED, rank_, call);
+      fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
+    case WaitEnd::PeerGone:
+      abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead, call);
+      fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
+           peers_[static_cast<size_t>(dead)].pid);
+    case WaitEnd::Deadline: break;
   }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  abandon(keepalive, fmt::format("{} timed out", what()), GRADSYNC_E_TIMEOUT, rank_, call);
+  fail(GRADSYNC_E_TIMEOUT,
+       "{} on rank {} of {}: not every rank arrived within the timeout ({} ms, waited {} ms); the communicator "
+       "is aborted on every rank",
+       what(), rank_, size_, options_.timeout.count(), waited);
 }
 
 // The round protocol (docs/mpi.md; tests/model/mpi_round.pml checks it over every interleaving).

@@ -2,23 +2,22 @@
 #pragma once
 // The communicator over MPI: processes across machines, same interface as the thread transport.
 //
-// Every collective is two steps:
-// 1. An arrival rendezvous that is non-blocking and polled against the deadline, the abort flag,
-//    abort notices from peers and the liveness of peers on this host: an MPI_Iallgather of a
-//    40-byte fingerprint (kind, count, dtype, op, root, sequence number) that every rank compares
-//    (check_mismatch, the default), or an MPI_Ibarrier when the check is off. A rank that never
-//    arrives therefore gives GRADSYNC_E_TIMEOUT, and ranks that disagree all get
-//    GRADSYNC_E_MISMATCH before any of them enters the data transfer, so the next round works.
-// 2. The data transfer with MPI's own blocking collective (MPI_Allreduce, MPI_Bcast,
-//    MPI_Allgatherv, MPI_Reduce_scatter), which every rank is known to have entered with
-//    matching arguments. Blocking calls because OpenMPI's non-blocking collectives (libnbc) are up
-//    to 10x slower on large messages; MPI cannot interrupt them, but they can only stall if a peer
-//    dies inside one, and then mpirun ends the job.
-// An allreduce of at most 64 bytes (loss scalars, counters) travels inside the rendezvous itself
-// and every rank reduces the gathered contributions in rank order: one round trip, deterministic.
+// Every call starts with an exchange: each rank sends every peer a 32-byte header (a key of the
+// call, its arrival time, a weighted mean's weight) point to point and receives theirs, polled
+// against the deadline, the abort flag, abort notices and the liveness of peers on this host.
+// Every rank then holds the same table and reaches the same verdict (E_MISMATCH on every rank when
+// the keys differ, after a second exchange of whole fingerprints that names the ranks).
+// - The small path: an allreduce of at most 16 KiB per rank (64 KiB over the group) carries its data
+//   behind the header, and every rank folds the contributions in rank order; a barrier is the
+//   exchange. One round trip, no blocking call.
+// - The other calls commit with a barrier, then move their data through MPI's own blocking
+//   collectives (MPI_Allreduce, MPI_Bcast, MPI_Allgatherv, MPI_Reduce_scatter, MPI_Alltoallv):
+//   Open MPI's non-blocking collectives (libnbc) are up to 10x slower on large messages.
 // Deterministic mode replaces MPI's reduction (whose order is implementation-defined) by
 // reduce-scatter-by-gathering: MPI_Alltoallv brings every rank's copy of this rank's slice here,
 // the shared rank-order kernels (comm/reduce.hpp) fold them, and MPI_Allgatherv shares the slices.
+// The round protocol (commitment, abort notices, deadlines) is described above
+// MpiCommunicator::arrive, in docs/mpi.md, and checked in tests/model/mpi_round.pml.
 #include <memory>
 
 #include "comm/communicator.hpp"
