@@ -3,7 +3,7 @@
 // What a communicator measures about its own calls: statistics (gradsync_comm_stats) and a
 // Chrome-trace timeline (GRADSYNC_TIMELINE, gradsync_comm_timeline). Written once for every
 // transport: a transport runs each collective through measure(); whatever decides that every rank
-// has arrived (the round engine for threads and shm, MPI's rendezvous) reports the arrival wait
+// has arrived (the round engine for threads and shm, the MPI transport's exchange) reports the arrival wait
 // and every rank's arrival stamp to arrival(), once per call.
 //
 // A call's time splits into waiting for peers (this rank's arrival until the group's verdict that

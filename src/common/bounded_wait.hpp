@@ -13,10 +13,6 @@
 
 namespace gradsync {
 
-// A wait this long is logged (a warning naming what is late), and again every interval.
-inline constexpr auto kStragglerReportAfter = std::chrono::seconds(5);
-inline constexpr auto kStragglerReportEvery = std::chrono::seconds(10);
-
 enum class WaitEnd { Ready, Stopped, Interrupted, PeerGone, Deadline };
 
 // slice(until) -> WaitResult; interrupted() -> bool (the process wants out: a signal); gone() ->
