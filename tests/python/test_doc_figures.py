@@ -44,8 +44,9 @@ FIGURES = {
     "reduced in place from its buffers": [("src/comm/algorithms/shared_memory.cpp", "kInPlaceFromBytes", _bytes)],
     "pipeline chunk of the staged (copy) path": [("src/comm/engine/control.hpp", "kChunkBytes", _bytes)],
     "a dead peer is noticed while waiting": [("src/comm/engine/round_engine.hpp", "kLivenessInterval", _ms)],
-    "MPI: an allreduce sent with the fingerprint": [("src/comm/transport/mpi/mpi_communicator.cpp", "kInlineBytes",
-                                                     _bytes)],
+    "MPI: an allreduce carried in the call's exchange": [
+        ("src/comm/transport/mpi/mpi_communicator.cpp", "kPackBytes", _bytes),
+        ("src/comm/transport/mpi/mpi_communicator.cpp", "kPackBudget", _bytes)],
     "allreduce_many's staging buffer": [("src/comm/transport/mpi/mpi_communicator.cpp", "kStagingBytes", _bytes)],
     "liveness check of peers on this host": [("src/comm/transport/mpi/mpi_communicator.cpp", "kLivenessPeriod", _ms)],
     "block of dst guarded by one spin lock": [("src/atomics/atomic_add.hpp", "kStripeBytes", _bytes)],
