@@ -41,6 +41,7 @@ CommLink::CommLink(std::unique_ptr<comm::Communicator> impl, std::string descrip
       description_(std::move(description)),
       rank_(impl_->rank()),
       size_(impl_->size()),
+      member_id_(impl_->member_id()),
       transport_(impl_->transport()),
       topology_(impl_->topology()) {}
 
@@ -425,6 +426,41 @@ GRADSYNC_API int gradsync_comm_split(gradsync_comm* comm, int32_t color, int32_t
     if (impl == nullptr) return;
     std::string description = fmt::format("subgroup (color {}) of {}", color, link->description());
     *out = new gradsync_comm(std::make_shared<CommLink>(std::move(impl), std::move(description)));
+  });
+}
+
+GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed,
+                                      size_t failed_capacity, gradsync_shrink_result* result) {
+  if (out != nullptr) *out = nullptr;
+  return guard(__func__, [&] {
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "out-parameter is NULL");
+    const std::shared_ptr<CommLink>& link = check(comm)->link;
+    GS_REQUIRE(failed == nullptr || failed_capacity >= static_cast<size_t>(link->size()), GRADSYNC_E_INVALID_ARG,
+               "failed holds {} entries; the group has {} ranks, so as many may be out", failed_capacity,
+               link->size());
+    if (result != nullptr) {
+      GS_REQUIRE(result->struct_size >= sizeof(gradsync_shrink_result) && result->version >= 1,
+                 GRADSYNC_E_INVALID_ARG, "result: struct_size {} / version {}: set them to sizeof(gradsync_shrink_result) "
+                 "and GRADSYNC_SHRINK_RESULT_VERSION", result->struct_size, result->version);
+    }
+    gradsync::comm::ShrinkResult shrunk;
+    CommLink::run_in_order(link, __func__, [&] { shrunk = link->communicator().shrink(); });
+    if (failed != nullptr) std::copy(shrunk.failed.begin(), shrunk.failed.end(), failed);
+    if (result != nullptr) {
+      result->failed_count = static_cast<int32_t>(shrunk.failed.size());
+      result->attempts = shrunk.attempts;
+      result->agree_ns = shrunk.agree.count();
+      result->form_ns = shrunk.form.count();
+    }
+    std::string description = fmt::format("shrunk group of {}", link->description());
+    *out = new gradsync_comm(std::make_shared<CommLink>(std::move(shrunk.comm), std::move(description)));
+  });
+}
+
+GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm* comm, int64_t* id) {
+  return guard(__func__, [&] {
+    GS_REQUIRE(id != nullptr, GRADSYNC_E_INVALID_ARG, "id is NULL");
+    *id = check(comm)->link->member_id();
   });
 }
 

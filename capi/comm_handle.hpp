@@ -66,6 +66,7 @@ class CommLink {
 
   int32_t rank() const noexcept { return rank_; }
   int32_t size() const noexcept { return size_; }
+  int64_t member_id() const noexcept { return member_id_; }
   comm::Transport transport() const noexcept { return transport_; }
   // Fixed at creation, like the rank: read by any thread.
   const comm::Topology& topology() const noexcept { return topology_; }
@@ -134,6 +135,7 @@ class CommLink {
   Outcome async_error_;
   const std::string description_;
   const int32_t rank_, size_;
+  const int64_t member_id_;
   const comm::Transport transport_;
   const comm::Topology topology_;
   const OwnerProcess owner_;

@@ -349,6 +349,58 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
  */
 GRADSYNC_API int gradsync_comm_split(gradsync_comm *comm, int32_t color, int32_t key, gradsync_comm **out);
 
+/* ---------------------------------------------------------------- elastic membership */
+
+#define GRADSYNC_SHRINK_RESULT_VERSION 1
+
+/** What gradsync_comm_shrink reports besides the new group. */
+typedef struct gradsync_shrink_result {
+  uint32_t struct_size; /**< sizeof(gradsync_shrink_result) as the caller compiled it */
+  uint32_t version;     /**< GRADSYNC_SHRINK_RESULT_VERSION */
+  int32_t failed_count; /**< ranks of comm that are out of the new group */
+  int32_t attempts;     /**< agreements made: 1, or more when a member was lost during the shrink */
+  int64_t agree_ns;     /**< time spent agreeing on the failed set, every attempt */
+  int64_t form_ns;      /**< time spent forming (and committing) the new group, every attempt */
+  /* append only */
+} gradsync_shrink_result;
+
+/**
+ * @brief After comm lost a member, form the group of the survivors, in place. Collective over the
+ *        survivors: each calls it once the loss showed (a collective returned GRADSYNC_E_REMOTE,
+ *        GRADSYNC_E_TIMEOUT or GRADSYNC_E_ABORTED), or at any time to leave out the members that
+ *        do not answer.
+ *
+ * The survivors agree on ONE failed set: every rank that is gone (its process died, or, on the
+ * thread transport, its communicator was freed) or that did not call gradsync_comm_shrink within
+ * comm's timeout. Every survivor gets the same set and the same new group, whose ranks are dense
+ * and keep the survivors' order in comm. A member lost while the shrink runs is left out by
+ * another round of agreement (result->attempts > 1). Every step is bounded by comm's timeout.
+ * Calls still waiting on comm in other threads return (GRADSYNC_E_ABORTED); comm is stopped for
+ * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
+ *
+ * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 aborts the
+ * whole job when one process dies.
+ * @param comm the group that lost a member
+ * @param[out] out the survivors' communicator; NULL on failure
+ * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
+ * @param failed_capacity entries failed can hold: at least comm's size when failed is not NULL
+ * @param[out] result counts and phase times (may be NULL); struct_size and version set by the caller
+ * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
+ * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
+ * @retval GRADSYNC_E_TIMEOUT the shrink did not finish within comm's timeout
+ * @retval GRADSYNC_E_UNSUPPORTED the transport cannot survive a lost member (MPI, HIER)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_shrink(gradsync_comm *comm, gradsync_comm **out, int32_t *failed,
+                                      size_t failed_capacity, gradsync_shrink_result *result);
+
+/**
+ * @brief This member's stable id: its rank in the group it was created in, kept by every group
+ *        shrunk (gradsync_comm_shrink) or split from it, so that a caller can map old ranks to new.
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm *comm, int64_t *id);
+
 /**
  * @brief Which ranks share a host. The same on every rank.
  *

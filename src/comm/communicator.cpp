@@ -359,12 +359,15 @@ std::unique_ptr<Communicator> create(const Options& options) {
   const Topology topology = c->topology();
   std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
   hier->group_options_ = options;
+  hier->member_id_ = options.rank;
   hier->topology_ = topology;
   return hier;
 }
 
 void Communicator::establish(const Options& options) {
   group_options_ = options;
+  group_options_.forming_abandoned = nullptr;
+  member_id_ = options.rank;
   topology_ = detect_topology(*this, options.host_label, shares_memory());
   telemetry_.forget();
 }
@@ -405,7 +408,19 @@ std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
   child->group_options_.rank = sub.rank;
   child->group_options_.size = static_cast<int32_t>(sub.members.size());
   child->topology_ = topology_.restricted(sub.members, sub.rank);
+  child->member_id_ = member_id_;
   return child;
+}
+
+ShrinkResult Communicator::shrink() {
+  if (transport() == Transport::Mpi || transport() == Transport::Hier) {
+    fail(GRADSYNC_E_UNSUPPORTED,
+         "shrink is not supported on the {} transport: Open MPI 4.1, which it runs on, aborts the whole job when a "
+         "process is lost, so there are no survivors to shrink; surviving a lost process needs ULFM "
+         "(MPIX_Comm_agree/MPIX_Comm_shrink, as in MPICH), which this build does not use",
+         transport_name(transport()));
+  }
+  fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
 }
 
 std::unique_ptr<Communicator> Communicator::make_subgroup(const Subgroup& sub) {
@@ -413,6 +428,7 @@ std::unique_ptr<Communicator> Communicator::make_subgroup(const Subgroup& sub) {
   o.name = sub.name;
   o.rank = sub.rank;
   o.size = static_cast<int32_t>(sub.members.size());
+  o.forming_abandoned = sub.abandoned;
   return create_transport(o);
 }
 

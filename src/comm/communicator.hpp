@@ -16,6 +16,7 @@
 //   reset() (collective) succeeds.
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct Options {
   std::string name;
   std::string host_label;  // replaces the detected host identity when not empty (comm/topology.hpp)
   bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
+  // Asked now and then while create() waits for the other members: a non-empty answer gives up
+  // with E_REMOTE saying it (a shrink forming its group from a group that lost another member).
+  // Kept only for the create() call.
+  std::function<std::string()> forming_abandoned;
 };
 
 // Asked now and then (every 10 to 100 ms) by a call of this communicator that is waiting for its
@@ -86,6 +91,16 @@ struct Routes {
   uint64_t send_extent(uint64_t s) const noexcept;
   uint64_t recv_extent(uint64_t d) const noexcept;
   uint64_t longest() const noexcept;  // the largest part
+};
+
+class Communicator;
+
+// What a shrink (Communicator::shrink) gives a survivor.
+struct ShrinkResult {
+  std::unique_ptr<Communicator> comm;  // the survivors' group
+  std::vector<int> failed;             // ranks of the old group that are out, ascending
+  int attempts = 0;                    // agreements made: more than 1 when a member was lost meanwhile
+  std::chrono::nanoseconds agree{0}, form{0};
 };
 
 class Communicator {
@@ -178,10 +193,19 @@ class Communicator {
     int rank;
     std::vector<int> members;
     std::string name;  // a name no other group of this parent's has, for transports that meet by name
+    std::function<std::string()> abandoned;  // Options::forming_abandoned of the members' create()
   };
   // The second half of split(): this rank's communicator of the subgroup, with its options and
   // topology. Collective over the members only, which all pass the same subgroup.
   std::unique_ptr<Communicator> form_subgroup(const Subgroup& subgroup);
+
+  // Collective over the survivors after this group lost a member (comm/membership.hpp): they
+  // agree on one failed set and form a group of the others, with dense ranks in the old order.
+  // Transports that cannot survive a lost process fail with E_UNSUPPORTED saying why.
+  virtual ShrinkResult shrink();
+  // This member's stable id: its rank in the group it was created in, kept by the groups shrunk
+  // or split from it.
+  int64_t member_id() const noexcept { return member_id_; }
 
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
@@ -228,6 +252,7 @@ class Communicator {
   Telemetry telemetry_;
 
  private:
+  int64_t member_id_ = 0;
   Options group_options_;
   Topology topology_;
   uint64_t splits_ = 0;  // split() calls made, the same count on every rank: part of subgroup names

@@ -42,6 +42,7 @@
 #endif
 
 #include "comm/engine/round_engine.hpp"
+#include "comm/membership.hpp"
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -202,6 +203,7 @@ class SharedMemoryCommunicator final : public Communicator {
                      uint64_t* total_weight) override;
   void abort() noexcept override { engine_.abort(); }
   void reset() override { engine_.reset(); }
+  ShrinkResult shrink() override { return membership_.shrink(*this); }
   void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }
   void dealloc(void* p) override { fabric_->dealloc(p); }
   void release_after_fork() noexcept override { fabric_->release_after_fork(); }
@@ -259,6 +261,7 @@ class SharedMemoryCommunicator final : public Communicator {
   std::unique_ptr<Fabric> fabric_;
   const ControlArea& control_;
   RoundEngine engine_;
+  Membership membership_{*fabric_, options_.rank, options_.size, options_.timeout};
   // Allreduces past kInPlaceFromBytes go direct when they can (see there).
   const bool direct_from_small_sizes_ = options_.size <= fabric_->cpus();
   // cross_process_allreduce's copies of the peers' blocks, one chunk per peer; grown once.
@@ -880,7 +883,9 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
 }  // namespace
 
 std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric) {
-  return std::make_unique<SharedMemoryCommunicator>(options, std::move(fabric));
+  Options kept = options;
+  kept.forming_abandoned = nullptr;  // it was for create() only
+  return std::make_unique<SharedMemoryCommunicator>(kept, std::move(fabric));
 }
 
 }  // namespace gradsync::comm

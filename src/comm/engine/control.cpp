@@ -18,13 +18,18 @@ ControlLayout control_layout(int size, uint64_t header_bytes) noexcept {
   l.inline_data = align_up(l.tables + n * 2 * kMaxTableBuffers * sizeof(BufferAddress), kPage);
   l.stage_in = align_up(l.inline_data + n * 2 * kInlineBytes, kPage);
   l.stage_out = align_up(l.stage_in + n * kStageDepth * kChunkBytes, kPage);
-  l.end = align_up(l.stage_out + kStageDepth * kChunkBytes, kPage);
+  l.membership = align_up(l.stage_out + kStageDepth * kChunkBytes, kPage);
+  l.end = align_up(l.membership + sizeof(MembershipWords) + n * sizeof(MemberSlot), kPage);
   return l;
 }
 
 void construct_control(char* block, const ControlLayout& l, int size) noexcept {
   new (block + l.barrier) std::atomic<uint64_t>(0);
   for (int r = 0; r < size; ++r) new (block + l.slots + static_cast<uint64_t>(r) * sizeof(RankSlot)) RankSlot();
+  new (block + l.membership) MembershipWords();
+  for (int r = 0; r < size; ++r) {
+    new (block + l.membership + sizeof(MembershipWords) + static_cast<uint64_t>(r) * sizeof(MemberSlot)) MemberSlot();
+  }
 }
 
 }  // namespace gradsync::comm

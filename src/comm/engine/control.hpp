@@ -37,7 +37,10 @@ constexpr int kMaxLocalRanks = 1024;
 // Why the group stopped; stored once (first cause wins) so every rank reports the same cause.
 // Corrupt: a rank found a peer's published buffer outside the memory peers may publish.
 // Failed: a rank left a round by an error of its own (out of memory, say) that its peers do not share.
-enum class StopReason : uint32_t { None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5, Failed = 6 };
+// Shrinking: a rank began to shrink the group (comm/membership.hpp); its calls are over.
+enum class StopReason : uint32_t {
+  None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5, Failed = 6, Shrinking = 7
+};
 
 // The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | generation modulo 4096 (bits 20-31).
 // Every stop counts the generation up and a reset clears only the reason, so a reset can clear
@@ -189,6 +192,29 @@ struct BufferAddress {
   uint64_t recv;
 };
 
+// The membership words of a group (comm/membership.hpp): what the survivors of a lost member
+// agree through when they shrink it. Touched only by a shrink, so they sit apart from the round's
+// lines. The decision word holds the latest decided shrink attempt: shrink_code(epoch, winner),
+// set by CAS from an older epoch, so each epoch is decided once, by one rank, whose proposal
+// (MemberSlot::failed) every rank then reads.
+constexpr uint64_t kMemberWords = kMaxLocalRanks / 64;
+struct alignas(64) MemberSlot {
+  std::atomic<uint64_t> request;  // the latest shrink epoch this rank entered
+  // The epoch whose proposal `failed` holds, 0 while it is written: a reader that finds the same
+  // epoch before and after reading the bits read that epoch's proposal whole.
+  std::atomic<uint64_t> tag;
+  std::atomic<uint64_t> nonce;  // names the group that epoch's members form
+  std::atomic<uint64_t> failed[kMemberWords];  // bit r: rank r is out
+};
+struct alignas(64) MembershipWords {
+  std::atomic<uint64_t> decision;
+};
+constexpr uint64_t shrink_code(uint64_t epoch, int winner) noexcept {
+  return (epoch << 20) | static_cast<uint64_t>(winner + 1);
+}
+constexpr uint64_t shrink_epoch(uint64_t code) noexcept { return code >> 20; }
+constexpr int shrink_winner(uint64_t code) noexcept { return static_cast<int>(code & 0xfffffu) - 1; }
+
 // Where each part of the control block lies, as offsets from its start (after `header_bytes`).
 // barrier: the barrier word (see barrier_state), then every rank's arrival stamp by round parity
 // (int64_t, Telemetry::stamp), in the same line for groups of up to 3 ranks. Every rank arrives on
@@ -196,7 +222,7 @@ struct BufferAddress {
 // one line, and the stamps of a round's arrivals travel with it: a rank stores its stamp in the
 // line its add then finds in its cache, and a waiter reads them from the copy its polls brought.
 struct ControlLayout {
-  uint64_t barrier, slots, tables, inline_data, stage_in, stage_out, end;
+  uint64_t barrier, slots, tables, inline_data, stage_in, stage_out, membership, end;
 };
 ControlLayout control_layout(int size, uint64_t header_bytes) noexcept;
 // Constructs the shared words of a control block of `l` in zeroed memory at `block`.
@@ -218,6 +244,8 @@ class ControlArea {
         inline_(block + layout.inline_data),
         in_(block + layout.stage_in),
         out_(block + layout.stage_out),
+        membership_(reinterpret_cast<MembershipWords*>(block + layout.membership)),
+        members_(reinterpret_cast<MemberSlot*>(block + layout.membership + sizeof(MembershipWords))),
         size_(size),
         address_base_(address_base) {}
 
@@ -245,6 +273,8 @@ class ControlArea {
   }
   char* out_area(uint64_t stage) const noexcept { return out_ + (stage % kStageDepth) * kChunkBytes; }
   char* at(uint64_t address) const noexcept { return reinterpret_cast<char*>(address_base_ + address); }
+  MembershipWords& membership() const noexcept { return *membership_; }
+  MemberSlot& member(int r) const noexcept { return members_[r]; }
   // The pointer for a peer's published [address, address + bytes), or nullptr when the range is
   // not inside the memory peers may publish (set_reachable): a member gone bad cannot make its
   // peers read or write elsewhere.
@@ -267,6 +297,8 @@ class ControlArea {
   char* inline_ = nullptr;
   char* in_ = nullptr;
   char* out_ = nullptr;
+  MembershipWords* membership_ = nullptr;
+  MemberSlot* members_ = nullptr;
   int size_ = 0;
   uintptr_t address_base_ = 0;
   uint64_t reach_lo_ = 0;

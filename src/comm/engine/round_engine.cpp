@@ -261,6 +261,9 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
     case StopReason::Failed:
       fail(GRADSYNC_E_ABORTED, "{}: rank {} (pid {}) failed in the middle of a call (an error of its own, reported "
            "there); reset or free the group", w, who, pid);
+    case StopReason::Shrinking:
+      fail(GRADSYNC_E_ABORTED, "{}: rank {} (pid {}) is shrinking the group after a lost member; call "
+           "gradsync_comm_shrink on every rank", w, who, pid);
     case StopReason::Aborted:
     case StopReason::None:
       break;

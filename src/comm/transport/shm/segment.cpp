@@ -141,7 +141,8 @@ std::string segment_name(const std::string& group) {
   return out;
 }
 
-std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int size, Clock::time_point deadline) {
+std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int size, Clock::time_point deadline,
+                                       const std::function<std::string()>& abandoned) {
   GS_REQUIRE(size <= kMaxRanks, GRADSYNC_E_INVALID_ARG, "shm group size {} exceeds the maximum {}", size, kMaxRanks);
   std::unique_ptr<Segment> seg(new Segment());
   seg->group_ = name;
@@ -387,6 +388,11 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       seg->cpus_ = wait_detail::ranks_with_own_cpu(masks, limits);
       seg->probe_peers();
       break;
+    }
+    if (abandoned) {
+      if (const std::string why = abandoned(); !why.empty()) {
+        fail(GRADSYNC_E_REMOTE, "shm group '{}' (rank {}) gave up forming: {}", name, rank, why);
+      }
     }
     if (Clock::now() >= deadline) {
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,7 +39,7 @@ namespace gradsync::comm::shm {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kSegmentMagic = 0x4D485347u;  // "GSHM" read as little-endian bytes
-constexpr uint32_t kFormatVersion = 10;
+constexpr uint32_t kFormatVersion = 11;
 constexpr off_t kSetupLockByte = 0;
 constexpr off_t kRankLockByte = 1;
 constexpr int kMaxRanks = kMaxLocalRanks;
@@ -81,8 +82,10 @@ std::string segment_name(const std::string& group);
 class Segment {
  public:
   // Joins group `name` as `rank` of `size`: creates the segment, joins a forming one, or
-  // reclaims one left by a crashed run; returns when all `size` ranks have joined.
-  static std::unique_ptr<Segment> join(const std::string& name, int rank, int size, Clock::time_point deadline);
+  // reclaims one left by a crashed run; returns when all `size` ranks have joined. abandoned (when
+  // set) is asked while waiting for them: a non-empty answer gives up with E_REMOTE.
+  static std::unique_ptr<Segment> join(const std::string& name, int rank, int size, Clock::time_point deadline,
+                                       const std::function<std::string()>& abandoned = {});
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;

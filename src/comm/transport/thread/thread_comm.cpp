@@ -209,10 +209,19 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
 
   const auto deadline = deadline_after(options.timeout);
   auto formed = [&] { return group->formed.load(std::memory_order_seq_cst) != 0; };
-  WaitResult waited;
-  for (auto report = WaitClock::now() + kStragglerReportAfter;; report += kStragglerReportEvery) {
-    waited = wait_until(group->words->wake, formed, std::min(deadline, report), &group->broken);
+  WaitResult waited = WaitResult::Timeout;
+  std::string abandoned;
+  for (auto report = WaitClock::now() + kStragglerReportAfter;;) {
+    // A shrink forming this group asks now and then whether a member it waits for is lost.
+    const auto until = options.forming_abandoned ? WaitClock::now() + std::chrono::milliseconds(10) : report;
+    waited = wait_until(group->words->wake, formed, std::min({deadline, report, until}), &group->broken);
     if (waited != WaitResult::Timeout || WaitClock::now() >= deadline) break;
+    if (options.forming_abandoned) {
+      abandoned = options.forming_abandoned();
+      if (!abandoned.empty()) break;
+    }
+    if (WaitClock::now() < report) continue;
+    report += kStragglerReportEvery;
     std::vector<int> missing;
     {
       std::lock_guard lock(reg.mutex);
@@ -240,6 +249,9 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
       if (group->members == 0) {
         auto it = reg.groups.find(options.name);
         if (it != reg.groups.end() && it->second == group) reg.groups.erase(it);
+      }
+      if (!abandoned.empty()) {
+        fail(GRADSYNC_E_REMOTE, "rank {} of group '{}' gave up forming it: {}", options.rank, options.name, abandoned);
       }
       if (waited == WaitResult::Aborted) {
         fail(group->broken_status, "rank {} of group '{}' could not form the group: {}", options.rank, options.name,
