@@ -63,6 +63,7 @@ GRADSYNC_API const char* gradsync_status_string(int status) {
     case GRADSYNC_E_NO_SPACE: return "GRADSYNC_E_NO_SPACE: not enough space";
     case GRADSYNC_E_NOT_OWNER: return "GRADSYNC_E_NOT_OWNER: the calling thread does not own the lock";
     case GRADSYNC_E_PERMISSION: return "GRADSYNC_E_PERMISSION: owned by another user, or open to others";
+    case GRADSYNC_E_LOST: return "GRADSYNC_E_LOST: state that lived only on lost members is gone";
     case GRADSYNC_E_INTERNAL: return "GRADSYNC_E_INTERNAL: internal error";
     default: return "unknown status";
   }

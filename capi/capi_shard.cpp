@@ -81,6 +81,7 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
   out.clamp_min = o.clamp_min;
   out.clamp_max = o.clamp_max;
   out.clip_norm = o.clip_norm;
+  out.replicas = o.version >= 3 ? o.replicas : 0;
   gradsync::shard::validate(out);
   return out;
 }
@@ -104,6 +105,17 @@ GRADSYNC_API int gradsync_shard_create(gradsync_shard** out, gradsync_comm* comm
 }
 
 GRADSYNC_API void gradsync_shard_free(gradsync_shard* shard) { gradsync::capi::destroy(shard); }
+
+GRADSYNC_API int gradsync_shard_reshard(gradsync_shard* shard, gradsync_comm* new_comm, uint64_t* moved_floats) {
+  return guard(__func__, [&] {
+    auto* s = check(shard);
+    const std::shared_ptr<CommLink>& next = check(new_comm)->link;
+    gradsync::shard::ShardedParameter::ReshardReport report;
+    CommLink::run_in_order(next, __func__, [&] { report = s->impl.reshard(next->communicator()); });
+    s->link = next;
+    if (moved_floats != nullptr) *moved_floats = report.moved_floats;
+  });
+}
 
 GRADSYNC_API int gradsync_shard_part(const gradsync_shard* shard, int32_t rank, uint64_t base, uint64_t* offset,
                                      uint64_t* length) {

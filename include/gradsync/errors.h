@@ -37,6 +37,7 @@ typedef enum gradsync_status {
   GRADSYNC_E_NO_SPACE = -16,         /**< not enough space in the file system or /dev/shm */
   GRADSYNC_E_NOT_OWNER = -17,        /**< unlocking a mutex that the calling thread does not hold */
   GRADSYNC_E_PERMISSION = -18,       /**< a file or segment belongs to another user, or others may access it */
+  GRADSYNC_E_LOST = -19,             /**< state that lived only on lost members is gone (the message names it) */
   GRADSYNC_E_INTERNAL = -100         /**< a bug in libgradsync: please report it */
 } gradsync_status;
 

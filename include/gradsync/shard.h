@@ -51,7 +51,7 @@ typedef enum gradsync_shard_slice {
   GRADSYNC_SHARD_GRADIENT = 1 /**< this rank's slice of the last aggregated (processed) gradient */
 } gradsync_shard_slice;
 
-#define GRADSYNC_SHARD_OPTIONS_VERSION 2
+#define GRADSYNC_SHARD_OPTIONS_VERSION 3
 
 /** Options of gradsync_shard_create. Fill with gradsync_shard_options_init or GRADSYNC_SHARD_OPTIONS_INIT. */
 typedef struct gradsync_shard_options {
@@ -71,13 +71,18 @@ typedef struct gradsync_shard_options {
   double clamp_min;       /**< lower bound when clamp is 1 */
   double clamp_max;       /**< upper bound when clamp is 1 (>= clamp_min) */
   double clip_norm;       /**< > 0: scale the gradient by clip_norm/‖g‖ when its global L2 norm exceeds it; 0: off */
+  int32_t replicas;       /**< version 3: each rank's slice (weights and optimizer state) also lives on the next
+                               `replicas` ranks, in [0, 64]; default 0. gradsync_shard_reshard after losing up to
+                               that many ranks then loses nothing. Costs `replicas` slices of memory per rank
+                               and, each step, an exchange of `replicas` gradient slices */
+  int32_t reserved0;      /**< 0 */
   /* append only */
 } gradsync_shard_options;
 
 #define GRADSYNC_SHARD_OPTIONS_INIT                                                                  \
   {                                                                                                  \
     sizeof(gradsync_shard_options), GRADSYNC_SHARD_OPTIONS_VERSION, GRADSYNC_SHARD_SGD, GRADSYNC_CODEC_NONE, 0, 0, \
-        0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0                                              \
+        0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0, 0, 0                                        \
   }
 
 /**
@@ -234,6 +239,30 @@ GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard *shard, const float
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_shard_gather(gradsync_shard *shard, float *weights, size_t count);
+
+/* ---------------------------------------------------------------- elastic */
+
+/**
+ * @brief Collective over new_comm: move the parameter onto new_comm, the group of its members that
+ *        survived (gradsync_comm_shrink of its communicator), without a restart or a file.
+ *
+ * Every member's slice is recomputed for new_comm's size (the partition rule), and what moves goes
+ * in one all-to-all-v among the survivors. The slices of lost ranks come from their replicas
+ * (option replicas): losing up to `replicas` ranks that were neighbours, or any number that were
+ * not, loses nothing, and the weights and optimizer state continue bit for bit from the last
+ * completed step. A slice that lived only on lost ranks fails every member with GRADSYNC_E_LOST
+ * naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_init). On
+ * success the shard runs on new_comm (which must outlive it) and its parts are new_comm's.
+ * @param shard the parameter, on the old communicator
+ * @param new_comm the survivors' communicator
+ * @param[out] moved_floats floats this member received from others (may be NULL)
+ * @retval GRADSYNC_E_LOST state lived only on lost ranks (every member; nothing changed)
+ * @retval GRADSYNC_E_MISMATCH the members hold different parameters, options or steps
+ * @retval GRADSYNC_E_MISUSE a member has no weights yet (gradsync_shard_init)
+ * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_reshard(gradsync_shard *shard, gradsync_comm *new_comm, uint64_t *moved_floats);
 
 GRADSYNC_END_DECL
 

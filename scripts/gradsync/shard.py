@@ -53,6 +53,8 @@ class ShardOptions(ctypes.Structure):
         ("clamp_min", c_double),
         ("clamp_max", c_double),
         ("clip_norm", c_double),
+        ("replicas", c_int32),
+        ("reserved0", c_int32),
     ]
 
 

@@ -82,10 +82,12 @@ void validate(const Options& o) {
   }
   GS_REQUIRE(finite(o.clip_norm) && o.clip_norm >= 0, GRADSYNC_E_INVALID_ARG,
              "clip_norm must be finite and >= 0 (0: off), got {}", o.clip_norm);
+  GS_REQUIRE(o.replicas >= 0 && o.replicas <= 64, GRADSYNC_E_INVALID_ARG, "replicas must be in [0, 64], got {}",
+             o.replicas);
 }
 
 ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, const Options& options)
-    : comm_(comm), total_(total), options_(options), rank_(comm.rank()), size_(comm.size()) {
+    : comm_(&comm), total_(total), options_(options), rank_(comm.rank()), size_(comm.size()) {
   GS_REQUIRE(total > 0, GRADSYNC_E_INVALID_ARG, "total parameter count is 0");
   GS_REQUIRE(total <= (uint64_t{1} << 60) / static_cast<uint64_t>(size_), GRADSYNC_E_INVALID_ARG,
              "total parameter count {} is too large", total);
@@ -93,24 +95,45 @@ ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, con
   part_ = part_of(rank_);
   const size_t len = part_.len;
   weights_.assign(len, 0.0f);
-  grad_.assign(len, 0.0f);
   if (options_.optimizer == Optimizer::Momentum) state1_.assign(len, 0.0f);
   if (options_.optimizer == Optimizer::Adam || options_.optimizer == Optimizer::AdamW) {
     state1_.assign(len, 0.0f);
     state2_.assign(len, 0.0f);
   }
-  // Every buffer a step needs is allocated here, so nothing between two collectives can fail on
-  // one rank alone.
+  if (options_.compress != codec::Codec::None && options_.error_feedback) residual_.assign(total, 0.0f);
+  replicas_.resize(static_cast<size_t>(replica_count()));
+  for (int j = 1; j <= replica_count(); ++j) {
+    const size_t n = part_of((rank_ - j + size_) % size_).len;
+    Replica& r = replicas_[static_cast<size_t>(j - 1)];
+    r.weights.assign(n, 0.0f);
+    r.grad.assign(n, 0.0f);
+    if (!state1_.empty()) r.state1.assign(n, 0.0f);
+    if (!state2_.empty()) r.state2.assign(n, 0.0f);
+  }
+  size_buffers();
+}
+
+// Every buffer a step needs is allocated here, so nothing between two collectives can fail on
+// one rank alone.
+void ShardedParameter::size_buffers() {
+  const size_t len = part_.len;
+  grad_.assign(len, 0.0f);
+  staging_.clear();
+  own_.clear();
+  wire_out_.clear();
+  wire_in_.clear();
   if (options_.compress == codec::Codec::None) {
-    staging_.assign(total, 0.0f);
+    staging_.assign(total_, 0.0f);
   } else {
     own_.assign(len, 0.0f);
-    if (options_.error_feedback) residual_.assign(total, 0.0f);
-    wire_out_.assign(total, 0u);
+    wire_out_.assign(total_, 0u);
     wire_in_.assign(len * static_cast<size_t>(size_), 0u);
   }
-  headers_.resize(static_cast<size_t>(size_));
-  weights_of_ranks_.resize(static_cast<size_t>(size_));
+  size_t incoming = 0;
+  for (const Replica& r : replicas_) incoming += r.weights.size();
+  replica_recv_.assign(incoming, 0.0f);
+  headers_.assign(static_cast<size_t>(size_), Header{});
+  weights_of_ranks_.assign(static_cast<size_t>(size_), 0);
 }
 
 Part ShardedParameter::part_of(int rank) const noexcept {
@@ -156,7 +179,8 @@ int64_t ShardedParameter::config_word() const noexcept {
                             options_.clip_norm};
   const uint64_t hash = fnv1a64(numbers, sizeof numbers);
   const uint64_t choices = static_cast<uint64_t>(options_.compress) | (static_cast<uint64_t>(options_.optimizer) << 4) |
-                           (static_cast<uint64_t>(options_.clamp) << 8) | (static_cast<uint64_t>(options_.error_feedback) << 9);
+                           (static_cast<uint64_t>(options_.clamp) << 8) | (static_cast<uint64_t>(options_.error_feedback) << 9) |
+                           (static_cast<uint64_t>(options_.replicas & 0x3f) << 10);
   return static_cast<int64_t>(choices | (hash >> 24 << 16));
 }
 
@@ -169,6 +193,12 @@ void ShardedParameter::init(const float* weights, size_t count) {
     throw;
   }
   std::copy_n(weights + part_.start, part_.len, weights_.begin());
+  for (int j = 1; j <= replica_count(); ++j) {
+    Replica& r = replicas_[static_cast<size_t>(j - 1)];
+    std::copy_n(weights + part_of((rank_ - j + size_) % size_).start, r.weights.size(), r.weights.begin());
+    std::fill(r.state1.begin(), r.state1.end(), 0.0f);
+    std::fill(r.state2.begin(), r.state2.end(), 0.0f);
+  }
   std::fill(state1_.begin(), state1_.end(), 0.0f);
   std::fill(state2_.begin(), state2_.end(), 0.0f);
   std::fill(residual_.begin(), residual_.end(), 0.0f);
@@ -223,7 +253,7 @@ void ShardedParameter::exchange(Stage stage, int status, const std::string& mess
   if (size_ == 1)
     headers_[0] = mine;
   else
-    comm_.allgather(&mine, headers_.data(), headers_.size() * kHeaderWords, DType::I64);
+    comm_->allgather(&mine, headers_.data(), headers_.size() * kHeaderWords, DType::I64);
   if (status != GRADSYNC_OK) throw Error(status, message);
   for (int j = 0; j < size_; ++j) {
     const Header& h = headers_[static_cast<size_t>(j)];
@@ -277,11 +307,11 @@ void ShardedParameter::reduce(const float* gradient) {
     if (size_ == 1)
       std::copy_n(send, total_, out);
     else
-      comm_.reduce_scatter(send, out, total_, DType::F32, ReduceOp::Sum);
+      comm_->reduce_scatter(send, out, total_, DType::F32, ReduceOp::Sum);
   } else {
     // Each rank receives only its own part from every peer: (P-1)/P of N halves, half the bytes
     // of the uncompressed reduce-scatter.
-    if (size_ > 1) comm_.alltoall(wire_out_.data(), wire_in_.data(), total_, DType::BF16);
+    if (size_ > 1) comm_->alltoall(wire_out_.data(), wire_in_.data(), total_, DType::BF16);
     // Decode and sum in rank order, in f32, rounding once per add and never to 16 bits.
     std::fill(grad_.begin(), grad_.end(), 0.0f);
     for (int j = 0; j < size_; ++j) {
@@ -313,7 +343,7 @@ void ShardedParameter::process_gradient() {
     // The norm needs every part: an allreduce of the parts' sums of squares, in rank order.
     double sum = sum_of_squares(g, len);
     const comm::BufferRef ref{&sum, &sum, 1};
-    if (size_ > 1) comm_.allreduce(std::span<const comm::BufferRef>(&ref, 1), DType::F64, ReduceOp::Sum);
+    if (size_ > 1) comm_->allreduce(std::span<const comm::BufferRef>(&ref, 1), DType::F64, ReduceOp::Sum);
     const double norm = std::sqrt(sum);
     if (norm > options_.clip_norm) {
       const double scale = options_.clip_norm / norm;
@@ -322,27 +352,58 @@ void ShardedParameter::process_gradient() {
   }
 }
 
-void ShardedParameter::apply_optimizer() {
-  const size_t len = part_.len;
-  const float lr = static_cast<float>(options_.lr), wd = static_cast<float>(options_.weight_decay);
-  switch (options_.optimizer) {
-    case Optimizer::Sgd: optim::sgd(weights_.data(), grad_.data(), len, lr, wd); break;
-    case Optimizer::Momentum:
-      optim::momentum_sgd(weights_.data(), grad_.data(), state1_.data(), len, lr, wd, static_cast<float>(options_.momentum));
-      break;
+namespace {
+void run_optimizer(const Options& o, int64_t updates, float* w, const float* g, float* s1, float* s2, size_t len) {
+  const float lr = static_cast<float>(o.lr), wd = static_cast<float>(o.weight_decay);
+  switch (o.optimizer) {
+    case Optimizer::Sgd: optim::sgd(w, g, len, lr, wd); break;
+    case Optimizer::Momentum: optim::momentum_sgd(w, g, s1, len, lr, wd, static_cast<float>(o.momentum)); break;
     case Optimizer::Adam:
     case Optimizer::AdamW: {
-      const double t = static_cast<double>(updates_ + 1);
-      const double bc1 = 1.0 - std::pow(options_.beta1, t), bc2 = 1.0 - std::pow(options_.beta2, t);
-      const bool decoupled = options_.optimizer == Optimizer::AdamW;
-      optim::adam(weights_.data(), grad_.data(), state1_.data(), state2_.data(), len, static_cast<float>(options_.lr / bc1),
-           static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(options_.eps),
-           static_cast<float>(options_.beta1), static_cast<float>(options_.beta2), decoupled ? 0.0f : wd,
-           decoupled ? static_cast<float>(1.0 - options_.lr * options_.weight_decay) : 1.0f);
+      const double t = static_cast<double>(updates + 1);
+      const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
+      const bool decoupled = o.optimizer == Optimizer::AdamW;
+      optim::adam(w, g, s1, s2, len, static_cast<float>(o.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+                  static_cast<float>(o.eps), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                  decoupled ? 0.0f : wd, decoupled ? static_cast<float>(1.0 - o.lr * o.weight_decay) : 1.0f);
       break;
     }
   }
+}
+}  // namespace
+
+void ShardedParameter::apply_optimizer() {
+  run_optimizer(options_, updates_, weights_.data(), grad_.data(), state1_.data(), state2_.data(), part_.len);
+  // The replicas take the same update from the gradient their owners sent (replicate_gradient):
+  // the same operations on the same values, so the same bits as the owners' slices.
+  for (Replica& r : replicas_) {
+    run_optimizer(options_, updates_, r.weights.data(), r.grad.data(), r.state1.data(), r.state2.data(),
+                  r.weights.size());
+  }
   ++updates_;
+}
+
+void ShardedParameter::replicate_gradient() {
+  const int k = replica_count();
+  if (k == 0) return;
+  const auto n = static_cast<size_t>(size_);
+  std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
+  size_t at = 0;
+  for (int j = 1; j <= k; ++j) {
+    send_counts[static_cast<size_t>((rank_ + j) % size_)] = part_.len;
+    const auto from = static_cast<size_t>((rank_ - j + size_) % size_);
+    recv_counts[from] = replicas_[static_cast<size_t>(j - 1)].grad.size();
+    recv_displs[from] = at;
+    at += recv_counts[from];
+  }
+  comm_->alltoallv(grad_.data(), send_counts, send_displs, replica_recv_.data(), recv_counts, recv_displs, DType::F32);
+  // Taken only once the exchange succeeded on every rank (the round is decided for all): a failed
+  // one leaves every replica as it was, at the owners' last completed step.
+  for (int j = 1; j <= k; ++j) {
+    const auto from = static_cast<size_t>((rank_ - j + size_) % size_);
+    std::copy_n(replica_recv_.begin() + static_cast<std::ptrdiff_t>(recv_displs[from]), recv_counts[from],
+                replicas_[static_cast<size_t>(j - 1)].grad.begin());
+  }
 }
 
 void ShardedParameter::aggregate() {
@@ -359,6 +420,7 @@ void ShardedParameter::aggregate() {
   exchange(Stage::Aggregate, p.status, p.message, samples_);
   reduce(staging_.empty() ? nullptr : staging_.data());
   process_gradient();
+  replicate_gradient();
   aggregated_ = true;
 }
 
@@ -376,6 +438,8 @@ void ShardedParameter::update() {
 void ShardedParameter::write_weights(const float* slice, size_t count) {
   try {
     GS_REQUIRE(initialised_, GRADSYNC_E_MISUSE, "write_weights before init()");
+    GS_REQUIRE(replica_count() == 0, GRADSYNC_E_UNSUPPORTED,
+               "write_weights with replicas: the replicas follow the library's optimizer; use update()");
     GS_REQUIRE(slice != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "weight slice buffer is NULL");
     GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "weight slice holds {} floats, rank {} owns {}", count,
                rank_, part_.len);
@@ -400,7 +464,7 @@ void ShardedParameter::publish(float* weights) {
   if (size_ == 1)
     std::copy(weights_.begin(), weights_.end(), weights);
   else
-    comm_.allgather(weights_.data(), weights, total_, DType::F32);
+    comm_->allgather(weights_.data(), weights, total_, DType::F32);
 }
 
 void ShardedParameter::gather(float* weights, size_t count) {
@@ -439,8 +503,171 @@ void ShardedParameter::step(const float* gradient, size_t gradient_count, uint64
   exchange(Stage::Step, p.status, p.message, samples);
   reduce(gradient);
   process_gradient();
+  replicate_gradient();
   apply_optimizer();
   publish(weights);
+}
+
+namespace {
+// One stretch of elements that moves in a reshard: [start, start + len) of the flat parameter,
+// from old slice `slice` (held by member src) to member dst, into the range dst keeps as its
+// `range`-th (0: its new slice, j: its replica of new rank dst - j).
+struct Piece {
+  int src, dst, range, slice;
+  uint64_t start, len;
+};
+}  // namespace
+
+ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& next) {
+  enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kWords };
+  const int np = next.size(), me = next.rank();
+  const auto n = static_cast<size_t>(np);
+  const int64_t mine[kWords] = {rank_, size_, static_cast<int64_t>(total_), config_word(), updates_,
+                                initialised_ ? 1 : 0};
+  std::vector<int64_t> all(kWords * n);
+  if (np == 1)
+    std::copy_n(mine, kWords, all.begin());
+  else
+    next.allgather(mine, all.data(), all.size(), DType::I64);
+  auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * kWords + w]; };
+  // Every member sees the same table, so every member reaches the same verdict.
+  for (int r = 0; r < np; ++r) {
+    GS_REQUIRE(word(r, kOldSize) == size_ && word(r, kTotal) == static_cast<int64_t>(total_) &&
+                   word(r, kConfig) == config_word(),
+               GRADSYNC_E_MISMATCH,
+               "reshard: member {} of the new group holds another parameter (old size {}, {} parameters, or other "
+               "options) than member {} (old size {}, {} parameters)",
+               r, word(r, kOldSize), word(r, kTotal), me, size_, total_);
+    GS_REQUIRE(word(r, kReady) == 1, GRADSYNC_E_MISUSE, "reshard: member {} of the new group has no weights (init)", r);
+    GS_REQUIRE(word(r, kUpdates) == updates_, GRADSYNC_E_MISMATCH,
+               "reshard: member {} has applied {} updates, member {} {}: they are at different steps", r,
+               word(r, kUpdates), me, updates_);
+    GS_REQUIRE(word(r, kOldRank) >= 0 && word(r, kOldRank) < size_, GRADSYNC_E_MISMATCH,
+               "reshard: member {} was rank {} of a group of {}", r, word(r, kOldRank), size_);
+    for (int q = 0; q < r; ++q) {
+      GS_REQUIRE(word(q, kOldRank) != word(r, kOldRank), GRADSYNC_E_MISMATCH,
+                 "reshard: members {} and {} both held old rank {}", q, r, word(r, kOldRank));
+    }
+  }
+  // Who holds each old slice: its owner if it survived, else the first member (in new rank order)
+  // with a replica of it.
+  const int old_k = replica_count();
+  auto old_rank_of = [&](int r) { return static_cast<int>(word(r, kOldRank)); };
+  std::vector<int> source(static_cast<size_t>(size_), -1);
+  for (int r = 0; r < np; ++r) source[static_cast<size_t>(old_rank_of(r))] = r;
+  ReshardReport report;
+  for (int j = 0; j < size_; ++j) {
+    if (source[static_cast<size_t>(j)] >= 0) continue;
+    report.lost_old_ranks.push_back(j);
+    for (int r = 0; r < np && source[static_cast<size_t>(j)] < 0; ++r) {
+      const int behind = (old_rank_of(r) - j + size_) % size_;
+      if (behind >= 1 && behind <= old_k) source[static_cast<size_t>(j)] = r;
+    }
+  }
+  std::vector<std::string> lost;
+  for (int j : report.lost_old_ranks) {
+    if (source[static_cast<size_t>(j)] >= 0) continue;
+    const Part p = part_of(j);
+    lost.push_back(fmt::format("old rank {}'s [{}, {})", j, p.start, p.start + p.len));
+  }
+  if (!lost.empty()) {
+    fail(GRADSYNC_E_LOST,
+         "reshard: the state of {} lived only on lost ranks (replicas = {}); nothing was changed: restore it from a "
+         "checkpoint (gradsync_shard_init with saved weights) or keep replicas",
+         fmt::join(lost, ", "), options_.replicas);
+  }
+
+  // What every member keeps in the new group, and where each stretch of it comes from.
+  const int new_k = std::min(options_.replicas, np - 1);
+  auto new_part = [&](int r) { return partition(total_, n, static_cast<uint64_t>(r)); };
+  auto kept = [&](int d, int range) { return new_part((d - range + np) % np); };
+  std::vector<Piece> pieces;
+  for (int d = 0; d < np; ++d) {
+    for (int range = 0; range <= new_k; ++range) {
+      const Part want = kept(d, range);
+      for (int j = 0; j < size_; ++j) {
+        const Part have = part_of(j);
+        const uint64_t lo = std::max(want.start, have.start), hi = std::min(want.start + want.len, have.start + have.len);
+        if (lo < hi) pieces.push_back({source[static_cast<size_t>(j)], d, range, j, lo, hi - lo});
+      }
+    }
+  }
+  const size_t f = state_arrays();
+  // Send buffer: by destination, then piece order; receive buffer: by source, then piece order.
+  std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
+  for (const Piece& p : pieces) {
+    if (p.src == me) send_counts[static_cast<size_t>(p.dst)] += p.len * f;
+    if (p.dst == me) recv_counts[static_cast<size_t>(p.src)] += p.len * f;
+  }
+  size_t send_total = 0, recv_total = 0;
+  for (size_t r = 0; r < n; ++r) {
+    send_displs[r] = send_total;
+    send_total += send_counts[r];
+    recv_displs[r] = recv_total;
+    recv_total += recv_counts[r];
+  }
+  std::vector<float> send(send_total), recv(recv_total);
+  // The arrays of old slice j here: this rank's own, or its replica of j.
+  auto held = [&](int j, size_t a) -> const float* {
+    const int behind = (rank_ - j + size_) % size_;
+    if (behind == 0) return a == 0 ? weights_.data() : a == 1 ? state1_.data() : state2_.data();
+    const Replica& r = replicas_[static_cast<size_t>(behind - 1)];
+    return a == 0 ? r.weights.data() : a == 1 ? r.state1.data() : r.state2.data();
+  };
+  {
+    std::vector<size_t> at(send_displs);
+    for (const Piece& p : pieces) {
+      if (p.src != me) continue;
+      const uint64_t off = p.start - part_of(p.slice).start;
+      for (size_t a = 0; a < f; ++a) {
+        std::copy_n(held(p.slice, a) + off, p.len, send.begin() + static_cast<std::ptrdiff_t>(at[static_cast<size_t>(p.dst)]));
+        at[static_cast<size_t>(p.dst)] += p.len;
+      }
+    }
+  }
+  if (np == 1)
+    recv = send;
+  else
+    next.alltoallv(send.data(), send_counts, send_displs, recv.data(), recv_counts, recv_displs, DType::F32);
+
+  // Everything arrived on every member: build the new slices, then switch to the new group.
+  std::vector<std::vector<float>> fresh(static_cast<size_t>(new_k + 1) * f);
+  for (int range = 0; range <= new_k; ++range) {
+    for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].assign(kept(me, range).len, 0.0f);
+  }
+  {
+    std::vector<size_t> at(recv_displs);
+    for (const Piece& p : pieces) {
+      if (p.dst != me) continue;
+      const uint64_t off = p.start - kept(me, p.range).start;
+      for (size_t a = 0; a < f; ++a) {
+        std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at[static_cast<size_t>(p.src)]), p.len,
+                    fresh[static_cast<size_t>(p.range) * f + a].begin() + static_cast<std::ptrdiff_t>(off));
+        at[static_cast<size_t>(p.src)] += p.len;
+      }
+      if (p.src != me) report.moved_floats += p.len * f;
+    }
+  }
+  comm_ = &next;
+  rank_ = me;
+  size_ = np;
+  part_ = part_of(rank_);
+  auto take = [&](int range, size_t a) { return std::move(fresh[static_cast<size_t>(range) * f + a]); };
+  weights_ = take(0, 0);
+  if (f > 1) state1_ = take(0, 1);
+  if (f > 2) state2_ = take(0, 2);
+  replicas_.assign(static_cast<size_t>(new_k), Replica{});
+  for (int range = 1; range <= new_k; ++range) {
+    Replica& r = replicas_[static_cast<size_t>(range - 1)];
+    r.weights = take(range, 0);
+    if (f > 1) r.state1 = take(range, 1);
+    if (f > 2) r.state2 = take(range, 2);
+    r.grad.assign(r.weights.size(), 0.0f);
+  }
+  size_buffers();
+  fresh_gradient_ = aggregated_ = false;
+  take_failure();
+  return report;
 }
 
 }  // namespace gradsync::shard

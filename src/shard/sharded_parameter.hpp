@@ -44,6 +44,9 @@ struct Options {
   bool clamp = false;
   double clamp_min = 0.0, clamp_max = 0.0;
   double clip_norm = 0.0;  // > 0: scale the gradient so its global L2 norm is at most clip_norm
+  // Each rank's slice (weights and optimizer state) also lives on the next `replicas` ranks, so a
+  // reshard after losing up to that many ranks loses nothing.
+  int replicas = 0;
 };
 
 // Throws Error(INVALID_ARG) naming the bad field.
@@ -90,6 +93,17 @@ class ShardedParameter {
   // error on every rank rather than a hang.
   void step(const float* gradient, size_t gradient_count, uint64_t samples, float* weights, size_t weights_count);
 
+  // What a reshard moved and how long it took.
+  struct ReshardReport {
+    uint64_t moved_floats = 0;  // floats this rank received from other members
+    std::vector<int> lost_old_ranks;  // old ranks whose slices were rebuilt from replicas
+  };
+  // Collective over next (a group of this parameter's surviving members, gradsync_comm_shrink):
+  // the slices are recomputed for next's size and what moves goes in one alltoallv; this
+  // parameter then runs on next. A slice that lived only on lost ranks fails every member with
+  // E_LOST naming its range, and nothing changes.
+  ReshardReport reshard(comm::Communicator& next);
+
  private:
   enum class Stage : int64_t { Aggregate = 1, Gather = 2, Step = 3 };
   struct Header {
@@ -110,7 +124,18 @@ class ShardedParameter {
   void publish(float* weights);
   int64_t config_word() const noexcept;
 
-  comm::Communicator& comm_;
+  // Floats per element of a slice as it travels: the weight, then the optimizer's state.
+  size_t state_arrays() const noexcept { return 1 + (state1_.empty() ? 0 : 1) + (state2_.empty() ? 0 : 1); }
+  // The replicas this group keeps: the option, capped by the ranks there are to hold them.
+  int replica_count() const noexcept { return std::min(options_.replicas, size_ - 1); }
+  // Sends this rank's aggregated gradient slice to the ranks that hold its replicas, and takes
+  // theirs, so that every holder applies the same update to its replicas (replicate_gradient) and
+  // the replicas stay at the owners' step without shipping the state itself.
+  void replicate_gradient();
+  void apply_to_replicas();
+  void size_buffers();
+
+  comm::Communicator* comm_;
   uint64_t total_;
   Options options_;
   int rank_, size_;
@@ -125,6 +150,13 @@ class ShardedParameter {
   std::vector<uint16_t> wire_out_;  // compressed: the encoded gradient, N halves (own part unused)
   std::vector<uint16_t> wire_in_;   // compressed: every rank's encoded copy of this rank's part
   std::vector<Header> headers_;
+  // Replica j (1..replica_count()) holds rank (rank - j) mod P's slice: weights, state1, state2
+  // (each that slice's length), and the aggregated gradient that rank sent for its next update.
+  struct Replica {
+    std::vector<float> weights, state1, state2, grad;
+  };
+  std::vector<Replica> replicas_;
+  std::vector<float> replica_send_, replica_recv_;
 
   bool initialised_ = false;
   bool fresh_gradient_ = false;

@@ -90,6 +90,7 @@ pub const GRADSYNC_E_ZERO_WEIGHT: c_int = -15;
 pub const GRADSYNC_E_NO_SPACE: c_int = -16;
 pub const GRADSYNC_E_NOT_OWNER: c_int = -17;
 pub const GRADSYNC_E_PERMISSION: c_int = -18;
+pub const GRADSYNC_E_LOST: c_int = -19;
 pub const GRADSYNC_E_INTERNAL: c_int = -100;
 
 extern "C" {
@@ -747,9 +748,9 @@ pub const GRADSYNC_SHARD_ADAMW: i32 = GRADSYNC_OPTIM_ADAMW;
 pub const GRADSYNC_SHARD_WEIGHTS: i32 = 0;
 pub const GRADSYNC_SHARD_GRADIENT: i32 = 1;
 
-pub const GRADSYNC_SHARD_OPTIONS_VERSION: u32 = 2;
+pub const GRADSYNC_SHARD_OPTIONS_VERSION: u32 = 3;
 
-/// Options of [`gradsync_shard_create`] (shard.h, version 2).
+/// Options of [`gradsync_shard_create`] (shard.h, version 3).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct gradsync_shard_options {
@@ -768,6 +769,8 @@ pub struct gradsync_shard_options {
     pub clamp_min: f64,
     pub clamp_max: f64,
     pub clip_norm: f64,
+    pub replicas: i32,
+    pub reserved0: i32,
 }
 
 /// GRADSYNC_SHARD_OPTIONS_INIT.
@@ -787,6 +790,8 @@ pub const GRADSYNC_SHARD_OPTIONS_INIT: gradsync_shard_options = gradsync_shard_o
     clamp_min: 0.0,
     clamp_max: 0.0,
     clip_norm: 0.0,
+    replicas: 0,
+    reserved0: 0,
 };
 
 

@@ -49,7 +49,7 @@ fn mirrored_constants() -> Vec<(&'static str, i128)> {
         GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_MISMATCH, GRADSYNC_E_TIMEOUT,
         GRADSYNC_E_REMOTE, GRADSYNC_E_IN_PROGRESS, GRADSYNC_E_ABORTED, GRADSYNC_E_UNSUPPORTED, GRADSYNC_E_BUFS,
         GRADSYNC_E_OUT_OF_RANGE, GRADSYNC_E_ZERO_WEIGHT, GRADSYNC_E_NO_SPACE, GRADSYNC_E_NOT_OWNER,
-        GRADSYNC_E_PERMISSION, GRADSYNC_E_INTERNAL,
+        GRADSYNC_E_PERMISSION, GRADSYNC_E_LOST, GRADSYNC_E_INTERNAL,
         GRADSYNC_ABI_VERSION, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64,
         GRADSYNC_F32, GRADSYNC_F64, GRADSYNC_I32, GRADSYNC_I64, GRADSYNC_BF16, GRADSYNC_F16,
         GRADSYNC_SUM, GRADSYNC_MEAN, GRADSYNC_MIN, GRADSYNC_MAX,
@@ -90,7 +90,7 @@ fn mirrored_layouts() -> Vec<Layout> {
         gradsync_optimizer { struct_size, version, kind, reserved0, lr, eps }
         gradsync_shard_options {
             struct_size, version, optimizer, compress, error_feedback, clamp, lr, momentum, beta1, beta2, eps,
-            weight_decay, clamp_min, clamp_max, clip_norm,
+            weight_decay, clamp_min, clamp_max, clip_norm, replicas, reserved0,
         }
         gradsync_embedding_options {
             struct_size, version, rows, dim, sharding, optimizer, lr, eps, init, threads, seed, lo, hi,
