@@ -4,12 +4,13 @@
 # below, and checks that each wrong rule (the MUTANT_* switches) is caught: round.pml, the round
 # engine's (threads, shared memory), and mpi_round.pml, the MPI transport's.
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.
-# About three minutes and 4 GB of memory (the MPI model: half a minute).
+# About four minutes and 4 GB of memory (the MPI model: half a minute; the shrink's membership
+# model: a minute and a half).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp "$here/round.pml" "$here/mpi_round.pml" "$work/"
+cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$work/"
 cd "$work"
 
 failed=0
@@ -33,7 +34,7 @@ check() {
     echo "ok   $name: violation found, as it must be ($(grep -m1 'violated\|invalid end' <<<"$out" | cut -c1-90))"
   else
     echo "FAIL $name: expected the properties to be $expect"; echo "$out"
-    [ -e "$model.trail" ] && spin -t -p "$model" | tail -60
+    [ -e "$model.trail" ] && spin -t -p "$@" "$model" | tail -60
     failed=1
   fi
   rm -f "$model.trail"
@@ -66,4 +67,18 @@ check violated "MPI mutant: abort() reads how far the rank posted apart from its
 check violated "MPI mutant: a rank that failed a call goes on in its epoch" -DN=2 -DK=2 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_STAY
 check violated "MPI mutant: a large call enters MPI's collective without a commit" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_NOCOMMIT
 check violated "MPI mutant (the assumption): a deadline in a commit every rank posted" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_COMMIT_DEADLINE
+
+# The membership protocol of a shrink (membership.pml): deaths at every step, a second death, a
+# deadline passing, an abort racing the new group's commit. About 40 s of CPU.
+model=membership.pml
+check holds "shrink: 3 ranks, a death" -DN=3 -DDEATHS=1
+check holds "shrink: 3 ranks, two deaths" -DN=3 -DDEATHS=2
+check holds "shrink: 2 ranks, a death and the deadline" -DN=2 -DDEATHS=1 -DDEADLINE=1
+check holds "shrink: 3 ranks, the deadline" -DN=3 -DDEATHS=0 -DDEADLINE=1
+check holds "shrink: 2 ranks, a death and an abort of the commit" -DN=2 -DDEATHS=1 -DABORTS=1
+check violated "mutant: the decision stored after a separate check, not by CAS" -DN=3 -DDEATHS=1 -DMUTANT_STORE
+check violated "mutant: the decision published before its proposal, read without the tag" -DN=3 -DDEATHS=1 -DMUTANT_UNTAGGED
+check violated "mutant: propose without waiting for the live ranks" -DN=3 -DDEATHS=0 -DMUTANT_NO_WAIT
+check violated "mutant: forming waits for a member that died" -DN=3 -DDEATHS=1 -DMUTANT_NO_ABANDON
+check violated "mutant: no commit barrier on the new group" -DN=3 -DDEATHS=1 -DMUTANT_NO_COMMIT
 exit $failed

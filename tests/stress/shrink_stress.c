@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Survive kill -9 in place: shm processes train an Adam ZeRO-1 parameter (replicas >= 1) while a
+ * supervisor SIGKILLs members at random times and phases: during steps, during the survivors'
+ * shrink, during their reshard, and twice in a row. The survivors shrink, reshard and train on;
+ * at the end every survivor's weights must equal, bit for bit, those of a run that never lost a
+ * rank (every rank's gradient is the same exact value, so the mean is the same on any number of
+ * ranks). Counts: kills, episodes by phase, hangs (an episode past its budget), wrong results,
+ * lost state. Any hang, wrong result or lost state fails.
+ *
+ * shrink_stress stress <episodes> [seed]
+ * shrink_stress bench <runs> [total_params]: 4 ranks, one killed, the time from the kill to the
+ *   next completed step on 3 ranks, by phase (detect, agree, form, reshard, step), min/median/max. */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gradsync/gradsync.h"
+
+#define N 4
+#define STEPS 40
+#define STRESS_TOTAL 4099
+#define EPISODE_BUDGET_S 60
+
+enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_DONE };
+enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4 };
+enum { KIND_STEP, KIND_IN_SHRINK, KIND_IN_RESHARD, KIND_TWICE, KINDS };
+static const char *const kind_names[KINDS] = {"one kill during steps", "a second kill during the shrink",
+                                              "a second kill during the reshard", "two kills in a row"};
+
+typedef struct {
+  volatile int32_t phase[N];
+  volatile int32_t steps[N];
+  volatile int64_t kill_ns;
+  /* bench: the survivors' times, ns after the kill */
+  volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
+  char why[N][160];
+} board;
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void pause_us(long us) {
+  struct timespec t;
+  t.tv_sec = us / 1000000;
+  t.tv_nsec = (us % 1000000) * 1000L;
+  nanosleep(&t, NULL);
+}
+
+static void gradient(int s, float *g, uint64_t total) {
+  uint64_t i;
+  for (i = 0; i < total; ++i) g[i] = (float)((int)((i * 7 + (uint64_t)s * 13) % 17) - 8) / 256.0f;
+}
+
+static void initial(float *w, uint64_t total) {
+  uint64_t i;
+  for (i = 0; i < total; ++i) w[i] = (float)(i % 1000) / 1000.0f;
+}
+
+static gradsync_shard_options shard_options(int replicas) {
+  gradsync_shard_options o = GRADSYNC_SHARD_OPTIONS_INIT;
+  o.optimizer = GRADSYNC_OPTIM_ADAM;
+  o.lr = 0.01;
+  o.replicas = replicas;
+  return o;
+}
+
+/* The undisturbed run: one rank, the same steps. */
+static int reference(float *w, uint64_t total, int steps) {
+  gradsync_comm_options co = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_shard_options so = shard_options(0);
+  gradsync_comm *c = NULL;
+  gradsync_shard *sh = NULL;
+  float *g = malloc(total * sizeof(float));
+  int s, st = GRADSYNC_OK;
+  co.rank = 0;
+  co.size = 1;
+  snprintf(co.name, sizeof co.name, "shrink-stress-ref-%ld", (long)getpid());
+  if (gradsync_comm_create(&c, &co) != GRADSYNC_OK || gradsync_shard_create(&sh, c, total, &so) != GRADSYNC_OK) {
+    fprintf(stderr, "reference: %s\n", gradsync_last_error_message());
+    return -1;
+  }
+  initial(w, total);
+  gradsync_shard_init(sh, w, total);
+  for (s = 0; s < steps && st == GRADSYNC_OK; ++s) {
+    gradient(s, g, total);
+    st = gradsync_shard_step(sh, g, w, total, 1);
+  }
+  gradsync_shard_free(sh);
+  gradsync_comm_free(c);
+  free(g);
+  return st;
+}
+
+/* One member: trains, and after a loss shrinks, reshards and trains on. */
+static int member(board *b, const char *name, int rank, int replicas, uint64_t total, int steps, const float *ref,
+                  int bench) {
+  gradsync_comm_options co = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_shard_options so = shard_options(replicas);
+  gradsync_comm *comm = NULL, *first;
+  gradsync_shard *shard = NULL;
+  float *w = malloc(total * sizeof(float)), *g = malloc(total * sizeof(float));
+  int s = 0, st, recovering = 0;
+  int64_t updates = 0;
+  uint64_t i;
+  co.transport = GRADSYNC_TRANSPORT_SHM;
+  co.rank = rank;
+  co.size = N;
+  co.timeout_ms = 10000;
+  snprintf(co.name, sizeof co.name, "%s", name);
+  if (gradsync_comm_create(&comm, &co) != GRADSYNC_OK || gradsync_shard_create(&shard, comm, total, &so) != GRADSYNC_OK) {
+    snprintf(b->why[rank], sizeof b->why[rank], "create: %s", gradsync_last_error_message());
+    return EXIT_FAILED;
+  }
+  first = comm;
+  initial(w, total);
+  gradsync_shard_init(shard, w, total);
+  b->phase[rank] = PH_STEP;
+  while (s < steps) {
+    gradient(s, g, total);
+    st = gradsync_shard_step(shard, g, w, total, 1);
+    if (st == GRADSYNC_OK) {
+      if (recovering && bench) b->step_ns[rank] = now_ns() - b->kill_ns;
+      recovering = 0;
+      b->steps[rank] = ++s;
+      continue;
+    }
+    if (bench && !recovering) b->detect_ns[rank] = now_ns() - b->kill_ns;
+    recovering = 1;
+    for (;;) {
+      gradsync_comm *next = NULL;
+      gradsync_shrink_result res;
+      memset(&res, 0, sizeof res);
+      res.struct_size = sizeof res;
+      res.version = GRADSYNC_SHRINK_RESULT_VERSION;
+      b->phase[rank] = PH_SHRINK;
+      st = gradsync_comm_shrink(comm, &next, NULL, 0, &res);
+      if (st != GRADSYNC_OK) {
+        snprintf(b->why[rank], sizeof b->why[rank], "shrink: %s", gradsync_last_error_message());
+        return EXIT_FAILED;
+      }
+      if (bench) {
+        b->agree_ns[rank] = res.agree_ns;
+        b->form_ns[rank] = res.form_ns;
+      }
+      /* The first group stays until the end: the shard may still be on it if a reshard fails. */
+      if (comm != first) gradsync_comm_free(comm);
+      comm = next;
+      b->phase[rank] = PH_RESHARD;
+      {
+        const int64_t t0 = now_ns();
+        st = gradsync_shard_reshard(shard, comm, NULL);
+        if (bench) b->reshard_ns[rank] = now_ns() - t0;
+      }
+      if (st == GRADSYNC_E_LOST) {
+        snprintf(b->why[rank], sizeof b->why[rank], "%s", gradsync_last_error_message());
+        return EXIT_LOST;
+      }
+      if (st == GRADSYNC_OK) break;
+      /* A member was lost during the reshard: shrink again. */
+    }
+    gradsync_shard_updates(shard, &updates);
+    s = (int)updates;
+    b->phase[rank] = PH_STEP;
+  }
+  b->phase[rank] = PH_DONE;
+  for (i = 0; ref != NULL && i < total; ++i) {
+    if (memcmp(&w[i], &ref[i], sizeof(float)) != 0) {
+      snprintf(b->why[rank], sizeof b->why[rank], "weight %" PRIu64 " is %.9g, the undisturbed run has %.9g", i,
+               (double)w[i], (double)ref[i]);
+      return EXIT_WRONG;
+    }
+  }
+  gradsync_shard_free(shard);
+  if (comm != first) gradsync_comm_free(comm);
+  gradsync_comm_free(first);
+  free(w);
+  free(g);
+  return EXIT_OK;
+}
+
+static int alive_other(const int *dead, int avoid, unsigned *seed) {
+  int r;
+  do r = (int)(rand_r(seed) % N);
+  while (dead[r] || r == avoid);
+  return r;
+}
+
+/* Waits until some live member is in phase ph (or all are done); false if none gets there. */
+static int wait_phase(board *b, const int *dead, int ph, int64_t until) {
+  while (now_ns() < until) {
+    int r, done = 1;
+    for (r = 0; r < N; ++r) {
+      if (dead[r]) continue;
+      if (b->phase[r] == ph) return 1;
+      done &= b->phase[r] == PH_DONE;
+    }
+    if (done) return 0;
+    pause_us(20);
+  }
+  return 0;
+}
+
+typedef struct {
+  int kills, hangs, wrong, lost, failed, done;
+} tally;
+
+static void episode(int id, int kind, unsigned *seed, const float *ref, tally *t, board *b) {
+  char name[64];
+  pid_t pids[N];
+  int dead[N] = {0, 0, 0, 0}, r, first, replicas = kind == KIND_STEP ? 1 : 2;
+  int64_t deadline;
+  memset(b, 0, sizeof *b);
+  snprintf(name, sizeof name, "shrink-stress-%ld-%d", (long)getpid(), id);
+  for (r = 0; r < N; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) _exit(member(b, name, r, replicas, STRESS_TOTAL, STEPS, ref, 0));
+  }
+  deadline = now_ns() + (int64_t)EPISODE_BUDGET_S * 1000000000;
+  /* The first kill at a random step. */
+  {
+    const int at = 1 + (int)(rand_r(seed) % (STEPS - 2));
+    first = (int)(rand_r(seed) % N);
+    while (now_ns() < deadline && b->steps[first] < at) pause_us(20);
+    pause_us((long)(rand_r(seed) % 300));
+    kill(pids[first], SIGKILL);
+    dead[first] = 1;
+    t->kills++;
+  }
+  if (kind != KIND_STEP) {
+    const int second = alive_other(dead, first, seed);
+    int ph = kind == KIND_IN_SHRINK ? PH_SHRINK : kind == KIND_IN_RESHARD ? PH_RESHARD : -1;
+    if (ph < 0 || wait_phase(b, dead, ph, deadline)) {
+      pause_us((long)(rand_r(seed) % (ph < 0 ? 2000 : 200)));
+      kill(pids[second], SIGKILL);
+      dead[second] = 1;
+      t->kills++;
+    }
+  }
+  for (r = 0; r < N; ++r) {
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pids[r], &status, WNOHANG)) == 0 && now_ns() < deadline) pause_us(200);
+    if (got == 0) {
+      fprintf(stderr, "episode %d (%s): member %d hangs (phase %d, step %d)\n", id, kind_names[kind], r,
+              (int)b->phase[r], (int)b->steps[r]);
+      t->hangs++;
+      for (first = 0; first < N; ++first) kill(pids[first], SIGKILL);
+      waitpid(pids[r], &status, 0);
+      continue;
+    }
+    if (dead[r]) continue;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_OK) {
+      t->done++;
+      continue;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_WRONG) t->wrong++;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_LOST) t->lost++;
+    else t->failed++;
+    fprintf(stderr, "episode %d (%s): member %d ended with status %#x: %s\n", id, kind_names[kind], r,
+            (unsigned)status, b->why[r]);
+  }
+}
+
+static int cmp64(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void spread(const char *what, int64_t *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp64);
+  printf("  %-26s %8.2f %8.2f %8.2f\n", what, (double)v[0] / 1e6, (double)v[n / 2] / 1e6, (double)v[n - 1] / 1e6);
+}
+
+static int bench(int runs, uint64_t total) {
+  board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  int64_t *detect = calloc((size_t)runs, 8), *agree = calloc((size_t)runs, 8), *form = calloc((size_t)runs, 8),
+          *reshard = calloc((size_t)runs, 8), *step = calloc((size_t)runs, 8), *whole = calloc((size_t)runs, 8);
+  int run, r, ok = 0;
+  for (run = 0; run < runs; ++run) {
+    char name[64];
+    pid_t pids[N];
+    int victim = 1 + run % (N - 1), good = 1, watch = 0;
+    memset(b, 0, sizeof *b);
+    snprintf(name, sizeof name, "recovery-bench-%ld-%d", (long)getpid(), run);
+    for (r = 0; r < N; ++r) {
+      pids[r] = fork();
+      if (pids[r] == 0) _exit(member(b, name, r, 1, total, 6, NULL, 1));
+    }
+    while (b->steps[victim] < 3) pause_us(100);
+    b->kill_ns = now_ns();
+    kill(pids[victim], SIGKILL);
+    for (r = 0; r < N; ++r) {
+      int status = 0;
+      waitpid(pids[r], &status, 0);
+      if (r != victim && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        fprintf(stderr, "run %d: member %d ended with %#x: %s\n", run, r, (unsigned)status, b->why[r]);
+        good = 0;
+      }
+    }
+    if (!good) continue;
+    watch = victim == 0 ? 1 : 0; /* a survivor's view; the latest step completion of any survivor */
+    detect[ok] = b->detect_ns[watch];
+    agree[ok] = b->agree_ns[watch];
+    form[ok] = b->form_ns[watch];
+    reshard[ok] = b->reshard_ns[watch];
+    step[ok] = 0;
+    whole[ok] = 0;
+    for (r = 0; r < N; ++r) {
+      if (r != victim && b->step_ns[r] > whole[ok]) whole[ok] = b->step_ns[r];
+    }
+    step[ok] = whole[ok] - detect[ok] - agree[ok] - form[ok] - reshard[ok];
+    ++ok;
+  }
+  if (ok == 0) return 1;
+  printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64 " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
+         "%d runs; ms after the kill\n", total, (double)total * 8 / 1e6, ok);
+  printf("  %-26s %8s %8s %8s\n", "phase", "min", "median", "max");
+  spread("detect (error returned)", detect, ok);
+  spread("agree (failed set)", agree, ok);
+  spread("form (new group + commit)", form, ok);
+  spread("reshard", reshard, ok);
+  spread("next step (remainder)", step, ok);
+  spread("kill -> next step done", whole, ok);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "bench") == 0) {
+    return bench(atoi(argv[2]), argc >= 4 ? strtoull(argv[3], NULL, 10) : 12500000u);
+  }
+  if (argc >= 3 && strcmp(argv[1], "stress") == 0) {
+    const int episodes = atoi(argv[2]);
+    unsigned seed = argc >= 4 ? (unsigned)strtoul(argv[3], NULL, 10) : (unsigned)time(NULL);
+    static float ref[STRESS_TOTAL];
+    board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    tally t;
+    int i, by_kind[KINDS] = {0};
+    memset(&t, 0, sizeof t);
+    if (b == MAP_FAILED || reference(ref, STRESS_TOTAL, STEPS) != GRADSYNC_OK) return 2;
+    printf("shrink_stress: seed %u, %d episodes\n", seed, episodes);
+    for (i = 0; i < episodes; ++i) {
+      const int kind = (int)(rand_r(&seed) % KINDS);
+      by_kind[kind]++;
+      episode(i, kind, &seed, ref, &t, b);
+    }
+    for (i = 0; i < KINDS; ++i) printf("  %-34s %d episodes\n", kind_names[i], by_kind[i]);
+    printf("kills %d; survivors that finished verified %d; hangs %d; wrong results %d; lost state %d; other failures %d\n",
+           t.kills, t.done, t.hangs, t.wrong, t.lost, t.failed);
+    return t.hangs == 0 && t.wrong == 0 && t.lost == 0 && t.failed == 0 ? 0 : 1;
+  }
+  fprintf(stderr, "usage: shrink_stress stress <episodes> [seed] | bench <runs> [total_params]\n");
+  return 2;
+}
