@@ -183,6 +183,24 @@ declare("gradsync_comm_rank", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_size", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_transport", c_int, _P, ctypes.POINTER(c_int32))
 declare("gradsync_comm_split", c_int, _P, c_int32, c_int32, ctypes.POINTER(_P))
+
+
+class ShrinkResult(ctypes.Structure):
+    """gradsync_shrink_result, field for field (include/gradsync/comm.h)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("version", c_uint32),
+        ("failed_count", c_int32),
+        ("attempts", c_int32),
+        ("agree_ns", c_int64),
+        ("form_ns", c_int64),
+    ]
+
+
+declare("gradsync_comm_shrink", c_int, _P, ctypes.POINTER(_P), ctypes.POINTER(c_int32), c_size_t,
+        ctypes.POINTER(ShrinkResult))
+declare("gradsync_comm_member_id", c_int, _P, ctypes.POINTER(c_int64))
 declare("gradsync_comm_topology", c_int, _P, ctypes.POINTER(c_int32), ctypes.POINTER(c_int32),
         ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), c_size_t)
 declare("gradsync_comm_allreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
@@ -530,6 +548,31 @@ class Communicator(Handle):
         sub = type(self).__new__(type(self))
         sub._adopt(out)
         return sub
+
+    def shrink(self):
+        """After this group lost a member: the survivors' group, in place. Collective over the
+        survivors (call it once a collective raised E_REMOTE, E_TIMEOUT or E_ABORTED). Returns
+        (new Communicator, failed ranks of this group, info dict with attempts, agree_s, form_s).
+        Ranks are dense in the old order; member_id stays. This group is stopped: close it.
+        THREAD and SHM only (MPI and HIER raise E_UNSUPPORTED)."""
+        out = _P()
+        n = self.size
+        failed = (c_int32 * n)()
+        res = ShrinkResult()
+        res.struct_size = ctypes.sizeof(res)
+        res.version = 1
+        _blocking(lib.gradsync_comm_shrink, self.ptr, ctypes.byref(out), failed, n, ctypes.byref(res))
+        sub = type(self).__new__(type(self))
+        sub._adopt(out)
+        info = {"attempts": res.attempts, "agree_s": res.agree_ns / 1e9, "form_s": res.form_ns / 1e9}
+        return sub, [failed[i] for i in range(res.failed_count)], info
+
+    @property
+    def member_id(self):
+        """This member's stable id: its rank in the group it was created in, kept by shrinks and splits."""
+        v = c_int64()
+        check(lib.gradsync_comm_member_id(self.ptr, ctypes.byref(v)))
+        return v.value
 
     @property
     def topology(self):

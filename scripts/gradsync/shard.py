@@ -76,6 +76,7 @@ declare("gradsync_shard_update", c_int, _P)
 declare("gradsync_shard_read_slice", c_int, _P, c_int32, _P, c_size_t)
 declare("gradsync_shard_write_weights", c_int, _P, _P, c_size_t)
 declare("gradsync_shard_gather", c_int, _P, _P, c_size_t)
+declare("gradsync_shard_reshard", c_int, _P, _P, ctypes.POINTER(c_uint64))
 
 
 def _f32(a, name, writable):
@@ -105,7 +106,8 @@ class ShardedParameter(Handle):
     _free = lib.gradsync_shard_free
 
     def __init__(self, comm, total, optimizer="adam", lr=1e-3, compress="none", error_feedback=False,
-                 momentum=0.9, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clamp=None, clip_norm=None):
+                 momentum=0.9, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clamp=None, clip_norm=None,
+                 replicas=0):
         opts = ShardOptions()
         check(lib.gradsync_shard_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         if isinstance(optimizer, str):
@@ -125,6 +127,7 @@ class ShardedParameter(Handle):
             opts.clamp_min, opts.clamp_max = (float(c) for c in clamp)
         if clip_norm is not None:
             opts.clip_norm = float(clip_norm)
+        opts.replicas = int(replicas)
         out = c_void_p()
         check(lib.gradsync_shard_create(ctypes.byref(out), comm.ptr, int(total), ctypes.byref(opts)))
         super().__init__(out)
@@ -216,6 +219,16 @@ class ShardedParameter(Handle):
         w = _f32(weights, "weights", True)
         check(lib.gradsync_shard_gather(self.ptr, _p(w), w.size))
         return w
+
+    def reshard(self, comm):
+        """Collective over `comm`, the survivors' group (Communicator.shrink): the slices move onto
+        it in one all-to-all-v, the lost ones from replicas; afterwards this parameter runs on comm.
+        Raises E_LOST (naming the ranges, nothing changed) when a slice lived only on lost ranks.
+        Returns the floats this member received."""
+        moved = c_uint64()
+        check(lib.gradsync_shard_reshard(self.ptr, comm.ptr, ctypes.byref(moved)))
+        self._comm = comm
+        return moved.value
 
     def __repr__(self):
         if not self._ptr:

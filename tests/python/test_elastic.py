@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shrink, member ids and reshard through ctypes: threads (a rank closes its communicator and goes)
+and shm processes (a real SIGKILL); the survivors' training continues bit for bit like a run that
+never lost a rank."""
+import multiprocessing as mp
+import os
+import signal
+import uuid
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+from conftest import run_ranks
+
+TOTAL, STEPS, LOSS_AT = 517, 8, 3
+
+
+def grad(step):
+    # Multiples of 1/256: the mean over any number of ranks is exact, so any group size gives the same bits.
+    return (((np.arange(TOTAL) * 7 + step * 13) % 17) - 8).astype(np.float32) / 256
+
+
+def train(comm, lost=(), replicas=1):
+    shard = gs.ShardedParameter(comm, TOTAL, optimizer="adam", lr=0.01, replicas=replicas)
+    w = (np.arange(TOTAL) % 100).astype(np.float32) / 100
+    shard.init(w)
+    step = 0
+    while step < STEPS:
+        if step == LOSS_AT and lost:
+            if comm.rank in lost:
+                return None
+            with pytest.raises(gs.GradsyncError):
+                shard.step(grad(step), w)
+            new, failed, info = comm.shrink()
+            assert failed == sorted(lost) and info["attempts"] >= 1
+            assert new.size == comm.size - len(lost)
+            assert new.member_id == comm.member_id
+            shard.reshard(new)
+            comm.close()
+            comm = new
+            assert shard.updates == LOSS_AT
+        shard.step(grad(step), w)
+        step += 1
+    return w.copy(), comm.member_id, comm.rank
+
+
+def test_shrink_and_reshard_on_threads():
+    ref = run_ranks(4, lambda c, r: train(c))
+    got = run_ranks(4, lambda c, r: train(c, lost=(2,)))
+    for r in (0, 1, 3):
+        w, member, rank = got[r]
+        assert member == r and rank == (r if r < 2 else r - 1)
+        assert np.array_equal(w.view(np.uint32), ref[0][0].view(np.uint32))
+    assert got[2] is None
+
+
+def test_reshard_without_replicas_names_the_lost_range():
+    def body(comm, rank):
+        shard = gs.ShardedParameter(comm, TOTAL, optimizer="sgd", replicas=0)
+        shard.init(np.zeros(TOTAL, np.float32))
+        if rank == 1:
+            return None
+        w = np.zeros(TOTAL, np.float32)
+        with pytest.raises(gs.GradsyncError):
+            shard.step(grad(0), w)
+        new, failed, _ = comm.shrink()
+        assert failed == [1]
+        with pytest.raises(gs.GradsyncError) as e:
+            shard.reshard(new)
+        new.close()
+        return e.value.status, str(e.value)
+
+    out = run_ranks(3, body)
+    for r in (0, 2):
+        status, message = out[r]
+        assert status == -19  # GRADSYNC_E_LOST
+        assert "old rank 1" in message
+
+
+def _shm_member(group, rank, q):
+    try:
+        with gs.Communicator(group, rank, 3, timeout_ms=20000, transport="shm") as comm:
+            x = np.ones(4, np.float32)
+            comm.allreduce(x)
+            q.put(("ready", rank))
+            if rank == 1:
+                signal.pause()
+            while True:
+                try:
+                    comm.allreduce(x)
+                except gs.GradsyncError:
+                    break
+            new, failed, _ = comm.shrink()
+            y = np.full(1, float(new.member_id), np.float64)
+            y = new.allreduce(y, op="sum")
+            q.put(("done", rank, failed, new.rank, new.size, float(y[0])))
+            new.close()
+    except BaseException as e:  # reported to the test
+        q.put(("error", rank, repr(e)))
+
+
+def test_shrink_after_sigkill_on_shm():
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    group = f"py-shrink-{uuid.uuid4().hex[:8]}"
+    procs = [ctx.Process(target=_shm_member, args=(group, r, q)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for _ in range(3):
+        assert q.get(timeout=60)[0] == "ready"
+    os.kill(procs[1].pid, signal.SIGKILL)
+    done = [q.get(timeout=60) for _ in range(2)]
+    for p in procs:
+        p.join(timeout=60)
+    for d in done:
+        assert d[0] == "done", d
+        _, rank, failed, new_rank, new_size, ids = d
+        assert failed == [1] and new_size == 2 and new_rank == (0 if rank == 0 else 1) and ids == 2.0
