@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+
+#include <sys/mman.h>
 
 #include "common/fnv.hpp"
 #include "common/error.hpp"
@@ -50,7 +53,23 @@ double sum_of_squares(const float* x, size_t n) noexcept {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+constexpr size_t kHugePage = size_t{2} << 20;
 }  // namespace
+
+void* allocate_slice(size_t bytes) {
+  if (bytes < 2 * kHugePage) {
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without huge pages the memory works the same
+  return p;
+}
+
+void free_slice(void* p, size_t) noexcept { std::free(p); }
 
 const char* optimizer_name(Optimizer o) noexcept {
   switch (o) {
@@ -456,8 +475,7 @@ void ShardedParameter::read_slice(Slice which, float* out, size_t count) const {
   GS_REQUIRE(out != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "output holds {} floats, rank {} owns {}", count, rank_,
              part_.len);
-  const auto& src = which == Slice::Weights ? weights_ : grad_;
-  std::copy_n(src.begin(), count, out);
+  std::copy_n(which == Slice::Weights ? weights_.data() : grad_.data(), count, out);
 }
 
 void ShardedParameter::publish(float* weights) {
@@ -593,9 +611,11 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     }
   }
   const size_t f = state_arrays();
-  // Send buffer: by destination, then piece order; receive buffer: by source, then piece order.
+  // What stays with its holder is copied in place; the rest travels. Send buffer: by destination,
+  // then piece order; receive buffer: by source, then piece order.
   std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
   for (const Piece& p : pieces) {
+    if (p.src == p.dst) continue;
     if (p.src == me) send_counts[static_cast<size_t>(p.dst)] += p.len * f;
     if (p.dst == me) recv_counts[static_cast<size_t>(p.src)] += p.len * f;
   }
@@ -606,7 +626,6 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     recv_displs[r] = recv_total;
     recv_total += recv_counts[r];
   }
-  std::vector<float> send(send_total), recv(recv_total);
   // The arrays of old slice j here: this rank's own, or its replica of j.
   auto held = [&](int j, size_t a) -> const float* {
     const int behind = (rank_ - j + size_) % size_;
@@ -614,38 +633,56 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     const Replica& r = replicas_[static_cast<size_t>(behind - 1)];
     return a == 0 ? r.weights.data() : a == 1 ? r.state1.data() : r.state2.data();
   };
+  std::vector<SliceVector> fresh(static_cast<size_t>(new_k + 1) * f);
+  for (int range = 0; range <= new_k; ++range) {
+    for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].resize(kept(me, range).len);
+  }
+  // The send buffer in the group's own memory: on shared memory the peers then read it directly
+  // (one copy) instead of through the staging chunks.
+  struct GroupMemory {
+    comm::Communicator& c;
+    float* p;
+    ~GroupMemory() {
+      try {
+        if (p != nullptr) c.dealloc(p);
+      } catch (...) {
+      }
+    }
+  } send{next, send_total > 0 ? static_cast<float*>(next.alloc(send_total * sizeof(float))) : nullptr};
+  SliceVector recv(recv_total);
   {
     std::vector<size_t> at(send_displs);
     for (const Piece& p : pieces) {
       if (p.src != me) continue;
       const uint64_t off = p.start - part_of(p.slice).start;
       for (size_t a = 0; a < f; ++a) {
-        std::copy_n(held(p.slice, a) + off, p.len, send.begin() + static_cast<std::ptrdiff_t>(at[static_cast<size_t>(p.dst)]));
+        if (p.dst == me) {
+          std::copy_n(held(p.slice, a) + off, p.len,
+                      fresh[static_cast<size_t>(p.range) * f + a].begin() +
+                          static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
+          continue;
+        }
+        std::copy_n(held(p.slice, a) + off, p.len, send.p + at[static_cast<size_t>(p.dst)]);
         at[static_cast<size_t>(p.dst)] += p.len;
       }
     }
   }
-  if (np == 1)
-    recv = send;
-  else
-    next.alltoallv(send.data(), send_counts, send_displs, recv.data(), recv_counts, recv_displs, DType::F32);
+  if (np > 1) {
+    next.alltoallv(send.p, send_counts, send_displs, recv.data(), recv_counts, recv_displs, DType::F32);
+  }
 
   // Everything arrived on every member: build the new slices, then switch to the new group.
-  std::vector<std::vector<float>> fresh(static_cast<size_t>(new_k + 1) * f);
-  for (int range = 0; range <= new_k; ++range) {
-    for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].assign(kept(me, range).len, 0.0f);
-  }
   {
     std::vector<size_t> at(recv_displs);
     for (const Piece& p : pieces) {
-      if (p.dst != me) continue;
+      if (p.dst != me || p.src == me) continue;
       const uint64_t off = p.start - kept(me, p.range).start;
       for (size_t a = 0; a < f; ++a) {
         std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at[static_cast<size_t>(p.src)]), p.len,
                     fresh[static_cast<size_t>(p.range) * f + a].begin() + static_cast<std::ptrdiff_t>(off));
         at[static_cast<size_t>(p.src)] += p.len;
       }
-      if (p.src != me) report.moved_floats += p.len * f;
+      report.moved_floats += p.len * f;
     }
   }
   comm_ = &next;

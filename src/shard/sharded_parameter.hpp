@@ -17,8 +17,11 @@
 // locally, or that calls a different stage, makes every rank fail instead of blocking the others
 // in a collective they never join. A gradient is consumed by the aggregate that reads it, and an
 // aggregate without a fresh put is an error on every rank.
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/codec.hpp"
@@ -26,6 +29,39 @@
 #include "common/partition.hpp"
 
 namespace gradsync::shard {
+
+// The allocator of the slices and their replicas: elements are left uninitialised (every use
+// writes them first, or assigns), and large blocks ask for transparent huge pages, so that a
+// reshard's new slices cost one write each rather than a zeroing pass and a page fault every 4 KiB.
+template <class T>
+struct SliceAllocator {
+  using value_type = T;
+  SliceAllocator() = default;
+  template <class U>
+  SliceAllocator(const SliceAllocator<U>&) noexcept {}
+  T* allocate(size_t n);
+  void deallocate(T* p, size_t n) noexcept;
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+  friend bool operator==(const SliceAllocator&, const SliceAllocator&) noexcept { return true; }
+};
+void* allocate_slice(size_t bytes);
+void free_slice(void* p, size_t bytes) noexcept;
+template <class T>
+T* SliceAllocator<T>::allocate(size_t n) {
+  return static_cast<T*>(allocate_slice(n * sizeof(T)));
+}
+template <class T>
+void SliceAllocator<T>::deallocate(T* p, size_t n) noexcept {
+  free_slice(p, n * sizeof(T));
+}
+using SliceVector = std::vector<float, SliceAllocator<float>>;
 
 enum class Optimizer : int32_t { Sgd = 0, Momentum = 1, Adam = 2, AdamW = 3 };
 
@@ -141,9 +177,9 @@ class ShardedParameter {
   int rank_, size_;
   Part part_;
 
-  std::vector<float> weights_;   // this rank's slice
+  SliceVector weights_;   // this rank's slice
   std::vector<float> grad_;      // aggregated gradient slice
-  std::vector<float> state1_, state2_;  // momentum / Adam moments, slice-sized
+  SliceVector state1_, state2_;  // momentum / Adam moments, slice-sized
   std::vector<float> staging_;   // uncompressed: a gradient copy of N floats (put, weighted step)
   std::vector<float> own_;       // compressed: this rank's own part, kept in f32
   std::vector<float> residual_;  // compressed with error feedback: N floats
@@ -153,7 +189,8 @@ class ShardedParameter {
   // Replica j (1..replica_count()) holds rank (rank - j) mod P's slice: weights, state1, state2
   // (each that slice's length), and the aggregated gradient that rank sent for its next update.
   struct Replica {
-    std::vector<float> weights, state1, state2, grad;
+    SliceVector weights, state1, state2;
+    std::vector<float> grad;
   };
   std::vector<Replica> replicas_;
   std::vector<float> replica_send_, replica_recv_;

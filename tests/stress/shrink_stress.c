@@ -43,6 +43,7 @@ typedef struct {
   volatile int64_t kill_ns;
   /* bench: the survivors' times, ns after the kill */
   volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
+  volatile int64_t before_ns[N], after_ns[N]; /* a whole step on 4 ranks before the kill, on 3 after it */
   char why[N][160];
 } board;
 
@@ -129,9 +130,13 @@ static int member(board *b, const char *name, int rank, int replicas, uint64_t t
   gradsync_shard_init(shard, w, total);
   b->phase[rank] = PH_STEP;
   while (s < steps) {
+    int64_t t0;
     gradient(s, g, total);
+    t0 = now_ns();
     st = gradsync_shard_step(shard, g, w, total, 1);
     if (st == GRADSYNC_OK) {
+      if (bench && b->kill_ns == 0) b->before_ns[rank] = now_ns() - t0;
+      if (bench && b->kill_ns != 0 && !recovering) b->after_ns[rank] = now_ns() - t0;
       if (recovering && bench) b->step_ns[rank] = now_ns() - b->kill_ns;
       recovering = 0;
       b->steps[rank] = ++s;
@@ -287,7 +292,8 @@ static void spread(const char *what, int64_t *v, int n) {
 static int bench(int runs, uint64_t total) {
   board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   int64_t *detect = calloc((size_t)runs, 8), *agree = calloc((size_t)runs, 8), *form = calloc((size_t)runs, 8),
-          *reshard = calloc((size_t)runs, 8), *step = calloc((size_t)runs, 8), *whole = calloc((size_t)runs, 8);
+          *reshard = calloc((size_t)runs, 8), *step = calloc((size_t)runs, 8), *whole = calloc((size_t)runs, 8),
+          *before = calloc((size_t)runs, 8), *after = calloc((size_t)runs, 8);
   int run, r, ok = 0;
   for (run = 0; run < runs; ++run) {
     char name[64];
@@ -322,6 +328,8 @@ static int bench(int runs, uint64_t total) {
       if (r != victim && b->step_ns[r] > whole[ok]) whole[ok] = b->step_ns[r];
     }
     step[ok] = whole[ok] - detect[ok] - agree[ok] - form[ok] - reshard[ok];
+    before[ok] = b->before_ns[watch];
+    after[ok] = b->after_ns[watch];
     ++ok;
   }
   if (ok == 0) return 1;
@@ -334,6 +342,9 @@ static int bench(int runs, uint64_t total) {
   spread("reshard", reshard, ok);
   spread("next step (remainder)", step, ok);
   spread("kill -> next step done", whole, ok);
+  printf("  for scale, a whole step (gradient mean, Adam, gather, replica update):\n");
+  spread("step on 4 ranks, before", before, ok);
+  spread("step on 3 ranks, after", after, ok);
   return 0;
 }
 
