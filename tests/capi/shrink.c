@@ -157,7 +157,7 @@ enum { SCENARIO_KILL_ONE, SCENARIO_KILL_IN_SHRINK, SCENARIO_LATE };
 
 /* One member process. Exit status 0: everything it checked held. */
 static int shm_member(board *b, const char *name, int32_t rank, int scenario) {
-  const int64_t timeout = scenario == SCENARIO_LATE ? 1500 : 20000;
+  const int64_t timeout = scenario == SCENARIO_LATE ? 600 : 20000;
   gradsync_comm *c = join(GRADSYNC_TRANSPORT_SHM, name, rank, timeout);
   gradsync_comm *next = NULL;
   int st, i;
