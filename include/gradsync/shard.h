@@ -253,6 +253,9 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard *shard, float *weights, si
  * completed step. A slice that lived only on lost ranks fails every member with GRADSYNC_E_LOST
  * naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_init). On
  * success the shard runs on new_comm (which must outlive it) and its parts are new_comm's.
+ * The step that failed may have been applied everywhere before the loss showed (its gather failed)
+ * and may have left the caller's weights half gathered: continue from gradsync_shard_updates, and
+ * call gradsync_shard_gather first for the weights.
  * @param shard the parameter, on the old communicator
  * @param new_comm the survivors' communicator
  * @param[out] moved_floats floats this member received from others (may be NULL)

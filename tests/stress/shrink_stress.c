@@ -173,8 +173,11 @@ static int member(board *b, const char *name, int rank, int replicas, uint64_t t
         snprintf(b->why[rank], sizeof b->why[rank], "%s", gradsync_last_error_message());
         return EXIT_LOST;
       }
+      /* The failed step may have left the weights half gathered (its update may have been
+       * applied everywhere, so that step is not run again): gather them afresh. */
+      if (st == GRADSYNC_OK) st = gradsync_shard_gather(shard, w, total);
       if (st == GRADSYNC_OK) break;
-      /* A member was lost during the reshard: shrink again. */
+      /* A member was lost during the reshard or the gather: shrink again. */
     }
     gradsync_shard_updates(shard, &updates);
     s = (int)updates;
