@@ -374,7 +374,8 @@ typedef struct gradsync_shrink_result {
  * thread transport, its communicator was freed) or that did not call gradsync_comm_shrink within
  * comm's timeout. Every survivor gets the same set and the same new group, whose ranks are dense
  * and keep the survivors' order in comm. A member lost while the shrink runs is left out by
- * another round of agreement (result->attempts > 1). Every step is bounded by comm's timeout.
+ * another round of agreement (result->attempts > 1). Each step (agreeing, forming the new group)
+ * is bounded by comm's timeout, and the attempts by comm's size.
  * Calls still waiting on comm in other threads return (GRADSYNC_E_ABORTED); comm is stopped for
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
@@ -387,7 +388,7 @@ typedef struct gradsync_shrink_result {
  * @param[out] result counts and phase times (may be NULL); struct_size and version set by the caller
  * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
  * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
- * @retval GRADSYNC_E_TIMEOUT the shrink did not finish within comm's timeout
+ * @retval GRADSYNC_E_TIMEOUT a step of the shrink did not finish within comm's timeout
  * @retval GRADSYNC_E_UNSUPPORTED the transport cannot survive a lost member (MPI, HIER)
  * @threadsafety handle
  */

@@ -110,14 +110,15 @@ ShrinkResult Membership::shrink(Communicator& group) {
   raise_stop(c.words().stop_word, StopReason::Shrinking, rank_);
   fabric_.close_group();
   notify(c.words().wake);
-  const auto start = WaitClock::now();
-  const auto deadline = deadline_after(timeout_, start);
   ShrinkResult result;
   for (;;) {
     ++result.attempts;
+    // Each step has the group's timeout: agreeing (which may spend all of it on a member that does
+    // not answer), then forming.
     const auto agree_start = WaitClock::now();
-    const Decision decision = agree(deadline);
+    const Decision decision = agree(deadline_after(timeout_, agree_start));
     const auto formed_start = WaitClock::now();
+    const auto deadline = deadline_after(timeout_, formed_start);
     result.agree += formed_start - agree_start;
     if (has(decision.failed, rank_)) {
       fail(GRADSYNC_E_REMOTE,
@@ -161,9 +162,10 @@ ShrinkResult Membership::shrink(Communicator& group) {
       result.form += WaitClock::now() - formed_start;
       const int s = e.status();
       if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
-      if (WaitClock::now() >= deadline) {
-        fail(GRADSYNC_E_TIMEOUT, "shrink of {}: rank {} could not form the new group within {} ms: {}", group_name(),
-             rank_, timeout_.count(), e.what());
+      // Every failed attempt lost a member, or ran out of time: the attempts are bounded.
+      if (WaitClock::now() >= deadline || result.attempts > size_) {
+        fail(GRADSYNC_E_TIMEOUT, "shrink of {}: rank {} could not form the new group ({} attempt(s), {} ms each): {}",
+             group_name(), rank_, result.attempts, timeout_.count(), e.what());
       }
       // A member was lost while the group formed: agree again, on the next epoch.
       GS_LOG_INFO("shrink of {}: rank {}: forming group '{}' failed ({}); agreeing again", group_name(), rank_,

@@ -21,7 +21,8 @@
 // 5. Commit: one barrier on the new group, which the round engine decides once for all its
 //    members. If forming failed anywhere (a member died in between), the barrier fails for every
 //    member, and every survivor goes back to step 1 with e + 1: a second death is a second shrink.
-// Every wait is bounded by one deadline, the group's timeout from the start of the shrink.
+// Every step (agreeing, forming and committing) is bounded by the group's timeout, and the
+// attempts by the group's size: each failed attempt lost a member.
 #include <chrono>
 #include <cstdint>
 #include <vector>

@@ -736,7 +736,8 @@ static void sweep_options_structs(void) {
       const gradsync_shard_options defaults = GRADSYNC_SHARD_OPTIONS_INIT;
       obuf.shard = defaults;
     }
-    apply_options_case(c, sizeof obuf.shard, sizeof obuf.shard, GRADSYNC_SHARD_OPTIONS_VERSION);
+    apply_options_case(c, offsetof(gradsync_shard_options, replicas), sizeof obuf.shard,
+                       GRADSYNC_SHARD_OPTIONS_VERSION);
     sweep_begin();
     status = gradsync_shard_create(&s, comm, 10, &obuf.shard);
     report_options_case("gradsync_shard_create", c->what, c->expected, status, __LINE__);
@@ -761,7 +762,7 @@ static void sweep_options_structs(void) {
              offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t));
   SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, sizeof(gradsync_optimizer));
   SWEEP_INIT(gradsync_comm_options_init, gradsync_comm_options, offsetof(gradsync_comm_options, host));
-  SWEEP_INIT(gradsync_shard_options_init, gradsync_shard_options, sizeof(gradsync_shard_options));
+  SWEEP_INIT(gradsync_shard_options_init, gradsync_shard_options, offsetof(gradsync_shard_options, replicas));
 #undef SWEEP_INIT
 }
 
@@ -770,7 +771,7 @@ static void sweep_options_structs(void) {
 static void sweep_core(void) {
   static const int32_t bad_enums[] = {-1, 0, 6, 7, 99, INT32_MIN, INT32_MAX}; /* no dtype, no feature */
   static const int32_t bad_levels[] = {-1, 7, 99, INT32_MIN, INT32_MAX};
-  static const int bad_statuses[] = {1, -19, -99, -101, -1000, INT32_MIN, INT32_MAX};
+  static const int bad_statuses[] = {1, -20, -99, -101, -1000, INT32_MIN, INT32_MAX};
   size_t i;
   const int32_t level = gradsync_get_log_level();
 
