@@ -34,8 +34,8 @@
 #include "common/partition.hpp"
 #include "table/table.hpp"
 
-using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::AccumSpec;
+using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::Concurrency;
 using gradsync::accumulator::OptimizerKind;
 using gradsync::accumulator::OptimizerSpec;
@@ -119,12 +119,12 @@ struct Row {
   double max_rows_per_s;
 };
 
-void print_row(const char* dist, const Row& r, double nosync_same_threads, double seed_same_threads,
-               double probe_gbs) {
+void print_row(const char* dist, const Row& r, double nosync_same_threads, double seed_same_threads, double probe_gbs) {
   const double gbs = r.rows_per_s * kBytesPerRow / 1e9;
-  std::printf("%-8s %-40s %2d  %6.1f [%5.1f..%5.1f] M rows/s  %6.2f GB/s (%3.0f%% probe)  %5.2fx no-sync  %5.2fx seed\n",
-              dist, r.name.c_str(), r.threads, r.rows_per_s / 1e6, r.min_rows_per_s / 1e6, r.max_rows_per_s / 1e6, gbs,
-              100.0 * gbs / probe_gbs, r.rows_per_s / nosync_same_threads, r.rows_per_s / seed_same_threads);
+  std::printf(
+      "%-8s %-40s %2d  %6.1f [%5.1f..%5.1f] M rows/s  %6.2f GB/s (%3.0f%% probe)  %5.2fx no-sync  %5.2fx seed\n", dist,
+      r.name.c_str(), r.threads, r.rows_per_s / 1e6, r.min_rows_per_s / 1e6, r.max_rows_per_s / 1e6, gbs,
+      100.0 * gbs / probe_gbs, r.rows_per_s / nosync_same_threads, r.rows_per_s / seed_same_threads);
 }
 
 }  // namespace
@@ -137,10 +137,11 @@ int main(int argc, char** argv) {
     std::ifstream load("/proc/loadavg");
     std::string l1;
     load >> l1;
-    std::printf("accumulator_bench: %lld x %lld f32 table, batches of %zu ids, %d batches per thread per rep, "
-                "median of %d reps; %u hardware threads, load average %s\n",
-                static_cast<long long>(kRows), static_cast<long long>(kDim), kBatch, kBatchesPerRep, reps,
-                std::thread::hardware_concurrency(), l1.c_str());
+    std::printf(
+        "accumulator_bench: %lld x %lld f32 table, batches of %zu ids, %d batches per thread per rep, "
+        "median of %d reps; %u hardware threads, load average %s\n",
+        static_cast<long long>(kRows), static_cast<long long>(kDim), kBatch, kBatchesPerRep, reps,
+        std::thread::hardware_concurrency(), l1.c_str());
   }
   std::vector<double> cdf(kRows);
   {
@@ -164,15 +165,17 @@ int main(int argc, char** argv) {
     auto t = anon(kRows, kDim);
     float* dst = t->data();
     for (int threads : {1, 2, 4}) {
-      const double secs = time_parallel(threads, std::max(3, reps / 3), [](int) {}, [&](int th, int) {
-        const gradsync::Part part = gradsync::partition(static_cast<uint64_t>(kRows), static_cast<uint64_t>(threads),
-                                                        static_cast<uint64_t>(th));
-        for (uint64_t r = part.start; r < part.start + part.len; ++r) {
-          float* d = dst + r * kDim;
-          const float* g = grads.data() + (r % kBatch) * kDim;
-          for (int64_t j = 0; j < kDim; ++j) d[j] += g[j];
-        }
-      });
+      const double secs = time_parallel(
+          threads, std::max(3, reps / 3), [](int) {},
+          [&](int th, int) {
+            const gradsync::Part part = gradsync::partition(static_cast<uint64_t>(kRows),
+                                                            static_cast<uint64_t>(threads), static_cast<uint64_t>(th));
+            for (uint64_t r = part.start; r < part.start + part.len; ++r) {
+              float* d = dst + r * kDim;
+              const float* g = grads.data() + (r % kBatch) * kDim;
+              for (int64_t j = 0; j < kDim; ++j) d[j] += g[j];
+            }
+          });
       probe_gbs[threads] = static_cast<double>(kRows) * kBytesPerRow / secs / 1e9;
       std::printf("bandwidth probe (streaming add over the table), %d threads: %6.2f GB/s\n", threads,
                   probe_gbs[threads]);
@@ -184,7 +187,8 @@ int main(int argc, char** argv) {
     // ids[thread][batch]
     std::vector<std::vector<std::vector<int64_t>>> ids(2);
     for (int t = 0; t < 2; ++t)
-      for (int b = 0; b < kBatchesPerRep; ++b) ids[t].push_back(make_ids(kBatch, zipf, 100 * t + b + (zipf ? 7 : 0), cdf));
+      for (int b = 0; b < kBatchesPerRep; ++b)
+        ids[t].push_back(make_ids(kBatch, zipf, 100 * t + b + (zipf ? 7 : 0), cdf));
     const double per_rep_rows = static_cast<double>(kBatch) * kBatchesPerRep;
     // Every case runs once per repetition, round-robin, so that load from other processes on a
     // shared machine falls on all of them alike; the medians are then compared.
@@ -194,35 +198,43 @@ int main(int argc, char** argv) {
       std::function<void(int)> before;
       std::function<void(int, int)> work;
       std::vector<double> times;
-      int callers = 0;       // threads calling work(); 0: `threads`
+      int callers = 0;          // threads calling work(); 0: `threads`
       double rows_per_rep = 0;  // 0: threads x per_rep_rows
     };
     std::vector<Case> cases;
     auto raw_table = anon(kRows, kDim);
     float* raw = raw_table->data();
     std::vector<std::shared_mutex> locks(static_cast<size_t>(kRows / 64));
-    cases.push_back({"plain loop (no tracking, no sync)", 1, [](int) {}, [&](int t, int) {
-      for (int b = 0; b < kBatchesPerRep; ++b) {
-        const auto& batch = ids[t][b];
-        for (size_t i = 0; i < kBatch; ++i) {
-          float* dst = raw + batch[i] * kDim;
-          const float* src = grads.data() + i * kDim;
-          for (int64_t j = 0; j < kDim; ++j) dst[j] += src[j];
-        }
-      }
-    }, {}});
+    cases.push_back({"plain loop (no tracking, no sync)",
+                     1,
+                     [](int) {},
+                     [&](int t, int) {
+                       for (int b = 0; b < kBatchesPerRep; ++b) {
+                         const auto& batch = ids[t][b];
+                         for (size_t i = 0; i < kBatch; ++i) {
+                           float* dst = raw + batch[i] * kDim;
+                           const float* src = grads.data() + i * kDim;
+                           for (int64_t j = 0; j < kDim; ++j) dst[j] += src[j];
+                         }
+                       }
+                     },
+                     {}});
     for (int threads : {1, 2}) {
-      cases.push_back({"seed: rwlock per 64 rows, exclusive", threads, [](int) {}, [&](int t, int) {
-        for (int b = 0; b < kBatchesPerRep; ++b) {
-          const auto& batch = ids[t][b];
-          for (size_t i = 0; i < kBatch; ++i) {
-            std::unique_lock lock(locks[static_cast<size_t>(batch[i] / 64)]);
-            float* dst = raw + batch[i] * kDim;
-            const float* src = grads.data() + i * kDim;
-            for (int64_t j = 0; j < kDim; ++j) dst[j] += src[j];
-          }
-        }
-      }, {}});
+      cases.push_back({"seed: rwlock per 64 rows, exclusive",
+                       threads,
+                       [](int) {},
+                       [&](int t, int) {
+                         for (int b = 0; b < kBatchesPerRep; ++b) {
+                           const auto& batch = ids[t][b];
+                           for (size_t i = 0; i < kBatch; ++i) {
+                             std::unique_lock lock(locks[static_cast<size_t>(batch[i] / 64)]);
+                             float* dst = raw + batch[i] * kDim;
+                             const float* src = grads.data() + i * kDim;
+                             for (int64_t j = 0; j < kDim; ++j) dst[j] += src[j];
+                           }
+                         }
+                       },
+                       {}});
     }
     struct ModeCase {
       const char* name;
@@ -245,11 +257,14 @@ int main(int argc, char** argv) {
       Accumulator* acc = accs.back().get();
       std::memset(acc->table().data(), 0, acc->table().data_bytes());  // fault the pages in, untimed
       for (int threads : {1, 2}) {
-        cases.push_back({std::string("accumulator ") + m.name, threads, [acc](int) { acc->zero(); },
+        cases.push_back({std::string("accumulator ") + m.name,
+                         threads,
+                         [acc](int) { acc->zero(); },
                          [&, acc](int th, int) {
                            for (int b = 0; b < kBatchesPerRep; ++b)
                              acc->add_batch(ids[th][b].data(), kBatch, grads.data(), grads.size());
-                         }, {}});
+                         },
+                         {}});
       }
     }
     // Owner mode: T owner threads apply the batches one calling thread hands over (the 2 threads'
@@ -264,20 +279,28 @@ int main(int argc, char** argv) {
       accs.push_back(Accumulator::open(s));
       Accumulator* acc = accs.back().get();
       std::memset(acc->table().data(), 0, acc->table().data_bytes());
-      cases.push_back({"accumulator owner, 1 caller", owners, [acc](int) { acc->zero(); },
+      cases.push_back({"accumulator owner, 1 caller",
+                       owners,
+                       [acc](int) { acc->zero(); },
                        [&, acc](int, int) {
                          for (int b = 0; b < kBatchesPerRep; ++b)
                            for (int th = 0; th < 2; ++th)
                              acc->add_batch(ids[th][b].data(), kBatch, grads.data(), grads.size());
                        },
-                       {}, 1, 2 * per_rep_rows});
+                       {},
+                       1,
+                       2 * per_rep_rows});
       if (owners == 2) {
-        cases.push_back({"accumulator owner, 2 callers", owners, [acc](int) { acc->zero(); },
+        cases.push_back({"accumulator owner, 2 callers",
+                         owners,
+                         [acc](int) { acc->zero(); },
                          [&, acc](int th, int) {
                            for (int b = 0; b < kBatchesPerRep; ++b)
                              acc->add_batch(ids[th][b].data(), kBatch, grads.data(), grads.size());
                          },
-                         {}, 2, 2 * per_rep_rows});
+                         {},
+                         2,
+                         2 * per_rep_rows});
       }
     }
     for (int rep = 0; rep < reps; ++rep)
@@ -299,8 +322,8 @@ int main(int argc, char** argv) {
         if (r.name.rfind(prefix, 0) == 0 && r.threads == std::min(threads, 2)) return r.rows_per_s;
       return 1.0;
     };
-    std::printf("\n%-8s %-40s %2s  %29s  %21s  %14s  %10s\n", "ids", "add_batch", "T",
-                "rows/s median [min..max]", "GB/s", "vs no-sync(T)", "vs seed(T)");
+    std::printf("\n%-8s %-40s %2s  %29s  %21s  %14s  %10s\n", "ids", "add_batch", "T", "rows/s median [min..max]",
+                "GB/s", "vs no-sync(T)", "vs seed(T)");
     for (const auto& r : rows)
       print_row(dist, r, find("accumulator none", r.threads), find("seed", r.threads), probe_gbs[r.threads]);
     double best_exact2 = 0;
@@ -314,8 +337,9 @@ int main(int argc, char** argv) {
         best_name = r.name;
       }
     }
-    std::printf("%-8s fastest exact mode with 2 threads: %s: %.2fx no-sync (target >= 0.9), %.2fx seed (target >= 1.8)\n",
-                dist, best_name.c_str(), best_exact2 / find("accumulator none", 2), best_exact2 / find("seed", 2));
+    std::printf(
+        "%-8s fastest exact mode with 2 threads: %s: %.2fx no-sync (target >= 0.9), %.2fx seed (target >= 1.8)\n", dist,
+        best_name.c_str(), best_exact2 / find("accumulator none", 2), best_exact2 / find("seed", 2));
   }
 
   // Two processes adding to one gradient file (tmpfs), striped against owner mode (1 owner per
@@ -470,12 +494,14 @@ int main(int argc, char** argv) {
       }
     });
     // A full pass over all rows, as the seed's apply did, for scale.
-    const double t_full = time_parallel(1, std::min(reps, 3), [](int) {}, [&](int, int) {
-      for (size_t i = 0; i < raw_n; ++i) {
-        raw_p[i] -= lr * raw_g[i];
-        raw_g[i] = 0.0f;
-      }
-    });
+    const double t_full = time_parallel(
+        1, std::min(reps, 3), [](int) {},
+        [&](int, int) {
+          for (size_t i = 0; i < raw_n; ++i) {
+            raw_p[i] -= lr * raw_g[i];
+            raw_g[i] = 0.0f;
+          }
+        });
     std::printf("\napply, %zu touched rows of %lld x %lld:\n", kTouched, static_cast<long long>(kRows),
                 static_cast<long long>(kDim));
     std::printf("  plain pass over the touched rows (p -= lr*g; g = 0) %8.2f ms\n", t_plain * 1e3);

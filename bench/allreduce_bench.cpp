@@ -277,28 +277,27 @@ Row run(int n, size_t m, int reps) {
   // ---- ours: the thread transport
   const std::string name = "bench-" + std::to_string(n) + "-" + std::to_string(m);
   std::vector<std::unique_ptr<gradsync::comm::Communicator>> comms(static_cast<size_t>(n));
-  Method ours{
-      [&](int r) {
-        alloc(r);
-        gradsync::comm::Options o;
-        o.name = name;
-        o.rank = r;
-        o.size = n;
-        o.timeout = std::chrono::milliseconds(120000);
-        comms[static_cast<size_t>(r)] = gradsync::comm::create(o);
-      },
-      [&](int r, int iters) {
-        float* p = bufs[static_cast<size_t>(r)]->data;
-        const gradsync::comm::BufferRef b{p, p, m};
-        for (int i = 0; i < iters; ++i) {
-          comms[static_cast<size_t>(r)]->allreduce(std::span<const gradsync::comm::BufferRef>(&b, 1), DType::F32,
-                                                   ReduceOp::Mean);
-        }
-      },
-      [&](int r) {
-        verify(r);
-        comms[static_cast<size_t>(r)].reset();
-      }};
+  Method ours{[&](int r) {
+                alloc(r);
+                gradsync::comm::Options o;
+                o.name = name;
+                o.rank = r;
+                o.size = n;
+                o.timeout = std::chrono::milliseconds(120000);
+                comms[static_cast<size_t>(r)] = gradsync::comm::create(o);
+              },
+              [&](int r, int iters) {
+                float* p = bufs[static_cast<size_t>(r)]->data;
+                const gradsync::comm::BufferRef b{p, p, m};
+                for (int i = 0; i < iters; ++i) {
+                  comms[static_cast<size_t>(r)]->allreduce(std::span<const gradsync::comm::BufferRef>(&b, 1),
+                                                           DType::F32, ReduceOp::Mean);
+                }
+              },
+              [&](int r) {
+                verify(r);
+                comms[static_cast<size_t>(r)].reset();
+              }};
 
   // ---- ref: the reference design, two barriers per round; spin: the same with barriers that never
   // sleep (information)
@@ -320,18 +319,15 @@ Row run(int n, size_t m, int reps) {
   const bool may_spin = static_cast<unsigned>(n) <= std::thread::hardware_concurrency();
 
   // ---- stream: the same kernel with one barrier per call (information, not a bound)
-  Method stream{
-      [&](int r) { alloc(r); },
-      [&](int r, int iters) {
-        for (int i = 0; i < iters; ++i) {
-          spin.wait();
-          owner_slice(bufs, n, r, m);
-        }
-        spin.wait();
-      },
-      [&](int r) {
-        verify(r);
-      }};
+  Method stream{[&](int r) { alloc(r); },
+                [&](int r, int iters) {
+                  for (int i = 0; i < iters; ++i) {
+                    spin.wait();
+                    owner_slice(bufs, n, r, m);
+                  }
+                  spin.wait();
+                },
+                [&](int r) { verify(r); }};
 
   // ---- naive: the seed's design
   struct Naive {
@@ -342,36 +338,33 @@ Row run(int n, size_t m, int reps) {
     uint64_t generation = 0;
   } naive_state;
   naive_state.acc.assign(m, 0.0f);
-  Method naive{
-      [&](int r) { alloc(r); },
-      [&](int r, int iters) {
-        float* p = bufs[static_cast<size_t>(r)]->data;
-        Naive& s = naive_state;
-        for (int i = 0; i < iters; ++i) {
-          std::unique_lock lock(s.mutex);
-          // A previous round's stragglers must have copied out before the accumulator is reused.
-          s.cv.wait(lock, [&] { return s.copied == 0; });
-          for (size_t j = 0; j < m; ++j) s.acc[j] += p[j];
-          const uint64_t gen = s.generation;
-          if (++s.arrived == n) {
-            for (size_t j = 0; j < m; ++j) s.acc[j] /= static_cast<float>(n);
-            s.arrived = 0;
-            ++s.generation;
-            s.cv.notify_all();
-          } else {
-            s.cv.wait(lock, [&] { return s.generation != gen; });
-          }
-          std::memcpy(p, s.acc.data(), m * sizeof(float));
-          if (++s.copied == n) {
-            std::fill(s.acc.begin(), s.acc.end(), 0.0f);
-            s.copied = 0;
-            s.cv.notify_all();
-          }
-        }
-      },
-      [&](int r) {
-        verify(r);
-      }};
+  Method naive{[&](int r) { alloc(r); },
+               [&](int r, int iters) {
+                 float* p = bufs[static_cast<size_t>(r)]->data;
+                 Naive& s = naive_state;
+                 for (int i = 0; i < iters; ++i) {
+                   std::unique_lock lock(s.mutex);
+                   // A previous round's stragglers must have copied out before the accumulator is reused.
+                   s.cv.wait(lock, [&] { return s.copied == 0; });
+                   for (size_t j = 0; j < m; ++j) s.acc[j] += p[j];
+                   const uint64_t gen = s.generation;
+                   if (++s.arrived == n) {
+                     for (size_t j = 0; j < m; ++j) s.acc[j] /= static_cast<float>(n);
+                     s.arrived = 0;
+                     ++s.generation;
+                     s.cv.notify_all();
+                   } else {
+                     s.cv.wait(lock, [&] { return s.generation != gen; });
+                   }
+                   std::memcpy(p, s.acc.data(), m * sizeof(float));
+                   if (++s.copied == n) {
+                     std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+                     s.copied = 0;
+                     s.cv.notify_all();
+                   }
+                 }
+               },
+               [&](int r) { verify(r); }};
   // The methods take turns, one timed batch each per turn, so that a change in the machine's
   // speed during the run (other tenants, memory bandwidth that moves by 2x at 16M) falls on all
   // of them alike rather than on whichever ran at that moment.
@@ -406,10 +399,12 @@ int main(int argc, char** argv) {
 #endif
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const std::vector<size_t> sizes = quick ? std::vector<size_t>{1, 1 << 10, 1 << 16}
-                                          : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
-  std::printf("allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware threads\n", kReps,
-              std::thread::hardware_concurrency());
+  const std::vector<size_t> sizes =
+      quick ? std::vector<size_t>{1, 1 << 10, 1 << 16} : std::vector<size_t>{1, 1 << 10, 1 << 16, 1 << 20, 1 << 24};
+  std::printf(
+      "allreduce among threads, f32 mean in place; us = median of %d batches, the methods taking turns; %u hardware "
+      "threads\n",
+      kReps, std::thread::hardware_concurrency());
   std::printf("%2s %5s | %10s %8s | %10s %8s | %10s %10s %10s | %8s %9s %8s | %10s %8s\n", "N", "M", "ours us", "busbw",
               "ref us", "busbw", "spin us", "stream us", "naive us", "ref/ours", "spin/ours", "x naive", "mpi us",
               "mpi/ours");

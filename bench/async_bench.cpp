@@ -52,7 +52,8 @@ std::vector<double> measure(const Api& api, const char* name, Body&& body) {
       const auto t0 = std::chrono::steady_clock::now();
       body(r, comms[r], n);
       sync.arrive_and_wait();
-      if (r == 0) per.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n);
+      if (r == 0)
+        per.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n);
     }
     sync.arrive_and_wait();
     api.free(comms[r]);
@@ -73,12 +74,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "async_bench: %s\n", dlerror());
     return 1;
   }
-  Api api{sym<decltype(Api::create)>(lib, "gradsync_comm_create"), sym<decltype(Api::free)>(lib, "gradsync_comm_free"),
+  Api api{sym<decltype(Api::create)>(lib, "gradsync_comm_create"),
+          sym<decltype(Api::free)>(lib, "gradsync_comm_free"),
           sym<decltype(Api::allreduce)>(lib, "gradsync_comm_allreduce"),
           sym<decltype(Api::iallreduce)>(lib, "gradsync_comm_iallreduce"),
           sym<decltype(Api::wait)>(lib, "gradsync_request_wait"),
           sym<decltype(Api::request_free)>(lib, "gradsync_request_free")};
-  std::printf("%s\nC API, thread group of 2, allreduce of 1 f32 (sum); us per call, min / median / max of 7 batches\n", path);
+  std::printf("%s\nC API, thread group of 2, allreduce of 1 f32 (sum); us per call, min / median / max of 7 batches\n",
+              path);
   auto row = [](const char* what, const std::vector<double>& t, double base) {
     std::printf("%-34s | %7.3f %7.3f %7.3f | %6.2fx blocking\n", what, t[0], t[1], t[2], t[1] / base);
   };

@@ -39,8 +39,7 @@ struct Method {
 };
 
 // Runs `reps` adds on each of `threads` threads (main thread included) and returns seconds.
-double timed_round(AddFn fn, float* dst, const std::vector<std::vector<float>>& srcs, size_t n, int threads,
-                   int reps) {
+double timed_round(AddFn fn, float* dst, const std::vector<std::vector<float>>& srcs, size_t n, int threads, int reps) {
   std::barrier sync(threads);
   Clock::time_point start, stop;
   auto body = [&](int t) {
@@ -74,8 +73,8 @@ int main(int argc, char** argv) {
   const size_t sizes[] = {1024, 64 * 1024, 16 * 1024 * 1024};
   const unsigned hw = std::thread::hardware_concurrency();
   std::printf("atomic float add into one shared array; medians of 7 rounds; %u hardware threads\n", hw);
-  std::printf("%-9s %-3s %-16s %11s %9s %13s %s\n", "floats", "thr", "method", "ns/elem/thr", "GB/s",
-              "racy/method", "check");
+  std::printf("%-9s %-3s %-16s %11s %9s %13s %s\n", "floats", "thr", "method", "ns/elem/thr", "GB/s", "racy/method",
+              "check");
   for (size_t n : sizes) {
     if (n > max_n) continue;
     for (int threads : {1, 2}) {

@@ -163,9 +163,10 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const size_t n = quick ? (size_t{1} << 20) : (size_t{1} << 24);
   const int warmup = 1, steps = quick ? 3 : 5, rounds = quick ? 2 : 3, codec_runs = quick ? 5 : 21;
-  std::printf("shard_bench: %zu parameters (%.0f MB of f32), %d ranks (threads), Adam; medians of %d steps "
-              "(%d rounds of %d, modes interleaved)\n",
-              n, static_cast<double>(n) * 4 / 1e6, kRanks, steps * rounds, rounds, steps);
+  std::printf(
+      "shard_bench: %zu parameters (%.0f MB of f32), %d ranks (threads), Adam; medians of %d steps "
+      "(%d rounds of %d, modes interleaved)\n",
+      n, static_cast<double>(n) * 4 / 1e6, kRanks, steps * rounds, rounds, steps);
   std::printf("hardware threads %u, F16C in the codec: %s\n\n", std::thread::hardware_concurrency(),
               gradsync::codec::fp16_uses_f16c() ? "yes" : "no (scalar path)");
 

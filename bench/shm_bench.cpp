@@ -378,8 +378,8 @@ int matrix(const char* self) {
         std::map<size_t, double> mpi, copy, zero, staged, unused, threads;
         // Open MPI binds 2 ranks to cores by default; unpinned means unbound here, as for the library.
         const std::string flags = pin ? "--map-by core --bind-to core:overload-allowed" : "--bind-to none";
-        const bool have_mpi =
-            bench::raw_mpi(self, n, std::string("matrix ") + (in_place ? "in" : "out"), kMatrixSizes.size(), mpi, flags);
+        const bool have_mpi = bench::raw_mpi(self, n, std::string("matrix ") + (in_place ? "in" : "out"),
+                                             kMatrixSizes.size(), mpi, flags);
         if (!matrix_shm(cfg, false, copy, zero) || !matrix_shm(cfg, true, staged, unused)) {
           std::fprintf(stderr, "shm_bench: the shared-memory run failed\n");
           return 1;
@@ -389,7 +389,8 @@ int matrix(const char* self) {
           const double raw = have_mpi ? mpi[m] : NAN;
           const double thr = have_threads ? threads[m] : NAN;
           char key[64];
-          std::snprintf(key, sizeof key, "%d %s %s %s", n, in_place ? "in" : "out", pin ? "pin" : "free", label(m).c_str());
+          std::snprintf(key, sizeof key, "%d %s %s %s", n, in_place ? "in" : "out", pin ? "pin" : "free",
+                        label(m).c_str());
           std::printf("%-16s | %9.2f %9.2f %9.2f %9.2f %9.2f | %6.2f %6.2f %6.2f %6.2f | %6.0f\n", key, raw, copy[m],
                       staged[m], zero[m], thr, raw / copy[m], raw / staged[m], raw / zero[m], raw / thr, xcore);
         }
@@ -399,7 +400,6 @@ int matrix(const char* self) {
   }
   return 0;
 }
-
 
 }  // namespace
 

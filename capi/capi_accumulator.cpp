@@ -37,13 +37,14 @@ acc::AccumSpec parse_options(const char* path, const gradsync_accum_options* use
     GS_REQUIRE(path != nullptr, GRADSYNC_E_INVALID_ARG, "path is NULL");
     spec.path = path;
   }
-  GS_REQUIRE(o.concurrency == GRADSYNC_UNSET_I32 || (o.concurrency >= GRADSYNC_ACCUM_STRIPED &&
-                                                     o.concurrency <= GRADSYNC_ACCUM_OWNER),
+  GS_REQUIRE(o.concurrency == GRADSYNC_UNSET_I32 ||
+                 (o.concurrency >= GRADSYNC_ACCUM_STRIPED && o.concurrency <= GRADSYNC_ACCUM_OWNER),
              GRADSYNC_E_INVALID_ARG, "unknown concurrency mode {}", o.concurrency);
   spec.concurrency = o.concurrency == GRADSYNC_UNSET_I32 ? -1 : o.concurrency;
   GS_REQUIRE(o.rows == GRADSYNC_UNSET_I64 || o.rows >= 1, GRADSYNC_E_INVALID_ARG, "rows must be at least 1, got {}",
              o.rows);
-  GS_REQUIRE(o.dim == GRADSYNC_UNSET_I64 || o.dim >= 1, GRADSYNC_E_INVALID_ARG, "dim must be at least 1, got {}", o.dim);
+  GS_REQUIRE(o.dim == GRADSYNC_UNSET_I64 || o.dim >= 1, GRADSYNC_E_INVALID_ARG, "dim must be at least 1, got {}",
+             o.dim);
   GS_REQUIRE(o.rows_per_lock == GRADSYNC_UNSET_I64 || o.rows_per_lock >= 1, GRADSYNC_E_INVALID_ARG,
              "rows_per_lock must be at least 1, got {}", o.rows_per_lock);
   spec.rows = o.rows == GRADSYNC_UNSET_I64 ? -1 : o.rows;
@@ -108,7 +109,8 @@ GRADSYNC_API int gradsync_accum_shape(const gradsync_accum* accum, int64_t* rows
   });
 }
 
-GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum* accum, int32_t* concurrency, int64_t* rows_per_lock) {
+GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum* accum, int32_t* concurrency,
+                                                int64_t* rows_per_lock) {
   return guard(__func__, [&] {
     auto* a = mut(accum);
     if (concurrency != nullptr) *concurrency = static_cast<int32_t>(a->impl->concurrency());

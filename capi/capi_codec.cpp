@@ -35,8 +35,8 @@ GRADSYNC_API int gradsync_codec_encode(int32_t codec, const float* src, size_t c
     const Codec c = gradsync::codec::to_codec(codec, false);
     require_buffer(src, count, "source");
     require_buffer(dst, dst_capacity, "destination");
-    GS_REQUIRE(count <= dst_capacity, GRADSYNC_E_BUFS, "encoding {} elements needs {} in the destination, capacity is {}",
-               count, count, dst_capacity);
+    GS_REQUIRE(count <= dst_capacity, GRADSYNC_E_BUFS,
+               "encoding {} elements needs {} in the destination, capacity is {}", count, count, dst_capacity);
     gradsync::codec::encode(c, src, count, static_cast<uint16_t*>(dst));
   });
 }
@@ -63,8 +63,8 @@ GRADSYNC_API int gradsync_codec_add(int32_t codec, void* dst, size_t dst_count, 
   });
 }
 
-GRADSYNC_API int gradsync_codec_accumulate(int32_t codec, float* dst, size_t dst_count, size_t offset,
-                                           const void* src, size_t count) {
+GRADSYNC_API int gradsync_codec_accumulate(int32_t codec, float* dst, size_t dst_count, size_t offset, const void* src,
+                                           size_t count) {
   return guard(__func__, [&] {
     const Codec c = gradsync::codec::to_codec(codec, false);
     require_buffer(dst, dst_count, "destination");

@@ -114,9 +114,10 @@ bool CommLink::close() noexcept {
   }
   if (held_by_this_thread()) {
     impl_->abort();
-    GS_LOG_ERROR("gradsync_comm_free: {} was freed from inside a call on it on the same thread (a log callback "
-                 "must not call back into gradsync): that call is aborted and the communicator is not released",
-                 description_);
+    GS_LOG_ERROR(
+        "gradsync_comm_free: {} was freed from inside a call on it on the same thread (a log callback "
+        "must not call back into gradsync): that call is aborted and the communicator is not released",
+        description_);
     return false;
   }
   // A call that took the in-call bit before the closed bit is seen here; none can take it after.
@@ -168,9 +169,7 @@ bool CommLink::acquire() noexcept {
   return false;
 }
 
-void CommLink::release() noexcept {
-  state_.fetch_sub(kUser, std::memory_order_release);
-}
+void CommLink::release() noexcept { state_.fetch_sub(kUser, std::memory_order_release); }
 
 void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
                             const std::function<void()>& body) {
@@ -282,18 +281,17 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
     GS_REQUIRE(o.size != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG, "size is not set");
     GS_REQUIRE(o.size >= 1, GRADSYNC_E_INVALID_ARG, "size must be at least 1, got {}", o.size);
     GS_REQUIRE(o.rank != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG, "rank is not set");
-    GS_REQUIRE(o.rank >= 0 && o.rank < o.size, GRADSYNC_E_OUT_OF_RANGE, "rank {} out of range [0, {})", o.rank,
-               o.size);
+    GS_REQUIRE(o.rank >= 0 && o.rank < o.size, GRADSYNC_E_OUT_OF_RANGE, "rank {} out of range [0, {})", o.rank, o.size);
     const size_t name_len = strnlen(o.name, GRADSYNC_COMM_NAME_MAX);
-    GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG, "group name is not NUL-terminated within {} bytes",
-               GRADSYNC_COMM_NAME_MAX);
+    GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
+               "group name is not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len > 0, GRADSYNC_E_INVALID_ARG, "group name is empty");
     out.name.assign(o.name, name_len);
     out.rank = o.rank;
     out.size = o.size;
   }
-  out.deterministic = o.deterministic == GRADSYNC_UNSET_I32 ? out.transport != gradsync::comm::Transport::Mpi
-                                                            : o.deterministic != 0;
+  out.deterministic =
+      o.deterministic == GRADSYNC_UNSET_I32 ? out.transport != gradsync::comm::Transport::Mpi : o.deterministic != 0;
   out.topology_independent = o.topology_independent != 0;
   out.check_mismatch = o.check_mismatch == GRADSYNC_UNSET_I32 ? true : o.check_mismatch != 0;
   if (o.timeout_ms != GRADSYNC_UNSET_I64) {
@@ -429,19 +427,19 @@ GRADSYNC_API int gradsync_comm_split(gradsync_comm* comm, int32_t color, int32_t
   });
 }
 
-GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed,
-                                      size_t failed_capacity, gradsync_shrink_result* result) {
+GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed, size_t failed_capacity,
+                                      gradsync_shrink_result* result) {
   if (out != nullptr) *out = nullptr;
   return guard(__func__, [&] {
     GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "out-parameter is NULL");
     const std::shared_ptr<CommLink>& link = check(comm)->link;
     GS_REQUIRE(failed == nullptr || failed_capacity >= static_cast<size_t>(link->size()), GRADSYNC_E_INVALID_ARG,
-               "failed holds {} entries; the group has {} ranks, so as many may be out", failed_capacity,
-               link->size());
+               "failed holds {} entries; the group has {} ranks, so as many may be out", failed_capacity, link->size());
     if (result != nullptr) {
-      GS_REQUIRE(result->struct_size >= sizeof(gradsync_shrink_result) && result->version >= 1,
-                 GRADSYNC_E_INVALID_ARG, "result: struct_size {} / version {}: set them to sizeof(gradsync_shrink_result) "
-                 "and GRADSYNC_SHRINK_RESULT_VERSION", result->struct_size, result->version);
+      GS_REQUIRE(result->struct_size >= sizeof(gradsync_shrink_result) && result->version >= 1, GRADSYNC_E_INVALID_ARG,
+                 "result: struct_size {} / version {}: set them to sizeof(gradsync_shrink_result) "
+                 "and GRADSYNC_SHRINK_RESULT_VERSION",
+                 result->struct_size, result->version);
     }
     gradsync::comm::ShrinkResult shrunk;
     CommLink::run_in_order(link, __func__, [&] { shrunk = link->communicator().shrink(); });
@@ -660,7 +658,8 @@ Op reduce_scatter_op(const void* send, void* recv, RankParts p, int32_t dtype, i
   // in place: recv at this rank's offset in send
   const void* own = send == nullptr ? nullptr : static_cast<const char*>(send) + p.mine.start * gradsync::dtype_size(t);
   require_disjoint(recv, p.mine.len, "recv", send, p.total, "send", t, own);
-  return [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o, std::nullopt); };
+  return
+      [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o, std::nullopt); };
 }
 
 // An exchange's buffers: send (send_extent elements) and recv (recv_extent) must not overlap.
@@ -775,7 +774,8 @@ Op reduce_op(const CommLink& link, const void* send, void* recv, size_t count, i
 // A completed request's status, and its message recorded as the failure of the call that started it.
 int request_outcome(const gradsync_request* r) noexcept {
   const int status = r->done->status();
-  return status == GRADSYNC_OK ? status : gradsync::capi::set_last_error(status, r->function, r->done->message().c_str());
+  return status == GRADSYNC_OK ? status
+                               : gradsync::capi::set_last_error(status, r->function, r->done->message().c_str());
 }
 
 auto barrier_op() {
@@ -786,8 +786,8 @@ auto barrier_op() {
 
 extern "C" {
 
-GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, void* recv, size_t count,
-                                         int32_t dtype, int32_t op) {
+GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                         int32_t op) {
   return run(__func__, comm, [&](const CommLink&) { return allreduce_op(send, recv, count, dtype, op); });
 }
 
@@ -903,52 +903,78 @@ GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm* comm, const void* send, 
                [&](const CommLink& l) { return alltoall_op(l, send, recv, total_count, dtype); });
 }
 
-GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts, const size_t* send_displs, void* recv, const size_t* recv_counts, const size_t* recv_displs, int32_t dtype) {
-  return run(__func__, comm, [&](const CommLink& l) { return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype); });
+GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts,
+                                         const size_t* send_displs, void* recv, const size_t* recv_counts,
+                                         const size_t* recv_displs, int32_t dtype) {
+  return run(__func__, comm, [&](const CommLink& l) {
+    return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
+  });
 }
 
-GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts, const size_t* send_displs, void* recv, const size_t* recv_counts, const size_t* recv_displs, int32_t dtype, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype); });
+GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts,
+                                          const size_t* send_displs, void* recv, const size_t* recv_counts,
+                                          const size_t* recv_displs, int32_t dtype, gradsync_request** request) {
+  return start(__func__, comm, request, [&](const CommLink& l) {
+    return alltoallv_op(l, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
+  });
 }
 
-GRADSYNC_API int gradsync_comm_reduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, int32_t root) {
+GRADSYNC_API int gradsync_comm_reduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                      int32_t op, int32_t root) {
   return run(__func__, comm, [&](const CommLink& l) { return reduce_op(l, send, recv, count, dtype, op, root); });
 }
 
-GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, int32_t root, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return reduce_op(l, send, recv, count, dtype, op, root); });
+GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                       int32_t op, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return reduce_op(l, send, recv, count, dtype, op, root); });
 }
 
-GRADSYNC_API int gradsync_comm_gather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+GRADSYNC_API int gradsync_comm_gather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                      int32_t root) {
   return run(__func__, comm, [&](const CommLink& l) { return gather_op(l, send, recv, count, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_igather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return gather_op(l, send, recv, count, dtype, root); });
+GRADSYNC_API int gradsync_comm_igather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                       int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return gather_op(l, send, recv, count, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv, const size_t* recv_counts, int32_t dtype, int32_t root) {
-  return run(__func__, comm, [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
+GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv,
+                                       const size_t* recv_counts, int32_t dtype, int32_t root) {
+  return run(__func__, comm,
+             [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv, const size_t* recv_counts, int32_t dtype, int32_t root, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
+GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv,
+                                        const size_t* recv_counts, int32_t dtype, int32_t root,
+                                        gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return gatherv_op(l, send, send_count, recv, recv_counts, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_scatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root) {
+GRADSYNC_API int gradsync_comm_scatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                       int32_t root) {
   return run(__func__, comm, [&](const CommLink& l) { return scatter_op(l, send, recv, count, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return scatter_op(l, send, recv, count, dtype, root); });
+GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                        int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return scatter_op(l, send, recv, count, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv, size_t recv_count, int32_t dtype, int32_t root) {
-  return run(__func__, comm, [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
+GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv,
+                                        size_t recv_count, int32_t dtype, int32_t root) {
+  return run(__func__, comm,
+             [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
 }
 
-GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv, size_t recv_count, int32_t dtype, int32_t root, gradsync_request** request) {
-  return start(__func__, comm, request, [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
+GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv,
+                                         size_t recv_count, int32_t dtype, int32_t root, gradsync_request** request) {
+  return start(__func__, comm, request,
+               [&](const CommLink& l) { return scatterv_op(l, send, send_counts, recv, recv_count, dtype, root); });
 }
 
 GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm) {
@@ -1006,13 +1032,13 @@ GRADSYNC_API void gradsync_request_free(gradsync_request* request) {
 }
 
 static_assert(GRADSYNC_COLLECTIVE_SLOTS == gradsync::comm::kCollectiveSlots &&
-              GRADSYNC_COLLECTIVE_ALLREDUCE == static_cast<int>(gradsync::comm::Collective::Allreduce) &&
-              GRADSYNC_COLLECTIVE_BROADCAST == static_cast<int>(gradsync::comm::Collective::Broadcast) &&
-              GRADSYNC_COLLECTIVE_ALLGATHER == static_cast<int>(gradsync::comm::Collective::Allgather) &&
-              GRADSYNC_COLLECTIVE_REDUCE_SCATTER == static_cast<int>(gradsync::comm::Collective::ReduceScatter) &&
-              GRADSYNC_COLLECTIVE_BARRIER == static_cast<int>(gradsync::comm::Collective::Barrier) &&
-              GRADSYNC_COLLECTIVE_WEIGHTED_MEAN == static_cast<int>(gradsync::comm::Collective::WeightedMean) &&
-              GRADSYNC_COLLECTIVE_ALLTOALL == static_cast<int>(gradsync::comm::Collective::Alltoall),
+                  GRADSYNC_COLLECTIVE_ALLREDUCE == static_cast<int>(gradsync::comm::Collective::Allreduce) &&
+                  GRADSYNC_COLLECTIVE_BROADCAST == static_cast<int>(gradsync::comm::Collective::Broadcast) &&
+                  GRADSYNC_COLLECTIVE_ALLGATHER == static_cast<int>(gradsync::comm::Collective::Allgather) &&
+                  GRADSYNC_COLLECTIVE_REDUCE_SCATTER == static_cast<int>(gradsync::comm::Collective::ReduceScatter) &&
+                  GRADSYNC_COLLECTIVE_BARRIER == static_cast<int>(gradsync::comm::Collective::Barrier) &&
+                  GRADSYNC_COLLECTIVE_WEIGHTED_MEAN == static_cast<int>(gradsync::comm::Collective::WeightedMean) &&
+                  GRADSYNC_COLLECTIVE_ALLTOALL == static_cast<int>(gradsync::comm::Collective::Alltoall),
               "gradsync_collective indexes the statistics by the internal Collective values");
 
 GRADSYNC_API int gradsync_comm_stats(const gradsync_comm* comm, gradsync_comm_statistics* stats,
@@ -1025,7 +1051,8 @@ GRADSYNC_API int gradsync_comm_stats(const gradsync_comm* comm, gradsync_comm_st
     GS_REQUIRE(size >= sizeof(gradsync_comm_statistics) && size <= gradsync::capi::kMaxOptionsStructSize,
                GRADSYNC_E_INVALID_ARG,
                "stats.struct_size {} is not the size of any version of the struct (accepted: {} to {}); not "
-               "initialised?", size, sizeof(gradsync_comm_statistics), gradsync::capi::kMaxOptionsStructSize);
+               "initialised?",
+               size, sizeof(gradsync_comm_statistics), gradsync::capi::kMaxOptionsStructSize);
     const gradsync::comm::StatsSnapshot snap = link.communicator().telemetry().stats();
     gradsync_comm_statistics out{};
     out.struct_size = static_cast<uint32_t>(size);

@@ -43,8 +43,7 @@ gradsync_embedding_options default_options() {
 
 gradsync::embedding::Options parse_options(const gradsync_embedding_options* user, const char* dir) {
   GS_REQUIRE(user != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL (rows and dim are required)");
-  const gradsync_embedding_options o =
-      gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
+  const gradsync_embedding_options o = gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
   gradsync::embedding::Options out;
   out.rows = o.rows;
   out.dim = o.dim;
@@ -54,7 +53,8 @@ gradsync::embedding::Options parse_options(const gradsync_embedding_options* use
   GS_REQUIRE(o.optimizer == GRADSYNC_OPTIM_SGD || o.optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_INVALID_ARG,
              "optimizer {}: an embedding table takes SGD (0) or ROW_ADAGRAD (1)", o.optimizer);
   out.optimizer = static_cast<gradsync::accumulator::OptimizerKind>(o.optimizer);
-  GS_REQUIRE(gradsync::optim::finite_in_float(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", o.lr);
+  GS_REQUIRE(gradsync::optim::finite_in_float(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}",
+             o.lr);
   GS_REQUIRE(gradsync::optim::finite_in_float(o.eps), GRADSYNC_E_INVALID_ARG, "eps must be finite, got {}", o.eps);
   out.lr = static_cast<float>(o.lr);
   out.eps = static_cast<float>(o.eps);
@@ -135,14 +135,12 @@ GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding* table, double lr)
 
 GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding* table, const int64_t* ids, size_t n, float* out,
                                            size_t count) {
-  return with_comm(__func__, table,
-                   [&](gradsync::embedding::ShardedTable& t) { t.lookup(ids, n, out, count); });
+  return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.lookup(ids, n, out, count); });
 }
 
 GRADSYNC_API int gradsync_embedding_push(gradsync_embedding* table, const int64_t* ids, size_t n, const float* grads,
                                          size_t count) {
-  return with_comm(__func__, table,
-                   [&](gradsync::embedding::ShardedTable& t) { t.push(ids, n, grads, count); });
+  return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.push(ids, n, grads, count); });
 }
 
 GRADSYNC_API int gradsync_embedding_save(gradsync_embedding* table, const char* dir) {

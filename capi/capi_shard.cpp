@@ -48,9 +48,9 @@ gradsync_shard_options default_options() {
 }
 
 gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
-  const gradsync_shard_options o = user == nullptr ? default_options()
-                                                  : gradsync::capi::read_options(user, default_options(),
-                                                                                 kOptionsV1Size, "options");
+  const gradsync_shard_options o =
+      user == nullptr ? default_options()
+                      : gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
   gradsync::shard::Options out;
   // Version 1 had its own numbering, where 1 was momentum; since version 2 the field holds the
   // library's one optimizer enum.
@@ -67,8 +67,8 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
     default: out.optimizer = gradsync::shard::Optimizer::AdamW; break;
   }
   out.compress = gradsync::codec::to_codec(o.compress, true);
-  GS_REQUIRE(o.error_feedback == 0 || o.error_feedback == 1, GRADSYNC_E_INVALID_ARG, "error_feedback must be 0 or 1, got {}",
-             o.error_feedback);
+  GS_REQUIRE(o.error_feedback == 0 || o.error_feedback == 1, GRADSYNC_E_INVALID_ARG,
+             "error_feedback must be 0 or 1, got {}", o.error_feedback);
   GS_REQUIRE(o.clamp == 0 || o.clamp == 1, GRADSYNC_E_INVALID_ARG, "clamp must be 0 or 1, got {}", o.clamp);
   out.error_feedback = o.error_feedback == 1;
   out.clamp = o.clamp == 1;

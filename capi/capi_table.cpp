@@ -22,9 +22,9 @@ gradsync_table_options default_options() {
 }
 
 tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user) {
-  const gradsync_table_options o = user == nullptr ? default_options()
-                                                  : gradsync::capi::read_options(user, default_options(),
-                                                                                 kOptionsV1Size, "options");
+  const gradsync_table_options o =
+      user == nullptr ? default_options()
+                      : gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
   tbl::OpenSpec spec;
   GS_REQUIRE(o.mode >= GRADSYNC_TABLE_CREATE && o.mode <= GRADSYNC_TABLE_ANONYMOUS, GRADSYNC_E_INVALID_ARG,
              "unknown table mode {}", o.mode);
@@ -42,7 +42,8 @@ tbl::OpenSpec parse_options(const char* path, const gradsync_table_options* user
   spec.dim = o.dim == GRADSYNC_UNSET_I64 ? -1 : o.dim;
   GS_REQUIRE(o.rows == GRADSYNC_UNSET_I64 || o.rows >= 1, GRADSYNC_E_INVALID_ARG, "rows must be at least 1, got {}",
              o.rows);
-  GS_REQUIRE(o.dim == GRADSYNC_UNSET_I64 || o.dim >= 1, GRADSYNC_E_INVALID_ARG, "dim must be at least 1, got {}", o.dim);
+  GS_REQUIRE(o.dim == GRADSYNC_UNSET_I64 || o.dim >= 1, GRADSYNC_E_INVALID_ARG, "dim must be at least 1, got {}",
+             o.dim);
   GS_REQUIRE(o.dtype == GRADSYNC_F32, GRADSYNC_E_UNSUPPORTED, "tables hold f32 only, asked for dtype {}", o.dtype);
   GS_REQUIRE(o.init == GRADSYNC_TABLE_INIT_ZEROS || o.init == GRADSYNC_TABLE_INIT_UNIFORM, GRADSYNC_E_INVALID_ARG,
              "unknown init {}", o.init);
@@ -79,7 +80,8 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options* opts, size_
 }
 
 GRADSYNC_API int gradsync_table_open(gradsync_table** out, const char* path, const gradsync_table_options* opts) {
-  return gradsync::capi::create(__func__, out, [&] { return new gradsync_table(tbl::Table::open(parse_options(path, opts))); });
+  return gradsync::capi::create(__func__, out,
+                                [&] { return new gradsync_table(tbl::Table::open(parse_options(path, opts))); });
 }
 
 GRADSYNC_API void gradsync_table_free(gradsync_table* table) { gradsync::capi::destroy(table); }

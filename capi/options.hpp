@@ -31,8 +31,8 @@ inline std::string accepted_sizes(size_t v1_size, size_t known_size, uint32_t kn
   const std::string own = v1_size == known_size
                               ? fmt::format("{} (version 1)", v1_size)
                               : fmt::format("{} (version 1) to {} (version {})", v1_size, known_size, known);
-  return fmt::format("{}, or up to {} from a newer header whose fields past byte {} are 0", own,
-                     kMaxOptionsStructSize, known_size);
+  return fmt::format("{}, or up to {} from a newer header whose fields past byte {} are 0", own, kMaxOptionsStructSize,
+                     known_size);
 }
 }  // namespace options_detail
 

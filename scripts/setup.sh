@@ -12,6 +12,8 @@ packages=(
   iproute2 util-linux mount hostname
   python3 python3-numpy python3-pytest python3-sklearn python3-networkx python3-matplotlib
   clang-14 libclang-rt-14-dev
+  # scripts/ci.d/05-format.sh: the sources follow .clang-format
+  clang-format
   spin
   # pip install . needs no setuptools: the build backend is in the tree (scripts/pep517).
   python3-venv python3-pip

@@ -30,8 +30,10 @@ namespace {
 
 std::string human(double seconds) {
   char b[32];
-  if (seconds < 1e-3) std::snprintf(b, sizeof b, "%.1f us", seconds * 1e6);
-  else std::snprintf(b, sizeof b, "%.2f ms", seconds * 1e3);
+  if (seconds < 1e-3)
+    std::snprintf(b, sizeof b, "%.1f us", seconds * 1e6);
+  else
+    std::snprintf(b, sizeof b, "%.2f ms", seconds * 1e3);
   return b;
 }
 
@@ -62,21 +64,24 @@ int main(int argc, char** argv) {
     std::vector<float> send(n, 1.0f + static_cast<float>(rank)), recv(n);
     const int batch = n <= (1u << 10) ? 200 : n <= (1u << 16) ? 50 : n <= (1u << 20) ? 5 : 1;
     std::vector<Variant> variants;
-    variants.push_back({"raw", [&] {
-                          MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                                        MPI_COMM_WORLD);
-                        }, {}});
-    variants.push_back({"hier", [&] {
+    variants.push_back(
+        {"raw",
+         [&] { MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+         {}});
+    variants.push_back({"hier",
+                        [&] {
                           const BufferRef b{send.data(), recv.data(), n};
                           hier->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
-                        }, {}});
-    variants.push_back({"mpi", [&] {
+                        },
+                        {}});
+    variants.push_back({"mpi",
+                        [&] {
                           const BufferRef b{send.data(), recv.data(), n};
                           flat->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
-                        }, {}});
+                        },
+                        {}});
     measure(variants, reps, batch, MPI_COMM_WORLD);
-    const double raw = median(variants[0].per_call), h = median(variants[1].per_call),
-                 m = median(variants[2].per_call);
+    const double raw = median(variants[0].per_call), h = median(variants[1].per_call), m = median(variants[2].per_call);
     if (rank == 0) {
       std::printf("%10zu %12s %12s %7.2fx %12s %7.2fx\n", n, human(raw).c_str(), human(h).c_str(), raw / h,
                   human(m).c_str(), raw / m);

@@ -26,7 +26,7 @@ static uint16_t bf16_of(unsigned v) {
   return (uint16_t)(bits >> 16);
 }
 
-static int fail(gradsync_comm *c, const char *what, int status) {
+static int fail(gradsync_comm* c, const char* what, int status) {
   fprintf(stderr, "%s: status %d: %s\n", what, status, gradsync_last_error_message());
   gradsync_comm_free(c);
   return 1;
@@ -35,7 +35,7 @@ static int fail(gradsync_comm *c, const char *what, int status) {
 int main(void) {
   const size_t total = ((size_t)1 << 31) + 3;
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *c = NULL;
+  gradsync_comm* c = NULL;
   int32_t rank = 0, size = 1;
   uint64_t start = 0, len = 0, wrong = 0;
   uint16_t *buf, *part;
@@ -90,7 +90,7 @@ int main(void) {
   if (rank == 0) printf("broadcast      %zu bf16 elements: %.2f s\n", total, t);
 
   /* gatherv to rank 0, each rank its partition's part, then scatterv of the same parts back */
-  size_t *counts = malloc((size_t)size * sizeof *counts);
+  size_t* counts = malloc((size_t)size * sizeof *counts);
   if (counts == NULL) return fail(c, "malloc", GRADSYNC_E_NOMEM);
   for (int32_t r = 0; r < size; ++r) {
     uint64_t s, l;
@@ -108,7 +108,8 @@ int main(void) {
       gradsync_partition(total, (uint32_t)size, (uint32_t)r, &s, &l);
       for (i = s; i < s + l; ++i) wrong += buf[i] != bf16_of((unsigned)(i % 59 + (size_t)r));
     }
-    printf("gatherv        %zu bf16 elements to rank 0: %.2f s, %llu wrong so far\n", total, t, (unsigned long long)wrong);
+    printf("gatherv        %zu bf16 elements to rank 0: %.2f s, %llu wrong so far\n", total, t,
+           (unsigned long long)wrong);
     for (i = 0; i < total; ++i) buf[i] = bf16_of((unsigned)(i % 53));
   }
   for (i = 0; i < len; ++i) part[i] = 0;
@@ -122,7 +123,7 @@ int main(void) {
   free(part);
 
   /* reduce (sum) to rank 0, then alltoall: a second buffer of the whole size */
-  uint16_t *out = malloc(total * sizeof *out);
+  uint16_t* out = malloc(total * sizeof *out);
   if (out == NULL) return fail(c, "malloc", GRADSYNC_E_NOMEM);
   for (i = 0; i < total; ++i) buf[i] = bf16_of((unsigned)(i % 61 + (size_t)rank));
   t = now();

@@ -59,9 +59,10 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     double load = 0;
     std::ifstream("/proc/loadavg") >> load;
-    std::printf("MPI transport vs raw MPI_Allreduce (f32 sum, in place), %d ranks, %d runs; per run the median of the "
-                "slowest rank's time per call; min / median / max over the runs (load average %.1f)\n\n",
-                size, runs, load);
+    std::printf(
+        "MPI transport vs raw MPI_Allreduce (f32 sum, in place), %d ranks, %d runs; per run the median of the "
+        "slowest rank's time per call; min / median / max over the runs (load average %.1f)\n\n",
+        size, runs, load);
     std::printf("| floats | raw MPI us | default us | default / raw | deterministic us | deterministic / raw |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
   }
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
       std::vector<Variant> v{
           {"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(m), MPI_FLOAT, MPI_SUM, raw); }, {}},
           {"default", [&] { plain->allreduce(std::span<const BufferRef>(&rb, 1), DType::F32, ReduceOp::Sum); }, {}},
-          {"determ", [&] { deterministic->allreduce(std::span<const BufferRef>(&rd, 1), DType::F32, ReduceOp::Sum); },
+          {"determ",
+           [&] { deterministic->allreduce(std::span<const BufferRef>(&rd, 1), DType::F32, ReduceOp::Sum); },
            {}},
       };
       measure(v, reps, batch, raw);
@@ -91,10 +93,11 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
       const Spread a1 = spread(t_raw), b1 = spread(t_def), c1 = spread(r_def), d1 = spread(t_det), e1 = spread(r_det);
-      std::printf("| %zu | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / "
-                  "%.2f / %.2f |\n",
-                  m, a1.min, a1.med, a1.max, b1.min, b1.med, b1.max, c1.min, c1.med, c1.max, d1.min, d1.med, d1.max,
-                  e1.min, e1.med, e1.max);
+      std::printf(
+          "| %zu | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.2f / "
+          "%.2f / %.2f |\n",
+          m, a1.min, a1.med, a1.max, b1.min, b1.med, b1.max, c1.min, c1.med, c1.max, d1.min, d1.med, d1.max, e1.min,
+          e1.med, e1.max);
       std::fflush(stdout);
     }
   }
@@ -106,9 +109,11 @@ int main(int argc, char** argv) {
   std::vector<BufferRef> fused_refs;
   for (size_t i = 0; i < kBuffers; ++i) fused_refs.push_back({fused_bufs[i].data(), fused_bufs[i].data(), kCount});
   std::vector<Variant> f{
-      {"256 raw", [&] {
+      {"256 raw",
+       [&] {
          for (auto& buf : raw_bufs) MPI_Allreduce(MPI_IN_PLACE, buf.data(), kCount, MPI_FLOAT, MPI_SUM, raw);
-       }, {}},
+       },
+       {}},
       {"fused", [&] { plain->allreduce(fused_refs, DType::F32, ReduceOp::Sum); }, {}},
   };
   measure(f, 21, 1, raw);

@@ -85,9 +85,10 @@ int main() {
   if (rank == 0) {
     double load = 0;
     std::ifstream("/proc/loadavg") >> load;
-    std::printf("v and rooted collectives: MPI transport vs raw MPI, %d ranks, f32, uneven parts; slowest rank's "
-                "time per call, min / median / max (load average %.1f)\n\n",
-                size, load);
+    std::printf(
+        "v and rooted collectives: MPI transport vs raw MPI, %d ranks, f32, uneven parts; slowest rank's "
+        "time per call, min / median / max (load average %.1f)\n\n",
+        size, load);
     std::printf("%-16s %9s | %-26s | %-26s | %s\n", "collective", "elements", "raw MPI us", "gradsync us",
                 "median vs raw");
   }
@@ -116,37 +117,37 @@ int main() {
                     {{[&] {
                         MPI_Allgatherv(part.data(), icounts[me], MPI_FLOAT, whole.data(), icounts.data(),
                                        idispls.data(), MPI_FLOAT, raw);
-                      }, {}},
-                     {[&] { comm->allgatherv(part2.data(), whole2.data(), counts, DType::F32); }, {}}}});
-    rows.push_back({"reduce_scatterv",
-                    {{[&] { MPI_Reduce_scatter(whole.data(), part.data(), icounts.data(), MPI_FLOAT, MPI_SUM, raw); },
+                      },
                       {}},
-                     {[&] {
-                        comm->reduce_scatterv(whole2.data(), part2.data(), counts, DType::F32, ReduceOp::Sum,
-                                              std::nullopt);
-                      }, {}}}});
+                     {[&] { comm->allgatherv(part2.data(), whole2.data(), counts, DType::F32); }, {}}}});
+    rows.push_back(
+        {"reduce_scatterv",
+         {{[&] { MPI_Reduce_scatter(whole.data(), part.data(), icounts.data(), MPI_FLOAT, MPI_SUM, raw); }, {}},
+          {[&] { comm->reduce_scatterv(whole2.data(), part2.data(), counts, DType::F32, ReduceOp::Sum, std::nullopt); },
+           {}}}});
     rows.push_back({"alltoallv",
                     {{[&] {
                         MPI_Alltoallv(a2a_send.data(), isc.data(), isd.data(), MPI_FLOAT, a2a_recv.data(), irc.data(),
                                       ird.data(), MPI_FLOAT, raw);
-                      }, {}},
+                      },
+                      {}},
                      {[&] { comm->alltoallv(a2a_send.data(), sc, sd, a2a_recv2.data(), rc, rd, DType::F32); }, {}}}});
-    rows.push_back({"gatherv (root 0)",
-                    {{[&] {
-                        MPI_Gatherv(part.data(), icounts[me], MPI_FLOAT, whole.data(), icounts.data(), idispls.data(),
-                                    MPI_FLOAT, 0, raw);
-                      }, {}},
-                     {[&] {
-                        comm->gatherv(part2.data(), mine, whole2.data(), me == 0 ? counts : none, DType::F32, 0);
-                      }, {}}}});
-    rows.push_back({"scatterv (root 0)",
-                    {{[&] {
-                        MPI_Scatterv(whole.data(), icounts.data(), idispls.data(), MPI_FLOAT, part.data(), icounts[me],
-                                     MPI_FLOAT, 0, raw);
-                      }, {}},
-                     {[&] {
-                        comm->scatterv(whole2.data(), me == 0 ? counts : none, part2.data(), mine, DType::F32, 0);
-                      }, {}}}});
+    rows.push_back(
+        {"gatherv (root 0)",
+         {{[&] {
+             MPI_Gatherv(part.data(), icounts[me], MPI_FLOAT, whole.data(), icounts.data(), idispls.data(), MPI_FLOAT,
+                         0, raw);
+           },
+           {}},
+          {[&] { comm->gatherv(part2.data(), mine, whole2.data(), me == 0 ? counts : none, DType::F32, 0); }, {}}}});
+    rows.push_back(
+        {"scatterv (root 0)",
+         {{[&] {
+             MPI_Scatterv(whole.data(), icounts.data(), idispls.data(), MPI_FLOAT, part.data(), icounts[me], MPI_FLOAT,
+                          0, raw);
+           },
+           {}},
+          {[&] { comm->scatterv(whole2.data(), me == 0 ? counts : none, part2.data(), mine, DType::F32, 0); }, {}}}});
     const int reps = m >= (size_t{16} << 20) ? 15 : 201;
     for (Row& row : rows) {
       measure(row.v, reps, raw);

@@ -51,8 +51,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gradsync/export.h"
 #include "gradsync/common.h"
+#include "gradsync/export.h"
 #include "gradsync/table.h"
 
 GRADSYNC_BEGIN_DECL
@@ -71,18 +71,18 @@ typedef enum gradsync_accum_concurrency {
 
 /** Options of gradsync_accum_open. Fill with GRADSYNC_ACCUM_OPTIONS_INIT or gradsync_accum_options_init. */
 typedef struct gradsync_accum_options {
-  uint32_t struct_size;  /**< sizeof(gradsync_accum_options) as the caller compiled it */
-  uint32_t version;      /**< GRADSYNC_ACCUM_OPTIONS_VERSION */
-  int32_t mode;          /**< a gradsync_table_mode (CREATE, OPEN, CREATE_OR_OPEN default, ANONYMOUS) */
-  int32_t concurrency;   /**< a gradsync_accum_concurrency; UNSET = what other processes on the file
-                              use, else STRIPED */
-  int64_t rows;          /**< rows, >= 1; UNSET when opening = take the file's */
-  int64_t dim;           /**< floats per row, >= 1; UNSET when opening = take the file's */
-  int64_t rows_per_lock; /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16.
-                              OWNER: partitions = min(64, the STRIPED lock count) */
-  int64_t threads;       /**< OWNER (version 2): owners, 1..64 (the caller and threads - 1 threads of the
-                              handle); UNSET = the CPUs this process may run on, at most its cgroups' CPU
-                              quota (a container's --cpus) and at most 64. Ignored by the other modes */
+  uint32_t struct_size;      /**< sizeof(gradsync_accum_options) as the caller compiled it */
+  uint32_t version;          /**< GRADSYNC_ACCUM_OPTIONS_VERSION */
+  int32_t mode;              /**< a gradsync_table_mode (CREATE, OPEN, CREATE_OR_OPEN default, ANONYMOUS) */
+  int32_t concurrency;       /**< a gradsync_accum_concurrency; UNSET = what other processes on the file
+                                  use, else STRIPED */
+  int64_t rows;              /**< rows, >= 1; UNSET when opening = take the file's */
+  int64_t dim;               /**< floats per row, >= 1; UNSET when opening = take the file's */
+  int64_t rows_per_lock;     /**< STRIPED: rows per lock, >= 1; UNSET = what other processes use, else 16.
+                                  OWNER: partitions = min(64, the STRIPED lock count) */
+  int64_t threads;           /**< OWNER (version 2): owners, 1..64 (the caller and threads - 1 threads of the
+                                  handle); UNSET = the CPUs this process may run on, at most its cgroups' CPU
+                                  quota (a container's --cpus) and at most 64. Ignored by the other modes */
   int32_t file_mode;         /**< version 3: permission bits of a created file, exactly (umask ignored);
                                   0 (default) means 0600 (other users who share the file need more) */
   int32_t allow_other_owner; /**< version 3: 1: open a file owned by another user; default 0
@@ -90,11 +90,10 @@ typedef struct gradsync_accum_options {
   /* append only */
 } gradsync_accum_options;
 
-#define GRADSYNC_ACCUM_OPTIONS_INIT                                                                        \
-  {                                                                                                      \
-    sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN,       \
-        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, \
-        0, 0                                                                                             \
+#define GRADSYNC_ACCUM_OPTIONS_INIT                                                                                    \
+  {                                                                                                                    \
+    sizeof(gradsync_accum_options), GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN, GRADSYNC_UNSET_I32, \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, 0, 0                           \
   }
 
 /* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and
@@ -117,10 +116,10 @@ typedef struct gradsync_optimizer {
   { sizeof(gradsync_optimizer), GRADSYNC_OPTIMIZER_VERSION, GRADSYNC_OPTIM_SGD, 0, 0.01, 1e-10 }
 
 /** @brief Fill opts with defaults (FFIs). @retval GRADSYNC_E_INVALID_ARG NULL or too small. @threadsafety any */
-GRADSYNC_API int gradsync_accum_options_init(gradsync_accum_options *opts, size_t struct_size);
+GRADSYNC_API int gradsync_accum_options_init(gradsync_accum_options* opts, size_t struct_size);
 
 /** @brief Fill opt with defaults (FFIs). @retval GRADSYNC_E_INVALID_ARG NULL or too small. @threadsafety any */
-GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer *opt, size_t struct_size);
+GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer* opt, size_t struct_size);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -132,19 +131,21 @@ GRADSYNC_API int gradsync_optimizer_init(gradsync_optimizer *opt, size_t struct_
  * @param[in] opts options; NULL means defaults (rows and dim then come from an existing file)
  * @retval GRADSYNC_E_MISMATCH another shape, a plain table's file, or another concurrency mode than
  *         the processes that have the file open
- * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_TIMEOUT as for tables
+ * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION,
+ * GRADSYNC_E_TIMEOUT as for tables
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_open(gradsync_accum **out, const char *path, const gradsync_accum_options *opts);
+GRADSYNC_API int gradsync_accum_open(gradsync_accum** out, const char* path, const gradsync_accum_options* opts);
 
 /** @brief Unmap and close (does not flush). NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_accum_free(gradsync_accum *accum);
+GRADSYNC_API void gradsync_accum_free(gradsync_accum* accum);
 
 /** @brief Rows and floats per row. Either pointer may be NULL. @threadsafety any */
-GRADSYNC_API int gradsync_accum_shape(const gradsync_accum *accum, int64_t *rows, int64_t *dim);
+GRADSYNC_API int gradsync_accum_shape(const gradsync_accum* accum, int64_t* rows, int64_t* dim);
 
 /** @brief The concurrency mode and rows per lock in use. Either pointer may be NULL. @threadsafety any */
-GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum *accum, int32_t *concurrency, int64_t *rows_per_lock);
+GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum* accum, int32_t* concurrency,
+                                                int64_t* rows_per_lock);
 
 /* ---------------------------------------------------------------- adding gradients */
 
@@ -154,7 +155,7 @@ GRADSYNC_API int gradsync_accum_get_concurrency(const gradsync_accum *accum, int
  * @retval GRADSYNC_E_INVALID_ARG grad is NULL or count != dim ("the gradient has 32 floats, ... dim 64")
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_add(gradsync_accum *accum, int64_t row, const float *grad, size_t count);
+GRADSYNC_API int gradsync_accum_add(gradsync_accum* accum, int64_t row, const float* grad, size_t count);
 
 /**
  * @brief For each i < n: grad[rows[i]] += grads[i*dim .. (i+1)*dim). One call per minibatch.
@@ -168,7 +169,7 @@ GRADSYNC_API int gradsync_accum_add(gradsync_accum *accum, int64_t row, const fl
  * @param[in] count n * dim
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_add_batch(gradsync_accum *accum, const int64_t *rows, size_t n, const float *grads,
+GRADSYNC_API int gradsync_accum_add_batch(gradsync_accum* accum, const int64_t* rows, size_t n, const float* grads,
                                           size_t count);
 
 /**
@@ -176,15 +177,15 @@ GRADSYNC_API int gradsync_accum_add_batch(gradsync_accum *accum, const int64_t *
  *        OWNER modes).
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_get(gradsync_accum *accum, int64_t row, float *out, size_t count);
+GRADSYNC_API int gradsync_accum_get(gradsync_accum* accum, int64_t row, float* out, size_t count);
 
 /* ---------------------------------------------------------------- whole-set operations */
 
 /** @brief Zero the touched rows and empty the touched set, O(touched x dim). @threadsafety any */
-GRADSYNC_API int gradsync_accum_zero(gradsync_accum *accum);
+GRADSYNC_API int gradsync_accum_zero(gradsync_accum* accum);
 
 /** @brief Number of touched rows. @threadsafety any */
-GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum *accum, int64_t *count);
+GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum* accum, int64_t* count);
 
 /**
  * @brief The touched rows, in the order they were first touched (OWNER mode: each owner's rows in
@@ -196,7 +197,7 @@ GRADSYNC_API int gradsync_accum_touched_count(gradsync_accum *accum, int64_t *co
  * @retval GRADSYNC_E_BUFS capacity < *needed: nothing was copied
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_touched(gradsync_accum *accum, int64_t *out, size_t capacity, size_t *needed);
+GRADSYNC_API int gradsync_accum_touched(gradsync_accum* accum, int64_t* out, size_t capacity, size_t* needed);
 
 /**
  * @brief Update params (and state) from the touched rows' gradients, then zero exactly those rows
@@ -210,11 +211,11 @@ GRADSYNC_API int gradsync_accum_touched(gradsync_accum *accum, int64_t *out, siz
  * @retval GRADSYNC_E_INVALID_ARG bad optimizer, missing or superfluous state. Nothing is written on error.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_apply(gradsync_accum *accum, gradsync_table *params, const gradsync_optimizer *opt,
-                                      gradsync_table *state);
+GRADSYNC_API int gradsync_accum_apply(gradsync_accum* accum, gradsync_table* params, const gradsync_optimizer* opt,
+                                      gradsync_table* state);
 
 /** @brief Make the gradients and touched set durable, as gradsync_table_flush. @threadsafety any */
-GRADSYNC_API int gradsync_accum_flush(gradsync_accum *accum);
+GRADSYNC_API int gradsync_accum_flush(gradsync_accum* accum);
 
 /**
  * @brief Borrow a read-only view of the gradient data (rows * dim floats, row-major).
@@ -223,7 +224,7 @@ GRADSYNC_API int gradsync_accum_flush(gradsync_accum *accum);
  * @param[out] bytes rows * dim * 4
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_accum_view(const gradsync_accum *accum, const void **data, size_t *bytes);
+GRADSYNC_API int gradsync_accum_view(const gradsync_accum* accum, const void** data, size_t* bytes);
 
 GRADSYNC_END_DECL
 

@@ -36,10 +36,10 @@ typedef struct gradsync_mutex gradsync_mutex;
  * @retval GRADSYNC_E_NOMEM out of memory
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_counter32_create(gradsync_counter32 **out, int32_t initial);
+GRADSYNC_API int gradsync_counter32_create(gradsync_counter32** out, int32_t initial);
 
 /** @brief Free a counter; NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_counter32_free(gradsync_counter32 *counter);
+GRADSYNC_API void gradsync_counter32_free(gradsync_counter32* counter);
 
 /**
  * @brief Atomically add `delta` (wrapping) and report the value before and after.
@@ -50,8 +50,8 @@ GRADSYNC_API void gradsync_counter32_free(gradsync_counter32 *counter);
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_counter32_fetch_add(gradsync_counter32 *counter, int32_t delta, int32_t *old_value,
-                                              int32_t *new_value);
+GRADSYNC_API int gradsync_counter32_fetch_add(gradsync_counter32* counter, int32_t delta, int32_t* old_value,
+                                              int32_t* new_value);
 
 /**
  * @brief Read the current value.
@@ -61,26 +61,26 @@ GRADSYNC_API int gradsync_counter32_fetch_add(gradsync_counter32 *counter, int32
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_counter32_load(const gradsync_counter32 *counter, int32_t *value);
+GRADSYNC_API int gradsync_counter32_load(const gradsync_counter32* counter, int32_t* value);
 
 /**
  * @brief Set the value (reset).
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_counter32_store(gradsync_counter32 *counter, int32_t value);
+GRADSYNC_API int gradsync_counter32_store(gradsync_counter32* counter, int32_t value);
 
 /** @brief 64-bit counterpart of gradsync_counter32_create. @threadsafety any */
-GRADSYNC_API int gradsync_counter64_create(gradsync_counter64 **out, int64_t initial);
+GRADSYNC_API int gradsync_counter64_create(gradsync_counter64** out, int64_t initial);
 /** @brief Free a counter; NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_counter64_free(gradsync_counter64 *counter);
+GRADSYNC_API void gradsync_counter64_free(gradsync_counter64* counter);
 /** @brief 64-bit counterpart of gradsync_counter32_fetch_add (wraps modulo 2^64). @threadsafety any */
-GRADSYNC_API int gradsync_counter64_fetch_add(gradsync_counter64 *counter, int64_t delta, int64_t *old_value,
-                                              int64_t *new_value);
+GRADSYNC_API int gradsync_counter64_fetch_add(gradsync_counter64* counter, int64_t delta, int64_t* old_value,
+                                              int64_t* new_value);
 /** @brief 64-bit counterpart of gradsync_counter32_load. @threadsafety any */
-GRADSYNC_API int gradsync_counter64_load(const gradsync_counter64 *counter, int64_t *value);
+GRADSYNC_API int gradsync_counter64_load(const gradsync_counter64* counter, int64_t* value);
 /** @brief 64-bit counterpart of gradsync_counter32_store. @threadsafety any */
-GRADSYNC_API int gradsync_counter64_store(gradsync_counter64 *counter, int64_t value);
+GRADSYNC_API int gradsync_counter64_store(gradsync_counter64* counter, int64_t value);
 
 /* ---------------------------------------------------------------- flags */
 
@@ -90,10 +90,10 @@ GRADSYNC_API int gradsync_counter64_store(gradsync_counter64 *counter, int64_t v
  * @retval GRADSYNC_E_INVALID_ARG out is NULL
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_flag_create(gradsync_flag **out);
+GRADSYNC_API int gradsync_flag_create(gradsync_flag** out);
 
 /** @brief Free a flag; NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_flag_free(gradsync_flag *flag);
+GRADSYNC_API void gradsync_flag_free(gradsync_flag* flag);
 
 /**
  * @brief Set the flag if `condition` is non-zero; a zero condition leaves it as it is (sticky:
@@ -104,7 +104,7 @@ GRADSYNC_API void gradsync_flag_free(gradsync_flag *flag);
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_flag_conditional_set(gradsync_flag *flag, int32_t condition, int32_t *is_set);
+GRADSYNC_API int gradsync_flag_conditional_set(gradsync_flag* flag, int32_t condition, int32_t* is_set);
 
 /**
  * @brief Read the flag.
@@ -114,10 +114,10 @@ GRADSYNC_API int gradsync_flag_conditional_set(gradsync_flag *flag, int32_t cond
  * @retval GRADSYNC_E_MISUSE NULL, freed or wrong kind of handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_flag_check(const gradsync_flag *flag, int32_t *is_set);
+GRADSYNC_API int gradsync_flag_check(const gradsync_flag* flag, int32_t* is_set);
 
 /** @brief Clear the flag. @retval GRADSYNC_E_MISUSE bad handle @threadsafety any */
-GRADSYNC_API int gradsync_flag_reset(gradsync_flag *flag);
+GRADSYNC_API int gradsync_flag_reset(gradsync_flag* flag);
 
 /* ---------------------------------------------------------------- mutex */
 
@@ -128,7 +128,7 @@ GRADSYNC_API int gradsync_flag_reset(gradsync_flag *flag);
  * @retval GRADSYNC_E_INVALID_ARG out is NULL
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_mutex_create(gradsync_mutex **out);
+GRADSYNC_API int gradsync_mutex_create(gradsync_mutex** out);
 
 /**
  * @brief Free a mutex; NULL is a no-op. Freeing a locked mutex is allowed and releases the lock
@@ -136,14 +136,14 @@ GRADSYNC_API int gradsync_mutex_create(gradsync_mutex **out);
  *        use it afterwards.
  * @threadsafety handle
  */
-GRADSYNC_API void gradsync_mutex_free(gradsync_mutex *mutex);
+GRADSYNC_API void gradsync_mutex_free(gradsync_mutex* mutex);
 
 /**
  * @brief Block until the calling thread holds the mutex.
  * @retval GRADSYNC_E_MISUSE bad handle, or this thread already holds it (waiting would deadlock)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_mutex_lock(gradsync_mutex *mutex);
+GRADSYNC_API int gradsync_mutex_lock(gradsync_mutex* mutex);
 
 /**
  * @brief Take the mutex if it is free, without waiting. A busy mutex is not an error.
@@ -153,7 +153,7 @@ GRADSYNC_API int gradsync_mutex_lock(gradsync_mutex *mutex);
  * @retval GRADSYNC_E_MISUSE bad handle, or this thread already holds it
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_mutex_try_lock(gradsync_mutex *mutex, int32_t *acquired);
+GRADSYNC_API int gradsync_mutex_try_lock(gradsync_mutex* mutex, int32_t* acquired);
 
 /**
  * @brief Wait at most `timeout_ms` milliseconds for the mutex (0: do not wait).
@@ -162,7 +162,7 @@ GRADSYNC_API int gradsync_mutex_try_lock(gradsync_mutex *mutex, int32_t *acquire
  * @retval GRADSYNC_E_MISUSE bad handle, or this thread already holds it
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_mutex_lock_timeout(gradsync_mutex *mutex, int64_t timeout_ms);
+GRADSYNC_API int gradsync_mutex_lock_timeout(gradsync_mutex* mutex, int64_t timeout_ms);
 
 /**
  * @brief Release the mutex held by the calling thread.
@@ -171,7 +171,7 @@ GRADSYNC_API int gradsync_mutex_lock_timeout(gradsync_mutex *mutex, int64_t time
  * @retval GRADSYNC_E_MISUSE bad handle
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_mutex_unlock(gradsync_mutex *mutex);
+GRADSYNC_API int gradsync_mutex_unlock(gradsync_mutex* mutex);
 
 /* ---------------------------------------------------------------- atomic array add */
 
@@ -195,10 +195,10 @@ GRADSYNC_API int gradsync_mutex_unlock(gradsync_mutex *mutex);
  *         overlap, or n is too large for the address space
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_atomic_add_f32(float *dst, const float *src, size_t n);
+GRADSYNC_API int gradsync_atomic_add_f32(float* dst, const float* src, size_t n);
 
 /** @brief Double-precision counterpart of gradsync_atomic_add_f32 (dst aligned to 8 bytes). @threadsafety any */
-GRADSYNC_API int gradsync_atomic_add_f64(double *dst, const double *src, size_t n);
+GRADSYNC_API int gradsync_atomic_add_f64(double* dst, const double* src, size_t n);
 
 GRADSYNC_END_DECL
 

@@ -43,7 +43,7 @@ typedef enum gradsync_codec {
  * @retval GRADSYNC_E_BUFS dst_capacity < count (nothing written)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_codec_encode(int32_t codec, const float *src, size_t count, void *dst, size_t dst_capacity);
+GRADSYNC_API int gradsync_codec_encode(int32_t codec, const float* src, size_t count, void* dst, size_t dst_capacity);
 
 /**
  * @brief Decode elements [offset, offset + count) of an encoded buffer of src_count elements.
@@ -57,7 +57,7 @@ GRADSYNC_API int gradsync_codec_encode(int32_t codec, const float *src, size_t c
  *         (nothing written)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_codec_decode(int32_t codec, const void *src, size_t src_count, size_t offset, float *dst,
+GRADSYNC_API int gradsync_codec_decode(int32_t codec, const void* src, size_t src_count, size_t offset, float* dst,
                                        size_t count);
 
 /**
@@ -74,7 +74,7 @@ GRADSYNC_API int gradsync_codec_decode(int32_t codec, const void *src, size_t sr
  *         the end of dst (nothing written)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_codec_add(int32_t codec, void *dst, size_t dst_count, size_t offset, const void *src,
+GRADSYNC_API int gradsync_codec_add(int32_t codec, void* dst, size_t dst_count, size_t offset, const void* src,
                                     size_t count);
 
 /**
@@ -89,8 +89,8 @@ GRADSYNC_API int gradsync_codec_add(int32_t codec, void *dst, size_t dst_count, 
  * @retval GRADSYNC_E_INVALID_ARG unknown codec, NULL buffer, or the range runs past the end of dst
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_codec_accumulate(int32_t codec, float *dst, size_t dst_count, size_t offset,
-                                           const void *src, size_t count);
+GRADSYNC_API int gradsync_codec_accumulate(int32_t codec, float* dst, size_t dst_count, size_t offset, const void* src,
+                                           size_t count);
 
 GRADSYNC_END_DECL
 

@@ -172,8 +172,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gradsync/export.h"
 #include "gradsync/common.h"
+#include "gradsync/export.h"
 
 GRADSYNC_BEGIN_DECL
 
@@ -210,29 +210,31 @@ typedef enum gradsync_transport {
  * naming the field and the accepted values.
  */
 typedef struct gradsync_comm_options {
-  uint32_t struct_size;    /**< sizeof(gradsync_comm_options) as the caller compiled it */
-  uint32_t version;        /**< GRADSYNC_COMM_OPTIONS_VERSION */
-  int32_t transport;       /**< a gradsync_transport value; default THREAD */
-  int32_t rank;            /**< this member's rank in [0, size) (THREAD, SHM; MPI takes it from MPI) */
-  int32_t size;            /**< number of ranks, 1 to 1024 (THREAD, SHM; MPI takes it from MPI) */
-  int32_t deterministic;   /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 (see above) */
-  int32_t check_mismatch;  /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
-  int32_t reserved0;       /**< must be 0 */
-  int64_t timeout_ms;      /**< deadline of joining and of each collective, > 0; default 300000; GRADSYNC_NO_TIMEOUT */
-  int64_t mpi_fcomm;       /**< MPI: communicator as its Fortran handle (MPI_Comm_c2f); UNSET = MPI_COMM_WORLD */
+  uint32_t struct_size;   /**< sizeof(gradsync_comm_options) as the caller compiled it */
+  uint32_t version;       /**< GRADSYNC_COMM_OPTIONS_VERSION */
+  int32_t transport;      /**< a gradsync_transport value; default THREAD */
+  int32_t rank;           /**< this member's rank in [0, size) (THREAD, SHM; MPI takes it from MPI) */
+  int32_t size;           /**< number of ranks, 1 to 1024 (THREAD, SHM; MPI takes it from MPI) */
+  int32_t deterministic;  /**< 1: rank-order reduction. THREAD and SHM always are; MPI default 0 (see above) */
+  int32_t check_mismatch; /**< 1 (default): detect ranks that disagree in a round; 0: trust callers */
+  int32_t reserved0;      /**< must be 0 */
+  int64_t timeout_ms;     /**< deadline of joining and of each collective, > 0; default 300000; GRADSYNC_NO_TIMEOUT */
+  int64_t mpi_fcomm;      /**< MPI: communicator as its Fortran handle (MPI_Comm_c2f); UNSET = MPI_COMM_WORLD */
   char name[GRADSYNC_COMM_NAME_MAX]; /**< group name, NUL-terminated: members with the same name form one group */
   /* version 2 */
-  char host[GRADSYNC_COMM_NAME_MAX]; /**< host label, NUL-terminated; empty (default): detected (see gradsync_comm_topology) */
-  int32_t topology_independent; /**< HIER: 1 gives the flat rank-order reduction's bits on any layout (at flat MPI's speed); default 0 */
-  int32_t reserved1;       /**< must be 0 */
+  char host[GRADSYNC_COMM_NAME_MAX]; /**< host label, NUL-terminated; empty (default): detected (see
+                                        gradsync_comm_topology) */
+  int32_t topology_independent; /**< HIER: 1 gives the flat rank-order reduction's bits on any layout (at flat MPI's
+                                   speed); default 0 */
+  int32_t reserved1;            /**< must be 0 */
   /* append only */
 } gradsync_comm_options;
 
-#define GRADSYNC_COMM_OPTIONS_INIT                                                               \
-  {                                                                                              \
-    sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD,     \
-        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0,       \
-        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, { 0 }, { 0 }, 0, 0                               \
+#define GRADSYNC_COMM_OPTIONS_INIT                                                                                  \
+  {                                                                                                                 \
+    sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD, GRADSYNC_UNSET_I32,    \
+        GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, {0}, \
+        {0}, 0, 0                                                                                                   \
   }
 
 /**
@@ -242,7 +244,7 @@ typedef struct gradsync_comm_options {
  * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than the first version's
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t struct_size);
+GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options* opts, size_t struct_size);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -269,7 +271,7 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options *opts, size_t 
  *         heaps take at most a quarter of it); nothing is left behind
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_options *opts);
+GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_options* opts);
 
 /**
  * @brief Leave the group and release local resources; NULL is a no-op.
@@ -286,17 +288,17 @@ GRADSYNC_API int gradsync_comm_create(gradsync_comm **out, const gradsync_comm_o
  * leaves the group alone (see fork() above).
  * @threadsafety handle (a call running on another thread is aborted and waited for, see above)
  */
-GRADSYNC_API void gradsync_comm_free(gradsync_comm *comm);
+GRADSYNC_API void gradsync_comm_free(gradsync_comm* comm);
 
 /**
  * @brief Abort the group: every rank blocked in (or later entering) a collective gets
  *        GRADSYNC_E_ABORTED until the group is reset or freed.
  * @threadsafety any-abort (from any thread, also while another thread is inside a collective)
  */
-GRADSYNC_API int gradsync_comm_abort(gradsync_comm *comm);
+GRADSYNC_API int gradsync_comm_abort(gradsync_comm* comm);
 
 /** Asked by a waiting call whether its caller wants out; non-zero means yes. */
-typedef int (*gradsync_interrupt_fn)(void *user_data);
+typedef int (*gradsync_interrupt_fn)(void* user_data);
 
 /**
  * @brief Let the host interrupt this rank's waits (Ctrl-C in Python): while a collective of this
@@ -309,21 +311,21 @@ typedef int (*gradsync_interrupt_fn)(void *user_data);
  * @param user_data passed to fn
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm *comm, gradsync_interrupt_fn fn, void *user_data);
+GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm* comm, gradsync_interrupt_fn fn, void* user_data);
 
 /**
  * @brief Clear an abort or timeout so the group can be used again. Collective: every rank calls it.
  * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_reset(gradsync_comm *comm);
+GRADSYNC_API int gradsync_comm_reset(gradsync_comm* comm);
 
 /** @brief This member's rank. @threadsafety any */
-GRADSYNC_API int gradsync_comm_rank(const gradsync_comm *comm, int32_t *rank);
+GRADSYNC_API int gradsync_comm_rank(const gradsync_comm* comm, int32_t* rank);
 /** @brief Number of ranks in the group. @threadsafety any */
-GRADSYNC_API int gradsync_comm_size(const gradsync_comm *comm, int32_t *size);
+GRADSYNC_API int gradsync_comm_size(const gradsync_comm* comm, int32_t* size);
 /** @brief The transport (gradsync_transport) of this communicator. @threadsafety any */
-GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *transport);
+GRADSYNC_API int gradsync_comm_transport(const gradsync_comm* comm, int32_t* transport);
 
 /** gradsync_comm_split's color for a rank that joins no subgroup (MPI_UNDEFINED). */
 #define GRADSYNC_SPLIT_NONE (-1)
@@ -347,7 +349,7 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm *comm, int32_t *tra
  *         or from forming a subgroup (as gradsync_comm_create)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_split(gradsync_comm *comm, int32_t color, int32_t key, gradsync_comm **out);
+GRADSYNC_API int gradsync_comm_split(gradsync_comm* comm, int32_t color, int32_t key, gradsync_comm** out);
 
 /* ---------------------------------------------------------------- elastic membership */
 
@@ -392,15 +394,15 @@ typedef struct gradsync_shrink_result {
  * @retval GRADSYNC_E_UNSUPPORTED the transport cannot survive a lost member (MPI, HIER)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_shrink(gradsync_comm *comm, gradsync_comm **out, int32_t *failed,
-                                      size_t failed_capacity, gradsync_shrink_result *result);
+GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed, size_t failed_capacity,
+                                      gradsync_shrink_result* result);
 
 /**
  * @brief This member's stable id: its rank in the group it was created in, kept by every group
  *        shrunk (gradsync_comm_shrink) or split from it, so that a caller can map old ranks to new.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm *comm, int64_t *id);
+GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm* comm, int64_t* id);
 
 /**
  * @brief Which ranks share a host. The same on every rank.
@@ -424,8 +426,8 @@ GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm *comm, int64_t *id)
  * @retval GRADSYNC_E_INVALID_ARG rank_hosts is shorter than the group
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_comm_topology(const gradsync_comm *comm, int32_t *host, int32_t *local_rank,
-                                        int32_t *local_size, int32_t *num_hosts, int32_t *rank_hosts,
+GRADSYNC_API int gradsync_comm_topology(const gradsync_comm* comm, int32_t* host, int32_t* local_rank,
+                                        int32_t* local_size, int32_t* num_hosts, int32_t* rank_hosts,
                                         size_t rank_hosts_len);
 
 /* ---------------------------------------------------------------- collectives */
@@ -448,8 +450,8 @@ GRADSYNC_API int gradsync_comm_topology(const gradsync_comm *comm, int32_t *host
  *         or a NULL, freed or wrong kind of handle; the same for every collective below
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
-                                         int32_t dtype, int32_t op);
+GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                         int32_t op);
 
 /** The most buffers one gradsync_comm_allreduce_many call takes (a bound on the caller's arrays). */
 #define GRADSYNC_MAX_FUSED_BUFFERS (1u << 20)
@@ -466,8 +468,8 @@ GRADSYNC_API int gradsync_comm_allreduce(gradsync_comm *comm, const void *send, 
  * @retval GRADSYNC_E_INVALID_ARG more than GRADSYNC_MAX_FUSED_BUFFERS buffers
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,
-                                              const size_t *counts, size_t nbufs, int32_t dtype, int32_t op);
+GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                              const size_t* counts, size_t nbufs, int32_t dtype, int32_t op);
 
 /**
  * @brief gradsync_comm_allreduce_many over buffers of different dtypes (a mixed-precision model's
@@ -488,9 +490,8 @@ GRADSYNC_API int gradsync_comm_allreduce_many(gradsync_comm *comm, const void *c
  * @return GRADSYNC_OK, or an error as gradsync_comm_allreduce_many gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm *comm, const void *const *sends, void *const *recvs,
-                                               const size_t *counts, const int32_t *dtypes, size_t nbufs,
-                                               int32_t op);
+GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                               const size_t* counts, const int32_t* dtypes, size_t nbufs, int32_t op);
 
 /**
  * @brief The data-parallel merge as a collective: recv = Σ wᵢ·sendᵢ / Σ wᵢ on every rank, with
@@ -505,11 +506,11 @@ GRADSYNC_API int gradsync_comm_allreduce_mixed(gradsync_comm *comm, const void *
  * @retval GRADSYNC_E_ZERO_WEIGHT Σ wᵢ = 0 (on every rank; recv untouched)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm *comm, const void *send, void *recv, size_t count,
-                                             int32_t dtype, uint64_t weight, uint64_t *total_weight);
+GRADSYNC_API int gradsync_comm_weighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,
+                                             int32_t dtype, uint64_t weight, uint64_t* total_weight);
 
 /** @brief Copy root's buf to every rank's buf. @retval GRADSYNC_E_OUT_OF_RANGE bad root @threadsafety handle */
-GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm *comm, void *buf, size_t count, int32_t dtype, int32_t root);
+GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm* comm, void* buf, size_t count, int32_t dtype, int32_t root);
 
 /**
  * @brief Gather every rank's part into recv (total_count elements, parts by the partition rule).
@@ -521,7 +522,7 @@ GRADSYNC_API int gradsync_comm_broadcast(gradsync_comm *comm, void *buf, size_t 
  * @param dtype a gradsync_dtype
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+GRADSYNC_API int gradsync_comm_allgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                          int32_t dtype);
 
 /**
@@ -541,7 +542,7 @@ GRADSYNC_API int gradsync_comm_allgather(gradsync_comm *comm, const void *send, 
  *         or an error as gradsync_comm_allgather gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                           int32_t dtype);
 
 /**
@@ -549,7 +550,7 @@ GRADSYNC_API int gradsync_comm_allgatherv(gradsync_comm *comm, const void *send,
  *        partition rule into recv (which may point into send, at this rank's offset).
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                               int32_t dtype, int32_t op);
 
 /**
@@ -568,7 +569,7 @@ GRADSYNC_API int gradsync_comm_reduce_scatter(gradsync_comm *comm, const void *s
  *         or an error as gradsync_comm_reduce_scatter gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
+GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
                                                int32_t dtype, int32_t op);
 
 /**
@@ -582,7 +583,7 @@ GRADSYNC_API int gradsync_comm_reduce_scatterv(gradsync_comm *comm, const void *
  * @retval GRADSYNC_E_INVALID_ARG NULL or overlapping buffers
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
+GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
                                         int32_t dtype);
 
 /**
@@ -609,9 +610,9 @@ GRADSYNC_API int gradsync_comm_alltoall(gradsync_comm *comm, const void *send, v
  *         gradsync_comm_alltoall gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm *comm, const void *send, const size_t *send_counts,
-                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
-                                         const size_t *recv_displs, int32_t dtype);
+GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts,
+                                         const size_t* send_displs, void* recv, const size_t* recv_counts,
+                                         const size_t* recv_displs, int32_t dtype);
 
 /**
  * @brief Reduce to one rank: root's recv = op over ranks of send, in rank order (the bits
@@ -630,7 +631,7 @@ GRADSYNC_API int gradsync_comm_alltoallv(gradsync_comm *comm, const void *send, 
  * @return GRADSYNC_OK, or an error as gradsync_comm_allreduce gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_reduce(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+GRADSYNC_API int gradsync_comm_reduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
                                       int32_t op, int32_t root);
 
 /**
@@ -647,7 +648,7 @@ GRADSYNC_API int gradsync_comm_reduce(gradsync_comm *comm, const void *send, voi
  * @return GRADSYNC_OK, or an error as gradsync_comm_alltoall gives it, or GRADSYNC_E_OUT_OF_RANGE
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_gather(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+GRADSYNC_API int gradsync_comm_gather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
                                       int32_t root);
 
 /**
@@ -666,8 +667,8 @@ GRADSYNC_API int gradsync_comm_gather(gradsync_comm *comm, const void *send, voi
  * @return GRADSYNC_OK, or an error as gradsync_comm_gather gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm *comm, const void *send, size_t send_count, void *recv,
-                                       const size_t *recv_counts, int32_t dtype, int32_t root);
+GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv,
+                                       const size_t* recv_counts, int32_t dtype, int32_t root);
 
 /**
  * @brief Scatter from root: rank r receives root's send elements [r * count, (r + 1) * count).
@@ -680,7 +681,7 @@ GRADSYNC_API int gradsync_comm_gatherv(gradsync_comm *comm, const void *send, si
  * @return GRADSYNC_OK, or an error as gradsync_comm_gather gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_scatter(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
+GRADSYNC_API int gradsync_comm_scatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
                                        int32_t root);
 
 /**
@@ -697,11 +698,11 @@ GRADSYNC_API int gradsync_comm_scatter(gradsync_comm *comm, const void *send, vo
  * @return GRADSYNC_OK, or an error as gradsync_comm_gatherv gives it
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm *comm, const void *send, const size_t *send_counts, void *recv,
+GRADSYNC_API int gradsync_comm_scatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv,
                                         size_t recv_count, int32_t dtype, int32_t root);
 
 /** @brief Wait until every rank has arrived. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
+GRADSYNC_API int gradsync_comm_barrier(gradsync_comm* comm);
 
 /* ---------------------------------------------------------------- non-blocking collectives */
 
@@ -736,76 +737,76 @@ GRADSYNC_API int gradsync_comm_barrier(gradsync_comm *comm);
  * @retval GRADSYNC_E_UNSUPPORTED MPI without MPI_THREAD_MULTIPLE
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_iallreduce(gradsync_comm *comm, const void *send, void *recv, size_t count,
-                                          int32_t dtype, int32_t op, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iallreduce(gradsync_comm* comm, const void* send, void* recv, size_t count,
+                                          int32_t dtype, int32_t op, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_allreduce_many (the pointer arrays are copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm *comm, const void *const *sends, void *const *recvs,
-                                               const size_t *counts, size_t nbufs, int32_t dtype, int32_t op,
-                                               gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iallreduce_many(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                               const size_t* counts, size_t nbufs, int32_t dtype, int32_t op,
+                                               gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_allreduce_mixed (the arrays are copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iallreduce_mixed(gradsync_comm *comm, const void *const *sends, void *const *recvs,
-                                                const size_t *counts, const int32_t *dtypes, size_t nbufs,
-                                                int32_t op, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iallreduce_mixed(gradsync_comm* comm, const void* const* sends, void* const* recvs,
+                                                const size_t* counts, const int32_t* dtypes, size_t nbufs, int32_t op,
+                                                gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_weighted_mean (*total_weight written at completion). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm *comm, const void *send, void *recv, size_t count,
-                                              int32_t dtype, uint64_t weight, uint64_t *total_weight,
-                                              gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iweighted_mean(gradsync_comm* comm, const void* send, void* recv, size_t count,
+                                              int32_t dtype, uint64_t weight, uint64_t* total_weight,
+                                              gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_broadcast. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm *comm, void *buf, size_t count, int32_t dtype, int32_t root,
-                                          gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ibroadcast(gradsync_comm* comm, void* buf, size_t count, int32_t dtype, int32_t root,
+                                          gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_allgatherv (counts is copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
-                                           int32_t dtype, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iallgatherv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                           int32_t dtype, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_allgather. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
-                                          int32_t dtype, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iallgather(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                          int32_t dtype, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_reduce_scatterv (counts is copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ireduce_scatterv(gradsync_comm *comm, const void *send, void *recv, const size_t *counts,
-                                                int32_t dtype, int32_t op, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ireduce_scatterv(gradsync_comm* comm, const void* send, void* recv, const size_t* counts,
+                                                int32_t dtype, int32_t op, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_reduce_scatter. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
-                                               int32_t dtype, int32_t op, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ireduce_scatter(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                               int32_t dtype, int32_t op, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_alltoall. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm *comm, const void *send, void *recv, size_t total_count,
-                                         int32_t dtype, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ialltoall(gradsync_comm* comm, const void* send, void* recv, size_t total_count,
+                                         int32_t dtype, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_alltoallv (the counts and displacements are copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm *comm, const void *send, const size_t *send_counts,
-                                          const size_t *send_displs, void *recv, const size_t *recv_counts,
-                                          const size_t *recv_displs, int32_t dtype, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ialltoallv(gradsync_comm* comm, const void* send, const size_t* send_counts,
+                                          const size_t* send_displs, void* recv, const size_t* recv_counts,
+                                          const size_t* recv_displs, int32_t dtype, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_reduce. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
-                                       int32_t op, int32_t root, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ireduce(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                       int32_t op, int32_t root, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_gather. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_igather(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
-                                       int32_t root, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_igather(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                       int32_t root, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_gatherv (recv_counts is copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm *comm, const void *send, size_t send_count, void *recv,
-                                        const size_t *recv_counts, int32_t dtype, int32_t root,
-                                        gradsync_request **request);
+GRADSYNC_API int gradsync_comm_igatherv(gradsync_comm* comm, const void* send, size_t send_count, void* recv,
+                                        const size_t* recv_counts, int32_t dtype, int32_t root,
+                                        gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_scatter. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm *comm, const void *send, void *recv, size_t count, int32_t dtype,
-                                        int32_t root, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iscatter(gradsync_comm* comm, const void* send, void* recv, size_t count, int32_t dtype,
+                                        int32_t root, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_scatterv (send_counts is copied). @threadsafety handle */
-GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm *comm, const void *send, const size_t *send_counts, void *recv,
-                                         size_t recv_count, int32_t dtype, int32_t root, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_iscatterv(gradsync_comm* comm, const void* send, const size_t* send_counts, void* recv,
+                                         size_t recv_count, int32_t dtype, int32_t root, gradsync_request** request);
 
 /** @brief Non-blocking gradsync_comm_barrier. @threadsafety handle */
-GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **request);
+GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm* comm, gradsync_request** request);
 
 /**
  * @brief Wait for a request to complete.
@@ -817,7 +818,7 @@ GRADSYNC_API int gradsync_comm_ibarrier(gradsync_comm *comm, gradsync_request **
  *         pending, and may be waited for again)
  * @threadsafety request: any thread, one at a time
  */
-GRADSYNC_API int gradsync_request_wait(gradsync_request *request, int64_t timeout_ms);
+GRADSYNC_API int gradsync_request_wait(gradsync_request* request, int64_t timeout_ms);
 
 /**
  * @brief Whether a request has completed, without waiting.
@@ -826,14 +827,14 @@ GRADSYNC_API int gradsync_request_wait(gradsync_request *request, int64_t timeou
  * @return GRADSYNC_OK while pending; once completed, the request's status
  * @threadsafety request: any thread, one at a time
  */
-GRADSYNC_API int gradsync_request_test(gradsync_request *request, int32_t *done);
+GRADSYNC_API int gradsync_request_test(gradsync_request* request, int32_t* done);
 
 /**
  * @brief Free a request; NULL is a no-op. A pending request is waited for first (its buffers are
  *        borrowed until it completes), so freeing never leaves a call running on freed memory.
  * @threadsafety request
  */
-GRADSYNC_API void gradsync_request_free(gradsync_request *request);
+GRADSYNC_API void gradsync_request_free(gradsync_request* request);
 
 /**
  * @brief The first failure of a non-blocking call on this communicator since its creation or the
@@ -843,7 +844,7 @@ GRADSYNC_API void gradsync_request_free(gradsync_request *request);
  *        gradsync_last_error_message
  * @threadsafety any thread
  */
-GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm *comm, int32_t *status);
+GRADSYNC_API int gradsync_comm_get_async_error(const gradsync_comm* comm, int32_t* status);
 
 /* ---------------------------------------------------------------- statistics and timeline */
 
@@ -909,12 +910,11 @@ typedef struct gradsync_comm_statistics {
   /* append only */
 } gradsync_comm_statistics;
 
-#define GRADSYNC_COMM_STATISTICS_INIT                                                         \
-  {                                                                                          \
-    sizeof(gradsync_comm_statistics), GRADSYNC_COMM_STATISTICS_VERSION, 0, 0, -1, 0, 0,      \
-    {                                                                                        \
-      { 0, 0, 0, 0, 0 }                                                                      \
-    }                                                                                        \
+#define GRADSYNC_COMM_STATISTICS_INIT                                                     \
+  {                                                                                       \
+    sizeof(gradsync_comm_statistics), GRADSYNC_COMM_STATISTICS_VERSION, 0, 0, -1, 0, 0, { \
+      { 0, 0, 0, 0, 0 }                                                                   \
+    }                                                                                     \
   }
 
 /**
@@ -933,8 +933,8 @@ typedef struct gradsync_comm_statistics {
  *         peers needs), peers is untouched
  * @threadsafety any (also while another thread is inside a call on comm)
  */
-GRADSYNC_API int gradsync_comm_stats(const gradsync_comm *comm, gradsync_comm_statistics *stats,
-                                     gradsync_comm_peer_stats *peers, size_t capacity);
+GRADSYNC_API int gradsync_comm_stats(const gradsync_comm* comm, gradsync_comm_statistics* stats,
+                                     gradsync_comm_peer_stats* peers, size_t capacity);
 
 /**
  * @brief Write this rank's timeline of the communicator's calls to a file, as Chrome-trace JSON
@@ -953,7 +953,7 @@ GRADSYNC_API int gradsync_comm_stats(const gradsync_comm *comm, gradsync_comm_st
  *         written in full (the message names the file)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_timeline(gradsync_comm *comm, const char *path);
+GRADSYNC_API int gradsync_comm_timeline(gradsync_comm* comm, const char* path);
 
 /* ---------------------------------------------------------------- buffers for zero copy */
 
@@ -974,14 +974,14 @@ GRADSYNC_API int gradsync_comm_timeline(gradsync_comm *comm, const char *path);
  * @retval GRADSYNC_E_NOMEM out of memory (other transports)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_alloc(gradsync_comm *comm, size_t bytes, void **ptr);
+GRADSYNC_API int gradsync_comm_alloc(gradsync_comm* comm, size_t bytes, void** ptr);
 
 /**
  * @brief Free memory from gradsync_comm_alloc of this communicator; NULL is a no-op.
  * @retval GRADSYNC_E_INVALID_ARG ptr was not allocated by this communicator, or was already freed
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm *comm, void *ptr);
+GRADSYNC_API int gradsync_comm_free_buffer(gradsync_comm* comm, void* ptr);
 
 GRADSYNC_END_DECL
 

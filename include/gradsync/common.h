@@ -55,7 +55,8 @@ typedef enum gradsync_optimizer_kind {
 typedef enum gradsync_feature {
   GRADSYNC_FEATURE_THREAD_TRANSPORT = 1, /**< communicator among threads of one process */
   GRADSYNC_FEATURE_SHM_TRANSPORT = 2,    /**< communicator among processes of one host */
-  GRADSYNC_FEATURE_MPI_TRANSPORT = 3,    /**< communicator over MPI (OpenMPI): built with it, and its plugin libgradsync-mpi.so.0 and the MPI runtime load (asking loads them) */
+  GRADSYNC_FEATURE_MPI_TRANSPORT = 3,    /**< communicator over MPI (OpenMPI): built with it, and its plugin
+                                            libgradsync-mpi.so.0 and the MPI runtime load (asking loads them) */
   GRADSYNC_FEATURE_F16C = 4              /**< the CPU running this process converts half floats in hardware */
 } gradsync_feature;
 

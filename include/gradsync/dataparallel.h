@@ -30,7 +30,7 @@ GRADSYNC_BEGIN_DECL
  * @retval GRADSYNC_E_OUT_OF_RANGE index >= parts
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_partition(uint64_t n, uint32_t parts, uint32_t index, uint64_t *start, uint64_t *len);
+GRADSYNC_API int gradsync_partition(uint64_t n, uint32_t parts, uint32_t index, uint64_t* start, uint64_t* len);
 
 /**
  * @brief The sample indices dealt round-robin to one worker: worker k of `workers` gets
@@ -50,8 +50,8 @@ GRADSYNC_API int gradsync_partition(uint64_t n, uint32_t parts, uint32_t index, 
  * @retval GRADSYNC_E_BUFS capacity < *needed (nothing written to out)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_split_round_robin(uint64_t samples, uint32_t workers, uint32_t worker, uint64_t *out,
-                                            size_t capacity, size_t *needed);
+GRADSYNC_API int gradsync_split_round_robin(uint64_t samples, uint32_t workers, uint32_t worker, uint64_t* out,
+                                            size_t capacity, size_t* needed);
 
 /**
  * @brief Merge per-worker updates weighted by their sample counts:
@@ -79,9 +79,9 @@ GRADSYNC_API int gradsync_split_round_robin(uint64_t samples, uint32_t workers, 
  * @retval GRADSYNC_E_ZERO_WEIGHT every count is 0 (never a NaN result)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_weighted_merge_f32(const float *const *grads, const size_t *lens, const uint64_t *counts,
-                                             const double *losses, size_t workers, float *out, size_t out_len,
-                                             double *mean_loss, uint64_t *total_count);
+GRADSYNC_API int gradsync_weighted_merge_f32(const float* const* grads, const size_t* lens, const uint64_t* counts,
+                                             const double* losses, size_t workers, float* out, size_t out_len,
+                                             double* mean_loss, uint64_t* total_count);
 
 /**
  * @brief gradsync_weighted_merge_f32 for double gradients, exact to a relative 1e-12.
@@ -108,9 +108,9 @@ GRADSYNC_API int gradsync_weighted_merge_f32(const float *const *grads, const si
  * @return GRADSYNC_OK, or an error as gradsync_weighted_merge_f32 gives it
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_weighted_merge_f64(const double *const *grads, const size_t *lens, const uint64_t *counts,
-                                             const double *losses, size_t workers, double *out, size_t out_len,
-                                             double *mean_loss, uint64_t *total_count);
+GRADSYNC_API int gradsync_weighted_merge_f64(const double* const* grads, const size_t* lens, const uint64_t* counts,
+                                             const double* losses, size_t workers, double* out, size_t out_len,
+                                             double* mean_loss, uint64_t* total_count);
 
 GRADSYNC_END_DECL
 

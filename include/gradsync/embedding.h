@@ -61,9 +61,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gradsync/export.h"
-#include "gradsync/common.h"
 #include "gradsync/comm.h"
+#include "gradsync/common.h"
+#include "gradsync/export.h"
 #include "gradsync/table.h"
 
 GRADSYNC_BEGIN_DECL
@@ -78,7 +78,8 @@ typedef enum gradsync_embedding_sharding {
 
 #define GRADSYNC_EMBEDDING_OPTIONS_VERSION 1
 
-/** Options of gradsync_embedding_create. Fill with GRADSYNC_EMBEDDING_OPTIONS_INIT or gradsync_embedding_options_init. */
+/** Options of gradsync_embedding_create. Fill with GRADSYNC_EMBEDDING_OPTIONS_INIT or gradsync_embedding_options_init.
+ */
 typedef struct gradsync_embedding_options {
   uint32_t struct_size; /**< sizeof(gradsync_embedding_options) as the caller compiled it */
   uint32_t version;     /**< GRADSYNC_EMBEDDING_OPTIONS_VERSION */
@@ -98,11 +99,10 @@ typedef struct gradsync_embedding_options {
   /* append only */
 } gradsync_embedding_options;
 
-#define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                 \
-  {                                                                                                     \
-    sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0,                         \
-        GRADSYNC_EMBEDDING_CONTIGUOUS, GRADSYNC_OPTIM_SGD, 0.01, 1e-10, GRADSYNC_TABLE_INIT_ZEROS,       \
-        GRADSYNC_UNSET_I32, 0, -0.5, 0.5                                                                \
+#define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                          \
+  {                                                                                                              \
+    sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0, GRADSYNC_EMBEDDING_CONTIGUOUS, \
+        GRADSYNC_OPTIM_SGD, 0.01, 1e-10, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5             \
   }
 
 /**
@@ -110,7 +110,7 @@ typedef struct gradsync_embedding_options {
  * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than version 1's
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options *opts, size_t struct_size);
+GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options* opts, size_t struct_size);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -131,18 +131,18 @@ GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options *opt
  *         gradsync_table_open on the shard's files
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_embedding_create(gradsync_embedding **out, gradsync_comm *comm, const char *dir,
-                                           const gradsync_embedding_options *opts);
+GRADSYNC_API int gradsync_embedding_create(gradsync_embedding** out, gradsync_comm* comm, const char* dir,
+                                           const gradsync_embedding_options* opts);
 
 /** @brief Free this rank's part (local; does not flush). NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_embedding_free(gradsync_embedding *table);
+GRADSYNC_API void gradsync_embedding_free(gradsync_embedding* table);
 
 /**
  * @brief The global shape, and how many rows this rank owns. Any pointer may be NULL.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_embedding_shape(const gradsync_embedding *table, int64_t *rows, int64_t *dim,
-                                          int64_t *local_rows);
+GRADSYNC_API int gradsync_embedding_shape(const gradsync_embedding* table, int64_t* rows, int64_t* dim,
+                                          int64_t* local_rows);
 
 /**
  * @brief The rank that owns each of n ids (local; the sharding rule above).
@@ -153,22 +153,22 @@ GRADSYNC_API int gradsync_embedding_shape(const gradsync_embedding *table, int64
  * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) (nothing written)
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_embedding_owner(const gradsync_embedding *table, const int64_t *ids, size_t n,
-                                          int32_t *owners);
+GRADSYNC_API int gradsync_embedding_owner(const gradsync_embedding* table, const int64_t* ids, size_t n,
+                                          int32_t* owners);
 
 /**
  * @brief The number of pushes applied since creation (or as loaded from a checkpoint): the
  *        table's scalar state, the same on every rank.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_embedding_steps(const gradsync_embedding *table, int64_t *steps);
+GRADSYNC_API int gradsync_embedding_steps(const gradsync_embedding* table, int64_t* steps);
 
 /**
  * @brief Change the learning rate of later pushes (local: set the same on every rank).
  * @retval GRADSYNC_E_INVALID_ARG lr not finite as a float
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding *table, double lr);
+GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding* table, double lr);
 
 /* ---------------------------------------------------------------- collective calls */
 
@@ -189,7 +189,7 @@ GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding *table, double lr)
  * @return or an error of the communicator (GRADSYNC_E_TIMEOUT, _REMOTE, _ABORTED)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding *table, const int64_t *ids, size_t n, float *out,
+GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding* table, const int64_t* ids, size_t n, float* out,
                                            size_t count);
 
 /**
@@ -204,7 +204,7 @@ GRADSYNC_API int gradsync_embedding_lookup(gradsync_embedding *table, const int6
  *         every rank, before anything moves or changes
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_push(gradsync_embedding *table, const int64_t *ids, size_t n, const float *grads,
+GRADSYNC_API int gradsync_embedding_push(gradsync_embedding* table, const int64_t* ids, size_t n, const float* grads,
                                          size_t count);
 
 /**
@@ -215,7 +215,7 @@ GRADSYNC_API int gradsync_embedding_push(gradsync_embedding *table, const int64_
  * @retval GRADSYNC_E_NO_SPACE the file system is full
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_save(gradsync_embedding *table, const char *dir);
+GRADSYNC_API int gradsync_embedding_save(gradsync_embedding* table, const char* dir);
 
 /**
  * @brief Write only the rows pushed since this table's last save or load (collective), with their
@@ -228,7 +228,7 @@ GRADSYNC_API int gradsync_embedding_save(gradsync_embedding *table, const char *
  * @return or an error as gradsync_embedding_save
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding *table, const char *dir);
+GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding* table, const char* dir);
 
 /**
  * @brief Load a checkpoint from dir (collective): every row's values and optimizer state and the
@@ -242,7 +242,7 @@ GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding *table, 
  * On any error every rank fails and no row has changed.
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_load(gradsync_embedding *table, const char *dir);
+GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* dir);
 
 /* ---------------------------------------------------------------- local access */
 
@@ -257,8 +257,8 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding *table, const char *
  * @retval GRADSYNC_E_BUFS capacity < local_rows: nothing was copied
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_embedding_local_rows(const gradsync_embedding *table, int64_t *ids, float *values,
-                                               float *state, size_t capacity);
+GRADSYNC_API int gradsync_embedding_local_rows(const gradsync_embedding* table, int64_t* ids, float* values,
+                                               float* state, size_t capacity);
 
 GRADSYNC_END_DECL
 

@@ -19,19 +19,19 @@
 #ifndef GRADSYNC_GRADSYNC_H
 #define GRADSYNC_GRADSYNC_H
 
-#include "gradsync/export.h"
-#include "gradsync/version.h"
-#include "gradsync/errors.h"
 #include "gradsync/common.h"
+#include "gradsync/errors.h"
+#include "gradsync/export.h"
 #include "gradsync/log.h"
+#include "gradsync/version.h"
 /* component headers */
-#include "gradsync/atomics.h"
-#include "gradsync/dataparallel.h"
-#include "gradsync/table.h"
 #include "gradsync/accumulator.h"
+#include "gradsync/atomics.h"
 #include "gradsync/codec.h"
-#include "gradsync/shard.h"
 #include "gradsync/comm.h"
+#include "gradsync/dataparallel.h"
 #include "gradsync/embedding.h"
+#include "gradsync/shard.h"
+#include "gradsync/table.h"
 
 #endif /* GRADSYNC_GRADSYNC_H */

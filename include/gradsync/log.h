@@ -30,14 +30,14 @@ typedef enum gradsync_log_level {
  * A log hook. It may be called from any thread, including internal transport threads, so it must
  * be thread-safe; it must not call back into gradsync; `message` is valid only during the call.
  */
-typedef void (*gradsync_log_fn)(void *user_data, int32_t level, const char *message);
+typedef void (*gradsync_log_fn)(void* user_data, int32_t level, const char* message);
 
 /**
  * @brief Route log lines at or above min_level to fn; fn == NULL restores stderr.
  * @retval GRADSYNC_E_INVALID_ARG min_level outside [0, 6]
  * @threadsafety init-only
  */
-GRADSYNC_API int gradsync_set_log_callback(gradsync_log_fn fn, void *user_data, int32_t min_level);
+GRADSYNC_API int gradsync_set_log_callback(gradsync_log_fn fn, void* user_data, int32_t min_level);
 
 /** @brief Set the log level (0-6). @retval GRADSYNC_E_INVALID_ARG level outside [0, 6] @threadsafety any */
 GRADSYNC_API int gradsync_set_log_level(int32_t level);

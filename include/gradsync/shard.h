@@ -28,10 +28,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gradsync/export.h"
-#include "gradsync/common.h"
-#include "gradsync/comm.h"
 #include "gradsync/codec.h"
+#include "gradsync/comm.h"
+#include "gradsync/common.h"
+#include "gradsync/export.h"
 
 GRADSYNC_BEGIN_DECL
 
@@ -70,19 +70,19 @@ typedef struct gradsync_shard_options {
   double weight_decay;    /**< >= 0; default 0 */
   double clamp_min;       /**< lower bound when clamp is 1 */
   double clamp_max;       /**< upper bound when clamp is 1 (>= clamp_min) */
-  double clip_norm;       /**< > 0: scale the gradient by clip_norm/‖g‖ when its global L2 norm exceeds it; 0: off */
-  int32_t replicas;       /**< version 3: each rank's slice (weights and optimizer state) also lives on the next
-                               `replicas` ranks, in [0, 64]; default 0. gradsync_shard_reshard after losing up to
-                               that many ranks then loses nothing. Costs `replicas` slices of memory per rank
-                               and, each step, an exchange of `replicas` gradient slices */
-  int32_t reserved0;      /**< 0 */
+  double clip_norm;  /**< > 0: scale the gradient by clip_norm/‖g‖ when its global L2 norm exceeds it; 0: off */
+  int32_t replicas;  /**< version 3: each rank's slice (weights and optimizer state) also lives on the next
+                          `replicas` ranks, in [0, 64]; default 0. gradsync_shard_reshard after losing up to
+                          that many ranks then loses nothing. Costs `replicas` slices of memory per rank
+                          and, each step, an exchange of `replicas` gradient slices */
+  int32_t reserved0; /**< 0 */
   /* append only */
 } gradsync_shard_options;
 
-#define GRADSYNC_SHARD_OPTIONS_INIT                                                                  \
-  {                                                                                                  \
+#define GRADSYNC_SHARD_OPTIONS_INIT                                                                                \
+  {                                                                                                                \
     sizeof(gradsync_shard_options), GRADSYNC_SHARD_OPTIONS_VERSION, GRADSYNC_SHARD_SGD, GRADSYNC_CODEC_NONE, 0, 0, \
-        0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0, 0, 0                                        \
+        0.01, 0.9, 0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0, 0, 0                                                      \
   }
 
 /**
@@ -90,7 +90,7 @@ typedef struct gradsync_shard_options {
  * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than the first version's
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options *opts, size_t struct_size);
+GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options* opts, size_t struct_size);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -107,11 +107,11 @@ GRADSYNC_API int gradsync_shard_options_init(gradsync_shard_options *opts, size_
  * @retval GRADSYNC_E_MISUSE comm is NULL or not a communicator
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_shard_create(gradsync_shard **out, gradsync_comm *comm, uint64_t total,
-                                       const gradsync_shard_options *opts);
+GRADSYNC_API int gradsync_shard_create(gradsync_shard** out, gradsync_comm* comm, uint64_t total,
+                                       const gradsync_shard_options* opts);
 
 /** @brief Release the shard (not its communicator); NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_shard_free(gradsync_shard *shard);
+GRADSYNC_API void gradsync_shard_free(gradsync_shard* shard);
 
 /* ---------------------------------------------------------------- queries */
 
@@ -126,8 +126,8 @@ GRADSYNC_API void gradsync_shard_free(gradsync_shard *shard);
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, P) and not -1
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_part(const gradsync_shard *shard, int32_t rank, uint64_t base, uint64_t *offset,
-                                     uint64_t *length);
+GRADSYNC_API int gradsync_shard_part(const gradsync_shard* shard, int32_t rank, uint64_t base, uint64_t* offset,
+                                     uint64_t* length);
 
 /**
  * @brief The parts of every rank as pairs (offset, length): out[2r] = base + start(r), out[2r+1] = len(r).
@@ -139,26 +139,26 @@ GRADSYNC_API int gradsync_shard_part(const gradsync_shard *shard, int32_t rank, 
  * @retval GRADSYNC_E_BUFS capacity < 2·P (*needed is set, out untouched)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_ranges(const gradsync_shard *shard, uint64_t base, uint64_t *out, size_t capacity,
-                                       size_t *needed);
+GRADSYNC_API int gradsync_shard_ranges(const gradsync_shard* shard, uint64_t base, uint64_t* out, size_t capacity,
+                                       size_t* needed);
 
 /**
  * @brief Memory this rank holds, in bytes (each may be NULL): its weight slice, its optimizer
  *        state (1/P of the unsharded optimizer's), and staging and wire buffers.
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_memory(const gradsync_shard *shard, uint64_t *weight_bytes, uint64_t *optimizer_bytes,
-                                       uint64_t *buffer_bytes);
+GRADSYNC_API int gradsync_shard_memory(const gradsync_shard* shard, uint64_t* weight_bytes, uint64_t* optimizer_bytes,
+                                       uint64_t* buffer_bytes);
 
 /** @brief Number of optimizer updates applied so far on this rank. @threadsafety handle */
-GRADSYNC_API int gradsync_shard_updates(const gradsync_shard *shard, int64_t *updates);
+GRADSYNC_API int gradsync_shard_updates(const gradsync_shard* shard, int64_t* updates);
 
 /**
  * @brief Change the learning rate (finite, >= 0) for later updates. Local: set the same on every
  *        rank; ranks whose options differ get GRADSYNC_E_MISMATCH at the next collective stage.
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard *shard, double lr);
+GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard* shard, double lr);
 
 /* ---------------------------------------------------------------- training */
 
@@ -171,7 +171,7 @@ GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard *shard, double lr);
  * @retval GRADSYNC_E_INVALID_ARG NULL weights or count != total
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_init(gradsync_shard *shard, const float *weights, size_t count);
+GRADSYNC_API int gradsync_shard_init(gradsync_shard* shard, const float* weights, size_t count);
 
 /**
  * @brief Collective: one whole training step (put, aggregate, update, gather). Arguments are
@@ -184,11 +184,12 @@ GRADSYNC_API int gradsync_shard_init(gradsync_shard *shard, const float *weights
  * @retval GRADSYNC_E_INVALID_ARG NULL buffer or count != total (on this rank; GRADSYNC_E_REMOTE on the others)
  * @retval GRADSYNC_E_MISUSE step before init (on this rank; GRADSYNC_E_REMOTE on the others)
  * @retval GRADSYNC_E_ZERO_WEIGHT the sample counts of all ranks sum to 0 (every rank; weights untouched)
- * @retval GRADSYNC_E_MISMATCH ranks called different stages or have different totals or options (learning rate included)
+ * @retval GRADSYNC_E_MISMATCH ranks called different stages or have different totals or options (learning rate
+ * included)
  * @retval GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from the communicator
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_step(gradsync_shard *shard, const float *gradient, float *weights, size_t count,
+GRADSYNC_API int gradsync_shard_step(gradsync_shard* shard, const float* gradient, float* weights, size_t count,
                                      uint64_t samples);
 
 /**
@@ -198,7 +199,7 @@ GRADSYNC_API int gradsync_shard_step(gradsync_shard *shard, const float *gradien
  * @retval GRADSYNC_E_MISUSE put before init
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_put(gradsync_shard *shard, const float *gradient, size_t count, uint64_t samples);
+GRADSYNC_API int gradsync_shard_put(gradsync_shard* shard, const float* gradient, size_t count, uint64_t samples);
 
 /**
  * @brief Collective: this rank's part of the weighted mean of the gradients put on every rank,
@@ -207,14 +208,14 @@ GRADSYNC_API int gradsync_shard_put(gradsync_shard *shard, const float *gradient
  * @retval GRADSYNC_E_ZERO_WEIGHT the sample counts sum to 0 (every rank)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard *shard);
+GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard* shard);
 
 /**
  * @brief Local: run the optimizer on this rank's weight slice with the aggregated gradient.
  * @retval GRADSYNC_E_MISUSE no aggregated gradient to apply (also reported by every rank's next gather)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_update(gradsync_shard *shard);
+GRADSYNC_API int gradsync_shard_update(gradsync_shard* shard);
 
 /**
  * @brief Local: copy this rank's weight slice or aggregated gradient slice into out (count = its length).
@@ -224,21 +225,21 @@ GRADSYNC_API int gradsync_shard_update(gradsync_shard *shard);
  * @param count elements to read
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard *shard, int32_t which, float *out, size_t count);
+GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard* shard, int32_t which, float* out, size_t count);
 
 /**
  * @brief Local: set this rank's weight slice (count = its length), e.g. from the caller's own
  *        optimizer in place of gradsync_shard_update.
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard *shard, const float *slice, size_t count);
+GRADSYNC_API int gradsync_shard_write_weights(gradsync_shard* shard, const float* slice, size_t count);
 
 /**
  * @brief Collective: gather every rank's weight slice into weights (count == total), in full precision.
  * @retval GRADSYNC_E_MISUSE an aggregated gradient was not applied on this rank (GRADSYNC_E_REMOTE on the others)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_gather(gradsync_shard *shard, float *weights, size_t count);
+GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, size_t count);
 
 /* ---------------------------------------------------------------- elastic */
 
@@ -265,7 +266,7 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard *shard, float *weights, si
  * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_shard_reshard(gradsync_shard *shard, gradsync_comm *new_comm, uint64_t *moved_floats);
+GRADSYNC_API int gradsync_shard_reshard(gradsync_shard* shard, gradsync_comm* new_comm, uint64_t* moved_floats);
 
 GRADSYNC_END_DECL
 

@@ -28,8 +28,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gradsync/export.h"
 #include "gradsync/common.h"
+#include "gradsync/export.h"
 
 GRADSYNC_BEGIN_DECL
 
@@ -71,11 +71,10 @@ typedef struct gradsync_table_options {
   /* append only */
 } gradsync_table_options;
 
-#define GRADSYNC_TABLE_OPTIONS_INIT                                                                     \
-  {                                                                                                   \
-    sizeof(gradsync_table_options), GRADSYNC_TABLE_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN, 0, \
-        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_F32, GRADSYNC_TABLE_INIT_ZEROS, 0, -0.5, 0.5, \
-        0, 0                                                                                          \
+#define GRADSYNC_TABLE_OPTIONS_INIT                                                                         \
+  {                                                                                                         \
+    sizeof(gradsync_table_options), GRADSYNC_TABLE_OPTIONS_VERSION, GRADSYNC_TABLE_CREATE_OR_OPEN, 0,       \
+        GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_F32, GRADSYNC_TABLE_INIT_ZEROS, 0, -0.5, 0.5, 0, 0 \
   }
 
 /**
@@ -85,7 +84,7 @@ typedef struct gradsync_table_options {
  * @retval GRADSYNC_E_INVALID_ARG opts is NULL or struct_size is smaller than version 1's
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_t struct_size);
+GRADSYNC_API int gradsync_table_options_init(gradsync_table_options* opts, size_t struct_size);
 
 /* ---------------------------------------------------------------- lifecycle */
 
@@ -107,19 +106,19 @@ GRADSYNC_API int gradsync_table_options_init(gradsync_table_options *opts, size_
  *         while it checks and allocates the file) past the open's deadline: it is stopped or stuck
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_open(gradsync_table **out, const char *path, const gradsync_table_options *opts);
+GRADSYNC_API int gradsync_table_open(gradsync_table** out, const char* path, const gradsync_table_options* opts);
 
 /** @brief Unmap and close (does not flush). NULL is a no-op. @threadsafety handle */
-GRADSYNC_API void gradsync_table_free(gradsync_table *table);
+GRADSYNC_API void gradsync_table_free(gradsync_table* table);
 
 /** @brief Rows and floats per row. Either pointer may be NULL. @threadsafety any */
-GRADSYNC_API int gradsync_table_shape(const gradsync_table *table, int64_t *rows, int64_t *dim);
+GRADSYNC_API int gradsync_table_shape(const gradsync_table* table, int64_t* rows, int64_t* dim);
 
 /**
  * @brief Whether gradsync_table_open created the table (1) or opened an existing file (0).
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_created(const gradsync_table *table, int32_t *created);
+GRADSYNC_API int gradsync_table_created(const gradsync_table* table, int32_t* created);
 
 /* ---------------------------------------------------------------- rows */
 
@@ -129,7 +128,7 @@ GRADSYNC_API int gradsync_table_created(const gradsync_table *table, int32_t *cr
  * @retval GRADSYNC_E_INVALID_ARG out is NULL or count != dim
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_get(const gradsync_table *table, int64_t row, float *out, size_t count);
+GRADSYNC_API int gradsync_table_get(const gradsync_table* table, int64_t row, float* out, size_t count);
 
 /**
  * @brief Overwrite row `row` with values (count must equal dim). values may point into this table
@@ -137,14 +136,14 @@ GRADSYNC_API int gradsync_table_get(const gradsync_table *table, int64_t row, fl
  * @retval GRADSYNC_E_MISUSE the table is read-only
  * @threadsafety any (not synchronised with other writers of the same row)
  */
-GRADSYNC_API int gradsync_table_set(gradsync_table *table, int64_t row, const float *values, size_t count);
+GRADSYNC_API int gradsync_table_set(gradsync_table* table, int64_t row, const float* values, size_t count);
 
 /**
  * @brief Copy n rows (ids in `rows`, repeats allowed) into out, row after row; count = n * dim.
  *        Every id is checked before anything is copied.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_gather(const gradsync_table *table, const int64_t *rows, size_t n, float *out,
+GRADSYNC_API int gradsync_table_gather(const gradsync_table* table, const int64_t* rows, size_t n, float* out,
                                        size_t count);
 
 /**
@@ -153,11 +152,11 @@ GRADSYNC_API int gradsync_table_gather(const gradsync_table *table, const int64_
  *        written in order, each from values as they are when it is written.
  * @threadsafety any (not synchronised with other writers of the same rows)
  */
-GRADSYNC_API int gradsync_table_scatter(gradsync_table *table, const int64_t *rows, size_t n, const float *values,
+GRADSYNC_API int gradsync_table_scatter(gradsync_table* table, const int64_t* rows, size_t n, const float* values,
                                         size_t count);
 
 /** @brief Set every element to zero. @threadsafety handle */
-GRADSYNC_API int gradsync_table_fill_zero(gradsync_table *table);
+GRADSYNC_API int gradsync_table_fill_zero(gradsync_table* table);
 
 /**
  * @brief Fill with uniform values in [lo, hi]: element i gets a fixed function of (seed, i), so
@@ -165,7 +164,7 @@ GRADSYNC_API int gradsync_table_fill_zero(gradsync_table *table);
  * @retval GRADSYNC_E_INVALID_ARG lo > hi or not finite
  * @threadsafety handle
  */
-GRADSYNC_API int gradsync_table_fill_uniform(gradsync_table *table, uint64_t seed, float lo, float hi);
+GRADSYNC_API int gradsync_table_fill_uniform(gradsync_table* table, uint64_t seed, float lo, float hi);
 
 /**
  * @brief Make every row written so far durable: msync + fsync of the data, then the next header
@@ -173,14 +172,14 @@ GRADSYNC_API int gradsync_table_fill_uniform(gradsync_table *table, uint64_t see
  * @retval GRADSYNC_E_IO a write or sync failed
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_flush(gradsync_table *table);
+GRADSYNC_API int gradsync_table_flush(gradsync_table* table);
 
 /**
  * @brief Hint that these rows are about to be used (madvise WILLNEED on their pages). Ids are
  *        checked; no data changes.
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_prefetch(const gradsync_table *table, const int64_t *rows, size_t n);
+GRADSYNC_API int gradsync_table_prefetch(const gradsync_table* table, const int64_t* rows, size_t n);
 
 /**
  * @brief Borrow a read-only view of the whole row-major data (rows * dim floats).
@@ -190,7 +189,7 @@ GRADSYNC_API int gradsync_table_prefetch(const gradsync_table *table, const int6
  * @param[out] bytes rows * dim * 4
  * @threadsafety any
  */
-GRADSYNC_API int gradsync_table_view(const gradsync_table *table, const void **data, size_t *bytes);
+GRADSYNC_API int gradsync_table_view(const gradsync_table* table, const void** data, size_t* bytes);
 
 GRADSYNC_END_DECL
 

@@ -93,7 +93,7 @@ struct Accumulator::OwnerScratch {
   // add_partitionwise: where each partition's positions start, where its next one goes, and the
   // partitions found busy.
   std::vector<uint32_t> bucket, next, deferred;
-  bool other_process = false;       // this job found one of its partitions held by another process
+  bool other_process = false;  // this job found one of its partitions held by another process
 };
 
 std::unique_ptr<Accumulator> Accumulator::open(const AccumSpec& spec) {
@@ -182,8 +182,8 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
         list_[n++] = r;
       }
       *count_ = n;
-      const bool valid = h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 3 &&
-                         h.rows_per_lock >= 1;
+      const bool valid = h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 &&
+                         h.concurrency <= 3 && h.rows_per_lock >= 1;
       if (!valid) GS_LOG_WARN("'{}': accumulator state header was damaged; rebuilt it", table_->path());
       h.magic = kAuxMagic;
       h.layout_version = kAuxLayoutVersion;
@@ -197,8 +197,8 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
     GS_REQUIRE(h.magic != kAuxMagic || h.layout_version == kAuxLayoutVersion, GRADSYNC_E_VERSION_MISMATCH,
                "'{}' is open in a process of another libgradsync version (state layout {}, this one {})",
                table_->path(), h.layout_version, kAuxLayoutVersion);
-    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 && h.concurrency <= 3 &&
-                   h.rows_per_lock >= 1 &&
+    GS_REQUIRE(h.magic == kAuxMagic && h.layout_version == kAuxLayoutVersion && h.concurrency >= 0 &&
+                   h.concurrency <= 3 && h.rows_per_lock >= 1 &&
                    h.nlocks == lock_count(static_cast<Concurrency>(h.concurrency), rows, h.rows_per_lock),
                GRADSYNC_E_CORRUPT, "'{}': the accumulator state header is damaged", table_->path());
     const auto file_mode = static_cast<Concurrency>(h.concurrency);
@@ -224,7 +224,8 @@ void Accumulator::attach_aux(const AccumSpec& spec) {
 
 void Accumulator::claim_holder_slot() {
   const int fd = table_->fd();
-  if (fd < 0 || (mode_ != Concurrency::Striped && mode_ != Concurrency::Owner)) return;  // anonymous: this process alone
+  if (fd < 0 || (mode_ != Concurrency::Striped && mode_ != Concurrency::Owner))
+    return;  // anonymous: this process alone
   for (uint32_t slot = 0; slot < (1u << 30); ++slot) {
     if (ofd_lock(fd, kHolderLockBase + static_cast<off_t>(slot), F_WRLCK)) {
       holder_ = slot + 1;
@@ -250,7 +251,8 @@ void Accumulator::require_whole(const char* what) const {
 
 void Accumulator::lock_stripe(uint32_t* word) {
   uint32_t expected = 0;
-  if (atomic(*word).compare_exchange_weak(expected, holder_, std::memory_order_acquire, std::memory_order_relaxed)) return;
+  if (atomic(*word).compare_exchange_weak(expected, holder_, std::memory_order_acquire, std::memory_order_relaxed))
+    return;
   lock_stripe_slow(word);
 }
 
@@ -424,7 +426,8 @@ void Accumulator::add_rows(const int64_t* rows, size_t n, const float* grads, co
   GS_REQUIRE(lost == 0, GRADSYNC_E_CORRUPT,
              "'{}': the touched count in the shared state region exceeds its {} rows (damaged by another "
              "process); {} rows were added but not listed: reopen the file with no other process holding it, "
-             "which rebuilds the list from the row flags", table_->path(), table_->rows(), lost);
+             "which rebuilds the list from the row flags",
+             table_->path(), table_->rows(), lost);
 }
 
 // One batch's state shared by its owners for the length of the job (on the submitter's stack).
@@ -436,7 +439,7 @@ struct Accumulator::OwnerBatch {
   // deferred (another process held it when tried).
   uint8_t held[kMaxOwnerPartitions] = {};
   std::atomic<uint32_t> arrived[3] = {0, 0, 0};
-  std::atomic<size_t> repeats{0};  // positions whose row came earlier in the same chunk
+  std::atomic<size_t> repeats{0};   // positions whose row came earlier in the same chunk
   std::atomic<bool> failed{false};  // an owner failed before the adds: none adds anything
   bool partitionwise = false;       // the file is contended: add_partitionwise, for every owner
   WaitWord word;
@@ -479,8 +482,9 @@ void Accumulator::add_owned(OwnerBatch& b, unsigned w, unsigned owners) {
   auto barrier = [&](int k) {
     b.arrived[k].fetch_add(1, std::memory_order_seq_cst);
     notify(b.word);
-    wait_until(b.word, [&] { return b.arrived[k].load(std::memory_order_seq_cst) == owners; },
-               WaitClock::time_point::max(), nullptr, ~0u, barrier_policy);
+    wait_until(
+        b.word, [&] { return b.arrived[k].load(std::memory_order_seq_cst) == owners; }, WaitClock::time_point::max(),
+        nullptr, ~0u, barrier_policy);
   };
   std::exception_ptr error;
   // Before the first barrier: the rows of this owner's chunk of positions marked in its bitmap
@@ -800,8 +804,8 @@ uint64_t Accumulator::touched_range(uint64_t begin, uint64_t end, RowFn& fn) {
 
 template <class RowFn>
 void Accumulator::for_each_touched(RowFn&& fn) {
-  const uint64_t n = std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire),
-                                        static_cast<uint64_t>(table_->rows()));
+  const uint64_t n =
+      std::min<uint64_t>(atomic(*count_).load(std::memory_order_acquire), static_cast<uint64_t>(table_->rows()));
   uint64_t stale = 0;
   // Owner mode: the owners split the list (each row is listed once, so their rows are disjoint,
   // and each row's update depends on that row alone: the result does not depend on the split).

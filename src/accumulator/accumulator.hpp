@@ -62,7 +62,7 @@ const char* concurrency_name(Concurrency c) noexcept;
 struct AccumSpec {
   std::string path;
   table::OpenMode mode = table::OpenMode::CreateOrOpen;
-  int64_t rows = -1;           // -1: take it from the existing file
+  int64_t rows = -1;  // -1: take it from the existing file
   int64_t dim = -1;
   int32_t concurrency = -1;    // -1: the mode of the processes that have the file open, else striped
   int64_t rows_per_lock = -1;  // -1: likewise, else kDefaultRowsPerLock
@@ -83,9 +83,9 @@ struct OptimizerSpec {
 //   flags_off  touched flags: rows x uint8 (1 = touched)
 //   list_off   touched list: rows x int64, entries [0, count) valid
 struct AuxHeader {
-  uint32_t magic;          // kAuxMagic
-  uint32_t layout_version; // 1
-  int32_t concurrency;     // the mode every process that has the file open uses
+  uint32_t magic;           // kAuxMagic
+  uint32_t layout_version;  // 1
+  int32_t concurrency;      // the mode every process that has the file open uses
   uint32_t reserved0;
   uint64_t rows_per_lock;
   uint64_t nlocks;

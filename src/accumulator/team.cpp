@@ -32,19 +32,20 @@ void Team::run(Fn fn, void* ctx) {
     std::lock_guard<std::mutex> order(submit_);
     seq = published_.load(std::memory_order_relaxed);
     // The ring slot is free once every owner has taken the job kRing places back.
-    wait_until(done_word_, [&] { return seq - slowest() < kRing; }, WaitClock::time_point::max());
+    wait_until(
+        done_word_, [&] { return seq - slowest() < kRing; }, WaitClock::time_point::max());
     ring_[seq % kRing].store(&job, std::memory_order_relaxed);
     published_.store(seq + 1, std::memory_order_seq_cst);
     notify(published_word_);
   }
   // Owner 0's turn comes when it has finished the jobs before this one.
-  wait_until(done_word_, [&] { return taken_[0].n.load(std::memory_order_seq_cst) == seq; },
-             WaitClock::time_point::max());
+  wait_until(
+      done_word_, [&] { return taken_[0].n.load(std::memory_order_seq_cst) == seq; }, WaitClock::time_point::max());
   run_share(job, 0);
   taken_[0].n.store(seq + 1, std::memory_order_seq_cst);
   finish(job);
-  wait_until(done_word_, [&] { return job.remaining.load(std::memory_order_seq_cst) == 0; },
-             WaitClock::time_point::max());
+  wait_until(
+      done_word_, [&] { return job.remaining.load(std::memory_order_seq_cst) == 0; }, WaitClock::time_point::max());
   if (job.failed.load(std::memory_order_acquire)) throw Error(job.status, job.message);
 }
 
@@ -88,11 +89,10 @@ void Team::work(unsigned w) {
   // follows within microseconds, and a futex wake-up costs tens of them.
   AdaptiveWait wait(static_cast<int>(size()));
   for (uint64_t seq = 0;; ++seq) {
-    wait(published_word_,
-         [&] {
-           return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0;
-         },
-         WaitClock::time_point::max());
+    wait(
+        published_word_,
+        [&] { return published_.load(std::memory_order_seq_cst) > seq || stop_.load(std::memory_order_seq_cst) != 0; },
+        WaitClock::time_point::max());
     if (published_.load(std::memory_order_seq_cst) <= seq) return;  // stopped, and nothing left
     Job& job = *ring_[seq % kRing].load(std::memory_order_relaxed);
     taken_[w].n.store(seq + 1, std::memory_order_seq_cst);

@@ -50,8 +50,7 @@ void Mutex::unlock() {
     std::lock_guard<std::mutex> state(state_mutex_);
     const pid_t me = current_thread_id();
     if (!locked_) fail(GRADSYNC_E_NOT_OWNER, "thread {} unlocks a mutex that is not locked", me);
-    if (owner_ != me)
-      fail(GRADSYNC_E_NOT_OWNER, "thread {} unlocks a mutex held by thread {}", me, owner_);
+    if (owner_ != me) fail(GRADSYNC_E_NOT_OWNER, "thread {} unlocks a mutex held by thread {}", me, owner_);
     locked_ = false;
     owner_ = 0;
   }

@@ -73,8 +73,8 @@ __attribute__((target("avx2"))) inline __m256i bf16_rne_8(__m256i x) noexcept {
 
 __attribute__((target("avx2"))) inline __m256i bigdl_trunc_8(__m256i x) noexcept {
   // A NaN that truncation would turn into Inf: exponent all ones, bits 16-22 zero, low half non-zero.
-  const __m256i inf_high = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff0000)),
-                                              _mm256_set1_epi32(0x7f800000));
+  const __m256i inf_high =
+      _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff0000)), _mm256_set1_epi32(0x7f800000));
   const __m256i low_zero = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256());
   const __m256i fix = _mm256_and_si256(_mm256_andnot_si256(low_zero, inf_high), _mm256_set1_epi32(0x40));
   return _mm256_or_si256(_mm256_srli_epi32(x, 16), fix);
@@ -129,8 +129,7 @@ GS_AVX512 void encode_bf16_avx512(const float* s, size_t n, uint16_t* d) noexcep
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(s + i);
     const __m512i bits = _mm512_castps_si512(x);
-    const __mmask16 denormal =
-        _mm512_testn_epi32_mask(bits, exponent) & _mm512_test_epi32_mask(bits, magnitude);
+    const __mmask16 denormal = _mm512_testn_epi32_mask(bits, exponent) & _mm512_test_epi32_mask(bits, magnitude);
     if (denormal == 0) {
       const __m256bh h = _mm512_cvtneps_pbh(x);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), reinterpret_cast<const __m256i&>(h));
@@ -151,8 +150,8 @@ GS_AVX512 void encode_bigdl_avx512(const float* s, size_t n, uint16_t* d) noexce
     const __mmask16 inf_high =
         _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fff0000)), _mm512_set1_epi32(0x7f800000));
     const __mmask16 fix = inf_high & _mm512_test_epi32_mask(x, _mm512_set1_epi32(0xffff));
-    const __m512i h = _mm512_mask_or_epi32(_mm512_srli_epi32(x, 16), fix, _mm512_srli_epi32(x, 16),
-                                           _mm512_set1_epi32(0x40));
+    const __m512i h =
+        _mm512_mask_or_epi32(_mm512_srli_epi32(x, 16), fix, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_shuffle_epi8(_mm512_cvtepi32_epi16(h), swap));
   }
   for (; i < n; ++i) d[i] = bigdl_encode(bits_of(s[i]));
@@ -234,15 +233,18 @@ Kernels make_kernels(Path path) noexcept {
   switch (path) {
     case Path::Portable:
       out = {{nullptr, encode_bigdl_base, encode_bf16_base, encode_fp16_base},
-             {nullptr, decode_bigdl_base, decode_bf16_base, decode_fp16_base}, true};
+             {nullptr, decode_bigdl_base, decode_bf16_base, decode_fp16_base},
+             true};
       break;
     case Path::Avx2:
       out = {{nullptr, encode_bigdl_avx2, encode_bf16_avx2, encode_fp16_f16c},
-             {nullptr, decode_bigdl_avx2, decode_bf16_avx2, decode_fp16_f16c}, c.avx2 && c.f16c};
+             {nullptr, decode_bigdl_avx2, decode_bf16_avx2, decode_fp16_f16c},
+             c.avx2 && c.f16c};
       break;
     case Path::Avx512:
       out = {{nullptr, encode_bigdl_avx512, encode_bf16_avx512, encode_fp16_f16c},
-             {nullptr, decode_bigdl_avx512, decode_bf16_avx512, decode_fp16_f16c}, c.avx512 && c.f16c};
+             {nullptr, decode_bigdl_avx512, decode_bf16_avx512, decode_fp16_f16c},
+             c.avx512 && c.f16c};
       break;
   }
   return out;

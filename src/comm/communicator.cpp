@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -301,9 +301,9 @@ void Communicator::scatterv(const void* send, std::span<const size_t> send_count
   if (root >= 0 && root < size()) recv_counts[static_cast<size_t>(root)] = recv_count;
   const bool at_root = root == rank();
   const std::vector<size_t> send_displs = at_root ? packed(send_counts) : zeros;
-  const Routes routes = agree_routes(Collective::Scatter, root, dtype,
-                                     at_root ? send_counts : std::span<const size_t>(zeros), send_displs, recv_counts,
-                                     zeros);
+  const Routes routes =
+      agree_routes(Collective::Scatter, root, dtype, at_root ? send_counts : std::span<const size_t>(zeros),
+                   send_displs, recv_counts, zeros);
   exchange(send, recv, routes, dtype);
 }
 
@@ -389,8 +389,9 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   Subgroup sub;
   for (size_t r = 0; r < n; ++r)
     if (all[3 * r] == color) sub.members.push_back(static_cast<int>(r));
-  std::stable_sort(sub.members.begin(), sub.members.end(),
-                   [&](int a, int b) { return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1]; });
+  std::stable_sort(sub.members.begin(), sub.members.end(), [&](int a, int b) {
+    return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1];
+  });
   sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank()) - sub.members.begin());
   // The parent's name cut to 40 bytes, a dot and a hash of what makes this subgroup unique: within
   // the name limit, and as valid a segment name as the parent's.

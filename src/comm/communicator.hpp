@@ -16,8 +16,8 @@
 //   reset() (collective) succeeds.
 #include <chrono>
 #include <cstddef>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,10 +25,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/dtype.hpp"
-#include "common/partition.hpp"
 #include "comm/telemetry.hpp"
 #include "comm/topology.hpp"
+#include "common/dtype.hpp"
+#include "common/partition.hpp"
 
 namespace gradsync::comm {
 
@@ -44,7 +44,7 @@ struct Options {
   std::chrono::milliseconds timeout{300000};
   int64_t mpi_fcomm = INT64_MIN;  // INT64_MIN: MPI_COMM_WORLD
   std::string name;
-  std::string host_label;  // replaces the detected host identity when not empty (comm/topology.hpp)
+  std::string host_label;             // replaces the detected host identity when not empty (comm/topology.hpp)
   bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
   // Asked now and then while create() waits for the other members: a non-empty answer gives up
   // with E_REMOTE saying it (a shrink forming its group from a group that lost another member).
@@ -125,8 +125,8 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, size_t total, DType dtype, ReduceOp op);
   // Rank r receives the reduction of the counts[r] elements after the counts before it.
   // root: a rooted reduce's root (reduce()), which the round judges and names; none otherwise.
-  virtual void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                               ReduceOp op, std::optional<int> root) = 0;
+  virtual void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                               std::optional<int> root) = 0;
   // A rooted reduce: reduce_scatterv with every count but root's 0 (recv is read at root only).
   // The root is judged inside the round, so a root that one rank gets wrong fails every rank.
   void reduce_to(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root);
@@ -141,8 +141,8 @@ class Communicator {
   // Counts and displacements of this rank's own (MPI_Alltoallv's, in elements, size() entries
   // each). One small round first gives every rank every rank's, so that ranks that disagree (s
   // sends c elements to d, d expects c' from s) all get E_MISMATCH before anything moves.
-  void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
-                 void* recv, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs, DType dtype);
+  void alltoallv(const void* send, std::span<const size_t> send_counts, std::span<const size_t> send_displs, void* recv,
+                 std::span<const size_t> recv_counts, std::span<const size_t> recv_displs, DType dtype);
   // count elements from every rank into root's recv, in rank order; recv is read at root only.
   void gather(const void* send, void* recv, size_t count, DType dtype, int root);
   // send_count elements from every rank; root's recv_counts say how many it expects from each
@@ -245,8 +245,8 @@ class Communicator {
   // count + 1 entries: the products, then the weight), for a transport that judges the call
   // itself and moves the data as it likes. The weight is at most 2^53 (checked by the caller).
   static std::vector<double> stage_weighted_mean(const void* send, size_t count, DType dtype, uint64_t weight);
-  void finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count,
-                            DType dtype, uint64_t* total_weight) const;
+  void finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count, DType dtype,
+                            uint64_t* total_weight) const;
 
   InterruptCheck interrupt_;
   Telemetry telemetry_;
@@ -255,9 +255,9 @@ class Communicator {
   int64_t member_id_ = 0;
   Options group_options_;
   Topology topology_;
-  uint64_t splits_ = 0;  // split() calls made, the same count on every rank: part of subgroup names
+  uint64_t splits_ = 0;                    // split() calls made, the same count on every rank: part of subgroup names
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
-  std::vector<size_t> partition_counts_;  // allgather's and reduce_scatter's, reused: no allocation per call
+  std::vector<size_t> partition_counts_;   // allgather's and reduce_scatter's, reused: no allocation per call
   std::span<const size_t> rule_counts(size_t total);
   // The round of counts of alltoallv, gatherv and scatterv: every rank's counts and displacements
   // to every rank, checked alike on every rank (E_MISMATCH, E_OUT_OF_RANGE), as routes.

@@ -154,9 +154,8 @@ ShrinkResult Membership::shrink(Communicator& group) {
       result.form += WaitClock::now() - formed_start;
       result.comm = std::move(formed);
       result.failed = decision.failed;
-      GS_LOG_INFO("shrink of {}: rank {} is rank {} of {} in group '{}' (lost rank(s) {}; {} attempt(s))",
-                  group_name(), rank_, sub.rank, sub.members.size(), sub.name, fmt::join(decision.failed, ", "),
-                  result.attempts);
+      GS_LOG_INFO("shrink of {}: rank {} is rank {} of {} in group '{}' (lost rank(s) {}; {} attempt(s))", group_name(),
+                  rank_, sub.rank, sub.members.size(), sub.name, fmt::join(decision.failed, ", "), result.attempts);
       return result;
     } catch (const Error& e) {
       result.form += WaitClock::now() - formed_start;

@@ -30,9 +30,12 @@ struct Traits {
 
   static Acc load(T v) noexcept { return static_cast<Acc>(v); }
   static Acc combine(Acc a, Acc b) noexcept {
-    if constexpr (Op == ReduceOp::Min) return b < a ? b : a;
-    else if constexpr (Op == ReduceOp::Max) return a < b ? b : a;
-    else return a + b;
+    if constexpr (Op == ReduceOp::Min)
+      return b < a ? b : a;
+    else if constexpr (Op == ReduceOp::Max)
+      return a < b ? b : a;
+    else
+      return a + b;
   }
   static T finish(Acc v, size_t n) noexcept {
     if constexpr (Op != ReduceOp::Mean) {
@@ -59,7 +62,7 @@ struct Traits {
 // none, which is the documented precondition, so no runtime alias check is needed.
 template <class Tr, size_t... K>
 GS_KERNEL void fold_fixed(const typename Tr::Elem* const* srcs, typename Tr::Elem* dst, size_t begin, size_t end,
-                std::index_sequence<K...>) noexcept {
+                          std::index_sequence<K...>) noexcept {
   using T = typename Tr::Elem;
   constexpr size_t n = sizeof...(K);
   const T* const p[n] = {srcs[K]...};
@@ -93,7 +96,7 @@ GS_KERNEL void fold_fixed_all(const typename Tr::Elem* const* srcs, typename Tr:
 // Any number of sources: fold block by block through an accumulator that stays in L1.
 template <class Tr>
 GS_KERNEL void fold_generic(const typename Tr::Elem* const* srcs, size_t nsrcs, typename Tr::Elem* dst, size_t begin,
-                  size_t end) noexcept {
+                            size_t end) noexcept {
   using Acc = typename Tr::Acc;
   constexpr size_t kChunk = 512;
   Acc acc[kChunk];
@@ -156,7 +159,8 @@ bool fold_all_baseline(const void* const* srcs, size_t n, void* const* dsts, siz
 #if defined(__x86_64__)
 #define GS_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
 template <class Tr>
-GS_AVX512 bool fold_all_avx512(const void* const* srcs, size_t n, void* const* dsts, size_t begin, size_t end) noexcept {
+GS_AVX512 bool fold_all_avx512(const void* const* srcs, size_t n, void* const* dsts, size_t begin,
+                               size_t end) noexcept {
   return fold_all<Tr>(srcs, n, dsts, begin, end);
 }
 
@@ -365,8 +369,10 @@ void weighted_mean_of(const void* const* srcs, const double* weights, size_t nsr
       const T* s = static_cast<const T*>(srcs[r]) + lo;
       const double w = weights[r];
       if (r == 0) {
-        if (w == 0) std::fill(acc, acc + len, 0.0);
-        else for (size_t j = 0; j < len; ++j) acc[j] = w * static_cast<double>(s[j]);
+        if (w == 0)
+          std::fill(acc, acc + len, 0.0);
+        else
+          for (size_t j = 0; j < len; ++j) acc[j] = w * static_cast<double>(s[j]);
       } else if (w != 0) {
         for (size_t j = 0; j < len; ++j) acc[j] += w * static_cast<double>(s[j]);
       } else {

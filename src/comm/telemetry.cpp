@@ -22,10 +22,7 @@ double us(Telemetry::Clock::time_point t) noexcept { return static_cast<double>(
 }  // namespace
 
 Telemetry::Call::Call(Telemetry& t, Collective what, uint64_t bytes) noexcept
-    : t_(t),
-      outer_(t.depth_++ == 0),
-      what_(what),
-      bytes_(bytes) {
+    : t_(t), outer_(t.depth_++ == 0), what_(what), bytes_(bytes) {
   if (outer_) t.current_ = this;
 }
 
@@ -124,7 +121,8 @@ StatsSnapshot Telemetry::stats() const {
   for (int r = 0; r < n; ++r) {
     const Peer& p = peers_[static_cast<size_t>(r)];
     out.peers[static_cast<size_t>(r)] = {p.late_ns.get(), p.max_late_ns.get(), p.last.get()};
-    if (out.peers[static_cast<size_t>(r)].late_ns > most) most = out.peers[static_cast<size_t>(r)].late_ns, out.straggler = r;
+    if (out.peers[static_cast<size_t>(r)].late_ns > most)
+      most = out.peers[static_cast<size_t>(r)].late_ns, out.straggler = r;
   }
   return out;
 }
@@ -167,8 +165,10 @@ void Telemetry::open_timeline(const std::string& path, int rank) {
   rank_ = rank;
   first_event_ = true;
   write_failed_ = false;
-  std::fprintf(file_, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
-               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
+  std::fprintf(file_,
+               "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
+               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+               rank, rank);
   first_event_ = false;
 }
 

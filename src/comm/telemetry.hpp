@@ -14,10 +14,10 @@
 //
 // Cost to a call: two clock reads (arrival and end; StampClock, a TSC read where the kernel keeps
 // time with it) and a few relaxed stores; a third (the verdict) only after a wait longer than its
-// first polls: otherwise the verdict came as the last rank arrived, and its stamp says when. Only the thread inside a call writes the figures (one call at a
-// time per communicator), so they are single-writer atomics: stats() may read them from any
-// thread without a lock, each figure whole, the set of them possibly mid-update. The timeline, when on, appends under a mutex
-// to a buffer written out every kTimelineBatch events and at close.
+// first polls: otherwise the verdict came as the last rank arrived, and its stamp says when. Only the thread inside a
+// call writes the figures (one call at a time per communicator), so they are single-writer atomics: stats() may read
+// them from any thread without a lock, each figure whole, the set of them possibly mid-update. The timeline, when on,
+// appends under a mutex to a buffer written out every kTimelineBatch events and at close.
 #include <array>
 #include <atomic>
 #include <chrono>

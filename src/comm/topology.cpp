@@ -151,8 +151,8 @@ Topology detect_topology(Communicator& comm, const std::string& label, bool shar
     std::vector<uint64_t> row(words, 0);
     for (int s = 0; s < n; ++s) {
       const auto nonce_s = static_cast<uint64_t>(records[kRecordWords * static_cast<size_t>(s) + kRecordWords - 1]);
-      const bool seen = s == comm.rank() || (ids[static_cast<size_t>(s)] == identity && nonce_s != 0 &&
-                                             probe_written && read_probe(nonce_s));
+      const bool seen = s == comm.rank() || (ids[static_cast<size_t>(s)] == identity && nonce_s != 0 && probe_written &&
+                                             read_probe(nonce_s));
       if (seen) row[static_cast<size_t>(s) / 64] |= uint64_t{1} << (s % 64);
     }
     sees.assign(words * un, 0);

@@ -24,9 +24,9 @@ namespace gradsync::comm {
 class Communicator;
 
 struct Topology {
-  int host = 0;          // this rank's host
-  int local_rank = 0;    // this rank's place among its host's ranks
-  int local_size = 1;    // ranks on this rank's host
+  int host = 0;        // this rank's host
+  int local_rank = 0;  // this rank's place among its host's ranks
+  int local_size = 1;  // ranks on this rank's host
   int num_hosts = 1;
   std::vector<int> rank_host;  // every rank's host, by rank
 

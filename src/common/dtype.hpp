@@ -9,15 +9,24 @@
 
 namespace gradsync {
 
-enum class DType : int32_t { F32 = GRADSYNC_F32, F64 = GRADSYNC_F64, I32 = GRADSYNC_I32, I64 = GRADSYNC_I64,
-                             BF16 = GRADSYNC_BF16, F16 = GRADSYNC_F16 };
+enum class DType : int32_t {
+  F32 = GRADSYNC_F32,
+  F64 = GRADSYNC_F64,
+  I32 = GRADSYNC_I32,
+  I64 = GRADSYNC_I64,
+  BF16 = GRADSYNC_BF16,
+  F16 = GRADSYNC_F16
+};
 enum class ReduceOp : int32_t { Sum = GRADSYNC_SUM, Mean = GRADSYNC_MEAN, Min = GRADSYNC_MIN, Max = GRADSYNC_MAX };
 
 constexpr size_t dtype_size(DType t) noexcept {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F64: case DType::I64: return 8;
-    case DType::BF16: case DType::F16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F64:
+    case DType::I64: return 8;
+    case DType::BF16:
+    case DType::F16: return 2;
   }
   return 0;
 }

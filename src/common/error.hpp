@@ -29,7 +29,7 @@ template <class... Args>
 }  // namespace gradsync
 
 // Argument checks that read as the rule they enforce: GS_REQUIRE(n > 0, GRADSYNC_E_INVALID_ARG, "n is {}", n).
-#define GS_REQUIRE(cond, status, ...)        \
-  do {                                       \
+#define GS_REQUIRE(cond, status, ...)                     \
+  do {                                                    \
     if (!(cond)) ::gradsync::fail((status), __VA_ARGS__); \
   } while (0)

@@ -24,8 +24,10 @@ uint64_t fork_generation() noexcept { return g_generation.load(std::memory_order
 OwnerProcess::OwnerProcess() noexcept : pid_(::getpid()), generation_(fork_generation()) {}
 
 void OwnerProcess::refuse(std::string_view what, std::string_view remedy) const {
-  fail(GRADSYNC_E_MISUSE, "{} belongs to the parent process (pid {}) that created it; this process (pid {}) is a child "
-       "forked from it: {}", what, pid_, ::getpid(), remedy);
+  fail(GRADSYNC_E_MISUSE,
+       "{} belongs to the parent process (pid {}) that created it; this process (pid {}) is a child "
+       "forked from it: {}",
+       what, pid_, ::getpid(), remedy);
 }
 
 }  // namespace gradsync

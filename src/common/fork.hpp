@@ -33,7 +33,6 @@ class OwnerProcess {
   [[noreturn]] void refuse(std::string_view what, std::string_view remedy) const;
 
  private:
-
   pid_t pid_;
   uint64_t generation_;
 };

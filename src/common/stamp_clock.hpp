@@ -43,7 +43,8 @@ class StampClock {
 #if defined(__x86_64__)
     if (mult_ != 0) {
       const uint64_t since = __rdtsc() - tsc0_;
-      if (since < kReanchorTicks) return time_point(WaitClock::duration(ns0_ + static_cast<int64_t>((since * mult_) >> 32)));
+      if (since < kReanchorTicks)
+        return time_point(WaitClock::duration(ns0_ + static_cast<int64_t>((since * mult_) >> 32)));
     }
     if (tsc_) return reanchor();
 #endif

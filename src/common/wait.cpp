@@ -100,8 +100,8 @@ bool has_item(std::string_view list, std::string_view word) noexcept {
 std::string unescape(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' &&
-        s[i + 2] >= '0' && s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7') {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
+        s[i + 3] >= '0' && s[i + 3] <= '7') {
       out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
       i += 3;
     } else {
@@ -132,8 +132,7 @@ int limit_of(const std::string& dir, bool v2) {
 
 // The least limit of directory `mount_point + path` and its ancestors up to the mount point; *at
 // names the directory that sets it.
-int least_limit(const std::string& root, const std::string& mount_point, std::string path, bool v2,
-                std::string* at) {
+int least_limit(const std::string& root, const std::string& mount_point, std::string path, bool v2, std::string* at) {
   int least = 0;
   for (;;) {
     const int here = limit_of(root + mount_point + path, v2);

@@ -57,8 +57,8 @@ inline WaitClock::time_point deadline_after(std::chrono::milliseconds timeout,
   if (timeout <= std::chrono::milliseconds::zero()) return now;
   const Ticks::rep since = now.time_since_epoch().count();
   // A clock before its epoch has at least the whole positive range ahead of it.
-  const Ticks::rep room = since >= 0 ? std::numeric_limits<Ticks::rep>::max() - since
-                                     : std::numeric_limits<Ticks::rep>::max();
+  const Ticks::rep room =
+      since >= 0 ? std::numeric_limits<Ticks::rep>::max() - since : std::numeric_limits<Ticks::rep>::max();
   if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Ticks(room))) {
     return WaitClock::time_point::max();
   }
@@ -133,8 +133,8 @@ inline void notify(WaitWord& word) noexcept {
 // impossible (on x86 seq_cst loads are plain loads).
 template <class Ready>
 WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadline,
-                      const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u,
-                      WaitPolicy policy = {}, WaitTrace* trace = nullptr) {
+                      const std::atomic<uint32_t>* abort = nullptr, uint32_t abort_mask = ~0u, WaitPolicy policy = {},
+                      WaitTrace* trace = nullptr) {
   auto aborted = [&] { return abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0; };
   WaitTrace trace_sink;
   WaitTrace& how = trace != nullptr ? *trace : trace_sink;

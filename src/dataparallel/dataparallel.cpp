@@ -42,7 +42,8 @@ struct CompensatedSum {
   }
   double divided_by(uint64_t total) const noexcept {
     // total as a double pair too, so that a total above 2^53 adds no error of its own.
-    const double hi = static_cast<double>(total & ~uint64_t{0xffffffffu}), lo = static_cast<double>(total & 0xffffffffu);
+    const double hi = static_cast<double>(total & ~uint64_t{0xffffffffu}),
+                 lo = static_cast<double>(total & 0xffffffffu);
     const double th = hi + lo, tl = lo - (th - hi);
     const double q = (s + c) / th;
     return q - q * tl / th;  // first-order correction for the part of total th dropped
@@ -57,8 +58,8 @@ MergeResult merge(std::span<const T* const> grads, std::span<const size_t> lens,
   GS_REQUIRE(out != nullptr || out_len == 0, GRADSYNC_E_INVALID_ARG, "out is NULL for {} elements", out_len);
   uint64_t total = 0;
   for (size_t i = 0; i < workers; ++i) {
-    GS_REQUIRE(lens[i] == out_len, GRADSYNC_E_MISMATCH,
-               "worker {} gradient has {} elements, but the output has {}", i, lens[i], out_len);
+    GS_REQUIRE(lens[i] == out_len, GRADSYNC_E_MISMATCH, "worker {} gradient has {} elements, but the output has {}", i,
+               lens[i], out_len);
     GS_REQUIRE(grads[i] != nullptr || out_len == 0, GRADSYNC_E_INVALID_ARG, "worker {} gradient is NULL", i);
     GS_REQUIRE(total <= UINT64_MAX - counts[i], GRADSYNC_E_INVALID_ARG,
                "total sample count overflows 64 bits at worker {}", i);

@@ -21,8 +21,8 @@ constexpr uint64_t round_robin_count(uint64_t samples, uint64_t workers, uint64_
 void round_robin_fill(uint64_t samples, uint64_t workers, uint64_t worker, uint64_t* out) noexcept;
 
 struct MergeResult {
-  double mean_loss;     // sum w_i loss_i / sum w_i (0 when no losses were given)
-  uint64_t total_count; // sum w_i
+  double mean_loss;      // sum w_i loss_i / sum w_i (0 when no losses were given)
+  uint64_t total_count;  // sum w_i
 };
 
 // out[j] = sum_i w_i g_i[j] / sum_i w_i, accumulated in double in worker order 0, 1, ..., so the

@@ -110,14 +110,17 @@ class Fd {
   int fd_;
 };
 
-int write_status(int err) { return err == ENOSPC || err == EDQUOT || err == EFBIG ? GRADSYNC_E_NO_SPACE : GRADSYNC_E_IO; }
+int write_status(int err) {
+  return err == ENOSPC || err == EDQUOT || err == EFBIG ? GRADSYNC_E_NO_SPACE : GRADSYNC_E_IO;
+}
 
 void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
   const auto* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail(write_status(w < 0 ? errno : ENOSPC), "cannot write '{}': {}", path, errno_text(w < 0 ? errno : ENOSPC));
+    if (w <= 0)
+      fail(write_status(w < 0 ? errno : ENOSPC), "cannot write '{}': {}", path, errno_text(w < 0 ? errno : ENOSPC));
     p += w;
     n -= static_cast<size_t>(w);
     offset += static_cast<uint64_t>(w);
@@ -191,8 +194,7 @@ void remove_stale_parts(const std::string& dir, const std::vector<uint64_t>& kee
   std::vector<std::string> stale;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    const bool part = name.rfind("part-", 0) == 0 &&
-                      (name.ends_with(".gsemb") || name.ends_with(".gsemb.tmp"));
+    const bool part = name.rfind("part-", 0) == 0 && (name.ends_with(".gsemb") || name.ends_with(".gsemb.tmp"));
     const bool kept = std::any_of(keep.begin(), keep.end(), [&](uint64_t nonce) {
       const std::string tail = fmt::format("-{:016x}.gsemb", nonce);
       return name.ends_with(tail);
@@ -243,9 +245,10 @@ Manifest read_manifest(const std::string& dir) {
   GS_REQUIRE(m.layers >= 1 && m.layers <= kMaxLayers, GRADSYNC_E_CORRUPT, "'{}' names {} layers", mpath, m.layers);
   GS_REQUIRE(m.parts >= 1 && m.parts <= static_cast<uint64_t>(kMaxLayers * kMaxParts), GRADSYNC_E_CORRUPT,
              "'{}' names {} parts", mpath, m.parts);
-  const uint64_t expected = sizeof m + static_cast<uint64_t>(m.layers) * sizeof(LayerEntry) + m.parts * sizeof(PartEntry);
-  GS_REQUIRE(size == expected, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, its {} layers of {} parts need {}", mpath,
-             size, m.layers, m.parts, expected);
+  const uint64_t expected =
+      sizeof m + static_cast<uint64_t>(m.layers) * sizeof(LayerEntry) + m.parts * sizeof(PartEntry);
+  GS_REQUIRE(size == expected, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, its {} layers of {} parts need {}", mpath, size,
+             m.layers, m.parts, expected);
   std::vector<char> tail(size - sizeof m);
   pread_all(fd.get(), tail.data(), tail.size(), sizeof m, mpath);
   GS_REQUIRE(m.entries_checksum == fnv1a64(tail.data(), tail.size()), GRADSYNC_E_CORRUPT,
@@ -262,8 +265,8 @@ Manifest read_manifest(const std::string& dir) {
     listed += l.parts;
     uint64_t total = 0;
     for (const PartEntry& e : entries) {
-      GS_REQUIRE(e.count <= static_cast<uint64_t>(m.rows) && m.rows >= 0, GRADSYNC_E_CORRUPT,
-                 "'{}': a part of {} rows", mpath, e.count);
+      GS_REQUIRE(e.count <= static_cast<uint64_t>(m.rows) && m.rows >= 0, GRADSYNC_E_CORRUPT, "'{}': a part of {} rows",
+                 mpath, e.count);
       total += e.count;
     }
     // The first layer is a full save: every row exactly once; later ones at most once each.
@@ -305,13 +308,15 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
   Manifest base;
   if (incremental) {
     const Outcome checked = capture([&] {
-      GS_REQUIRE(base_dir_ == dir, GRADSYNC_E_MISUSE,
-                 "an incremental save needs the checkpoint this table last saved or loaded in '{}'{}", dir,
-                 base_dir_.empty() ? " (it has none: save in full first)" : fmt::format(" (its last is in '{}')", base_dir_));
+      GS_REQUIRE(
+          base_dir_ == dir, GRADSYNC_E_MISUSE,
+          "an incremental save needs the checkpoint this table last saved or loaded in '{}'{}", dir,
+          base_dir_.empty() ? " (it has none: save in full first)" : fmt::format(" (its last is in '{}')", base_dir_));
       base = read_manifest(dir);
       GS_REQUIRE(base.layers.back().nonce == base_nonce_, GRADSYNC_E_MISUSE,
                  "the checkpoint in '{}' is not the one this table last saved or loaded (another save replaced it): "
-                 "save in full", dir);
+                 "save in full",
+                 dir);
       GS_REQUIRE(base.layers.size() < static_cast<size_t>(kMaxLayers), GRADSYNC_E_MISUSE,
                  "'{}' holds {} layers already: save in full", dir, base.layers.size());
       GS_REQUIRE(base.header.rows == options_.rows && base.header.dim == options_.dim &&
@@ -333,7 +338,9 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
       if (!dirty_[l]) continue;
       ids.push_back(owned_[l]);
       rows.insert(rows.end(), params_->row_ptr(static_cast<int64_t>(l)), params_->row_ptr(static_cast<int64_t>(l)) + d);
-      if (sw != 0) state.insert(state.end(), state_->row_ptr(static_cast<int64_t>(l)), state_->row_ptr(static_cast<int64_t>(l)) + sw);
+      if (sw != 0)
+        state.insert(state.end(), state_->row_ptr(static_cast<int64_t>(l)),
+                     state_->row_ptr(static_cast<int64_t>(l)) + sw);
     }
     id_data = ids.data();
     row_data = rows.data();
@@ -453,7 +460,8 @@ void ShardedTable::load(const std::string& dir) {
         const PartEntry& e = manifest.parts[layer][static_cast<size_t>(p)];
         const std::string path = dir + "/" + part_name(p, nparts, le.nonce);
         Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd.get() < 0) fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
+        if (fd.get() < 0)
+          fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
         if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
         const uint64_t expected = part_bytes(e.count, d, sw);
         GS_REQUIRE(static_cast<uint64_t>(st.st_size) == expected, GRADSYNC_E_CORRUPT,

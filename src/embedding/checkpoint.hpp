@@ -54,11 +54,11 @@ struct ManifestHeader {
   int64_t dim;
   int32_t optimizer;  // gradsync_optimizer_kind of the saver
   int32_t state_width;
-  int32_t sharding;   // the last saver's rule (informative: a load may use any)
-  int32_t layers;     // LayerEntry records that follow
-  uint64_t parts;     // PartEntry records after them, every layer's
-  int64_t steps;      // the table's scalar state
-  double lr;          // the last saver's (informative: a load keeps its own)
+  int32_t sharding;  // the last saver's rule (informative: a load may use any)
+  int32_t layers;    // LayerEntry records that follow
+  uint64_t parts;    // PartEntry records after them, every layer's
+  int64_t steps;     // the table's scalar state
+  double lr;         // the last saver's (informative: a load keeps its own)
   double eps;
   uint64_t reserved[4];
   uint64_t entries_checksum;  // fnv1a64 of the LayerEntry and PartEntry arrays, in file order

@@ -156,7 +156,8 @@ std::vector<int64_t> ShardedTable::agree(int status, const std::string& message,
   comm_.allgather(nullptr, rows.data(), rows.size(), DType::I64);
   for (size_t r = 0; r < p; ++r) {
     const int64_t* row = &rows[r * width];
-    if (row[0] != GRADSYNC_OK) throw Error(static_cast<int>(row[0]), fmt::format("rank {}: {}", r, message_of(row + 3)));
+    if (row[0] != GRADSYNC_OK)
+      throw Error(static_cast<int>(row[0]), fmt::format("rank {}: {}", r, message_of(row + 3)));
   }
   std::vector<int64_t> words(2 * p);
   for (size_t r = 0; r < p; ++r) {
@@ -214,11 +215,10 @@ ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, cons
   for (size_t r = 1; r < p; ++r) {
     GS_REQUIRE(row(r)[kOp] == row(0)[kOp], GRADSYNC_E_MISMATCH, "rank {} called {} but rank 0 called {}", r,
                kOpNames[row(r)[kOp] == 2 ? 2 : 1], kOpNames[row(0)[kOp] == 2 ? 2 : 1]);
-    GS_REQUIRE(row(r)[kRows] == row(0)[kRows] && row(r)[kDim] == row(0)[kDim] &&
-                   row(r)[kSharding] == row(0)[kSharding],
+    GS_REQUIRE(row(r)[kRows] == row(0)[kRows] && row(r)[kDim] == row(0)[kDim] && row(r)[kSharding] == row(0)[kSharding],
                GRADSYNC_E_MISMATCH, "rank {}'s table is {} x {} ({} sharding), rank 0's {} x {} ({} sharding)", r,
-               row(r)[kRows], row(r)[kDim], row(r)[kSharding] == 0 ? "contiguous" : "hash", row(0)[kRows],
-               row(0)[kDim], row(0)[kSharding] == 0 ? "contiguous" : "hash");
+               row(r)[kRows], row(r)[kDim], row(r)[kSharding] == 0 ? "contiguous" : "hash", row(0)[kRows], row(0)[kDim],
+               row(0)[kSharding] == 0 ? "contiguous" : "hash");
     GS_REQUIRE(row(r)[kOptimizer] == row(0)[kOptimizer], GRADSYNC_E_MISMATCH,
                "rank {}'s optimizer, learning rate or eps differs from rank 0's", r);
   }
@@ -369,8 +369,10 @@ void ShardedTable::local_rows(int64_t* ids, float* values, float* state) const {
   if (ids != nullptr) std::copy(owned_.begin(), owned_.end(), ids);
   if (values != nullptr && n > 0) std::memcpy(values, params_->data(), n * d * sizeof(float));
   if (state != nullptr) {
-    if (state_) std::memcpy(state, state_->data(), n * sizeof(float));
-    else std::fill(state, state + n, 0.0f);
+    if (state_)
+      std::memcpy(state, state_->data(), n * sizeof(float));
+    else
+      std::fill(state, state + n, 0.0f);
   }
   params_->check_mapping();
 }

@@ -28,8 +28,8 @@ void momentum_sgd(float* __restrict w, const float* __restrict g, float* __restr
 // no-math-errno lets sqrt vectorise (the same correctly rounded result).
 __attribute__((optimize("no-math-errno"))) void adam(float* __restrict w, const float* __restrict g,
                                                      float* __restrict m, float* __restrict v, size_t n,
-                                                     float step_size, float inv_sqrt_bc2, float eps, float b1,
-                                                     float b2, float l2, float decay) noexcept {
+                                                     float step_size, float inv_sqrt_bc2, float eps, float b1, float b2,
+                                                     float l2, float decay) noexcept {
   const float c1 = 1.0f - b1, c2 = 1.0f - b2;
   for (size_t i = 0; i < n; ++i) {
     const float weight = w[i] * decay;  // decoupled decay (AdamW); decay == 1 otherwise

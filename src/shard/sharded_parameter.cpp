@@ -9,8 +9,8 @@
 
 #include <sys/mman.h>
 
-#include "common/fnv.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "gradsync/errors.h"
 #include "optim/optim.hpp"
 
@@ -192,13 +192,19 @@ std::pair<int, std::string> ShardedParameter::take_failure() noexcept {
 int64_t ShardedParameter::config_word() const noexcept {
   // Ranks must agree on everything that shapes the update, the learning rate included (set_lr is
   // local): the low bits name the discrete choices, the high bits hash the numbers (FNV-1a).
-  const double numbers[] = {options_.lr,           options_.momentum,  options_.beta1,
-                            options_.beta2,        options_.eps,       options_.weight_decay,
-                            options_.clamp ? options_.clamp_min : 0.0, options_.clamp ? options_.clamp_max : 0.0,
+  const double numbers[] = {options_.lr,
+                            options_.momentum,
+                            options_.beta1,
+                            options_.beta2,
+                            options_.eps,
+                            options_.weight_decay,
+                            options_.clamp ? options_.clamp_min : 0.0,
+                            options_.clamp ? options_.clamp_max : 0.0,
                             options_.clip_norm};
   const uint64_t hash = fnv1a64(numbers, sizeof numbers);
   const uint64_t choices = static_cast<uint64_t>(options_.compress) | (static_cast<uint64_t>(options_.optimizer) << 4) |
-                           (static_cast<uint64_t>(options_.clamp) << 8) | (static_cast<uint64_t>(options_.error_feedback) << 9) |
+                           (static_cast<uint64_t>(options_.clamp) << 8) |
+                           (static_cast<uint64_t>(options_.error_feedback) << 9) |
                            (static_cast<uint64_t>(options_.replicas & 0x3f) << 10);
   return static_cast<int64_t>(choices | (hash >> 24 << 16));
 }
@@ -266,8 +272,8 @@ void ShardedParameter::put(const float* gradient, size_t count, uint64_t samples
 }
 
 void ShardedParameter::exchange(Stage stage, int status, const std::string& message, uint64_t samples) {
-  const Header mine{static_cast<int64_t>(stage), status, static_cast<int64_t>(samples),
-                    static_cast<int64_t>(total_), config_word()};
+  const Header mine{static_cast<int64_t>(stage), status, static_cast<int64_t>(samples), static_cast<int64_t>(total_),
+                    config_word()};
   // A group of one needs no exchange (and a transport may leave recv alone for size 1).
   if (size_ == 1)
     headers_[0] = mine;
@@ -540,8 +546,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kWords };
   const int np = next.size(), me = next.rank();
   const auto n = static_cast<size_t>(np);
-  const int64_t mine[kWords] = {rank_, size_, static_cast<int64_t>(total_), config_word(), updates_,
-                                initialised_ ? 1 : 0};
+  const int64_t mine[kWords] = {rank_,         size_,    static_cast<int64_t>(total_),
+                                config_word(), updates_, initialised_ ? 1 : 0};
   std::vector<int64_t> all(kWords * n);
   if (np == 1)
     std::copy_n(mine, kWords, all.begin());
@@ -605,7 +611,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
       const Part want = kept(d, range);
       for (int j = 0; j < size_; ++j) {
         const Part have = part_of(j);
-        const uint64_t lo = std::max(want.start, have.start), hi = std::min(want.start + want.len, have.start + have.len);
+        const uint64_t lo = std::max(want.start, have.start),
+                       hi = std::min(want.start + want.len, have.start + have.len);
         if (lo < hi) pieces.push_back({source[static_cast<size_t>(j)], d, range, j, lo, hi - lo});
       }
     }

@@ -72,7 +72,7 @@ struct Options {
   codec::Codec compress = codec::Codec::None;
   bool error_feedback = false;
   double lr = 0.01;
-  double momentum = 0.9;  // Momentum only
+  double momentum = 0.9;                          // Momentum only
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
   // L2 penalty added to the gradient (Sgd, Momentum, Adam); decoupled decay for AdamW.
   double weight_decay = 0.0;
@@ -131,7 +131,7 @@ class ShardedParameter {
 
   // What a reshard moved and how long it took.
   struct ReshardReport {
-    uint64_t moved_floats = 0;  // floats this rank received from other members
+    uint64_t moved_floats = 0;        // floats this rank received from other members
     std::vector<int> lost_old_ranks;  // old ranks whose slices were rebuilt from replicas
   };
   // Collective over next (a group of this parameter's surviving members, gradsync_comm_shrink):
@@ -177,12 +177,12 @@ class ShardedParameter {
   int rank_, size_;
   Part part_;
 
-  SliceVector weights_;   // this rank's slice
-  std::vector<float> grad_;      // aggregated gradient slice
-  SliceVector state1_, state2_;  // momentum / Adam moments, slice-sized
-  std::vector<float> staging_;   // uncompressed: a gradient copy of N floats (put, weighted step)
-  std::vector<float> own_;       // compressed: this rank's own part, kept in f32
-  std::vector<float> residual_;  // compressed with error feedback: N floats
+  SliceVector weights_;             // this rank's slice
+  std::vector<float> grad_;         // aggregated gradient slice
+  SliceVector state1_, state2_;     // momentum / Adam moments, slice-sized
+  std::vector<float> staging_;      // uncompressed: a gradient copy of N floats (put, weighted step)
+  std::vector<float> own_;          // compressed: this rank's own part, kept in f32
+  std::vector<float> residual_;     // compressed with error feedback: N floats
   std::vector<uint16_t> wire_out_;  // compressed: the encoded gradient, N halves (own part unused)
   std::vector<uint16_t> wire_in_;   // compressed: every rank's encoded copy of this rank's part
   std::vector<Header> headers_;

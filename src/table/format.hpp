@@ -41,18 +41,17 @@ struct FileHeader {
   uint32_t page_bytes;      // kPageBytes: slot size and alignment of every region
   uint64_t rows;
   uint64_t dim;
-  uint64_t generation;      // number of completed flushes
-  uint64_t data_offset;     // kDataOffset
-  uint64_t data_bytes;      // rows * dim * element size
-  uint64_t aux_offset;      // data_offset + round_up(data_bytes, page_bytes)
-  uint64_t aux_bytes;       // size of the kind-specific region (0 for a plain table)
-  uint64_t file_bytes;      // aux_offset + round_up(aux_bytes, page_bytes)
-  uint8_t reserved[32];     // zero
-  uint64_t checksum;        // FNV-1a 64 of the 120 bytes before it
+  uint64_t generation;   // number of completed flushes
+  uint64_t data_offset;  // kDataOffset
+  uint64_t data_bytes;   // rows * dim * element size
+  uint64_t aux_offset;   // data_offset + round_up(data_bytes, page_bytes)
+  uint64_t aux_bytes;    // size of the kind-specific region (0 for a plain table)
+  uint64_t file_bytes;   // aux_offset + round_up(aux_bytes, page_bytes)
+  uint8_t reserved[32];  // zero
+  uint64_t checksum;     // FNV-1a 64 of the 120 bytes before it
 };
 static_assert(sizeof(FileHeader) == 128, "the header layout is part of the file format");
 static_assert(offsetof(FileHeader, checksum) == 120, "the header layout is part of the file format");
-
 
 inline uint64_t header_checksum(const FileHeader& h) noexcept { return fnv1a64(&h, offsetof(FileHeader, checksum)); }
 

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -100,9 +100,10 @@ int validate_slot(const FileHeader& h, std::string& why) {
     return GRADSYNC_E_VERSION_MISMATCH;
   }
   if (h.data_bytes != l.data_bytes || h.aux_offset != l.aux_offset || h.file_bytes != l.file_bytes) {
-    why = fmt::format("sizes disagree with the shape {} x {}: data {} (expected {}), aux offset {} (expected {}), "
-                      "file {} (expected {})", h.rows, h.dim, h.data_bytes, l.data_bytes, h.aux_offset,
-                      l.aux_offset, h.file_bytes, l.file_bytes);
+    why = fmt::format(
+        "sizes disagree with the shape {} x {}: data {} (expected {}), aux offset {} (expected {}), "
+        "file {} (expected {})",
+        h.rows, h.dim, h.data_bytes, l.data_bytes, h.aux_offset, l.aux_offset, h.file_bytes, l.file_bytes);
     return GRADSYNC_E_CORRUPT;
   }
   for (uint8_t b : h.reserved) {
@@ -136,7 +137,8 @@ void pwrite_exact(int fd, const void* buf, size_t n, off_t offset, const std::st
   while (n > 0) {
     ssize_t r = ::pwrite(fd, p, n, offset);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(errno == ENOSPC ? GRADSYNC_E_NO_SPACE : GRADSYNC_E_IO, "cannot write '{}': {}", path, errno_text(errno));
+    if (r < 0)
+      fail(errno == ENOSPC ? GRADSYNC_E_NO_SPACE : GRADSYNC_E_IO, "cannot write '{}': {}", path, errno_text(errno));
     p += r;
     n -= static_cast<size_t>(r);
     offset += r;
@@ -246,8 +248,8 @@ void Table::map_file(const std::string& path, int fd, uint64_t file_bytes) {
   }
   base_ = static_cast<char*>(region_.get_address());
   mapped_bytes_ = file_bytes;
-  guard_ = mapguard::Registration(base_, static_cast<size_t>(file_bytes),
-                                  read_only_ ? PROT_READ : PROT_READ | PROT_WRITE);
+  guard_ =
+      mapguard::Registration(base_, static_cast<size_t>(file_bytes), read_only_ ? PROT_READ : PROT_READ | PROT_WRITE);
   data_ = reinterpret_cast<float*>(base_ + kDataOffset);
   aux_ = header_.aux_bytes > 0 ? base_ + header_.aux_offset : nullptr;
 }
@@ -311,7 +313,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     t->anon_bytes_ = reserve;
     const auto aligned = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
     ::madvise(reinterpret_cast<void*>(aligned), static_cast<size_t>(bytes), MADV_HUGEPAGE);  // a hint only
-    t->base_ = reinterpret_cast<char*>(aligned) - kDataOffset;  // offsets as in a file
+    t->base_ = reinterpret_cast<char*>(aligned) - kDataOffset;                               // offsets as in a file
     t->mapped_bytes_ = layout.file_bytes;
     t->data_ = reinterpret_cast<float*>(t->base_ + kDataOffset);
     t->aux_ = h.aux_bytes > 0 ? t->base_ + h.aux_offset : nullptr;
@@ -341,14 +343,15 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     }
     t->fd_ = fd;
     {
-      struct stat st{};
+      struct stat st {};
       if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", spec.path, errno_text(errno));
       GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_INVALID_ARG, "'{}' is not a regular file but a {}", spec.path,
                  file_type_name(st.st_mode));
       // Another user's file could hold anything, and change under us: trusted only when asked.
       GS_REQUIRE(spec.access.allow_other_owner || st.st_uid == ::geteuid(), GRADSYNC_E_PERMISSION,
                  "'{}' belongs to uid {}, not to this user (uid {}); refusing to use another user's file unless "
-                 "allow_other_owner is set", spec.path, st.st_uid, ::geteuid());
+                 "allow_other_owner is set",
+                 spec.path, st.st_uid, ::geteuid());
       if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
         fail(GRADSYNC_E_IO, "cannot set up '{}': {}", spec.path, errno_text(errno));
     }
@@ -360,7 +363,7 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
     } else {
       fail(GRADSYNC_E_IO, "cannot lock '{}': {}", spec.path, errno_text(errno));
     }
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", spec.path, errno_text(errno));
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     GS_REQUIRE(size >= kDataOffset, GRADSYNC_E_CORRUPT,
@@ -384,8 +387,9 @@ std::unique_ptr<Table> Table::open(const OpenSpec& spec) {
       a.checksum = b.checksum = 0;
       GS_REQUIRE(std::memcmp(&a, &b, sizeof a) == 0, GRADSYNC_E_CORRUPT,
                  "'{}': its two header slots disagree (rows {} and {}, dim {} and {}, file bytes {} and {}); only the "
-                 "generation may differ", spec.path, slots[0].rows, slots[1].rows, slots[0].dim, slots[1].dim,
-                 slots[0].file_bytes, slots[1].file_bytes);
+                 "generation may differ",
+                 spec.path, slots[0].rows, slots[1].rows, slots[0].dim, slots[1].dim, slots[0].file_bytes,
+                 slots[1].file_bytes);
     }
     if (pick < 0) {
       const int st_out = (status[0] == GRADSYNC_E_VERSION_MISMATCH || status[1] == GRADSYNC_E_VERSION_MISMATCH)
@@ -535,16 +539,16 @@ void Table::check_count(size_t count, size_t rows_in_call, const char* what) con
   }
 }
 
-void Table::check_writable() const {
-  GS_REQUIRE(!read_only_, GRADSYNC_E_MISUSE, "'{}' was opened read-only", path_);
-}
+void Table::check_writable() const { GS_REQUIRE(!read_only_, GRADSYNC_E_MISUSE, "'{}' was opened read-only", path_); }
 
 void Table::check_mapping() const {
   if (!guard_.faulted()) return;
   struct stat st {};
   const long long now = ::fstat(fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
-  fail(GRADSYNC_E_IO, "'{}' shrank under its mapping (now {} bytes, {} expected): another process truncated it; "
-       "this handle no longer reads or writes the file: free it and reopen", path_, now, mapped_bytes_);
+  fail(GRADSYNC_E_IO,
+       "'{}' shrank under its mapping (now {} bytes, {} expected): another process truncated it; "
+       "this handle no longer reads or writes the file: free it and reopen",
+       path_, now, mapped_bytes_);
 }
 
 void Table::get(int64_t row, float* out, size_t count) const {
@@ -610,8 +614,7 @@ void Table::flush() {
   std::lock_guard lock(flush_mutex_);
   check_mapping();  // msync of what is anonymous memory now would report a durable write
   GS_REQUIRE(!fatal_, GRADSYNC_E_IO,
-             "'{}': an earlier flush failed while writing its header; the handle is unusable, reopen the file",
-             path_);
+             "'{}': an earlier flush failed while writing its header; the handle is unusable, reopen the file", path_);
   // 1. data and aux region, then 2. the next header slot: a crash between the two leaves the
   // previous header, which describes the same shape, so the file always opens.
   if (::msync(base_ + kDataOffset, mapped_bytes_ - kDataOffset, MS_SYNC) != 0)

@@ -30,16 +30,16 @@ struct FileAccess {
 };
 
 struct OpenSpec {
-  std::string path;               // ignored for Anonymous
+  std::string path;  // ignored for Anonymous
   OpenMode mode = OpenMode::CreateOrOpen;
-  bool read_only = false;         // Open only
-  int64_t rows = -1;              // -1: take it from the existing file (Open); required to create
+  bool read_only = false;  // Open only
+  int64_t rows = -1;       // -1: take it from the existing file (Open); required to create
   int64_t dim = -1;
   FileKind kind = FileKind::Table;
   // Size of the kind-specific region for a given row count (nullptr: none); an existing file's
   // region must have exactly this size.
   uint64_t (*aux_bytes_for_rows)(int64_t rows) = nullptr;
-  Init init = Init::Zeros;        // how a newly created table is filled
+  Init init = Init::Zeros;  // how a newly created table is filled
   uint64_t seed = 0;
   float lo = -0.5f, hi = 0.5f;
   // Called on a newly created file's aux region before the file becomes visible under its name.

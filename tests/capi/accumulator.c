@@ -9,20 +9,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
-
-static gradsync_accum *shared_accum = NULL;
+static gradsync_accum* shared_accum = NULL;
 static float ones[64];
 
-static void *add_ones(void *arg) {
+static void* add_ones(void* arg) {
   (void)arg;
   CHECK_STATUS(gradsync_accum_add(shared_accum, 0, ones, 64), GRADSYNC_OK);
   return NULL;
 }
 
-static int row_is(gradsync_accum *a, int64_t row, float v) {
+static int row_is(gradsync_accum* a, int64_t row, float v) {
   float out[64];
   int i;
   if (gradsync_accum_get(a, row, out, 64) != GRADSYNC_OK) return 0;
@@ -31,12 +30,12 @@ static int row_is(gradsync_accum *a, int64_t row, float v) {
   return 1;
 }
 
-static void seed_acceptance(const char *path, int32_t concurrency) {
+static void seed_acceptance(const char* path, int32_t concurrency) {
   gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
   gradsync_table_options to = GRADSYNC_TABLE_OPTIONS_INIT;
   gradsync_optimizer sgd = GRADSYNC_OPTIMIZER_INIT;
   gradsync_accum *a = NULL, *b = NULL;
-  gradsync_table *params = NULL;
+  gradsync_table* params = NULL;
   pthread_t threads[10];
   float twos[64], x[64], p[64];
   int64_t n = -1, touched[4];
@@ -77,7 +76,8 @@ static void seed_acceptance(const char *path, int32_t concurrency) {
   CHECK_STATUS(gradsync_table_set(params, 0, p, 64), GRADSYNC_OK);
   CHECK_STATUS(gradsync_accum_add(a, 0, ones, 64), GRADSYNC_OK);
   CHECK(gradsync_accum_touched_count(a, &n) == GRADSYNC_OK && n == 1);
-  CHECK(gradsync_accum_touched(a, touched, 0, &needed) == GRADSYNC_E_BUFS && needed == 1 && check_message_has("1 rows are touched"));
+  CHECK(gradsync_accum_touched(a, touched, 0, &needed) == GRADSYNC_E_BUFS && needed == 1 &&
+        check_message_has("1 rows are touched"));
   CHECK(gradsync_accum_touched(a, touched, 4, &needed) == GRADSYNC_OK && needed == 1 && touched[0] == 0);
   sgd.lr = 0.1;
   CHECK_STATUS(gradsync_accum_apply(a, params, &sgd, NULL), GRADSYNC_OK);
@@ -98,16 +98,17 @@ static void seed_acceptance(const char *path, int32_t concurrency) {
   /* reopen with another dim -> mismatch */
   o.mode = GRADSYNC_TABLE_OPEN;
   o.dim = 32;
-  CHECK(gradsync_accum_open(&b, path, &o) == GRADSYNC_E_MISMATCH && b == NULL && check_message_has("file has 100 x 64, asked for 100 x 32"));
+  CHECK(gradsync_accum_open(&b, path, &o) == GRADSYNC_E_MISMATCH && b == NULL &&
+        check_message_has("file has 100 x 64, asked for 100 x 32"));
   unlink(path);
 }
 
 /* Owner mode through the ABI: a version-1 options struct (no threads field) still opens; batches
    large enough for the owners sum exactly, the same for 1 and 3 owners; bad thread counts. */
-static void owner_batches(const char *path) {
+static void owner_batches(const char* path) {
   enum { kRows = 64, kDim = 4, kN = 1000 };
   gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
-  gradsync_accum *a = NULL;
+  gradsync_accum* a = NULL;
   static int64_t ids[kN];
   static float g[kN * kDim];
   float out[kDim], first[kRows][kDim];
@@ -129,8 +130,10 @@ static void owner_batches(const char *path) {
     CHECK_STATUS(gradsync_accum_add_batch(a, ids, kN, g, kN * kDim), GRADSYNC_OK);
     for (r = 0; r < kRows; ++r) {
       CHECK(gradsync_accum_get(a, r, out, kDim) == GRADSYNC_OK);
-      if (threads == 1) memcpy(first[r], out, sizeof out);
-      else CHECK(memcmp(first[r], out, sizeof out) == 0); /* bitwise the same with 3 owners */
+      if (threads == 1)
+        memcpy(first[r], out, sizeof out);
+      else
+        CHECK(memcmp(first[r], out, sizeof out) == 0); /* bitwise the same with 3 owners */
     }
     gradsync_accum_free(a);
   }
@@ -146,9 +149,9 @@ static void owner_batches(const char *path) {
 
 /* Gradient files are private unless the caller shares them (version 3's file_mode); a version-2
    struct gets the private default. */
-static void file_modes(const char *path) {
+static void file_modes(const char* path) {
   gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT;
-  gradsync_accum *a = NULL;
+  gradsync_accum* a = NULL;
   struct stat sb;
   mode_t old_umask;
   CHECK(o.file_mode == 0); /* 0 is the default, 0600: zeroed new fields mean the same to older libraries */
@@ -167,10 +170,12 @@ static void file_modes(const char *path) {
   gradsync_accum_free(a);
   unlink(path);
   o.file_mode = 01777;
-  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG, "file_mode 1777 is not a set of permission bits");
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG,
+                   "file_mode 1777 is not a set of permission bits");
   o.file_mode = 0600;
   o.allow_other_owner = 2;
-  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG, "allow_other_owner must be 0 or 1, got 2");
+  CHECK_STATUS_MSG(gradsync_accum_open(&a, path, &o), GRADSYNC_E_INVALID_ARG,
+                   "allow_other_owner must be 0 or 1, got 2");
   o.allow_other_owner = 0;
   o.struct_size = (uint32_t)offsetof(gradsync_accum_options, file_mode);
   o.version = 2;
@@ -186,12 +191,12 @@ int main(void) {
   char path[256];
   gradsync_accum_options o = GRADSYNC_ACCUM_OPTIONS_INIT, from_fn;
   gradsync_optimizer opt = GRADSYNC_OPTIMIZER_INIT, opt_fn;
-  gradsync_accum *a = NULL;
+  gradsync_accum* a = NULL;
   gradsync_table *params = NULL, *state = NULL, *narrow = NULL;
   gradsync_table_options to = GRADSYNC_TABLE_OPTIONS_INIT;
   int64_t ids[4] = {2, 5, 2, 7};
   float g[4 * 8], out[8];
-  const void *view = NULL;
+  const void* view = NULL;
   size_t bytes = 0;
   int i;
 
@@ -221,7 +226,8 @@ int main(void) {
   for (i = 0; i < 32; ++i) g[i] = 1.0f;
   CHECK_STATUS(gradsync_accum_add_batch(a, ids, 4, g, 32), GRADSYNC_OK);
   CHECK(gradsync_accum_get(a, 2, out, 8) == GRADSYNC_OK && out[0] == 2.0f);
-  CHECK(gradsync_accum_view(a, &view, &bytes) == GRADSYNC_OK && bytes == 10 * 8 * 4 && ((const float *)view)[5 * 8] == 1.0f);
+  CHECK(gradsync_accum_view(a, &view, &bytes) == GRADSYNC_OK && bytes == 10 * 8 * 4 &&
+        ((const float*)view)[5 * 8] == 1.0f);
   ids[3] = 10;
   CHECK_STATUS_MSG(gradsync_accum_add_batch(a, ids, 4, g, 32), GRADSYNC_E_OUT_OF_RANGE, "row 10 (entry 3 of 4)");
   CHECK(gradsync_accum_get(a, 2, out, 8) == GRADSYNC_OK && out[0] == 2.0f); /* nothing written */
@@ -246,10 +252,10 @@ int main(void) {
   CHECK(gradsync_table_get(params, 0, out, 8) == GRADSYNC_OK && out[0] == 0.0f);
 
   /* wrong handle kinds, NULL handles, free(NULL) */
-  CHECK(gradsync_accum_apply(a, (gradsync_table *)(void *)a, &opt, state) == GRADSYNC_E_MISUSE &&
+  CHECK(gradsync_accum_apply(a, (gradsync_table*)(void*)a, &opt, state) == GRADSYNC_E_MISUSE &&
         check_message_has("expected a table, got an accumulator"));
   CHECK_STATUS_MSG(gradsync_accum_add(NULL, 0, g, 8), GRADSYNC_E_MISUSE, "NULL accumulator handle");
-  CHECK_STATUS(gradsync_table_flush((gradsync_table *)(void *)a), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_table_flush((gradsync_table*)(void*)a), GRADSYNC_E_MISUSE);
   CHECK_STATUS(gradsync_accum_zero(NULL), GRADSYNC_E_MISUSE);
   CHECK_STATUS(gradsync_accum_touched(a, NULL, 5, NULL), GRADSYNC_E_INVALID_ARG);
   gradsync_accum_free(NULL);

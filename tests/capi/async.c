@@ -11,16 +11,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 #include "two_threads.h"
 
 #define REQS 24
 
 typedef struct {
-  gradsync_comm *comm;
+  gradsync_comm* comm;
   int32_t rank;
-  int32_t *bufs[REQS];
+  int32_t* bufs[REQS];
   size_t counts[REQS];
   float order[2];
   int32_t gathered[5];
@@ -28,20 +28,20 @@ typedef struct {
 } rank_state;
 
 /* Requests of every kind in flight at once, a blocking call among them, then all waited for. */
-static void *many_in_flight(void *p) {
-  rank_state *s = (rank_state *)p;
-  gradsync_request *reqs[REQS + 4];
+static void* many_in_flight(void* p) {
+  rank_state* s = (rank_state*)p;
+  gradsync_request* reqs[REQS + 4];
   int32_t mine = s->rank + 1;
   float w = (float)(s->rank + 1), wout = 0;
   int i, n = 0;
   for (i = 0; i < REQS; ++i) {
     size_t j;
     s->counts[i] = (size_t)1 << (i % 18); /* 1 .. 128K elements: inline, direct paths */
-    s->bufs[i] = (int32_t *)malloc(s->counts[i] * sizeof(int32_t));
+    s->bufs[i] = (int32_t*)malloc(s->counts[i] * sizeof(int32_t));
     for (j = 0; j < s->counts[i]; ++j) s->bufs[i][j] = (int32_t)(j % 1000) * (s->rank + 1) + i;
-    CHECK_STATUS(gradsync_comm_iallreduce(s->comm, s->bufs[i], s->bufs[i], s->counts[i], GRADSYNC_I32, GRADSYNC_SUM,
-                                          &reqs[n++]),
-                 GRADSYNC_OK);
+    CHECK_STATUS(
+        gradsync_comm_iallreduce(s->comm, s->bufs[i], s->bufs[i], s->counts[i], GRADSYNC_I32, GRADSYNC_SUM, &reqs[n++]),
+        GRADSYNC_OK);
     if (i == REQS / 2) {
       /* A blocking call with requests pending runs after them: its result is its own. */
       int32_t b = s->rank;
@@ -56,9 +56,9 @@ static void *many_in_flight(void *p) {
   CHECK_STATUS(gradsync_comm_iallreduce(s->comm, s->order, s->order, 1, GRADSYNC_F32, GRADSYNC_MAX, &reqs[n++]),
                GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_iallgather(s->comm, &mine, s->gathered, 2, GRADSYNC_I32, &reqs[n++]), GRADSYNC_OK);
-  CHECK_STATUS(gradsync_comm_iweighted_mean(s->comm, &w, &wout, 1, GRADSYNC_F32, (uint64_t)(s->rank + 1), &s->total,
-                                            &reqs[n++]),
-               GRADSYNC_OK);
+  CHECK_STATUS(
+      gradsync_comm_iweighted_mean(s->comm, &w, &wout, 1, GRADSYNC_F32, (uint64_t)(s->rank + 1), &s->total, &reqs[n++]),
+      GRADSYNC_OK);
   for (i = 0; i < n; ++i) {
     int32_t done = 0;
     if (i % 2 == 0) {
@@ -75,21 +75,21 @@ static void *many_in_flight(void *p) {
 }
 
 typedef struct {
-  gradsync_comm *comm;
+  gradsync_comm* comm;
   int32_t rank;
   int count;
   int expect;
-  const char *needle;
+  const char* needle;
 } mismatch_state;
 
-static void *mismatch(void *p) {
-  mismatch_state *s = (mismatch_state *)p;
+static void* mismatch(void* p) {
+  mismatch_state* s = (mismatch_state*)p;
   float v[5] = {1, 2, 3, 4, 5};
-  gradsync_request *req = NULL;
+  gradsync_request* req = NULL;
   int32_t err = 0;
-  CHECK_STATUS(gradsync_comm_iallreduce(s->comm, v, v, (size_t)(s->rank == 0 ? 4 : 5), GRADSYNC_F32, GRADSYNC_SUM,
-                                        &req),
-               GRADSYNC_OK);
+  CHECK_STATUS(
+      gradsync_comm_iallreduce(s->comm, v, v, (size_t)(s->rank == 0 ? 4 : 5), GRADSYNC_F32, GRADSYNC_SUM, &req),
+      GRADSYNC_OK);
   CHECK_STATUS_MSG(gradsync_request_wait(req, -1), GRADSYNC_E_MISMATCH, "gradsync_comm_iallreduce: ");
   CHECK_MESSAGE("rank 1 called allreduce of 5 f32 (sum) but rank 0 called allreduce of 4 f32 (sum)");
   gradsync_request_free(req);
@@ -106,20 +106,20 @@ static void *mismatch(void *p) {
   return NULL;
 }
 
-static void *reset_rank(void *p) {
-  CHECK_STATUS(gradsync_comm_reset(((rank_state *)p)->comm), GRADSYNC_OK);
+static void* reset_rank(void* p) {
+  CHECK_STATUS(gradsync_comm_reset(((rank_state*)p)->comm), GRADSYNC_OK);
   return NULL;
 }
 
 /* A blocking call made on another thread while a request is pending, and what it returned. */
 typedef struct {
-  gradsync_comm *comm;
+  gradsync_comm* comm;
   int status;
   int freed_message;
 } queued_call;
 
-static void *queued_allreduce(void *p) {
-  queued_call *q = (queued_call *)p;
+static void* queued_allreduce(void* p) {
+  queued_call* q = (queued_call*)p;
   float v = 1;
   q->status = gradsync_comm_allreduce(q->comm, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM);
   q->freed_message = check_message_has("was freed");
@@ -130,14 +130,14 @@ static void *queued_allreduce(void *p) {
  * then on it no longer touches the handle, so the handle may be freed under it. */
 static int call_queued;
 
-static void watch_for_queued(void *user_data, int32_t level, const char *message) {
+static void watch_for_queued(void* user_data, int32_t level, const char* message) {
   (void)user_data;
   (void)level;
   if (strstr(message, "gradsync_comm_allreduce waits for the non-blocking calls made before it") != NULL)
     set_flag(&call_queued);
 }
 
-static void run_pair(void *(*body)(void *), void *a, void *b) {
+static void run_pair(void* (*body)(void*), void* a, void* b) {
   pthread_t t;
   pthread_create(&t, NULL, body, b);
   body(a);
@@ -145,7 +145,7 @@ static void run_pair(void *(*body)(void *), void *a, void *b) {
 }
 
 int main(void) {
-  gradsync_comm *c[2];
+  gradsync_comm* c[2];
   int i;
   if (join_pair("async-many", 20000, c) != 0) return check_report("capi_async");
   {
@@ -174,8 +174,8 @@ int main(void) {
   {
     /* Bad arguments fail at once, with no request; NULL out-parameter and handles are refused. */
     float v[2] = {0, 0};
-    gradsync_request *req = (gradsync_request *)&v; /* overwritten with NULL */
-    CHECK_STATUS_MSG(gradsync_comm_iallreduce(c[0], (char *)v + 1, v, 1, GRADSYNC_F32, GRADSYNC_SUM, &req),
+    gradsync_request* req = (gradsync_request*)&v; /* overwritten with NULL */
+    CHECK_STATUS_MSG(gradsync_comm_iallreduce(c[0], (char*)v + 1, v, 1, GRADSYNC_F32, GRADSYNC_SUM, &req),
                      GRADSYNC_E_INVALID_ARG, "not aligned");
     CHECK(req == NULL);
     CHECK_STATUS_MSG(gradsync_comm_iallreduce(c[0], v, v, 1, 99, GRADSYNC_SUM, &req), GRADSYNC_E_INVALID_ARG, "dtype");
@@ -189,7 +189,7 @@ int main(void) {
     /* Rank 0 alone issues requests: the first waits for rank 1, which never comes. A wait of 0 ms
      * reports it pending; an abort then fails all three, and the next call fails fast until reset. */
     float v[3] = {1, 2, 3};
-    gradsync_request *req[3];
+    gradsync_request* req[3];
     rank_state s[2];
     for (i = 0; i < 3; ++i)
       CHECK_STATUS(gradsync_comm_iallreduce(c[0], &v[i], &v[i], 1, GRADSYNC_F32, GRADSYNC_SUM, &req[i]), GRADSYNC_OK);
@@ -211,7 +211,7 @@ int main(void) {
   if (join_pair("async-timeout", 200, c) != 0) return check_report("capi_async");
   {
     float v = 1;
-    gradsync_request *req;
+    gradsync_request* req;
     CHECK_STATUS(gradsync_comm_iallreduce(c[0], &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM, &req), GRADSYNC_OK);
     CHECK_STATUS_MSG(gradsync_request_wait(req, -1), GRADSYNC_E_TIMEOUT, "gradsync_comm_iallreduce");
     gradsync_request_free(req);
@@ -223,7 +223,7 @@ int main(void) {
   if (join_pair("async-free", 20000, c) != 0) return check_report("capi_async");
   {
     float v[3] = {1, 2, 3};
-    gradsync_request *req[3];
+    gradsync_request* req[3];
     for (i = 0; i < 3; ++i)
       CHECK_STATUS(gradsync_comm_iallreduce(c[0], &v[i], &v[i], 1, GRADSYNC_F32, GRADSYNC_SUM, &req[i]), GRADSYNC_OK);
     gradsync_comm_free(c[0]);
@@ -244,7 +244,7 @@ int main(void) {
   {
     const int32_t level = gradsync_get_log_level();
     float v = 1;
-    gradsync_request *req;
+    gradsync_request* req;
     queued_call q;
     pthread_t t;
     q.comm = c[0];

@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-
+#include "gradsync/gradsync.h"
 
 /* ---- Caffe2's checksum: counter 20000, 100 threads x 200 fetch-adds of -1 ---- */
 struct checksum_args {
@@ -18,15 +17,17 @@ struct checksum_args {
   int errors;
 };
 
-static void *checksum_worker(void *p) {
-  struct checksum_args *a = (struct checksum_args *)p;
+static void* checksum_worker(void* p) {
+  struct checksum_args* a = (struct checksum_args*)p;
   int i;
   for (i = 0; i < 200; ++i) {
     int32_t old32 = 0, new32 = 0;
     int64_t old64 = 0, new64 = 0;
-    if (gradsync_counter32_fetch_add(a->counter32, -1, &old32, &new32) != GRADSYNC_OK || new32 != old32 - 1) a->errors++;
+    if (gradsync_counter32_fetch_add(a->counter32, -1, &old32, &new32) != GRADSYNC_OK || new32 != old32 - 1)
+      a->errors++;
     if (gradsync_counter32_fetch_add(a->checksum32, old32, NULL, NULL) != GRADSYNC_OK) a->errors++;
-    if (gradsync_counter64_fetch_add(a->counter64, -1, &old64, &new64) != GRADSYNC_OK || new64 != old64 - 1) a->errors++;
+    if (gradsync_counter64_fetch_add(a->counter64, -1, &old64, &new64) != GRADSYNC_OK || new64 != old64 - 1)
+      a->errors++;
     if (gradsync_counter64_fetch_add(a->checksum64, old64, NULL, NULL) != GRADSYNC_OK) a->errors++;
   }
   return NULL;
@@ -71,9 +72,9 @@ static void test_caffe2_checksum(void) {
 }
 
 static void test_counters(void) {
-  gradsync_counter32 *c32 = (gradsync_counter32 *)&check_failures; /* overwritten with NULL on failure */
-  gradsync_counter64 *c64 = NULL;
-  gradsync_flag *flag = NULL;
+  gradsync_counter32* c32 = (gradsync_counter32*)&check_failures; /* overwritten with NULL on failure */
+  gradsync_counter64* c64 = NULL;
+  gradsync_flag* flag = NULL;
   int32_t old32 = 0, new32 = 0, v32 = 0;
   int64_t old64 = 0, new64 = 0, v64 = 0;
 
@@ -94,12 +95,12 @@ static void test_counters(void) {
   /* NULL and wrong-kind handles: MISUSE naming both kinds, never a crash */
   CHECK_STATUS_MSG(gradsync_counter32_fetch_add(NULL, 1, &old32, &new32), GRADSYNC_E_MISUSE, "NULL counter32 handle");
   CHECK_STATUS_MSG(gradsync_counter64_load(NULL, &v64), GRADSYNC_E_MISUSE, "NULL counter64 handle");
-  CHECK_STATUS_MSG(gradsync_counter64_fetch_add((gradsync_counter64 *)c32, 1, NULL, NULL), GRADSYNC_E_MISUSE,
-            "expected a counter64, got a counter32");
+  CHECK_STATUS_MSG(gradsync_counter64_fetch_add((gradsync_counter64*)c32, 1, NULL, NULL), GRADSYNC_E_MISUSE,
+                   "expected a counter64, got a counter32");
   CHECK_STATUS(gradsync_flag_create(&flag), GRADSYNC_OK);
-  CHECK_STATUS_MSG(gradsync_counter32_store((gradsync_counter32 *)flag, 1), GRADSYNC_E_MISUSE,
-            "expected a counter32, got a flag");
-  CHECK_STATUS_MSG(gradsync_flag_reset((gradsync_flag *)c64), GRADSYNC_E_MISUSE, "expected a flag, got a counter64");
+  CHECK_STATUS_MSG(gradsync_counter32_store((gradsync_counter32*)flag, 1), GRADSYNC_E_MISUSE,
+                   "expected a counter32, got a flag");
+  CHECK_STATUS_MSG(gradsync_flag_reset((gradsync_flag*)c64), GRADSYNC_E_MISUSE, "expected a flag, got a counter64");
   /* The counters are unchanged by the rejected calls. */
   CHECK(gradsync_counter32_load(c32, &v32) == GRADSYNC_OK && v32 == 7);
   CHECK(gradsync_counter64_load(c64, &v64) == GRADSYNC_OK && v64 == -5);
@@ -112,7 +113,7 @@ static void test_counters(void) {
 }
 
 static void test_flag(void) {
-  gradsync_flag *flag = NULL;
+  gradsync_flag* flag = NULL;
   int32_t set = -1;
   CHECK_STATUS_MSG(gradsync_flag_create(NULL), GRADSYNC_E_INVALID_ARG, "NULL");
   CHECK_STATUS(gradsync_flag_create(&flag), GRADSYNC_OK);
@@ -133,14 +134,14 @@ static void test_flag(void) {
 
 /* ---- mutex ---- */
 struct mutex_probe {
-  gradsync_mutex *mutex;
+  gradsync_mutex* mutex;
   int32_t acquired;
   int try_status, timeout_status, unlock_status;
   char unlock_message[256];
 };
 
-static void *probe_from_other_thread(void *p) {
-  struct mutex_probe *probe = (struct mutex_probe *)p;
+static void* probe_from_other_thread(void* p) {
+  struct mutex_probe* probe = (struct mutex_probe*)p;
   probe->try_status = gradsync_mutex_try_lock(probe->mutex, &probe->acquired);
   probe->timeout_status = gradsync_mutex_lock_timeout(probe->mutex, 20);
   probe->unlock_status = gradsync_mutex_unlock(probe->mutex);
@@ -148,16 +149,16 @@ static void *probe_from_other_thread(void *p) {
   return NULL;
 }
 
-static void *lock_and_unlock(void *p) {
-  struct mutex_probe *probe = (struct mutex_probe *)p;
+static void* lock_and_unlock(void* p) {
+  struct mutex_probe* probe = (struct mutex_probe*)p;
   probe->timeout_status = gradsync_mutex_lock_timeout(probe->mutex, 60000);
   if (probe->timeout_status == GRADSYNC_OK) probe->unlock_status = gradsync_mutex_unlock(probe->mutex);
   return NULL;
 }
 
 static void test_mutex(void) {
-  gradsync_mutex *m = NULL;
-  gradsync_counter32 *counter = NULL;
+  gradsync_mutex* m = NULL;
+  gradsync_counter32* counter = NULL;
   struct mutex_probe probe;
   pthread_t thread;
   int32_t acquired = -1;
@@ -200,8 +201,10 @@ static void test_mutex(void) {
   CHECK_STATUS_MSG(gradsync_mutex_lock(NULL), GRADSYNC_E_MISUSE, "NULL mutex handle");
   CHECK_STATUS_MSG(gradsync_mutex_try_lock(m, NULL), GRADSYNC_E_INVALID_ARG, "acquired out-parameter is NULL");
   CHECK_STATUS(gradsync_counter32_create(&counter, 0), GRADSYNC_OK);
-  CHECK_STATUS_MSG(gradsync_mutex_lock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
-  CHECK_STATUS_MSG(gradsync_mutex_unlock((gradsync_mutex *)counter), GRADSYNC_E_MISUSE, "expected a mutex, got a counter32");
+  CHECK_STATUS_MSG(gradsync_mutex_lock((gradsync_mutex*)counter), GRADSYNC_E_MISUSE,
+                   "expected a mutex, got a counter32");
+  CHECK_STATUS_MSG(gradsync_mutex_unlock((gradsync_mutex*)counter), GRADSYNC_E_MISUSE,
+                   "expected a mutex, got a counter32");
   gradsync_counter32_free(counter);
 
   /* Freeing a locked mutex is defined: the lock goes with it. */
@@ -212,14 +215,14 @@ static void test_mutex(void) {
 
 /* ---- atomic float add ---- */
 struct add_args {
-  float *dst;
-  const float *src;
+  float* dst;
+  const float* src;
   size_t n;
   int reps, errors;
 };
 
-static void *add_worker(void *p) {
-  struct add_args *a = (struct add_args *)p;
+static void* add_worker(void* p) {
+  struct add_args* a = (struct add_args*)p;
   int r;
   for (r = 0; r < a->reps; ++r)
     if (gradsync_atomic_add_f32(a->dst, a->src, a->n) != GRADSYNC_OK) a->errors++;
@@ -228,8 +231,8 @@ static void *add_worker(void *p) {
 
 static void test_atomic_add(void) {
   enum { kThreads = 4, kN = 10001, kReps = 100 };
-  float *dst = (float *)calloc(kN, sizeof(float));
-  float *src = (float *)malloc(kN * sizeof(float));
+  float* dst = (float*)calloc(kN, sizeof(float));
+  float* src = (float*)malloc(kN * sizeof(float));
   double d64[4] = {1, 2, 3, 4}, s64[4] = {0.5, 0.5, 0.5, 0.5};
   char raw[64];
   pthread_t threads[kThreads];
@@ -264,8 +267,8 @@ static void test_atomic_add(void) {
   CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst + 1, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
   CHECK_STATUS_MSG(gradsync_atomic_add_f32(dst, dst, 4), GRADSYNC_E_INVALID_ARG, "overlaps");
   CHECK_STATUS(gradsync_atomic_add_f32(dst + 4, dst, 4), GRADSYNC_OK); /* adjacent is fine */
-  CHECK_STATUS_MSG(gradsync_atomic_add_f32((float *)(raw + 1), src, 2), GRADSYNC_E_INVALID_ARG, "not aligned");
-  CHECK_STATUS_MSG(gradsync_atomic_add_f64((double *)(raw + 4), s64, 2), GRADSYNC_E_INVALID_ARG, "not aligned to 8");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f32((float*)(raw + 1), src, 2), GRADSYNC_E_INVALID_ARG, "not aligned");
+  CHECK_STATUS_MSG(gradsync_atomic_add_f64((double*)(raw + 4), s64, 2), GRADSYNC_E_INVALID_ARG, "not aligned to 8");
   free(dst);
   free(src);
 }

@@ -22,11 +22,11 @@ static inline void check_failed(void) {
 }
 
 /* Whether this thread's last error message contains needle. */
-static inline int check_message_has(const char *needle) {
+static inline int check_message_has(const char* needle) {
   return strstr(gradsync_last_error_message(), needle) != NULL;
 }
 
-static inline void check_status_is(int status, int expected, const char *call, const char *file, int line) {
+static inline void check_status_is(int status, int expected, const char* call, const char* file, int line) {
   if (status != expected) {
     fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", file, line, call,
             gradsync_status_string(status), gradsync_status_string(expected), gradsync_last_error_message());
@@ -34,7 +34,7 @@ static inline void check_status_is(int status, int expected, const char *call, c
   }
 }
 
-static inline void check_message_contains(const char *needle, const char *file, int line) {
+static inline void check_message_contains(const char* needle, const char* file, int line) {
   if (!check_message_has(needle)) {
     fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", file, line, gradsync_last_error_message(), needle);
     check_failed();
@@ -42,7 +42,7 @@ static inline void check_message_contains(const char *needle, const char *file, 
 }
 
 /* The exit code of main: 0 when every check passed. */
-static inline int check_report(const char *name) {
+static inline int check_report(const char* name) {
   int failures;
   pthread_mutex_lock(&check_failures_lock);
   failures = check_failures;
@@ -55,23 +55,23 @@ static inline int check_report(const char *name) {
   return 0;
 }
 
-#define CHECK(cond)                                                                               \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, __LINE__, #cond,    \
-              gradsync_last_error_message());                                                     \
-      check_failed();                                                                             \
-    }                                                                                             \
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              gradsync_last_error_message());                                                  \
+      check_failed();                                                                          \
+    }                                                                                          \
   } while (0)
 
 /* call must return expected; on failure prints both status strings and the last error message. */
 #define CHECK_STATUS(call, expected) check_status_is((int)(call), (int)(expected), #call, __FILE__, __LINE__)
 
 /* As CHECK_STATUS, and the last error message must contain needle. */
-#define CHECK_STATUS_MSG(call, expected, needle)                                                  \
-  do {                                                                                            \
-    CHECK_STATUS(call, expected);                                                                 \
-    check_message_contains((needle), __FILE__, __LINE__);                                         \
+#define CHECK_STATUS_MSG(call, expected, needle)          \
+  do {                                                    \
+    CHECK_STATUS(call, expected);                         \
+    check_message_contains((needle), __FILE__, __LINE__); \
   } while (0)
 
 /* The last error message (of the call just checked) must contain needle. */

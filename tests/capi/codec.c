@@ -4,9 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-
+#include "gradsync/gradsync.h"
 
 int main(void) {
   const float in[7] = {1.111111f, 2.111111f, 3.111111f, 4.111111f, 5.111111f, -4.111111f, 0.1f};

@@ -11,16 +11,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 #include "two_threads.h"
 
-
-
-
-static gradsync_comm *join(const char *name, int32_t rank, int32_t size, int64_t timeout_ms) {
+static gradsync_comm* join(const char* name, int32_t rank, int32_t size, int64_t timeout_ms) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   opts.rank = rank;
   opts.size = size;
   opts.timeout_ms = timeout_ms;
@@ -39,9 +36,9 @@ typedef struct {
   int status;
 } pair_arg;
 
-static void *pair_worker(void *p) {
-  pair_arg *a = (pair_arg *)p;
-  gradsync_comm *comm = join("capi-pair", a->rank, 2, 20000);
+static void* pair_worker(void* p) {
+  pair_arg* a = (pair_arg*)p;
+  gradsync_comm* comm = join("capi-pair", a->rank, 2, 20000);
   if (comm == NULL) {
     a->status = -1000;
     return NULL;
@@ -70,11 +67,11 @@ typedef struct {
   int status;
 } alltoall_arg;
 
-static void *alltoall_worker(void *p) {
-  alltoall_arg *a = (alltoall_arg *)p;
+static void* alltoall_worker(void* p) {
+  alltoall_arg* a = (alltoall_arg*)p;
   int32_t send[5];
   int i;
-  gradsync_comm *comm = join("capi-alltoall", a->rank, 2, 20000);
+  gradsync_comm* comm = join("capi-alltoall", a->rank, 2, 20000);
   if (comm == NULL) {
     a->status = -1000;
     return NULL;
@@ -88,7 +85,7 @@ static void *alltoall_worker(void *p) {
 static void test_alltoall(void) {
   pthread_t t[2];
   alltoall_arg args[2] = {{0, {-1, -1, -1, -1, -1, -1}, 0}, {1, {-1, -1, -1, -1, -1, -1}, 0}};
-  const int32_t want0[6] = {0, 1, 2, 10, 11, 12}; /* part 0 (3 elements) of rank 0, then of rank 1 */
+  const int32_t want0[6] = {0, 1, 2, 10, 11, 12};  /* part 0 (3 elements) of rank 0, then of rank 1 */
   const int32_t want1[6] = {3, 4, 13, 14, -1, -1}; /* part 1 (2 elements) of each; the rest untouched */
   int i;
   for (i = 0; i < 2; ++i) pthread_create(&t[i], NULL, alltoall_worker, &args[i]);
@@ -108,12 +105,12 @@ typedef struct {
   float second[4];
 } trio_arg;
 
-static void *trio_worker(void *p) {
-  trio_arg *a = (trio_arg *)p;
+static void* trio_worker(void* p) {
+  trio_arg* a = (trio_arg*)p;
   float v[7];
   size_t len = a->rank == 1 ? 7 : 4;
   size_t i;
-  gradsync_comm *comm = join("capi-trio", a->rank, 3, 20000);
+  gradsync_comm* comm = join("capi-trio", a->rank, 3, 20000);
   if (comm == NULL) {
     a->first_status = a->second_status = -1000;
     return NULL;
@@ -139,7 +136,8 @@ static void test_trio_mismatch(void) {
   for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
   for (i = 0; i < 3; ++i) {
     CHECK_STATUS(args[i].first_status, GRADSYNC_E_MISMATCH);
-    if (strstr(args[i].first_message, "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") == NULL) {
+    if (strstr(args[i].first_message,
+               "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)") == NULL) {
       fprintf(stderr, "rank %d: unexpected mismatch message: %s\n", i, args[i].first_message);
       check_failed();
     }
@@ -151,12 +149,12 @@ static void test_trio_mismatch(void) {
 /* ---- bad input at every entry point */
 static void test_bad_input(void) {
   gradsync_comm_options opts;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   float x[4] = {1, 2, 3, 4};
   int32_t v = 0;
   uint64_t total = 0;
-  const void *sends[1];
-  void *recvs[1];
+  const void* sends[1];
+  void* recvs[1];
   size_t counts[1];
 
   /* options */
@@ -211,9 +209,9 @@ static void test_bad_input(void) {
   CHECK_STATUS(gradsync_comm_transport(comm, NULL), GRADSYNC_E_INVALID_ARG);
   /* the wrong kind of handle */
   {
-    gradsync_counter32 *counter = NULL;
+    gradsync_counter32* counter = NULL;
     CHECK_STATUS(gradsync_counter32_create(&counter, 0), GRADSYNC_OK);
-    CHECK_STATUS(gradsync_comm_barrier((gradsync_comm *)(void *)counter), GRADSYNC_E_MISUSE);
+    CHECK_STATUS(gradsync_comm_barrier((gradsync_comm*)(void*)counter), GRADSYNC_E_MISUSE);
     gradsync_counter32_free(counter);
   }
 
@@ -247,15 +245,14 @@ static void test_bad_input(void) {
   CHECK_STATUS(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_I32, 1, &total), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 0, &total), GRADSYNC_E_ZERO_WEIGHT);
   CHECK(gradsync_comm_weighted_mean(comm, x, x, 4, GRADSYNC_F32, 5, &total) == GRADSYNC_OK && total == 5);
-  CHECK(gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
-         GRADSYNC_E_INVALID_ARG);
+  CHECK(gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_INVALID_ARG);
   sends[0] = x;
   recvs[0] = x;
   counts[0] = 4;
   CHECK_STATUS(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
   recvs[0] = NULL;
   CHECK(gradsync_comm_allreduce_many(comm, sends, recvs, counts, 1, GRADSYNC_F32, GRADSYNC_SUM) ==
-         GRADSYNC_E_INVALID_ARG);
+        GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS_MSG(gradsync_comm_allreduce_many(comm, sends, recvs, counts, (size_t)-1, GRADSYNC_F32, GRADSYNC_SUM),
                    GRADSYNC_E_INVALID_ARG, "GRADSYNC_MAX_FUSED_BUFFERS");
 
@@ -272,7 +269,7 @@ static void test_bad_input(void) {
 
 /* ---- a rank that never arrives: timeout on the waiter, within its deadline */
 static void test_timeout(void) {
-  gradsync_comm *a = NULL;
+  gradsync_comm* a = NULL;
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
   opts.rank = 0;
   opts.size = 2;
@@ -284,9 +281,9 @@ static void test_timeout(void) {
 }
 
 /* ---- versioned options: struct_size and version are checked, garbage is refused by name */
-static int create_alone(const void *opts) {
-  gradsync_comm *comm = NULL;
-  const int status = gradsync_comm_create(&comm, (const gradsync_comm_options *)opts);
+static int create_alone(const void* opts) {
+  gradsync_comm* comm = NULL;
+  const int status = gradsync_comm_create(&comm, (const gradsync_comm_options*)opts);
   if (status == GRADSYNC_OK) {
     CHECK(comm != NULL);
     gradsync_comm_free(comm);
@@ -335,7 +332,7 @@ static void test_options_versions(void) {
 
   /* the smallest struct the library accepts (version 1, today all of it) in memory of exactly that
    * size: nothing past it is read (AddressSanitizer builds would see it) */
-  exact = (unsigned char *)malloc(sizeof opts);
+  exact = (unsigned char*)malloc(sizeof opts);
   CHECK(exact != NULL);
   if (exact != NULL) {
     memcpy(exact, &opts, sizeof opts);
@@ -344,10 +341,10 @@ static void test_options_versions(void) {
   }
 
   /* a newer header's struct: accepted while its unknown fields are 0, refused naming the byte once one is set */
-  newer = (unsigned char *)calloc(1, sizeof opts + extra);
+  newer = (unsigned char*)calloc(1, sizeof opts + extra);
   CHECK(newer != NULL);
   if (newer != NULL) {
-    gradsync_comm_options *n = (gradsync_comm_options *)(void *)newer;
+    gradsync_comm_options* n = (gradsync_comm_options*)(void*)newer;
     memcpy(newer, &opts, sizeof opts);
     n->struct_size = (uint32_t)(sizeof opts + extra);
     n->version = GRADSYNC_COMM_OPTIONS_VERSION + 1;
@@ -362,17 +359,17 @@ static void test_options_versions(void) {
 
 /* ---- timeout_ms = GRADSYNC_NO_TIMEOUT (INT64_MAX): joining and every collective work */
 typedef struct {
-  gradsync_comm **comms;
-  int *late_started;
+  gradsync_comm** comms;
+  int* late_started;
   int32_t rank;
   int allreduce_status, barrier_status, broadcast_status, late_status;
   double sum[3];
   int32_t bcast[4];
 } forever_arg;
 
-static void *forever_worker(void *p) {
-  forever_arg *a = (forever_arg *)p;
-  gradsync_comm *comm = a->comms[a->rank];
+static void* forever_worker(void* p) {
+  forever_arg* a = (forever_arg*)p;
+  gradsync_comm* comm = a->comms[a->rank];
   int i;
   for (i = 0; i < 3; ++i) a->sum[i] = (double)(a->rank + 1) * (i + 1);
   for (i = 0; i < 4; ++i) a->bcast[i] = a->rank == 1 ? 40 + i : -1;
@@ -400,7 +397,7 @@ static void *forever_worker(void *p) {
 }
 
 static void test_no_timeout(void) {
-  gradsync_comm *comms[2];
+  gradsync_comm* comms[2];
   forever_arg args[2];
   pthread_t t[2];
   int late_started = 0;
@@ -429,24 +426,24 @@ static void test_no_timeout(void) {
 
 /* ---- one handle, two threads: the second caller is refused, the first is unaffected */
 typedef struct {
-  gradsync_comm *comm;
+  gradsync_comm* comm;
   float data[2];
   int status;
   int returned; /* a flag: set once the call has returned */
 } caller_arg;
 
-static void *caller_worker(void *p) {
-  caller_arg *a = (caller_arg *)p;
+static void* caller_worker(void* p) {
+  caller_arg* a = (caller_arg*)p;
   RETRY_WHILE_PROBED(a->status, gradsync_comm_allreduce(a->comm, a->data, a->data, 2, GRADSYNC_F32, GRADSYNC_SUM));
   set_flag(&a->returned);
   return NULL;
 }
 
 static void test_two_threads_one_handle(void) {
-  gradsync_comm *comms[2];
+  gradsync_comm* comms[2];
   caller_arg first = {NULL, {1, 2}, -1000, 0};
   float mine[2] = {7, 7}, peer[2] = {10, 20};
-  void *p = NULL;
+  void* p = NULL;
   int32_t v = -1;
   pthread_t t;
   if (join_pair("capi-busy", 20000, comms) != 0) return;
@@ -454,9 +451,10 @@ static void test_two_threads_one_handle(void) {
   /* rank 0's allreduce on another thread waits for rank 1, which comes last, from this thread */
   pthread_create(&t, NULL, caller_worker, &first);
   if (wait_until_in_call(comms[0]) == 0) {
-    CHECK_STATUS_MSG(gradsync_comm_barrier(comms[0]), GRADSYNC_E_MISUSE,
-                     "gradsync_comm_barrier: communicator 'capi-busy' (thread transport, rank 0 of 2) is already in a "
-                     "call on another thread (gradsync_comm_allreduce); a handle must not be used by two threads at once");
+    CHECK_STATUS_MSG(
+        gradsync_comm_barrier(comms[0]), GRADSYNC_E_MISUSE,
+        "gradsync_comm_barrier: communicator 'capi-busy' (thread transport, rank 0 of 2) is already in a "
+        "call on another thread (gradsync_comm_allreduce); a handle must not be used by two threads at once");
     CHECK_STATUS_MSG(gradsync_comm_allreduce(comms[0], mine, mine, 2, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_MISUSE,
                      "already in a call on another thread");
     CHECK(mine[0] == 7 && mine[1] == 7); /* refused untouched */
@@ -491,7 +489,7 @@ static void test_two_threads_one_handle(void) {
 
 /* ---- free while another thread is inside a call: the call is aborted, free waits for it */
 static void test_free_during_call(void) {
-  gradsync_comm *comms[2];
+  gradsync_comm* comms[2];
   caller_arg blocked = {NULL, {1, 2}, -1000, 0};
   pthread_t t;
   if (join_pair("capi-free-busy", 20000, comms) != 0) return;
@@ -512,21 +510,21 @@ static void test_free_during_call(void) {
   gradsync_comm_free(comms[1]);
 }
 
-static void *reset_worker(void *comm) {
-  CHECK_STATUS(gradsync_comm_reset((gradsync_comm *)comm), GRADSYNC_OK);
+static void* reset_worker(void* comm) {
+  CHECK_STATUS(gradsync_comm_reset((gradsync_comm*)comm), GRADSYNC_OK);
   return NULL;
 }
 
 /* The host's interrupt check: says "out" on its 3rd call while rank 0 waits for a rank 1 that has
    not come; the wait ends with E_ABORTED (long before its 60 s deadline), rank 1's late call finds
    the group aborted, and a reset on both ranks recovers it. */
-static int third_call(void *user) {
-  int *calls = (int *)user;
+static int third_call(void* user) {
+  int* calls = (int*)user;
   return ++*calls >= 3;
 }
 
 static void test_interrupt(void) {
-  gradsync_comm *comms[2];
+  gradsync_comm* comms[2];
   float x[4] = {1, 1, 1, 1};
   int calls = 0;
   if (join_pair("capi-interrupt", 60000, comms) != 0) return;

@@ -5,19 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-
+#include "gradsync/gradsync.h"
 
 static int log_lines = 0;
-static void on_log(void *user, int32_t level, const char *message) {
+static void on_log(void* user, int32_t level, const char* message) {
   (void)level;
   (void)message;
-  *(int *)user += 1;
+  *(int*)user += 1;
   log_lines++;
 }
 
-static void *fail_on_other_thread(void *arg) {
+static void* fail_on_other_thread(void* arg) {
   (void)arg;
   CHECK_STATUS(gradsync_comm_create(NULL, NULL), GRADSYNC_E_INVALID_ARG);
   CHECK_MESSAGE("NULL");
@@ -25,7 +24,7 @@ static void *fail_on_other_thread(void *arg) {
 }
 
 int main(void) {
-  const char *v = gradsync_version_string();
+  const char* v = gradsync_version_string();
   char expected[32];
   pthread_t thread;
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
@@ -35,7 +34,8 @@ int main(void) {
   int s;
 
   /* version */
-  snprintf(expected, sizeof expected, "%d.%d.%d", GRADSYNC_VERSION_MAJOR, GRADSYNC_VERSION_MINOR, GRADSYNC_VERSION_PATCH);
+  snprintf(expected, sizeof expected, "%d.%d.%d", GRADSYNC_VERSION_MAJOR, GRADSYNC_VERSION_MINOR,
+           GRADSYNC_VERSION_PATCH);
   CHECK(strcmp(v, expected) == 0);
   CHECK(strcmp(v, GRADSYNC_VERSION_STRING) == 0);
   CHECK(gradsync_version_number() == GRADSYNC_VERSION_NUMBER);
@@ -71,8 +71,8 @@ int main(void) {
   CHECK(memcmp(&from_fn, &opts, sizeof opts) == 0);
   CHECK_STATUS(gradsync_comm_options_init(&from_fn, 8), GRADSYNC_E_INVALID_ARG);
   memset(big, 0xAB, sizeof big);
-  CHECK_STATUS(gradsync_comm_options_init((gradsync_comm_options *)(void *)big, sizeof big), GRADSYNC_OK);
-  CHECK(((gradsync_comm_options *)(void *)big)->struct_size == sizeof(gradsync_comm_options));
+  CHECK_STATUS(gradsync_comm_options_init((gradsync_comm_options*)(void*)big, sizeof big), GRADSYNC_OK);
+  CHECK(((gradsync_comm_options*)(void*)big)->struct_size == sizeof(gradsync_comm_options));
   CHECK(big[sizeof big - 1] == 0); /* zeroed tail: no garbage reaches a newer library */
 
   /* logging */

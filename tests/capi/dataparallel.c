@@ -5,9 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-
+#include "gradsync/gradsync.h"
 
 static void test_partition(void) {
   const uint64_t expected[3][2] = {{0, 4}, {4, 3}, {7, 3}};
@@ -40,12 +39,15 @@ static void test_round_robin(void) {
     CHECK(memcmp(out, expected[k], sizes[k] * sizeof(uint64_t)) == 0);
   }
   out[0] = 77;
-  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, out, 3, &needed), GRADSYNC_E_BUFS, "gets 4 indices but out holds only 3");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, out, 3, &needed), GRADSYNC_E_BUFS,
+                   "gets 4 indices but out holds only 3");
   CHECK(needed == 4 && out[0] == 77); /* nothing written */
   CHECK(gradsync_split_round_robin(0, 3, 2, NULL, 0, &needed) == GRADSYNC_OK && needed == 0);
   CHECK(gradsync_split_round_robin(2, 5, 4, NULL, 0, &needed) == GRADSYNC_OK && needed == 0);
-  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 0, 0, out, 8, &needed), GRADSYNC_E_INVALID_ARG, "workers must be > 0");
-  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 3, out, 8, &needed), GRADSYNC_E_OUT_OF_RANGE, "worker 3 out of range [0, 3)");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 0, 0, out, 8, &needed), GRADSYNC_E_INVALID_ARG,
+                   "workers must be > 0");
+  CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 3, out, 8, &needed), GRADSYNC_E_OUT_OF_RANGE,
+                   "worker 3 out of range [0, 3)");
   CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, out, 8, NULL), GRADSYNC_E_INVALID_ARG, "needed");
   CHECK_STATUS_MSG(gradsync_split_round_robin(10, 3, 0, NULL, 8, &needed), GRADSYNC_E_INVALID_ARG, "out is NULL");
   /* A huge sample count is only a size, never an allocation. */
@@ -55,7 +57,7 @@ static void test_round_robin(void) {
 
 static void test_weighted_merge(void) {
   const float a[2] = {2, 4}, b[2] = {2, 4};
-  const float *grads[2] = {a, b};
+  const float* grads[2] = {a, b};
   size_t lens[2] = {2, 2};
   uint64_t counts[2] = {10, 10};
   double losses[2] = {1.0, 1.0};
@@ -68,7 +70,7 @@ static void test_weighted_merge(void) {
 
   {
     const float c[1] = {4}, d[1] = {0};
-    const float *g2[2] = {c, d};
+    const float* g2[2] = {c, d};
     size_t l2[2] = {1, 1};
     uint64_t n2[2] = {1, 3};
     double loss2[2] = {2.0, 0.0};
@@ -82,33 +84,33 @@ static void test_weighted_merge(void) {
   /* errors: nothing written, never NaN */
   out[0] = out[1] = -1;
   counts[0] = counts[1] = 0;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_ZERO_WEIGHT,
-            "total sample count of 2 workers is 0");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_ZERO_WEIGHT, "total sample count of 2 workers is 0");
   CHECK(out[0] == -1 && !isnan(out[0]));
   counts[0] = counts[1] = 1;
   lens[1] = 3;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_MISMATCH,
-            "worker 1 gradient has 3 elements, but the output has 2");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_MISMATCH, "worker 1 gradient has 3 elements, but the output has 2");
   lens[1] = 2;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "workers must be > 0");
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "grads array is NULL");
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "lens array is NULL");
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "counts array is NULL");
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "losses is NULL");
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "out is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "workers must be > 0");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "grads array is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "lens array is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "counts array is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "losses is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "out is NULL");
   counts[0] = UINT64_MAX;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "overflows");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "overflows");
   counts[0] = 1;
   grads[1] = NULL;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total), GRADSYNC_E_INVALID_ARG,
-            "worker 1 gradient is NULL");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out, 2, &loss, &total),
+                   GRADSYNC_E_INVALID_ARG, "worker 1 gradient is NULL");
   CHECK(out[0] == -1 && out[1] == -1);
 }
 
@@ -117,9 +119,9 @@ static void test_weighted_merge(void) {
 static void test_weighted_merge_f64(void) {
   const uint64_t big = (uint64_t)1 << 33, huge = (uint64_t)1 << 60;
   const double two[1] = {2.0}, three[1] = {3.0}, plus[1] = {1.0}, minus[1] = {-1.0};
-  const double *g[2] = {two, three};
+  const double* g[2] = {two, three};
   const float twof[1] = {2.0f}, threef[1] = {3.0f};
-  const float *gf[2] = {twof, threef};
+  const float* gf[2] = {twof, threef};
   size_t lens[2] = {1, 1};
   uint64_t counts[2] = {big, 1}, total = 0;
   double out[1] = {0}, exact = 2.0 + 1.0 / (double)(big + 1);
@@ -139,8 +141,8 @@ static void test_weighted_merge_f64(void) {
 
   counts[0] = counts[1] = 0;
   out[0] = -1;
-  CHECK_STATUS_MSG(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total),
-                   GRADSYNC_E_ZERO_WEIGHT, "total sample count of 2 workers is 0");
+  CHECK_STATUS_MSG(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total), GRADSYNC_E_ZERO_WEIGHT,
+                   "total sample count of 2 workers is 0");
   counts[0] = counts[1] = 1;
   lens[1] = 2;
   CHECK_STATUS_MSG(gradsync_weighted_merge_f64(g, lens, counts, NULL, 2, out, 1, NULL, &total), GRADSYNC_E_MISMATCH,

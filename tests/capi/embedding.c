@@ -17,8 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 #include "embedding_scenario.h"
 
@@ -28,7 +28,7 @@ static snapshot g_ref[2];      /* per optimizer, after STEPS steps */
 static snapshot g_ref_more[2]; /* per optimizer, after STEPS + 2 steps */
 
 /* Lookups in any order with repeats answer in the caller's order. */
-static void check_lookup(gradsync_embedding *t, int rank, const snapshot *ref) {
+static void check_lookup(gradsync_embedding* t, int rank, const snapshot* ref) {
   int64_t ids[97];
   float rows[97 * DIM];
   int i, bad = 0;
@@ -47,15 +47,15 @@ static void check_lookup(gradsync_embedding *t, int rank, const snapshot *ref) {
 }
 
 typedef struct {
-  const char *group;
+  const char* group;
   int32_t transport;
   int rank, size;
   int32_t optimizer, sharding;
 } rank_arg;
 
-static gradsync_comm *join(const char *name, int32_t transport, int rank, int size) {
+static gradsync_comm* join(const char* name, int32_t transport, int rank, int size) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   opts.transport = transport;
   opts.rank = rank;
   opts.size = size;
@@ -68,20 +68,20 @@ static gradsync_comm *join(const char *name, int32_t transport, int rank, int si
   return comm;
 }
 
-static gradsync_embedding *make_table(gradsync_comm *comm, int32_t optimizer, int32_t sharding) {
+static gradsync_embedding* make_table(gradsync_comm* comm, int32_t optimizer, int32_t sharding) {
   gradsync_embedding_options o = table_options(optimizer, sharding);
-  gradsync_embedding *t = NULL;
+  gradsync_embedding* t = NULL;
   CHECK_STATUS(gradsync_embedding_create(&t, comm, NULL, &o), GRADSYNC_OK);
   return t;
 }
 
 /* ---- determinism: the reference's bits on any number of ranks */
-static void *determinism_rank(void *p) {
-  const rank_arg *a = (const rank_arg *)p;
+static void* determinism_rank(void* p) {
+  const rank_arg* a = (const rank_arg*)p;
   char what[128];
   int64_t steps = 0;
-  gradsync_comm *comm = join(a->group, a->transport, a->rank, a->size);
-  gradsync_embedding *t;
+  gradsync_comm* comm = join(a->group, a->transport, a->rank, a->size);
+  gradsync_embedding* t;
   if (comm == NULL) return NULL;
   t = make_table(comm, a->optimizer, a->sharding);
   if (t != NULL) {
@@ -97,7 +97,7 @@ static void *determinism_rank(void *p) {
   return NULL;
 }
 
-static void run_threads(void *(*fn)(void *), rank_arg *args, int size) {
+static void run_threads(void* (*fn)(void*), rank_arg* args, int size) {
   pthread_t threads[MAX_RANKS];
   int r;
   for (r = 0; r < size; ++r) pthread_create(&threads[r], NULL, fn, &args[r]);
@@ -122,16 +122,16 @@ static void determinism_on_threads(void) {
           args[r] = a;
         }
         run_threads(determinism_rank, args, size);
-        for (r = 0; r < size; ++r) free((void *)args[r].group);
+        for (r = 0; r < size; ++r) free((void*)args[r].group);
       }
 }
 
 /* ---- bad input on one rank: every rank fails in the same round, the table is unchanged, and the
  * group goes on */
-static void *bad_input_rank(void *p) {
-  const rank_arg *a = (const rank_arg *)p;
-  gradsync_comm *comm = join("emb-bad", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
-  gradsync_embedding *t;
+static void* bad_input_rank(void* p) {
+  const rank_arg* a = (const rank_arg*)p;
+  gradsync_comm* comm = join("emb-bad", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding* t;
   int64_t ids[3] = {1, 2, 3};
   float g[3 * DIM], before[3 * DIM], after[3 * DIM];
   int i;
@@ -150,8 +150,8 @@ static void *bad_input_rank(void *p) {
   /* a NULL gradient buffer, and a wrong count, on one rank */
   CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, a->rank == 2 ? NULL : g, 3 * DIM), GRADSYNC_E_INVALID_ARG,
                    "rank 2: push: the gradient buffer is NULL");
-  CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, g, a->rank == 0 ? 3 * DIM - 1 : 3 * DIM),
-                   GRADSYNC_E_INVALID_ARG, "rank 0: push: count is 20");
+  CHECK_STATUS_MSG(gradsync_embedding_push(t, ids, 3, g, a->rank == 0 ? 3 * DIM - 1 : 3 * DIM), GRADSYNC_E_INVALID_ARG,
+                   "rank 0: push: count is 20");
   CHECK_STATUS(gradsync_embedding_lookup(t, ids, 3, after, 3 * DIM), GRADSYNC_OK);
   CHECK(memcmp(before, after, sizeof before) == 0);
   CHECK_STATUS(gradsync_embedding_push(t, ids, 3, g, 3 * DIM), GRADSYNC_OK);
@@ -166,10 +166,10 @@ static void *bad_input_rank(void *p) {
  * rule, every row and its Adagrad state bitwise, and training goes on as if never interrupted */
 static char g_dir[256];
 
-static void *save_rank(void *p) {
-  const rank_arg *a = (const rank_arg *)p;
-  gradsync_comm *comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
-  gradsync_embedding *t;
+static void* save_rank(void* p) {
+  const rank_arg* a = (const rank_arg*)p;
+  gradsync_comm* comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding* t;
   if (comm == NULL) return NULL;
   t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
   /* no checkpoint of this table yet: an incremental save is refused on every rank */
@@ -187,12 +187,12 @@ static void *save_rank(void *p) {
   return NULL;
 }
 
-static void *load_rank(void *p) {
-  const rank_arg *a = (const rank_arg *)p;
+static void* load_rank(void* p) {
+  const rank_arg* a = (const rank_arg*)p;
   char what[128];
   int64_t steps = 0;
-  gradsync_comm *comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
-  gradsync_embedding *t;
+  gradsync_comm* comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+  gradsync_embedding* t;
   if (comm == NULL) return NULL;
   t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, a->sharding);
   CHECK_STATUS(gradsync_embedding_load(t, g_dir), GRADSYNC_OK);
@@ -208,9 +208,9 @@ static void *load_rank(void *p) {
   return NULL;
 }
 
-static int count_files(const char *dir) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
+static int count_files(const char* dir) {
+  DIR* d = opendir(dir);
+  struct dirent* e;
   int n = 0;
   if (d == NULL) return -1;
   while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
@@ -243,14 +243,14 @@ static void resharding(void) {
         args[r] = a;
       }
       run_threads(load_rank, args, sizes[i]);
-      for (r = 0; r < sizes[i]; ++r) free((void *)args[r].group);
+      for (r = 0; r < sizes[i]; ++r) free((void*)args[r].group);
     }
 }
 
 /* ---- damaged, hostile and mismatched checkpoints: a clear status on every rank, the table unchanged */
-static int find_file(const char *dir, const char *prefix, char *path, size_t cap) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
+static int find_file(const char* dir, const char* prefix, char* path, size_t cap) {
+  DIR* d = opendir(dir);
+  struct dirent* e;
   int found = 0;
   if (d == NULL) return 0;
   while (!found && (e = readdir(d)) != NULL) {
@@ -263,7 +263,7 @@ static int find_file(const char *dir, const char *prefix, char *path, size_t cap
   return found;
 }
 
-static void damage(const char *path, long offset, const void *bytes, size_t n, long truncate_to) {
+static void damage(const char* path, long offset, const void* bytes, size_t n, long truncate_to) {
   int fd = open(path, O_WRONLY);
   CHECK(fd >= 0);
   if (fd < 0) return;
@@ -272,12 +272,19 @@ static void damage(const char *path, long offset, const void *bytes, size_t n, l
   close(fd);
 }
 
-enum { DAMAGE_TRUNCATE_PART, DAMAGE_FLIP_VALUE, DAMAGE_GARBAGE_MANIFEST, DAMAGE_SHORT_MANIFEST,
-       DAMAGE_VERSION, DAMAGE_MISSING_PART, DAMAGE_KINDS };
+enum {
+  DAMAGE_TRUNCATE_PART,
+  DAMAGE_FLIP_VALUE,
+  DAMAGE_GARBAGE_MANIFEST,
+  DAMAGE_SHORT_MANIFEST,
+  DAMAGE_VERSION,
+  DAMAGE_MISSING_PART,
+  DAMAGE_KINDS
+};
 
-static void *hostile_rank(void *p) {
-  const rank_arg *a = (const rank_arg *)p;
-  gradsync_comm *comm = join("emb-hostile", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
+static void* hostile_rank(void* p) {
+  const rank_arg* a = (const rank_arg*)p;
+  gradsync_comm* comm = join("emb-hostile", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
   gradsync_embedding *t, *wide, *sgd;
   gradsync_embedding_options o = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
   static float before[2][ROWS * DIM], before_state[2][ROWS], now[2][ROWS * DIM], now_state[2][ROWS];
@@ -403,7 +410,7 @@ static int shm_ranks(int size) {
 }
 
 int main(void) {
-  snapshot *reversed = (snapshot *)malloc(sizeof(snapshot));
+  snapshot* reversed = (snapshot*)malloc(sizeof(snapshot));
   reference(GRADSYNC_OPTIM_SGD, STEPS, 0, &g_ref[0]);
   reference(GRADSYNC_OPTIM_ROW_ADAGRAD, STEPS, 0, &g_ref[1]);
   reference(GRADSYNC_OPTIM_SGD, STEPS + 2, 0, &g_ref_more[0]);

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 #define ROWS 1000
 #define DIM 7 /* odd: a push record's id then sits at a 4-byte, not 8-byte, boundary */
@@ -28,7 +28,7 @@ static uint64_t mix(uint64_t x) {
 /* The global batch of a step: a third of the ids among 10 hot rows (each summed from dozens of
  * contributions, so a change of order changes bits), the rest anywhere; gradients spanning several
  * orders of magnitude. */
-static void global_batch(int step, int64_t *ids, float *grads) {
+static void global_batch(int step, int64_t* ids, float* grads) {
   int i, j;
   for (i = 0; i < GLOBAL; ++i) {
     const uint64_t h = mix((uint64_t)step * 100003u + (uint64_t)i);
@@ -42,7 +42,7 @@ static void global_batch(int step, int64_t *ids, float *grads) {
 
 /* Rank r's slice [lo, hi) of the global batch among p ranks: uneven, rank 0's the smallest (empty
  * on some steps). */
-static void slice_of(int step, int r, int p, int *lo, int *hi) {
+static void slice_of(int step, int r, int p, int* lo, int* hi) {
   if (step % 2 == 0) {
     *lo = GLOBAL * r * r / (p * p);
     *hi = GLOBAL * (r + 1) * (r + 1) / (p * p);
@@ -74,12 +74,12 @@ static gradsync_embedding_options table_options(int32_t optimizer, int32_t shard
 
 /* One process, the public table and accumulator: after `steps` steps of the global batches
  * (reverse: each batch added back to front, to show the order matters). */
-static void reference(int32_t optimizer, int steps, int reverse, snapshot *out) {
+static void reference(int32_t optimizer, int steps, int reverse, snapshot* out) {
   gradsync_table_options to = GRADSYNC_TABLE_OPTIONS_INIT;
   gradsync_accum_options ao = GRADSYNC_ACCUM_OPTIONS_INIT;
   gradsync_optimizer opt = GRADSYNC_OPTIMIZER_INIT;
   gradsync_table *params = NULL, *state = NULL;
-  gradsync_accum *accum = NULL;
+  gradsync_accum* accum = NULL;
   static int64_t ids[GLOBAL], rids[GLOBAL];
   static float grads[GLOBAL * DIM], rgrads[GLOBAL * DIM];
   int s, i;
@@ -126,7 +126,7 @@ static void reference(int32_t optimizer, int steps, int reverse, snapshot *out) 
 }
 
 /* This rank's rows equal the reference bit for bit; returns the number of rows that differ. */
-static int compare_local(gradsync_embedding *t, const snapshot *ref, int32_t optimizer, const char *what) {
+static int compare_local(gradsync_embedding* t, const snapshot* ref, int32_t optimizer, const char* what) {
   static __thread int64_t ids[ROWS];
   static __thread float values[ROWS * DIM], state[ROWS];
   int64_t local = 0, i;
@@ -145,7 +145,7 @@ static int compare_local(gradsync_embedding *t, const snapshot *ref, int32_t opt
 }
 
 /* Pushes steps [from, to) of the global batches, this rank's slice of each. */
-static void train(gradsync_embedding *t, int rank, int size, int from, int to) {
+static void train(gradsync_embedding* t, int rank, int size, int from, int to) {
   static __thread int64_t ids[GLOBAL];
   static __thread float grads[GLOBAL * DIM];
   int s, lo, hi;

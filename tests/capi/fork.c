@@ -15,21 +15,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-#include "two_threads.h"
 #include "fork_helpers.h"
+#include "gradsync/gradsync.h"
+#include "two_threads.h"
 
 /* In the child: every kind of call on comm is refused, naming the parent, and none waits (a hang is
  * the bug under test: the alarm turns one into a failure of the child). pending: a request of comm
  * started before the fork, or NULL; shard: one made on comm, or NULL; segment: the shm segment's
  * path (as mapped() takes it), which the free unmaps, or NULL. Frees them all. */
-static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gradsync_shard *shard,
-                             const char *segment) {
+static void refused_in_child(gradsync_comm* comm, gradsync_request* pending, gradsync_shard* shard,
+                             const char* segment) {
   char parent[64];
   int32_t v = 7, out = 0;
-  void *p = &v;
-  gradsync_request *r = (gradsync_request *)&v; /* must come back NULL */
+  void* p = &v;
+  gradsync_request* r = (gradsync_request*)&v; /* must come back NULL */
   gradsync_comm_statistics stats = GRADSYNC_COMM_STATISTICS_INIT;
   float w[4] = {0};
   snprintf(parent, sizeof parent, "parent process (pid %d)", (int)getppid());
@@ -42,7 +42,7 @@ static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gra
   CHECK_STATUS_MSG(gradsync_comm_broadcast(comm, &v, 1, GRADSYNC_I32, 0), GRADSYNC_E_MISUSE, parent);
   CHECK_STATUS_MSG(gradsync_comm_allgather(comm, &v, &out, 1, GRADSYNC_I32), GRADSYNC_E_MISUSE, parent);
   CHECK_STATUS_MSG(gradsync_comm_barrier(comm), GRADSYNC_E_MISUSE, parent);
-  r = (gradsync_request *)&v;
+  r = (gradsync_request*)&v;
   CHECK_STATUS_MSG(gradsync_comm_ibarrier(comm, &r), GRADSYNC_E_MISUSE, parent);
   CHECK(r == NULL);
   CHECK_STATUS_MSG(gradsync_comm_reset(comm), GRADSYNC_E_MISUSE, parent);
@@ -72,8 +72,8 @@ static void refused_in_child(gradsync_comm *comm, gradsync_request *pending, gra
 /* Forks a child that runs refused_in_child on each of n communicators (pending, shard and segment
  * go with the first) and exits with its verdict; returns once the child has, counting a failure
  * unless it exited with 0. */
-static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pending, gradsync_shard *shard,
-                            const char *segment) {
+static void fork_and_refuse(gradsync_comm** comms, int n, gradsync_request* pending, gradsync_shard* shard,
+                            const char* segment) {
   int status = 0, i;
   pid_t child;
   wait_until_others_sleep();
@@ -106,12 +106,12 @@ static void fork_and_refuse(gradsync_comm **comms, int n, gradsync_request *pend
 /* ---------------------------------------------------------------- thread transport */
 
 typedef struct {
-  gradsync_comm *comm;
+  gradsync_comm* comm;
   int32_t value;
 } one_call;
 
-static void *allreduce_on(void *p) {
-  one_call *c = (one_call *)p;
+static void* allreduce_on(void* p) {
+  one_call* c = (one_call*)p;
   int status;
   RETRY_WHILE_PROBED(status, gradsync_comm_allreduce(c->comm, &c->value, &c->value, 1, GRADSYNC_I32, GRADSYNC_SUM));
   CHECK_STATUS(status, GRADSYNC_OK);
@@ -119,7 +119,7 @@ static void *allreduce_on(void *p) {
 }
 
 /* Both ranks allreduce 1 and 2 on two threads; each must get 3. */
-static void thread_group_works(gradsync_comm *comms[2]) {
+static void thread_group_works(gradsync_comm* comms[2]) {
   pthread_t t;
   one_call c = {comms[1], 2};
   int32_t v = 1;
@@ -130,8 +130,8 @@ static void thread_group_works(gradsync_comm *comms[2]) {
 }
 
 static void thread_transport(void) {
-  gradsync_comm *comms[2];
-  gradsync_request *req = NULL;
+  gradsync_comm* comms[2];
+  gradsync_request* req = NULL;
   pthread_t t;
   one_call c;
   int32_t v = 1;
@@ -170,8 +170,8 @@ static void thread_transport(void) {
 
 /* ---------------------------------------------------------------- shm transport */
 
-static gradsync_comm *join_shm(const char *name, int32_t rank) {
-  gradsync_comm *comm = NULL;
+static gradsync_comm* join_shm(const char* name, int32_t rank) {
+  gradsync_comm* comm = NULL;
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
   opts.transport = GRADSYNC_TRANSPORT_SHM;
   opts.rank = rank;
@@ -183,7 +183,7 @@ static gradsync_comm *join_shm(const char *name, int32_t rank) {
 }
 
 /* Allreduce of rank + 1 over both ranks: 3. */
-static void shm_step(gradsync_comm *comm, int32_t rank) {
+static void shm_step(gradsync_comm* comm, int32_t rank) {
   int32_t v = rank + 1;
   CHECK_STATUS(gradsync_comm_allreduce(comm, &v, &v, 1, GRADSYNC_I32, GRADSYNC_SUM), GRADSYNC_OK);
   CHECK(v == 3);
@@ -191,7 +191,7 @@ static void shm_step(gradsync_comm *comm, int32_t rank) {
 
 /* Rank 1, a process of its own: the same calls as rank 0, the second and later ones each after a
  * byte from `go` (so that rank 0's call is in flight while it forks). */
-static int shm_rank1(const char *name, int go) {
+static int shm_rank1(const char* name, int go) {
   char byte;
   int i;
   gradsync_comm *comm = join_shm(name, 1), *sub = NULL;
@@ -217,8 +217,8 @@ static void shm_transport(void) {
   int go[2], status = 0;
   int32_t v = 1;
   gradsync_comm *comm, *both[2];
-  gradsync_request *req = NULL;
-  gradsync_shard *shard = NULL;
+  gradsync_request* req = NULL;
+  gradsync_shard* shard = NULL;
   pid_t peer;
   snprintf(name, sizeof name, "fork.shm.%d", (int)getpid());
   snprintf(segment, sizeof segment, "/dev/shm/gradsync.%s\n", name); /* not its subgroups' */

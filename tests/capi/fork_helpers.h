@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 /* Whether a line of /proc/self/maps contains text (a path, or with "\n" a whole path's end). */
-static inline int mapped(const char *text) {
+static inline int mapped(const char* text) {
   char line[512];
   int found = 0;
-  FILE *maps = fopen("/proc/self/maps", "r");
+  FILE* maps = fopen("/proc/self/maps", "r");
   if (maps == NULL) return -1;
   while (!found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, text) != NULL;
   fclose(maps);
@@ -29,19 +29,18 @@ static inline int mapped(const char *text) {
 static inline void wait_until_others_sleep(void) {
   int calm = 0;
   while (calm < 2) {
-    DIR *tasks = opendir("/proc/self/task");
-    struct dirent *e;
+    DIR* tasks = opendir("/proc/self/task");
+    struct dirent* e;
     int all_asleep = 1;
     if (tasks == NULL) return;
     while ((e = readdir(tasks)) != NULL) {
       char path[300], stat[256], *end;
-      FILE *f;
+      FILE* f;
       if (e->d_name[0] == '.' || atoi(e->d_name) == (int)getpid()) continue;
       snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
       f = fopen(path, "r");
       if (f == NULL) continue; /* the thread has exited */
-      if (fgets(stat, sizeof stat, f) != NULL && (end = strrchr(stat, ')')) != NULL && end[1] == ' ' &&
-          end[2] != 'S')
+      if (fgets(stat, sizeof stat, f) != NULL && (end = strrchr(stat, ')')) != NULL && end[1] == ' ' && end[2] != 'S')
         all_asleep = 0;
       fclose(f);
     }

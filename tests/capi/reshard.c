@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 #define N 4
 #define TOTAL 1003 /* not a multiple of 3 or 4: uneven parts before and after */
@@ -24,7 +24,7 @@ static float g_reference[TOTAL];
 
 /* The gradient of step s, the same on every rank: small multiples of 1/256, so every sum and mean
  * over up to four ranks is exact. */
-static void gradient(int s, float *g) {
+static void gradient(int s, float* g) {
   int i;
   for (i = 0; i < TOTAL; ++i) g[i] = (float)(((i * 7 + s * 13) % 17) - 8) / 256.0f;
 }
@@ -32,20 +32,20 @@ static void gradient(int s, float *g) {
 typedef struct {
   int rank;
   int replicas;
-  int lost[2]; /* ranks that go after LOSS_AT steps (-1: none) */
+  int lost[2];     /* ranks that go after LOSS_AT steps (-1: none) */
   int expect_lost; /* the survivors' reshard fails with GRADSYNC_E_LOST */
-  const char *name;
-  float *final_weights; /* rank 0's (or the first survivor's) weights after STEPS */
+  const char* name;
+  float* final_weights; /* rank 0's (or the first survivor's) weights after STEPS */
 } job;
 
-static int goes(const job *j) { return j->rank == j->lost[0] || j->rank == j->lost[1]; }
+static int goes(const job* j) { return j->rank == j->lost[0] || j->rank == j->lost[1]; }
 
-static void *member(void *p) {
-  job *j = (job *)p;
+static void* member(void* p) {
+  job* j = (job*)p;
   gradsync_comm_options copts = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_shard_options sopts = GRADSYNC_SHARD_OPTIONS_INIT;
   gradsync_comm *comm = NULL, *next = NULL;
-  gradsync_shard *shard = NULL;
+  gradsync_shard* shard = NULL;
   float *w = malloc(TOTAL * sizeof(float)), *g = malloc(TOTAL * sizeof(float));
   int s, i, st;
   copts.rank = j->rank;
@@ -101,7 +101,7 @@ static void *member(void *p) {
   return NULL;
 }
 
-static void run(const char *name, int replicas, int lost0, int lost1, int expect_lost, float *final_weights) {
+static void run(const char* name, int replicas, int lost0, int lost1, int expect_lost, float* final_weights) {
   pthread_t t[N];
   job jobs[N];
   int i;
@@ -125,7 +125,8 @@ int main(void) {
   memset(got, 0xff, sizeof got);
   run("capi-reshard-r1", 1, 2, -1, 0, got);
   for (i = 0; i < TOTAL; ++i) differ += memcmp(&got[i], &g_reference[i], sizeof(float)) != 0;
-  if (differ != 0) fprintf(stderr, "replicas=1, rank 2 lost: %d of %d weights differ from the undisturbed run\n", differ, TOTAL);
+  if (differ != 0)
+    fprintf(stderr, "replicas=1, rank 2 lost: %d of %d weights differ from the undisturbed run\n", differ, TOTAL);
   CHECK(differ == 0);
   run("capi-reshard-r0", 0, 1, -1, 1, NULL);
   run("capi-reshard-r1-two", 1, 1, 2, 1, NULL);

@@ -9,15 +9,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 #include "two_threads.h"
 
-
-
-static gradsync_comm *join(const char *name, int32_t rank, int32_t size) {
+static gradsync_comm* join(const char* name, int32_t rank, int32_t size) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   opts.rank = rank;
   opts.size = size;
   opts.timeout_ms = 20000;
@@ -29,8 +27,8 @@ static gradsync_comm *join(const char *name, int32_t rank, int32_t size) {
   return comm;
 }
 
-static gradsync_shard *make_shard(gradsync_comm *comm, uint64_t total, const gradsync_shard_options *opts) {
-  gradsync_shard *shard = NULL;
+static gradsync_shard* make_shard(gradsync_comm* comm, uint64_t total, const gradsync_shard_options* opts) {
+  gradsync_shard* shard = NULL;
   if (gradsync_shard_create(&shard, comm, total, opts) != GRADSYNC_OK)
     fprintf(stderr, "shard create: %s\n", gradsync_last_error_message());
   return shard;
@@ -45,9 +43,9 @@ typedef struct {
   int bufs_status;
 } part_arg;
 
-static void *part_worker(void *p) {
-  part_arg *a = (part_arg *)p;
-  gradsync_comm *comm = join("capi-shard-parts", a->rank, 3);
+static void* part_worker(void* p) {
+  part_arg* a = (part_arg*)p;
+  gradsync_comm* comm = join("capi-shard-parts", a->rank, 3);
   gradsync_shard *s10, *s5;
   uint64_t small[3];
   if (comm == NULL) return NULL;
@@ -72,11 +70,11 @@ typedef struct {
   int zero_status, bad_step_status, recovered;
 } pair_arg;
 
-static void *pair_worker(void *p) {
-  pair_arg *a = (pair_arg *)p;
-  gradsync_comm *comm = join("capi-shard-pair", a->rank, 2);
+static void* pair_worker(void* p) {
+  pair_arg* a = (pair_arg*)p;
+  gradsync_comm* comm = join("capi-shard-pair", a->rank, 2);
   gradsync_shard_options opts;
-  gradsync_shard *s;
+  gradsync_shard* s;
   float w = 100.0f, g;
   const float grad3[3] = {0.3f, -0.4f, 1.2f};
   if (comm == NULL) return NULL;
@@ -126,10 +124,10 @@ static void *pair_worker(void *p) {
 }
 
 static void bad_input(void) {
-  gradsync_comm *comm = join("capi-shard-alone", 0, 1);
+  gradsync_comm* comm = join("capi-shard-alone", 0, 1);
   gradsync_shard_options opts = GRADSYNC_SHARD_OPTIONS_INIT;
   unsigned char big[sizeof(gradsync_shard_options) + 32];
-  gradsync_shard *s = NULL;
+  gradsync_shard* s = NULL;
   uint64_t off, len, wb, ob, bb;
   int64_t updates = -1;
   float w[4] = {0, 0, 0, 0};
@@ -181,7 +179,7 @@ static void bad_input(void) {
   CHECK_MESSAGE("beta1");
   /* a newer caller's larger struct: zeros beyond what we know are fine */
   memset(big, 0, sizeof big);
-  CHECK_STATUS(gradsync_shard_options_init((gradsync_shard_options *)(void *)big, sizeof big), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_shard_options_init((gradsync_shard_options*)(void*)big, sizeof big), GRADSYNC_OK);
   CHECK_STATUS(gradsync_shard_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_shard_options_init(&opts, 4), GRADSYNC_E_INVALID_ARG);
   opts = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;
@@ -190,7 +188,7 @@ static void bad_input(void) {
 
   /* NULL handle, wrong kind of handle */
   CHECK_STATUS(gradsync_shard_part(NULL, -1, 0, &off, &len), GRADSYNC_E_MISUSE);
-  CHECK_STATUS(gradsync_shard_step((gradsync_shard *)(void *)comm, w, w, 4, 1), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_shard_step((gradsync_shard*)(void*)comm, w, w, 4, 1), GRADSYNC_E_MISUSE);
   CHECK_MESSAGE("expected a shard, got a comm");
   CHECK_STATUS(gradsync_shard_part(s, 1, 0, &off, &len), GRADSYNC_E_OUT_OF_RANGE);
   CHECK_MESSAGE("rank 1 out of range [0, 1)");
@@ -215,8 +213,8 @@ static void bad_input(void) {
 
 /* ---- a shard whose communicator was freed: its collective stages are refused, its local calls work */
 static void shard_after_comm_free(void) {
-  gradsync_comm *comm = join("capi-shard-orphan", 0, 1);
-  gradsync_shard *s;
+  gradsync_comm* comm = join("capi-shard-orphan", 0, 1);
+  gradsync_shard* s;
   float w[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, out[4];
   uint64_t off = 9, len = 9;
   if (comm == NULL) {
@@ -248,20 +246,20 @@ static void shard_after_comm_free(void) {
 
 /* ---- a shard's collective stage holds its communicator: another thread's call on it is refused */
 typedef struct {
-  gradsync_shard *shard;
+  gradsync_shard* shard;
   float grad[2], weights[2];
   int status;
 } stage_arg;
 
-static void *stage_worker(void *p) {
-  stage_arg *a = (stage_arg *)p;
+static void* stage_worker(void* p) {
+  stage_arg* a = (stage_arg*)p;
   RETRY_WHILE_PROBED(a->status, gradsync_shard_step(a->shard, a->grad, a->weights, 2, 1));
   return NULL;
 }
 
 static void shard_stage_holds_comm(void) {
-  gradsync_comm *comms[2];
-  gradsync_shard *shards[2];
+  gradsync_comm* comms[2];
+  gradsync_shard* shards[2];
   gradsync_shard_options opts = GRADSYNC_SHARD_OPTIONS_INIT;
   const float start[2] = {1, 1};
   stage_arg first = {NULL, {1, 2}, {0, 0}, -1000};

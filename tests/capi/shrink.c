@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 #define N 4
 
@@ -29,9 +29,9 @@ static void pause_ms(long ms) {
   nanosleep(&t, NULL);
 }
 
-static gradsync_comm *join(int32_t transport, const char *name, int32_t rank, int64_t timeout_ms) {
+static gradsync_comm* join(int32_t transport, const char* name, int32_t rank, int64_t timeout_ms) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   opts.transport = transport;
   opts.rank = rank;
   opts.size = N;
@@ -41,18 +41,18 @@ static gradsync_comm *join(int32_t transport, const char *name, int32_t rank, in
   return comm;
 }
 
-static double sum_of(gradsync_comm *c, double x, int *status) {
+static double sum_of(gradsync_comm* c, double x, int* status) {
   double y = x;
   *status = gradsync_comm_allreduce(c, &y, &y, 1, GRADSYNC_F64, GRADSYNC_SUM);
   return y;
 }
 
 /* Shrinks c, checks the new group against the expected failed set (old ranks), frees c. */
-static gradsync_comm *shrink_and_check(gradsync_comm *c, const int32_t *want_failed, int32_t want_count) {
+static gradsync_comm* shrink_and_check(gradsync_comm* c, const int32_t* want_failed, int32_t want_count) {
   int32_t old_rank = -1, old_size = -1, failed[N], r = -1, s = -1, i, below = 0;
   int64_t id = -1, id_after = -1;
   gradsync_shrink_result res;
-  gradsync_comm *next = NULL;
+  gradsync_comm* next = NULL;
   int st;
   memset(&res, 0, sizeof res);
   res.struct_size = sizeof res;
@@ -80,10 +80,10 @@ static gradsync_comm *shrink_and_check(gradsync_comm *c, const int32_t *want_fai
 
 /* ------------------------------------------------------------------ threads */
 
-static void *thread_member(void *p) {
+static void* thread_member(void* p) {
   const int32_t rank = (int32_t)(intptr_t)p;
-  gradsync_comm *c = join(GRADSYNC_TRANSPORT_THREAD, "capi-shrink", rank, 20000);
-  gradsync_comm *next;
+  gradsync_comm* c = join(GRADSYNC_TRANSPORT_THREAD, "capi-shrink", rank, 20000);
+  gradsync_comm* next;
   int st;
   double sum;
   int64_t id = -1;
@@ -102,7 +102,7 @@ static void *thread_member(void *p) {
   {
     const int32_t lost[1] = {2};
     int32_t small[1];
-    gradsync_comm *none = NULL;
+    gradsync_comm* none = NULL;
     CHECK_STATUS_MSG(gradsync_comm_shrink(c, &none, small, 1, NULL), GRADSYNC_E_INVALID_ARG, "failed holds 1");
     CHECK(none == NULL);
     CHECK_STATUS(gradsync_comm_shrink(c, NULL, NULL, 0, NULL), GRADSYNC_E_INVALID_ARG);
@@ -123,7 +123,7 @@ static void *thread_member(void *p) {
     }
     {
       const int32_t lost[1] = {0};
-      gradsync_comm *last = shrink_and_check(next, lost, 1);
+      gradsync_comm* last = shrink_and_check(next, lost, 1);
       int64_t id2 = -1;
       if (last == NULL) return NULL;
       gradsync_comm_member_id(last, &id2);
@@ -141,7 +141,7 @@ static void *thread_member(void *p) {
 static void test_threads(void) {
   pthread_t t[N];
   int i;
-  for (i = 0; i < N; ++i) pthread_create(&t[i], NULL, thread_member, (void *)(intptr_t)i);
+  for (i = 0; i < N; ++i) pthread_create(&t[i], NULL, thread_member, (void*)(intptr_t)i);
   for (i = 0; i < N; ++i) pthread_join(t[i], NULL);
 }
 
@@ -156,10 +156,10 @@ typedef struct {
 enum { SCENARIO_KILL_ONE, SCENARIO_KILL_IN_SHRINK, SCENARIO_LATE };
 
 /* One member process. Exit status 0: everything it checked held. */
-static int shm_member(board *b, const char *name, int32_t rank, int scenario) {
+static int shm_member(board* b, const char* name, int32_t rank, int scenario) {
   const int64_t timeout = scenario == SCENARIO_LATE ? 600 : 20000;
-  gradsync_comm *c = join(GRADSYNC_TRANSPORT_SHM, name, rank, timeout);
-  gradsync_comm *next = NULL;
+  gradsync_comm* c = join(GRADSYNC_TRANSPORT_SHM, name, rank, timeout);
+  gradsync_comm* next = NULL;
   int st, i;
   double sum;
   if (c == NULL) return 2;
@@ -196,9 +196,12 @@ static int shm_member(board *b, const char *name, int32_t rank, int scenario) {
     gradsync_comm_member_id(next, &id);
     ids = (int64_t)sum_of(next, (double)id, &st);
     CHECK(st == GRADSYNC_OK);
-    if (scenario == SCENARIO_KILL_ONE) CHECK(ids == 0 + 2 + 3);
-    else if (scenario == SCENARIO_KILL_IN_SHRINK) CHECK(ids == 0 + 2);
-    else CHECK(ids == 0 + 3);
+    if (scenario == SCENARIO_KILL_ONE)
+      CHECK(ids == 0 + 2 + 3);
+    else if (scenario == SCENARIO_KILL_IN_SHRINK)
+      CHECK(ids == 0 + 2);
+    else
+      CHECK(ids == 0 + 3);
     gradsync_comm_free(next);
   } else {
     CHECK(next != NULL);
@@ -206,8 +209,8 @@ static int shm_member(board *b, const char *name, int32_t rank, int scenario) {
   return check_failures == 0 ? 0 : 1;
 }
 
-static void test_shm(int scenario, const char *label) {
-  board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+static void test_shm(int scenario, const char* label) {
+  board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   char name[64];
   pid_t pids[N];
   int i, waited;

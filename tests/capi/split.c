@@ -11,16 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 #define N 4
 
 static pthread_barrier_t g_barrier;
 
-static gradsync_comm *join(const char *name, int32_t rank, const char *host) {
+static gradsync_comm* join(const char* name, int32_t rank, const char* host) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   opts.rank = rank;
   opts.size = N;
   opts.timeout_ms = 20000;
@@ -30,19 +30,19 @@ static gradsync_comm *join(const char *name, int32_t rank, const char *host) {
   return comm;
 }
 
-static float sum_of(gradsync_comm *c, float x) {
+static float sum_of(gradsync_comm* c, float x) {
   float y = x;
   CHECK_STATUS(gradsync_comm_allreduce(c, &y, &y, 1, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_OK);
   return y;
 }
 
-static void *worker(void *p) {
+static void* worker(void* p) {
   const int32_t rank = (int32_t)(intptr_t)p;
-  static const char *labels[N] = {"rack-a", "rack-b", "rack-a", "rack-b"};
-  gradsync_comm *world = join("capi-split", rank, labels[rank]);
+  static const char* labels[N] = {"rack-a", "rack-b", "rack-a", "rack-b"};
+  gradsync_comm* world = join("capi-split", rank, labels[rank]);
   gradsync_comm *sub = NULL, *subsub = NULL, *none = NULL;
   int32_t host = -1, local_rank = -1, local_size = -1, hosts = -1, rank_hosts[N], r = -1, s = -1, i;
-  gradsync_request *req = NULL;
+  gradsync_request* req = NULL;
   float x;
   if (world == NULL) return NULL;
 
@@ -110,7 +110,7 @@ static void *worker(void *p) {
 
   /* A color below GRADSYNC_SPLIT_NONE on rank 1 fails every rank, naming rank 1. */
   {
-    gradsync_comm *bad = (gradsync_comm *)&g_barrier; /* must come back NULL */
+    gradsync_comm* bad = (gradsync_comm*)&g_barrier; /* must come back NULL */
     CHECK_STATUS(gradsync_comm_split(world, rank == 1 ? -5 : 0, 0, &bad), GRADSYNC_E_INVALID_ARG);
     CHECK_MESSAGE("rank 1");
     CHECK(bad == NULL);
@@ -130,9 +130,9 @@ static void *worker(void *p) {
 }
 
 /* Without labels, threads of one process are one host. */
-static void *unlabelled(void *p) {
+static void* unlabelled(void* p) {
   const int32_t rank = (int32_t)(intptr_t)p;
-  gradsync_comm *c = join("capi-split-one-host", rank, NULL);
+  gradsync_comm* c = join("capi-split-one-host", rank, NULL);
   int32_t host = -1, local_rank = -1, local_size = -1, hosts = -1;
   if (c == NULL) return NULL;
   CHECK_STATUS(gradsync_comm_topology(c, &host, &local_rank, &local_size, &hosts, NULL, 0), GRADSYNC_OK);
@@ -141,10 +141,10 @@ static void *unlabelled(void *p) {
   return NULL;
 }
 
-static void run(void *(*fn)(void *)) {
+static void run(void* (*fn)(void*)) {
   pthread_t t[N];
   intptr_t i;
-  for (i = 0; i < N; ++i) pthread_create(&t[i], NULL, fn, (void *)i);
+  for (i = 0; i < N; ++i) pthread_create(&t[i], NULL, fn, (void*)i);
   for (i = 0; i < N; ++i) pthread_join(t[i], NULL);
 }
 

@@ -12,16 +12,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 #include "two_threads.h"
 
 #define LATE_CALLS 3
 #define LATE_MS 20
 
 typedef struct {
-  gradsync_comm *comm;
-  gradsync_comm *peer; /* the other rank's handle */
+  gradsync_comm* comm;
+  gradsync_comm* peer; /* the other rank's handle */
   int32_t rank;
 } rank_state;
 
@@ -34,8 +34,8 @@ static int entering[LATE_CALLS];
 
 /* Rank 1 enters each call LATE_MS after rank 0 starts it, and reads rank 0's statistics while
  * rank 0 runs its call. */
-static void *late_calls(void *p) {
-  rank_state *s = (rank_state *)p;
+static void* late_calls(void* p) {
+  rank_state* s = (rank_state*)p;
   int i;
   for (i = 0; i < LATE_CALLS; ++i) {
     float v = (float)(s->rank + i);
@@ -55,10 +55,10 @@ static void *late_calls(void *p) {
 }
 
 /* A mismatch (counted failed on both ranks), then non-blocking calls (counted as any call). */
-static void *mismatch_then_requests(void *p) {
-  rank_state *s = (rank_state *)p;
+static void* mismatch_then_requests(void* p) {
+  rank_state* s = (rank_state*)p;
   int32_t v[4] = {1, 2, 3, 4};
-  gradsync_request *r[2];
+  gradsync_request* r[2];
   CHECK_STATUS(gradsync_comm_allreduce(s->comm, v, v, (size_t)(1 + s->rank), GRADSYNC_I32, GRADSYNC_SUM),
                GRADSYNC_E_MISMATCH);
   CHECK_STATUS(gradsync_comm_ibroadcast(s->comm, v, 4, GRADSYNC_I32, 0, &r[0]), GRADSYNC_OK);
@@ -70,43 +70,43 @@ static void *mismatch_then_requests(void *p) {
   return NULL;
 }
 
-static void *two_calls(void *p) {
-  rank_state *s = (rank_state *)p;
+static void* two_calls(void* p) {
+  rank_state* s = (rank_state*)p;
   double v[8] = {0};
   CHECK_STATUS(gradsync_comm_allreduce(s->comm, v, v, 8, GRADSYNC_F64, GRADSYNC_SUM), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_barrier(s->comm), GRADSYNC_OK);
   return NULL;
 }
 
-static void run_pair(void *(*body)(void *), void *a, void *b) {
+static void run_pair(void* (*body)(void*), void* a, void* b) {
   pthread_t t;
   pthread_create(&t, NULL, body, b);
   body(a);
   pthread_join(t, NULL);
 }
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
+static char* read_file(const char* path) {
+  FILE* f = fopen(path, "rb");
   long n;
-  char *text;
+  char* text;
   if (f == NULL) return NULL;
   fseek(f, 0, SEEK_END);
   n = ftell(f);
   fseek(f, 0, SEEK_SET);
-  text = (char *)calloc((size_t)n + 1, 1);
+  text = (char*)calloc((size_t)n + 1, 1);
   if (fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
   fclose(f);
   return text;
 }
 
-static int count_of(const char *text, const char *needle) {
+static int count_of(const char* text, const char* needle) {
   int n = 0;
   for (text = strstr(text, needle); text != NULL; text = strstr(text + 1, needle)) ++n;
   return n;
 }
 
 int main(void) {
-  gradsync_comm *c[2];
+  gradsync_comm* c[2];
   rank_state s[2];
   gradsync_comm_statistics st[2] = {GRADSYNC_COMM_STATISTICS_INIT, GRADSYNC_COMM_STATISTICS_INIT};
   gradsync_comm_peer_stats peers[2][2];
@@ -117,7 +117,7 @@ int main(void) {
   run_pair(late_calls, &s[0], &s[1]);
   for (i = 0; i < 2; ++i) CHECK_STATUS(gradsync_comm_stats(c[i], &st[i], peers[i], 2), GRADSYNC_OK);
   for (i = 0; i < 2; ++i) {
-    const gradsync_comm_collective_stats *a = &st[i].collective[GRADSYNC_COLLECTIVE_ALLREDUCE];
+    const gradsync_comm_collective_stats* a = &st[i].collective[GRADSYNC_COLLECTIVE_ALLREDUCE];
     CHECK(st[i].version == GRADSYNC_COMM_STATISTICS_VERSION && st[i].rank == i && st[i].size == 2);
     CHECK(a->calls == LATE_CALLS && a->failed == 0 && a->bytes == LATE_CALLS * sizeof(float));
     CHECK(st[i].rounds == LATE_CALLS);
@@ -133,7 +133,8 @@ int main(void) {
   CHECK(peers[0][1].max_late_ns >= (uint64_t)LATE_MS / 2 * 1000000u);
   /* Rank 0 waited for rank 1; rank 1 hardly waited at all. */
   CHECK(st[0].collective[GRADSYNC_COLLECTIVE_ALLREDUCE].wait_ns >= (uint64_t)LATE_CALLS * LATE_MS / 2 * 1000000u);
-  CHECK(st[1].collective[GRADSYNC_COLLECTIVE_ALLREDUCE].wait_ns < st[0].collective[GRADSYNC_COLLECTIVE_ALLREDUCE].wait_ns);
+  CHECK(st[1].collective[GRADSYNC_COLLECTIVE_ALLREDUCE].wait_ns <
+        st[0].collective[GRADSYNC_COLLECTIVE_ALLREDUCE].wait_ns);
 
   run_pair(mismatch_then_requests, &s[0], &s[1]);
   for (i = 0; i < 2; ++i) {
@@ -162,9 +163,9 @@ int main(void) {
     CHECK_STATUS(gradsync_comm_stats(NULL, &bad, NULL, 0), GRADSYNC_E_MISUSE);
     /* A newer caller's struct: the fields this library does not know read as 0. */
     memset(newer, 0xab, sizeof newer);
-    ((gradsync_comm_statistics *)(void *)newer)->struct_size = (uint32_t)sizeof newer;
-    CHECK_STATUS(gradsync_comm_stats(c[0], (gradsync_comm_statistics *)(void *)newer, NULL, 0), GRADSYNC_OK);
-    CHECK(((gradsync_comm_statistics *)(void *)newer)->version == GRADSYNC_COMM_STATISTICS_VERSION);
+    ((gradsync_comm_statistics*)(void*)newer)->struct_size = (uint32_t)sizeof newer;
+    CHECK_STATUS(gradsync_comm_stats(c[0], (gradsync_comm_statistics*)(void*)newer, NULL, 0), GRADSYNC_OK);
+    CHECK(((gradsync_comm_statistics*)(void*)newer)->version == GRADSYNC_COMM_STATISTICS_VERSION);
     CHECK(newer[sizeof(gradsync_comm_statistics)] == 0 && newer[sizeof newer - 1] == 0);
     CHECK_STATUS_MSG(gradsync_comm_timeline(c[0], "/nonexistent-dir/timeline.json"), GRADSYNC_E_IO,
                      "/nonexistent-dir/timeline.json");
@@ -175,7 +176,7 @@ int main(void) {
   {
     /* The timeline: every call of each rank, each with its two phases, completed on stop. */
     char path[2][256];
-    char *text;
+    char* text;
     for (i = 0; i < 2; ++i) {
       snprintf(path[i], sizeof path[i], "/tmp/gradsync-capi-timeline-%ld.%d", (long)getpid(), i);
       CHECK_STATUS(gradsync_comm_timeline(c[i], path[i]), GRADSYNC_OK);

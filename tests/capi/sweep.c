@@ -21,8 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 /* ------------------------------------------------------------------ the checking machinery */
 
@@ -41,14 +41,14 @@ static struct {
   uint64_t u64[16];
   int32_t i32[8];
   size_t sz[4];
-  const void *view;
-  void *ptr;
+  const void* view;
+  void* ptr;
   double opts[4200 / sizeof(double)]; /* an options struct for *_init, up to 4096 bytes and more */
 } out;
 static unsigned char canary[sizeof out];
 
 /* A non-NULL value for a constructor's out-handle before the call: failure must set it to NULL. */
-#define UNSET_HANDLE ((void *)canary)
+#define UNSET_HANDLE ((void*)canary)
 
 static void sweep_begin(void) {
   memset(&out, 0xA5, sizeof out);
@@ -56,22 +56,22 @@ static void sweep_begin(void) {
 }
 
 /* The function a call text names: "gradsync_table_get(t, -1, ...)" -> "gradsync_table_get". */
-static void function_of(const char *text, char *name, size_t size) {
+static void function_of(const char* text, char* name, size_t size) {
   size_t n = strcspn(text, "( ");
   if (n >= size) n = size - 1;
   memcpy(name, text, n);
   name[n] = '\0';
 }
 
-static void sweep_failed(const char *text, int line, const char *why) {
+static void sweep_failed(const char* text, int line, const char* why) {
   fprintf(stderr, "sweep.c:%d: %s: %s (last error: \"%s\")\n", line, text, why, gradsync_last_error_message());
   check_failed();
 }
 
 /* made: -1 not a constructor; else whether the out-handle is NULL (0), a new handle (1), or untouched (2). */
-static void sweep_end(int expected, int status, const char *function, const char *text, int line, int made) {
+static void sweep_end(int expected, int status, const char* function, const char* text, int line, int made) {
   char name[96], why[256];
-  const char *message = gradsync_last_error_message();
+  const char* message = gradsync_last_error_message();
   ++sweep_calls;
   if (function == NULL) {
     function_of(text, name, sizeof name);
@@ -104,33 +104,34 @@ static void sweep_end(int expected, int status, const char *function, const char
 
 /* One call with the expected status (or ANY_ERROR). */
 #define EXPECT(expected, call) EXPECT_AS(expected, call, #call)
-#define EXPECT_AS(expected, call, text)                                         \
-  do {                                                                          \
-    int status_;                                                                \
-    sweep_begin();                                                              \
-    status_ = (int)(call);                                                      \
-    sweep_end((expected), status_, NULL, text, __LINE__, -1);                   \
+#define EXPECT_AS(expected, call, text)                       \
+  do {                                                        \
+    int status_;                                              \
+    sweep_begin();                                            \
+    status_ = (int)(call);                                    \
+    sweep_end((expected), status_, NULL, text, __LINE__, -1); \
   } while (0)
 
 /* A constructor call writing `handle`: NULL on failure, a handle on success (the caller frees it). */
-#define EXPECT_NEW(expected, handle, call)                                                     \
-  do {                                                                                         \
-    int status_;                                                                               \
-    (handle) = UNSET_HANDLE;                                                                   \
-    sweep_begin();                                                                             \
-    status_ = (int)(call);                                                                     \
-    sweep_end((expected), status_, NULL, #call, __LINE__,                                     \
-              (void *)(handle) == UNSET_HANDLE ? 2 : (handle) == NULL ? 0 : 1);                \
-    if ((void *)(handle) == UNSET_HANDLE) (handle) = NULL;                                     \
+#define EXPECT_NEW(expected, handle, call)                \
+  do {                                                    \
+    int status_;                                          \
+    (handle) = UNSET_HANDLE;                              \
+    sweep_begin();                                        \
+    status_ = (int)(call);                                \
+    sweep_end((expected), status_, NULL, #call, __LINE__, \
+              (void*)(handle) == UNSET_HANDLE ? 2         \
+              : (handle) == NULL              ? 0         \
+                                              : 1);                    \
+    if ((void*)(handle) == UNSET_HANDLE) (handle) = NULL; \
   } while (0)
 
 /* A function that returns a value, not a status: the condition must hold. */
-#define EXPECT_TRUE(cond)                                              \
-  do {                                                                 \
-    ++sweep_calls;                                                     \
-    if (!(cond)) sweep_failed(#cond, __LINE__, "does not hold");       \
+#define EXPECT_TRUE(cond)                                        \
+  do {                                                           \
+    ++sweep_calls;                                               \
+    if (!(cond)) sweep_failed(#cond, __LINE__, "does not hold"); \
   } while (0)
-
 
 /* ------------------------------------------------------------------ fixtures */
 
@@ -144,23 +145,23 @@ static const int64_t ids_min[1] = {INT64_MIN};
 
 /* One live handle of every kind, for the wrong-kind sweep; also the objects the sections use. */
 enum kind { K_COUNTER32, K_COUNTER64, K_FLAG, K_MUTEX, K_COMM, K_TABLE, K_ACCUM, K_SHARD, K_REQUEST, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"counter32", "counter64", "flag", "mutex",
-                                                "comm", "table", "accumulator", "shard", "request"};
-static void *live[K_COUNT];
+static const char* const kind_names[K_COUNT] = {"counter32", "counter64",   "flag",  "mutex",  "comm",
+                                                "table",     "accumulator", "shard", "request"};
+static void* live[K_COUNT];
 
-static gradsync_counter32 *c32;
-static gradsync_request *request; /* a completed one */
-static gradsync_counter64 *c64;
-static gradsync_flag *flag;
-static gradsync_mutex *mtx;
-static gradsync_comm *comm;       /* thread transport, 1 rank */
-static gradsync_table *table;     /* anonymous 8 x 4 */
-static gradsync_table *params;    /* anonymous 8 x 4, for apply */
-static gradsync_table *state;     /* anonymous 8 x 1, for apply */
-static gradsync_table *narrow;    /* anonymous 8 x 2 */
-static gradsync_table *read_only; /* a file of 8 x 4 opened read-only */
-static gradsync_accum *accum;     /* anonymous 8 x 4 */
-static gradsync_shard *shard;     /* 10 parameters on comm, initialised */
+static gradsync_counter32* c32;
+static gradsync_request* request; /* a completed one */
+static gradsync_counter64* c64;
+static gradsync_flag* flag;
+static gradsync_mutex* mtx;
+static gradsync_comm* comm;       /* thread transport, 1 rank */
+static gradsync_table* table;     /* anonymous 8 x 4 */
+static gradsync_table* params;    /* anonymous 8 x 4, for apply */
+static gradsync_table* state;     /* anonymous 8 x 1, for apply */
+static gradsync_table* narrow;    /* anonymous 8 x 2 */
+static gradsync_table* read_only; /* a file of 8 x 4 opened read-only */
+static gradsync_accum* accum;     /* anonymous 8 x 4 */
+static gradsync_shard* shard;     /* 10 parameters on comm, initialised */
 static float shard_weights[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
 
 /* Memory that is no handle: 64 bytes of zeros. Its "magic" is read (4 bytes), nothing more. */
@@ -185,7 +186,7 @@ static gradsync_accum_options anon_accum_options(void) {
   return o;
 }
 
-static gradsync_comm_options comm_options(const char *name) {
+static gradsync_comm_options comm_options(const char* name) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   o.rank = 0;
   o.size = 1;
@@ -198,7 +199,7 @@ static int setup(void) {
   gradsync_table_options o;
   gradsync_accum_options ao = anon_accum_options();
   gradsync_comm_options co = comm_options("capi-sweep");
-  gradsync_table *file_table = NULL;
+  gradsync_table* file_table = NULL;
   int ok = 1;
 
   if (mkdtemp(dir) == NULL) return 0;
@@ -228,7 +229,7 @@ static int setup(void) {
   ok &= gradsync_accum_open(&accum, NULL, &ao) == GRADSYNC_OK;
   ao.mode = GRADSYNC_TABLE_CREATE;
   {
-    gradsync_accum *file_accum = NULL; /* an accumulator's file, to open as a table */
+    gradsync_accum* file_accum = NULL; /* an accumulator's file, to open as a table */
     ok &= gradsync_accum_open(&file_accum, accum_path, &ao) == GRADSYNC_OK;
     gradsync_accum_free(file_accum);
   }
@@ -274,9 +275,9 @@ static void teardown(void) {
 /* ------------------------------------------------------------------ NULL and wrong-kind handles */
 
 /* Each entry calls one function with `h` in one handle position and valid arguments elsewhere. */
-typedef int (*handle_call)(void *h);
+typedef int (*handle_call)(void* h);
 struct handle_case {
-  const char *function;
+  const char* function;
   enum kind takes;
   int null_allowed; /* NULL is a valid value of this position (an optional handle) */
   handle_call call;
@@ -568,12 +569,14 @@ static void (*const free_of_kind[K_COUNT])(void *) = {f_counter32, f_counter64, 
 /* Log lines of expected complaints go to a counter rather than stderr. */
 static int logged_errors = 0;
 static int32_t initial_log_level;
-static void count_errors(void *user_data, int32_t level, const char *message) {
+static void count_errors(void* user_data, int32_t level, const char* message) {
   (void)user_data;
   (void)message;
   if (level >= GRADSYNC_LOG_ERROR) ++logged_errors;
 }
-static void logs_to_counter(void) { CHECK(gradsync_set_log_callback(count_errors, NULL, GRADSYNC_LOG_WARN) == GRADSYNC_OK); }
+static void logs_to_counter(void) {
+  CHECK(gradsync_set_log_callback(count_errors, NULL, GRADSYNC_LOG_WARN) == GRADSYNC_OK);
+}
 static void logs_to_stderr(void) { CHECK(gradsync_set_log_callback(NULL, NULL, initial_log_level) == GRADSYNC_OK); }
 
 static void sweep_handles(void) {
@@ -581,11 +584,11 @@ static void sweep_handles(void) {
   int k;
   char text[160];
   for (i = 0; i < sizeof handle_cases / sizeof handle_cases[0]; ++i) {
-    const struct handle_case *c = &handle_cases[i];
+    const struct handle_case* c = &handle_cases[i];
     /* NULL, memory that is no handle, then every other kind */
     for (k = -2; k < K_COUNT; ++k) {
-      void *h = k == -2 ? NULL : k == -1 ? (void *)(uintptr_t)not_a_handle : live[k];
-      const char *needle = k == -2 ? "NULL" : k == -1 ? "not a gradsync" : "wrong kind of handle";
+      void* h = k == -2 ? NULL : k == -1 ? (void*)(uintptr_t)not_a_handle : live[k];
+      const char* needle = k == -2 ? "NULL" : k == -1 ? "not a gradsync" : "wrong kind of handle";
       int status;
       if (k == (int)c->takes || (k == -2 && c->null_allowed)) continue;
       snprintf(text, sizeof text, "%s(<%s>)", c->function, k == -2 ? "NULL" : k == -1 ? "not a handle" : kind_names[k]);
@@ -604,7 +607,7 @@ static void sweep_handles(void) {
     for (k = -1; k < K_COUNT; ++k) {
       const int before = logged_errors;
       if (k == (int)i) continue;
-      free_of_kind[i](k == -1 ? (void *)(uintptr_t)not_a_handle : live[k]);
+      free_of_kind[i](k == -1 ? (void*)(uintptr_t)not_a_handle : live[k]);
       ++sweep_calls;
       if (logged_errors == before) {
         snprintf(text, sizeof text, "gradsync_%s_free(<%s>)", kind_names[i], k == -1 ? "not a handle" : kind_names[k]);
@@ -630,7 +633,7 @@ static void sweep_handles(void) {
 /* struct_size and version as a caller's header could have them, right or wrong. Every options
  * struct starts with uint32_t struct_size, uint32_t version. */
 struct options_case {
-  const char *what;
+  const char* what;
   int size_kind; /* 0: the value below; 1: version 1's size + delta; 2: sizeof + delta */
   long delta;
   long version_delta; /* added to the library's version; or ... */
@@ -639,17 +642,17 @@ struct options_case {
   int expected;
 };
 static const struct options_case options_cases[] = {
-  {"struct_size 0", 0, 0, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"struct_size 8 (the header only)", 0, 8, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"struct_size one short of version 1", 1, -1, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"struct_size too large for its version", 2, 8, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"struct_size 4097", 0, 4097, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"struct_size UINT32_MAX", 0, -1, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"version 0", 2, 0, 0, 0, 0, GRADSYNC_E_INVALID_ARG},
-  {"a newer version that is no larger", 2, 0, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
-  {"a newer version that sets an unknown field", 2, 8, 1, -1, 1, GRADSYNC_E_INVALID_ARG},
-  {"version UINT32_MAX, its tail 0", 0, 4096, 0, -2, 0, GRADSYNC_OK},
-  {"version 1 at version 1's size", 1, 0, 0, 1, 0, GRADSYNC_OK},
+    {"struct_size 0", 0, 0, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"struct_size 8 (the header only)", 0, 8, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"struct_size one short of version 1", 1, -1, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"struct_size too large for its version", 2, 8, 0, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"struct_size 4097", 0, 4097, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"struct_size UINT32_MAX", 0, -1, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"version 0", 2, 0, 0, 0, 0, GRADSYNC_E_INVALID_ARG},
+    {"a newer version that is no larger", 2, 0, 1, -1, 0, GRADSYNC_E_INVALID_ARG},
+    {"a newer version that sets an unknown field", 2, 8, 1, -1, 1, GRADSYNC_E_INVALID_ARG},
+    {"version UINT32_MAX, its tail 0", 0, 4096, 0, -2, 0, GRADSYNC_OK},
+    {"version 1 at version 1's size", 1, 0, 0, 1, 0, GRADSYNC_OK},
 };
 
 static union {
@@ -662,26 +665,27 @@ static union {
 } obuf;
 
 /* Writes the case's struct_size and version over the valid struct in obuf. */
-static void apply_options_case(const struct options_case *c, size_t v1_size, size_t own_size, uint32_t own_version) {
+static void apply_options_case(const struct options_case* c, size_t v1_size, size_t own_size, uint32_t own_version) {
   uint32_t size, version;
-  size = c->size_kind == 1 ? (uint32_t)((long)v1_size + c->delta)
+  size = c->size_kind == 1   ? (uint32_t)((long)v1_size + c->delta)
          : c->size_kind == 2 ? (uint32_t)((long)own_size + c->delta)
                              : (uint32_t)c->delta;
-  version = c->version_abs == -2 ? UINT32_MAX : c->version_abs >= 0 ? (uint32_t)c->version_abs
-                                                                    : own_version + (uint32_t)c->version_delta;
+  version = c->version_abs == -2  ? UINT32_MAX
+            : c->version_abs >= 0 ? (uint32_t)c->version_abs
+                                  : own_version + (uint32_t)c->version_delta;
   memset(obuf.bytes + own_size, 0, sizeof obuf.bytes - own_size);
   if (c->tail) obuf.bytes[own_size + 3] = 1;
   memcpy(obuf.bytes, &size, sizeof size);
   memcpy(obuf.bytes + 4, &version, sizeof version);
 }
 
-static uint32_t struct_size_of(const void *options) {
+static uint32_t struct_size_of(const void* options) {
   uint32_t size;
   memcpy(&size, options, sizeof size);
   return size;
 }
 
-static void report_options_case(const char *function, const char *what, int expected, int status, int line) {
+static void report_options_case(const char* function, const char* what, int expected, int status, int line) {
   char text[160];
   snprintf(text, sizeof text, "%s(options with %s)", function, what);
   sweep_end(expected, status, function, text, line, -1);
@@ -690,12 +694,12 @@ static void report_options_case(const char *function, const char *what, int expe
 static void sweep_options_structs(void) {
   size_t i;
   for (i = 0; i < sizeof options_cases / sizeof options_cases[0]; ++i) {
-    const struct options_case *c = &options_cases[i];
+    const struct options_case* c = &options_cases[i];
     int status;
-    gradsync_table *t = NULL;
-    gradsync_accum *a = NULL;
-    gradsync_comm *m = NULL;
-    gradsync_shard *s = NULL;
+    gradsync_table* t = NULL;
+    gradsync_accum* a = NULL;
+    gradsync_comm* m = NULL;
+    gradsync_shard* s = NULL;
 
     obuf.table = anon_table_options(2, 2);
     apply_options_case(c, offsetof(gradsync_table_options, hi) + sizeof(double), sizeof obuf.table,
@@ -746,18 +750,19 @@ static void sweep_options_structs(void) {
   }
 
   /* The *_init functions: NULL, too small, beyond any struct; nothing written on refusal. */
-#define SWEEP_INIT(fn, type, v1_size)                                                          \
-  do {                                                                                         \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn(NULL, sizeof(type)));                                    \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type *)(void *)out.opts, 0));                           \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type *)(void *)out.opts, 8));                           \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type *)(void *)out.opts, (v1_size) - 1));               \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type *)(void *)out.opts, 4097));                        \
-    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type *)(void *)out.opts, SIZE_MAX));                    \
-    EXPECT(GRADSYNC_OK, fn((type *)(void *)out.opts, 4096)); /* a newer header's: tail zeroed */ \
-    EXPECT_TRUE(((unsigned char *)out.opts)[4095] == 0 && struct_size_of(out.opts) == sizeof(type)); \
+#define SWEEP_INIT(fn, type, v1_size)                                                               \
+  do {                                                                                              \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn(NULL, sizeof(type)));                                         \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type*)(void*)out.opts, 0));                                  \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type*)(void*)out.opts, 8));                                  \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type*)(void*)out.opts, (v1_size)-1));                        \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type*)(void*)out.opts, 4097));                               \
+    EXPECT(GRADSYNC_E_INVALID_ARG, fn((type*)(void*)out.opts, SIZE_MAX));                           \
+    EXPECT(GRADSYNC_OK, fn((type*)(void*)out.opts, 4096)); /* a newer header's: tail zeroed */      \
+    EXPECT_TRUE(((unsigned char*)out.opts)[4095] == 0 && struct_size_of(out.opts) == sizeof(type)); \
   } while (0)
-  SWEEP_INIT(gradsync_table_options_init, gradsync_table_options, offsetof(gradsync_table_options, hi) + sizeof(double));
+  SWEEP_INIT(gradsync_table_options_init, gradsync_table_options,
+             offsetof(gradsync_table_options, hi) + sizeof(double));
   SWEEP_INIT(gradsync_accum_options_init, gradsync_accum_options,
              offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t));
   SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, sizeof(gradsync_optimizer));
@@ -798,15 +803,15 @@ static void sweep_core(void) {
 /* ------------------------------------------------------------------ atomics */
 
 static void sweep_atomics(void) {
-  gradsync_counter32 *n32;
-  gradsync_counter64 *n64;
-  gradsync_flag *nf;
-  gradsync_mutex *nm;
+  gradsync_counter32* n32;
+  gradsync_counter64* n64;
+  gradsync_flag* nf;
+  gradsync_mutex* nm;
   static union {
     double aligned;
     char bytes[64];
   } raw;
-  float *top = (float *)(uintptr_t)(UINTPTR_MAX - 7); /* 8 bytes below the end of the address space */
+  float* top = (float*)(uintptr_t)(UINTPTR_MAX - 7); /* 8 bytes below the end of the address space */
   int32_t v32 = 0;
   int64_t v64 = 0;
 
@@ -853,7 +858,7 @@ static void sweep_atomics(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32(out.f32, in_f32, SIZE_MAX / 4 + 2)); /* n * 4 wraps to 4 */
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32(out.f32, out.f32 + 1, 4));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32(out.f32, out.f32, 4));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32((float *)(void *)(raw.bytes + 1), in_f32, 2));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32((float*)(void*)(raw.bytes + 1), in_f32, 2));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f32(top, in_f32, 4));
   EXPECT(GRADSYNC_OK, gradsync_atomic_add_f64(NULL, NULL, 0));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64(NULL, in_f64, 4));
@@ -861,11 +866,11 @@ static void sweep_atomics(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64(out.f64, in_f64, SIZE_MAX));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64(out.f64, in_f64, SIZE_MAX / 8 + 2)); /* n * 8 wraps to 8 */
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64(out.f64 + 1, out.f64, 4));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64((double *)(void *)(raw.bytes + 4), in_f64, 2));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64((double *)(void *)top, in_f64, 2));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64((double*)(void*)(raw.bytes + 4), in_f64, 2));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_atomic_add_f64((double*)(void*)top, in_f64, 2));
 
   EXPECT(GRADSYNC_OK, gradsync_mutex_lock(nm));
-  logs_to_counter(); /* its warning goes there */
+  logs_to_counter();       /* its warning goes there */
   gradsync_mutex_free(nm); /* freeing a locked mutex is allowed */
   ++sweep_calls;
   logs_to_stderr();
@@ -877,8 +882,8 @@ static void sweep_atomics(void) {
 /* ------------------------------------------------------------------ data-parallel helpers */
 
 static void sweep_dataparallel(void) {
-  const float *grads[2] = {in_f32, in_f32 + 4};
-  const float *null_grad[2] = {NULL, in_f32};
+  const float* grads[2] = {in_f32, in_f32 + 4};
+  const float* null_grad[2] = {NULL, in_f32};
   const size_t lens[2] = {4, 4}, lens_short[2] = {4, 3};
   const uint64_t counts[2] = {1, 3}, zero_counts[2] = {0, 0}, huge_counts[2] = {UINT64_MAX, 1};
   const double losses[2] = {0.5, 1.5};
@@ -911,21 +916,34 @@ static void sweep_dataparallel(void) {
   EXPECT(GRADSYNC_OK, gradsync_split_round_robin(10, 3, 2, out.u64, SIZE_MAX, &needed)); /* writes 3 */
   EXPECT_TRUE(needed == 3 && out.u64[2] == 8 && out.u64[3] == UINT64_C(0xA5A5A5A5A5A5A5A5));
 
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(null_grad, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_MISMATCH, gradsync_weighted_merge_f32(grads, lens_short, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_MISMATCH, gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out.f32, SIZE_MAX, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, lens, counts, losses, 0, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(NULL, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, NULL, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, lens, NULL, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, NULL, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(null_grad, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_MISMATCH,
+         gradsync_weighted_merge_f32(grads, lens_short, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_MISMATCH,
+         gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out.f32, SIZE_MAX, &out.f64[0], &out.u64[0]));
   /* workers is checked against each length before the next entry is read: the first one differs */
-  EXPECT(GRADSYNC_E_MISMATCH, gradsync_weighted_merge_f32(grads, lens_short + 1, counts, losses, SIZE_MAX, out.f32, 4, NULL, NULL));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_weighted_merge_f32(grads, lens, huge_counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
-  EXPECT(GRADSYNC_E_ZERO_WEIGHT, gradsync_weighted_merge_f32(grads, lens, zero_counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_MISMATCH,
+         gradsync_weighted_merge_f32(grads, lens_short + 1, counts, losses, SIZE_MAX, out.f32, 4, NULL, NULL));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_weighted_merge_f32(grads, lens, huge_counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_E_ZERO_WEIGHT,
+         gradsync_weighted_merge_f32(grads, lens, zero_counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
   EXPECT(GRADSYNC_E_MISMATCH, gradsync_weighted_merge_f32(grads, lens, counts, NULL, 2, NULL, 0, NULL, NULL));
-  EXPECT(GRADSYNC_OK, gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
+  EXPECT(GRADSYNC_OK,
+         gradsync_weighted_merge_f32(grads, lens, counts, losses, 2, out.f32, 4, &out.f64[0], &out.u64[0]));
 }
 
 /* ------------------------------------------------------------------ codecs */
@@ -980,14 +998,14 @@ static void sweep_codecs(void) {
 /* ------------------------------------------------------------------ tables */
 
 /* The 32 floats of `t` (8 x 4), to see that a refused call changed nothing. */
-static void table_contents(gradsync_table *t, float *into) {
+static void table_contents(gradsync_table* t, float* into) {
   CHECK(gradsync_table_gather(t, (const int64_t[]){0, 1, 2, 3, 4, 5, 6, 7}, 8, into, 32) == GRADSYNC_OK);
 }
 
 static void sweep_tables(void) {
   static const int32_t bad_modes[] = {0, 5, -1, INT32_MIN, INT32_MAX};
   gradsync_table_options o;
-  gradsync_table *t = NULL;
+  gradsync_table* t = NULL;
   float before[32], after[32];
   char missing[300], long_path[5000];
   size_t i;
@@ -996,7 +1014,7 @@ static void sweep_tables(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_table_open(NULL, NULL, NULL));
   o = anon_table_options(8, 4);
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_table_open(NULL, NULL, &o));
-  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, t, gradsync_table_open(&t, NULL, NULL)); /* default mode needs a path */
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, t, gradsync_table_open(&t, NULL, NULL));     /* default mode needs a path */
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, t, gradsync_table_open(&t, table_path, &o)); /* anonymous has none */
   for (i = 0; i < sizeof bad_modes / sizeof bad_modes[0]; ++i) {
     o = anon_table_options(8, 4);
@@ -1128,16 +1146,16 @@ static void sweep_tables(void) {
 
   /* values read from the table's own view, overlapping the rows they overwrite */
   {
-    const void *view = NULL;
+    const void* view = NULL;
     size_t bytes = 0;
     CHECK(gradsync_table_view(table, &view, &bytes) == GRADSYNC_OK && bytes == sizeof before);
-    EXPECT(GRADSYNC_OK, gradsync_table_set(table, 0, (const float *)view + 1, 4));
-    EXPECT(GRADSYNC_OK, gradsync_table_set(table, 2, (const float *)view + 8, 4));
-    EXPECT(GRADSYNC_OK, gradsync_table_scatter(table, ids_ok + 1, 2, (const float *)view + 2, 8));
+    EXPECT(GRADSYNC_OK, gradsync_table_set(table, 0, (const float*)view + 1, 4));
+    EXPECT(GRADSYNC_OK, gradsync_table_set(table, 2, (const float*)view + 8, 4));
+    EXPECT(GRADSYNC_OK, gradsync_table_scatter(table, ids_ok + 1, 2, (const float*)view + 2, 8));
     /* b = the floats before: row 0 = b[1..4]; row 2 as it was; then row 1 from the floats [2, 6)
      * as they are by then, and row 2 from [6, 10) as they are after row 1 was written */
     {
-      const float *b = before;
+      const float* b = before;
       const float expect[12] = {b[1], b[2], b[3], b[4], b[3], b[4], b[4], b[5], b[4], b[5], b[8], b[9]};
       table_contents(table, after);
       EXPECT_TRUE(memcmp(after, expect, sizeof expect) == 0);
@@ -1171,7 +1189,7 @@ static void sweep_accumulator(void) {
   static const size_t bad_counts[] = {0, 3, 5, SIZE_MAX};
   gradsync_accum_options o;
   gradsync_optimizer opt;
-  gradsync_accum *a = NULL;
+  gradsync_accum* a = NULL;
   float params_before[32], params_after[32];
   size_t i, needed = 0;
 
@@ -1269,24 +1287,33 @@ static void sweep_accumulator(void) {
   EXPECT(GRADSYNC_E_UNSUPPORTED, gradsync_accum_apply(accum, params, &opt, NULL));
   opt.kind = GRADSYNC_OPTIM_MOMENTUM;
   EXPECT(GRADSYNC_E_UNSUPPORTED, gradsync_accum_apply(accum, params, &opt, NULL));
-  opt.kind = 99; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
-  opt.kind = -1; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
-  opt.kind = INT32_MIN; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
+  opt.kind = 99;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
+  opt.kind = -1;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
+  opt.kind = INT32_MIN;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
   opt = (gradsync_optimizer)GRADSYNC_OPTIMIZER_INIT, opt.reserved0 = 1;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
   opt = (gradsync_optimizer)GRADSYNC_OPTIMIZER_INIT, opt.lr = NAN;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
-  opt.lr = -INFINITY; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
-  opt.lr = 1e300; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL)); /* inf as a float */
+  opt.lr = -INFINITY;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL));
+  opt.lr = 1e300;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL)); /* inf as a float */
   opt = (gradsync_optimizer)GRADSYNC_OPTIMIZER_INIT, opt.kind = GRADSYNC_OPTIM_ROW_ADAGRAD;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL)); /* needs state */
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, params));
   EXPECT(GRADSYNC_E_MISMATCH, gradsync_accum_apply(accum, params, &opt, narrow));
   EXPECT(GRADSYNC_E_MISUSE, gradsync_accum_apply(accum, params, &opt, read_only));
-  opt.eps = 0; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
-  opt.eps = -1; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
-  opt.eps = NAN; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
-  opt.eps = 1e-300; EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state)); /* 0 as a float */
+  opt.eps = 0;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
+  opt.eps = -1;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
+  opt.eps = NAN;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
+  opt.eps = 1e-300;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state)); /* 0 as a float */
   table_contents(params, params_after);
   EXPECT_TRUE(memcmp(params_before, params_after, sizeof params_before) == 0);
   EXPECT_TRUE(touched_count() == 3);
@@ -1300,38 +1327,55 @@ static void sweep_comm(void) {
   static const int32_t bad_ops[] = {-1, 4, INT32_MIN, INT32_MAX};
   static const int32_t bad_roots[] = {-1, 1, INT32_MIN, INT32_MAX};
   gradsync_comm_options o;
-  gradsync_comm *m = NULL;
-  void *buffer = NULL;
+  gradsync_comm* m = NULL;
+  void* buffer = NULL;
   size_t i;
 
   /* create */
   o = comm_options("capi-sweep-create");
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_create(NULL, &o));
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, NULL));
-  o.transport = 4; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.transport = 7; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.transport = -1; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.transport = INT32_MIN; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.transport = 4;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.transport = 7;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.transport = -1;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.transport = INT32_MIN;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("capi-sweep-create"), o.size = 0;
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.size = -1; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.size = GRADSYNC_UNSET_I32; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.size = INT32_MAX; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.size = 1025; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.size = -1;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.size = GRADSYNC_UNSET_I32;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.size = INT32_MAX;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.size = 1025;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o.transport = GRADSYNC_TRANSPORT_SHM;
-  o.size = INT32_MAX; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.size = INT32_MAX;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("capi-sweep-create");
-  o.rank = -1; EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
-  o.rank = 1; EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
-  o.rank = INT32_MAX; EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
-  o.rank = GRADSYNC_UNSET_I32; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o = comm_options(""); EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.rank = -1;
+  EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
+  o.rank = 1;
+  EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
+  o.rank = INT32_MAX;
+  EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_create(&m, &o));
+  o.rank = GRADSYNC_UNSET_I32;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o = comm_options("");
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("x"), memset(o.name, 'x', sizeof o.name); /* not NUL-terminated */
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("capi-sweep-create");
-  o.timeout_ms = 0; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.timeout_ms = -1; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
-  o.timeout_ms = INT64_MIN + 1; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.timeout_ms = 0;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.timeout_ms = -1;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
+  o.timeout_ms = INT64_MIN + 1;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("capi-sweep-create"), o.reserved0 = 1;
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_create(&m, &o));
   o = comm_options("capi-sweep-create"), o.reserved0 = INT32_MIN;
@@ -1357,17 +1401,17 @@ static void sweep_comm(void) {
   for (i = 0; i < sizeof bad_dtypes / sizeof bad_dtypes[0]; ++i) {
     const int32_t d = bad_dtypes[i];
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32},
-                                                                (const size_t[]){4}, 1, d, GRADSYNC_SUM));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32, out.f32},
-                                                                 (const size_t[]){4, 4}, (const int32_t[]){GRADSYNC_F32, d},
-                                                                 2, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_allreduce_many(comm, NULL, (void* const[]){out.f32}, (const size_t[]){4}, 1, d, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_allreduce_mixed(comm, NULL, (void* const[]){out.f32, out.f32}, (const size_t[]){4, 4},
+                                         (const int32_t[]){GRADSYNC_F32, d}, 2, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, d, 1, &out.u64[0]));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_broadcast(comm, out.f32, 4, d, 0));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, in_f32, out.f32, 4, d));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, (const size_t[]){4}, d));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, d,
-                                                                 GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, d, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, 4, d, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, in_f32, out.f32, 4, d));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, four, NULL, d));
@@ -1380,7 +1424,7 @@ static void sweep_comm(void) {
   for (i = 0; i < sizeof bad_ops / sizeof bad_ops[0]; ++i) {
     const int32_t op = bad_ops[i];
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out.f32, 4, GRADSYNC_F32, op));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32},
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void* const[]){out.f32},
                                                                 (const size_t[]){4}, 1, GRADSYNC_F32, op));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, 4, GRADSYNC_F32, op));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce(comm, in_f32, out.f32, 4, GRADSYNC_F32, op, 0));
@@ -1402,10 +1446,10 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, in_f32, (const size_t[]){SIZE_MAX / 2}, NULL, out.f32,
                                                          four, NULL, GRADSYNC_F32));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, NULL, four, NULL, out.f32, four, NULL, GRADSYNC_F32));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoallv(comm, out.f32, four, NULL, out.f32 + 2, four, NULL,
-                                                         GRADSYNC_F32));
-  EXPECT(GRADSYNC_E_MISMATCH, gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, (const size_t[]){3}, NULL,
-                                                      GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_alltoallv(comm, out.f32, four, NULL, out.f32 + 2, four, NULL, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_MISMATCH,
+         gradsync_comm_alltoallv(comm, in_f32, four, NULL, out.f32, (const size_t[]){3}, NULL, GRADSYNC_F32));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gatherv(comm, in_f32, 4, out.f32, NULL, GRADSYNC_F32, 0));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_scatterv(comm, in_f32, NULL, out.f32, 4, GRADSYNC_F32, 0));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_gather(comm, in_f32, out.f32, SIZE_MAX / 2, GRADSYNC_F32, 0));
@@ -1417,39 +1461,47 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, NULL, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out.f32, SIZE_MAX, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out.f32, SIZE_MAX / 4 + 1, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce(comm, in_f32, out.f32, SIZE_MAX / 4 + 1, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_OK, gradsync_comm_allreduce(comm, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM));
 
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, NULL, (const size_t[]){4}, 1, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32}, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, SIZE_MAX, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_many(comm, NULL, NULL, (const size_t[]){4}, 1, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_many(comm, NULL, (void* const[]){out.f32}, NULL, 1, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, SIZE_MAX, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, GRADSYNC_MAX_FUSED_BUFFERS + 1,
                                                               GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32}, (const size_t[]){4},
-                                                               NULL, 1, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void *const[]){out.f32}, (const size_t[]){4},
-                                                               (const int32_t[]){GRADSYNC_F32}, 1, 9));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, NULL, NULL, NULL,
-                                                               GRADSYNC_MAX_FUSED_BUFFERS + 1, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_mixed(comm, NULL, (void* const[]){out.f32},
+                                                               (const size_t[]){4}, NULL, 1, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_mixed(comm, NULL, (void* const[]){out.f32}, (const size_t[]){4},
+                                       (const int32_t[]){GRADSYNC_F32}, 1, 9));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_mixed(comm, NULL, NULL, NULL, NULL, GRADSYNC_MAX_FUSED_BUFFERS + 1, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, NULL, GRADSYNC_F32));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, NULL, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32, 9));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, NULL, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_reduce_scatterv(comm, in_f32, out.f32, (const size_t[]){4}, GRADSYNC_F32, 9));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, NULL, (const size_t[]){4}, GRADSYNC_F32));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgatherv(comm, in_f32, out.f32, (const size_t[]){SIZE_MAX / 2},
-                                                          GRADSYNC_F32));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32, out.f32 + 4},
-                                                              (const size_t[]){4, SIZE_MAX}, 2, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void *const[]){out.f32, NULL},
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allgatherv(comm, in_f32, out.f32, (const size_t[]){SIZE_MAX / 2}, GRADSYNC_F32));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_many(comm, NULL, (void* const[]){out.f32, out.f32 + 4}, (const size_t[]){4, SIZE_MAX},
+                                      2, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, NULL, (void* const[]){out.f32, NULL},
                                                               (const size_t[]){4, 4}, 2, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, (const void *const[]){in_f32, NULL},
-                                                              (void *const[]){out.f32, out.f32 + 4},
-                                                              (const size_t[]){4, 4}, 2, GRADSYNC_F32, GRADSYNC_SUM));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_allreduce_many(comm, (const void* const[]){in_f32, NULL}, (void* const[]){out.f32, out.f32 + 4},
+                                      (const size_t[]){4, 4}, 2, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_OK, gradsync_comm_allreduce_many(comm, NULL, NULL, NULL, 0, GRADSYNC_F32, GRADSYNC_SUM));
 
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, GRADSYNC_I32, 1, NULL));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, GRADSYNC_BF16, 1, NULL));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, GRADSYNC_F32,
-                                                             ((uint64_t)1 << 53) + 1, NULL));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, GRADSYNC_F32, ((uint64_t)1 << 53) + 1, NULL));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, out.f32, 4, GRADSYNC_F32, UINT64_MAX, NULL));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, NULL, out.f32, 4, GRADSYNC_F32, 1, NULL));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f32, NULL, 4, GRADSYNC_F32, 1, NULL));
@@ -1463,7 +1515,8 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, NULL, NULL, 4, GRADSYNC_F64));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, NULL, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, NULL, 4, GRADSYNC_F32, GRADSYNC_SUM));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out.f32, SIZE_MAX, GRADSYNC_I64, GRADSYNC_MAX));
+  EXPECT(GRADSYNC_E_INVALID_ARG,
+         gradsync_comm_reduce_scatter(comm, in_f32, out.f32, SIZE_MAX, GRADSYNC_I64, GRADSYNC_MAX));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, NULL, out.f32, 4, GRADSYNC_F32));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, in_f32, NULL, 4, GRADSYNC_F32));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_alltoall(comm, in_f32, out.f32, SIZE_MAX, GRADSYNC_F32));
@@ -1472,26 +1525,30 @@ static void sweep_comm(void) {
 
   /* The collectives that reduce need aligned buffers; send and recv are in place or disjoint. */
   {
-    const char *in_bytes = (const char *)in_f32; /* a misaligned view of the inputs ... */
-    char *out_bytes = (char *)out.f32;           /* ... and of the outputs */
+    const char* in_bytes = (const char*)in_f32; /* a misaligned view of the inputs ... */
+    char* out_bytes = (char*)out.f32;           /* ... and of the outputs */
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_bytes + 1, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_f32, out_bytes + 2, 4, GRADSYNC_F32, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, in_bytes + 4, out.f64, 2, GRADSYNC_F64, GRADSYNC_MAX));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, out_bytes + 1, out_bytes + 1, 4, GRADSYNC_BF16, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_allreduce(comm, out_bytes + 1, out_bytes + 1, 4, GRADSYNC_BF16, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, out.f32 + 1, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce(comm, out.f32, out.f32 + 3, 4, GRADSYNC_I32, GRADSYNC_MIN));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, (const void *const[]){in_bytes + 2},
-                                                                (void *const[]){out.f32}, (const size_t[]){4}, 1,
-                                                                GRADSYNC_F32, GRADSYNC_SUM));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, (const void *const[]){in_f32, out.f32 + 9},
-                                                                (void *const[]){out.f32, out.f32 + 8},
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_allreduce_many(comm, (const void* const[]){in_bytes + 2}, (void* const[]){out.f32},
+                                        (const size_t[]){4}, 1, GRADSYNC_F32, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allreduce_many(comm, (const void* const[]){in_f32, out.f32 + 9},
+                                                                (void* const[]){out.f32, out.f32 + 8},
                                                                 (const size_t[]){4, 4}, 2, GRADSYNC_F32, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_bytes + 1, out.f32, 4, GRADSYNC_F32, 1, NULL));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, in_f64, out_bytes + 4, 2, GRADSYNC_F64, 1, NULL));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_weighted_mean(comm, out.f32 + 2, out.f32, 4, GRADSYNC_F32, 1, NULL));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_bytes + 1, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, in_f32, out_bytes + 1, 4, GRADSYNC_F32, GRADSYNC_SUM));
-    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_reduce_scatter(comm, out.f32, out.f32 + 1, 4, GRADSYNC_F32, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_reduce_scatter(comm, in_bytes + 1, out.f32, 4, GRADSYNC_F32, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_reduce_scatter(comm, in_f32, out_bytes + 1, 4, GRADSYNC_F32, GRADSYNC_SUM));
+    EXPECT(GRADSYNC_E_INVALID_ARG,
+           gradsync_comm_reduce_scatter(comm, out.f32, out.f32 + 1, 4, GRADSYNC_F32, GRADSYNC_SUM));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, out.f32 + 1, out.f32, 4, GRADSYNC_F32));
     EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_allgather(comm, out.f32, out.f32 + 2, 4, GRADSYNC_F32));
     /* in place is fine, and so is any alignment for the collectives that only move bytes */
@@ -1514,9 +1571,9 @@ static void sweep_comm(void) {
   EXPECT(GRADSYNC_E_NOMEM, gradsync_comm_alloc(comm, SIZE_MAX, &buffer));
   EXPECT_TRUE(buffer == NULL);
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, out.f32));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, (void *)(uintptr_t)not_a_handle));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, (void*)(uintptr_t)not_a_handle));
   EXPECT(GRADSYNC_OK, gradsync_comm_alloc(comm, 1, &buffer));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, (char *)buffer + 1));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, (char*)buffer + 1));
   EXPECT(GRADSYNC_OK, gradsync_comm_free_buffer(comm, buffer));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_free_buffer(comm, buffer)); /* freed twice */
   EXPECT(GRADSYNC_OK, gradsync_comm_free_buffer(comm, NULL));
@@ -1536,8 +1593,8 @@ static void sweep_shard(void) {
   static const int32_t bad_ranks[] = {-2, 1, INT32_MIN, INT32_MAX};
   static const size_t bad_counts[] = {0, 9, 11, SIZE_MAX};
   gradsync_shard_options o;
-  gradsync_shard *s = NULL;
-  gradsync_comm *orphan_comm = NULL;
+  gradsync_shard* s = NULL;
+  gradsync_comm* orphan_comm = NULL;
   gradsync_comm_options co = comm_options("capi-sweep-orphan");
   float weights_before[10], weights_after[10];
   size_t needed = 0, i;
@@ -1547,11 +1604,11 @@ static void sweep_shard(void) {
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, 0, NULL));
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, UINT64_MAX, NULL));
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, ((uint64_t)1 << 60) + 1, NULL));
-#define BAD_OPTION(expected, field, value)                                                    \
-  do {                                                                                       \
-    o = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;                                 \
-    o.field = (value);                                                                       \
-    EXPECT_NEW(expected, s, gradsync_shard_create(&s, comm, 10, &o));                        \
+#define BAD_OPTION(expected, field, value)                            \
+  do {                                                                \
+    o = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT;          \
+    o.field = (value);                                                \
+    EXPECT_NEW(expected, s, gradsync_shard_create(&s, comm, 10, &o)); \
   } while (0)
   BAD_OPTION(GRADSYNC_E_UNSUPPORTED, optimizer, GRADSYNC_OPTIM_ROW_ADAGRAD);
   BAD_OPTION(GRADSYNC_E_INVALID_ARG, optimizer, 5);
@@ -1578,7 +1635,8 @@ static void sweep_shard(void) {
   BAD_OPTION(GRADSYNC_E_INVALID_ARG, clip_norm, INFINITY);
   o = (gradsync_shard_options)GRADSYNC_SHARD_OPTIONS_INIT, o.clamp = 1, o.clamp_min = 1, o.clamp_max = 0;
   EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, 10, &o));
-  o.clamp_min = NAN; EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, 10, &o));
+  o.clamp_min = NAN;
+  EXPECT_NEW(GRADSYNC_E_INVALID_ARG, s, gradsync_shard_create(&s, comm, 10, &o));
 #undef BAD_OPTION
 
   /* queries */

@@ -6,9 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
-
+#include "gradsync/gradsync.h"
 
 int main(void) {
   char dir[] = "/tmp/gradsync-capi-table-XXXXXX";
@@ -20,7 +19,7 @@ int main(void) {
   float row[64], out[64];
   int64_t rows = 0, dim = 0, ids[3] = {1, 5, 9};
   float three[3 * 64];
-  const void *view = NULL;
+  const void* view = NULL;
   size_t bytes = 0;
   int32_t created = -1;
   int i;
@@ -33,12 +32,13 @@ int main(void) {
   CHECK(memcmp(&from_fn, &opts, sizeof opts) == 0);
   CHECK_STATUS(gradsync_table_options_init(NULL, sizeof opts), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_table_options_init(&from_fn, 8), GRADSYNC_E_INVALID_ARG);
-  CHECK_STATUS(gradsync_table_options_init((gradsync_table_options *)(void *)big, sizeof big), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_table_options_init((gradsync_table_options*)(void*)big, sizeof big), GRADSYNC_OK);
   CHECK(big[sizeof big - 1] == 0);
 
   /* create: rows and dim are required */
   opts.mode = GRADSYNC_TABLE_CREATE;
-  CHECK(gradsync_table_open(&t, path, &opts) == GRADSYNC_E_INVALID_ARG && t == NULL && check_message_has("rows must be at least 1"));
+  CHECK(gradsync_table_open(&t, path, &opts) == GRADSYNC_E_INVALID_ARG && t == NULL &&
+        check_message_has("rows must be at least 1"));
   opts.rows = 100;
   opts.dim = 64;
   CHECK(gradsync_table_open(&t, path, &opts) == GRADSYNC_OK && t != NULL);
@@ -73,7 +73,7 @@ int main(void) {
   CHECK_STATUS(gradsync_table_gather(t, ids, 3, three, 3 * 64), GRADSYNC_OK);
   CHECK(three[0] == 1.0f && three[64] == 2.0f && three[128 + 63] == 3.0f);
   CHECK(gradsync_table_view(t, &view, &bytes) == GRADSYNC_OK && bytes == 100 * 64 * 4);
-  CHECK(((const float *)view)[5 * 64] == 2.0f && ((const float *)view)[10 * 64] == 1.5f);
+  CHECK(((const float*)view)[5 * 64] == 2.0f && ((const float*)view)[10 * 64] == 1.5f);
   CHECK_STATUS(gradsync_table_prefetch(t, ids, 3), GRADSYNC_OK);
 
   /* bad input: every call gives a status and a message naming the problem */
@@ -91,7 +91,7 @@ int main(void) {
   CHECK_STATUS(gradsync_table_gather(t, NULL, 3, three, 3 * 64), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS_MSG(gradsync_table_get(NULL, 0, out, 64), GRADSYNC_E_MISUSE, "NULL table handle");
   CHECK_STATUS(gradsync_table_flush(NULL), GRADSYNC_E_MISUSE);
-  CHECK_STATUS(gradsync_table_shape((const gradsync_table *)(const void *)&opts, &rows, &dim), GRADSYNC_E_MISUSE);
+  CHECK_STATUS(gradsync_table_shape((const gradsync_table*)(const void*)&opts, &rows, &dim), GRADSYNC_E_MISUSE);
   CHECK_STATUS_MSG(gradsync_table_fill_uniform(t, 1, 1.0f, 0.0f), GRADSYNC_E_INVALID_ARG, "lo <= hi");
   CHECK_STATUS(gradsync_table_view(t, NULL, &bytes), GRADSYNC_E_INVALID_ARG);
   CHECK_STATUS(gradsync_table_open(NULL, path, &opts), GRADSYNC_E_INVALID_ARG);
@@ -131,7 +131,7 @@ int main(void) {
     CHECK_STATUS_MSG(gradsync_table_open(&t2, path, &a), GRADSYNC_E_INVALID_ARG, "no path");
     CHECK(gradsync_table_view(x, &vx, &bx) == GRADSYNC_OK && gradsync_table_view(y, &vy, &by) == GRADSYNC_OK);
     CHECK(bx == 280 && memcmp(vx, vy, bx) == 0);
-    CHECK(((const float *)vx)[0] >= -0.5f && ((const float *)vx)[0] <= 0.5f);
+    CHECK(((const float*)vx)[0] >= -0.5f && ((const float*)vx)[0] <= 0.5f);
     CHECK_STATUS(gradsync_table_flush(x), GRADSYNC_OK);
     gradsync_table_free(x);
     gradsync_table_free(y);

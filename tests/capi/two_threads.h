@@ -10,18 +10,18 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "check.h"
+#include "gradsync/gradsync.h"
 
 typedef struct {
-  const char *name;
+  const char* name;
   int32_t rank;
   int64_t timeout_ms;
-  gradsync_comm *comm;
+  gradsync_comm* comm;
 } two_threads_joiner;
 
-static inline void *two_threads_join(void *p) {
-  two_threads_joiner *j = (two_threads_joiner *)p;
+static inline void* two_threads_join(void* p) {
+  two_threads_joiner* j = (two_threads_joiner*)p;
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
   opts.rank = j->rank;
   opts.size = 2;
@@ -33,7 +33,7 @@ static inline void *two_threads_join(void *p) {
 }
 
 /* Both ranks of a fresh 2-rank thread group; 0 on success. */
-static inline int join_pair(const char *name, int64_t timeout_ms, gradsync_comm *comms[2]) {
+static inline int join_pair(const char* name, int64_t timeout_ms, gradsync_comm* comms[2]) {
   two_threads_joiner j[2];
   pthread_t t;
   int i;
@@ -57,9 +57,9 @@ static inline int join_pair(const char *name, int64_t timeout_ms, gradsync_comm 
 
 /* Returns 0 once another thread is inside a call on comm, which is exactly when gradsync_comm_alloc
  * on it is refused as a second caller. */
-static inline int wait_until_in_call(gradsync_comm *comm) {
+static inline int wait_until_in_call(gradsync_comm* comm) {
   for (;;) {
-    void *p = NULL;
+    void* p = NULL;
     const int status = gradsync_comm_alloc(comm, 64, &p);
     if (status == GRADSYNC_OK) {
       gradsync_comm_free_buffer(comm, p); /* (if refused, the communicator frees it at the end) */
@@ -76,21 +76,21 @@ static inline int wait_until_in_call(gradsync_comm *comm) {
 
 /* wait_until_in_call holds the handle for an instant: a call that meets it is refused untouched
  * and simply made again. */
-#define RETRY_WHILE_PROBED(status, call)                                                          \
-  do {                                                                                            \
-    (status) = (call);                                                                            \
+#define RETRY_WHILE_PROBED(status, call) \
+  do {                                   \
+    (status) = (call);                   \
   } while ((status) == GRADSYNC_E_MISUSE && check_message_has("already in a call on another thread"))
 
 /* Flags that one test thread sets and another reads. */
 static pthread_mutex_t two_threads_flags_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static inline void set_flag(int *flag) {
+static inline void set_flag(int* flag) {
   pthread_mutex_lock(&two_threads_flags_lock);
   *flag = 1;
   pthread_mutex_unlock(&two_threads_flags_lock);
 }
 
-static inline int get_flag(int *flag) {
+static inline int get_flag(int* flag) {
   int v;
   pthread_mutex_lock(&two_threads_flags_lock);
   v = *flag;

@@ -93,7 +93,8 @@ std::string cpu_cgroup_base(bool& v2) {
 
 bool set_quota(const std::string& dir, bool v2, int64_t quota_us) {
   if (v2) return write_file(dir + "/cpu.max", (quota_us < 0 ? "max" : std::to_string(quota_us)) + " 100000");
-  return write_file(dir + "/cpu.cfs_period_us", "100000") && write_file(dir + "/cpu.cfs_quota_us", std::to_string(quota_us));
+  return write_file(dir + "/cpu.cfs_period_us", "100000") &&
+         write_file(dir + "/cpu.cfs_quota_us", std::to_string(quota_us));
 }
 
 // The CPUs of this thread's affinity, in order.
@@ -132,8 +133,8 @@ int child_checks(const std::string& dir, int limit, const std::string& setter, c
   const std::vector<int> affinity = affinity_cpus();
   const int cpus = std::max(static_cast<int>(affinity.size()), 1);
   const int usable = limit > 0 && limit < cpus ? limit : cpus;
-  expect(wd::cgroup_cpu_limit() == limit,
-         "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) + ", expected " + std::to_string(limit));
+  expect(wd::cgroup_cpu_limit() == limit, "limit read in " + dir + ": " + std::to_string(wd::cgroup_cpu_limit()) +
+                                              ", expected " + std::to_string(limit));
   expect(wd::usable_cpus() == usable,
          "usable CPUs " + std::to_string(wd::usable_cpus()) + ", expected " + std::to_string(usable));
   // Pinned: each rank's thread on a CPU of its own (the first two of the affinity), as launchers
@@ -167,7 +168,8 @@ int child_checks(const std::string& dir, int limit, const std::string& setter, c
     for (const auto& l : lines) logged |= l.find(said) != std::string::npos;
     expect(logged, "the thread group logs: " + said);
     if (!setter.empty()) {
-      const std::string why = "the CPU quota of cgroup " + setter + " allows " + std::to_string(limit) + " CPU(s)' time";
+      const std::string why =
+          "the CPU quota of cgroup " + setter + " allows " + std::to_string(limit) + " CPU(s)' time";
       bool named = false;
       for (const auto& l : lines) named |= l.find(why) != std::string::npos;
       expect(named, "the log names the quota: " + why);

@@ -54,8 +54,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "gradsync/gradsync.h"
 #include "../half_reference.hpp"
+#include "gradsync/gradsync.h"
 
 namespace {
 
@@ -301,8 +301,10 @@ typename E::T input(int rank, size_t i, uint64_t seed) {
   if constexpr (E::half || std::is_floating_point_v<T>) {
     const double unit = static_cast<double>(h >> 11) * 0x1p-53 * 2.0 - 1.0;
     const double v = std::ldexp(unit, static_cast<int>(h % 24) - 12);
-    if constexpr (E::half) return E::narrow(static_cast<float>(v));
-    else return static_cast<T>(v);
+    if constexpr (E::half)
+      return E::narrow(static_cast<float>(v));
+    else
+      return static_cast<T>(v);
   } else {
     return static_cast<T>(h);
   }
@@ -318,8 +320,8 @@ typename E::T special(int k) {
     const uint32_t bits[] = {0x7f800001u, 0x80000000u, 0x7fc12345u, 0xff800000u, 0x00000001u};
     std::memcpy(&v, &bits[k % 5], 4);
   } else if constexpr (std::is_same_v<E, F64>) {
-    const uint64_t bits[] = {0x7ff0000000000001ull, 0x8000000000000000ull, 0x7ff8000000012345ull,
-                             0xfff0000000000000ull, 0x0000000000000001ull};
+    const uint64_t bits[] = {0x7ff0000000000001ull, 0x8000000000000000ull, 0x7ff8000000012345ull, 0xfff0000000000000ull,
+                             0x0000000000000001ull};
     std::memcpy(&v, &bits[k % 5], 8);
   } else if constexpr (std::is_same_v<E, BF16>) {
     const uint16_t bits[] = {0x7f81, 0x8000, 0x7fc5, 0xff80, 0x0001};
@@ -569,8 +571,8 @@ void s_allreduce(Ctx& x) {
   using T = typename E::T;
   const size_t inline_elems = 16384 / sizeof(T);
   uint64_t seed = 1000 * static_cast<uint64_t>(E::dtype);
-  for (const size_t count : {size_t{0}, size_t{1}, few(x), size_t{7}, size_t{1000}, inline_elems, inline_elems + 3,
-                             size_t{300007}}) {
+  for (const size_t count :
+       {size_t{0}, size_t{1}, few(x), size_t{7}, size_t{1000}, inline_elems, inline_elems + 3, size_t{300007}}) {
     ++seed;
     uint64_t hash = kFnvBasis;
     for (int32_t op : kOps) {
@@ -625,7 +627,8 @@ void s_arrival_order(Ctx& x) {
     for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<F32>(r, i, seed);
     const bool levels = by_levels<F32>(count * sizeof(float));
     sum[i] = levels ? fold_levels<F32>(GRADSYNC_SUM, x.size, col.data()) : fold<F32>(GRADSYNC_SUM, x.size, col.data());
-    mean[i] = levels ? fold_levels<F32>(GRADSYNC_MEAN, x.size, col.data()) : fold<F32>(GRADSYNC_MEAN, x.size, col.data());
+    mean[i] =
+        levels ? fold_levels<F32>(GRADSYNC_MEAN, x.size, col.data()) : fold<F32>(GRADSYNC_MEAN, x.size, col.data());
   }
   for (int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN}) {
     const auto& want = op == GRADSYNC_SUM ? sum : mean;
@@ -671,7 +674,8 @@ void many_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, int mode, 
     offsets.push_back(offset);
     offset += counts[k];
   }
-  const std::string what = format("allreduce_many %s %s of %zu buffers (mode %d)", E::name, op_name(op), counts.size(), mode);
+  const std::string what =
+      format("allreduce_many %s %s of %zu buffers (mode %d)", E::name, op_name(op), counts.size(), mode);
   if (!expect_status(x, __LINE__, what.c_str(),
                      gradsync_comm_allreduce_many(x.c, sends_given ? send_ptrs.data() : nullptr, recv_ptrs.data(),
                                                   counts.data(), counts.size(), E::dtype, op),
@@ -681,7 +685,8 @@ void many_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, int mode, 
   uint64_t hash = kFnvBasis;
   for (size_t k = 0; k < counts.size(); ++k) {
     if (checker(x, seed)) {
-      const auto want = reference<E>(op, x.size, counts[k], seed, offsets[k], by_levels<E>(offset * sizeof(typename E::T)));
+      const auto want =
+          reference<E>(op, x.size, counts[k], seed, offsets[k], by_levels<E>(offset * sizeof(typename E::T)));
       EXPECT_BITS(E, x, want.data(), recvs[k]->data(), counts[k], "%s: buffer %zu (%zu elements)", what.c_str(), k,
                   counts[k]);
     }
@@ -735,9 +740,10 @@ MixedPiece mixed_piece(const Ctx& x, size_t count, uint64_t seed) {
 
 std::vector<MixedPiece> mixed_pieces(const Ctx& x, uint64_t seed) {
   // Every dtype, interleaved, some twice, one empty, one large enough for the staged path.
-  return {mixed_piece<F32>(x, 5, seed),      mixed_piece<I64>(x, 1000, seed + 1), mixed_piece<BF16>(x, 70001, seed + 2),
-          mixed_piece<F64>(x, 0, seed + 3),  mixed_piece<F32>(x, 3, seed + 4),    mixed_piece<I32>(x, 17, seed + 5),
-          mixed_piece<F16>(x, 300, seed + 6), mixed_piece<F64>(x, 9, seed + 7)};
+  return {mixed_piece<F32>(x, 5, seed),          mixed_piece<I64>(x, 1000, seed + 1),
+          mixed_piece<BF16>(x, 70001, seed + 2), mixed_piece<F64>(x, 0, seed + 3),
+          mixed_piece<F32>(x, 3, seed + 4),      mixed_piece<I32>(x, 17, seed + 5),
+          mixed_piece<F16>(x, 300, seed + 6),    mixed_piece<F64>(x, 9, seed + 7)};
 }
 
 // gradsync_comm_allreduce_mixed: the same bits as one gradsync_comm_allreduce per buffer; ranks
@@ -763,7 +769,8 @@ void s_allreduce_mixed(Ctx& x) {
     for (size_t k = 0; k < single.size(); ++k) {
       MixedPiece& p = single[k];
       if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, p.bytes.data(), p.bytes.data(), p.count, p.dtype, op))) return;
-      if (p.bytes != fused[k].bytes) x.fail_at(__LINE__, "%s: buffer %zu differs from its own allreduce", what.c_str(), k);
+      if (p.bytes != fused[k].bytes)
+        x.fail_at(__LINE__, "%s: buffer %zu differs from its own allreduce", what.c_str(), k);
       hash = fnv(p.bytes.data(), p.bytes.size(), hash);
     }
     agree(x, x.c, hash, what);
@@ -781,8 +788,9 @@ void s_allreduce_mixed(Ctx& x) {
     dtypes.push_back(p.dtype);
   }
   if (x.rank == x.size - 1) dtypes[4] = GRADSYNC_I32;
-  EXPECT_STATUS(x, gradsync_comm_allreduce_mixed(x.c, nullptr, recvs.data(), counts.data(), dtypes.data(), recvs.size(),
-                                                 GRADSYNC_SUM),
+  EXPECT_STATUS(x,
+                gradsync_comm_allreduce_mixed(x.c, nullptr, recvs.data(), counts.data(), dtypes.data(), recvs.size(),
+                                              GRADSYNC_SUM),
                 GRADSYNC_E_MISMATCH, "different lists of buffers", "no buffer was changed");
   for (size_t k = 0; k < pieces.size(); ++k)
     if (pieces[k].bytes != before[k].bytes) x.fail_at(__LINE__, "allreduce_mixed mismatch changed buffer %zu", k);
@@ -830,7 +838,8 @@ void weighted_case(Ctx& x, size_t count, int zero_rank, int path, uint64_t seed)
   send.fill(mine);
   T* out = in_place ? send.data() : recv.data();
   uint64_t got_total = 7;
-  const std::string what = format("weighted_mean %s of %zu, weight-0 rank %d, path %d", E::name, count, zero_rank, path);
+  const std::string what =
+      format("weighted_mean %s of %zu, weight-0 rank %d, path %d", E::name, count, zero_rank, path);
   if (!expect_status(x, __LINE__, what.c_str(),
                      gradsync_comm_weighted_mean(x.c, send.data(), out, count, E::dtype, weight(x.rank), &got_total),
                      GRADSYNC_OK, {})) {
@@ -937,7 +946,8 @@ void allgather_case(Ctx& x, size_t total, int mode, uint64_t seed) {
   Buf<T> send(x, x.c, mine.len, from_comm), recv(x, x.c, total, from_comm);
   T* part = in_place ? recv.data() + mine.start : send.data();
   for (size_t k = 0; k < mine.len; ++k) part[k] = moved<E>(x.rank, mine.start + k, seed);
-  if (!EXPECT_OK(x, gradsync_comm_allgather(x.c, in_place ? nullptr : send.data(), recv.data(), total, E::dtype))) return;
+  if (!EXPECT_OK(x, gradsync_comm_allgather(x.c, in_place ? nullptr : send.data(), recv.data(), total, E::dtype)))
+    return;
   EXPECT_BITS(E, x, want.data(), recv.data(), total, "allgather %s of %zu (mode %d)", E::name, total, mode);
 }
 
@@ -974,8 +984,8 @@ void allgatherv_case(Ctx& x, const std::vector<size_t>& counts, int mode, uint64
   Buf<T> send(x, x.c, len, from_comm), recv(x, x.c, total, from_comm);
   T* part = in_place ? recv.data() + start : send.data();
   for (size_t k = 0; k < len; ++k) part[k] = moved<E>(x.rank, start + k, seed);
-  if (!EXPECT_OK(x, gradsync_comm_allgatherv(x.c, in_place ? nullptr : send.data(), recv.data(), counts.data(),
-                                             E::dtype))) {
+  if (!EXPECT_OK(
+          x, gradsync_comm_allgatherv(x.c, in_place ? nullptr : send.data(), recv.data(), counts.data(), E::dtype))) {
     return;
   }
   EXPECT_BITS(E, x, want.data(), recv.data(), total, "allgatherv %s of %zu (mode %d)", E::name, total, mode);
@@ -1056,7 +1066,8 @@ void s_reduce_scatterv(Ctx& x) {
   size_t total = 0;
   for (size_t c : counts) total += c;
   std::vector<float> send(total, 1.0f), recv(counts[static_cast<size_t>(x.rank)]);
-  EXPECT_STATUS(x, gradsync_comm_reduce_scatterv(x.c, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM),
+  EXPECT_STATUS(x,
+                gradsync_comm_reduce_scatterv(x.c, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM),
                 GRADSYNC_E_MISMATCH, "reduce_scatter");
   next_call_works(x, x.c, __LINE__);
 }
@@ -1196,10 +1207,10 @@ void s_alltoallv(Ctx& x) {
   std::vector<size_t> sc(n, 4), rc(n, 4);
   if (x.rank == x.size - 1) rc[0] = 5;
   std::vector<float> send(4 * n, 1.0f), recv(4 * n + 1, 0.0f);
-  EXPECT_STATUS(x, gradsync_comm_alltoallv(x.c, send.data(), sc.data(), nullptr, recv.data(), rc.data(), nullptr,
-                                           GRADSYNC_F32),
-                GRADSYNC_E_MISMATCH, format("rank 0 sends 4 elements to rank %d, but rank %d expects 5 from rank 0",
-                                            x.size - 1, x.size - 1));
+  EXPECT_STATUS(
+      x, gradsync_comm_alltoallv(x.c, send.data(), sc.data(), nullptr, recv.data(), rc.data(), nullptr, GRADSYNC_F32),
+      GRADSYNC_E_MISMATCH,
+      format("rank 0 sends 4 elements to rank %d, but rank %d expects 5 from rank 0", x.size - 1, x.size - 1));
   CHECK(x, recv == std::vector<float>(4 * n + 1, 0.0f), "recv was written on a mismatch");
   next_call_works(x, x.c, __LINE__);
 }
@@ -1274,8 +1285,7 @@ void s_rooted(Ctx& x) {
   std::vector<size_t> fours(static_cast<size_t>(x.size), 4);
   EXPECT_STATUS(x, gradsync_comm_reduce(x.c, v.data(), w.data(), 4, GRADSYNC_F32, GRADSYNC_SUM, x.size),
                 GRADSYNC_E_OUT_OF_RANGE, "root");
-  EXPECT_STATUS(x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, -1), GRADSYNC_E_OUT_OF_RANGE,
-                "root");
+  EXPECT_STATUS(x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, -1), GRADSYNC_E_OUT_OF_RANGE, "root");
   EXPECT_STATUS(x, gradsync_comm_scatterv(x.c, w.data(), fours.data(), v.data(), four, GRADSYNC_F32, x.size + 3),
                 GRADSYNC_E_OUT_OF_RANGE, "root");
   CHECK(x, w == std::vector<float>(w.size(), 0.0f), "recv was written for a root out of range");
@@ -1283,21 +1293,20 @@ void s_rooted(Ctx& x) {
   if (x.size < 2) return;
   // Ranks that disagree on the root, or on a count: every rank fails alike, naming the calls.
   const int other = x.rank == x.size - 1 ? 1 : 0;
-  EXPECT_STATUS(x, gradsync_comm_reduce(x.c, v.data(), w.data(), 4, GRADSYNC_F32, GRADSYNC_SUM, other),
-                GRADSYNC_E_MISMATCH,
-                format("rank %d called reduce of 4 f32 (sum) to root 1 but rank 0 called reduce of 4 f32 (sum) to root 0",
-                       x.size - 1));
-  EXPECT_STATUS(x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, other), GRADSYNC_E_MISMATCH,
-                format("rank %d called gather of 4 f32 to root 1 but rank 0 called gather of 4 f32 to root 0",
-                       x.size - 1));
-  EXPECT_STATUS(x, gradsync_comm_gatherv(x.c, v.data(), 4, w.data(), fours.data(), GRADSYNC_F32, other),
-                GRADSYNC_E_MISMATCH,
-                format("rank %d called gatherv of f32 to root 1 but rank 0 called gatherv of f32 to root 0", x.size - 1));
+  EXPECT_STATUS(
+      x, gradsync_comm_reduce(x.c, v.data(), w.data(), 4, GRADSYNC_F32, GRADSYNC_SUM, other), GRADSYNC_E_MISMATCH,
+      format("rank %d called reduce of 4 f32 (sum) to root 1 but rank 0 called reduce of 4 f32 (sum) to root 0",
+             x.size - 1));
+  EXPECT_STATUS(
+      x, gradsync_comm_gather(x.c, v.data(), w.data(), 4, GRADSYNC_F32, other), GRADSYNC_E_MISMATCH,
+      format("rank %d called gather of 4 f32 to root 1 but rank 0 called gather of 4 f32 to root 0", x.size - 1));
+  EXPECT_STATUS(
+      x, gradsync_comm_gatherv(x.c, v.data(), 4, w.data(), fours.data(), GRADSYNC_F32, other), GRADSYNC_E_MISMATCH,
+      format("rank %d called gatherv of f32 to root 1 but rank 0 called gatherv of f32 to root 0", x.size - 1));
   const size_t expect = x.rank == x.size - 1 ? 3 : 4;
-  EXPECT_STATUS(x, gradsync_comm_scatterv(x.c, w.data(), fours.data(), v.data(), expect, GRADSYNC_F32, 0),
-                GRADSYNC_E_MISMATCH,
-                format("rank 0 sends 4 elements to rank %d, but rank %d expects 3 from rank 0", x.size - 1,
-                       x.size - 1));
+  EXPECT_STATUS(
+      x, gradsync_comm_scatterv(x.c, w.data(), fours.data(), v.data(), expect, GRADSYNC_F32, 0), GRADSYNC_E_MISMATCH,
+      format("rank 0 sends 4 elements to rank %d, but rank %d expects 3 from rank 0", x.size - 1, x.size - 1));
   CHECK(x, w == std::vector<float>(w.size(), 0.0f) && v == std::vector<float>(4, 1.0f),
         "a buffer was written on a mismatch");
   next_call_works(x, x.c, __LINE__);
@@ -1409,7 +1418,8 @@ void s_alloc(Ctx& x) {
   for (const size_t bytes : {size_t{1}, size_t{4097}, size_t{1} << 20}) {
     void* p = nullptr;
     if (!EXPECT_OK(x, gradsync_comm_alloc(g, bytes, &p))) continue;
-    CHECK(x, reinterpret_cast<uintptr_t>(p) % 4096 == 0, "gradsync_comm_alloc(%zu) gave %p, not 4096-aligned", bytes, p);
+    CHECK(x, reinterpret_cast<uintptr_t>(p) % 4096 == 0, "gradsync_comm_alloc(%zu) gave %p, not 4096-aligned", bytes,
+          p);
     std::memset(p, 0x5A, bytes);
     CHECK(x, static_cast<unsigned char*>(p)[bytes - 1] == 0x5A, "the last byte of %zu did not hold", bytes);
     EXPECT_OK(x, gradsync_comm_free_buffer(g, p));
@@ -1447,8 +1457,9 @@ void run_variants(Ctx& x, gradsync_comm* g, const std::vector<Variant>& variants
     std::vector<float> v(100000, 7.0f), w(100000, -3.0f);
     const int st = variant.call(v.data(), w.data());
     expect_status(x, __LINE__, variant.name, st, GRADSYNC_E_MISMATCH, {variant.expect});
-    CHECK(x, std::all_of(v.begin(), v.end(), [](float f) { return f == 7.0f; }) &&
-                 std::all_of(w.begin(), w.end(), [](float f) { return f == -3.0f; }),
+    CHECK(x,
+          std::all_of(v.begin(), v.end(), [](float f) { return f == 7.0f; }) &&
+              std::all_of(w.begin(), w.end(), [](float f) { return f == -3.0f; }),
           "%s: a buffer was written", variant.name);
     NEXT_CALL_WORKS(x, g);
   }
@@ -1464,14 +1475,22 @@ void s_mismatch(Ctx& x) {
        [&](float* v, float*) { return gradsync_comm_allreduce(g, v, v, odd ? 3 : 4, GRADSYNC_F32, GRADSYNC_SUM); }},
       {"count over the inline limit",
        format("rank %d called allreduce of 99999 f32 (sum) but rank 0 called allreduce of 100000 f32 (sum)", o),
-       [&](float* v, float*) { return gradsync_comm_allreduce(g, v, v, odd ? 99999 : 100000, GRADSYNC_F32, GRADSYNC_SUM); }},
+       [&](float* v, float*) {
+         return gradsync_comm_allreduce(g, v, v, odd ? 99999 : 100000, GRADSYNC_F32, GRADSYNC_SUM);
+       }},
       {"dtype", format("rank %d called allreduce of 2 i32 (sum) but rank 0 called allreduce of 2 f32 (sum)", o),
-       [&](float* v, float*) { return gradsync_comm_allreduce(g, v, v, 2, odd ? GRADSYNC_I32 : GRADSYNC_F32, GRADSYNC_SUM); }},
+       [&](float* v, float*) {
+         return gradsync_comm_allreduce(g, v, v, 2, odd ? GRADSYNC_I32 : GRADSYNC_F32, GRADSYNC_SUM);
+       }},
       {"op", format("rank %d called allreduce of 4 f32 (max) but rank 0 called allreduce of 4 f32 (sum)", o),
-       [&](float* v, float*) { return gradsync_comm_allreduce(g, v, v, 4, GRADSYNC_F32, odd ? GRADSYNC_MAX : GRADSYNC_SUM); }},
-      {"root", format("rank %d called broadcast of 4 f32 from root 1 but rank 0 called broadcast of 4 f32 from root 0", o),
+       [&](float* v, float*) {
+         return gradsync_comm_allreduce(g, v, v, 4, GRADSYNC_F32, odd ? GRADSYNC_MAX : GRADSYNC_SUM);
+       }},
+      {"root",
+       format("rank %d called broadcast of 4 f32 from root 1 but rank 0 called broadcast of 4 f32 from root 0", o),
        [&](float* v, float*) { return gradsync_comm_broadcast(g, v, 4, GRADSYNC_F32, odd ? 1 : 0); }},
-      {"collective", format("rank %d called broadcast of 4 f32 from root 0 but rank 0 called allreduce of 4 f32 (sum)", o),
+      {"collective",
+       format("rank %d called broadcast of 4 f32 from root 0 but rank 0 called allreduce of 4 f32 (sum)", o),
        [&](float* v, float*) {
          return odd ? gradsync_comm_broadcast(g, v, 4, GRADSYNC_F32, 0)
                     : gradsync_comm_allreduce(g, v, v, 4, GRADSYNC_F32, GRADSYNC_SUM);
@@ -1481,15 +1500,18 @@ void s_mismatch(Ctx& x) {
          return odd ? gradsync_comm_barrier(g) : gradsync_comm_allreduce(g, v, v, 4, GRADSYNC_F32, GRADSYNC_SUM);
        }},
       {"number of fused buffers",
-       format("rank %d called allreduce of 4 f32 (sum) but rank 0 called allreduce of 2 buffers (4 f32 in all) (sum)", o),
+       format("rank %d called allreduce of 4 f32 (sum) but rank 0 called allreduce of 2 buffers (4 f32 in all) (sum)",
+              o),
        [&](float* v, float*) {
          void* recvs[2] = {v, v + 2};
          const size_t two[2] = {2, 2}, one[1] = {4};
-         return gradsync_comm_allreduce_many(g, nullptr, recvs, odd ? one : two, odd ? 1 : 2, GRADSYNC_F32, GRADSYNC_SUM);
+         return gradsync_comm_allreduce_many(g, nullptr, recvs, odd ? one : two, odd ? 1 : 2, GRADSYNC_F32,
+                                             GRADSYNC_SUM);
        }},
       {"sizes of fused buffers",
        format("rank %d called allreduce of 2 buffers (10 f32 in all) (sum) with other buffer sizes but rank 0 called "
-              "allreduce of 2 buffers (10 f32 in all) (sum)", o),
+              "allreduce of 2 buffers (10 f32 in all) (sum)",
+              o),
        [&](float* v, float*) {
          void* recvs[2] = {v, v + 5};
          const size_t even[2] = {5, 5}, uneven[2] = {4, 6};
@@ -1515,20 +1537,25 @@ void s_weighted_mismatch(Ctx& x) {
   if (g == nullptr) return;
   const int o = x.size - 1;
   const bool odd = x.rank == o;
-  run_variants(x, g, {
-      {"weighted_mean dtype", format("rank %d called weighted_mean of 4 f64 but rank 0 called weighted_mean of 4 f32", o),
-       [&](float* v, float* w) {
-         return gradsync_comm_weighted_mean(g, v, w, 4, odd ? GRADSYNC_F64 : GRADSYNC_F32, 1, nullptr);
-       }},
-      {"weighted_mean count", format("rank %d called weighted_mean of 2 f32 but rank 0 called weighted_mean of 4 f32", o),
-       [&](float* v, float* w) { return gradsync_comm_weighted_mean(g, v, w, odd ? 2 : 4, GRADSYNC_F32, 1, nullptr); }},
-      {"weighted_mean against allreduce",
-       format("rank %d called allreduce of 5 f64 (sum) but rank 0 called weighted_mean of 4 f32", o),
-       [&](float* v, float* w) {
-         return odd ? gradsync_comm_allreduce(g, v, v, 5, GRADSYNC_F64, GRADSYNC_SUM)
-                    : gradsync_comm_weighted_mean(g, v, w, 4, GRADSYNC_F32, 1, nullptr);
-       }},
-  });
+  run_variants(x, g,
+               {
+                   {"weighted_mean dtype",
+                    format("rank %d called weighted_mean of 4 f64 but rank 0 called weighted_mean of 4 f32", o),
+                    [&](float* v, float* w) {
+                      return gradsync_comm_weighted_mean(g, v, w, 4, odd ? GRADSYNC_F64 : GRADSYNC_F32, 1, nullptr);
+                    }},
+                   {"weighted_mean count",
+                    format("rank %d called weighted_mean of 2 f32 but rank 0 called weighted_mean of 4 f32", o),
+                    [&](float* v, float* w) {
+                      return gradsync_comm_weighted_mean(g, v, w, odd ? 2 : 4, GRADSYNC_F32, 1, nullptr);
+                    }},
+                   {"weighted_mean against allreduce",
+                    format("rank %d called allreduce of 5 f64 (sum) but rank 0 called weighted_mean of 4 f32", o),
+                    [&](float* v, float* w) {
+                      return odd ? gradsync_comm_allreduce(g, v, v, 5, GRADSYNC_F64, GRADSYNC_SUM)
+                                 : gradsync_comm_weighted_mean(g, v, w, 4, GRADSYNC_F32, 1, nullptr);
+                    }},
+               });
 }
 
 // A root out of range is judged by the group: passed by every rank, E_OUT_OF_RANGE on every rank;
@@ -1568,8 +1595,9 @@ void s_weighted_oversized(Ctx& x) {
   for (const size_t count : {size_t{8}, size_t{0}}) {
     const int st = gradsync_comm_weighted_mean(g, send.data(), recv.data(), count, GRADSYNC_F32,
                                                x.rank == last ? huge : 1, nullptr);
-    if (!expect_status(x, __LINE__, "weighted_mean with a weight over 2^53 on one rank", st, GRADSYNC_E_INVALID_ARG,
-                       {x.size > 1 ? format("rank %d passed weight %" PRIu64, last, huge) : format("%" PRIu64, huge)})) {
+    if (!expect_status(
+            x, __LINE__, "weighted_mean with a weight over 2^53 on one rank", st, GRADSYNC_E_INVALID_ARG,
+            {x.size > 1 ? format("rank %d passed weight %" PRIu64, last, huge) : format("%" PRIu64, huge)})) {
       return;
     }
     CHECK(x, recv == std::vector<float>(8, 7.0f), "weighted_mean with a bad weight wrote recv");
@@ -1667,8 +1695,8 @@ void stopped_until_reset(Ctx& x, gradsync_comm* g, int line) {
   const auto start = Clock::now();
   expect_status(x, line, "a barrier on the stopped group", gradsync_comm_barrier(g), GRADSYNC_E_ABORTED, {});
   float v = 1;
-  expect_status(x, line, "an allreduce on the stopped group", gradsync_comm_allreduce(g, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM),
-                GRADSYNC_E_ABORTED, {});
+  expect_status(x, line, "an allreduce on the stopped group",
+                gradsync_comm_allreduce(g, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM), GRADSYNC_E_ABORTED, {});
   const int64_t took = ms_since(start);
   CHECK(x, took < kGroupTimeoutMs / 2, "calls on the stopped group took %" PRId64 " ms, not failing fast", took);
   // The reset is collective and bounded by the group's timeout: the ranks come to it together.
@@ -1766,7 +1794,8 @@ int v_or_rooted(int which, gradsync_comm* g, int rank, int size) {
   for (size_t r = 0; r < n; ++r) pair_displs[r] = 2 * r;
   switch (which) {
     case 0: return gradsync_comm_allgatherv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32);
-    case 1: return gradsync_comm_reduce_scatterv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM);
+    case 1:
+      return gradsync_comm_reduce_scatterv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM);
     case 2:
       return gradsync_comm_alltoallv(g, send.data(), pairs.data(), pair_displs.data(), recv.data(), pairs.data(),
                                      pair_displs.data(), GRADSYNC_F32);
@@ -1838,7 +1867,8 @@ void s_seed(Ctx& x) {
   if (g == nullptr) return;
   std::vector<float> v(7, 1.0f);
   EXPECT_STATUS(x, gradsync_comm_allreduce(g, v.data(), v.data(), x.rank == 1 ? 7 : 4, GRADSYNC_F32, GRADSYNC_MEAN),
-                GRADSYNC_E_MISMATCH, "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)");
+                GRADSYNC_E_MISMATCH,
+                "rank 1 called allreduce of 7 f32 (mean) but rank 0 called allreduce of 4 f32 (mean)");
   CHECK(x, v == std::vector<float>(7, 1.0f), "a buffer was written on a mismatch");
   NEXT_CALL_WORKS(x, g);
 }
@@ -1858,7 +1888,9 @@ struct Scenario {
 const char* always(const Ctx&) { return nullptr; }
 const char* needs_peers(const Ctx& x) { return x.size < 2 ? "needs 2 or more ranks" : nullptr; }
 const char* needs_one(const Ctx& x) { return x.size != 1 ? "a group of one only (run with 1 rank)" : nullptr; }
-const char* seed_sizes(const Ctx& x) { return x.size == 2 || x.size == 3 ? nullptr : "the seed cases have 2 or 3 ranks"; }
+const char* seed_sizes(const Ctx& x) {
+  return x.size == 2 || x.size == 3 ? nullptr : "the seed cases have 2 or 3 ranks";
+}
 const char* none(const Ctx&) { return nullptr; }
 
 const Scenario kScenarios[] = {
@@ -1900,7 +1932,9 @@ const Scenario kScenarios[] = {
 constexpr int kCount = static_cast<int>(sizeof kScenarios / sizeof kScenarios[0]);
 static_assert(kCount <= kMaxScenarios);
 
-bool selected(const Scenario& s, const char* filter) { return filter == nullptr || std::strstr(s.name, filter) != nullptr; }
+bool selected(const Scenario& s, const char* filter) {
+  return filter == nullptr || std::strstr(s.name, filter) != nullptr;
+}
 
 const char* transport_name(int t) {
   return t == GRADSYNC_TRANSPORT_THREAD ? "thread" : t == GRADSYNC_TRANSPORT_SHM ? "shm" : "mpi";
@@ -2058,9 +2092,9 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     x.first.clear();
     if (ledger != nullptr) ledger->running[x.rank].store(i + 1, std::memory_order_release);
     if (x.mpi()) {
-      g_watchdog_len = static_cast<size_t>(std::snprintf(
-          g_watchdog_line, sizeof g_watchdog_line, "FAIL %s: watchdog: rank %d made no progress for %d s\n", s.name,
-          x.rank, kStallSeconds));
+      g_watchdog_len = static_cast<size_t>(std::snprintf(g_watchdog_line, sizeof g_watchdog_line,
+                                                         "FAIL %s: watchdog: rank %d made no progress for %d s\n",
+                                                         s.name, x.rank, kStallSeconds));
       g_watchdog_len = std::min(g_watchdog_len, sizeof g_watchdog_line - 1);
       alarm(kStallSeconds);
     }
@@ -2122,7 +2156,7 @@ struct Verdict {
 // rank_gone(r) says (non-empty) how rank r ended if it ended before finishing. A stall of
 // kStallSeconds without any rank finishing a scenario is a hang: reported, and the run ends there.
 Verdict report(Ledger& ledger, int transport, int size, const char* filter,
-            const std::function<std::string(int)>& rank_gone) {
+               const std::function<std::string(int)>& rank_gone) {
   Ctx probe;
   probe.transport = transport;
   probe.size = size;
@@ -2270,7 +2304,8 @@ int run_processes(int size, const std::string& name, const char* filter) {
       if (!reaped[static_cast<size_t>(r)]) sleep_ms(5);
     }
     if (!reaped[static_cast<size_t>(r)]) {
-      std::fprintf(stderr, "rank %d (pid %d) did not exit; killing it\n", r, static_cast<int>(pids[static_cast<size_t>(r)]));
+      std::fprintf(stderr, "rank %d (pid %d) did not exit; killing it\n", r,
+                   static_cast<int>(pids[static_cast<size_t>(r)]));
       kill(pids[static_cast<size_t>(r)], SIGKILL);
       poll(r, true);
       ok = false;

@@ -32,8 +32,8 @@
 #include "table/table.hpp"
 
 namespace fs = std::filesystem;
-using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::AccumSpec;
+using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::OptimizerKind;
 using gradsync::accumulator::OptimizerSpec;
 using gradsync::table::OpenMode;
@@ -46,14 +46,14 @@ constexpr int64_t kRows = 4096, kDim = 64;
 constexpr float kBase = 100000.0f;
 int failures = 0;
 
-#define EXPECT(cond, ...)                                        \
-  do {                                                           \
-    if (!(cond)) {                                               \
+#define EXPECT(cond, ...)                                                    \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
       std::fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                         \
-      std::fprintf(stderr, "\n");                                \
-      ++failures;                                                \
-    }                                                            \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, "\n");                                            \
+      ++failures;                                                            \
+    }                                                                        \
   } while (0)
 
 // Whether every byte of x is the same byte of a or of b: a or b, or a copy from one to the other

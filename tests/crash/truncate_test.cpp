@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,14 +47,14 @@ int g_failures = 0;
     }                                                                        \
   } while (0)
 
-#define OK(call)                                                                                         \
-  do {                                                                                                   \
-    const int st_ = (call);                                                                              \
-    if (st_ != GRADSYNC_OK) {                                                                            \
-      std::fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call, st_,                \
-                   gradsync_last_error_message());                                                       \
-      std::exit(1);                                                                                      \
-    }                                                                                                    \
+#define OK(call)                                                                          \
+  do {                                                                                    \
+    const int st_ = (call);                                                               \
+    if (st_ != GRADSYNC_OK) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call, st_, \
+                   gradsync_last_error_message());                                        \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)
 
 void expect_truncated(int status, const char* what) {
@@ -171,7 +171,8 @@ void accumulator_truncated_while_adding(const fs::path& dir) {
   waitpid(child, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the truncating process failed");
   for (int w = 0; w < 2; ++w) {
-    CHECK(last[static_cast<size_t>(w)] == GRADSYNC_E_IO && messages[static_cast<size_t>(w)].find("shrank") != std::string::npos,
+    CHECK(last[static_cast<size_t>(w)] == GRADSYNC_E_IO &&
+              messages[static_cast<size_t>(w)].find("shrank") != std::string::npos,
           "adder %d ended with %d: %s", w, last[static_cast<size_t>(w)], messages[static_cast<size_t>(w)].c_str());
   }
   int64_t count = 0;

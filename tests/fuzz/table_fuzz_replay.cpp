@@ -101,9 +101,12 @@ int main(int argc, char** argv) {
     cases.push_back({"extended-page", b, CORRUPT, CORRUPT});
   }
   cases.push_back({"bad-magic", both(table, [](FileHeader& h) { h.magic = 0x12345678; }), CORRUPT, CORRUPT});
-  cases.push_back({"byte-swapped", both(table, [](FileHeader& h) { h.magic = __builtin_bswap32(h.magic); }), VERSION,
-                   VERSION});
-  cases.push_back({"flipped-checksum", both(table, [](FileHeader& h) { h.checksum ^= 1; }, false), CORRUPT, CORRUPT});
+  cases.push_back(
+      {"byte-swapped", both(table, [](FileHeader& h) { h.magic = __builtin_bswap32(h.magic); }), VERSION, VERSION});
+  cases.push_back({"flipped-checksum",
+                   both(
+                       table, [](FileHeader& h) { h.checksum ^= 1; }, false),
+                   CORRUPT, CORRUPT});
   {
     Bytes b = table;  // only the newer slot damaged: the older one still opens the file
     FileHeader h = header_at(b, 1);
@@ -111,17 +114,23 @@ int main(int argc, char** argv) {
     put_header(b, 1, h, false);
     cases.push_back({"one-slot-torn", b, OK, MISMATCH});
   }
-  cases.push_back({"huge-shape-overflow", both(table, [](FileHeader& h) {
-                     h.rows = uint64_t{1} << 62;
-                     h.dim = uint64_t{1} << 40;
-                   }), CORRUPT, CORRUPT});
+  cases.push_back({"huge-shape-overflow",
+                   both(table,
+                        [](FileHeader& h) {
+                          h.rows = uint64_t{1} << 62;
+                          h.dim = uint64_t{1} << 40;
+                        }),
+                   CORRUPT, CORRUPT});
   cases.push_back({"shape-size-mismatch", both(table, [](FileHeader& h) { h.rows = 1000; }), CORRUPT, CORRUPT});
-  cases.push_back({"file-size-lie", both(table, [](FileHeader& h) {
-                     h.rows = 1000;
-                     h.data_bytes = 1000 * 5 * 4;
-                     h.aux_offset = 8192 + 20480;
-                     h.file_bytes = 8192 + 20480;
-                   }), CORRUPT, CORRUPT});
+  cases.push_back({"file-size-lie",
+                   both(table,
+                        [](FileHeader& h) {
+                          h.rows = 1000;
+                          h.data_bytes = 1000 * 5 * 4;
+                          h.aux_offset = 8192 + 20480;
+                          h.file_bytes = 8192 + 20480;
+                        }),
+                   CORRUPT, CORRUPT});
   cases.push_back({"version-2", both(table, [](FileHeader& h) { h.format_version = 2; }), VERSION, VERSION});
   cases.push_back({"dtype-f64", both(table, [](FileHeader& h) { h.dtype = 1; }), VERSION, VERSION});
   cases.push_back({"zero-rows", both(table, [](FileHeader& h) { h.rows = 0; }), CORRUPT, CORRUPT});

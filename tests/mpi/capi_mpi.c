@@ -12,24 +12,24 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gradsync/gradsync.h"
 #include "../capi/fork_helpers.h"
+#include "gradsync/gradsync.h"
 
 static int failures = 0;
 static int world_rank = 0;
 
-#define EXPECT(cond)                                                                        \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      ++failures;                                                                           \
-      fprintf(stderr, "rank %d: %s:%d: EXPECT(%s) failed; last error: %s\n", world_rank,   \
-              __FILE__, __LINE__, #cond, gradsync_last_error_message());                    \
-    }                                                                                       \
+#define EXPECT(cond)                                                                                                \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      ++failures;                                                                                                   \
+      fprintf(stderr, "rank %d: %s:%d: EXPECT(%s) failed; last error: %s\n", world_rank, __FILE__, __LINE__, #cond, \
+              gradsync_last_error_message());                                                                       \
+    }                                                                                                               \
   } while (0)
 
-static gradsync_comm *create(int64_t fcomm, int32_t deterministic) {
+static gradsync_comm* create(int64_t fcomm, int32_t deterministic) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *c = NULL;
+  gradsync_comm* c = NULL;
   o.transport = GRADSYNC_TRANSPORT_MPI;
   o.mpi_fcomm = fcomm;
   o.deterministic = deterministic;
@@ -41,12 +41,12 @@ static gradsync_comm *create(int64_t fcomm, int32_t deterministic) {
 /* Forks a child that finds c, h (hierarchical) and the request (started before the fork) refused
  * as the parent's, and frees them (h's shared-memory level unmapped); then the parent's groups
  * work on. */
-static void forked_child_leaves_the_group_alone(gradsync_comm *c, gradsync_comm *h, int size) {
+static void forked_child_leaves_the_group_alone(gradsync_comm* c, gradsync_comm* h, int size) {
   char parent[64];
   float v = 1.0f, x = 1.0f;
   int32_t done = 0;
   int status = -1;
-  gradsync_request *req = NULL;
+  gradsync_request* req = NULL;
   pid_t child;
   EXPECT(gradsync_comm_iallreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM, &req) == GRADSYNC_OK);
   wait_until_others_sleep();
@@ -64,8 +64,9 @@ static void forked_child_leaves_the_group_alone(gradsync_comm *c, gradsync_comm 
     bad += gradsync_comm_allreduce(h, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) != GRADSYNC_E_MISUSE;
     bad += strstr(gradsync_last_error_message(), parent) == NULL;
     bad += mapped("/dev/shm/gradsync.") != 1;
-    if (bad) fprintf(stderr, "forked child of rank %d: %d check(s) failed; last error: %s\n", world_rank, bad,
-                     gradsync_last_error_message());
+    if (bad)
+      fprintf(stderr, "forked child of rank %d: %d check(s) failed; last error: %s\n", world_rank, bad,
+              gradsync_last_error_message());
     gradsync_request_free(req);
     gradsync_comm_free(c);
     gradsync_comm_free(h);
@@ -84,7 +85,7 @@ static void forked_child_leaves_the_group_alone(gradsync_comm *c, gradsync_comm 
   EXPECT(gradsync_comm_allreduce(h, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   int provided = 0, world_size = 0, rank = -1, size = -1, transport = -1, st, i;
   MPI_Comm reversed;
   gradsync_comm *c, *w, *bad = NULL;
@@ -92,7 +93,7 @@ int main(int argc, char **argv) {
   float seed[2];
   float small[4] = {1, 1, 1, 1};
   size_t counts[2];
-  void *recvs[2];
+  void* recvs[2];
   float a[3], b[5];
   double weighted[1];
   uint64_t total = 0;
@@ -132,7 +133,7 @@ int main(int argc, char **argv) {
   counts[1] = 5;
   recvs[0] = a;
   recvs[1] = b;
-  EXPECT(gradsync_comm_allreduce_many(c, NULL, (void *const *)recvs, counts, 2, GRADSYNC_F32, GRADSYNC_MAX) ==
+  EXPECT(gradsync_comm_allreduce_many(c, NULL, (void* const*)recvs, counts, 2, GRADSYNC_F32, GRADSYNC_MAX) ==
          GRADSYNC_OK);
   EXPECT(a[0] == (float)(size - 1) && a[2] == (float)(size + 1) && b[4] == 1.0f);
 
@@ -161,7 +162,7 @@ int main(int argc, char **argv) {
   EXPECT(gradsync_comm_create(&bad, &o) == GRADSYNC_E_INVALID_ARG && bad == NULL);
 
   {
-    gradsync_comm *h = NULL;
+    gradsync_comm* h = NULL;
     gradsync_comm_options_init(&o, sizeof o);
     o.transport = GRADSYNC_TRANSPORT_HIER;
     o.timeout_ms = 20000;

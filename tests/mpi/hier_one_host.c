@@ -17,24 +17,24 @@
 static int failures = 0;
 static int32_t g_rank = -1;
 
-#define EXPECT(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "hier_one_host rank %d: %s:%d: ", (int)g_rank, __FILE__, __LINE__);  \
-      fprintf(stderr, __VA_ARGS__);                                                        \
-      fprintf(stderr, " (last error: %s)\n", gradsync_last_error_message());               \
-      failures++;                                                                           \
-    }                                                                                       \
+#define EXPECT(cond, ...)                                                                 \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      fprintf(stderr, "hier_one_host rank %d: %s:%d: ", (int)g_rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                                       \
+      fprintf(stderr, " (last error: %s)\n", gradsync_last_error_message());              \
+      failures++;                                                                         \
+    }                                                                                     \
   } while (0)
 
 typedef uint64_t (*messages_fn)(void);
 
 /* Every collective once, results checked; returns the MPI messages it sent. */
-static uint64_t run_calls(gradsync_comm *comm, messages_fn messages, const char *what) {
+static uint64_t run_calls(gradsync_comm* comm, messages_fn messages, const char* what) {
   int32_t rank = 0, size = 0, i, r;
   const size_t big = (size_t)1 << 18; /* 1 MiB of floats: past every small-message path */
   float *x = malloc(big * sizeof(float)), *y = malloc(big * sizeof(float));
-  float *all = NULL;
+  float* all = NULL;
   double d = 0;
   uint64_t total = 0, before;
   gradsync_comm_rank(comm, &rank);
@@ -57,18 +57,16 @@ static uint64_t run_calls(gradsync_comm *comm, messages_fn messages, const char 
   EXPECT(gradsync_comm_broadcast(comm, x, big, GRADSYNC_F32, 1) == GRADSYNC_OK, "%s: broadcast", what);
   EXPECT(x[0] == 42.0f, "%s: broadcast gave %g", what, (double)x[0]);
   for (i = 0; i < (int32_t)big; i++) x[i] = (float)rank;
-  EXPECT(gradsync_comm_allgather(comm, x, all, (size_t)size * big, GRADSYNC_F32) == GRADSYNC_OK, "%s: allgather",
-         what);
+  EXPECT(gradsync_comm_allgather(comm, x, all, (size_t)size * big, GRADSYNC_F32) == GRADSYNC_OK, "%s: allgather", what);
   for (r = 0; r < size; r++) EXPECT(all[(size_t)r * big] == (float)r, "%s: allgather block %d", what, r);
   for (i = 0; i < (int32_t)big; i++) x[i] = 1.0f;
-  EXPECT(gradsync_comm_reduce_scatter(comm, x, y, big, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK,
-         "%s: reduce_scatter", what);
+  EXPECT(gradsync_comm_reduce_scatter(comm, x, y, big, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK, "%s: reduce_scatter",
+         what);
   EXPECT(y[0] == (float)size, "%s: reduce_scatter gave %g", what, (double)y[0]);
   for (i = 0; i < (int32_t)big; i++) x[i] = (float)rank;
   EXPECT(gradsync_comm_alltoall(comm, x, all, big, GRADSYNC_F32) == GRADSYNC_OK, "%s: alltoall", what);
   EXPECT(all[0] == 0.0f, "%s: alltoall gave %g from rank 0", what, (double)all[0]);
-  EXPECT(gradsync_comm_weighted_mean(comm, x, y, 4, GRADSYNC_F32, 1, &total) == GRADSYNC_OK, "%s: weighted mean",
-         what);
+  EXPECT(gradsync_comm_weighted_mean(comm, x, y, 4, GRADSYNC_F32, 1, &total) == GRADSYNC_OK, "%s: weighted mean", what);
   EXPECT(total == (uint64_t)size, "%s: total weight %llu", what, (unsigned long long)total);
   EXPECT(gradsync_comm_barrier(comm) == GRADSYNC_OK, "%s: barrier", what);
   free(x);
@@ -77,9 +75,9 @@ static uint64_t run_calls(gradsync_comm *comm, messages_fn messages, const char 
   return messages() - before;
 }
 
-static gradsync_comm *create(int32_t transport, int32_t topology_independent) {
+static gradsync_comm* create(int32_t transport, int32_t topology_independent) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   o.transport = transport;
   o.topology_independent = topology_independent;
   o.timeout_ms = 60000;
@@ -88,10 +86,10 @@ static gradsync_comm *create(int32_t transport, int32_t topology_independent) {
 }
 
 int main(void) {
-  const char *plugin = getenv("GRADSYNC_MPI_PLUGIN");
-  void *handle = NULL;
+  const char* plugin = getenv("GRADSYNC_MPI_PLUGIN");
+  void* handle = NULL;
   messages_fn messages = NULL;
-  gradsync_comm *comm = NULL;
+  gradsync_comm* comm = NULL;
   uint64_t sent = 0;
   int32_t hosts = 0, t;
 
@@ -124,7 +122,8 @@ int main(void) {
   sent = run_calls(comm, messages, "mpi");
   EXPECT(sent > 0, "the MPI transport's calls sent no counted message: the count counts nothing");
   gradsync_comm_free(comm);
-  if (g_rank == 0) printf("hier_one_host: hier on one host sent 0 MPI messages; the MPI transport sent %llu\n",
-                          (unsigned long long)sent);
+  if (g_rank == 0)
+    printf("hier_one_host: hier on one host sent 0 MPI messages; the MPI transport sent %llu\n",
+           (unsigned long long)sent);
   return failures == 0 ? 0 : 1;
 }

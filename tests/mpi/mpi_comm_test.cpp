@@ -19,9 +19,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "../unit/test_support.hpp"
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
-#include "../unit/test_support.hpp"
 
 using namespace gradsync;
 using namespace gradsync::comm;
@@ -81,16 +81,20 @@ T reference(ReduceOp op, int n, size_t i) {
     T acc = input<T>(0, i);
     for (int r = 1; r < n; ++r) {
       const T v = input<T>(r, i);
-      if (op == ReduceOp::Min) acc = v < acc ? v : acc;
-      else if (op == ReduceOp::Max) acc = acc < v ? v : acc;
-      else acc = acc + v;
+      if (op == ReduceOp::Min)
+        acc = v < acc ? v : acc;
+      else if (op == ReduceOp::Max)
+        acc = acc < v ? v : acc;
+      else
+        acc = acc + v;
     }
     return op == ReduceOp::Mean ? acc / static_cast<T>(n) : acc;
   } else {
     using U = std::make_unsigned_t<T>;
     if (op == ReduceOp::Min || op == ReduceOp::Max) {
       T acc = input<T>(0, i);
-      for (int r = 1; r < n; ++r) acc = op == ReduceOp::Min ? std::min(acc, input<T>(r, i)) : std::max(acc, input<T>(r, i));
+      for (int r = 1; r < n; ++r)
+        acc = op == ReduceOp::Min ? std::min(acc, input<T>(r, i)) : std::max(acc, input<T>(r, i));
       return acc;
     }
     if (op == ReduceOp::Mean && sizeof(T) == 4) {
@@ -114,10 +118,14 @@ double magnitude(int n, size_t i) {
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::F32;
-  else if constexpr (std::is_same_v<T, double>) return DType::F64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
-  else return DType::I64;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::I32;
+  else
+    return DType::I64;
 }
 
 // Checks recv against the reference: bit for bit when deterministic (or an order-free op), else
@@ -302,8 +310,7 @@ TEST_CASE("broadcast, allgather, reduce_scatter and barrier, non-deterministic",
   }
 }
 
-TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every rank errs, nobody moves data",
-          "[mpi]") {
+TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every rank errs, nobody moves data", "[mpi]") {
   {
     const bool deterministic = false;
     auto c = make(deterministic);
@@ -312,13 +319,17 @@ TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every r
     const BufferRef b{v.data(), v.data(), v.size()};
     std::string message;
 
-    int st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, odd ? ReduceOp::Max : ReduceOp::Sum); }, &message);
+    int st = status_of(
+        [&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, odd ? ReduceOp::Max : ReduceOp::Sum); },
+        &message);
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
     CHECK(message.find("rank 1 called allreduce of 16 f32 (max) but rank 0 called allreduce of 16 f32 (sum)") !=
           std::string::npos);
 
     const BufferRef bi{v.data(), v.data(), 8};
-    st = status_of([&] { c->allreduce(std::span<const BufferRef>(odd ? &bi : &b, 1), odd ? DType::F64 : DType::F32, ReduceOp::Sum); });
+    st = status_of([&] {
+      c->allreduce(std::span<const BufferRef>(odd ? &bi : &b, 1), odd ? DType::F64 : DType::F32, ReduceOp::Sum);
+    });
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
 
     st = status_of([&] { c->broadcast(v.data(), v.size(), DType::F32, odd ? 1 : 0); }, &message);
@@ -326,10 +337,14 @@ TEST_CASE("mismatch of op, dtype, root or collective, non-deterministic: every r
     CHECK(message.find("broadcast of 16 f32 from root 1 but rank 0 called broadcast of 16 f32 from root 0") !=
           std::string::npos);
 
-    st = status_of([&] {
-      if (odd) c->barrier();
-      else c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
-    }, &message);
+    st = status_of(
+        [&] {
+          if (odd)
+            c->barrier();
+          else
+            c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+        },
+        &message);
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
     CHECK(message.find("called barrier") != std::string::npos);
     CHECK(v == std::vector<float>(16, static_cast<float>(c->rank())));
@@ -375,10 +390,12 @@ TEST_CASE("small path: calls that differ in count, dtype, op, size class or a sk
     CHECK(message.find("rank 1 called allreduce of 65536 f32 (sum)") != std::string::npos);
 
     // The odd ranks skip the barrier the even ones call.
-    st = status_of([&] {
-      if (!odd) c->barrier();
-      allreduce(b, DType::F32, ReduceOp::Sum);
-    }, &message);
+    st = status_of(
+        [&] {
+          if (!odd) c->barrier();
+          allreduce(b, DType::F32, ReduceOp::Sum);
+        },
+        &message);
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
     CHECK(message.find("rank 1 called allreduce of 16 f32 (sum) but rank 0 called barrier") != std::string::npos);
     CHECK(out == std::vector<float>(16, -1.0f));  // nobody wrote its output
@@ -410,8 +427,10 @@ TEST_CASE("an abort racing small calls fails the same call on every rank, and re
       x[0] = 1.0f;
       const BufferRef b{x.data(), x.data(), 1};
       st = status_of([&] { c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum); });
-      if (st != GRADSYNC_OK) failed_at = i;
-      else REQUIRE(x[0] == static_cast<float>(c->size()));
+      if (st != GRADSYNC_OK)
+        failed_at = i;
+      else
+        REQUIRE(x[0] == static_cast<float>(c->size()));
     }
     if (watchdog.joinable()) watchdog.join();
     CHECK(st == GRADSYNC_E_ABORTED);
@@ -445,7 +464,8 @@ TEST_CASE("weighted mean sums the products in rank order on every rank", "[mpi]"
   CHECK(total == static_cast<uint64_t>(den));
   CHECK(out[0] == static_cast<float>(num / den));
   std::vector<float> zero(5);
-  CHECK(status_of([&] { c->weighted_mean(g.data(), zero.data(), 5, DType::F32, 0, nullptr); }) == GRADSYNC_E_ZERO_WEIGHT);
+  CHECK(status_of([&] { c->weighted_mean(g.data(), zero.data(), 5, DType::F32, 0, nullptr); }) ==
+        GRADSYNC_E_ZERO_WEIGHT);
 }
 
 TEST_CASE("abort from another thread unblocks the waiting rank, reaches every rank, and reset recovers", "[mpi]") {

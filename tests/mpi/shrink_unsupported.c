@@ -10,13 +10,13 @@
 #include "gradsync/gradsync.h"
 
 static int failures = 0;
-#define EXPECT(cond)                                                                                   \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      fprintf(stderr, "%s:%d: EXPECT(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond,         \
-              gradsync_last_error_message());                                                          \
-      failures++;                                                                                      \
-    }                                                                                                  \
+#define EXPECT(cond)                                                                           \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "%s:%d: EXPECT(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              gradsync_last_error_message());                                                  \
+      failures++;                                                                              \
+    }                                                                                          \
   } while (0)
 
 static void refused(int32_t transport, int size) {
@@ -36,7 +36,7 @@ static void refused(int32_t transport, int size) {
   gradsync_comm_free(c);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   int provided = 0, size = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

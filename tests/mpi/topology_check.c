@@ -21,19 +21,19 @@
 
 static int failures = 0;
 
-#define EXPECT(cond, ...)                                                                        \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      fprintf(stderr, "topology_check rank %d: %s:%d: ", (int)g_rank, __FILE__, __LINE__);     \
-      fprintf(stderr, __VA_ARGS__);                                                            \
-      fprintf(stderr, " (last error: %s)\n", gradsync_last_error_message());                   \
-      failures++;                                                                               \
-    }                                                                                           \
+#define EXPECT(cond, ...)                                                                  \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      fprintf(stderr, "topology_check rank %d: %s:%d: ", (int)g_rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                                        \
+      fprintf(stderr, " (last error: %s)\n", gradsync_last_error_message());               \
+      failures++;                                                                          \
+    }                                                                                      \
   } while (0)
 
 static int32_t g_rank = -1;
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   int32_t expect_host[MAX_RANKS], nexpect = 0, nhosts_expected = 0;
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm *world = NULL, *host_group = NULL, *cross = NULL;
@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
   char hostname[256] = "";
   int32_t i;
   double x, flat = 0, levels;
-  char *spec;
+  char* spec;
 
   if (argc < 2) {
     fprintf(stderr, "usage: %s <ranks per host, e.g. 2,2> [mod2]\n", argv[0]);
@@ -76,19 +76,20 @@ int main(int argc, char **argv) {
   EXPECT(size == nexpect && size <= MAX_RANKS, "group of %d ranks, the layout has %d", (int)size, (int)nexpect);
   if (size != nexpect || size > MAX_RANKS) return 1;
 
-  EXPECT(gradsync_comm_topology(world, &host, &local_rank, &local_size, &num_hosts, rank_hosts, MAX_RANKS) ==
-             GRADSYNC_OK,
-         "gradsync_comm_topology failed");
+  EXPECT(
+      gradsync_comm_topology(world, &host, &local_rank, &local_size, &num_hosts, rank_hosts, MAX_RANKS) == GRADSYNC_OK,
+      "gradsync_comm_topology failed");
   gethostname(hostname, sizeof hostname - 1);
-  printf("topology rank %d (%s): host %d of %d, local rank %d of %d, hosts by rank:", (int)g_rank, hostname,
-         (int)host, (int)num_hosts, (int)local_rank, (int)local_size);
+  printf("topology rank %d (%s): host %d of %d, local rank %d of %d, hosts by rank:", (int)g_rank, hostname, (int)host,
+         (int)num_hosts, (int)local_rank, (int)local_size);
   for (i = 0; i < size; ++i) printf(" %d", (int)rank_hosts[i]);
   printf("\n");
   fflush(stdout);
 
   EXPECT(num_hosts == nhosts_expected, "%d hosts, expected %d", (int)num_hosts, (int)nhosts_expected);
-  for (i = 0; i < size; ++i) EXPECT(rank_hosts[i] == expect_host[i], "rank %d on host %d, expected %d", (int)i,
-                                    (int)rank_hosts[i], (int)expect_host[i]);
+  for (i = 0; i < size; ++i)
+    EXPECT(rank_hosts[i] == expect_host[i], "rank %d on host %d, expected %d", (int)i, (int)rank_hosts[i],
+           (int)expect_host[i]);
   {
     int32_t lr = 0, ls = 0;
     for (i = 0; i < size; ++i) {

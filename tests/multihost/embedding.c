@@ -10,19 +10,19 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gradsync/gradsync.h"
 #include "../capi/check.h"
 #include "../capi/embedding_scenario.h"
+#include "gradsync/gradsync.h"
 
 static snapshot g_ref, g_ref_more;
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   int provided = 0, world = 0;
   int32_t rank = -1, size = -1;
   char what[128];
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm *comm = NULL, *three = NULL;
-  gradsync_embedding *t = NULL;
+  gradsync_embedding* t = NULL;
   gradsync_embedding_options eo = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH);
   if (argc != 2) {
     fprintf(stderr, "usage: embedding <checkpoint directory>\n");

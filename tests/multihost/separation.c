@@ -45,14 +45,14 @@ struct facts {
 static int failures = 0;
 static int my_rank = 0;
 
-#define CHECK(cond, ...)                             \
-  do {                                               \
-    if (!(cond)) {                                   \
-      ++failures;                                    \
-      fprintf(stderr, "rank %d: FAIL: ", my_rank);   \
-      fprintf(stderr, __VA_ARGS__);                  \
-      fputc('\n', stderr);                           \
-    }                                                \
+#define CHECK(cond, ...)                           \
+  do {                                             \
+    if (!(cond)) {                                 \
+      ++failures;                                  \
+      fprintf(stderr, "rank %d: FAIL: ", my_rank); \
+      fprintf(stderr, __VA_ARGS__);                \
+      fputc('\n', stderr);                         \
+    }                                              \
   } while (0)
 
 static void read_link(const char* path, char* out) {
@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
 
   char expected[kText];
   snprintf(expected, kText, "h%d", host_of[my_rank]);
-  CHECK(strcmp(mine.hostname, expected) == 0, "hostname %s, expected %s (ranks are placed host by host)",
-        mine.hostname, expected);
+  CHECK(strcmp(mine.hostname, expected) == 0, "hostname %s, expected %s (ranks are placed host by host)", mine.hostname,
+        expected);
   for (int r = 0; r < size; ++r) {
     const int same = host_of[r] == host_of[my_rank];
     const char* verb = same ? "differs from" : "equals";

@@ -31,14 +31,14 @@ int failures = 0;
 uid_t attacker_uid = 0;
 gid_t attacker_gid = 0;
 
-#define EXPECT(cond, ...)                                          \
-  do {                                                             \
-    if (!(cond)) {                                                 \
+#define EXPECT(cond, ...)                                                  \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
       std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                           \
-      std::fprintf(stderr, "\n");                                  \
-      ++failures;                                                  \
-    }                                                              \
+      std::fprintf(stderr, __VA_ARGS__);                                   \
+      std::fprintf(stderr, "\n");                                          \
+      ++failures;                                                          \
+    }                                                                      \
   } while (0)
 
 // Runs fn as the attacker in a child process; returns its exit status.
@@ -124,10 +124,10 @@ void test_running_group_is_private() {
   EXPECT((sb.st_mode & 077) == 0 && sb.st_uid == geteuid(), "segment mode %04o uid %u", sb.st_mode & 07777, sb.st_uid);
   const int rc = as_attacker([&] {
     int fd = shm_open(segment_of(group).c_str(), O_RDONLY, 0);
-    if (fd >= 0) return 1;             // it could read the victim's control words and gradients
+    if (fd >= 0) return 1;  // it could read the victim's control words and gradients
     if (errno != EACCES) return 2;
     fd = shm_open(segment_of(group).c_str(), O_RDWR, 0);
-    if (fd >= 0) return 3;             // it could inject an abort or forged offsets
+    if (fd >= 0) return 3;  // it could inject an abort or forged offsets
     if (errno != EACCES) return 4;
     return 0;
   });
@@ -190,8 +190,7 @@ void test_table_is_private() {
   gradsync_table* t = nullptr;
   EXPECT(open_table(path, GRADSYNC_TABLE_CREATE, 0, &t) == GRADSYNC_OK, "creating: %s", gradsync_last_error_message());
   struct stat sb {};
-  EXPECT(stat(path.c_str(), &sb) == 0 && (sb.st_mode & 07777) == 0600, "a new table has mode %04o",
-         sb.st_mode & 07777);
+  EXPECT(stat(path.c_str(), &sb) == 0 && (sb.st_mode & 07777) == 0600, "a new table has mode %04o", sb.st_mode & 07777);
   const int rc = as_attacker([&] { return ::open(path.c_str(), O_RDONLY) < 0 && errno == EACCES ? 0 : 1; });
   EXPECT(rc == 0, "the attacker could read the victim's table");
   gradsync_table_free(t);
@@ -244,8 +243,8 @@ void test_gradient_file_is_private() {
   EXPECT(stat(path.c_str(), &sb) == 0 && (sb.st_mode & 07777) == 0600, "a new gradient file has mode %04o",
          sb.st_mode & 07777);
   const int rc = as_attacker([&] {
-    if (::open(path.c_str(), O_RDONLY) >= 0 || errno != EACCES) return 1;   // the gradients, readable
-    if (::open(path.c_str(), O_RDWR) >= 0 || errno != EACCES) return 2;     // a touched count to forge
+    if (::open(path.c_str(), O_RDONLY) >= 0 || errno != EACCES) return 1;  // the gradients, readable
+    if (::open(path.c_str(), O_RDWR) >= 0 || errno != EACCES) return 2;    // a touched count to forge
     gradsync_accum* mine = nullptr;
     return open_accum(path, GRADSYNC_TABLE_OPEN, 1, &mine) == GRADSYNC_E_PERMISSION ? 0 : 3;
   });

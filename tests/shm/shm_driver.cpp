@@ -73,7 +73,7 @@ void wait_all(std::vector<Proc> procs) {
         failure(p.label + ": waitpid failed");
       } else if (p.expect_signal == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         failure(p.label + (WIFEXITED(status) ? ": exited with " + std::to_string(WEXITSTATUS(status))
-                                              : ": killed by signal " + std::to_string(WTERMSIG(status))));
+                                             : ": killed by signal " + std::to_string(WTERMSIG(status))));
       } else if (p.expect_signal != 0 && !(WIFSIGNALED(status) && WTERMSIG(status) == p.expect_signal)) {
         failure(p.label + ": expected death by signal " + std::to_string(p.expect_signal));
       }
@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
     groups.push_back(half);
     const int fd = open(("/dev/shm/gradsync." + half).c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
     const char junk[100] = "not a gradsync segment";
-    if (fd < 0 || write(fd, junk, sizeof junk) != static_cast<ssize_t>(sizeof junk)) failure("cannot write junk segment");
+    if (fd < 0 || write(fd, junk, sizeof junk) != static_cast<ssize_t>(sizeof junk))
+      failure("cannot write junk segment");
     if (fd >= 0) close(fd);
     wait_all(spawn_group("stale_reuse", n, half));
     expect_no_segment(half);

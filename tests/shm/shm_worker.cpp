@@ -46,16 +46,17 @@ std::string g_case, g_group;
   std::exit(1);
 }
 
-#define EXPECT(cond, ...)                                                          \
-  do {                                                                             \
+#define EXPECT(cond, ...)                                                   \
+  do {                                                                      \
     if (!(cond)) die("%s:%d: %s: " __VA_ARGS__, __FILE__, __LINE__, #cond); \
   } while (0)
 
 // Calls that must succeed.
-#define OK(call)                                                                                               \
-  do {                                                                                                         \
-    const int st_ = (call);                                                                                    \
-    if (st_ != GRADSYNC_OK) die("%s:%d: %s returned %d: %s", __FILE__, __LINE__, #call, st_, gradsync_last_error_message()); \
+#define OK(call)                                                                                       \
+  do {                                                                                                 \
+    const int st_ = (call);                                                                            \
+    if (st_ != GRADSYNC_OK)                                                                            \
+      die("%s:%d: %s returned %d: %s", __FILE__, __LINE__, #call, st_, gradsync_last_error_message()); \
   } while (0)
 
 // Calls that must fail with `status`, with a message containing each of the given fragments.
@@ -84,7 +85,8 @@ gradsync_comm* join(const std::string& group, int rank, int size, int64_t timeou
     *status = st;
     return c;
   }
-  if (st != GRADSYNC_OK) die("joining %s as rank %d of %d: %s", group.c_str(), rank, size, gradsync_last_error_message());
+  if (st != GRADSYNC_OK)
+    die("joining %s as rank %d of %d: %s", group.c_str(), rank, size, gradsync_last_error_message());
   return c;
 }
 
@@ -296,7 +298,8 @@ void case_cross(gradsync_comm* c) {
   unsetenv("GRADSYNC_SHM_CROSS_PROCESS");
   // Values whose sums round differently in another order, so that the bits say the order.
   auto fill = [](float* p, size_t n, int salt) {
-    for (size_t i = 0; i < n; ++i) p[i] = float((i * 2654435761u + unsigned(salt) * 40503u) % 1000003) * 1e-3f + 1e-7f * float(salt);
+    for (size_t i = 0; i < n; ++i)
+      p[i] = float((i * 2654435761u + unsigned(salt) * 40503u) % 1000003) * 1e-3f + 1e-7f * float(salt);
   };
   for (size_t n : {size_t(4097), size_t(65536 + 3), size_t(300001), size_t(1) << 20}) {
     for (bool in_place : {true, false}) {
@@ -315,8 +318,8 @@ void case_cross(gradsync_comm* c) {
         std::vector<float> a_out(n);
         OK(gradsync_comm_allreduce(staged, a.data(), in_place ? out_a : a_out.data(), n, GRADSYNC_F32, GRADSYNC_SUM));
         const float* want = in_place ? a.data() : a_out.data();
-        EXPECT(fnv(out, n * 4) == fnv(want, n * 4), "n=%zu in_place=%d seg=%d: not the staged path's bits (%g vs %g)", n,
-               int(in_place), seg, double(out[n - 1]), double(want[n - 1]));
+        EXPECT(fnv(out, n * 4) == fnv(want, n * 4), "n=%zu in_place=%d seg=%d: not the staged path's bits (%g vs %g)",
+               n, int(in_place), seg, double(out[n - 1]), double(want[n - 1]));
         if (!in_place) EXPECT(fnv(send.data, n * 4) == fnv(expect_send.data(), n * 4), "n=%zu: send changed", n);
         std::vector<float> c_in(expect_send), c_out(n);
         OK(gradsync_comm_allreduce(one_refuses, c_in.data(), c_out.data(), n, GRADSYNC_F32, GRADSYNC_SUM));
@@ -353,7 +356,8 @@ void case_cross(gradsync_comm* c) {
     return;
   }
   const size_t page = size_t(sysconf(_SC_PAGESIZE)), n = 64 * page / sizeof(float);
-  float* p = static_cast<float*>(mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  float* p =
+      static_cast<float*>(mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   EXPECT(p != MAP_FAILED, "mmap");
   std::fill(p, p + n, 1.f);
   if (g_rank == 1) EXPECT(mprotect(p, n * sizeof(float) / 4, PROT_NONE) == 0, "mprotect");
@@ -429,13 +433,20 @@ int main(int argc, char** argv) {
   OK(gradsync_comm_transport(c, &got));
   EXPECT(got == GRADSYNC_TRANSPORT_SHM, "transport %d", got);
 
-  if (k == "abort") case_abort(c);
-  else if (k == "kill" || k == "kill_zero_copy") case_kill(c, k == "kill_zero_copy");
-  else if (k == "alloc") case_alloc(c);
-  else if (k == "oom") case_oom(c);
-  else if (k == "truncate") case_truncate(c);
-  else if (k == "cross") case_cross(c);
-  else if (k == "late" || k == "stale_reuse") round_of_ones(c, g_size);
+  if (k == "abort")
+    case_abort(c);
+  else if (k == "kill" || k == "kill_zero_copy")
+    case_kill(c, k == "kill_zero_copy");
+  else if (k == "alloc")
+    case_alloc(c);
+  else if (k == "oom")
+    case_oom(c);
+  else if (k == "truncate")
+    case_truncate(c);
+  else if (k == "cross")
+    case_cross(c);
+  else if (k == "late" || k == "stale_reuse")
+    round_of_ones(c, g_size);
   else if (k == "names") {
     // Each group sums its own value: any crosstalk between the groups would change the result.
     const int64_t mine = static_cast<int64_t>(fnv(g_group.data(), g_group.size()) % 100000);
@@ -445,8 +456,7 @@ int main(int argc, char** argv) {
       EXPECT(v[0] == mine * g_size && v[1] == (mine + i) * g_size && v[2] == g_size && v[3] == 2 * mine * g_size,
              "round %d: another group's data leaked in", i);
     }
-  }
-  else if (k == "stale_die") {
+  } else if (k == "stale_die") {
     round_of_ones(c, g_size);
     OK(gradsync_comm_barrier(c));
     raise(SIGKILL);  // leaves the segment behind, as a crash would
@@ -457,7 +467,8 @@ int main(int argc, char** argv) {
     if (g_rank == 1) raise(SIGKILL);
     std::vector<float> v(100000, 1.f);
     int st = GRADSYNC_OK;
-    for (int i = 0; i < 100000 && st == GRADSYNC_OK; ++i) st = gradsync_comm_allreduce(c, v.data(), v.data(), v.size(), GRADSYNC_F32, GRADSYNC_SUM);
+    for (int i = 0; i < 100000 && st == GRADSYNC_OK; ++i)
+      st = gradsync_comm_allreduce(c, v.data(), v.data(), v.size(), GRADSYNC_F32, GRADSYNC_SUM);
     expect_status(st, GRADSYNC_E_REMOTE, "allreduce with a dead peer", {"rank 1", "died"});
     gradsync_comm_free(c);
     c = join(g_group, 0, 2, 20000);

@@ -52,7 +52,7 @@ static char g_group[GRADSYNC_COMM_NAME_MAX];
 
 enum { V_NONE = 0, V_OK = 1, V_WRONG = 2, V_FAILED = 3 };
 enum { P_START, P_CALL, P_STALL, P_RESET, P_DONE };
-static const char *const phase_names[] = {"starting", "in a call", "stalling", "in reset", "done"};
+static const char* const phase_names[] = {"starting", "in a call", "stalling", "in reset", "done"};
 
 typedef struct {
   int32_t status;
@@ -64,7 +64,7 @@ typedef struct {
   uint64_t progress; /* calls whose outcome is recorded (release: the outcome is visible) */
   uint64_t current;  /* the call this rank is at; aborters hold off around stalled calls */
   int32_t phase;
-  int32_t finished;  /* left the loop; 2 once its communicator is freed */
+  int32_t finished; /* left the loop; 2 once its communicator is freed */
   int32_t fatal;
   char fatal_msg[MSG_BYTES * 2];
   uint64_t aborts, resets, reset_retries;
@@ -77,15 +77,15 @@ typedef struct {
   rank_state rank[MAX_RANKS];
 } shared_state;
 
-static shared_state *g_shared;
-static outcome *g_outcomes; /* [call - 1][rank] */
+static shared_state* g_shared;
+static outcome* g_outcomes; /* [call - 1][rank] */
 
-static outcome *outcome_at(uint64_t k, int r) { return &g_outcomes[(k - 1) * (uint64_t)g_size + (uint64_t)r]; }
+static outcome* outcome_at(uint64_t k, int r) { return &g_outcomes[(k - 1) * (uint64_t)g_size + (uint64_t)r]; }
 
-static int32_t ld(const int32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static void st(int32_t *p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-static uint64_t ld64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static void st64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static int32_t ld(const int32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void st(int32_t* p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static uint64_t ld64(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void st64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 static double now_s(void) {
   struct timespec t;
@@ -111,18 +111,23 @@ static uint64_t mix64(uint64_t x) {
 /* ------------------------------------------------------------------ the calls, a function of k */
 
 enum { K_SMALL, K_LARGE, K_BARRIER, K_BCAST, K_MANY, K_WMEAN, K_ZEROCOPY };
-static const char *const kind_names[] = {"allreduce (inline)", "allreduce (large)", "barrier", "broadcast",
-                                         "allreduce_many", "weighted_mean", "allreduce (comm_alloc buffers, on all ranks or some)"};
+static const char* const kind_names[] = {"allreduce (inline)",
+                                         "allreduce (large)",
+                                         "barrier",
+                                         "broadcast",
+                                         "allreduce_many",
+                                         "weighted_mean",
+                                         "allreduce (comm_alloc buffers, on all ranks or some)"};
 
 typedef struct {
   int kind;
   int32_t dtype, op, root;
   size_t n, n2;
   int in_place;
-  int stall_rank; /* -1: nobody; else this rank sleeps past the timeout before the call */
+  int stall_rank;       /* -1: nobody; else this rank sleeps past the timeout before the call */
   int reset_stall_rank; /* -1: nobody; else this rank aborts the call and sleeps before its reset */
   int64_t stall_us;
-  int quiet;      /* aborters hold off, so the stall ends in a timeout rather than an abort */
+  int quiet; /* aborters hold off, so the stall ends in a timeout rather than an abort */
   int heavy_rank, zero_rank;
   uint64_t total_weight;
   unsigned zc_ranks; /* K_ZEROCOPY: bit r set when rank r's buffers come from gradsync_comm_alloc */
@@ -140,8 +145,13 @@ static plan plan_of(uint64_t k) {
   p.stall_rank = -1;
   p.reset_stall_rank = -1;
   p.zero_rank = -1;
-  p.kind = pick < 11 ? K_SMALL : pick < 14 ? K_LARGE : pick < 19 ? K_BARRIER : pick < 22 ? K_BCAST
-         : pick < 25 ? K_MANY : pick < 28 ? K_WMEAN : K_ZEROCOPY;
+  p.kind = pick < 11   ? K_SMALL
+           : pick < 14 ? K_LARGE
+           : pick < 19 ? K_BARRIER
+           : pick < 22 ? K_BCAST
+           : pick < 25 ? K_MANY
+           : pick < 28 ? K_WMEAN
+                       : K_ZEROCOPY;
   switch (p.kind) {
     case K_SMALL: {
       const unsigned d = (unsigned)((h >> 6) & 3), o = (unsigned)((h >> 8) & 3);
@@ -191,18 +201,22 @@ static plan plan_of(uint64_t k) {
   return p;
 }
 
-static void describe(const plan *p, char *out, size_t cap) {
-  static const char *const dtypes[] = {"f32", "f64", "i32"};
-  static const char *const ops[] = {"sum", "mean", "max", "min"};
+static void describe(const plan* p, char* out, size_t cap) {
+  static const char* const dtypes[] = {"f32", "f64", "i32"};
+  static const char* const ops[] = {"sum", "mean", "max", "min"};
   int w = snprintf(out, cap, "%s", kind_names[p->kind]);
   switch (p->kind) {
-    case K_SMALL: case K_LARGE: case K_ZEROCOPY:
+    case K_SMALL:
+    case K_LARGE:
+    case K_ZEROCOPY:
       w += snprintf(out + w, cap - (size_t)w, " of %zu %s %s%s", p->n, dtypes[p->dtype], ops[p->op],
                     p->in_place ? " in place" : "");
       if (p->kind == K_ZEROCOPY) w += snprintf(out + w, cap - (size_t)w, ", rank mask %#x", p->zc_ranks);
       break;
     case K_BCAST: w += snprintf(out + w, cap - (size_t)w, " of %zu f32 from root %d", p->n, (int)p->root); break;
-    case K_MANY: w += snprintf(out + w, cap - (size_t)w, " of %zu + %zu f32%s", p->n, p->n2, p->in_place ? " in place" : ""); break;
+    case K_MANY:
+      w += snprintf(out + w, cap - (size_t)w, " of %zu + %zu f32%s", p->n, p->n2, p->in_place ? " in place" : "");
+      break;
     case K_WMEAN:
       w += snprintf(out + w, cap - (size_t)w, " of %zu f32, total weight %" PRIu64 ", zero-weight rank %d", p->n,
                     p->total_weight, p->zero_rank);
@@ -220,7 +234,9 @@ static void describe(const plan *p, char *out, size_t cap) {
 }
 
 /* Small integers, so every sum, max, min and power-of-two mean is exact in any dtype. */
-static int32_t base_value(uint64_t k, size_t i) { return (int32_t)(((uint32_t)i * 37u + (uint32_t)k * 11u) & 255u) - 128; }
+static int32_t base_value(uint64_t k, size_t i) {
+  return (int32_t)(((uint32_t)i * 37u + (uint32_t)k * 11u) & 255u) - 128;
+}
 static int32_t rank_step(uint64_t k) { return (int32_t)(k % 7u) - 3; }
 static int32_t value(int r, uint64_t k, size_t i) { return base_value(k, i) + (r + 1) * rank_step(k); }
 static int32_t reduced(int32_t op, uint64_t k, size_t i) {
@@ -229,31 +245,31 @@ static int32_t reduced(int32_t op, uint64_t k, size_t i) {
   if (op == GRADSYNC_MIN) return b + (s > 0 ? s : n * s);
   return n * b + s * n * (n + 1) / 2;
 }
-static uint64_t weight_of(const plan *p, int r) {
+static uint64_t weight_of(const plan* p, int r) {
   if (r == p->zero_rank) return 0;
   if (r == p->heavy_rank) return p->total_weight - (uint64_t)(g_size - 1 - (p->zero_rank >= 0));
   return 1;
 }
 
-static void fill(void *buf, int32_t dtype, size_t n, int r, uint64_t k) {
+static void fill(void* buf, int32_t dtype, size_t n, int r, uint64_t k) {
   size_t i;
   if (dtype == GRADSYNC_F64) {
-    for (i = 0; i < n; ++i) ((double *)buf)[i] = (double)value(r, k, i);
+    for (i = 0; i < n; ++i) ((double*)buf)[i] = (double)value(r, k, i);
   } else if (dtype == GRADSYNC_I32) {
-    for (i = 0; i < n; ++i) ((int32_t *)buf)[i] = value(r, k, i);
+    for (i = 0; i < n; ++i) ((int32_t*)buf)[i] = value(r, k, i);
   } else {
-    for (i = 0; i < n; ++i) ((float *)buf)[i] = (float)value(r, k, i);
+    for (i = 0; i < n; ++i) ((float*)buf)[i] = (float)value(r, k, i);
   }
 }
 
-static void fill_expected(void *buf, int32_t dtype, int32_t op, size_t n, uint64_t k) {
+static void fill_expected(void* buf, int32_t dtype, int32_t op, size_t n, uint64_t k) {
   size_t i;
   if (dtype == GRADSYNC_F64) {
-    for (i = 0; i < n; ++i) ((double *)buf)[i] = (double)reduced(op, k, i);
+    for (i = 0; i < n; ++i) ((double*)buf)[i] = (double)reduced(op, k, i);
   } else if (dtype == GRADSYNC_I32) {
-    for (i = 0; i < n; ++i) ((int32_t *)buf)[i] = reduced(op, k, i);
+    for (i = 0; i < n; ++i) ((int32_t*)buf)[i] = reduced(op, k, i);
   } else {
-    for (i = 0; i < n; ++i) ((float *)buf)[i] = (float)reduced(op, k, i);
+    for (i = 0; i < n; ++i) ((float*)buf)[i] = (float)reduced(op, k, i);
   }
 }
 
@@ -261,8 +277,8 @@ static void fill_expected(void *buf, int32_t dtype, int32_t op, size_t n, uint64
 
 typedef struct {
   int rank;
-  gradsync_comm *comm;
-  rank_state *state;
+  gradsync_comm* comm;
+  rank_state* state;
   char *send, *recv, *expect, *send2, *recv2, *expect2; /* LARGE_MAX floats each */
   float *zsend, *zrecv;                                 /* gradsync_comm_alloc: zero copy on shm */
   uint64_t rng;
@@ -274,14 +290,14 @@ typedef struct {
 
 static int stopping(void) { return (int)ld(&g_shared->stop); }
 
-static void fatal(rank_ctx *c, const char *what, int status) {
+static void fatal(rank_ctx* c, const char* what, int status) {
   snprintf(c->state->fatal_msg, sizeof c->state->fatal_msg, "%s: %s: %s", what, gradsync_status_string(status),
            gradsync_last_error_message());
   st(&c->state->fatal, 1);
 }
 
 /* Everyone at the line, or the supervisor said stop; polls, as ranks may be processes. */
-static void meet(int32_t *count) {
+static void meet(int32_t* count) {
   __atomic_add_fetch(count, 1, __ATOMIC_ACQ_REL);
   while (ld(count) < g_size && !stopping()) sleep_us(200);
 }
@@ -295,7 +311,7 @@ static void spin_for(uint64_t n) {
  * few microseconds, more on a busy machine) and a spin of log-uniform length land the abort near
  * the round's arrival and completion, where the protocol has to decide. Aborts at random moments
  * rarely fall there: most of the time goes to filling and checking buffers. */
-static void enter(rank_ctx *c) {
+static void enter(rank_ctx* c) {
   c->rng = mix64(c->rng);
   if (c->rng % (uint64_t)(3 * g_size) != 0) return;
   pthread_mutex_lock(&c->lock);
@@ -304,8 +320,8 @@ static void enter(rank_ctx *c) {
   pthread_mutex_unlock(&c->lock);
 }
 
-static void *aborter_main(void *arg) {
-  rank_ctx *c = (rank_ctx *)arg;
+static void* aborter_main(void* arg) {
+  rank_ctx* c = (rank_ctx*)arg;
   uint64_t rng = mix64(g_seed + 977u * (uint64_t)(c->rank + 1));
   /* each of the group's aborters waits size times the group's mean interval */
   const uint64_t span = (uint64_t)(2 * g_abort_us * g_size) + 1;
@@ -336,19 +352,19 @@ static void *aborter_main(void *arg) {
 }
 
 /* K_ZEROCOPY's buffers on this rank: the communicator's, or its private ones. */
-static float *zc_send(const rank_ctx *c, const plan *p) {
-  return (p->zc_ranks >> c->rank) & 1 ? c->zsend : (float *)c->send;
+static float* zc_send(const rank_ctx* c, const plan* p) {
+  return (p->zc_ranks >> c->rank) & 1 ? c->zsend : (float*)c->send;
 }
-static float *zc_out(const rank_ctx *c, const plan *p) {
-  return p->in_place ? zc_send(c, p) : (p->zc_ranks >> c->rank) & 1 ? c->zrecv : (float *)c->recv;
+static float* zc_out(const rank_ctx* c, const plan* p) {
+  return p->in_place ? zc_send(c, p) : (p->zc_ranks >> c->rank) & 1 ? c->zrecv : (float*)c->recv;
 }
 
-static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
+static int run_call(rank_ctx* c, const plan* p, uint64_t k, uint64_t* total) {
   const size_t es = gradsync_dtype_size(p->dtype);
   switch (p->kind) {
     case K_SMALL:
     case K_LARGE: {
-      void *out = p->in_place ? c->send : c->recv;
+      void* out = p->in_place ? c->send : c->recv;
       fill(c->send, p->dtype, p->n, c->rank, k);
       if (!p->in_place) memset(c->recv, 0x7f, p->n * es); /* a result never written shows */
       enter(c);
@@ -361,22 +377,20 @@ static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
       enter(c);
       return gradsync_comm_allreduce(c->comm, send, out, p->n, GRADSYNC_F32, GRADSYNC_SUM);
     }
-    case K_BARRIER:
-      enter(c);
-      return gradsync_comm_barrier(c->comm);
+    case K_BARRIER: enter(c); return gradsync_comm_barrier(c->comm);
     case K_BCAST: {
       size_t i;
       if (c->rank == p->root) {
         fill(c->send, GRADSYNC_F32, p->n, c->rank, k);
       } else {
-        for (i = 0; i < p->n; ++i) ((float *)c->send)[i] = 7777.0f;
+        for (i = 0; i < p->n; ++i) ((float*)c->send)[i] = 7777.0f;
       }
       enter(c);
       return gradsync_comm_broadcast(c->comm, c->send, p->n, GRADSYNC_F32, p->root);
     }
     case K_MANY: {
-      const void *sends[2];
-      void *recvs[2];
+      const void* sends[2];
+      void* recvs[2];
       size_t counts[2];
       fill(c->send, GRADSYNC_F32, p->n, c->rank, k);
       fill(c->send2, GRADSYNC_F32, p->n2, c->rank, k + 100000007u);
@@ -399,7 +413,7 @@ static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
       size_t i;
       fill(c->send, GRADSYNC_F32, p->n, c->rank, k);
       if (w == 0) {
-        for (i = 0; i < p->n; ++i) ((float *)c->send)[i] = (i & 1) ? (float)NAN : (float)INFINITY;
+        for (i = 0; i < p->n; ++i) ((float*)c->send)[i] = (i & 1) ? (float)NAN : (float)INFINITY;
       }
       memset(c->recv, 0x7f, p->n * sizeof(float));
       *total = 0;
@@ -411,26 +425,26 @@ static int run_call(rank_ctx *c, const plan *p, uint64_t k, uint64_t *total) {
 }
 
 /* 0 when got holds exactly want; else says where it differs. */
-static int compare(const char *got, const char *want, size_t n, int32_t dtype, const char *which, char *msg) {
+static int compare(const char* got, const char* want, size_t n, int32_t dtype, const char* which, char* msg) {
   const size_t es = gradsync_dtype_size(dtype);
   size_t i;
   if (memcmp(got, want, n * es) == 0) return 0;
   for (i = 0; i < n && memcmp(got + i * es, want + i * es, es) == 0; ++i) {
   }
   if (dtype == GRADSYNC_F64) {
-    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %.17g, want %.17g", which, i, n, ((const double *)got)[i],
-             ((const double *)want)[i]);
+    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %.17g, want %.17g", which, i, n, ((const double*)got)[i],
+             ((const double*)want)[i]);
   } else if (dtype == GRADSYNC_I32) {
-    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %d, want %d", which, i, n, (int)((const int32_t *)got)[i],
-             (int)((const int32_t *)want)[i]);
+    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %d, want %d", which, i, n, (int)((const int32_t*)got)[i],
+             (int)((const int32_t*)want)[i]);
   } else {
-    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %.9g, want %.9g", which, i, n, (double)((const float *)got)[i],
-             (double)((const float *)want)[i]);
+    snprintf(msg, MSG_BYTES, "WRONG %s[%zu] of %zu: got %.9g, want %.9g", which, i, n, (double)((const float*)got)[i],
+             (double)((const float*)want)[i]);
   }
   return -1;
 }
 
-static int verify(rank_ctx *c, const plan *p, uint64_t k, uint64_t total, char *msg) {
+static int verify(rank_ctx* c, const plan* p, uint64_t k, uint64_t total, char* msg) {
   size_t i;
   switch (p->kind) {
     case K_SMALL:
@@ -439,7 +453,7 @@ static int verify(rank_ctx *c, const plan *p, uint64_t k, uint64_t total, char *
       return compare(p->in_place ? c->send : c->recv, c->expect, p->n, p->dtype, "recv", msg);
     case K_ZEROCOPY:
       fill_expected(c->expect, GRADSYNC_F32, GRADSYNC_SUM, p->n, k);
-      return compare((const char *)zc_out(c, p), c->expect, p->n, GRADSYNC_F32, "recv", msg);
+      return compare((const char*)zc_out(c, p), c->expect, p->n, GRADSYNC_F32, "recv", msg);
     case K_BARRIER: return 0;
     case K_BCAST:
       fill(c->expect, GRADSYNC_F32, p->n, p->root, k);
@@ -458,7 +472,7 @@ static int verify(rank_ctx *c, const plan *p, uint64_t k, uint64_t total, char *
         double s = 0;
         int r;
         for (r = 0; r < g_size; ++r) s += (double)weight_of(p, r) * (double)value(r, k, i);
-        ((float *)c->expect)[i] = (float)(s / (double)p->total_weight);
+        ((float*)c->expect)[i] = (float)(s / (double)p->total_weight);
       }
       return compare(c->recv, c->expect, p->n, GRADSYNC_F32, "recv", msg);
     default: return -1;
@@ -466,7 +480,7 @@ static int verify(rank_ctx *c, const plan *p, uint64_t k, uint64_t total, char *
 }
 
 /* Retries while the group is still settling (a peer slow to reach its reset). */
-static int reset_after_failure(rank_ctx *c) {
+static int reset_after_failure(rank_ctx* c) {
   const double give_up = now_s() + RESET_PATIENCE_S;
   st(&c->state->phase, P_RESET);
   __atomic_add_fetch(&c->state->resets, 1, __ATOMIC_RELAXED);
@@ -484,7 +498,7 @@ static int reset_after_failure(rank_ctx *c) {
 
 static int rank_main(int rank) {
   rank_ctx ctx;
-  rank_ctx *c = &ctx;
+  rank_ctx* c = &ctx;
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
   uint64_t k;
   int status, rc = 0;
@@ -515,8 +529,8 @@ static int rank_main(int rank) {
     rc = 1;
     goto out;
   }
-  if ((status = gradsync_comm_alloc(c->comm, ZC_MAX * sizeof(float), (void **)&c->zsend)) != GRADSYNC_OK ||
-      (status = gradsync_comm_alloc(c->comm, ZC_MAX * sizeof(float), (void **)&c->zrecv)) != GRADSYNC_OK) {
+  if ((status = gradsync_comm_alloc(c->comm, ZC_MAX * sizeof(float), (void**)&c->zsend)) != GRADSYNC_OK ||
+      (status = gradsync_comm_alloc(c->comm, ZC_MAX * sizeof(float), (void**)&c->zrecv)) != GRADSYNC_OK) {
     fatal(c, "gradsync_comm_alloc", status);
     rc = 1;
     goto out;
@@ -534,7 +548,7 @@ static int rank_main(int rank) {
 
   for (k = 1; k <= g_calls && !stopping(); ++k) {
     const plan p = plan_of(k);
-    outcome *o = outcome_at(k, rank);
+    outcome* o = outcome_at(k, rank);
     uint64_t total = 0;
     st64(&c->state->current, k);
     if (p.stall_rank == rank) {
@@ -591,7 +605,7 @@ typedef struct {
   double first_bad_at;
 } tally;
 
-static const char *verdict_name(const outcome *o) {
+static const char* verdict_name(const outcome* o) {
   switch (o->verdict) {
     case V_OK: return "OK, verified";
     case V_WRONG: return "OK, WRONG RESULT";
@@ -607,17 +621,17 @@ static void print_call(uint64_t k) {
   describe(&p, what, sizeof what);
   fprintf(stderr, "  call %" PRIu64 ": %s\n", k, what);
   for (r = 0; r < g_size; ++r) {
-    const outcome *o = outcome_at(k, r);
+    const outcome* o = outcome_at(k, r);
     fprintf(stderr, "    rank %d: %s%s%s\n", r, verdict_name(o), o->verdict >= V_WRONG ? ": " : "",
             o->verdict >= V_WRONG ? o->msg : "");
   }
 }
 
 /* The promise, for one call whose outcome every rank has recorded. */
-static int call_is_good(uint64_t k, tally *t) {
+static int call_is_good(uint64_t k, tally* t) {
   int r, oks = 0, fails = 0, timeouts = 0;
   for (r = 0; r < g_size; ++r) {
-    const outcome *o = outcome_at(k, r);
+    const outcome* o = outcome_at(k, r);
     if (o->verdict == V_OK) {
       ++oks;
     } else if (o->verdict == V_FAILED && (o->status == GRADSYNC_E_ABORTED || o->status == GRADSYNC_E_TIMEOUT)) {
@@ -641,8 +655,9 @@ static int call_is_good(uint64_t k, tally *t) {
 static void print_ranks(void) {
   int r;
   for (r = 0; r < g_size; ++r) {
-    rank_state *s = &g_shared->rank[r];
-    fprintf(stderr, "  rank %d: %s at call %" PRIu64 ", %" PRIu64 " recorded, %" PRIu64 " aborts sent, %" PRIu64
+    rank_state* s = &g_shared->rank[r];
+    fprintf(stderr,
+            "  rank %d: %s at call %" PRIu64 ", %" PRIu64 " recorded, %" PRIu64 " aborts sent, %" PRIu64
             " resets (%" PRIu64 " retried)%s%s\n",
             r, phase_names[ld(&s->phase)], ld64(&s->current), ld64(&s->progress),
             __atomic_load_n(&s->aborts, __ATOMIC_RELAXED), __atomic_load_n(&s->resets, __ATOMIC_RELAXED),
@@ -653,7 +668,7 @@ static void print_ranks(void) {
 
 /* Checks calls as every rank records them; stops the run at a broken promise (after a few more
  * calls, to show what followed), a fatal error on a rank, or the budget. 0 when all went well. */
-static int supervise(const char *title, pid_t *pids) {
+static int supervise(const char* title, pid_t* pids) {
   tally t;
   const double start = now_s();
   int result = 0, r;
@@ -708,8 +723,9 @@ static int supervise(const char *title, pid_t *pids) {
     }
     if (finished == g_size) break;
     if (now_s() - start > (double)g_budget_s) {
-      fprintf(stderr, "%s: HANG: not finished within %" PRId64 " s (seed %" PRIu64 "); calls up to %" PRIu64
-              " checked\n", title, g_budget_s, g_seed, t.checked);
+      fprintf(stderr,
+              "%s: HANG: not finished within %" PRId64 " s (seed %" PRIu64 "); calls up to %" PRIu64 " checked\n",
+              title, g_budget_s, g_seed, t.checked);
       result = 1;
       break;
     }
@@ -743,18 +759,18 @@ static int supervise(const char *title, pid_t *pids) {
 
 /* ------------------------------------------------------------------ main */
 
-static void *rank_thread(void *arg) {
+static void* rank_thread(void* arg) {
   const int rank = (int)(intptr_t)arg;
   if (rank_main(rank) != 0 && !ld(&g_shared->rank[rank].fatal)) st(&g_shared->rank[rank].fatal, 1);
   return NULL;
 }
 
-static int64_t env_or(const char *name, int64_t fallback) {
-  const char *v = getenv(name);
+static int64_t env_or(const char* name, int64_t fallback) {
+  const char* v = getenv(name);
   return v != NULL && *v != '\0' ? (int64_t)strtoll(v, NULL, 0) : fallback;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   char title[64];
   size_t bytes;
   int rc, r;
@@ -766,7 +782,8 @@ int main(int argc, char **argv) {
   g_shm = strcmp(argv[1], "shm") == 0;
   g_size = atoi(argv[2]);
   g_calls = strtoull(argv[3], NULL, 10);
-  g_seed = (uint64_t)env_or("ROUND_RACE_SEED", (int64_t)(mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 1));
+  g_seed =
+      (uint64_t)env_or("ROUND_RACE_SEED", (int64_t)(mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 1));
   g_timeout_ms = env_or("ROUND_RACE_TIMEOUT_MS", g_timeout_ms);
   g_abort_us = env_or("ROUND_RACE_ABORT_US", g_abort_us);
   g_budget_s = env_or("ROUND_RACE_BUDGET_S", g_budget_s);
@@ -777,19 +794,19 @@ int main(int argc, char **argv) {
   /* Outcomes must outlive and be seen across the rank processes: shared pages made before fork. */
   bytes = sizeof(shared_state) + (size_t)g_calls * (size_t)g_size * sizeof(outcome);
   {
-    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void* m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
       perror("mmap");
       return 1;
     }
-    g_shared = (shared_state *)m;
-    g_outcomes = (outcome *)((char *)m + sizeof(shared_state));
+    g_shared = (shared_state*)m;
+    g_outcomes = (outcome*)((char*)m + sizeof(shared_state));
   }
 
   if (!g_shm) {
     pthread_t threads[MAX_RANKS];
     int joined = 0;
-    for (r = 0; r < g_size; ++r) pthread_create(&threads[r], NULL, rank_thread, (void *)(intptr_t)r);
+    for (r = 0; r < g_size; ++r) pthread_create(&threads[r], NULL, rank_thread, (void*)(intptr_t)r);
     rc = supervise(title, NULL);
     if (rc == 0) {
       for (r = 0; r < g_size; ++r) pthread_join(threads[r], NULL);

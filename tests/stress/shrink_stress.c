@@ -34,7 +34,7 @@
 enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_DONE };
 enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4 };
 enum { KIND_STEP, KIND_IN_SHRINK, KIND_IN_RESHARD, KIND_TWICE, KINDS };
-static const char *const kind_names[KINDS] = {"one kill during steps", "a second kill during the shrink",
+static const char* const kind_names[KINDS] = {"one kill during steps", "a second kill during the shrink",
                                               "a second kill during the reshard", "two kills in a row"};
 
 typedef struct {
@@ -60,12 +60,12 @@ static void pause_us(long us) {
   nanosleep(&t, NULL);
 }
 
-static void gradient(int s, float *g, uint64_t total) {
+static void gradient(int s, float* g, uint64_t total) {
   uint64_t i;
   for (i = 0; i < total; ++i) g[i] = (float)((int)((i * 7 + (uint64_t)s * 13) % 17) - 8) / 256.0f;
 }
 
-static void initial(float *w, uint64_t total) {
+static void initial(float* w, uint64_t total) {
   uint64_t i;
   for (i = 0; i < total; ++i) w[i] = (float)(i % 1000) / 1000.0f;
 }
@@ -79,12 +79,12 @@ static gradsync_shard_options shard_options(int replicas) {
 }
 
 /* The undisturbed run: one rank, the same steps. */
-static int reference(float *w, uint64_t total, int steps) {
+static int reference(float* w, uint64_t total, int steps) {
   gradsync_comm_options co = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_shard_options so = shard_options(0);
-  gradsync_comm *c = NULL;
-  gradsync_shard *sh = NULL;
-  float *g = malloc(total * sizeof(float));
+  gradsync_comm* c = NULL;
+  gradsync_shard* sh = NULL;
+  float* g = malloc(total * sizeof(float));
   int s, st = GRADSYNC_OK;
   co.rank = 0;
   co.size = 1;
@@ -106,12 +106,12 @@ static int reference(float *w, uint64_t total, int steps) {
 }
 
 /* One member: trains, and after a loss shrinks, reshards and trains on. */
-static int member(board *b, const char *name, int rank, int replicas, uint64_t total, int steps, const float *ref,
+static int member(board* b, const char* name, int rank, int replicas, uint64_t total, int steps, const float* ref,
                   int bench) {
   gradsync_comm_options co = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_shard_options so = shard_options(replicas);
   gradsync_comm *comm = NULL, *first;
-  gradsync_shard *shard = NULL;
+  gradsync_shard* shard = NULL;
   float *w = malloc(total * sizeof(float)), *g = malloc(total * sizeof(float));
   int s = 0, st, recovering = 0;
   int64_t updates = 0;
@@ -121,7 +121,8 @@ static int member(board *b, const char *name, int rank, int replicas, uint64_t t
   co.size = N;
   co.timeout_ms = 10000;
   snprintf(co.name, sizeof co.name, "%s", name);
-  if (gradsync_comm_create(&comm, &co) != GRADSYNC_OK || gradsync_shard_create(&shard, comm, total, &so) != GRADSYNC_OK) {
+  if (gradsync_comm_create(&comm, &co) != GRADSYNC_OK ||
+      gradsync_shard_create(&shard, comm, total, &so) != GRADSYNC_OK) {
     snprintf(b->why[rank], sizeof b->why[rank], "create: %s", gradsync_last_error_message());
     return EXIT_FAILED;
   }
@@ -145,7 +146,7 @@ static int member(board *b, const char *name, int rank, int replicas, uint64_t t
     if (bench && !recovering) b->detect_ns[rank] = now_ns() - b->kill_ns;
     recovering = 1;
     for (;;) {
-      gradsync_comm *next = NULL;
+      gradsync_comm* next = NULL;
       gradsync_shrink_result res;
       memset(&res, 0, sizeof res);
       res.struct_size = sizeof res;
@@ -199,7 +200,7 @@ static int member(board *b, const char *name, int rank, int replicas, uint64_t t
   return EXIT_OK;
 }
 
-static int alive_other(const int *dead, int avoid, unsigned *seed) {
+static int alive_other(const int* dead, int avoid, unsigned* seed) {
   int r;
   do r = (int)(rand_r(seed) % N);
   while (dead[r] || r == avoid);
@@ -207,7 +208,7 @@ static int alive_other(const int *dead, int avoid, unsigned *seed) {
 }
 
 /* Waits until some live member is in phase ph (or all are done); false if none gets there. */
-static int wait_phase(board *b, const int *dead, int ph, int64_t until) {
+static int wait_phase(board* b, const int* dead, int ph, int64_t until) {
   while (now_ns() < until) {
     int r, done = 1;
     for (r = 0; r < N; ++r) {
@@ -225,7 +226,7 @@ typedef struct {
   int kills, hangs, wrong, lost, failed, done;
 } tally;
 
-static void episode(int id, int kind, unsigned *seed, const float *ref, tally *t, board *b) {
+static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t, board* b) {
   char name[64];
   pid_t pids[N];
   int dead[N] = {0, 0, 0, 0}, r, first, replicas = kind == KIND_STEP ? 1 : 2;
@@ -274,26 +275,29 @@ static void episode(int id, int kind, unsigned *seed, const float *ref, tally *t
       t->done++;
       continue;
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_WRONG) t->wrong++;
-    else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_LOST) t->lost++;
-    else t->failed++;
-    fprintf(stderr, "episode %d (%s): member %d ended with status %#x: %s\n", id, kind_names[kind], r,
-            (unsigned)status, b->why[r]);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_WRONG)
+      t->wrong++;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_LOST)
+      t->lost++;
+    else
+      t->failed++;
+    fprintf(stderr, "episode %d (%s): member %d ended with status %#x: %s\n", id, kind_names[kind], r, (unsigned)status,
+            b->why[r]);
   }
 }
 
-static int cmp64(const void *a, const void *b) {
-  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+static int cmp64(const void* a, const void* b) {
+  const int64_t x = *(const int64_t*)a, y = *(const int64_t*)b;
   return x < y ? -1 : x > y;
 }
 
-static void spread(const char *what, int64_t *v, int n) {
+static void spread(const char* what, int64_t* v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp64);
   printf("  %-26s %8.2f %8.2f %8.2f\n", what, (double)v[0] / 1e6, (double)v[n / 2] / 1e6, (double)v[n - 1] / 1e6);
 }
 
 static int bench(int runs, uint64_t total) {
-  board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   int64_t *detect = calloc((size_t)runs, 8), *agree = calloc((size_t)runs, 8), *form = calloc((size_t)runs, 8),
           *reshard = calloc((size_t)runs, 8), *step = calloc((size_t)runs, 8), *whole = calloc((size_t)runs, 8),
           *before = calloc((size_t)runs, 8), *after = calloc((size_t)runs, 8);
@@ -336,8 +340,10 @@ static int bench(int runs, uint64_t total) {
     ++ok;
   }
   if (ok == 0) return 1;
-  printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64 " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
-         "%d runs; ms after the kill\n", total, (double)total * 8 / 1e6, ok);
+  printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64
+         " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
+         "%d runs; ms after the kill\n",
+         total, (double)total * 8 / 1e6, ok);
   printf("  %-26s %8s %8s %8s\n", "phase", "min", "median", "max");
   spread("detect (error returned)", detect, ok);
   spread("agree (failed set)", agree, ok);
@@ -351,7 +357,7 @@ static int bench(int runs, uint64_t total) {
   return 0;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc >= 3 && strcmp(argv[1], "bench") == 0) {
     return bench(atoi(argv[2]), argc >= 4 ? strtoull(argv[3], NULL, 10) : 12500000u);
   }
@@ -359,7 +365,7 @@ int main(int argc, char **argv) {
     const int episodes = atoi(argv[2]);
     unsigned seed = argc >= 4 ? (unsigned)strtoul(argv[3], NULL, 10) : (unsigned)time(NULL);
     static float ref[STRESS_TOTAL];
-    board *b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     tally t;
     int i, by_kind[KINDS] = {0};
     memset(&t, 0, sizeof t);
@@ -371,8 +377,9 @@ int main(int argc, char **argv) {
       episode(i, kind, &seed, ref, &t, b);
     }
     for (i = 0; i < KINDS; ++i) printf("  %-34s %d episodes\n", kind_names[i], by_kind[i]);
-    printf("kills %d; survivors that finished verified %d; hangs %d; wrong results %d; lost state %d; other failures %d\n",
-           t.kills, t.done, t.hangs, t.wrong, t.lost, t.failed);
+    printf(
+        "kills %d; survivors that finished verified %d; hangs %d; wrong results %d; lost state %d; other failures %d\n",
+        t.kills, t.done, t.hangs, t.wrong, t.lost, t.failed);
     return t.hangs == 0 && t.wrong == 0 && t.lost == 0 && t.failed == 0 ? 0 : 1;
   }
   fprintf(stderr, "usage: shrink_stress stress <episodes> [seed] | bench <runs> [total_params]\n");

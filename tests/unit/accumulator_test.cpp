@@ -9,12 +9,12 @@
 
 #include "test_support.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
-#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,8 +23,8 @@
 #include "common/error.hpp"
 
 using gradsync::Error;
-using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::AccumSpec;
+using gradsync::accumulator::Accumulator;
 using gradsync::accumulator::Concurrency;
 using gradsync::accumulator::OptimizerKind;
 using gradsync::accumulator::OptimizerSpec;
@@ -54,7 +54,6 @@ std::unique_ptr<Table> anon_table(int64_t rows, int64_t dim) {
   s.dim = dim;
   return Table::open(s);
 }
-
 
 std::vector<float> row_of(Accumulator& a, int64_t r) {
   std::vector<float> out(static_cast<size_t>(a.dim()));
@@ -419,10 +418,11 @@ TEST_CASE("a holder killed mid-add and left a zombie: its lock is taken over, th
   const pid_t adder = start_adder(path, dim);
   stop_holding(adder, *a);
   ::kill(adder, SIGKILL);  // not reaped: a zombie, whose pid still exists
-  for (int i = 0; i < 500 && process_state(adder) != 'Z'; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  for (int i = 0; i < 500 && process_state(adder) != 'Z'; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   CHECK(process_state(adder) == 'Z');
   std::vector<float> g(static_cast<size_t>(dim), 1.0f);
-  a->add(1, g.data(), g.size());  // does not hang
+  a->add(1, g.data(), g.size());                                   // does not hang
   CHECK(status_of([&] { row_of(*a, 1); }) == GRADSYNC_E_CORRUPT);  // never a torn row read as whole
   a->zero();
   a->add(1, g.data(), g.size());
@@ -533,7 +533,8 @@ TEST_CASE("a shared file's damaged touched list gives valid ids and a damaged co
   peer.reset();
   auto alone = Accumulator::open(aspec(path, OpenMode::Open, -1, -1));
   const size_t m = alone->touched(ids.data(), ids.size());
-  CHECK(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), 20) != ids.begin() + static_cast<std::ptrdiff_t>(m));
+  CHECK(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(m), 20) !=
+        ids.begin() + static_cast<std::ptrdiff_t>(m));
 }
 
 // ---------------------------------------------------------------- owner mode
@@ -564,7 +565,8 @@ Workload make_workload(int64_t rows, int64_t dim, uint64_t seed) {
     // partition). Odd ones: one in 64 (they split it by position, and the rows in more than one
     // chunk are added in a second phase).
     const uint64_t hot_one_in = b % 2 == 0 ? 4 : 64;
-    for (auto& id : ids) id = rng() % hot_one_in == 0 ? static_cast<int64_t>(rng() % 8) : static_cast<int64_t>(rng() % rows);
+    for (auto& id : ids)
+      id = rng() % hot_one_in == 0 ? static_cast<int64_t>(rng() % 8) : static_cast<int64_t>(rng() % rows);
     std::vector<float> g(n * static_cast<size_t>(dim));
     for (auto& x : g) x = std::ldexp(mag(rng), static_cast<int>(rng() % 40) - 20);
     w.ids.push_back(std::move(ids));
@@ -576,7 +578,8 @@ Workload make_workload(int64_t rows, int64_t dim, uint64_t seed) {
 std::vector<float> run_owner(const Workload& w, int64_t rows, int64_t dim, int64_t threads) {
   auto a = Accumulator::open(owner_spec(rows, dim, threads));
   REQUIRE(a->threads() == threads);
-  for (size_t b = 0; b < w.ids.size(); ++b) a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
+  for (size_t b = 0; b < w.ids.size(); ++b)
+    a->add_batch(w.ids[b].data(), w.ids[b].size(), w.grads[b].data(), w.grads[b].size());
   const auto* data = a->table().data();
   return std::vector<float>(data, data + rows * dim);
 }
@@ -649,7 +652,8 @@ TEST_CASE("owner mode: many calling threads lose no update, and the touched set 
         // Handed-off batches and small ones the caller adds itself, on the same hot rows.
         const size_t n = b % 3 == 0 ? 40 : 600;
         std::vector<int64_t> ids(n);
-        for (size_t i = 0; i < n; ++i) ids[i] = i < n / 2 ? static_cast<int64_t>(i % 16) : (t * 131 + b * 17 + static_cast<int64_t>(i)) % 1024;
+        for (size_t i = 0; i < n; ++i)
+          ids[i] = i < n / 2 ? static_cast<int64_t>(i % 16) : (t * 131 + b * 17 + static_cast<int64_t>(i)) % 1024;
         std::vector<float> g(n * 8, 1.0f);
         a->add_batch(ids.data(), n, g.data(), g.size());
       }
@@ -699,7 +703,8 @@ TEST_CASE("owner mode: apply, split over the owners, equals the striped mode's a
   CHECK(std::memcmp(striped.data(), owner.data(), striped.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, not a hang", "[accumulator][owner][process]") {
+TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, not a hang",
+          "[accumulator][owner][process]") {
   auto a = Accumulator::open(owner_spec(1024, 4, 2));
   // One batch first, so that the owner thread is up and idle when the fork copies the process (a
   // thread caught starting may hold a sanitizer allocator's lock, which the child then never gets).
@@ -716,7 +721,8 @@ TEST_CASE("owner mode: a forked child using its parent's handle gets E_MISUSE, n
     std::string message;
     const int status = status_of([&] { a->add_batch(ids.data(), ids.size(), g.data(), g.size()); }, &message);
     a.reset();  // must not hang either
-    ::_exit(status == GRADSYNC_E_MISUSE && message.find("open the file again in the child") != std::string::npos ? 0 : 1);
+    ::_exit(status == GRADSYNC_E_MISUSE && message.find("open the file again in the child") != std::string::npos ? 0
+                                                                                                                 : 1);
   }
   CHECK(wait_bounded(pid, 30) == 0);
   std::vector<int64_t> ids(512, 3);

@@ -25,8 +25,7 @@
 using namespace gradsync::atomics;
 using namespace std::chrono_literals;
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("counter fetch_add reports old and new values", "[atomics]") {
   Counter32 c(5);

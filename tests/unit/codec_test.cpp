@@ -36,7 +36,8 @@ uint32_t to_bits(float f) {
 }  // namespace
 
 TEST_CASE("BigDL fp16 matches BigDL's FP16CompressedTensor test values", "[codec]") {
-  const auto out = roundtrip(Codec::BigdlFp16, {1.111111f, 2.111111f, 3.111111f, 4.111111f, 5.111111f, -4.111111f, 0.1f});
+  const auto out =
+      roundtrip(Codec::BigdlFp16, {1.111111f, 2.111111f, 3.111111f, 4.111111f, 5.111111f, -4.111111f, 0.1f});
   CHECK(out[0] == 1.109375f);
   CHECK(out[1] == 2.109375f);
   CHECK(out[2] == 3.109375f);
@@ -105,18 +106,18 @@ TEST_CASE("accumulate sums decoded values in f32", "[codec]") {
 }
 
 TEST_CASE("bf16 rounds to nearest even", "[codec]") {
-  const auto out = roundtrip(Codec::Bf16, {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.111111f, -4.111111f,
-                                           std::numeric_limits<float>::max()});
-  CHECK(out[0] == 1.0f);             // halfway, 1.0 is even
+  const auto out = roundtrip(
+      Codec::Bf16, {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.111111f, -4.111111f, std::numeric_limits<float>::max()});
+  CHECK(out[0] == 1.0f);               // halfway, 1.0 is even
   CHECK(out[1] == 1.0f + 4.0f / 256);  // halfway, rounds up to the even neighbour
-  CHECK(out[2] == 1.109375f);        // 1.111111 is below the midpoint 1.1132812
-  CHECK(out[3] == -4.125f);          // BigDL's truncation gives -4.09375; rounding gives the nearer -4.125
-  CHECK(std::isinf(out[4]));         // beyond bf16's largest finite value after rounding
+  CHECK(out[2] == 1.109375f);          // 1.111111 is below the midpoint 1.1132812
+  CHECK(out[3] == -4.125f);            // BigDL's truncation gives -4.09375; rounding gives the nearer -4.125
+  CHECK(std::isinf(out[4]));           // beyond bf16's largest finite value after rounding
 }
 
 TEST_CASE("IEEE half rounds to nearest even, with subnormals and overflow", "[codec]") {
-  const auto out = roundtrip(Codec::Fp16, {65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-8f, 6e-8f, 0.1f,
-                                           1.0f + 1.0f / 2048, -0.0f});
+  const auto out =
+      roundtrip(Codec::Fp16, {65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-8f, 6e-8f, 0.1f, 1.0f + 1.0f / 2048, -0.0f});
   CHECK(out[0] == 65504.0f);
   CHECK(out[1] == 65504.0f);
   CHECK(std::isinf(out[2]));
@@ -131,8 +132,12 @@ TEST_CASE("IEEE half rounds to nearest even, with subnormals and overflow", "[co
 TEST_CASE("NaN stays NaN and Inf stays Inf in every codec", "[codec]") {
   const float inf = std::numeric_limits<float>::infinity();
   // 0x7f800001: a NaN whose payload is only in the low bits; plain truncation would make it Inf.
-  const std::vector<float> specials{inf, -inf, std::numeric_limits<float>::quiet_NaN(), from_bits(0x7f800001u),
-                                    from_bits(0xff800001u), std::numeric_limits<float>::signaling_NaN()};
+  const std::vector<float> specials{inf,
+                                    -inf,
+                                    std::numeric_limits<float>::quiet_NaN(),
+                                    from_bits(0x7f800001u),
+                                    from_bits(0xff800001u),
+                                    std::numeric_limits<float>::signaling_NaN()};
   for (Codec c : {Codec::BigdlFp16, Codec::Bf16, Codec::Fp16}) {
     INFO(codec::codec_name(c));
     const auto out = roundtrip(c, specials);

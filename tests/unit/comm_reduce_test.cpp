@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "../half_reference.hpp"
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
-#include "../half_reference.hpp"
 #include "common/wait.hpp"
 
 using gradsync::DType;
@@ -31,9 +31,12 @@ T reference(ReduceOp op, const std::vector<std::vector<T>>& srcs, size_t i) {
     T v = srcs[0][i];
     for (size_t k = 1; k < n; ++k) {
       const T x = srcs[k][i];
-      if (op == ReduceOp::Min) v = x < v ? x : v;
-      else if (op == ReduceOp::Max) v = v < x ? x : v;
-      else v = v + x;
+      if (op == ReduceOp::Min)
+        v = x < v ? x : v;
+      else if (op == ReduceOp::Max)
+        v = v < x ? x : v;
+      else
+        v = v + x;
     }
     return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
   } else {
@@ -276,7 +279,8 @@ TEST_CASE("AdaptiveWait loses no wake-up in a ping-pong, whatever its budgets be
     threads.emplace_back([&, p] {
       gradsync::AdaptiveWait wait(players);
       for (uint64_t t = static_cast<uint64_t>(p); t < kRounds; t += static_cast<uint64_t>(players)) {
-        if (wait(word, [&] { return turn.load(std::memory_order_seq_cst) == t; }, gradsync::WaitClock::now() + 60s) !=
+        if (wait(
+                word, [&] { return turn.load(std::memory_order_seq_cst) == t; }, gradsync::WaitClock::now() + 60s) !=
             gradsync::WaitResult::Ready) {
           failures.fetch_add(1);
           return;
@@ -343,8 +347,8 @@ std::vector<T> awkward_values(size_t n, std::mt19937_64& rng) {
   for (auto& x : v) {
     if constexpr (std::is_floating_point_v<T>) {
       using L = std::numeric_limits<T>;
-      const T special[] = {T(0), -T(0), L::infinity(), -L::infinity(), L::quiet_NaN(), L::denorm_min(), L::max(),
-                           L::lowest()};
+      const T special[] = {T(0),           -T(0),           L::infinity(), -L::infinity(),
+                           L::quiet_NaN(), L::denorm_min(), L::max(),      L::lowest()};
       const int k = pick(rng);
       x = k < 8 ? special[k] : std::uniform_real_distribution<T>(-1e3, 1e3)(rng);
     } else {
@@ -422,8 +426,7 @@ TEST_CASE("the vector kernels give the bits of the baseline kernels", "[comm][re
   SECTION("i64") { compare_isas<int64_t>(DType::I64); }
 }
 
-TEST_CASE("AdaptiveWait: a wait that yields in vain shrinks the yield budget, a slow yield zeroes it",
-          "[comm][wait]") {
+TEST_CASE("AdaptiveWait: a wait that yields in vain shrinks the yield budget, a slow yield zeroes it", "[comm][wait]") {
   using namespace std::chrono_literals;
   gradsync::WaitWord word;
   std::atomic<uint32_t> flag{0};

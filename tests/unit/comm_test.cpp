@@ -105,9 +105,12 @@ T reference_one(ReduceOp op, const std::vector<std::vector<T>>& in, size_t i) {
     T v = in[0][i];
     for (size_t k = 1; k < n; ++k) {
       const T x = in[k][i];
-      if (op == ReduceOp::Min) v = x < v ? x : v;
-      else if (op == ReduceOp::Max) v = v < x ? x : v;
-      else v = v + x;
+      if (op == ReduceOp::Min)
+        v = x < v ? x : v;
+      else if (op == ReduceOp::Max)
+        v = v < x ? x : v;
+      else
+        v = v + x;
     }
     return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
   } else {
@@ -138,10 +141,14 @@ std::vector<T> values(size_t count, uint64_t seed) {
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::F32;
-  else if constexpr (std::is_same_v<T, double>) return DType::F64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
-  else return DType::I64;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::I32;
+  else
+    return DType::I64;
 }
 
 template <class T>
@@ -276,7 +283,8 @@ TEST_CASE("every kind of disagreement is a mismatch on every rank, and nothing i
     c.allreduce(std::span<const BufferRef>(&b, 1), t, op);
   };
   std::vector<Variant> variants{
-      {"count", "rank 2 called allreduce of 3 f32 (sum) but rank 0 called allreduce of 4 f32 (sum)", [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
+      {"count", "rank 2 called allreduce of 3 f32 (sum) but rank 0 called allreduce of 4 f32 (sum)",
+       [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 3 : 4, DType::F32, ReduceOp::Sum); }},
       {"count (large)", "allreduce of 5000 f32 (sum) but rank 0 called allreduce of 6000 f32 (sum)",
        [&](Communicator& c, int r, auto& v) { ar(c, v, r == 2 ? 5000 : 6000, DType::F32, ReduceOp::Sum); }},
       {"dtype", "allreduce of 2 i32 (sum) but rank 0 called allreduce of 2 f32 (sum)",
@@ -287,8 +295,10 @@ TEST_CASE("every kind of disagreement is a mismatch on every rank, and nothing i
        [&](Communicator& c, int r, auto& v) { c.broadcast(v.data(), 4, DType::F32, r == 2 ? 1 : 0); }},
       {"collective", "called broadcast of 4 f32 from root 0 but rank 0 called allreduce of 4 f32 (sum)",
        [&](Communicator& c, int r, auto& v) {
-         if (r == 2) c.broadcast(v.data(), 4, DType::F32, 0);
-         else ar(c, v, 4, DType::F32, ReduceOp::Sum);
+         if (r == 2)
+           c.broadcast(v.data(), 4, DType::F32, 0);
+         else
+           ar(c, v, 4, DType::F32, ReduceOp::Sum);
        }},
       {"buffers", "allreduce of 4 f32 (sum) but rank 0 called allreduce of 2 buffers (4 f32 in all) (sum)",
        [&](Communicator& c, int r, auto& v) {
@@ -499,7 +509,8 @@ TEST_CASE("a rank that does not arrive: every waiter times out, later calls fail
     std::vector<std::thread> joins;
     std::vector<Outcome> joined(n);
     for (int r = 0; r < n; ++r) {
-      joins.emplace_back([&, r] { joined[r] = attempt([&] { comms[r] = gradsync::comm::create(options(name, r, n, 200ms)); }); });
+      joins.emplace_back(
+          [&, r] { joined[r] = attempt([&] { comms[r] = gradsync::comm::create(options(name, r, n, 200ms)); }); });
     }
     for (auto& t : joins) t.join();
     require_all_ok(joined);
@@ -553,7 +564,8 @@ TEST_CASE("abort from another thread wakes every waiter, and reuse fails fast un
   std::vector<std::unique_ptr<Communicator>> comms(n);
   {
     std::vector<std::thread> joins;
-    for (int r = 0; r < n; ++r) joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, n, 20000ms)); });
+    for (int r = 0; r < n; ++r)
+      joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, n, 20000ms)); });
     for (auto& t : joins) t.join();
   }
   std::vector<Outcome> waited(2), reuse(n), reset(n), again(n);
@@ -611,7 +623,8 @@ TEST_CASE("a reset done on one rank is done on every rank, even if that rank fre
     std::vector<std::unique_ptr<Communicator>> comms(2);
     {
       std::vector<std::thread> joins;
-      for (int r = 0; r < 2; ++r) joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, 2)); });
+      for (int r = 0; r < 2; ++r)
+        joins.emplace_back([&, r] { comms[r] = gradsync::comm::create(options(name, r, 2)); });
       for (auto& t : joins) t.join();
     }
     comms[1]->abort();
@@ -662,7 +675,8 @@ TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free 
   const std::string name = unique_name("join");
   std::unique_ptr<Communicator> first, second;
   std::vector<Outcome> formed(2);
-  std::thread joiner([&] { formed[0] = attempt([&] { first = gradsync::comm::create(options(name, 0, 2, 5000ms)); }); });
+  std::thread joiner(
+      [&] { formed[0] = attempt([&] { first = gradsync::comm::create(options(name, 0, 2, 5000ms)); }); });
   formed[1] = attempt([&] { second = gradsync::comm::create(options(name, 1, 2, 5000ms)); });
   joiner.join();
   require_all_ok(formed);
@@ -704,7 +718,12 @@ TEST_CASE("joining: duplicate rank, size disagreement, join timeout, and a free 
   std::vector<Outcome> pair(2);
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r) {
-    ts.emplace_back([&, r] { pair[r] = attempt([&] { auto c = gradsync::comm::create(options(lonely, r, 2, 5000ms)); c->barrier(); }); });
+    ts.emplace_back([&, r] {
+      pair[r] = attempt([&] {
+        auto c = gradsync::comm::create(options(lonely, r, 2, 5000ms));
+        c->barrier();
+      });
+    });
   }
   for (auto& t : ts) t.join();
   require_all_ok(pair);
@@ -757,7 +776,7 @@ TEST_CASE("the ranks that can each have a CPU of their own: a largest matching",
   CHECK(capped(pinned, std::vector<int>(8, 2)) == 2);
   CHECK(capped(pinned, std::vector<int>(8, 0)) == 8);
   CHECK(capped(pinned, {0, 0, 0, 3, 0, 0, 5, 0}) == 3);  // the least limit, 0 counting as none
-  CHECK(capped(pinned, std::vector<int>(8, 16)) == 8);    // a quota above the CPUs changes nothing
+  CHECK(capped(pinned, std::vector<int>(8, 16)) == 8);   // a quota above the CPUs changes nothing
   CHECK(capped({mask({0}), mask({0})}, {4, 4}) == 1);
   // Limits no kernel gives (a member gone bad wrote them): negative ones count as none.
   CHECK(capped(pinned, {-7, INT_MAX, 0, -1, INT_MIN, 0, 0, 0}) == 8);
@@ -792,8 +811,9 @@ TEST_CASE("the CPU limit of the thread's cgroups, v1 and v2, nested, in a contai
   SECTION("v1 in a container: the mount's root is the container's cgroup") {
     fresh();
     put("/proc/self/cgroup", "12:memory:/x\n4:cpu,cpuacct:/docker/abc\n");
-    put("/proc/self/mountinfo", "1 0 0:1 / / rw - ext4 /dev/vda rw\n"
-                                "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro - cgroup cgroup rw,cpuacct,cpu\n");
+    put("/proc/self/mountinfo",
+        "1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+        "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro - cgroup cgroup rw,cpuacct,cpu\n");
     put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "250000\n");
     put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
     CHECK(wd::cgroup_cpu_limit(root) == 2);
@@ -845,8 +865,8 @@ TEST_CASE("the CPU limit of the thread's cgroups, v1 and v2, nested, in a contai
     put("/proc/self/cgroup", "garbage\n::\n0::/a\n4:cpu:/other/x\n");
     put("/proc/self/mountinfo", "-\n1 2 - \n\n30 23 0:27 / /sys/fs/cgroup rw - cgroup2\n" + v2_mount +
                                     "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu ro - cgroup cgroup rw,cpu\n");
-    for (const std::string bad : {"banana", "100000", "-5 100000", "100000 0", "99999999999999999999999 1",
-                                  "100000 100000 extra", ""}) {
+    for (const std::string bad :
+         {"banana", "100000", "-5 100000", "100000 0", "99999999999999999999999 1", "100000 100000 extra", ""}) {
       put("/sys/fs/cgroup/a/cpu.max", bad);
       CHECK(wd::cgroup_cpu_limit(root) == 0);
     }

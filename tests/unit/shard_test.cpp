@@ -301,8 +301,10 @@ TEST_CASE("optimizers match a single-process reference on the mean gradient", "[
             break;
           case Optimizer::Adam:
           case Optimizer::AdamW: {
-            if (opt == Optimizer::Adam) g += o.weight_decay * w[i];
-            else w[i] *= 1.0 - o.lr * o.weight_decay;
+            if (opt == Optimizer::Adam)
+              g += o.weight_decay * w[i];
+            else
+              w[i] *= 1.0 - o.lr * o.weight_decay;
             m[i] = o.beta1 * m[i] + (1 - o.beta1) * g;
             v[i] = o.beta2 * v[i] + (1 - o.beta2) * g * g;
             const double mhat = m[i] / (1 - std::pow(o.beta1, t + 1)), vhat = v[i] / (1 - std::pow(o.beta2, t + 1));
@@ -328,8 +330,7 @@ TEST_CASE("a local failure on one rank is an error on every rank, never a hang o
       ShardedParameter s(cm, 6, sgd(1.0));
       std::vector<float> w(6, 1.0f), g(6, 1.0f);
       s.init(w.data(), 6);
-      statuses[static_cast<size_t>(r)] =
-          status_of([&] { s.step(r == 1 ? nullptr : g.data(), 6, 1, w.data(), 6); });
+      statuses[static_cast<size_t>(r)] = status_of([&] { s.step(r == 1 ? nullptr : g.data(), 6, 1, w.data(), 6); });
       // The group still works afterwards.
       s.step(g.data(), 6, 1, w.data(), 6);
     });
@@ -372,7 +373,9 @@ TEST_CASE("a local failure on one rank is an error on every rank, never a hang o
       s.aggregate();
       s.update();
       second[static_cast<size_t>(r)] = status_of([&] { s.aggregate(); });  // consumed: no reuse
-      update_status[static_cast<size_t>(r)] = status_of([&] { if (r == 1) s.update(); });
+      update_status[static_cast<size_t>(r)] = status_of([&] {
+        if (r == 1) s.update();
+      });
       gather_status[static_cast<size_t>(r)] = status_of([&] { s.gather(w.data(), 4); });
     });
     CHECK(first == std::vector<int>{GRADSYNC_E_REMOTE, GRADSYNC_E_MISUSE});
@@ -387,8 +390,10 @@ TEST_CASE("a local failure on one rank is an error on every rank, never a hang o
       std::vector<float> w(4, 0.0f), g(4, 1.0f);
       s.init(w.data(), 4);
       stage[static_cast<size_t>(r)] = status_of([&] {
-        if (r == 0) s.step(g.data(), 4, 1, w.data(), 4);
-        else s.gather(w.data(), 4);
+        if (r == 0)
+          s.step(g.data(), 4, 1, w.data(), 4);
+        else
+          s.gather(w.data(), 4);
       });
       Options o = sgd(1.0);
       o.compress = r == 0 ? Codec::Bf16 : Codec::None;

@@ -41,7 +41,6 @@ OpenSpec spec(const std::string& path, OpenMode mode, int64_t rows, int64_t dim)
   return s;
 }
 
-
 FileHeader read_slot(const std::string& path, int slot) {
   FileHeader h{};
   std::ifstream f(path, std::ios::binary);
@@ -98,8 +97,7 @@ TEST_CASE("shape, kind and mode mismatches are errors naming both sides", "[tabl
   expect_error([&] { Table::open(spec(path, OpenMode::CreateOrOpen, 50, 64)); }, GRADSYNC_E_MISMATCH,
                "file has 100 x 64, asked for 50 x 64");
   expect_error([&] { Table::open(spec(path, OpenMode::Create, 100, 64)); }, GRADSYNC_E_IO, "already exists");
-  expect_error([&] { Table::open(spec(tmp.file("none.gst"), OpenMode::Open, -1, -1)); }, GRADSYNC_E_IO,
-               "No such file");
+  expect_error([&] { Table::open(spec(tmp.file("none.gst"), OpenMode::Open, -1, -1)); }, GRADSYNC_E_IO, "No such file");
   expect_error([&] { Table::open(spec(tmp.file("x.gst"), OpenMode::Create, 0, 64)); }, GRADSYNC_E_INVALID_ARG,
                "rows must be at least 1");
   expect_error([&] { Table::open(spec(tmp.file("x.gst"), OpenMode::Create, int64_t{1} << 40, int64_t{1} << 40)); },
@@ -216,8 +214,7 @@ TEST_CASE("gather and scatter check every id before touching any row", "[table]"
   // array of 4 walked past otherwise).
   const size_t huge = SIZE_MAX / 3 + 1;
   expect_error([&] { t->gather(ids.data(), huge, out.data(), out.size()); }, GRADSYNC_E_INVALID_ARG, "rows x dim 3");
-  expect_error([&] { t->scatter(ids.data(), huge, vals.data(), vals.size()); }, GRADSYNC_E_INVALID_ARG,
-               "rows x dim 3");
+  expect_error([&] { t->scatter(ids.data(), huge, vals.data(), vals.size()); }, GRADSYNC_E_INVALID_ARG, "rows x dim 3");
 }
 
 TEST_CASE("read-only open reads and refuses writes", "[table]") {

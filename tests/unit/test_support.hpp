@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include <filesystem>
-#include <mutex>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,9 +55,7 @@ void expect_error(F&& f, int status, const std::string& needle) {
 
 // Collects the library's log lines at or above a level while it lives (the host callback).
 struct LogLines {
-  explicit LogLines(int level) {
-    REQUIRE(gradsync_set_log_callback(&LogLines::capture, this, level) == GRADSYNC_OK);
-  }
+  explicit LogLines(int level) { REQUIRE(gradsync_set_log_callback(&LogLines::capture, this, level) == GRADSYNC_OK); }
   ~LogLines() { gradsync_set_log_callback(nullptr, nullptr, GRADSYNC_LOG_WARN); }
   LogLines(const LogLines&) = delete;
   LogLines& operator=(const LogLines&) = delete;

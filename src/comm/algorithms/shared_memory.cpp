@@ -184,8 +184,8 @@ class SharedMemoryCommunicator final : public Communicator {
       : options_(options),
         fabric_(std::move(fabric)),
         control_(fabric_->control()),
-        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_,
-                telemetry_) {}
+        engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_, telemetry_) {
+  }
   ~SharedMemoryCommunicator() override { engine_.leave(); }
 
   int rank() const noexcept override { return options_.rank; }
@@ -223,8 +223,8 @@ class SharedMemoryCommunicator final : public Communicator {
   // staged contributions).
   void pipeline_allreduce(const Round& round, const Concat& all, DType dtype, ReduceOp op);
   // The allreduce of a round whose ranks all reach each other's processes (Round::all_cross).
-  void cross_process_allreduce(const Round& round, const Concat& all, std::span<const BufferRef> buffers,
-                               DType dtype, ReduceOp op);
+  void cross_process_allreduce(const Round& round, const Concat& all, std::span<const BufferRef> buffers, DType dtype,
+                               ReduceOp op);
   // The copy path of reduce_scatter and the exchange: in step k every rank stages block k of each
   // of its parts of `in` (its part for rank j in slot j, `block` elements each) and consumes block
   // k-1 of what every rank staged for it: consume(first element, block, from) with from[r] rank
@@ -253,8 +253,7 @@ class SharedMemoryCommunicator final : public Communicator {
     return p;
   }
   static void require_reducible(const char* what, DType dtype) {
-    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported", what,
-               dtype_name(dtype));
+    GS_REQUIRE(reducible(dtype), GRADSYNC_E_UNSUPPORTED, "{} of {} is not supported", what, dtype_name(dtype));
   }
 
   Options options_;
@@ -269,8 +268,7 @@ class SharedMemoryCommunicator final : public Communicator {
   size_t cross_scratch_bytes_ = 0;
 };
 
-Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes,
-                                              bool small) {
+Round SharedMemoryCommunicator::begin_reading(const CallSignature& call, const void* send, uint64_t bytes, bool small) {
   const uint64_t address = small || bytes == 0 ? kNoAddress : fabric_->address_of(send, bytes);
   Descriptor d{};
   d.call = call;
@@ -322,8 +320,9 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
         }
       } else if (cross) {
         for (size_t i = 0; i < buffers.size(); ++i) {
-          control_.publish_address(rank(), parity, i,
-                                   {reinterpret_cast<uintptr_t>(buffers[i].send), reinterpret_cast<uintptr_t>(buffers[i].recv)});
+          control_.publish_address(
+              rank(), parity, i,
+              {reinterpret_cast<uintptr_t>(buffers[i].send), reinterpret_cast<uintptr_t>(buffers[i].recv)});
         }
       } else if (fits_inline) {
         stage(parity);
@@ -412,7 +411,8 @@ void SharedMemoryCommunicator::cross_process_allreduce(const Round& round, const
         const BufferAddress& o = control_.table(rr, round.parity)[i];
         if ((how & kDirectShared) != 0) {
           const char* p = control_.reach(o.send, buffers[i].count * es);
-          if (p == nullptr) engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.send, buffers[i].count * es, kOutsideHeaps);
+          if (p == nullptr)
+            engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.send, buffers[i].count * es, kOutsideHeaps);
           srcs[r] = p + offset;
         } else {
           if (!fabric_->read_peer(rr, o.send + offset, scratch, bytes)) {
@@ -430,7 +430,8 @@ void SharedMemoryCommunicator::cross_process_allreduce(const Round& round, const
         const BufferAddress& o = control_.table(rr, round.parity)[i];
         if ((how & kDirectShared) != 0) {
           char* p = control_.reach(o.recv, buffers[i].count * es);
-          if (p == nullptr) engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.recv, buffers[i].count * es, kOutsideHeaps);
+          if (p == nullptr)
+            engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.recv, buffers[i].count * es, kOutsideHeaps);
           std::memcpy(p + offset, own_recv + offset, bytes);
         } else if (!fabric_->write_peer(rr, o.recv + offset, own_recv + offset, bytes)) {
           engine_.refuse_peer_range(round, Collective::Allreduce, rr, o.recv + offset, bytes, kNotMapped);
@@ -567,8 +568,7 @@ void SharedMemoryCommunicator::broadcast(void* buf, size_t count, DType dtype, i
   });
 }
 
-void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts,
-                                          DType dtype) {
+void SharedMemoryCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
   const size_t es = dtype_size(dtype);
   const uint64_t n = static_cast<uint64_t>(size());
   SmallVector<Part> parts = parts_of(counts);
@@ -720,10 +720,10 @@ void SharedMemoryCommunicator::exchange(const void* send, void* recv, const Rout
       for (uint64_t s = 0; s < n; ++s) {
         const size_t part = routes.at(s, me);
         if (routes.count[part] == 0) continue;
-        const char* from = small ? control_.inline_area(static_cast<int>(s), round.parity)
-                                 : peer(round, static_cast<int>(s),
-                                        control_.table(static_cast<int>(s), round.parity)[0].send,
-                                        routes.send_extent(s) * es);
+        const char* from =
+            small ? control_.inline_area(static_cast<int>(s), round.parity)
+                  : peer(round, static_cast<int>(s), control_.table(static_cast<int>(s), round.parity)[0].send,
+                         routes.send_extent(s) * es);
         std::memcpy(out + routes.recv_displ[part] * es, from + routes.send_displ[part] * es, routes.count[part] * es);
       }
       // Direct: peers may not reuse their send buffers until everyone has read its part.
@@ -843,8 +843,8 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
         size_t k = 0;
         for (size_t r = 0; r < n; ++r) {
           if (static_cast<int>(r) == rank()) continue;
-          dsts[k++] = peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].recv,
-                           count * es);
+          dsts[k++] =
+              peer(round, static_cast<int>(r), control_.table(static_cast<int>(r), round.parity)[0].recv, count * es);
         }
         for (uint64_t lo = part.start; lo < part.start + part.len; lo += block) {
           const uint64_t hi = std::min<uint64_t>(part.start + part.len, lo + block);

@@ -15,7 +15,8 @@ namespace {
 // caller that submits) may need this very core, since a communicator with a progress thread has
 // two threads for its rank and ranks may already have a core each. A yield lets it run at once; a
 // spin would hold the core until its budget ran out.
-constexpr WaitPolicy kHandOff{std::chrono::nanoseconds{0}, std::chrono::microseconds{50}, std::chrono::microseconds{100}};
+constexpr WaitPolicy kHandOff{std::chrono::nanoseconds{0}, std::chrono::microseconds{50},
+                              std::chrono::microseconds{100}};
 }  // namespace
 
 bool Completion::wait(std::chrono::milliseconds timeout) {
@@ -24,7 +25,8 @@ bool Completion::wait(std::chrono::milliseconds timeout) {
   WaitPolicy policy = kHandOff;
   if (!forever && timeout < policy.yield_for) policy.yield_for = timeout;
   const auto deadline = forever ? WaitClock::time_point::max() : deadline_after(timeout);
-  return wait_until(word_, [&] { return done_.load(std::memory_order_seq_cst); }, deadline, nullptr, ~0u, policy) ==
+  return wait_until(
+             word_, [&] { return done_.load(std::memory_order_seq_cst); }, deadline, nullptr, ~0u, policy) ==
          WaitResult::Ready;
 }
 
@@ -64,7 +66,7 @@ void Progress::run() {
       queue_.pop_front();
     }
     queued_.fetch_sub(1, std::memory_order_seq_cst);
-    task();  // never throws: tasks report through their Completion
+    task();          // never throws: tasks report through their Completion
     task = nullptr;  // what it holds goes before the next task is counted done
     pending_.fetch_sub(1, std::memory_order_seq_cst);
   }

@@ -64,8 +64,8 @@ class Progress {
 
   std::mutex mutex_;  // guards queue_
   std::deque<std::function<void()>> queue_;
-  WaitWord word_;                     // the thread waits here for queued_ or stopping_
-  std::atomic<uint64_t> queued_{0};   // tasks in queue_
+  WaitWord word_;                    // the thread waits here for queued_ or stopping_
+  std::atomic<uint64_t> queued_{0};  // tasks in queue_
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> pending_{0};  // queued + running
   std::thread thread_;

@@ -39,7 +39,14 @@ constexpr int kMaxLocalRanks = 1024;
 // Failed: a rank left a round by an error of its own (out of memory, say) that its peers do not share.
 // Shrinking: a rank began to shrink the group (comm/membership.hpp); its calls are over.
 enum class StopReason : uint32_t {
-  None = 0, Aborted = 1, Timeout = 2, PeerDied = 3, Left = 4, Corrupt = 5, Failed = 6, Shrinking = 7
+  None = 0,
+  Aborted = 1,
+  Timeout = 2,
+  PeerDied = 3,
+  Left = 4,
+  Corrupt = 5,
+  Failed = 6,
+  Shrinking = 7
 };
 
 // The stop word: reason (bits 0-7) | rank + 1 (bits 8-19) | generation modulo 4096 (bits 20-31).
@@ -62,8 +69,9 @@ constexpr bool stop_newer(uint32_t a, uint32_t b) noexcept {
 // Stops the group unless it is stopped already (first cause wins). Call notify() after.
 inline void raise_stop(std::atomic<uint32_t>& word, StopReason reason, int rank) noexcept {
   uint32_t cur = word.load(std::memory_order_seq_cst);
-  while (stop_reason(cur) == StopReason::None &&
-         !word.compare_exchange_weak(cur, stop_code(reason, rank, stop_generation(cur) + 1), std::memory_order_seq_cst)) {
+  while (
+      stop_reason(cur) == StopReason::None &&
+      !word.compare_exchange_weak(cur, stop_code(reason, rank, stop_generation(cur) + 1), std::memory_order_seq_cst)) {
   }
 }
 
@@ -121,7 +129,7 @@ struct Descriptor {
   uint32_t direct;  // kDirect* bits
   uint32_t pad;
   uint64_t reserved;  // 0
-  uint64_t weight;  // weighted mean: this rank's sample count
+  uint64_t weight;    // weighted mean: this rank's sample count
 
   // Field by field: a memcmp's wide loads would wait for the narrow stores that just built it.
   friend bool operator==(const Descriptor&, const Descriptor&) = default;
@@ -131,7 +139,7 @@ static_assert(std::is_trivially_copyable_v<Descriptor> && sizeof(Descriptor) == 
 
 struct alignas(64) RankSlot {
   std::atomic<int32_t> pid;
-  std::atomic<uint64_t> generation;     // shm: the segment generation this rank joined
+  std::atomic<uint64_t> generation;  // shm: the segment generation this rank joined
   // The CPU this rank last arrived or published from (a hint for the waits of its peers; see
   // AdaptiveWait); -1 until it does (and for good when its own waits count as oversubscribed).
   // Written only when it changes, in a line of such words, so peers read it from their caches.
@@ -165,7 +173,7 @@ struct alignas(64) RankSlot {
   std::atomic<uint64_t> reset_arrivals[2];
   std::atomic<uint64_t> reset_chunks[2];
   std::atomic<uint32_t> reset_stop[2];  // the stop word this rank saw when it asked
-  alignas(64) Descriptor desc[2];  // by round parity
+  alignas(64) Descriptor desc[2];       // by round parity
   // shm: the CPUs the thread that joined as this rank may run on (wait_detail::CpuMask), written
   // before it counts as joined; the group's CPU count is read from every rank's (Fabric::cpus).
   alignas(64) std::atomic<uint64_t> cpu_mask[16];
@@ -203,7 +211,7 @@ struct alignas(64) MemberSlot {
   // The epoch whose proposal `failed` holds, 0 while it is written: a reader that finds the same
   // epoch before and after reading the bits read that epoch's proposal whole.
   std::atomic<uint64_t> tag;
-  std::atomic<uint64_t> nonce;  // names the group that epoch's members form
+  std::atomic<uint64_t> nonce;                 // names the group that epoch's members form
   std::atomic<uint64_t> failed[kMemberWords];  // bit r: rank r is out
 };
 struct alignas(64) MembershipWords {
@@ -253,7 +261,9 @@ class ControlArea {
   std::atomic<uint64_t>& barrier() const noexcept { return *barrier_; }
   // Rank r's arrival stamp in the rounds of `parity`: written by r before it arrives, read by its
   // peers once every rank arrived (parity double buffering keeps it until they have read it).
-  int64_t& arrival_stamp(int r, uint64_t parity) const noexcept { return stamps_[static_cast<uint64_t>(r) * 2 + parity]; }
+  int64_t& arrival_stamp(int r, uint64_t parity) const noexcept {
+    return stamps_[static_cast<uint64_t>(r) * 2 + parity];
+  }
   RankSlot& slot(int r) const noexcept { return slots_[r]; }
   BufferAddress* table(int r, uint64_t parity) const noexcept {
     return tables_ + (static_cast<uint64_t>(r) * 2 + parity) * kMaxTableBuffers;

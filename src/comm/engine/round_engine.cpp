@@ -136,16 +136,16 @@ bool RoundEngine::check_peers() {
 }
 
 void RoundEngine::fail_fast() {
-  if (stop_reason(words().stop_word.load(std::memory_order_acquire)) != StopReason::None) throw_stopped(false, round_ + 1);
+  if (stop_reason(words().stop_word.load(std::memory_order_acquire)) != StopReason::None)
+    throw_stopped(false, round_ + 1);
 }
 
 void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers, bool cross_process) {
   const bool hold = hold_buffers && (cross_process || fabric_.peers_use_private_memory());
   arrive();
   const uint64_t target = barriers_;
-  const Waited waited =
-      wait_barrier(target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable, collective_name(what),
-                   round.number);
+  const Waited waited = wait_barrier(target, round.deadline, hold ? WaitMode::Hold : WaitMode::Abortable,
+                                     collective_name(what), round.number);
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   if (!decide(target)) throw_failed(waited, collective_name(what), round.number, target);
 }
@@ -162,8 +162,7 @@ void verify_round(const std::function<std::string()>& where, uint64_t call, int 
                         (c.collective == Collective::ReduceScatter && c.nbufs == 1);
     if (rooted && (c.root < 0 || c.root >= size)) {
       fail(GRADSYNC_E_OUT_OF_RANGE, "{} call {}: rank {} passed root {} out of range [0, {}) ({})", where(), call, r,
-           c.root, size,
-           describe(c));
+           c.root, size, describe(c));
     }
     if ((c.collective == Collective::Allreduce || c.collective == Collective::ReduceScatter) && !reducible(dtype)) {
       fail(GRADSYNC_E_UNSUPPORTED, "{} call {}: {} of {} is not supported", where(), call,
@@ -219,7 +218,7 @@ void RoundEngine::throw_failed(Waited why, const char* what, uint64_t call, uint
 }
 
 void RoundEngine::report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
-                                     std::chrono::nanoseconds waited) const {
+                                    std::chrono::nanoseconds waited) const {
   GS_LOG_WARN("{} {}: rank {} waiting {} s for rank(s) {}", where(call), what, rank_,
               std::chrono::duration_cast<std::chrono::seconds>(waited).count(), fmt::join(missing, ", "));
 }
@@ -253,23 +252,32 @@ void RoundEngine::throw_stopped(bool waiting, uint64_t call) {
       }
       fail(GRADSYNC_E_ABORTED, "{}: the group is stopped after a timeout (seen by rank {}); reset or free it", w, who);
     case StopReason::Left:
-      fail(GRADSYNC_E_ABORTED, "{}: rank {} left the group (its communicator was freed, pid {}); free the group and "
-           "form a new one", w, who, pid);
+      fail(GRADSYNC_E_ABORTED,
+           "{}: rank {} left the group (its communicator was freed, pid {}); free the group and "
+           "form a new one",
+           w, who, pid);
     case StopReason::Corrupt:
-      fail(GRADSYNC_E_CORRUPT, "{}: rank {} stopped the group: a peer published a buffer outside the group's shared "
-           "heaps (a member gone bad); reset or free it", w, who);
+      fail(GRADSYNC_E_CORRUPT,
+           "{}: rank {} stopped the group: a peer published a buffer outside the group's shared "
+           "heaps (a member gone bad); reset or free it",
+           w, who);
     case StopReason::Failed:
-      fail(GRADSYNC_E_ABORTED, "{}: rank {} (pid {}) failed in the middle of a call (an error of its own, reported "
-           "there); reset or free the group", w, who, pid);
+      fail(GRADSYNC_E_ABORTED,
+           "{}: rank {} (pid {}) failed in the middle of a call (an error of its own, reported "
+           "there); reset or free the group",
+           w, who, pid);
     case StopReason::Shrinking:
-      fail(GRADSYNC_E_ABORTED, "{}: rank {} (pid {}) is shrinking the group after a lost member; call "
-           "gradsync_comm_shrink on every rank", w, who, pid);
+      fail(GRADSYNC_E_ABORTED,
+           "{}: rank {} (pid {}) is shrinking the group after a lost member; call "
+           "gradsync_comm_shrink on every rank",
+           w, who, pid);
     case StopReason::Aborted:
-    case StopReason::None:
-      break;
+    case StopReason::None: break;
   }
-  fail(GRADSYNC_E_ABORTED, "{}: the group was aborted (abort() called on rank {}, pid {}); call reset() on every rank "
-       "or free it", w, who, pid);
+  fail(GRADSYNC_E_ABORTED,
+       "{}: the group was aborted (abort() called on rank {}, pid {}); call reset() on every rank "
+       "or free it",
+       w, who, pid);
 }
 
 void RoundEngine::abort() noexcept { stop(StopReason::Aborted, rank_); }
@@ -286,8 +294,10 @@ void RoundEngine::fail_round() noexcept {
 void RoundEngine::refuse_peer_buffer(const Round& round, int r, uint64_t address, uint64_t bytes) {
   stop(StopReason::Corrupt, rank_);
   decide(barriers_ + 1);
-  fail(GRADSYNC_E_CORRUPT, "{}: rank {} published a buffer [{:#x}, +{}) outside the group's shared heaps; the group "
-       "is stopped (reset or free it)", where(round.number), r, address, bytes);
+  fail(GRADSYNC_E_CORRUPT,
+       "{}: rank {} published a buffer [{:#x}, +{}) outside the group's shared heaps; the group "
+       "is stopped (reset or free it)",
+       where(round.number), r, address, bytes);
 }
 
 void RoundEngine::refuse_peer_range(const Round& round, Collective what, int r, uint64_t address, uint64_t bytes,
@@ -361,7 +371,8 @@ uint32_t RoundEngine::reset_together() {
   const uint32_t attempt = reset_code_attempt(state);
   // A barrier that fell before this rank arrived at it (a pipeline that failed between barriers)
   // is spent too: the next round must use a later one.
-  const uint64_t spent = barrier_spent(control_.barrier().load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
+  const uint64_t spent =
+      barrier_spent(control_.barrier().load(std::memory_order_seq_cst), static_cast<uint64_t>(size_));
   RankSlot& me = control_.slot(rank_);
   constexpr auto relaxed = std::memory_order_relaxed;
   me.reset_rounds[epoch & 1].store(round_, relaxed);
@@ -415,8 +426,10 @@ uint32_t RoundEngine::reset_together() {
   const bool closed = reset_code_epoch(cur) > epoch || !reset_code_open(cur);
   if (!closed) {
     if (missing.empty()) {
-      fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: a peer gave up waiting for the others; call reset "
-           "again on every rank", transport_name(fabric_.transport()), fabric_.group(), rank_);
+      fail(GRADSYNC_E_TIMEOUT,
+           "reset of {} group '{}' on rank {}: a peer gave up waiting for the others; call reset "
+           "again on every rank",
+           transport_name(fabric_.transport()), fabric_.group(), rank_);
     }
     fail(GRADSYNC_E_TIMEOUT, "reset of {} group '{}' on rank {}: rank(s) {} did not call reset within {} ms",
          transport_name(fabric_.transport()), fabric_.group(), rank_, fmt::join(missing, ", "), timeout_.count());

@@ -32,8 +32,8 @@
 // tests/model/round.pml models this protocol (decisions, resets, stops) and spin checks it over
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -176,13 +176,13 @@ class RoundEngine {
   // the wait took: none, within the first polls, or longer.
   enum class Paused { No, Briefly, Long };
   template <class Settled, class Counter>
-  Waited wait_all(Settled&& settled, Counter&& counter, uint64_t target, WaitClock::time_point& deadline,
-                  WaitMode mode, const char* what, uint64_t call, Paused* paused = nullptr);
+  Waited wait_all(Settled&& settled, Counter&& counter, uint64_t target, WaitClock::time_point& deadline, WaitMode mode,
+                  const char* what, uint64_t call, Paused* paused = nullptr);
   // Waits at barrier `target`, which this rank has arrived at: until it is decided (went ahead or
   // fell), or, in Hold mode, until it went ahead, or fell with every rank past it (arrived, or out
   // of the round by fail_round), or a peer died with every live one past it.
-  Waited wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode, const char* what,
-                      uint64_t call, Paused* paused = nullptr);
+  Waited wait_barrier(uint64_t target, WaitClock::time_point& deadline, WaitMode mode, const char* what, uint64_t call,
+                      Paused* paused = nullptr);
   void report_stragglers(const std::vector<int>& missing, const char* what, uint64_t call,
                          std::chrono::nanoseconds waited) const;
   // The deadline of a wait that starts `now`, unless one is set already.
@@ -333,7 +333,7 @@ RoundEngine::Round RoundEngine::begin(const Descriptor& d, Publish&& publish) {
   // The verdict's time without a clock read where it can be had: the last rank to arrive had it at
   // its arrival, and one whose wait ended within its first polls had it as the last peer arrived
   // (a poll's latency later). Only a longer wait (a yield, a sleep) reads the clock again.
-  const auto decided = paused == Paused::Long    ? telemetry_.now()
+  const auto decided = paused == Paused::Long      ? telemetry_.now()
                        : paused == Paused::Briefly ? WaitClock::time_point(std::chrono::nanoseconds(last))
                                                    : arrived;
   telemetry_.arrival(arrived, decided, stamps_.data(), size_);
@@ -353,8 +353,8 @@ void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) 
   start_deadline(round.deadline);
   for (;;) {
     const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
-    WaitResult result = waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask,
-                                awaited_on_this_cpu(~uint64_t{0}));
+    WaitResult result =
+        waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask, awaited_on_this_cpu(~uint64_t{0}));
     if (result == WaitResult::Ready) return;
     Waited why = Waited::Stopped;
     if (result == WaitResult::Timeout && interrupt_()) {

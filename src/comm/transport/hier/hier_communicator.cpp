@@ -28,9 +28,12 @@ constexpr uint64_t kFlatBytes = 16 * 1024;
 // type, so a level's rounding would lose what the flat fold keeps: they go flat.
 bool levels_preserve(DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::F32: case DType::F64: return true;
-    case DType::I32: case DType::I64: return op != ReduceOp::Mean;
-    case DType::BF16: case DType::F16: return false;
+    case DType::F32:
+    case DType::F64: return true;
+    case DType::I32:
+    case DType::I64: return op != ReduceOp::Mean;
+    case DType::BF16:
+    case DType::F16: return false;
   }
   return false;
 }
@@ -55,9 +58,8 @@ class HierCommunicator final : public Communicator {
         check_mismatch_(options.check_mismatch) {
     const Topology& t = world_->topology();
     one_host_ = t.num_hosts == 1;
-    even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(), [&](int h) {
-      return std::count(t.rank_host.begin(), t.rank_host.end(), h) == t.local_size;
-    });
+    even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(),
+                        [&](int h) { return std::count(t.rank_host.begin(), t.rank_host.end(), h) == t.local_size; });
     // One name per host for the shared-memory level, the same on that host's ranks: world rank
     // 0's nonce, and the host index (hosts that a label makes distinct may share one /dev/shm).
     uint64_t nonce = world_->rank() == 0 ? random_nonce() : 0;
@@ -185,15 +187,15 @@ class HierCommunicator final : public Communicator {
       const Part mine = local_->my_part(b.count);
       std::byte* slice = recv + mine.start * es;
       local_->reduce_scatter(b.send, slice, b.count, dtype, level_op);
-      cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{slice, slice, mine.len}}),
-                        dtype, level_op);
+      cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{slice, slice, mine.len}}), dtype,
+                        level_op);
       if (op == ReduceOp::Mean) finish_mean(slice, mine.len, dtype);
       local_->allgather(nullptr, recv, b.count, dtype);
     } else {
       local_->reduce_to(b.send, recv, b.count, dtype, level_op, 0);
       if (cross_ != nullptr) {
-        cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{recv, recv, b.count}}),
-                          dtype, level_op);
+        cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{recv, recv, b.count}}), dtype,
+                          level_op);
         if (op == ReduceOp::Mean) finish_mean(recv, b.count, dtype);
       }
       local_->broadcast(recv, b.count, dtype, 0);
@@ -207,8 +209,7 @@ class HierCommunicator final : public Communicator {
   void broadcast_levels(std::byte* buf, size_t count, DType dtype, int root) {
     const Topology& t = world_->topology();
     const int root_host = t.rank_host[static_cast<size_t>(root)];
-    const auto root_local = static_cast<int>(
-        std::count(t.rank_host.begin(), t.rank_host.begin() + root, root_host));
+    const auto root_local = static_cast<int>(std::count(t.rank_host.begin(), t.rank_host.begin() + root, root_host));
     if (t.host == root_host) local_->broadcast(buf, count, dtype, root_local);
     // A cross-level group is keyed by host: its rank r is host r's member.
     if (even_) {

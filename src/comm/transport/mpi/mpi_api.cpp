@@ -55,7 +55,7 @@ std::string elf_problem(const std::string& path) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return fmt::format("cannot stat it: {}", std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return "not a regular file";
   const auto size = static_cast<uint64_t>(st.st_size);
@@ -68,8 +68,8 @@ std::string elf_problem(const std::string& path) {
   const auto* own = ::dladdr(reinterpret_cast<void*>(&elf_problem), &self) != 0
                         ? static_cast<const ElfW(Ehdr)*>(self.dli_fbase)
                         : nullptr;
-  if (own != nullptr && (eh.e_ident[EI_CLASS] != own->e_ident[EI_CLASS] || eh.e_ident[EI_DATA] != own->e_ident[EI_DATA] ||
-                         eh.e_machine != own->e_machine))
+  if (own != nullptr && (eh.e_ident[EI_CLASS] != own->e_ident[EI_CLASS] ||
+                         eh.e_ident[EI_DATA] != own->e_ident[EI_DATA] || eh.e_machine != own->e_machine))
     return fmt::format("an ELF file for another machine (class {}, data {}, machine {}; this process's are {}, {}, {})",
                        eh.e_ident[EI_CLASS], eh.e_ident[EI_DATA], eh.e_machine, own->e_ident[EI_CLASS],
                        own->e_ident[EI_DATA], own->e_machine);
@@ -78,16 +78,17 @@ std::string elf_problem(const std::string& path) {
     return fmt::format("damaged: {} program headers of {} bytes", eh.e_phnum, eh.e_phentsize);
   const uint64_t table = uint64_t{eh.e_phnum} * sizeof(ElfW(Phdr));
   if (eh.e_phoff > size || table > size - eh.e_phoff)
-    return fmt::format("truncated or damaged: its program headers take {} bytes at offset {}, past the end of its {} bytes",
-                       table, eh.e_phoff, size);
+    return fmt::format(
+        "truncated or damaged: its program headers take {} bytes at offset {}, past the end of its {} bytes", table,
+        eh.e_phoff, size);
   std::vector<ElfW(Phdr)> ph(eh.e_phnum);
   if (const std::string e = read_at(fd, ph.data(), table, static_cast<off_t>(eh.e_phoff)); !e.empty())
     return "cannot read its program headers: " + e;
   for (size_t i = 0; i < ph.size(); ++i) {
     if (ph[i].p_offset > size || ph[i].p_filesz > size - ph[i].p_offset)
       return fmt::format("truncated or damaged: its {} {} takes {} bytes at offset {}, past the end of its {} bytes",
-                         ph[i].p_type == PT_LOAD ? "loadable segment" : "segment", i, ph[i].p_filesz,
-                         ph[i].p_offset, size);
+                         ph[i].p_type == PT_LOAD ? "loadable segment" : "segment", i, ph[i].p_filesz, ph[i].p_offset,
+                         size);
   }
   return {};
 }
@@ -140,8 +141,7 @@ Plugin find() {
     // Only an absolute path names a directory: a program started through PATH reports its bare
     // name, and the current directory is nobody's to load code from.
     Dl_info self{};
-    if (::dladdr(reinterpret_cast<void*>(&find), &self) != 0 && self.dli_fname != nullptr &&
-        self.dli_fname[0] == '/') {
+    if (::dladdr(reinterpret_cast<void*>(&find), &self) != 0 && self.dli_fname != nullptr && self.dli_fname[0] == '/') {
       const std::string path = self.dli_fname;
       p.api = load(path.substr(0, path.rfind('/')) + "/" + kPluginSoname, why);
     }

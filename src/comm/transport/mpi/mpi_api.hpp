@@ -23,11 +23,11 @@ inline constexpr uint32_t kApiVersion = 3;
 // version, the sizes of the types it passes by value or lays out (MPI_Status in MPI_Test's
 // arguments), and Open MPI's major release (its ABI series). A plugin built against another mpi.h
 // is refused.
-inline constexpr uint64_t kMpiHeaderAbi =
-    (uint64_t{MPI_VERSION} << 56) | (uint64_t{MPI_SUBVERSION} << 48) | (uint64_t{sizeof(MPI_Status)} << 32) |
-    (uint64_t{sizeof(MPI_Aint)} << 24) | (uint64_t{sizeof(MPI_Comm)} << 16)
+inline constexpr uint64_t kMpiHeaderAbi = (uint64_t{MPI_VERSION} << 56) | (uint64_t{MPI_SUBVERSION} << 48) |
+                                          (uint64_t{sizeof(MPI_Status)} << 32) | (uint64_t{sizeof(MPI_Aint)} << 24) |
+                                          (uint64_t{sizeof(MPI_Comm)} << 16)
 #if defined(OMPI_MAJOR_VERSION)
-    | (uint64_t{OMPI_MAJOR_VERSION & 0xff} << 8)
+                                          | (uint64_t{OMPI_MAJOR_VERSION & 0xff} << 8)
 #endif
     ;
 inline constexpr const char* kPluginSoname = "libgradsync-mpi.so.0";
@@ -35,7 +35,7 @@ inline constexpr const char* kPluginEntry = "gradsync_mpi_plugin_api";
 
 struct Api {
   uint32_t version;
-  uint32_t size;  // sizeof(Api) as the plugin was compiled
+  uint32_t size;            // sizeof(Api) as the plugin was compiled
   uint64_t mpi_header_abi;  // kMpiHeaderAbi as the plugin was compiled
 
   MPI_Comm comm_world, comm_null;

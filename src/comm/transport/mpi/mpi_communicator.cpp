@@ -26,9 +26,9 @@
 #include "comm/engine/round_engine.hpp"
 #include "comm/reduce.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "common/bounded_wait.hpp"
 #include "common/wait.hpp"
 
 namespace gradsync::comm {
@@ -290,8 +290,7 @@ class MpiCommunicator final : public Communicator {
   // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
   // `start`: when the wait began, if the caller has just read the clock.
   void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
-            const std::shared_ptr<void>& keepalive, Mode mode,
-            std::optional<Clock::time_point> start = std::nullopt);
+            const std::shared_ptr<void>& keepalive, Mode mode, std::optional<Clock::time_point> start = std::nullopt);
   std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
@@ -336,9 +335,9 @@ class MpiCommunicator final : public Communicator {
   size_t pack_capacity_ = 0;  // the small path's bytes per rank (kPackBytes, kPackBudget)
   std::shared_ptr<Exchange> exchange_;
   std::shared_ptr<void> exchange_keep_;  // the same, as the waits bury it
-  bool packed_ = false;  // the last exchange carried every rank's data
-  std::vector<int64_t> stamps_;  // the ranks' arrivals in the last exchange
-  std::vector<const void*> sources_;  // the small path's contributions, by rank
+  bool packed_ = false;                  // the last exchange carried every rank's data
+  std::vector<int64_t> stamps_;          // the ranks' arrivals in the last exchange
+  std::vector<const void*> sources_;     // the small path's contributions, by rank
   // The last call found alike on every rank and valid: the same call again needs no judging.
   CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
   std::vector<PeerInfo> peers_;
@@ -358,9 +357,9 @@ class MpiCommunicator final : public Communicator {
   // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
   std::mutex ctl_mutex_;
   std::atomic<bool> notices_sent_{false};  // read by the waits without the lock
-  int64_t notice_out_[3] = {0, 0, 0};  // a Notice's status, subject, stop_at
+  int64_t notice_out_[3] = {0, 0, 0};      // a Notice's status, subject, stop_at
   int64_t notice_in_[3] = {0, 0, 0};
-  std::optional<Notice> notice_;  // the notice heard with the earliest stop_at, until reset
+  std::optional<Notice> notice_;          // the notice heard with the earliest stop_at, until reset
   Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
   Clock::time_point offset_read_{};
   int64_t system_offset_ns_ = 0;  // system clock minus steady clock
@@ -407,15 +406,15 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
         PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_)};
     MPI_Request request = mpi::lib().request_null;
     check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
-                         sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
+                                sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
           "MPI_Iallgather");
     wait(&request, 1, deadline, "joining the MPI group (exchange of process ids)", nullptr, info, Mode::Setup);
     peers_.assign(info->begin(), info->begin() + size_);
     // Ranks that split transfers differently would pair their pieces wrongly: refuse, on every rank.
     for (int r = 0; r < size_; ++r) {
       GS_REQUIRE(peers_[static_cast<size_t>(r)].max_count == peers_[0].max_count, GRADSYNC_E_MISMATCH,
-                 "GRADSYNC_MPI_MAX_COUNT differs between ranks: rank 0 has {}, rank {} has {}", peers_[0].max_count,
-                 r, peers_[static_cast<size_t>(r)].max_count);
+                 "GRADSYNC_MPI_MAX_COUNT differs between ranks: rank 0 has {}, rank {} has {}", peers_[0].max_count, r,
+                 peers_[static_cast<size_t>(r)].max_count);
     }
     pack_capacity_ = std::min(kPackBytes, kPackBudget / static_cast<size_t>(size_)) / 64 * 64;
     renew_exchange();
@@ -444,9 +443,10 @@ MpiCommunicator::~MpiCommunicator() {
   }
   // An abandoned collective stays counted: the process ends with MPI_Abort when we own MPI.
   if (holds_abandoned_ && !mpi::we_initialised())
-    GS_LOG_WARN("MPI transport: freeing a communicator whose collective was abandoned ({}); MPI_Finalize may wait "
-                "forever for the missing rank: end the job with MPI_Abort",
-                aborted_reason_);
+    GS_LOG_WARN(
+        "MPI transport: freeing a communicator whose collective was abandoned ({}); MPI_Finalize may wait "
+        "forever for the missing rank: end the job with MPI_Abort",
+        aborted_reason_);
   if (runtime_acquired_) mpi::release_runtime();
 }
 
@@ -479,10 +479,10 @@ std::string MpiCommunicator::notice_reason() const {
   const Notice& n = *notice_;
   if (n.subject == rank_) return "gradsync_comm_abort was called on this rank";
   // A notice names its subject, the rank that started it; the sender may only be forwarding it.
-  return n.status == GRADSYNC_E_REMOTE    ? fmt::format("rank {} died (reported by rank {})", n.subject, n.source)
-         : n.status == GRADSYNC_E_TIMEOUT ? fmt::format("rank {} timed out waiting for a rank that did not arrive",
-                                                        n.subject)
-                                          : fmt::format("rank {} aborted the group", n.subject);
+  return n.status == GRADSYNC_E_REMOTE ? fmt::format("rank {} died (reported by rank {})", n.subject, n.source)
+         : n.status == GRADSYNC_E_TIMEOUT
+             ? fmt::format("rank {} timed out waiting for a rank that did not arrive", n.subject)
+             : fmt::format("rank {} aborted the group", n.subject);
 }
 
 // Cancels the posted notice receive, lets go of sent notices, frees ctl_.
@@ -545,8 +545,9 @@ void MpiCommunicator::throw_if_aborted(uint64_t call, Clock::time_point now) {
     }
   }
   if (aborted_)
-    fail(GRADSYNC_E_ABORTED, "MPI communicator (rank {} of {}) is aborted: {}; call gradsync_comm_reset on every rank, or free it",
-         rank_, size_, aborted_reason_);
+    fail(GRADSYNC_E_ABORTED,
+         "MPI communicator (rank {} of {}) is aborted: {}; call gradsync_comm_reset on every rank, or free it", rank_,
+         size_, aborted_reason_);
 }
 
 void MpiCommunicator::abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject,
@@ -583,12 +584,12 @@ void MpiCommunicator::fail_on_notice(const std::shared_ptr<void>& keepalive, con
          what, rank_, size_, options_.timeout.count(), subject);
   }
   if (subject == rank_) {
-    abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what),
-            GRADSYNC_E_ABORTED, subject, call);
+    abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what), GRADSYNC_E_ABORTED,
+            subject, call);
     fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort (a peer had not posted it)", what, rank_);
   }
-  abandon(keepalive, fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED,
-          subject, call);
+  abandon(keepalive, fmt::format("rank {} aborted the group during {}", subject, what), GRADSYNC_E_ABORTED, subject,
+          call);
   fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
 
@@ -823,12 +824,15 @@ void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, C
            r, seq, first.seq);
     }
   }
-  verify_round(where, fp.seq, size_, size_, true,
-               [&](int r) -> const CallSignature& { return ex.details[static_cast<size_t>(r)].fp.call; },
-               [&](int r) { return ex.details[static_cast<size_t>(r)].weight; });
+  verify_round(
+      where, fp.seq, size_, size_, true,
+      [&](int r) -> const CallSignature& { return ex.details[static_cast<size_t>(r)].fp.call; },
+      [&](int r) { return ex.details[static_cast<size_t>(r)].weight; });
   // Equal calls whose data differed in size: ranks of different builds (another group limit).
-  fail(GRADSYNC_E_MISMATCH, "MPI communicator call {}: the ranks sent different amounts of data with the same call "
-       "(ranks of different builds?)", fp.seq);
+  fail(GRADSYNC_E_MISMATCH,
+       "MPI communicator call {}: the ranks sent different amounts of data with the same call "
+       "(ranks of different builds?)",
+       fp.seq);
 }
 
 int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
@@ -837,9 +841,10 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
   };
   if (offset_read_ == Clock::time_point{} || now - offset_read_ > std::chrono::milliseconds(100)) {
     offset_read_ = now;
-    system_offset_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count() -
-                        steady(now);
+    system_offset_ns_ =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count() -
+        steady(now);
   }
   return steady(now) + system_offset_ns_;
 }
@@ -847,8 +852,8 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
 bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
   // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps, and half precision
   // accumulates in f32: MPI can do neither.
-  return options_.deterministic || (dtype == DType::I32 && op == ReduceOp::Mean) ||
-         dtype == DType::BF16 || dtype == DType::F16;
+  return options_.deterministic || (dtype == DType::I32 && op == ReduceOp::Mean) || dtype == DType::BF16 ||
+         dtype == DType::F16;
 }
 
 std::byte* MpiCommunicator::scratch(size_t bytes) {
@@ -890,12 +895,12 @@ void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t 
     }
     std::byte* copies = scratch(n * mine.len * elem);
     check(mpi::lib().Alltoallv(at(send, lo, elem), send_counts.data(), send_displs.data(), mpi_type(dtype), copies,
-                        recv_counts.data(), recv_displs.data(), mpi_type(dtype), comm_),
+                               recv_counts.data(), recv_displs.data(), mpi_type(dtype), comm_),
           "MPI_Alltoallv");
     for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
     reduce(dtype, op, sources.data(), n, at(recv, lo + mine.start, elem), 0, mine.len);
-    check(mpi::lib().Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(), send_displs.data(),
-                         mpi_type(dtype), comm_),
+    check(mpi::lib().Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(),
+                                send_displs.data(), mpi_type(dtype), comm_),
           "MPI_Allgatherv");
   }
 }
@@ -918,14 +923,15 @@ void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& blo
     requests.clear();
     for (size_t lo = 0; lo < in.recv_count; lo += max_count_) {
       requests.emplace_back();
-      check(mpi::lib().Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)), static_cast<int>(std::min(max_count_, in.recv_count - lo)),
-                      mpi_type(dtype), from, kPairwiseTag, comm_, &requests.back()),
+      check(mpi::lib().Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)),
+                             static_cast<int>(std::min(max_count_, in.recv_count - lo)), mpi_type(dtype), from,
+                             kPairwiseTag, comm_, &requests.back()),
             "MPI_Irecv");
     }
     for (size_t lo = 0; lo < out.send_count; lo += max_count_) {
       requests.emplace_back();
       check(mpi::lib().Isend(at(out.send, lo, elem), static_cast<int>(std::min(max_count_, out.send_count - lo)),
-                      mpi_type(dtype), to, kPairwiseTag, comm_, &requests.back()),
+                             mpi_type(dtype), to, kPairwiseTag, comm_, &requests.back()),
             "MPI_Isend");
     }
     check(mpi::lib().Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
@@ -1043,8 +1049,8 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
       displs[r] = static_cast<int>(parts[r].start);
     }
     const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
-    check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(), displs.data(),
-                         mpi_type(dtype), comm_),
+    check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(),
+                                displs.data(), mpi_type(dtype), comm_),
           "MPI_Allgatherv");
   });
 }
@@ -1075,7 +1081,7 @@ void MpiCommunicator::exchange(const void* send, void* recv, const Routes& route
       recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
     }
     check(mpi::lib().Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
-                        recv_displs.data(), mpi_type(dtype), comm_),
+                               recv_displs.data(), mpi_type(dtype), comm_),
           "MPI_Alltoallv");
   });
 }
@@ -1123,7 +1129,7 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
       for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
       std::byte* copies = scratch(n * mine.len * elem);
       check(mpi::lib().Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
-                          recv_displs.data(), mpi_type(dtype), comm_),
+                                 recv_displs.data(), mpi_type(dtype), comm_),
             "MPI_Alltoallv");
       std::vector<const void*> sources(n);
       for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
@@ -1135,7 +1141,8 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
     const auto* r = static_cast<const std::byte*>(recv);
     const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
     void* out = overlaps ? scratch(mine.len * elem) : recv;
-    check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_), "MPI_Reduce_scatter");
+    check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
+          "MPI_Reduce_scatter");
     if (overlaps) std::memcpy(recv, out, mine.len * elem);
     if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
   });

@@ -21,8 +21,8 @@
 #include <boost/interprocess/exceptions.hpp>
 
 #include "common/error.hpp"
-#include "common/ofd_lock.hpp"
 #include "common/log.hpp"
+#include "common/ofd_lock.hpp"
 #include "common/random.hpp"
 
 namespace gradsync::comm::shm {
@@ -41,7 +41,8 @@ constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a
 // The file behind fd is still the one the name refers to (a leaver may have removed the name
 // between our open and our lock).
 bool still_linked(int fd, const std::string& shm_name) {
-  struct stat by_fd {}, by_name {};
+  struct stat by_fd {
+  }, by_name{};
   if (fstat(fd, &by_fd) != 0) return false;
   if (stat(("/dev/shm/" + shm_name).c_str(), &by_name) != 0) return false;
   return by_fd.st_ino == by_name.st_ino && by_fd.st_dev == by_name.st_dev;
@@ -93,13 +94,16 @@ void require_private(int fd, const std::string& shm_name, const std::string& gro
   if (fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "fstat of /dev/shm/{} failed: {}", shm_name, std::strerror(errno));
   if (!S_ISREG(st.st_mode)) fail(GRADSYNC_E_PERMISSION, "/dev/shm/{} is not a regular file", shm_name);
   if (st.st_uid != geteuid()) {
-    fail(GRADSYNC_E_PERMISSION, "shared-memory segment /dev/shm/{} belongs to uid {}, not to this user (uid {}): "
-         "another user created group '{}' first; refusing to use it (pick another name)", shm_name, st.st_uid,
-         geteuid(), group);
+    fail(GRADSYNC_E_PERMISSION,
+         "shared-memory segment /dev/shm/{} belongs to uid {}, not to this user (uid {}): "
+         "another user created group '{}' first; refusing to use it (pick another name)",
+         shm_name, st.st_uid, geteuid(), group);
   }
   if ((st.st_mode & 077) != 0) {
-    fail(GRADSYNC_E_PERMISSION, "shared-memory segment /dev/shm/{} has mode {:04o}, which lets other users open it; "
-         "refusing to use it (remove it, or make it 0600)", shm_name, st.st_mode & 07777);
+    fail(GRADSYNC_E_PERMISSION,
+         "shared-memory segment /dev/shm/{} has mode {:04o}, which lets other users open it; "
+         "refusing to use it (remove it, or make it 0600)",
+         shm_name, st.st_mode & 07777);
   }
 }
 
@@ -166,12 +170,14 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     }
     bip::shared_memory_object object;
     try {
-      object = bip::shared_memory_object(bip::open_or_create, shm_name.c_str(), bip::read_write,
-                                         bip::permissions(0600));
+      object =
+          bip::shared_memory_object(bip::open_or_create, shm_name.c_str(), bip::read_write, bip::permissions(0600));
     } catch (const bip::interprocess_exception& e) {
       if (e.get_native_error() == EACCES) {
-        fail(GRADSYNC_E_PERMISSION, "cannot open shared-memory segment /dev/shm/{}: it belongs to another user "
-             "(someone else uses the group name '{}'; pick another)", shm_name, name);
+        fail(GRADSYNC_E_PERMISSION,
+             "cannot open shared-memory segment /dev/shm/{}: it belongs to another user "
+             "(someone else uses the group name '{}'; pick another)",
+             shm_name, name);
       }
       fail(GRADSYNC_E_IO, "cannot open shared-memory segment /dev/shm/{}: {}", shm_name, e.what());
     }
@@ -205,8 +211,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         valid = l.total_bytes == h->total_bytes && l.heap_offset == h->heap_offset;
         heap_bytes = h->heap_bytes_per_rank;
       }
-      if (!valid && h->magic.load(std::memory_order_acquire) == kSegmentMagic &&
-          h->format_version != kFormatVersion) {
+      if (!valid && h->magic.load(std::memory_order_acquire) == kSegmentMagic && h->format_version != kFormatVersion) {
         // A segment of another build's format: rebuilding it would pull it from under its
         // members, if any is alive. Refused, so neither run loses a call.
         bool held = false;
@@ -254,8 +259,8 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         GS_LOG_WARN("shm group '{}': reclaiming the segment /dev/shm/{} left by a run whose members all died", name,
                     shm_name);
       }
-      const uint64_t heap = std::min({kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage),
-                                      heap_budget_per_rank(size)});
+      const uint64_t heap =
+          std::min({kMaxHeapBytesPerRank, align_up(shm_capacity(fd), kPage), heap_budget_per_rank(size)});
       const Layout l = compute_layout(size, heap);
       heap_bytes = heap;
       bip::mapped_region init;
@@ -291,16 +296,17 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       // The holder's pid, for the message: read where the size checked above puts its slot, and
       // only if the file (which any process may have changed since) still reaches that far.
       int32_t holder = 0;
-      const uint64_t slot_end = control_layout(size, sizeof(Header)).slots + (static_cast<uint64_t>(rank) + 1) * sizeof(RankSlot);
+      const uint64_t slot_end =
+          control_layout(size, sizeof(Header)).slots + (static_cast<uint64_t>(rank) + 1) * sizeof(RankSlot);
       struct stat now {};
       if (fstat(fd, &now) == 0 && static_cast<uint64_t>(now.st_size) >= slot_end) {
         bip::mapped_region peek(object, bip::read_only, 0, slot_end);
         const mapguard::Registration peek_guard(peek.get_address(), peek.get_size(), PROT_READ);
         holder = reinterpret_cast<const RankSlot*>(static_cast<const char*>(peek.get_address()) + slot_end -
-                                                   sizeof(RankSlot))->pid.load();
+                                                   sizeof(RankSlot))
+                     ->pid.load();
       }
-      fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name,
-           holder);
+      fail(GRADSYNC_E_MISUSE, "rank {} of shm group '{}' has already joined (pid {}) and is alive", rank, name, holder);
     }
     seg->object_.swap(object);
     seg->fd_ = fd;
@@ -325,12 +331,12 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     // bad (or a process truncating the file since) must not move the heaps past the mapping.
     seg->layout_ = compute_layout(size, heap_bytes);
     GS_REQUIRE(seg->region_.get_size() >= seg->layout_.total_bytes, GRADSYNC_E_CORRUPT,
-               "shm group '{}': /dev/shm/{} is {} bytes, its layout needs {}: it changed while this rank joined",
-               name, shm_name, seg->region_.get_size(), seg->layout_.total_bytes);
+               "shm group '{}': /dev/shm/{} is {} bytes, its layout needs {}: it changed while this rank joined", name,
+               shm_name, seg->region_.get_size(), seg->layout_.total_bytes);
     seg->control_ = ControlArea(&seg->header_->words, seg->base_, seg->layout_.control, size,
                                 reinterpret_cast<uintptr_t>(seg->base_));
-  // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
-  seg->control_.set_reachable(seg->layout_.heap_offset, seg->layout_.total_bytes);
+    // Peers publish buffers from the heaps only (gradsync_comm_alloc), never the control area.
+    seg->control_.set_reachable(seg->layout_.heap_offset, seg->layout_.total_bytes);
     RankSlot& mine = seg->slot(rank);
     for (size_t i = 0; i < 16; ++i) mine.cpu_mask[i].store(cpu_mask.bits[i], std::memory_order_relaxed);
     mine.cpu_limit.store(cpu_limit, std::memory_order_relaxed);
@@ -427,8 +433,10 @@ void Segment::probe_peers() {
       why = "its pid names another process here";
     }
     if (why != nullptr) {
-      GS_LOG_DEBUG("shm group '{}': rank {} cannot copy to and from rank {}'s process ({}); allreduces of ordinary "
-                   "buffers are staged through the segment", group_, rank_, r, why);
+      GS_LOG_DEBUG(
+          "shm group '{}': rank {} cannot copy to and from rank {}'s process ({}); allreduces of ordinary "
+          "buffers are staged through the segment",
+          group_, rank_, r, why);
       return;
     }
   }
@@ -441,8 +449,8 @@ bool Segment::peer_copy(int r, uint64_t address, void* local, size_t bytes, bool
   while (bytes > 0) {
     iovec here{at, bytes};
     iovec there{reinterpret_cast<void*>(address), bytes};
-    const ssize_t moved = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
-                                : process_vm_readv(pid, &here, 1, &there, 1, 0);
+    const ssize_t moved =
+        write ? process_vm_writev(pid, &here, 1, &there, 1, 0) : process_vm_readv(pid, &here, 1, &there, 1, 0);
     if (moved <= 0) return false;  // a partial copy stops at the first page it could not reach
     at += moved;
     address += static_cast<uint64_t>(moved);
@@ -462,9 +470,10 @@ void Segment::check_intact() const {
   struct stat st {};
   const bool shrank = fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) < layout_.total_bytes;
   if (!shrank && !guard_.faulted()) return;
-  fail(GRADSYNC_E_IO, "shm group '{}': its segment /dev/shm/{} shrank under the group (now {} bytes, {} expected): "
-       "a process truncated it; free the communicator and form a new group", group_, shm_name_,
-       static_cast<uint64_t>(st.st_size), layout_.total_bytes);
+  fail(GRADSYNC_E_IO,
+       "shm group '{}': its segment /dev/shm/{} shrank under the group (now {} bytes, {} expected): "
+       "a process truncated it; free the communicator and form a new group",
+       group_, shm_name_, static_cast<uint64_t>(st.st_size), layout_.total_bytes);
 }
 
 void Segment::close_group() noexcept {

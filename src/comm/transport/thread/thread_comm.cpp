@@ -31,7 +31,10 @@ namespace {
 // a copy path cost nothing until used) and its membership.
 struct Group {
   Group(std::string n, int s)
-      : name(std::move(n)), size(s), present(static_cast<size_t>(s), 0), masks(static_cast<size_t>(s)),
+      : name(std::move(n)),
+        size(s),
+        present(static_cast<size_t>(s), 0),
+        masks(static_cast<size_t>(s)),
         limits(static_cast<size_t>(s)) {
     layout = control_layout(s, 0);
     bytes = layout.end;
@@ -179,8 +182,9 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
       fail(status, "{}", why);
     };
     if (group->size != options.size) {
-      refuse(GRADSYNC_E_MISMATCH, fmt::format("rank {} joined group '{}' with size {} but its other members use size {}",
-                                              options.rank, options.name, options.size, group->size));
+      refuse(GRADSYNC_E_MISMATCH,
+             fmt::format("rank {} joined group '{}' with size {} but its other members use size {}", options.rank,
+                         options.name, options.size, group->size));
     }
     const auto r = static_cast<size_t>(options.rank);
     if (group->present[r]) {
