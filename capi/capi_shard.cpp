@@ -82,6 +82,8 @@ gradsync::shard::Options parse_options(const gradsync_shard_options* user) {
   out.clamp_max = o.clamp_max;
   out.clip_norm = o.clip_norm;
   out.replicas = o.version >= 3 ? o.replicas : 0;
+  // Checked now, so that a later version may give the field a meaning.
+  GS_REQUIRE(o.version < 3 || o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
   gradsync::shard::validate(out);
   return out;
 }

@@ -73,8 +73,12 @@
  *   its slice straight from the peers' buffers. An allreduce of ordinary buffers past 16 KiB does
  *   the same through the kernel (process_vm_readv/writev) when every rank may copy to and from its
  *   peers' processes (same user, same PID namespace, not refused by a security policy; checked as
- *   the group forms; GRADSYNC_SHM_CROSS_PROCESS=0 in a rank's environment declines) and ranks do
- *   not outnumber their CPUs; otherwise, and
+ *   the group forms; GRADSYNC_SHM_CROSS_PROCESS=0 in a rank's environment declines), ranks do
+ *   not outnumber their CPUs and check_mismatch is 1 (a peer's buffer lengths are taken from this
+ *   rank's call, so the calls must have been compared). Such a call's last wait, while peers may
+ *   still read or write this rank's buffers, ends only when they are done or dead, whatever the
+ *   deadline or an abort (returning would let a late copy land in freed memory); a warning names
+ *   the wait every timeout_ms. Otherwise, and
  *   for the other collectives, ordinary buffers are staged through the segment in pipelined
  *   chunks. A buffer a peer cannot reach there (pages the caller unmapped or protected) stops the
  *   group with GRADSYNC_E_CORRUPT on every rank. Small payloads travel inline (one barrier per

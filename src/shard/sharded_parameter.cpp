@@ -205,8 +205,8 @@ int64_t ShardedParameter::config_word() const noexcept {
   const uint64_t choices = static_cast<uint64_t>(options_.compress) | (static_cast<uint64_t>(options_.optimizer) << 4) |
                            (static_cast<uint64_t>(options_.clamp) << 8) |
                            (static_cast<uint64_t>(options_.error_feedback) << 9) |
-                           (static_cast<uint64_t>(options_.replicas & 0x3f) << 10);
-  return static_cast<int64_t>(choices | (hash >> 24 << 16));
+                           (static_cast<uint64_t>(options_.replicas & 0x7f) << 10);  // [0, 64]: 7 bits
+  return static_cast<int64_t>(choices | (hash >> 25 << 17));
 }
 
 void ShardedParameter::init(const float* weights, size_t count) {

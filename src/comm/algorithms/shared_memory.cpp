@@ -307,7 +307,11 @@ void SharedMemoryCommunicator::allreduce(std::span<const BufferRef> buffers, DTy
     // Not while ranks outnumber their CPUs: the staged pipeline, whose ranks wait a chunk at a
     // time, measured faster there than one long pass per rank before one wait (N = 4 on 2 CPUs,
     // loaded: 8K floats 16-26 against 26-40 us, 16M 0.09-0.13 against 0.27-1.3 s).
-    const bool cross = !fits_inline && fits_table && direct_from_small_sizes_ && fabric_->reaches_peer_processes();
+    // Only where the round compares the ranks' calls (check_mismatch): a peer's buffer lengths
+    // are taken from this rank's own call, and a peer whose call differed would be written past
+    // its buffer, in another process, where no reach check bounds the copy.
+    const bool cross = options_.check_mismatch && !fits_inline && fits_table && direct_from_small_sizes_ &&
+                       fabric_->reaches_peer_processes();
     Descriptor d{};
     d.call = allreduce_call(buffers, dtype, op);
     d.direct = (direct ? kDirectShared : 0) | (cross ? kDirectCrossProcess : 0);
