@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "common/partition.hpp"
 #include "common/wait.hpp"
 #include "raw_mpi.hpp"

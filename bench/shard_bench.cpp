@@ -26,6 +26,7 @@
 
 #include "codec/codec.hpp"
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "shard/sharded_parameter.hpp"
 
 namespace {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "raw_mpi.hpp"
 
 namespace {

@@ -12,8 +12,9 @@
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "capi/options.hpp"
-#include "comm/call_signature.hpp"
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
+#include "comm/types.hpp"
 #include "gradsync/comm.h"
 
 struct gradsync_request : gradsync::capi::Handle<gradsync::capi::Kind::Request> {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "capi/guard.hpp"
-#include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "common/dtype.hpp"
 #include "gradsync/common.h"
 #include "gradsync/errors.h"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "measure.hpp"
 
 using namespace gradsync;

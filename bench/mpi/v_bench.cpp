@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 
 using namespace gradsync;
 using namespace gradsync::comm;

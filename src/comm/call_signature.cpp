@@ -4,6 +4,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "common/fnv.hpp"
+#include "common/partition.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -26,21 +27,6 @@ CallSignature make(Collective c, uint64_t count, DType dtype) noexcept {
 }
 
 }  // namespace
-
-const char* collective_name(Collective c) noexcept {
-  switch (c) {
-    case Collective::Allreduce: return "allreduce";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Allgather: return "allgather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::Barrier: return "barrier";
-    case Collective::WeightedMean: return "weighted_mean";
-    case Collective::Alltoall: return "alltoall";
-    case Collective::Gather: return "gather";
-    case Collective::Scatter: return "scatter";
-  }
-  return "unknown collective";
-}
 
 CallSignature allreduce_call(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) noexcept {
   uint64_t total = 0;
@@ -134,15 +120,6 @@ std::string describe(const CallSignature& call) {
     default: break;
   }
   return s;
-}
-
-void fail_mismatch(std::string_view where, uint64_t call, int rank, const CallSignature& theirs,
-                   const CallSignature& rank0) {
-  std::string a = describe(theirs);
-  const std::string b = describe(rank0);
-  // Same words, different calls: fused lists of the same total, split differently.
-  if (a == b) a += " with other buffer sizes";
-  fail(GRADSYNC_E_MISMATCH, "{} call {}: rank {} called {} but rank 0 called {}", where, call, rank, a, b);
 }
 
 }  // namespace gradsync::comm

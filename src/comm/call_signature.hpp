@@ -5,7 +5,7 @@
 // Before any data moves, each transport compares every rank's signature with rank 0's, from a table
 // that every rank sees alike (the thread transport's slots, the shared segment's descriptors, the
 // MPI fingerprint exchange), so every rank reaches the same verdict and throws the same
-// E_MISMATCH, naming both sides in the same words whatever the transport.
+// E_MISMATCH, naming both sides in the same words whatever the transport (comm/verdict.hpp).
 //
 // Plain old data with a fixed layout: it lives in process memory, in a shared-memory segment that
 // processes of different builds may map, and on the wire as raw bytes.
@@ -13,30 +13,12 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 
-#include "comm/communicator.hpp"
+#include "comm/types.hpp"
 #include "common/dtype.hpp"
-#include "common/error.hpp"
 
 namespace gradsync::comm {
-
-enum class Collective : int32_t {
-  Allreduce = 1,
-  Broadcast = 2,
-  Allgather = 3,
-  ReduceScatter = 4,
-  Barrier = 5,
-  WeightedMean = 6,
-  Alltoall = 7,
-  // Forms of the exchange (alltoallv) in signatures only, so that messages name what the caller
-  // called; statistics count them as alltoall.
-  Gather = 8,
-  Scatter = 9,
-};
-
-const char* collective_name(Collective c) noexcept;
 
 struct CallSignature {
   uint64_t count = 0;   // elements; for a fused allreduce, all buffers together
@@ -66,20 +48,5 @@ CallSignature barrier_call() noexcept;
 // "allreduce of 7 f32 (sum)", "allreduce of 2 buffers (7 f32 in all) (sum)",
 // "broadcast of 10 f32 from root 1", "barrier".
 std::string describe(const CallSignature& call);
-
-// Throws E_MISMATCH "<where> call <n>: rank r called <theirs> but rank 0 called <rank 0's>".
-[[noreturn]] void fail_mismatch(std::string_view where, uint64_t call, int rank, const CallSignature& theirs,
-                                const CallSignature& rank0);
-
-// Compares every rank's signature with rank 0's: signature_of(r) for r in [0, size). where() names
-// the group for the message; it is called only on a mismatch (this check runs on every call).
-template <class Where, class SignatureOf>
-void require_same_calls(Where&& where, uint64_t call, int size, SignatureOf&& signature_of) {
-  const CallSignature& first = signature_of(0);
-  for (int r = 1; r < size; ++r) {
-    const CallSignature& other = signature_of(r);
-    if (!(other == first)) fail_mismatch(where(), call, r, other, first);
-  }
-}
 
 }  // namespace gradsync::comm

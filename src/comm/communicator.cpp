@@ -1,10 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "comm/communicator.hpp"
-#include "comm/transport/hier/hier_communicator.hpp"
-#include "comm/transport/shm/shm_communicator.hpp"
-#if GRADSYNC_HAVE_MPI
-#include "comm/transport/mpi/mpi_communicator.hpp"
-#endif
 
 #include <spdlog/fmt/fmt.h>
 
@@ -16,7 +11,6 @@
 #include <limits>
 #include <vector>
 
-#include "comm/call_signature.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "common/random.hpp"
@@ -73,16 +67,6 @@ void Communicator::finish_weighted_mean(const std::vector<double>& summed, const
   }
 }
 
-const char* transport_name(Transport t) noexcept {
-  switch (t) {
-    case Transport::Thread: return "thread";
-    case Transport::Shm: return "shm";
-    case Transport::Mpi: return "mpi";
-    case Transport::Hier: return "hier";
-  }
-  return "unknown";
-}
-
 Communicator::~Communicator() {
   for (void* p : allocations_) std::free(p);
 }
@@ -130,26 +114,6 @@ void Communicator::reduce_to(const void* send, void* recv, size_t count, DType d
   // An out-of-range root moves nothing: the round refuses it on every rank before any data moves.
   if (root >= 0 && root < size()) counts[static_cast<size_t>(root)] = count;
   reduce_scatterv(send, recv, counts, dtype, op, root);
-}
-
-uint64_t Routes::send_extent(uint64_t s) const noexcept {
-  uint64_t end = 0;
-  for (uint64_t d = 0; d < n; ++d)
-    if (count[at(s, d)] > 0) end = std::max(end, send_displ[at(s, d)] + count[at(s, d)]);
-  return end;
-}
-
-uint64_t Routes::recv_extent(uint64_t d) const noexcept {
-  uint64_t end = 0;
-  for (uint64_t s = 0; s < n; ++s)
-    if (count[at(s, d)] > 0) end = std::max(end, recv_displ[at(s, d)] + count[at(s, d)]);
-  return end;
-}
-
-uint64_t Routes::longest() const noexcept {
-  uint64_t m = 0;
-  for (uint64_t c : count) m = std::max(m, c);
-  return m;
 }
 
 void Communicator::alltoall(const void* send, void* recv, size_t total, DType dtype) {
@@ -322,53 +286,13 @@ void Communicator::dealloc(void* p) {
   std::free(p);
 }
 
-bool transport_available(Transport t) noexcept {
-  if (t != Transport::Mpi && t != Transport::Hier) return true;
-#if GRADSYNC_HAVE_MPI
-  return mpi_transport_available();
-#else
-  return false;
-#endif
-}
-
-namespace {
-std::unique_ptr<Communicator> create_transport(const Options& options) {
-  switch (options.transport) {
-    case Transport::Thread: return create_thread_communicator(options);
-    case Transport::Shm: return create_shm_communicator(options);
-    case Transport::Mpi:
-    case Transport::Hier:
-#if GRADSYNC_HAVE_MPI
-      return create_mpi_communicator(options);
-#else
-      fail(GRADSYNC_E_UNSUPPORTED, "the {} transport is not available: libgradsync was built without MPI",
-           transport_name(options.transport));
-#endif
-  }
-  fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
-}
-}  // namespace
-
-std::unique_ptr<Communicator> create(const Options& options) {
-  GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
-             "host label contains a NUL byte");
-  std::unique_ptr<Communicator> c = create_transport(options);
-  c->establish(options);
-  if (options.transport != Transport::Hier) return c;
-  // The MPI group with its topology, then the levels over it (collective over the group).
-  const Topology topology = c->topology();
-  std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
-  hier->group_options_ = options;
-  hier->member_id_ = options.rank;
-  hier->topology_ = topology;
-  return hier;
-}
-
 void Communicator::establish(const Options& options) {
   group_options_ = options;
   group_options_.forming_abandoned = nullptr;
   member_id_ = options.rank;
-  topology_ = detect_topology(*this, options.host_label, shares_memory());
+  topology_ = detect_topology(
+      rank(), size(), [this](const void* mine, void* all, size_t total) { allgather(mine, all, total, DType::I64); },
+      options.host_label, shares_memory());
   telemetry_.forget();
 }
 
@@ -424,13 +348,13 @@ ShrinkResult Communicator::shrink() {
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
 }
 
-std::unique_ptr<Communicator> Communicator::make_subgroup(const Subgroup& sub) {
+Options Communicator::subgroup_options(const Subgroup& sub) const {
   Options o = group_options_;
   o.name = sub.name;
   o.rank = sub.rank;
   o.size = static_cast<int32_t>(sub.members.size());
   o.forming_abandoned = sub.abandoned;
-  return create_transport(o);
+  return o;
 }
 
 }  // namespace gradsync::comm

@@ -27,71 +27,11 @@
 
 #include "comm/telemetry.hpp"
 #include "comm/topology.hpp"
+#include "comm/types.hpp"
 #include "common/dtype.hpp"
 #include "common/partition.hpp"
 
 namespace gradsync::comm {
-
-enum class Transport : int32_t { Thread = 0, Shm = 1, Mpi = 2, Hier = 3 };
-const char* transport_name(Transport t) noexcept;
-
-struct Options {
-  Transport transport = Transport::Thread;
-  int32_t rank = 0;
-  int32_t size = 1;
-  bool deterministic = true;
-  bool check_mismatch = true;
-  std::chrono::milliseconds timeout{300000};
-  int64_t mpi_fcomm = INT64_MIN;  // INT64_MIN: MPI_COMM_WORLD
-  std::string name;
-  std::string host_label;             // replaces the detected host identity when not empty (comm/topology.hpp)
-  bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
-  // Asked now and then while create() waits for the other members: a non-empty answer gives up
-  // with E_REMOTE saying it (a shrink forming its group from a group that lost another member).
-  // Kept only for the create() call.
-  std::function<std::string()> forming_abandoned;
-};
-
-// Asked now and then (every 10 to 100 ms) by a call of this communicator that is waiting for its
-// peers, on the waiting thread: true means the caller wants out (Ctrl-C in a host language), and
-// the group is aborted. Empty by default.
-struct InterruptCheck {
-  int (*fn)(void* user) = nullptr;
-  void* user = nullptr;
-  bool operator()() const { return fn != nullptr && fn(user) != 0; }
-};
-
-// One buffer of a fused allreduce.
-struct BufferRef {
-  const void* send;
-  void* recv;
-  size_t count;
-};
-
-// The bytes of a (fused) allreduce, as its statistics count them.
-inline uint64_t payload_bytes(std::span<const BufferRef> buffers, DType dtype) noexcept {
-  uint64_t n = 0;
-  for (const BufferRef& b : buffers) n += b.count;
-  return n * dtype_size(dtype);
-}
-
-// Who sends what to whom in an exchange, the same on every rank. Entry [s * n + d] is the part
-// rank s sends rank d: its count, where it starts in s's send buffer and where it lands in d's
-// recv buffer, in elements.
-struct Routes {
-  Collective form;  // Alltoall, Gather or Scatter: what the caller called, for messages
-  int32_t root = -1;
-  uint64_t n = 0;
-  std::vector<uint64_t> count, send_displ, recv_displ;
-
-  Routes(Collective f, int32_t r, uint64_t ranks)
-      : form(f), root(r), n(ranks), count(ranks * ranks), send_displ(ranks * ranks), recv_displ(ranks * ranks) {}
-  size_t at(uint64_t s, uint64_t d) const noexcept { return s * n + d; }
-  // Elements of rank s's send buffer (d's recv buffer) that the parts span.
-  uint64_t send_extent(uint64_t s) const noexcept;
-  uint64_t recv_extent(uint64_t d) const noexcept;
-  uint64_t longest() const noexcept;  // the largest part
-};
 
 class Communicator;
 
@@ -230,9 +170,10 @@ class Communicator {
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);
 
-  // Makes this rank's communicator of the subgroup; every member calls it at once. The default
-  // creates a group of this transport by the subgroup's name.
-  virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup);
+  // Makes this rank's communicator of the subgroup; every member calls it at once.
+  virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) = 0;
+  // The options of a group of this transport that forms the subgroup by its name.
+  Options subgroup_options(const Subgroup& subgroup) const;
   // Whether the ranks share memory by construction (threads of one process, processes of one
   // segment): then detecting the topology needs no probe.
   virtual bool shares_memory() const noexcept { return false; }
@@ -265,12 +206,5 @@ class Communicator {
                       std::span<const size_t> send_displs, std::span<const size_t> recv_counts,
                       std::span<const size_t> recv_displs);
 };
-
-// Creates and joins; blocks until the whole group has joined or the timeout passes.
-std::unique_ptr<Communicator> create(const Options& options);
-std::unique_ptr<Communicator> create_thread_communicator(const Options& options);
-// Whether create() can make communicators of this transport here (MPI: built with it, and its
-// plugin and the MPI runtime load).
-bool transport_available(Transport t) noexcept;
 
 }  // namespace gradsync::comm

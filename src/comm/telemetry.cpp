@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm/call_signature.hpp"
+#include "comm/types.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 

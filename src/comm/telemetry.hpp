@@ -28,12 +28,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/types.hpp"
 #include "common/stamp_clock.hpp"
 
 namespace gradsync::comm {
-
-// comm/call_signature.hpp (which needs the communicator, which holds a Telemetry).
-enum class Collective : int32_t;
 
 // Indexed by Collective (1..7); entry 0 is unused.
 inline constexpr size_t kCollectiveSlots = 8;

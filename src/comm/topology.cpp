@@ -14,7 +14,6 @@
 #include <fstream>
 #include <functional>
 
-#include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
@@ -117,8 +116,9 @@ Topology Topology::restricted(const std::vector<int>& members, int my_rank) cons
   return topology_from_hosts(hosts, my_rank);
 }
 
-Topology detect_topology(Communicator& comm, const std::string& label, bool shares_memory) {
-  const int n = comm.size();
+Topology detect_topology(int rank, int size, const AllgatherWords& allgather, const std::string& label,
+                         bool shares_memory) {
+  const int n = size;
   const auto un = static_cast<size_t>(n);
   const std::string identity = host_identity(label);
   const uint64_t nonce = random_nonce() | 1;  // 0 says "no probe file"
@@ -136,7 +136,7 @@ Topology detect_topology(Communicator& comm, const std::string& label, bool shar
   std::array<int64_t, kRecordWords> mine{};
   std::memcpy(mine.data(), identity.data(), std::min(identity.size(), kIdentityBytes - 1));
   mine[kRecordWords - 1] = static_cast<int64_t>(probe_written ? nonce : 0);
-  comm.allgather(mine.data(), records.data(), records.size(), DType::I64);
+  allgather(mine.data(), records.data(), records.size());
 
   auto identity_of = [&](int r) {
     const char* p = reinterpret_cast<const char*>(&records[kRecordWords * static_cast<size_t>(r)]);
@@ -151,13 +151,13 @@ Topology detect_topology(Communicator& comm, const std::string& label, bool shar
     std::vector<uint64_t> row(words, 0);
     for (int s = 0; s < n; ++s) {
       const auto nonce_s = static_cast<uint64_t>(records[kRecordWords * static_cast<size_t>(s) + kRecordWords - 1]);
-      const bool seen = s == comm.rank() || (ids[static_cast<size_t>(s)] == identity && nonce_s != 0 && probe_written &&
-                                             read_probe(nonce_s));
+      const bool seen = s == rank || (ids[static_cast<size_t>(s)] == identity && nonce_s != 0 && probe_written &&
+                                      read_probe(nonce_s));
       if (seen) row[static_cast<size_t>(s) / 64] |= uint64_t{1} << (s % 64);
     }
     sees.assign(words * un, 0);
     // Every rank's reads are done once this returns: the files may go.
-    comm.allgather(row.data(), sees.data(), sees.size(), DType::I64);
+    allgather(row.data(), sees.data(), sees.size());
   }
   auto shares = [&](int r, int s) {
     if (ids[static_cast<size_t>(r)] != ids[static_cast<size_t>(s)]) return false;
@@ -167,8 +167,8 @@ Topology detect_topology(Communicator& comm, const std::string& label, bool shar
     };
     return bit(r, s) != 0 && bit(s, r) != 0;
   };
-  Topology t = topology_from_hosts(group_hosts(n, shares), comm.rank());
-  GS_LOG_DEBUG("topology: rank {} of {} is local rank {} of {} on host {} of {} ({})", comm.rank(), n, t.local_rank,
+  Topology t = topology_from_hosts(group_hosts(n, shares), rank);
+  GS_LOG_DEBUG("topology: rank {} of {} is local rank {} of {} on host {} of {} ({})", rank, n, t.local_rank,
                t.local_size, t.host, t.num_hosts, identity);
   return t;
 }

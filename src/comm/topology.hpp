@@ -15,13 +15,13 @@
 //
 // Hosts are numbered in the order of their lowest rank; local ranks in rank order. Every rank
 // computes the same Topology from the same gathered records.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace gradsync::comm {
-
-class Communicator;
 
 struct Topology {
   int host = 0;        // this rank's host
@@ -38,9 +38,15 @@ struct Topology {
 // This process's host identity (hostname, boot id, /dev/shm device), or label when not empty.
 std::string host_identity(const std::string& label);
 
-// Collective over comm (two small allgathers, plus the probe's when !shares_memory): every rank
-// passes the same shares_memory. Throws what the collectives throw.
-Topology detect_topology(Communicator& comm, const std::string& label, bool shares_memory);
+// The group's allgather of 64-bit words: `all` holds `total` words, every rank's part of them by
+// the partition rule, this rank's from `mine`.
+using AllgatherWords = std::function<void(const void* mine, void* all, size_t total)>;
+
+// Collective over the group of `size` ranks whose allgather it is (two small allgathers, plus the
+// probe's when !shares_memory): every rank passes the same shares_memory. Throws what the
+// collectives throw.
+Topology detect_topology(int rank, int size, const AllgatherWords& allgather, const std::string& label,
+                         bool shares_memory);
 
 // The topology of groups whose ranks are their hosts: rank_host as given.
 Topology topology_from_hosts(const std::vector<int>& rank_host, int my_rank);

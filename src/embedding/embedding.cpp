@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "comm/call_signature.hpp"
+#include "comm/types.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "optim/optim.hpp"

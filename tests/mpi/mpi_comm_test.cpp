@@ -21,6 +21,7 @@
 
 #include "../unit/test_support.hpp"
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "common/error.hpp"
 
 using namespace gradsync;

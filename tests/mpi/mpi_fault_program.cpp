@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "common/error.hpp"
 
 using namespace gradsync;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "comm/engine/control.hpp"
 #include "comm/transport/shm/segment.hpp"
 #include "common/error.hpp"

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "comm/transport/shm/segment.hpp"
 #include "common/error.hpp"
 #include "common/wait.hpp"

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "comm/transport/shm/segment.hpp"
 
 struct PairCount {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/create.hpp"
 #include "common/error.hpp"
 #include "shard/sharded_parameter.hpp"
 

@@ -180,8 +180,9 @@ SmallVector<Part> parts_of(std::span<const size_t> counts) {
 
 class SharedMemoryCommunicator final : public Communicator {
  public:
-  SharedMemoryCommunicator(const Options& options, std::unique_ptr<Fabric> fabric)
+  SharedMemoryCommunicator(const Options& options, std::unique_ptr<Fabric> fabric, JoinGroup join)
       : options_(options),
+        join_(join),
         fabric_(std::move(fabric)),
         control_(fabric_->control()),
         engine_(*fabric_, options.rank, options.size, options.timeout, options.check_mismatch, interrupt_, telemetry_) {
@@ -210,6 +211,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
  protected:
   bool shares_memory() const noexcept override { return true; }
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& sub) override { return join_(subgroup_options(sub)); }
 
  private:
   // begin() for a collective whose peers read this rank's send buffer (bytes long): it is copied
@@ -257,6 +259,7 @@ class SharedMemoryCommunicator final : public Communicator {
   }
 
   Options options_;
+  JoinGroup join_;
   std::unique_ptr<Fabric> fabric_;
   const ControlArea& control_;
   RoundEngine engine_;
@@ -886,10 +889,11 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric) {
+std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric,
+                                                              JoinGroup join) {
   Options kept = options;
   kept.forming_abandoned = nullptr;  // it was for create() only
-  return std::make_unique<SharedMemoryCommunicator>(kept, std::move(fabric));
+  return std::make_unique<SharedMemoryCommunicator>(kept, std::move(fabric), join);
 }
 
 }  // namespace gradsync::comm

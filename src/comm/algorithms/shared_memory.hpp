@@ -8,6 +8,11 @@
 
 namespace gradsync::comm {
 
-std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric);
+// How a transport forms a group of its own by the options' name (create_thread_communicator,
+// create_shm_communicator): its groups form their subgroups so.
+using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);
+
+std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric,
+                                                              JoinGroup join);
 
 }  // namespace gradsync::comm

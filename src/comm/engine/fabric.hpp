@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "comm/communicator.hpp"
 #include "comm/engine/control.hpp"
+#include "comm/types.hpp"
 
 namespace gradsync::comm {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "comm/reduce.hpp"
+#include "comm/verdict.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::comm {
@@ -148,37 +148,6 @@ void RoundEngine::barrier(const Round& round, Collective what, bool hold_buffers
                                      collective_name(what), round.number);
   if (waited == Waited::TimedOut) stop(StopReason::Timeout, rank_);
   if (!decide(target)) throw_failed(waited, collective_name(what), round.number, target);
-}
-
-void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
-                  const std::function<const CallSignature&(int)>& signature_of,
-                  const std::function<uint64_t(int)>& weight_of) {
-  if (compare && entries > 1) require_same_calls(where, call, entries, signature_of);
-  for (int r = 0; r < entries; ++r) {
-    const CallSignature& c = signature_of(r);
-    const auto dtype = static_cast<DType>(c.dtype);
-    const bool rooted = c.collective == Collective::Broadcast || c.collective == Collective::Gather ||
-                        c.collective == Collective::Scatter ||
-                        (c.collective == Collective::ReduceScatter && c.nbufs == 1);
-    if (rooted && (c.root < 0 || c.root >= size)) {
-      fail(GRADSYNC_E_OUT_OF_RANGE, "{} call {}: rank {} passed root {} out of range [0, {}) ({})", where(), call, r,
-           c.root, size, describe(c));
-    }
-    if ((c.collective == Collective::Allreduce || c.collective == Collective::ReduceScatter) && !reducible(dtype)) {
-      fail(GRADSYNC_E_UNSUPPORTED, "{} call {}: {} of {} is not supported", where(), call,
-           collective_name(c.collective), dtype_name(dtype));
-    }
-    if (c.collective == Collective::WeightedMean) {
-      if (dtype != DType::F32 && dtype != DType::F64) {
-        fail(GRADSYNC_E_INVALID_ARG, "{} call {}: weighted mean needs f32 or f64, got {}", where(), call,
-             dtype_name(dtype));
-      }
-      const uint64_t w = weight_of(r);
-      if (w > (uint64_t{1} << 53)) {
-        fail(GRADSYNC_E_INVALID_ARG, "{} call {}: rank {} passed weight {}, which exceeds 2^53", where(), call, r, w);
-      }
-    }
-  }
 }
 
 // Every rank sees the same descriptors, so every rank reaches the same verdict and nothing is

@@ -33,34 +33,21 @@
 // every interleaving of completion, abort, timeout, reset and death (tests/model/check.sh).
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/call_signature.hpp"
-#include "comm/communicator.hpp"
 #include "comm/engine/control.hpp"
 #include "comm/engine/fabric.hpp"
 #include "comm/telemetry.hpp"
+#include "comm/types.hpp"
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
 
 namespace gradsync::comm {
-
-// Judges one round's calls from the table of every rank's call that every rank sees alike (the
-// shared descriptors, MPI's fingerprint exchange), so every rank reaches the same verdict: the
-// signatures must agree (when `compare`), then arguments that only the group can judge (a root, a
-// dtype the kernels do not reduce, a weight) are checked, naming the rank that passed them.
-// where() names the group ("thread group 'train'"); messages add the call number.
-// signature_of(r) and weight_of(r) for r in [0, entries): entries is the group's size, or 1 when
-// one call stands for all (a transport that skips the exchange judges this rank's own; the round
-// engine, rank 0's when every rank's is alike).
-void verify_round(const std::function<std::string()>& where, uint64_t call, int size, int entries, bool compare,
-                  const std::function<const CallSignature&(int)>& signature_of,
-                  const std::function<uint64_t(int)>& weight_of);
 
 class RoundEngine {
  public:

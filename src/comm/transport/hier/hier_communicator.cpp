@@ -10,6 +10,7 @@
 
 #include "comm/call_signature.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
+#include "comm/verdict.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "common/log.hpp"

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
-#include "comm/engine/round_engine.hpp"
 #include "comm/reduce.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
+#include "comm/verdict.hpp"
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"

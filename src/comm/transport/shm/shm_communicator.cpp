@@ -59,7 +59,8 @@ std::unique_ptr<Communicator> create_shm_communicator(const Options& options) {
   GS_REQUIRE(!options.name.empty(), GRADSYNC_E_INVALID_ARG, "an shm group needs a name");
   auto segment = shm::Segment::join(options.name, options.rank, options.size, deadline_after(options.timeout),
                                     options.forming_abandoned);
-  return make_shared_memory_communicator(options, std::make_unique<ShmFabric>(std::move(segment)));
+  return make_shared_memory_communicator(options, std::make_unique<ShmFabric>(std::move(segment)),
+                                         create_shm_communicator);
 }
 
 }  // namespace gradsync::comm

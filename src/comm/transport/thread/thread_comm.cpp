@@ -4,6 +4,8 @@
 // rank is directly reachable, so rounds take the inline or the direct path), and a registry of
 // groups by name. The round protocol and the collectives are the shared-memory ones
 // (engine/round_engine.hpp, algorithms/shared_memory.cpp).
+#include "comm/transport/thread/thread_comm.hpp"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -265,7 +267,8 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
            options.name, rank_list(missing), options.timeout.count());
     }
   }
-  return make_shared_memory_communicator(options, std::make_unique<ThreadFabric>(std::move(group), options.rank));
+  return make_shared_memory_communicator(options, std::make_unique<ThreadFabric>(std::move(group), options.rank),
+                                         create_thread_communicator);
 }
 
 }  // namespace gradsync::comm

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "comm/create.hpp"
+
+#include <string>
+#include <utility>
+
+#include "comm/topology.hpp"
+#include "comm/transport/hier/hier_communicator.hpp"
+#include "comm/transport/shm/shm_communicator.hpp"
+#include "comm/transport/thread/thread_comm.hpp"
+#if GRADSYNC_HAVE_MPI
+#include "comm/transport/mpi/mpi_communicator.hpp"
+#endif
+#include "common/error.hpp"
+
+namespace gradsync::comm {
+
+bool transport_available(Transport t) noexcept {
+  if (t != Transport::Mpi && t != Transport::Hier) return true;
+#if GRADSYNC_HAVE_MPI
+  return mpi_transport_available();
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::unique_ptr<Communicator> create_transport(const Options& options) {
+  switch (options.transport) {
+    case Transport::Thread: return create_thread_communicator(options);
+    case Transport::Shm: return create_shm_communicator(options);
+    case Transport::Mpi:
+    case Transport::Hier:
+#if GRADSYNC_HAVE_MPI
+      return create_mpi_communicator(options);
+#else
+      fail(GRADSYNC_E_UNSUPPORTED, "the {} transport is not available: libgradsync was built without MPI",
+           transport_name(options.transport));
+#endif
+  }
+  fail(GRADSYNC_E_UNSUPPORTED, "transport {} is not in this build", static_cast<int>(options.transport));
+}
+}  // namespace
+
+std::unique_ptr<Communicator> create(const Options& options) {
+  GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
+             "host label contains a NUL byte");
+  std::unique_ptr<Communicator> c = create_transport(options);
+  c->establish(options);
+  if (options.transport != Transport::Hier) return c;
+  // The MPI group with its topology, then the levels over it (collective over the group).
+  const Topology topology = c->topology();
+  std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
+  hier->group_options_ = options;
+  hier->member_id_ = options.rank;
+  hier->topology_ = topology;
+  return hier;
+}
+
+}  // namespace gradsync::comm

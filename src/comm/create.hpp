@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Making a communicator: the one place that knows every transport.
+#include <memory>
+
+#include "comm/communicator.hpp"
+#include "comm/types.hpp"
+
+namespace gradsync::comm {
+
+// Creates and joins; blocks until the whole group has joined or the timeout passes.
+std::unique_ptr<Communicator> create(const Options& options);
+// Whether create() can make communicators of this transport here (MPI: built with it, and its
+// plugin and the MPI runtime load).
+bool transport_available(Transport t) noexcept;
+
+}  // namespace gradsync::comm
