@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "capi/comm_args.hpp"
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "capi/options.hpp"
@@ -30,225 +31,6 @@ struct gradsync_request : gradsync::capi::Handle<gradsync::capi::Kind::Request> 
   std::shared_ptr<gradsync::comm::Completion> done = std::make_shared<gradsync::comm::Completion>();
 };
 
-namespace gradsync::capi {
-namespace {
-// The links this thread is inside, so that close() can tell a free from inside a call on the
-// same thread (a log callback that calls back) from one on another thread.
-thread_local const void* t_inside = nullptr;
-}  // namespace
-
-CommLink::CommLink(std::unique_ptr<comm::Communicator> impl, std::string description)
-    : impl_(std::move(impl)),
-      description_(std::move(description)),
-      rank_(impl_->rank()),
-      size_(impl_->size()),
-      member_id_(impl_->member_id()),
-      transport_(impl_->transport()),
-      topology_(impl_->topology()) {}
-
-CommLink::Call::Call(CommLink& l, const char* function) : link_(l) {
-  uint32_t state = l.state_.load(std::memory_order_relaxed);
-  do {
-    if ((state & kClosed) != 0) l.fail_closed();
-    if ((state & kHeld) != 0) {
-      // The holder's name is for the message only: a call that took the word an instant ago may
-      // not have stored it yet.
-      const char* holder = l.holder_.load(std::memory_order_relaxed);
-      if (holder == nullptr) holder = "another entry point";
-      if (l.held_by_this_thread()) {
-        fail(GRADSYNC_E_MISUSE,
-             "{} is already in a call on this thread ({}): a log callback must not call back into gradsync",
-             l.description_, holder);
-      }
-      fail(GRADSYNC_E_MISUSE,
-           "{} is already in a call on another thread ({}); a handle must not be used by two threads at once",
-           l.description_, holder);
-    }
-  } while (!l.state_.compare_exchange_weak(state, state + kUser + kHeld, std::memory_order_acquire,
-                                           std::memory_order_relaxed));
-  l.holder_.store(function, std::memory_order_relaxed);
-  inside_ = Inside{&l, static_cast<const Inside*>(t_inside)};
-  t_inside = &inside_;
-}
-
-CommLink::Call::~Call() {
-  t_inside = inside_.outer;
-  link_.holder_.store(nullptr, std::memory_order_relaxed);
-  // The last touch of the link: a close waiting for the count may destroy it from here on.
-  link_.state_.fetch_sub(kUser + kHeld, std::memory_order_release);
-}
-
-void CommLink::abort(std::shared_ptr<CommLink> link) {
-  CommLink& l = *link;  // `link` keeps it alive through release(), whatever a waiting close does
-  if (!l.acquire()) l.fail_closed();
-  const Inside inside{&l, static_cast<const Inside*>(t_inside)};
-  t_inside = &inside;
-  struct Leave {
-    CommLink& l;
-    const Inside& inside;
-    ~Leave() {
-      t_inside = inside.outer;
-      l.release();
-    }
-  } leave{l, inside};
-  l.impl_->abort();
-}
-
-// A free while another thread is inside a call on the communicator aborts that call (it returns
-// GRADSYNC_E_ABORTED) and waits for it to return before destroying anything. The alternatives are
-// worse: destroying at once frees the object under the running call, and leaking leaves this
-// rank in the group, so its peers would wait for it until their timeout. The wait is short,
-// because after an abort every wait of a collective ends; what an abort cannot stop is bounded
-// work (a copy that peers are finishing on this rank's buffers, an MPI transfer under way). The
-// one wait that could never end, for a call on this very thread (a free from a log callback
-// inside the call), is refused: that call is aborted and the communicator leaked, with an error.
-bool CommLink::close() noexcept {
-  if (!owner_.here()) {
-    forsake();
-    return true;
-  }
-  const uint32_t before = state_.fetch_or(kClosed);
-  if ((before & kClosed) != 0) {
-    GS_LOG_ERROR("gradsync_comm_free: {} is already being freed by another thread; this free does nothing",
-                 description_);
-    return false;
-  }
-  if (held_by_this_thread()) {
-    impl_->abort();
-    GS_LOG_ERROR(
-        "gradsync_comm_free: {} was freed from inside a call on it on the same thread (a log callback "
-        "must not call back into gradsync): that call is aborted and the communicator is not released",
-        description_);
-    return false;
-  }
-  // A call that took the in-call bit before the closed bit is seen here; none can take it after.
-  if ((before & kHeld) != 0) {
-    const char* holder = holder_.load(std::memory_order_relaxed);
-    if (holder == nullptr) holder = "an entry point";
-    GS_LOG_WARN("gradsync_comm_free: {} is in a call on another thread ({}): aborting it and waiting for it to return",
-                description_, holder);
-    impl_->abort();
-  }
-  // Polled, not woken: a user that let go must not touch the link again (it may be destroyed the
-  // moment the count falls to 0). Usually a call's last steps after the abort; a call whose peers
-  // still use its buffers keeps them until they are done, so the polls back off to 5 ms.
-  for (auto pause = std::chrono::microseconds(50); state_.load(std::memory_order_acquire) != kClosed;
-       pause = std::min(pause * 2, std::chrono::microseconds(5000))) {
-    std::this_thread::sleep_for(pause);
-  }
-  impl_.reset();
-  return true;
-}
-
-CommLink::~CommLink() {
-  if (!owner_.here()) forsake();
-}
-
-void CommLink::forsake() noexcept {
-  state_.fetch_or(kClosed, std::memory_order_relaxed);
-  if (impl_ != nullptr) {
-    impl_->release_after_fork();
-    static_cast<void>(impl_.release());
-  }
-  if (progress_ != nullptr) new std::shared_ptr<comm::Progress>(std::move(progress_));
-}
-
-void CommLink::refuse_elsewhere() const {
-  owner_.refuse(description_,
-                "here it can only be freed (gradsync_comm_free releases this process's share and leaves the parent's "
-                "group alone); create a communicator of this process's own");
-}
-
-void CommLink::fail_closed() const {
-  fail(GRADSYNC_E_MISUSE,
-       "{} was freed (gradsync_comm_free): neither it nor a shard made on it can communicate any more", description_);
-}
-
-bool CommLink::acquire() noexcept {
-  if ((state_.fetch_add(kUser) & kClosed) == 0) return true;
-  release();
-  return false;
-}
-
-void CommLink::release() noexcept { state_.fetch_sub(kUser, std::memory_order_release); }
-
-void CommLink::run_in_order(const std::shared_ptr<CommLink>& link, const char* function,
-                            const std::function<void()>& body) {
-  const std::shared_ptr<comm::Progress> progress = link->progress();
-  if (progress == nullptr || progress->idle()) {
-    const Call call(*link, function);
-    return body();
-  }
-  auto done = std::make_shared<comm::Completion>();
-  // The task holds its own reference: this call is not counted until the task runs, so a free on
-  // another thread may destroy the handle (and its reference) before; the task then finds the
-  // link closed. body outlives the task: this thread waits for it here. From the submit on, this
-  // thread touches only what it holds itself (held, done, progress), never the handle.
-  const std::shared_ptr<CommLink> held = link;
-  progress->submit([held, function, &body, done] {
-    Outcome o = capture([&] {
-      const Call call(*held, function);
-      body();
-    });
-    done->finish(o.status, std::move(o.message));
-  });
-  GS_LOG_DEBUG("{}: {} waits for the non-blocking calls made before it", held->description_, function);
-  done->wait(std::chrono::milliseconds(-1));
-  if (done->status() != GRADSYNC_OK) throw Error(done->status(), done->message());
-}
-
-std::shared_ptr<comm::Progress> CommLink::progress() const {
-  if (!has_progress_.load(std::memory_order_acquire)) return nullptr;
-  std::lock_guard lock(progress_mutex_);
-  return progress_;
-}
-
-std::shared_ptr<comm::Progress> CommLink::start_progress() {
-  std::lock_guard lock(progress_mutex_);
-  if (progress_ == nullptr) {
-    if (const char* why = impl_->progress_thread_refused(); why != nullptr) {
-      fail(GRADSYNC_E_UNSUPPORTED, "{}: {}", description_, why);
-    }
-    progress_ = std::make_shared<comm::Progress>();
-    has_progress_.store(true, std::memory_order_release);
-  }
-  return progress_;
-}
-
-void CommLink::stop_progress() noexcept {
-  if (!owner_.here()) return;  // forsaken by close(): the thread is the parent's
-  std::shared_ptr<comm::Progress> last;
-  {
-    std::lock_guard lock(progress_mutex_);
-    last = std::move(progress_);
-  }
-  // `last` goes here, outside the mutex: joining waits for queued tasks, which may need it.
-}
-
-void CommLink::record_async_error(const Outcome& o) {
-  std::lock_guard lock(async_mutex_);
-  if (async_error_.status == GRADSYNC_OK) async_error_ = o;
-}
-
-Outcome CommLink::async_error() const {
-  std::lock_guard lock(async_mutex_);
-  return async_error_;
-}
-
-void CommLink::clear_async_error() {
-  std::lock_guard lock(async_mutex_);
-  async_error_ = {};
-}
-
-bool CommLink::held_by_this_thread() const noexcept {
-  for (auto* in = static_cast<const Inside*>(t_inside); in != nullptr; in = in->outer) {
-    if (in->link == this) return true;
-  }
-  return false;
-}
-
-}  // namespace gradsync::capi
-
 namespace {
 using gradsync::DType;
 using gradsync::capi::check;
@@ -257,6 +39,19 @@ using gradsync::capi::CommLink;
 using gradsync::capi::guard;
 using gradsync::capi::Outcome;
 using gradsync::comm::Communicator;
+// The argument checks (capi/comm_args.hpp).
+using gradsync::capi::extent_of;
+using gradsync::capi::given_counts;
+using gradsync::capi::given_parts;
+using gradsync::capi::part_of;
+using gradsync::capi::per_rank;
+using gradsync::capi::RankParts;
+using gradsync::capi::reducible;
+using gradsync::capi::require_aligned;
+using gradsync::capi::require_buffer;
+using gradsync::capi::require_disjoint;
+using gradsync::capi::require_exchange_buffers;
+using gradsync::capi::rule_parts;
 
 constexpr size_t kOptionsV1Size = offsetof(gradsync_comm_options, name) + GRADSYNC_COMM_NAME_MAX;
 
@@ -358,40 +153,6 @@ int start(const char* function, gradsync_comm* comm, gradsync_request** out, Mak
     });
     *out = request.release();
   });
-}
-
-gradsync::Part part_of(const CommLink& link, size_t total) {
-  return gradsync::partition(total, static_cast<uint64_t>(link.size()), static_cast<uint64_t>(link.rank()));
-}
-
-// A buffer of count elements must exist and its byte size must fit in size_t (huge counts are errors).
-void require_buffer(const void* p, size_t count, DType dtype, const char* what) {
-  GS_REQUIRE(count <= std::numeric_limits<size_t>::max() / 8 / gradsync::dtype_size(dtype), GRADSYNC_E_INVALID_ARG,
-             "{} count {} is too large", what, count);
-  GS_REQUIRE(p != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "{} buffer is NULL for count {}", what, count);
-}
-
-// The collectives that reduce read and write elements as their type, so a buffer must be aligned
-// as an array of that type is (a misaligned one would be undefined behaviour in the kernels).
-void require_aligned(const void* p, DType dtype, const char* what) {
-  const size_t es = gradsync::dtype_size(dtype);
-  GS_REQUIRE(reinterpret_cast<uintptr_t>(p) % es == 0, GRADSYNC_E_INVALID_ARG,
-             "{} buffer {} is not aligned to its {}-byte elements ({})", what, p, es, gradsync::dtype_name(dtype));
-}
-
-// Buffer a (a_count elements) and buffer b must not overlap, except in place: a exactly at
-// `in_place` (a position inside b). Peers read the send buffer while recv is written, so any other
-// overlap races them (and copying it is undefined behaviour). Counts have passed require_buffer, so
-// the byte sizes do not overflow.
-void require_disjoint(const void* a, size_t a_count, const char* a_name, const void* b, size_t b_count,
-                      const char* b_name, DType dtype, const void* in_place) {
-  const size_t es = gradsync::dtype_size(dtype);
-  const size_t a_bytes = a_count * es, b_bytes = b_count * es;
-  if (a_bytes == 0 || b_bytes == 0 || a == in_place) return;
-  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  GS_REQUIRE(pa + a_bytes <= pb || pb + b_bytes <= pa, GRADSYNC_E_INVALID_ARG,
-             "{} [{}, +{} bytes) overlaps {} [{}, +{} bytes); in place, {} must be {}", a_name, a, a_bytes, b_name, b,
-             b_bytes, a_name, in_place);
 }
 
 }  // namespace
@@ -539,16 +300,6 @@ GRADSYNC_API int gradsync_comm_transport(const gradsync_comm* comm, int32_t* tra
 // Each collective's checks and op, once for its blocking and its non-blocking entry point.
 namespace {
 
-// One buffer of a reduction: present, aligned, and send either recv or apart from it.
-gradsync::comm::BufferRef reducible(const void* send, void* recv, size_t count, DType t) {
-  require_buffer(send, count, t, "send");
-  require_buffer(recv, count, t, "recv");
-  require_aligned(send, t, "send");
-  require_aligned(recv, t, "recv");
-  require_disjoint(send, count, "send", recv, count, "recv", t, recv);
-  return {send, recv, count};
-}
-
 auto allreduce_op(const void* send, void* recv, size_t count, int32_t dtype, int32_t op) {
   const DType t = gradsync::to_dtype(dtype);
   const auto o = gradsync::to_op(op);
@@ -604,38 +355,6 @@ auto broadcast_op(void* buf, size_t count, int32_t dtype, int32_t root) {
   return [=](Communicator& c) { c.broadcast(buf, count, t, root); };
 }
 
-// The parts of an allgather or a reduce_scatter: every rank's count, their sum, this rank's part.
-struct RankParts {
-  std::vector<size_t> counts;
-  size_t total = 0;
-  gradsync::Part mine{};
-};
-
-// By the partition rule.
-RankParts rule_parts(const CommLink& link, size_t total) {
-  const auto n = static_cast<uint64_t>(link.size());
-  RankParts p;
-  p.counts.resize(n);
-  for (uint64_t r = 0; r < n; ++r) p.counts[r] = gradsync::partition(total, n, r).len;
-  p.total = total;
-  p.mine = part_of(link, total);
-  return p;
-}
-
-// As the caller gives them (copied: a non-blocking call outlives the caller's array).
-RankParts given_parts(const CommLink& link, const size_t* counts) {
-  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "counts is NULL");
-  const auto n = static_cast<size_t>(link.size());
-  RankParts p;
-  p.counts.assign(counts, counts + n);
-  for (size_t r = 0; r < n; ++r) {
-    GS_REQUIRE(p.counts[r] <= SIZE_MAX - p.total, GRADSYNC_E_INVALID_ARG, "the counts' sum overflows at rank {}", r);
-    if (r == static_cast<size_t>(link.rank())) p.mine = {p.total, p.counts[r]};
-    p.total += p.counts[r];
-  }
-  return p;
-}
-
 Op allgather_op(const void* send, void* recv, RankParts p, int32_t dtype) {
   const DType t = gradsync::to_dtype(dtype);
   require_buffer(recv, p.total, t, "recv");
@@ -663,35 +382,6 @@ Op reduce_scatter_op(const void* send, void* recv, RankParts p, int32_t dtype, i
       [=, counts = std::move(p.counts)](Communicator& c) { c.reduce_scatterv(send, recv, counts, t, o, std::nullopt); };
 }
 
-// An exchange's buffers: send (send_extent elements) and recv (recv_extent) must not overlap.
-void require_exchange_buffers(const void* send, size_t send_extent, const void* recv, size_t recv_extent, DType t) {
-  require_buffer(send, send_extent, t, "send");
-  require_buffer(recv, recv_extent, t, "recv");
-  require_disjoint(send, send_extent, "send", recv, recv_extent, "recv", t, nullptr);
-}
-
-// size entries, copied (a non-blocking call outlives the caller's array); `what` names them.
-std::vector<size_t> given_counts(const CommLink& link, const size_t* counts, const char* what) {
-  GS_REQUIRE(counts != nullptr, GRADSYNC_E_INVALID_ARG, "{} is NULL", what);
-  return std::vector<size_t>(counts, counts + link.size());
-}
-
-// The elements a buffer must hold for these parts: the largest displacement + count of a non-empty
-// part. Displacements NULL: packed in rank order (written into displs).
-size_t extent_of(const std::vector<size_t>& counts, const size_t* given_displs, std::vector<size_t>& displs,
-                 const char* what) {
-  displs.resize(counts.size());
-  size_t end = 0, packed = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    displs[r] = given_displs != nullptr ? given_displs[r] : packed;
-    GS_REQUIRE(counts[r] <= SIZE_MAX - displs[r], GRADSYNC_E_INVALID_ARG,
-               "{} part {}: displacement {} + count {} overflows", what, r, displs[r], counts[r]);
-    if (counts[r] > 0) end = std::max(end, displs[r] + counts[r]);
-    if (given_displs == nullptr) packed += counts[r];
-  }
-  return end;
-}
-
 Op alltoall_op(const CommLink& link, const void* send, void* recv, size_t total_count, int32_t dtype) {
   const DType t = gradsync::to_dtype(dtype);
   const size_t recv_count = part_of(link, total_count).len * static_cast<size_t>(link.size());
@@ -710,14 +400,6 @@ Op alltoallv_op(const CommLink& link, const void* send, const size_t* send_count
   return [=, sc = std::move(sc), sd = std::move(sd), rc = std::move(rc), rd = std::move(rd)](Communicator& c) {
     c.alltoallv(send, sc, sd, recv, rc, rd, t);
   };
-}
-
-// count elements per rank, size of them: the rooted buffer of a gather or a scatter.
-size_t per_rank(const CommLink& link, size_t count, DType t, const char* what) {
-  const auto n = static_cast<size_t>(link.size());
-  GS_REQUIRE(count <= std::numeric_limits<size_t>::max() / 8 / gradsync::dtype_size(t) / n, GRADSYNC_E_INVALID_ARG,
-             "{} of {} x {} elements is too large", what, n, count);
-  return count * n;
 }
 
 // The root is judged inside the round (a root one rank gets wrong fails every rank); here it only
