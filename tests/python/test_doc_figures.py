@@ -47,7 +47,7 @@ FIGURES = {
     "MPI: an allreduce carried in the call's exchange": [
         ("src/comm/transport/mpi/mpi_communicator.cpp", "kPackBytes", _bytes),
         ("src/comm/transport/mpi/mpi_communicator.cpp", "kPackBudget", _bytes)],
-    "allreduce_many's staging buffer": [("src/comm/transport/mpi/mpi_communicator.cpp", "kStagingBytes", _bytes)],
+    "allreduce_many's staging buffer": [("src/comm/transport/mpi/mpi_collectives.cpp", "kStagingBytes", _bytes)],
     "liveness check of peers on this host": [("src/comm/transport/mpi/mpi_communicator.cpp", "kLivenessPeriod", _ms)],
     "block of dst guarded by one spin lock": [("src/atomics/atomic_add.hpp", "kStripeBytes", _bytes)],
     "a wait is logged at warning level": [("src/common/wait.hpp", "kStragglerReportAfter", _s),

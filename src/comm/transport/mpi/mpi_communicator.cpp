@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// The MPI transport's group and round protocol: joining, the exchange that opens every call and
+// its verdict, abort notices, the bounded waits, reset and subgroups (mpi_internal.hpp).
 #include "comm/transport/mpi/mpi_communicator.hpp"
 
 #include <sched.h>
@@ -10,20 +12,18 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "comm/call_signature.hpp"
-#include "comm/reduce.hpp"
+#include "comm/transport/mpi/mpi_internal.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "comm/verdict.hpp"
 #include "common/bounded_wait.hpp"
@@ -31,17 +31,8 @@
 #include "common/log.hpp"
 #include "common/wait.hpp"
 
-namespace gradsync::comm {
+namespace gradsync::comm::mpi {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// MPI counts and displacements are int: no call moves more than this many elements, and a
-// collective whose counts or displacements would not fit goes pairwise in pieces (see pairwise).
-// GRADSYNC_MPI_MAX_COUNT lowers the limit, so that tests run those paths without 2^31 elements;
-// every rank must give the same value (checked when the communicator is created).
-constexpr size_t kMaxMpiCount = size_t{1} << 30;
-constexpr int kPairwiseTag = 7002;
 
 size_t max_mpi_count() {
   const char* v = std::getenv("GRADSYNC_MPI_MAX_COUNT");
@@ -53,79 +44,20 @@ size_t max_mpi_count() {
              "GRADSYNC_MPI_MAX_COUNT must be an integer in [1, {}], got '{}'", kMaxMpiCount, v);
   return static_cast<size_t>(x);
 }
-// Fused allreduce packs small buffers into a staging buffer of this many bytes and reduces it in
-// one MPI call per fill: small enough that a fill is still in cache when it is copied back out,
-// large enough that the per-call latency is amortised over dozens of buffers. Buffers at least
-// this large gain nothing from packing and go to MPI straight from the caller.
-constexpr size_t kStagingBytes = size_t{256} << 10;
-// Deterministic mode reduces in windows of this many bytes (its scratch memory is bounded by it).
-constexpr size_t kWindowBytes = size_t{16} << 20;
+
 constexpr int kAbortTag = 7001;
 constexpr int kSplitTag = 7002;
 // How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 constexpr auto kSpinPhase = std::chrono::milliseconds(2);
 
-// What a rank is about to do; every rank compares every rank's before moving data.
-struct Fingerprint {
-  uint64_t seq = 0;  // the call's number on this communicator
-  CallSignature call;
-};
-static_assert(std::is_trivially_copyable_v<Fingerprint> && sizeof(Fingerprint) == 48,
-              "the fingerprint is exchanged as raw bytes");
-
 std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", describe(f.call), f.seq); }
-
-MPI_Datatype mpi_type(DType t) noexcept {
-  switch (t) {
-    case DType::F32: return mpi::lib().float_;
-    case DType::F64: return mpi::lib().double_;
-    case DType::I32: return mpi::lib().int32;
-    case DType::I64: return mpi::lib().int64;
-    case DType::BF16:
-    case DType::F16: return mpi::lib().uint16;  // moved, never reduced by MPI
-  }
-  return mpi::lib().byte;
-}
-
-MPI_Op mpi_op(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Mean: return mpi::lib().sum;
-    case ReduceOp::Min: return mpi::lib().min;
-    case ReduceOp::Max: return mpi::lib().max;
-  }
-  return mpi::lib().sum;
-}
 
 std::string mpi_error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (mpi::lib().Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
   return std::string(text, static_cast<size_t>(len));
-}
-
-// Mean after an MPI_SUM: the same finish as the rank-order kernels (float: v / n; integer: the
-// wrapped sum, truncated toward zero).
-template <class T>
-void divide(void* buf, size_t count, int n) noexcept {
-  T* p = static_cast<T*>(buf);
-  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(n));
-}
-
-void finish_mean(DType t, void* buf, size_t count, int n) noexcept {
-  switch (t) {
-    case DType::F32: return divide<float>(buf, count, n);
-    case DType::F64: return divide<double>(buf, count, n);
-    case DType::I32: return divide<int32_t>(buf, count, n);
-    case DType::I64: return divide<int64_t>(buf, count, n);
-    default: return;
-  }
-}
-
-std::byte* at(void* p, size_t elements, size_t elem) noexcept { return static_cast<std::byte*>(p) + elements * elem; }
-const std::byte* at(const void* p, size_t elements, size_t elem) noexcept {
-  return static_cast<const std::byte*>(p) + elements * elem;
 }
 
 // Memory that an abandoned MPI request may still write (or read) if the late rank ever arrives:
@@ -146,34 +78,6 @@ uint64_t pid_namespace_key() {
   if (boot_id.empty() || ns == 0) return 0;  // unknown: never compare PIDs
   return std::hash<std::string>{}(boot_id) ^ (ns * 0x9E3779B97F4A7C15ull);
 }
-
-struct PeerInfo {
-  uint64_t ns_key;
-  int64_t pid;
-  uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
-};
-
-// What every rank sends every other rank at the start of each call (the call's exchange): a key of
-// what it is about to do, when it arrived, a weighted mean's weight, and, on the small path, its
-// data. Small, since it travels with every call; ranks whose keys differ then exchange their whole
-// fingerprints (Details) to name the difference.
-struct Header {
-  uint64_t key;  // key_of(the call's fingerprint)
-  // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
-  // clocks share no origin): the group's statistics compare the ranks' arrivals.
-  int64_t arrived_ns;
-  uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
-  uint32_t bytes;   // the data that follows the header (the small path), or 0
-  uint32_t reserved;
-};
-static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 32, "the header is sent as raw bytes");
-// Where a rank's data starts in its message: 16-byte aligned for the reduction kernels.
-constexpr size_t kHeaderArea = 32;
-struct Details {
-  Fingerprint fp;
-  uint64_t weight;
-};
-static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "details are sent as raw bytes");
 
 uint64_t mix64(uint64_t x) noexcept {  // splitmix64's finaliser: a bijection
   x ^= x >> 30;
@@ -200,173 +104,7 @@ constexpr size_t kPackBudget = size_t{64} << 10;
 constexpr int kExchangeTag = 7003;
 constexpr int kDetailsTag = 7004;
 
-// The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
-// Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
-struct Exchange {
-  size_t slot = 0;
-  std::vector<std::byte> table;
-  std::vector<MPI_Request> requests;
-  Exchange(int ranks, size_t capacity)
-      : slot(kHeaderArea + capacity),
-        table(static_cast<size_t>(ranks) * slot),
-        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
-  Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
-  std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
-  std::vector<Details> details;  // only when the keys differ
-};
-
-// An abort notice: why its sender gave up (abort, timeout, a dead peer), the rank that started it
-// (the sender may be forwarding it), and the first call of the group that the sender will not
-// post: that call can complete nowhere, earlier ones still can.
-struct Notice {
-  int64_t status = 0;
-  int64_t subject = -1;
-  int64_t stop_at = 0;
-  int source = -1;
-};
-
-struct FreshComms {
-  MPI_Comm comm = mpi::lib().comm_null;
-  MPI_Comm ctl = mpi::lib().comm_null;
-  MPI_Request requests[2] = {mpi::lib().request_null, mpi::lib().request_null};
-};
-
-class MpiCommunicator final : public Communicator {
- public:
-  // parent: the MPI communicator to duplicate; comm_null for the one options name.
-  MpiCommunicator(const Options& options, MPI_Comm parent);
-  ~MpiCommunicator() override;
-
-  int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return size_; }
-  Transport transport() const noexcept override { return Transport::Mpi; }
-
-  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
-  void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
-  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
-                       std::optional<int> root) override;
-  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override;
-  void barrier() override;
-  void abort() noexcept override;
-  void reset() override;
-  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
-                     uint64_t* total_weight) override;
-  // The progress thread calls MPI while the host's threads may too (other communicators, its own
-  // MPI traffic), which only MPI_THREAD_MULTIPLE allows.
-  const char* progress_thread_refused() const noexcept override {
-    return mpi::thread_level() == MPI_THREAD_MULTIPLE
-               ? nullptr
-               : "non-blocking calls need MPI_THREAD_MULTIPLE, and MPI was initialised with a lower thread level "
-                 "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let gradsync do it)";
-  }
-
- protected:
-  // MPI_Comm_create_group over the members only (the parent's other ranks need not take part),
-  // then a communicator duplicated from it, as create duplicates the host's.
-  std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) override;
-
- private:
-  // What a call's exchange carries besides its header: the small path's data.
-  struct Payload {
-    std::span<const BufferRef> buffers;
-    size_t elem;
-  };
-  void check(int rc, const char* call);
-  // At the start of call `call`: fails if this rank was aborted, or heard a notice, telling the
-  // peers (once) that it will not post this call.
-  void throw_if_aborted(uint64_t call, Clock::time_point now);
-  // The call's exchange (see "The round protocol" above arrive's definition), verified; `payload`
-  // travels with it when it fits (packed_ then tells). commit: a barrier follows, for the calls
-  // that move their data through MPI's blocking collectives.
-  void arrive(const CallSignature& call, Payload payload = {}, uint64_t weight = 0, bool commit = true);
-  // How a wait treats an abort on this rank and its peers' notices: Setup (joining, reset) ends on
-  // a local abort and does not watch notices; Round (a call's exchange or commit, posted) is
-  // committed: a local abort takes effect at the next call, and only a notice that this call can
-  // complete nowhere, a dead peer or the deadline end it.
-  enum class Mode { Setup, Round };
-  // Polls requests to completion. On the deadline, an abort, a notice or a dead peer (as `mode`
-  // says): buries keepalive (the memory the requests use), aborts the communicator, tells the
-  // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
-  // `start`: when the wait began, if the caller has just read the clock.
-  void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
-            const std::shared_ptr<void>& keepalive, Mode mode, std::optional<Clock::time_point> start = std::nullopt);
-  std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
-  void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
-  void send_notices(int status, int subject, uint64_t stop_at) noexcept;
-  [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
-  // After an exchange whose keys differ: every rank sends every peer its whole fingerprint, and
-  // all throw the same verdict naming the ranks.
-  [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline);
-  void renew_exchange();
-  void post_notice_receive();
-  // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
-  void poll_notices();
-  std::string notice_reason() const;
-  void retire_control() noexcept;
-  int dead_peer() const noexcept;
-  bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
-  // The system clock's time at steady time `now`, in ns, from an offset read again every 100 ms
-  // (one clock read per call instead of two; the stamps only compare arrivals).
-  int64_t system_time_ns(Clock::time_point now) noexcept;
-
-  void allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det);
-  // Every rank swaps one block with every other rank, blocks of any size_t length, for the
-  // collectives whose counts or displacements do not fit MPI's int. block(peer) gives
-  // {send, send count, recv, recv count} of the pair (counts agree across each pair).
-  struct Block {
-    const void* send;
-    size_t send_count;
-    void* recv;
-    size_t recv_count;
-  };
-  void pairwise(DType dtype, const std::function<Block(int)>& block);
-  void rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
-  std::byte* scratch(size_t bytes);
-
-  Options options_;
-  MPI_Comm base_ = mpi::lib().comm_null;  // never carries traffic: the parent of fresh dups at reset
-  MPI_Comm comm_ = mpi::lib().comm_null;  // collectives
-  MPI_Comm ctl_ = mpi::lib().comm_null;   // abort notices
-  int rank_ = 0;
-  int size_ = 1;
-  size_t max_count_ = kMaxMpiCount;
-  uint64_t seq_ = 0;
-  size_t pack_capacity_ = 0;  // the small path's bytes per rank (kPackBytes, kPackBudget)
-  std::shared_ptr<Exchange> exchange_;
-  std::shared_ptr<void> exchange_keep_;  // the same, as the waits bury it
-  bool packed_ = false;                  // the last exchange carried every rank's data
-  std::vector<int64_t> stamps_;          // the ranks' arrivals in the last exchange
-  std::vector<const void*> sources_;     // the small path's contributions, by rank
-  // The last call found alike on every rank and valid: the same call again needs no judging.
-  CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
-  std::vector<PeerInfo> peers_;
-  std::vector<std::byte> staging_;
-  std::vector<std::byte> scratch_;
-
-  // (calls posted << 1) | aborted: abort() learns atomically whether this rank has posted the call
-  // in progress (it is committed to it) or not (its notices say it will not post it).
-  std::atomic<uint64_t> state_{0};
-  bool aborted_ = false;
-  std::string aborted_reason_;
-  bool holds_abandoned_ = false;  // counted in the runtime's abandoned total
-  // An abandoned request still refers to its communicator, which must then never be freed.
-  bool comm_pending_ = false;
-  bool base_pending_ = false;
-
-  // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
-  std::mutex ctl_mutex_;
-  std::atomic<bool> notices_sent_{false};  // read by the waits without the lock
-  int64_t notice_out_[3] = {0, 0, 0};      // a Notice's status, subject, stop_at
-  int64_t notice_in_[3] = {0, 0, 0};
-  std::optional<Notice> notice_;          // the notice heard with the earliest stop_at, until reset
-  Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
-  Clock::time_point offset_read_{};
-  int64_t system_offset_ns_ = 0;  // system clock minus steady clock
-  MPI_Request notice_receive_ = mpi::lib().request_null;
-  std::vector<MPI_Request> notice_sends_;
-  bool runtime_acquired_ = false;
-};
+}  // namespace
 
 MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     : options_(options), max_count_(max_mpi_count()) {
@@ -849,312 +587,6 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
   return steady(now) + system_offset_ns_;
 }
 
-bool MpiCommunicator::deterministic_for(DType dtype, ReduceOp op) const noexcept {
-  // i32 mean sums in 64 bits (as the shared kernels do) so it never wraps, and half precision
-  // accumulates in f32: MPI can do neither.
-  return options_.deterministic || (dtype == DType::I32 && op == ReduceOp::Mean) || dtype == DType::BF16 ||
-         dtype == DType::F16;
-}
-
-std::byte* MpiCommunicator::scratch(size_t bytes) {
-  // Never null, so that offsets into an empty scratch stay defined.
-  if (scratch_.size() < std::max<size_t>(bytes, 64)) scratch_.resize(std::max<size_t>(bytes, 64));
-  return scratch_.data();
-}
-
-void MpiCommunicator::allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det) {
-  if (count == 0) return;
-  if (det) return rank_order_allreduce(send, recv, count, dtype, op);
-  const size_t elem = dtype_size(dtype);
-  for (size_t lo = 0; lo < count; lo += max_count_) {
-    const int n = static_cast<int>(std::min(max_count_, count - lo));
-    const void* from = send == recv ? MPI_IN_PLACE : at(send, lo, elem);
-    check(mpi::lib().Allreduce(from, at(recv, lo, elem), n, mpi_type(dtype), mpi_op(op), comm_), "MPI_Allreduce");
-  }
-  if (op == ReduceOp::Mean) finish_mean(dtype, recv, count, size_);
-}
-
-// Reduce-scatter by gathering, window by window (bounded memory): each rank receives every rank's
-// copy of its slice of the window (MPI_Alltoallv), folds them in rank order with the shared
-// kernels, and the slices are shared again (MPI_Allgatherv in place).
-void MpiCommunicator::rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
-  const size_t elem = dtype_size(dtype);
-  const size_t window = std::max<size_t>(kWindowBytes / elem, static_cast<size_t>(size_));
-  const auto n = static_cast<size_t>(size_);
-  std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
-  std::vector<const void*> sources(n);
-  for (size_t lo = 0; lo < count; lo += window) {
-    const size_t m = std::min(window, count - lo);
-    const Part mine = partition(m, n, static_cast<uint64_t>(rank_));
-    for (size_t r = 0; r < n; ++r) {
-      const Part p = partition(m, n, r);
-      send_counts[r] = static_cast<int>(p.len);
-      send_displs[r] = static_cast<int>(p.start);
-      recv_counts[r] = static_cast<int>(mine.len);
-      recv_displs[r] = static_cast<int>(r * mine.len);
-    }
-    std::byte* copies = scratch(n * mine.len * elem);
-    check(mpi::lib().Alltoallv(at(send, lo, elem), send_counts.data(), send_displs.data(), mpi_type(dtype), copies,
-                               recv_counts.data(), recv_displs.data(), mpi_type(dtype), comm_),
-          "MPI_Alltoallv");
-    for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
-    reduce(dtype, op, sources.data(), n, at(recv, lo + mine.start, elem), 0, mine.len);
-    check(mpi::lib().Allgatherv(MPI_IN_PLACE, 0, mpi_type(dtype), at(recv, lo, elem), send_counts.data(),
-                                send_displs.data(), mpi_type(dtype), comm_),
-          "MPI_Allgatherv");
-  }
-}
-
-// In step s a rank sends to rank + s and receives from rank - s, so each step is a set of disjoint
-// pairs; pieces are non-blocking sends and receives of at most max_count_ elements, matched in
-// order (MPI keeps the order of messages between two ranks on one tag), so the two sides need not
-// cut their blocks the same way. Step 0 is the rank's own block, copied.
-void MpiCommunicator::pairwise(DType dtype, const std::function<Block(int)>& block) {
-  const size_t elem = dtype_size(dtype);
-  std::vector<MPI_Request> requests;
-  for (int s = 0; s < size_; ++s) {
-    const int to = (rank_ + s) % size_, from = (rank_ - s + size_) % size_;
-    if (s == 0) {
-      const Block self = block(rank_);
-      if (self.send_count > 0 && self.send != self.recv) std::memmove(self.recv, self.send, self.send_count * elem);
-      continue;
-    }
-    const Block out = block(to), in = block(from);
-    requests.clear();
-    for (size_t lo = 0; lo < in.recv_count; lo += max_count_) {
-      requests.emplace_back();
-      check(mpi::lib().Irecv(const_cast<std::byte*>(at(in.recv, lo, elem)),
-                             static_cast<int>(std::min(max_count_, in.recv_count - lo)), mpi_type(dtype), from,
-                             kPairwiseTag, comm_, &requests.back()),
-            "MPI_Irecv");
-    }
-    for (size_t lo = 0; lo < out.send_count; lo += max_count_) {
-      requests.emplace_back();
-      check(mpi::lib().Isend(at(out.send, lo, elem), static_cast<int>(std::min(max_count_, out.send_count - lo)),
-                             mpi_type(dtype), to, kPairwiseTag, comm_, &requests.back()),
-            "MPI_Isend");
-    }
-    check(mpi::lib().Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-  }
-}
-
-void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
-  telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
-    const CallSignature call = allreduce_call(buffers, dtype, op);
-    const size_t elem = dtype_size(dtype);
-    arrive(call, Payload{buffers, elem});
-    if (packed_) {
-      // Every rank's data came with the exchange: folded here in rank order, the same on every rank.
-      const auto n = static_cast<size_t>(size_);
-      sources_.resize(n);
-      size_t at_byte = 0;
-      for (const BufferRef& b : buffers) {
-        for (size_t r = 0; r < n; ++r) sources_[r] = exchange_->data(static_cast<int>(r)) + at_byte;
-        reduce(dtype, op, sources_.data(), n, b.recv, 0, b.count);
-        at_byte += b.count * elem;
-      }
-      return;
-    }
-    if (size_ == 1) {
-      for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
-      return;
-    }
-    const bool det = deterministic_for(dtype, op);
-    if (buffers.size() == 1) return allreduce_one(buffers[0].send, buffers[0].recv, buffers[0].count, dtype, op, det);
-
-    // Fused: small buffers are packed back to back into the staging buffer, reduced in one call per
-    // fill, and unpacked; a buffer may straddle two fills. Large ones go straight to MPI.
-    const size_t capacity = kStagingBytes / elem;
-    struct Piece {
-      void* recv;
-      size_t at;  // element offset in staging
-      size_t len;
-    };
-    std::vector<Piece> pieces;
-    size_t used = 0;
-    auto flush = [&] {
-      if (used == 0) return;
-      allreduce_one(staging_.data(), staging_.data(), used, dtype, op, det);
-      for (const Piece& p : pieces) std::memcpy(p.recv, at(staging_.data(), p.at, elem), p.len * elem);
-      pieces.clear();
-      used = 0;
-    };
-    for (const BufferRef& b : buffers) {
-      if (b.count == 0) continue;
-      if (b.count * elem >= kStagingBytes) {
-        allreduce_one(b.send, b.recv, b.count, dtype, op, det);
-        continue;
-      }
-      if (staging_.size() < capacity * elem) staging_.resize(capacity * elem);
-      for (size_t done = 0; done < b.count;) {
-        const size_t len = std::min(b.count - done, capacity - used);
-        std::memcpy(at(staging_.data(), used, elem), at(b.send, done, elem), len * elem);
-        pieces.push_back(Piece{at(b.recv, done, elem), used, len});
-        used += len;
-        done += len;
-        if (used == capacity) flush();
-      }
-    }
-    flush();
-  });
-}
-
-// A collective of its own, judged like the others (collective, dtype, count, and every rank's
-// weight, so a bad weight fails every rank alike), then the staged products summed in rank order.
-void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
-                                    uint64_t* total_weight) {
-  telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
-    arrive(weighted_mean_call(count, dtype), {}, weight);
-    std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
-    if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
-    finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
-  });
-}
-
-void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype), [&] {
-    arrive(broadcast_call(count, dtype, root));
-    if (size_ == 1) return;
-    const size_t elem = dtype_size(dtype);
-    for (size_t lo = 0; lo < count; lo += max_count_) {
-      const int n = static_cast<int>(std::min(max_count_, count - lo));
-      check(mpi::lib().Bcast(at(buf, lo, elem), n, mpi_type(dtype), root, comm_), "MPI_Bcast");
-    }
-  });
-}
-
-void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
-  const auto n = static_cast<size_t>(size_);
-  std::vector<Part> parts(n);
-  const size_t total = pack_parts(counts, parts.data());
-  const size_t elem = dtype_size(dtype);
-  telemetry_.measure(Collective::Allgather, total * elem, [&] {
-    arrive(allgather_call(counts, dtype));
-    const Part mine = parts[static_cast<size_t>(rank_)];
-    if (size_ == 1) {
-      if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
-      return;
-    }
-    // Every rank sees the same counts here (the fingerprints matched), so all take the same path.
-    if (total > max_count_) {
-      const void* own = send == nullptr ? at(recv, mine.start, elem) : send;
-      return pairwise(dtype, [&](int peer) {
-        const Part p = parts[static_cast<size_t>(peer)];
-        return Block{own, mine.len, const_cast<std::byte*>(at(recv, p.start, elem)), p.len};
-      });
-    }
-    std::vector<int> icounts(n), displs(n);
-    for (size_t r = 0; r < n; ++r) {
-      icounts[r] = static_cast<int>(parts[r].len);
-      displs[r] = static_cast<int>(parts[r].start);
-    }
-    const void* from = send == nullptr || (total > 0 && send == at(recv, mine.start, elem)) ? MPI_IN_PLACE : send;
-    check(mpi::lib().Allgatherv(from, icounts[static_cast<size_t>(rank_)], mpi_type(dtype), recv, icounts.data(),
-                                displs.data(), mpi_type(dtype), comm_),
-          "MPI_Allgatherv");
-  });
-}
-
-void MpiCommunicator::exchange(const void* send, void* recv, const Routes& routes, DType dtype) {
-  const size_t elem = dtype_size(dtype);
-  const auto n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-  uint64_t sent = 0;
-  for (size_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
-  telemetry_.measure(Collective::Alltoall, sent * elem, [&] {
-    arrive(exchange_call(routes, dtype));
-    // Every rank holds the same routes (the fingerprints matched), so all take the same path.
-    bool fits = true;
-    for (size_t i = 0; i < n * n; ++i)
-      fits &= routes.count[i] <= max_count_ && routes.send_displ[i] <= max_count_ && routes.recv_displ[i] <= max_count_;
-    if (size_ == 1 || !fits) {
-      return pairwise(dtype, [&](int peer) {
-        const size_t out = routes.at(me, static_cast<size_t>(peer)), in = routes.at(static_cast<size_t>(peer), me);
-        return Block{at(send, routes.send_displ[out], elem), routes.count[out],
-                     const_cast<std::byte*>(at(recv, routes.recv_displ[in], elem)), routes.count[in]};
-      });
-    }
-    std::vector<int> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
-    for (size_t r = 0; r < n; ++r) {
-      send_counts[r] = static_cast<int>(routes.count[routes.at(me, r)]);
-      send_displs[r] = static_cast<int>(routes.send_displ[routes.at(me, r)]);
-      recv_counts[r] = static_cast<int>(routes.count[routes.at(r, me)]);
-      recv_displs[r] = static_cast<int>(routes.recv_displ[routes.at(r, me)]);
-    }
-    check(mpi::lib().Alltoallv(send, send_counts.data(), send_displs.data(), mpi_type(dtype), recv, recv_counts.data(),
-                               recv_displs.data(), mpi_type(dtype), comm_),
-          "MPI_Alltoallv");
-  });
-}
-
-void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                                      ReduceOp op, std::optional<int> root) {
-  const auto n = static_cast<size_t>(size_);
-  std::vector<Part> parts(n);
-  const size_t total = pack_parts(counts, parts.data());
-  const size_t longest = *std::max_element(counts.begin(), counts.end());  // a group has a rank
-  const size_t elem = dtype_size(dtype);
-  telemetry_.measure(Collective::ReduceScatter, total * elem, [&] {
-    arrive(reduce_scatter_call(counts, dtype, op, root));
-    const Part mine = parts[static_cast<size_t>(rank_)];
-    if (size_ == 1) {
-      if (recv != send && total > 0) std::memmove(recv, send, total * elem);
-      return;
-    }
-    if (total > max_count_) {
-      // Window by window of the slices (bounded scratch): every rank's copy of this rank's window
-      // comes here pairwise and is folded in rank order, as the deterministic path does. Every
-      // rank runs the windows of the longest slice.
-      const size_t window = std::min(max_count_, std::max<size_t>(kWindowBytes / elem, 1));
-      std::vector<const void*> sources(n);
-      for (size_t lo = 0; lo < longest; lo += window) {
-        const size_t m = lo < mine.len ? std::min(window, mine.len - lo) : 0;
-        std::byte* copies = scratch(n * m * elem);
-        pairwise(dtype, [&](int peer) {
-          const Part p = parts[static_cast<size_t>(peer)];
-          const size_t theirs = lo < p.len ? std::min(window, p.len - lo) : 0;
-          return Block{at(send, p.start + lo, elem), theirs, copies + static_cast<size_t>(peer) * m * elem, m};
-        });
-        for (size_t r = 0; r < n; ++r) sources[r] = copies + r * m * elem;
-        reduce(dtype, op, sources.data(), n, const_cast<std::byte*>(at(recv, lo, elem)), 0, m);
-      }
-      return;
-    }
-    std::vector<int> icounts(n), displs(n);
-    for (size_t r = 0; r < n; ++r) {
-      icounts[r] = static_cast<int>(parts[r].len);
-      displs[r] = static_cast<int>(parts[r].start);
-    }
-    if (deterministic_for(dtype, op)) {
-      std::vector<int> recv_counts(n, static_cast<int>(mine.len)), recv_displs(n);
-      for (size_t r = 0; r < n; ++r) recv_displs[r] = static_cast<int>(r * mine.len);
-      std::byte* copies = scratch(n * mine.len * elem);
-      check(mpi::lib().Alltoallv(send, icounts.data(), displs.data(), mpi_type(dtype), copies, recv_counts.data(),
-                                 recv_displs.data(), mpi_type(dtype), comm_),
-            "MPI_Alltoallv");
-      std::vector<const void*> sources(n);
-      for (size_t r = 0; r < n; ++r) sources[r] = copies + r * mine.len * elem;
-      reduce(dtype, op, sources.data(), n, recv, 0, mine.len);
-      return;
-    }
-    // MPI forbids recv overlapping send; the caller may pass recv inside send (at its offset).
-    const auto* s = static_cast<const std::byte*>(send);
-    const auto* r = static_cast<const std::byte*>(recv);
-    const bool overlaps = r < s + total * elem && s < r + mine.len * elem;
-    void* out = overlaps ? scratch(mine.len * elem) : recv;
-    check(mpi::lib().Reduce_scatter(send, out, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
-          "MPI_Reduce_scatter");
-    if (overlaps) std::memcpy(recv, out, mine.len * elem);
-    if (op == ReduceOp::Mean) finish_mean(dtype, recv, mine.len, size_);
-  });
-}
-
-void MpiCommunicator::barrier() {
-  telemetry_.measure(Collective::Barrier, 0, [&] {
-    // The exchange completes only once every rank has posted it: it is the barrier.
-    arrive(barrier_call(), {}, 0, false);
-  });
-}
-
 // The data and control communicators, duplicated from base_ one after the other, never side by
 // side: Open MPI (4.1) agrees on a new context id through collectives on the parent, and two
 // agreements in flight on one parent can post those collectives in different orders on different
@@ -1221,11 +653,13 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
   return std::make_unique<MpiCommunicator>(options_, made);
 }
 
-}  // namespace
+}  // namespace gradsync::comm::mpi
+
+namespace gradsync::comm {
 
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options) {
   (void)mpi::lib();  // the plugin, or E_UNSUPPORTED saying what to install, before anything else
-  return std::make_unique<MpiCommunicator>(options, mpi::lib().comm_null);
+  return std::make_unique<mpi::MpiCommunicator>(options, mpi::lib().comm_null);
 }
 
 bool mpi_transport_available() noexcept { return mpi::available(); }

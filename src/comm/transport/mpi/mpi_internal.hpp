@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The MPI transport's communicator, as its two units share it: mpi_communicator.cpp joins the
+// group and runs the round protocol (the exchange that opens every call, its verdict, aborts,
+// deadlines, reset), and mpi_collectives.cpp moves each collective's data once its round has
+// begun. Also the records that travel between ranks as raw bytes.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "comm/call_signature.hpp"
+#include "comm/communicator.hpp"
+#include "comm/transport/mpi/mpi_api.hpp"
+#include "comm/transport/mpi/mpi_runtime.hpp"
+#include "comm/types.hpp"
+#include "common/dtype.hpp"
+
+namespace gradsync::comm::mpi {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI counts and displacements are int: no call moves more than this many elements, and a
+// collective whose counts or displacements would not fit goes pairwise in pieces (see pairwise).
+// GRADSYNC_MPI_MAX_COUNT lowers the limit, so that tests run those paths without 2^31 elements;
+// every rank must give the same value (checked when the communicator is created).
+constexpr size_t kMaxMpiCount = size_t{1} << 30;
+
+// What a rank is about to do; every rank compares every rank's before moving data.
+struct Fingerprint {
+  uint64_t seq = 0;  // the call's number on this communicator
+  CallSignature call;
+};
+static_assert(std::is_trivially_copyable_v<Fingerprint> && sizeof(Fingerprint) == 48,
+              "the fingerprint is exchanged as raw bytes");
+
+struct PeerInfo {
+  uint64_t ns_key;
+  int64_t pid;
+  uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
+};
+
+// What every rank sends every other rank at the start of each call (the call's exchange): a key of
+// what it is about to do, when it arrived, a weighted mean's weight, and, on the small path, its
+// data. Small, since it travels with every call; ranks whose keys differ then exchange their whole
+// fingerprints (Details) to name the difference.
+struct Header {
+  uint64_t key;  // key_of(the call's fingerprint)
+  // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
+  // clocks share no origin): the group's statistics compare the ranks' arrivals.
+  int64_t arrived_ns;
+  uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
+  uint32_t bytes;   // the data that follows the header (the small path), or 0
+  uint32_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 32, "the header is sent as raw bytes");
+// Where a rank's data starts in its message: 16-byte aligned for the reduction kernels.
+constexpr size_t kHeaderArea = 32;
+struct Details {
+  Fingerprint fp;
+  uint64_t weight;
+};
+static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "details are sent as raw bytes");
+
+// The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
+// Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
+struct Exchange {
+  size_t slot = 0;
+  std::vector<std::byte> table;
+  std::vector<MPI_Request> requests;
+  Exchange(int ranks, size_t capacity)
+      : slot(kHeaderArea + capacity),
+        table(static_cast<size_t>(ranks) * slot),
+        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
+  Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
+  std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
+  std::vector<Details> details;  // only when the keys differ
+};
+
+// An abort notice: why its sender gave up (abort, timeout, a dead peer), the rank that started it
+// (the sender may be forwarding it), and the first call of the group that the sender will not
+// post: that call can complete nowhere, earlier ones still can.
+struct Notice {
+  int64_t status = 0;
+  int64_t subject = -1;
+  int64_t stop_at = 0;
+  int source = -1;
+};
+
+struct FreshComms {
+  MPI_Comm comm = mpi::lib().comm_null;
+  MPI_Comm ctl = mpi::lib().comm_null;
+  MPI_Request requests[2] = {mpi::lib().request_null, mpi::lib().request_null};
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // parent: the MPI communicator to duplicate; comm_null for the one options name.
+  MpiCommunicator(const Options& options, MPI_Comm parent);
+  ~MpiCommunicator() override;
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  Transport transport() const noexcept override { return Transport::Mpi; }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override;
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                       std::optional<int> root) override;
+  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override;
+  void barrier() override;
+  void abort() noexcept override;
+  void reset() override;
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override;
+  // The progress thread calls MPI while the host's threads may too (other communicators, its own
+  // MPI traffic), which only MPI_THREAD_MULTIPLE allows.
+  const char* progress_thread_refused() const noexcept override {
+    return mpi::thread_level() == MPI_THREAD_MULTIPLE
+               ? nullptr
+               : "non-blocking calls need MPI_THREAD_MULTIPLE, and MPI was initialised with a lower thread level "
+                 "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let gradsync do it)";
+  }
+
+ protected:
+  // MPI_Comm_create_group over the members only (the parent's other ranks need not take part),
+  // then a communicator duplicated from it, as create duplicates the host's.
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) override;
+
+ private:
+  // What a call's exchange carries besides its header: the small path's data.
+  struct Payload {
+    std::span<const BufferRef> buffers;
+    size_t elem;
+  };
+  void check(int rc, const char* call);
+  // At the start of call `call`: fails if this rank was aborted, or heard a notice, telling the
+  // peers (once) that it will not post this call.
+  void throw_if_aborted(uint64_t call, Clock::time_point now);
+  // The call's exchange (see "The round protocol" above its definition in mpi_communicator.cpp),
+  // verified; `payload`
+  // travels with it when it fits (packed_ then tells). commit: a barrier follows, for the calls
+  // that move their data through MPI's blocking collectives.
+  void arrive(const CallSignature& call, Payload payload = {}, uint64_t weight = 0, bool commit = true);
+  // How a wait treats an abort on this rank and its peers' notices: Setup (joining, reset) ends on
+  // a local abort and does not watch notices; Round (a call's exchange or commit, posted) is
+  // committed: a local abort takes effect at the next call, and only a notice that this call can
+  // complete nowhere, a dead peer or the deadline end it.
+  enum class Mode { Setup, Round };
+  // Polls requests to completion. On the deadline, an abort, a notice or a dead peer (as `mode`
+  // says): buries keepalive (the memory the requests use), aborts the communicator, tells the
+  // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
+  // `start`: when the wait began, if the caller has just read the clock.
+  void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
+            const std::shared_ptr<void>& keepalive, Mode mode, std::optional<Clock::time_point> start = std::nullopt);
+  std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
+  void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
+  void send_notices(int status, int subject, uint64_t stop_at) noexcept;
+  [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
+  // After an exchange whose keys differ: every rank sends every peer its whole fingerprint, and
+  // all throw the same verdict naming the ranks.
+  [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline);
+  void renew_exchange();
+  void post_notice_receive();
+  // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
+  void poll_notices();
+  std::string notice_reason() const;
+  void retire_control() noexcept;
+  int dead_peer() const noexcept;
+  bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
+  // The system clock's time at steady time `now`, in ns, from an offset read again every 100 ms
+  // (one clock read per call instead of two; the stamps only compare arrivals).
+  int64_t system_time_ns(Clock::time_point now) noexcept;
+
+  void allreduce_one(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, bool det);
+  // Every rank swaps one block with every other rank, blocks of any size_t length, for the
+  // collectives whose counts or displacements do not fit MPI's int. block(peer) gives
+  // {send, send count, recv, recv count} of the pair (counts agree across each pair).
+  struct Block {
+    const void* send;
+    size_t send_count;
+    void* recv;
+    size_t recv_count;
+  };
+  void pairwise(DType dtype, const std::function<Block(int)>& block);
+  void rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  std::byte* scratch(size_t bytes);
+
+  Options options_;
+  MPI_Comm base_ = mpi::lib().comm_null;  // never carries traffic: the parent of fresh dups at reset
+  MPI_Comm comm_ = mpi::lib().comm_null;  // collectives
+  MPI_Comm ctl_ = mpi::lib().comm_null;   // abort notices
+  int rank_ = 0;
+  int size_ = 1;
+  size_t max_count_ = kMaxMpiCount;
+  uint64_t seq_ = 0;
+  size_t pack_capacity_ = 0;  // the small path's bytes per rank (kPackBytes, kPackBudget)
+  std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<void> exchange_keep_;  // the same, as the waits bury it
+  bool packed_ = false;                  // the last exchange carried every rank's data
+  std::vector<int64_t> stamps_;          // the ranks' arrivals in the last exchange
+  std::vector<const void*> sources_;     // the small path's contributions, by rank
+  // The last call found alike on every rank and valid: the same call again needs no judging.
+  CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
+  std::vector<PeerInfo> peers_;
+  std::vector<std::byte> staging_;
+  std::vector<std::byte> scratch_;
+
+  // (calls posted << 1) | aborted: abort() learns atomically whether this rank has posted the call
+  // in progress (it is committed to it) or not (its notices say it will not post it).
+  std::atomic<uint64_t> state_{0};
+  bool aborted_ = false;
+  std::string aborted_reason_;
+  bool holds_abandoned_ = false;  // counted in the runtime's abandoned total
+  // An abandoned request still refers to its communicator, which must then never be freed.
+  bool comm_pending_ = false;
+  bool base_pending_ = false;
+
+  // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
+  std::mutex ctl_mutex_;
+  std::atomic<bool> notices_sent_{false};  // read by the waits without the lock
+  int64_t notice_out_[3] = {0, 0, 0};      // a Notice's status, subject, stop_at
+  int64_t notice_in_[3] = {0, 0, 0};
+  std::optional<Notice> notice_;          // the notice heard with the earliest stop_at, until reset
+  Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
+  Clock::time_point offset_read_{};
+  int64_t system_offset_ns_ = 0;  // system clock minus steady clock
+  MPI_Request notice_receive_ = mpi::lib().request_null;
+  std::vector<MPI_Request> notice_sends_;
+  bool runtime_acquired_ = false;
+};
+
+}  // namespace gradsync::comm::mpi
