@@ -25,6 +25,21 @@
 // then a summary; the exit status is non-zero on any failure, a dead rank or a hang. A scenario
 // that a known library bug breaks on a transport names the bug in the registry: it still runs
 // and asserts comm.h, and prints XFAIL (not failing the run) until the fix, then XPASS (failing
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "harness.hpp"
 
 namespace {

@@ -4,19 +4,11 @@
 // in a scenario and its checks, the scenario's own groups, the element types and their inputs, the
 // one reference reduction, and the registry's entry. The runner (conformance.cpp) runs the
 // registry on every transport and reports.
-#include <dirent.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
-#include <csignal>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
