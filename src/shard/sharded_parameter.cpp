@@ -137,13 +137,15 @@ ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, con
 void ShardedParameter::size_buffers() {
   const size_t len = part_.len;
   grad_.assign(len, 0.0f);
-  staging_.clear();
   own_.clear();
   wire_out_.clear();
   wire_in_.clear();
   if (options_.compress == codec::Codec::None) {
-    staging_.assign(total_, 0.0f);
+    // Every use writes the whole gradient copy before reading it: one the size of the parameter
+    // (after a reshard) is kept as it is rather than refilled.
+    if (staging_.size() != total_) staging_.assign(total_, 0.0f);
   } else {
+    staging_.clear();
     own_.assign(len, 0.0f);
     wire_out_.assign(total_, 0u);
     wire_in_.assign(len * static_cast<size_t>(size_), 0u);
@@ -618,20 +620,48 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     }
   }
   const size_t f = state_arrays();
-  // What stays with its holder is copied in place; the rest travels. Send buffer: by destination,
-  // then piece order; receive buffer: by source, then piece order.
-  std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
-  for (const Piece& p : pieces) {
-    if (p.src == p.dst) continue;
-    if (p.src == me) send_counts[static_cast<size_t>(p.dst)] += p.len * f;
-    if (p.dst == me) recv_counts[static_cast<size_t>(p.src)] += p.len * f;
+  // The arrays this member keeps: g = range * f + a (a: weights, state1, state2).
+  const size_t arrays = static_cast<size_t>(new_k + 1) * f;
+  std::vector<SliceVector> fresh(arrays);
+  for (int range = 0; range <= new_k; ++range) {
+    for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].resize(kept(me, range).len);
   }
-  size_t send_total = 0, recv_total = 0;
-  for (size_t r = 0; r < n; ++r) {
-    send_displs[r] = send_total;
-    send_total += send_counts[r];
-    recv_displs[r] = recv_total;
-    recv_total += recv_counts[r];
+  // What stays with its holder is copied in place; the rest travels in one alltoallv per kept
+  // array, so that it lands straight in its fresh array (no receive buffer to fault in and copy
+  // out of). A member's pieces for one range arrive in piece order, which is the order of the
+  // flat parameter: they land in place when each source's pieces tile one stretch of the range
+  // (always, unless a source holds two old slices that are not neighbours and the range spans
+  // both); otherwise that range goes through a receive buffer. The send buffer is in the group's
+  // own memory, so that on shared memory the peers read it directly (one copy) instead of through
+  // the staging chunks: packed by array, then destination, then piece order.
+  const auto ranges = static_cast<size_t>(new_k + 1);
+  std::vector<std::vector<size_t>> send_counts(ranges, std::vector<size_t>(n, 0)),
+      recv_counts(ranges, std::vector<size_t>(n, 0)), recv_at(ranges, std::vector<size_t>(n, 0));
+  std::vector<char> in_place(ranges, 1);
+  {
+    std::vector<std::vector<uint64_t>> next_at(ranges, std::vector<uint64_t>(n, ~uint64_t{0}));
+    for (const Piece& p : pieces) {
+      if (p.src == p.dst) continue;
+      const auto range = static_cast<size_t>(p.range), src = static_cast<size_t>(p.src);
+      if (p.src == me) send_counts[range][static_cast<size_t>(p.dst)] += p.len;
+      if (p.dst != me) continue;
+      const uint64_t off = p.start - kept(me, p.range).start;
+      if (next_at[range][src] == ~uint64_t{0}) {
+        recv_at[range][src] = off;
+      } else if (next_at[range][src] != off) {
+        in_place[range] = 0;
+      }
+      next_at[range][src] = off + p.len;
+      recv_counts[range][src] += p.len;
+    }
+  }
+  size_t send_total = 0;
+  std::vector<std::vector<size_t>> send_displs(arrays, std::vector<size_t>(n, 0));
+  for (size_t g = 0; g < arrays; ++g) {
+    for (size_t r = 0; r < n; ++r) {
+      send_displs[g][r] = send_total;
+      send_total += send_counts[g / f][r];
+    }
   }
   // The arrays of old slice j here: this rank's own, or its replica of j.
   auto held = [&](int j, size_t a) -> const float* {
@@ -640,12 +670,6 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     const Replica& r = replicas_[static_cast<size_t>(behind - 1)];
     return a == 0 ? r.weights.data() : a == 1 ? r.state1.data() : r.state2.data();
   };
-  std::vector<SliceVector> fresh(static_cast<size_t>(new_k + 1) * f);
-  for (int range = 0; range <= new_k; ++range) {
-    for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].resize(kept(me, range).len);
-  }
-  // The send buffer in the group's own memory: on shared memory the peers then read it directly
-  // (one copy) instead of through the staging chunks.
   struct GroupMemory {
     comm::Communicator& c;
     float* p;
@@ -656,42 +680,50 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
       }
     }
   } send{next, send_total > 0 ? static_cast<float*>(next.alloc(send_total * sizeof(float))) : nullptr};
-  SliceVector recv(recv_total);
   {
-    std::vector<size_t> at(send_displs);
+    std::vector<std::vector<size_t>> at(send_displs);
     for (const Piece& p : pieces) {
       if (p.src != me) continue;
       const uint64_t off = p.start - part_of(p.slice).start;
       for (size_t a = 0; a < f; ++a) {
+        const size_t g = static_cast<size_t>(p.range) * f + a;
         if (p.dst == me) {
           std::copy_n(held(p.slice, a) + off, p.len,
-                      fresh[static_cast<size_t>(p.range) * f + a].begin() +
-                          static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
+                      fresh[g].begin() + static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
           continue;
         }
-        std::copy_n(held(p.slice, a) + off, p.len, send.p + at[static_cast<size_t>(p.dst)]);
-        at[static_cast<size_t>(p.dst)] += p.len;
+        std::copy_n(held(p.slice, a) + off, p.len, send.p + at[g][static_cast<size_t>(p.dst)]);
+        at[g][static_cast<size_t>(p.dst)] += p.len;
       }
     }
   }
-  if (np > 1) {
-    next.alltoallv(send.p, send_counts, send_displs, recv.data(), recv_counts, recv_displs, DType::F32);
-  }
-
-  // Everything arrived on every member: build the new slices, then switch to the new group.
-  {
-    std::vector<size_t> at(recv_displs);
+  for (size_t g = 0; np > 1 && g < arrays; ++g) {
+    const size_t range = g / f;
+    if (in_place[range]) {
+      next.alltoallv(send.p, send_counts[range], send_displs[g], fresh[g].data(), recv_counts[range], recv_at[range],
+                     DType::F32);
+      continue;
+    }
+    std::vector<size_t> displs(n, 0);
+    size_t total = 0;
+    for (size_t r = 0; r < n; ++r) {
+      displs[r] = total;
+      total += recv_counts[range][r];
+    }
+    SliceVector recv(total);
+    next.alltoallv(send.p, send_counts[range], send_displs[g], recv.data(), recv_counts[range], displs, DType::F32);
     for (const Piece& p : pieces) {
-      if (p.dst != me || p.src == me) continue;
-      const uint64_t off = p.start - kept(me, p.range).start;
-      for (size_t a = 0; a < f; ++a) {
-        std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at[static_cast<size_t>(p.src)]), p.len,
-                    fresh[static_cast<size_t>(p.range) * f + a].begin() + static_cast<std::ptrdiff_t>(off));
-        at[static_cast<size_t>(p.src)] += p.len;
-      }
-      report.moved_floats += p.len * f;
+      if (p.dst != me || p.src == me || static_cast<size_t>(p.range) != range) continue;
+      const auto src = static_cast<size_t>(p.src);
+      std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(displs[src]), p.len,
+                  fresh[g].begin() + static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
+      displs[src] += p.len;
     }
   }
+  for (const Piece& p : pieces) {
+    if (p.dst == me && p.src != me) report.moved_floats += p.len * f;
+  }
+  // Everything arrived on every member: switch to the new group.
   comm_ = &next;
   rank_ = me;
   size_ = np;

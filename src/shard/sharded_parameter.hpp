@@ -178,7 +178,7 @@ class ShardedParameter {
   Part part_;
 
   SliceVector weights_;             // this rank's slice
-  std::vector<float> grad_;         // aggregated gradient slice
+  SliceVector grad_;                // aggregated gradient slice
   SliceVector state1_, state2_;     // momentum / Adam moments, slice-sized
   std::vector<float> staging_;      // uncompressed: a gradient copy of N floats (put, weighted step)
   std::vector<float> own_;          // compressed: this rank's own part, kept in f32
@@ -190,10 +190,10 @@ class ShardedParameter {
   // (each that slice's length), and the aggregated gradient that rank sent for its next update.
   struct Replica {
     SliceVector weights, state1, state2;
-    std::vector<float> grad;
+    SliceVector grad;
   };
   std::vector<Replica> replicas_;
-  std::vector<float> replica_send_, replica_recv_;
+  SliceVector replica_recv_;
 
   bool initialised_ = false;
   bool fresh_gradient_ = false;

@@ -4,7 +4,10 @@
  * those of a run that never lost a rank (every rank's gradient is the same exact value, so the
  * mean is the same on any number of ranks). With replicas = 1 nothing is lost; without replicas
  * the reshard fails on every survivor with GRADSYNC_E_LOST naming the lost range, and changes
- * nothing; two neighbours lost with replicas = 1 fail alike, with replicas = 2 they do not. */
+ * nothing; two neighbours lost with replicas = 1 fail alike, with replicas = 2 they do not. Five
+ * ranks with replicas = 3 that lose ranks 0 and 3: old rank 4 then holds old slices 0 and 4, which
+ * are not neighbours, so a range that spans both arrives through a receive buffer rather than in
+ * place. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -15,7 +18,7 @@
 #include "check.h"
 #include "gradsync/gradsync.h"
 
-#define N 4
+#define N 5        /* at most */
 #define TOTAL 1003 /* not a multiple of 3 or 4: uneven parts before and after */
 #define STEPS 12
 #define LOSS_AT 5
@@ -23,7 +26,7 @@
 static float g_reference[TOTAL];
 
 /* The gradient of step s, the same on every rank: small multiples of 1/256, so every sum and mean
- * over up to four ranks is exact. */
+ * over up to five ranks is exact. */
 static void gradient(int s, float* g) {
   int i;
   for (i = 0; i < TOTAL; ++i) g[i] = (float)(((i * 7 + s * 13) % 17) - 8) / 256.0f;
@@ -31,6 +34,7 @@ static void gradient(int s, float* g) {
 
 typedef struct {
   int rank;
+  int size;
   int replicas;
   int lost[2];     /* ranks that go after LOSS_AT steps (-1: none) */
   int expect_lost; /* the survivors' reshard fails with GRADSYNC_E_LOST */
@@ -49,7 +53,7 @@ static void* member(void* p) {
   float *w = malloc(TOTAL * sizeof(float)), *g = malloc(TOTAL * sizeof(float));
   int s, i, st;
   copts.rank = j->rank;
-  copts.size = N;
+  copts.size = j->size;
   copts.timeout_ms = 20000;
   snprintf(copts.name, sizeof copts.name, "%s", j->name);
   sopts.optimizer = GRADSYNC_OPTIM_ADAM;
@@ -101,12 +105,14 @@ static void* member(void* p) {
   return NULL;
 }
 
-static void run(const char* name, int replicas, int lost0, int lost1, int expect_lost, float* final_weights) {
+static void run_sized(const char* name, int size, int replicas, int lost0, int lost1, int expect_lost,
+                      float* final_weights) {
   pthread_t t[N];
   job jobs[N];
   int i;
-  for (i = 0; i < N; ++i) {
+  for (i = 0; i < size; ++i) {
     jobs[i].rank = i;
+    jobs[i].size = size;
     jobs[i].replicas = replicas;
     jobs[i].lost[0] = lost0;
     jobs[i].lost[1] = lost1;
@@ -115,7 +121,11 @@ static void run(const char* name, int replicas, int lost0, int lost1, int expect
     jobs[i].final_weights = final_weights;
     pthread_create(&t[i], NULL, member, &jobs[i]);
   }
-  for (i = 0; i < N; ++i) pthread_join(t[i], NULL);
+  for (i = 0; i < size; ++i) pthread_join(t[i], NULL);
+}
+
+static void run(const char* name, int replicas, int lost0, int lost1, int expect_lost, float* final_weights) {
+  run_sized(name, 4, replicas, lost0, lost1, expect_lost, final_weights);
 }
 
 int main(void) {
@@ -140,6 +150,12 @@ int main(void) {
   run("capi-reshard-r1-apart", 1, 0, 2, 0, got); /* not neighbours: each has a replica elsewhere */
   differ = 0;
   for (i = 0; i < TOTAL; ++i) differ += memcmp(&got[i], &g_reference[i], sizeof(float)) != 0;
+  CHECK(differ == 0);
+  memset(got, 0xff, sizeof got);
+  run_sized("capi-reshard-r3-five", 5, 3, 0, 3, 0, got);
+  differ = 0;
+  for (i = 0; i < TOTAL; ++i) differ += memcmp(&got[i], &g_reference[i], sizeof(float)) != 0;
+  if (differ != 0) fprintf(stderr, "5 ranks, replicas=3, ranks 0 and 3 lost: %d weights differ\n", differ);
   CHECK(differ == 0);
   return check_report("capi:reshard");
 }
