@@ -9,7 +9,12 @@
  *
  * shrink_stress stress <episodes> [seed]
  * shrink_stress bench <runs> [total_params]: 4 ranks, one killed, the time from the kill to the
- *   next completed step on 3 ranks, by phase (detect, agree, form, reshard, step), min/median/max. */
+ *   next completed step on 3 ranks, by phase (detect, agree, form, reshard, step), min/median/max.
+ *   Detection counts from the later of the kill and the survivor's entry into the call that fails
+ *   (a survivor may still be computing its gradient when the peer dies: that work is shown apart).
+ *   For scale, in the same run: a whole step before and after, the reshard's CPU time, and one
+ *   memcpy of the floats a survivor receives into freshly allocated memory (the floor of moving
+ *   them in memory). The load average is printed: on a shared host the times follow it. */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
@@ -43,6 +48,8 @@ typedef struct {
   volatile int64_t kill_ns;
   /* bench: the survivors' times, ns after the kill */
   volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
+  volatile int64_t entered_ns[N]; /* the failing call began, after the kill (0: before it) */
+  volatile int64_t reshard_cpu_ns[N], moved_floats[N];
   volatile int64_t before_ns[N], after_ns[N]; /* a whole step on 4 ranks before the kill, on 3 after it */
   char why[N][160];
 } board;
@@ -60,9 +67,22 @@ static void pause_us(long us) {
   nanosleep(&t, NULL);
 }
 
+static int64_t cpu_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Element i is ((7i + 13s) mod 17 - 8) / 256, which repeats every 17 elements: one period, then
+ * copies of it (the same values as computing each, at the cost of a copy). */
 static void gradient(int s, float* g, uint64_t total) {
-  uint64_t i;
-  for (i = 0; i < total; ++i) g[i] = (float)((int)((i * 7 + (uint64_t)s * 13) % 17) - 8) / 256.0f;
+  uint64_t i, have;
+  for (i = 0; i < total && i < 17; ++i) g[i] = (float)((int)((i * 7 + (uint64_t)s * 13) % 17) - 8) / 256.0f;
+  for (have = i; have < total;) {
+    const uint64_t n = have / 17 * 17 < total - have ? have / 17 * 17 : total - have;
+    memcpy(g + have, g, n * sizeof(float));
+    have += n;
+  }
 }
 
 static void initial(float* w, uint64_t total) {
@@ -143,7 +163,10 @@ static int member(board* b, const char* name, int rank, int replicas, uint64_t t
       b->steps[rank] = ++s;
       continue;
     }
-    if (bench && !recovering) b->detect_ns[rank] = now_ns() - b->kill_ns;
+    if (bench && !recovering) {
+      b->detect_ns[rank] = now_ns() - b->kill_ns;
+      b->entered_ns[rank] = t0 > b->kill_ns ? t0 - b->kill_ns : 0;
+    }
     recovering = 1;
     for (;;) {
       gradsync_comm* next = NULL;
@@ -166,9 +189,14 @@ static int member(board* b, const char* name, int rank, int replicas, uint64_t t
       comm = next;
       b->phase[rank] = PH_RESHARD;
       {
-        const int64_t t0 = now_ns();
-        st = gradsync_shard_reshard(shard, comm, NULL);
-        if (bench) b->reshard_ns[rank] = now_ns() - t0;
+        const int64_t t0 = now_ns(), c0 = cpu_ns();
+        uint64_t moved = 0;
+        st = gradsync_shard_reshard(shard, comm, &moved);
+        if (bench) {
+          b->reshard_ns[rank] = now_ns() - t0;
+          b->reshard_cpu_ns[rank] = cpu_ns() - c0;
+          b->moved_floats[rank] = (int64_t)moved;
+        }
       }
       if (st == GRADSYNC_E_LOST) {
         snprintf(b->why[rank], sizeof b->why[rank], "%s", gradsync_last_error_message());
@@ -296,16 +324,67 @@ static void spread(const char* what, int64_t* v, int n) {
   printf("  %-26s %8.2f %8.2f %8.2f\n", what, (double)v[0] / 1e6, (double)v[n / 2] / 1e6, (double)v[n - 1] / 1e6);
 }
 
+/* One memcpy of `floats` floats into fresh memory (huge pages hinted, as the library's slices),
+ * from a source already touched: the floor of moving them in memory. */
+static int64_t copy_floor(const float* src, uint64_t floats) {
+  const size_t bytes = (size_t)floats * sizeof(float);
+  int64_t t0;
+  void* dst;
+  if (bytes == 0) return 0;
+  dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (dst == MAP_FAILED) return 0;
+#ifdef MADV_HUGEPAGE
+  madvise(dst, bytes, MADV_HUGEPAGE);
+#endif
+  t0 = now_ns();
+  memcpy(dst, src, bytes);
+  t0 = now_ns() - t0;
+  munmap(dst, bytes);
+  return t0;
+}
+
+static void print_load(const char* when) {
+  char line[128] = "?";
+  FILE* f = fopen("/proc/loadavg", "r");
+  if (f != NULL) {
+    if (fgets(line, sizeof line, f) == NULL) strcpy(line, "?");
+    fclose(f);
+  }
+  line[strcspn(line, "\n")] = 0;
+  printf("  load average %s: %s\n", when, line);
+}
+
 static int bench(int runs, uint64_t total) {
+  enum { DETECT, BEFORE_CALL, AGREE, FORM, RESHARD, RECOVERY, STEP, WHOLE, RESHARD_CPU, FLOOR, STEP4, STEP3, FIGURES };
+  static const char* const names[FIGURES] = {"detect (in the call)",
+                                             "caller's work before it",
+                                             "agree (failed set)",
+                                             "form (new group + commit)",
+                                             "reshard",
+                                             "detect..reshard",
+                                             "next step (remainder)",
+                                             "kill -> next step done",
+                                             "reshard, CPU time",
+                                             "memcpy of what it receives",
+                                             "step on 4 ranks, before",
+                                             "step on 3 ranks, after"};
   board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  int64_t *detect = calloc((size_t)runs, 8), *agree = calloc((size_t)runs, 8), *form = calloc((size_t)runs, 8),
-          *reshard = calloc((size_t)runs, 8), *step = calloc((size_t)runs, 8), *whole = calloc((size_t)runs, 8),
-          *before = calloc((size_t)runs, 8), *after = calloc((size_t)runs, 8);
-  int run, r, ok = 0;
+  int64_t* fig[FIGURES];
+  float* src = malloc((size_t)total * sizeof(float));
+  int run, r, i, ok = 0;
+  if (b == MAP_FAILED || src == NULL) return 2;
+  for (i = 0; i < FIGURES; ++i) fig[i] = calloc((size_t)runs, sizeof(int64_t));
+  memset(src, 1, (size_t)total * sizeof(float));
+  printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64
+         " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
+         "%d runs; ms after the kill\n",
+         total, (double)total * 8 / 1e6, runs);
+  print_load("before");
   for (run = 0; run < runs; ++run) {
     char name[64];
     pid_t pids[N];
     int victim = 1 + run % (N - 1), good = 1, watch = 0;
+    int64_t whole = 0;
     memset(b, 0, sizeof *b);
     snprintf(name, sizeof name, "recovery-bench-%ld-%d", (long)getpid(), run);
     for (r = 0; r < N; ++r) {
@@ -325,35 +404,31 @@ static int bench(int runs, uint64_t total) {
     }
     if (!good) continue;
     watch = victim == 0 ? 1 : 0; /* a survivor's view; the latest step completion of any survivor */
-    detect[ok] = b->detect_ns[watch];
-    agree[ok] = b->agree_ns[watch];
-    form[ok] = b->form_ns[watch];
-    reshard[ok] = b->reshard_ns[watch];
-    step[ok] = 0;
-    whole[ok] = 0;
     for (r = 0; r < N; ++r) {
-      if (r != victim && b->step_ns[r] > whole[ok]) whole[ok] = b->step_ns[r];
+      if (r != victim && b->step_ns[r] > whole) whole = b->step_ns[r];
     }
-    step[ok] = whole[ok] - detect[ok] - agree[ok] - form[ok] - reshard[ok];
-    before[ok] = b->before_ns[watch];
-    after[ok] = b->after_ns[watch];
+    fig[BEFORE_CALL][ok] = b->entered_ns[watch];
+    fig[DETECT][ok] = b->detect_ns[watch] - b->entered_ns[watch];
+    fig[AGREE][ok] = b->agree_ns[watch];
+    fig[FORM][ok] = b->form_ns[watch];
+    fig[RESHARD][ok] = b->reshard_ns[watch];
+    fig[RECOVERY][ok] = fig[DETECT][ok] + fig[AGREE][ok] + fig[FORM][ok] + fig[RESHARD][ok];
+    fig[STEP][ok] = whole - b->detect_ns[watch] - fig[AGREE][ok] - fig[FORM][ok] - fig[RESHARD][ok];
+    fig[WHOLE][ok] = whole;
+    fig[RESHARD_CPU][ok] = b->reshard_cpu_ns[watch];
+    fig[FLOOR][ok] =
+        copy_floor(src, (uint64_t)b->moved_floats[watch] < total ? (uint64_t)b->moved_floats[watch] : total);
+    fig[STEP4][ok] = b->before_ns[watch];
+    fig[STEP3][ok] = b->after_ns[watch];
     ++ok;
   }
   if (ok == 0) return 1;
-  printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64
-         " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
-         "%d runs; ms after the kill\n",
-         total, (double)total * 8 / 1e6, ok);
-  printf("  %-26s %8s %8s %8s\n", "phase", "min", "median", "max");
-  spread("detect (error returned)", detect, ok);
-  spread("agree (failed set)", agree, ok);
-  spread("form (new group + commit)", form, ok);
-  spread("reshard", reshard, ok);
-  spread("next step (remainder)", step, ok);
-  spread("kill -> next step done", whole, ok);
-  printf("  for scale, a whole step (gradient mean, Adam, gather, replica update):\n");
-  spread("step on 4 ranks, before", before, ok);
-  spread("step on 3 ranks, after", after, ok);
+  print_load("after");
+  printf("  %-26s %8s %8s %8s   (%d runs)\n", "phase", "min", "median", "max", ok);
+  for (i = 0; i < FIGURES; ++i) {
+    if (i == RESHARD_CPU) printf("  for scale:\n");
+    spread(names[i], fig[i], ok);
+  }
   return 0;
 }
 
