@@ -9,6 +9,7 @@
 
 #include <sys/mman.h>
 
+#include "comm/call_signature.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "gradsync/errors.h"
@@ -626,43 +627,52 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   for (int range = 0; range <= new_k; ++range) {
     for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].resize(kept(me, range).len);
   }
-  // What stays with its holder is copied in place; the rest travels in one alltoallv per kept
+  // What stays with its holder is copied in place; the rest travels in one exchange per kept
   // array, so that it lands straight in its fresh array (no receive buffer to fault in and copy
-  // out of). A member's pieces for one range arrive in piece order, which is the order of the
-  // flat parameter: they land in place when each source's pieces tile one stretch of the range
+  // out of). Every member derives every member's routes from the table all of them hold, so the
+  // exchanges need no round to agree on them (the round still checks that they match).
+  // A member's pieces of one range from one source arrive in piece order, the order of the flat
+  // parameter: they land in place when each source's pieces tile one stretch of the range
   // (always, unless a source holds two old slices that are not neighbours and the range spans
-  // both); otherwise that range goes through a receive buffer. The send buffer is in the group's
-  // own memory, so that on shared memory the peers read it directly (one copy) instead of through
-  // the staging chunks: packed by array, then destination, then piece order.
+  // both); otherwise that range goes through a receive buffer. A source's send buffer is in the
+  // group's own memory, so that on shared memory the peers read it directly (one copy) instead of
+  // through the staging chunks: packed by array, then destination, then piece order.
   const auto ranges = static_cast<size_t>(new_k + 1);
-  std::vector<std::vector<size_t>> send_counts(ranges, std::vector<size_t>(n, 0)),
-      recv_counts(ranges, std::vector<size_t>(n, 0)), recv_at(ranges, std::vector<size_t>(n, 0));
-  std::vector<char> in_place(ranges, 1);
+  auto pair = [&](size_t range, int s, int d) {
+    return (range * n + static_cast<size_t>(s)) * n + static_cast<size_t>(d);
+  };
+  // For every range and pair (s, d): the floats s sends d, and where they begin in d's range.
+  std::vector<uint64_t> count(ranges * n * n, 0), first(ranges * n * n, ~uint64_t{0});
+  std::vector<char> in_place(ranges * n, 1);  // [range * n + d]
   {
-    std::vector<std::vector<uint64_t>> next_at(ranges, std::vector<uint64_t>(n, ~uint64_t{0}));
+    std::vector<uint64_t> next_at(ranges * n * n, ~uint64_t{0});
     for (const Piece& p : pieces) {
       if (p.src == p.dst) continue;
-      const auto range = static_cast<size_t>(p.range), src = static_cast<size_t>(p.src);
-      if (p.src == me) send_counts[range][static_cast<size_t>(p.dst)] += p.len;
-      if (p.dst != me) continue;
-      const uint64_t off = p.start - kept(me, p.range).start;
-      if (next_at[range][src] == ~uint64_t{0}) {
-        recv_at[range][src] = off;
-      } else if (next_at[range][src] != off) {
-        in_place[range] = 0;
+      const auto range = static_cast<size_t>(p.range);
+      const size_t k = pair(range, p.src, p.dst);
+      const uint64_t off = p.start - kept(p.dst, p.range).start;
+      if (next_at[k] == ~uint64_t{0}) {
+        first[k] = off;
+      } else if (next_at[k] != off) {
+        in_place[range * n + static_cast<size_t>(p.dst)] = 0;
       }
-      next_at[range][src] = off + p.len;
-      recv_counts[range][src] += p.len;
+      next_at[k] = off + p.len;
+      count[k] += p.len;
     }
   }
-  size_t send_total = 0;
-  std::vector<std::vector<size_t>> send_displs(arrays, std::vector<size_t>(n, 0));
-  for (size_t g = 0; g < arrays; ++g) {
-    for (size_t r = 0; r < n; ++r) {
-      send_displs[g][r] = send_total;
-      send_total += send_counts[g / f][r];
+  // Where (g, d)'s floats begin in member s's send buffer, and the buffer's length.
+  std::vector<uint64_t> send_at(n * arrays * n, 0), send_len(n, 0);
+  for (int s = 0; s < np; ++s) {
+    uint64_t at = 0;
+    for (size_t g = 0; g < arrays; ++g) {
+      for (int d = 0; d < np; ++d) {
+        send_at[(static_cast<size_t>(s) * arrays + g) * n + static_cast<size_t>(d)] = at;
+        at += count[pair(g / f, s, d)];
+      }
     }
+    send_len[static_cast<size_t>(s)] = at;
   }
+  const size_t send_total = send_len[static_cast<size_t>(me)];
   // The arrays of old slice j here: this rank's own, or its replica of j.
   auto held = [&](int j, size_t a) -> const float* {
     const int behind = (rank_ - j + size_) % size_;
@@ -681,7 +691,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     }
   } send{next, send_total > 0 ? static_cast<float*>(next.alloc(send_total * sizeof(float))) : nullptr};
   {
-    std::vector<std::vector<size_t>> at(send_displs);
+    std::vector<uint64_t> at(send_at.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(me) * arrays * n),
+                             send_at.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(me) + 1) * arrays * n));
     for (const Piece& p : pieces) {
       if (p.src != me) continue;
       const uint64_t off = p.start - part_of(p.slice).start;
@@ -692,32 +703,46 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
                       fresh[g].begin() + static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
           continue;
         }
-        std::copy_n(held(p.slice, a) + off, p.len, send.p + at[g][static_cast<size_t>(p.dst)]);
-        at[g][static_cast<size_t>(p.dst)] += p.len;
+        uint64_t& to = at[g * n + static_cast<size_t>(p.dst)];
+        std::copy_n(held(p.slice, a) + off, p.len, send.p + to);
+        to += p.len;
       }
     }
   }
   for (size_t g = 0; np > 1 && g < arrays; ++g) {
     const size_t range = g / f;
-    if (in_place[range]) {
-      next.alltoallv(send.p, send_counts[range], send_displs[g], fresh[g].data(), recv_counts[range], recv_at[range],
-                     DType::F32);
+    comm::Routes routes(comm::Collective::Alltoall, -1, n);
+    for (int s = 0; s < np; ++s) {
+      for (int d = 0; d < np; ++d) {
+        const size_t k = routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(d));
+        routes.count[k] = count[pair(range, s, d)];
+        routes.send_displ[k] = send_at[(static_cast<size_t>(s) * arrays + g) * n + static_cast<size_t>(d)];
+        if (in_place[range * n + static_cast<size_t>(d)]) {
+          routes.recv_displ[k] = routes.count[k] > 0 ? first[pair(range, s, d)] : 0;
+        } else {
+          uint64_t before = 0;
+          for (int q = 0; q < s; ++q) before += count[pair(range, q, d)];
+          routes.recv_displ[k] = before;
+        }
+      }
+    }
+    if (in_place[range * n + static_cast<size_t>(me)]) {
+      next.exchange(send.p, fresh[g].data(), routes, DType::F32);
       continue;
     }
-    std::vector<size_t> displs(n, 0);
-    size_t total = 0;
-    for (size_t r = 0; r < n; ++r) {
-      displs[r] = total;
-      total += recv_counts[range][r];
-    }
+    uint64_t total = 0;
+    for (int s = 0; s < np; ++s) total += count[pair(range, s, me)];
     SliceVector recv(total);
-    next.alltoallv(send.p, send_counts[range], send_displs[g], recv.data(), recv_counts[range], displs, DType::F32);
+    next.exchange(send.p, recv.data(), routes, DType::F32);
+    std::vector<uint64_t> at(n, 0);
+    for (int s = 0; s < np; ++s)
+      at[static_cast<size_t>(s)] = routes.recv_displ[routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(me))];
     for (const Piece& p : pieces) {
       if (p.dst != me || p.src == me || static_cast<size_t>(p.range) != range) continue;
-      const auto src = static_cast<size_t>(p.src);
-      std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(displs[src]), p.len,
+      uint64_t& from = at[static_cast<size_t>(p.src)];
+      std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(from), p.len,
                   fresh[g].begin() + static_cast<std::ptrdiff_t>(p.start - kept(me, p.range).start));
-      displs[src] += p.len;
+      from += p.len;
     }
   }
   for (const Piece& p : pieces) {

@@ -35,6 +35,7 @@
 #define STEPS 40
 #define STRESS_TOTAL 4099
 #define EPISODE_BUDGET_S 60
+#define TIMEOUT_MS 10000 /* the groups' deadline: detection must come well before it */
 
 enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_DONE };
 enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4 };
@@ -139,7 +140,7 @@ static int member(board* b, const char* name, int rank, int replicas, uint64_t t
   co.transport = GRADSYNC_TRANSPORT_SHM;
   co.rank = rank;
   co.size = N;
-  co.timeout_ms = 10000;
+  co.timeout_ms = TIMEOUT_MS;
   snprintf(co.name, sizeof co.name, "%s", name);
   if (gradsync_comm_create(&comm, &co) != GRADSYNC_OK ||
       gradsync_shard_create(&shard, comm, total, &so) != GRADSYNC_OK) {
@@ -377,8 +378,8 @@ static int bench(int runs, uint64_t total) {
   memset(src, 1, (size_t)total * sizeof(float));
   printf("recovery: 4 shm ranks, one SIGKILLed, %" PRIu64
          " parameters (Adam: %.0f MB of ZeRO-1 state), replicas = 1, "
-         "%d runs; ms after the kill\n",
-         total, (double)total * 8 / 1e6, runs);
+         "%d runs, deadline %d ms; ms after the kill\n",
+         total, (double)total * 8 / 1e6, runs, TIMEOUT_MS);
   print_load("before");
   for (run = 0; run < runs; ++run) {
     char name[64];
