@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,7 +51,7 @@ typedef struct {
   /* bench: the survivors' times, ns after the kill */
   volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
   volatile int64_t entered_ns[N]; /* the failing call began, after the kill (0: before it) */
-  volatile int64_t reshard_cpu_ns[N], moved_floats[N];
+  volatile int64_t reshard_cpu_ns[N], reshard_faults[N], moved_floats[N];
   volatile int64_t before_ns[N], after_ns[N]; /* a whole step on 4 ranks before the kill, on 3 after it */
   char why[N][160];
 } board;
@@ -66,6 +67,12 @@ static void pause_us(long us) {
   t.tv_sec = us / 1000000;
   t.tv_nsec = (us % 1000000) * 1000L;
   nanosleep(&t, NULL);
+}
+
+static int64_t minor_faults(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (int64_t)u.ru_minflt;
 }
 
 static int64_t cpu_ns(void) {
@@ -190,12 +197,13 @@ static int member(board* b, const char* name, int rank, int replicas, uint64_t t
       comm = next;
       b->phase[rank] = PH_RESHARD;
       {
-        const int64_t t0 = now_ns(), c0 = cpu_ns();
+        const int64_t t0 = now_ns(), c0 = cpu_ns(), f0 = minor_faults();
         uint64_t moved = 0;
         st = gradsync_shard_reshard(shard, comm, &moved);
         if (bench) {
           b->reshard_ns[rank] = now_ns() - t0;
           b->reshard_cpu_ns[rank] = cpu_ns() - c0;
+          b->reshard_faults[rank] = minor_faults() - f0;
           b->moved_floats[rank] = (int64_t)moved;
         }
       }
@@ -320,9 +328,10 @@ static int cmp64(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
-static void spread(const char* what, int64_t* v, int n) {
+/* min, median and max of v, divided by unit (1e6: ns as ms) */
+static void spread(const char* what, int64_t* v, int n, double unit) {
   qsort(v, (size_t)n, sizeof *v, cmp64);
-  printf("  %-26s %8.2f %8.2f %8.2f\n", what, (double)v[0] / 1e6, (double)v[n / 2] / 1e6, (double)v[n - 1] / 1e6);
+  printf("  %-26s %8.2f %8.2f %8.2f\n", what, (double)v[0] / unit, (double)v[n / 2] / unit, (double)v[n - 1] / unit);
 }
 
 /* One memcpy of `floats` floats into fresh memory (huge pages hinted, as the library's slices),
@@ -356,7 +365,22 @@ static void print_load(const char* when) {
 }
 
 static int bench(int runs, uint64_t total) {
-  enum { DETECT, BEFORE_CALL, AGREE, FORM, RESHARD, RECOVERY, STEP, WHOLE, RESHARD_CPU, FLOOR, STEP4, STEP3, FIGURES };
+  enum {
+    DETECT,
+    BEFORE_CALL,
+    AGREE,
+    FORM,
+    RESHARD,
+    RECOVERY,
+    STEP,
+    WHOLE,
+    RESHARD_CPU,
+    FAULTS,
+    FLOOR,
+    STEP4,
+    STEP3,
+    FIGURES
+  };
   static const char* const names[FIGURES] = {"detect (in the call)",
                                              "caller's work before it",
                                              "agree (failed set)",
@@ -366,6 +390,7 @@ static int bench(int runs, uint64_t total) {
                                              "next step (remainder)",
                                              "kill -> next step done",
                                              "reshard, CPU time",
+                                             "reshard, page faults (K)",
                                              "memcpy of what it receives",
                                              "step on 4 ranks, before",
                                              "step on 3 ranks, after"};
@@ -417,6 +442,7 @@ static int bench(int runs, uint64_t total) {
     fig[STEP][ok] = whole - b->detect_ns[watch] - fig[AGREE][ok] - fig[FORM][ok] - fig[RESHARD][ok];
     fig[WHOLE][ok] = whole;
     fig[RESHARD_CPU][ok] = b->reshard_cpu_ns[watch];
+    fig[FAULTS][ok] = b->reshard_faults[watch];
     fig[FLOOR][ok] =
         copy_floor(src, (uint64_t)b->moved_floats[watch] < total ? (uint64_t)b->moved_floats[watch] : total);
     fig[STEP4][ok] = b->before_ns[watch];
@@ -428,7 +454,7 @@ static int bench(int runs, uint64_t total) {
   printf("  %-26s %8s %8s %8s   (%d runs)\n", "phase", "min", "median", "max", ok);
   for (i = 0; i < FIGURES; ++i) {
     if (i == RESHARD_CPU) printf("  for scale:\n");
-    spread(names[i], fig[i], ok);
+    spread(names[i], fig[i], ok, i == FAULTS ? 1e3 : 1e6);
   }
   return 0;
 }

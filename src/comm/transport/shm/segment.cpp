@@ -499,6 +499,11 @@ void* Segment::allocate(size_t bytes) {
     const uint64_t offset = it->first;
     const uint64_t in_file = layout_.heap_offset + static_cast<uint64_t>(rank_) * layout_.heap_bytes_per_rank + offset;
     reserve_space(fd_, in_file, want, fmt::format("a buffer of shm group '{}'", group_));
+#ifdef MADV_POPULATE_WRITE
+    // Maps the pages just reserved in one call (a hint: older kernels refuse it, and touching them
+    // maps them as well), rather than one fault per 4 KiB page at the caller's first write.
+    madvise(base_ + in_file, want, MADV_POPULATE_WRITE);
+#endif
     const uint64_t rest = it->second - want;
     free_.erase(it);
     if (rest > 0) free_.emplace(offset + want, rest);
