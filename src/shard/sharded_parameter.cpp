@@ -414,22 +414,27 @@ void ShardedParameter::apply_optimizer() {
 void ShardedParameter::replicate_gradient() {
   const int k = replica_count();
   if (k == 0) return;
-  const auto n = static_cast<size_t>(size_);
-  std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
-  size_t at = 0;
-  for (int j = 1; j <= k; ++j) {
-    send_counts[static_cast<size_t>((rank_ + j) % size_)] = part_.len;
-    const auto from = static_cast<size_t>((rank_ - j + size_) % size_);
-    recv_counts[from] = replicas_[static_cast<size_t>(j - 1)].grad.size();
-    recv_displs[from] = at;
-    at += recv_counts[from];
+  const auto n = static_cast<uint64_t>(size_);
+  // Every rank knows every rank's routes (rank s sends its slice to s+1..s+k, each keeping them in
+  // that order): the exchange needs no round to agree on them (its own round checks they match).
+  comm::Routes routes(comm::Collective::Alltoall, -1, n);
+  for (int d = 0; d < size_; ++d) {
+    uint64_t at = 0;
+    for (int j = 1; j <= k; ++j) {
+      const int s = (d - j + size_) % size_;
+      const size_t route = routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(d));
+      routes.count[route] = part_of(s).len;
+      routes.recv_displ[route] = at;
+      at += part_of(s).len;
+    }
   }
-  comm_->alltoallv(grad_.data(), send_counts, send_displs, replica_recv_.data(), recv_counts, recv_displs, DType::F32);
+  comm_->exchange(grad_.data(), replica_recv_.data(), routes, DType::F32);
   // Taken only once the exchange succeeded on every rank (the round is decided for all): a failed
   // one leaves every replica as it was, at the owners' last completed step.
   for (int j = 1; j <= k; ++j) {
-    const auto from = static_cast<size_t>((rank_ - j + size_) % size_);
-    std::copy_n(replica_recv_.begin() + static_cast<std::ptrdiff_t>(recv_displs[from]), recv_counts[from],
+    const int from = (rank_ - j + size_) % size_;
+    const size_t route = routes.at(static_cast<uint64_t>(from), static_cast<uint64_t>(rank_));
+    std::copy_n(replica_recv_.begin() + static_cast<std::ptrdiff_t>(routes.recv_displ[route]), routes.count[route],
                 replicas_[static_cast<size_t>(j - 1)].grad.begin());
   }
 }
