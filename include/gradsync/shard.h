@@ -248,7 +248,8 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, si
  *        survived (gradsync_comm_shrink of its communicator), without a restart or a file.
  *
  * Every member's slice is recomputed for new_comm's size (the partition rule), and what moves goes
- * in one all-to-all-v among the survivors. The slices of lost ranks come from their replicas
+ * among the survivors in all-to-all-v exchanges, one per array kept (weights, each optimizer
+ * state, of the slice and of each replica), straight into it. The slices of lost ranks come from their replicas
  * (option replicas): losing up to `replicas` ranks that were neighbours, or any number that were
  * not, loses nothing, and the weights and optimizer state continue bit for bit from the last
  * completed step. A slice that lived only on lost ranks fails every member with GRADSYNC_E_LOST

@@ -135,9 +135,9 @@ class ShardedParameter {
     std::vector<int> lost_old_ranks;  // old ranks whose slices were rebuilt from replicas
   };
   // Collective over next (a group of this parameter's surviving members, gradsync_comm_shrink):
-  // the slices are recomputed for next's size and what moves goes in one alltoallv; this
-  // parameter then runs on next. A slice that lived only on lost ranks fails every member with
-  // E_LOST naming its range, and nothing changes.
+  // the slices are recomputed for next's size and what moves goes straight into them, one exchange
+  // per kept array; this parameter then runs on next. A slice that lived only on lost ranks fails
+  // every member with E_LOST naming its range, and nothing changes.
   ReshardReport reshard(comm::Communicator& next);
 
  private:
