@@ -2,6 +2,7 @@
 #include "embedding/embedding.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -90,6 +91,14 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
     : comm_(comm), options_(options), layout_(options.rows, comm.size(), options.sharding) {
   validate(options_);
   owned_ = layout_.owned(comm_.rank());
+  if (options_.sharding == Sharding::Hash) {
+    buckets_.assign(static_cast<size_t>((options_.rows >> kBucketShift) + 1), Bucket{0, 0, 0});
+    for (size_t l = owned_.size(); l-- > 0;) {
+      Bucket& bk = buckets_[static_cast<size_t>(owned_[l] >> kBucketShift)];
+      bk.base = static_cast<int64_t>(l);  // the last written is the bucket's first owned id
+      bk.mine |= uint32_t{1} << (owned_[l] & ((int64_t{1} << kBucketShift) - 1));
+    }
+  }
   // A table has at least one row: an owner of none keeps one that no id ever reaches.
   const int64_t local = std::max<int64_t>(1, local_rows());
   const bool files = !options_.dir.empty();
@@ -141,7 +150,9 @@ void ShardedTable::set_lr(double lr) {
 
 int64_t ShardedTable::local_of(int64_t id) const noexcept {
   if (options_.sharding == Sharding::Contiguous) return owned_.empty() ? 0 : id - owned_.front();
-  return std::lower_bound(owned_.begin(), owned_.end(), id) - owned_.begin();
+  const Bucket& bk = buckets_[static_cast<size_t>(id >> kBucketShift)];
+  const uint32_t below = (uint32_t{1} << (id & ((int64_t{1} << kBucketShift) - 1))) - 1;
+  return bk.base + std::popcount(bk.mine & below);
 }
 
 std::vector<int64_t> ShardedTable::agree(int status, const std::string& message, int64_t word0, int64_t word1) {
