@@ -16,6 +16,16 @@
 struct gradsync_embedding : gradsync::capi::Handle<gradsync::capi::Kind::Embedding> {
   gradsync_embedding(std::shared_ptr<gradsync::capi::CommLink> l, const gradsync::embedding::Options& options)
       : link(std::move(l)), impl(link->communicator(), options) {}
+  ~gradsync_embedding() {
+    // The buffers in the communicator's memory go back to it while it lives and is free;
+    // otherwise they are its own to free at its end.
+    try {
+      link->require_this_process();
+      gradsync::capi::CommLink::Call call(*link, "gradsync_embedding_free");
+      impl.release_buffers();
+    } catch (...) {
+    }
+  }
   void require_this_process() const { link->require_this_process(); }
   std::shared_ptr<gradsync::capi::CommLink> link;
   gradsync::embedding::ShardedTable impl;

@@ -289,7 +289,48 @@ T* grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
+// Copies n rows of d floats, row k from src(k) to dst(k), fetching the sources ahead: they are
+// scattered over the shard, and a miss at a time would leave the copy waiting on each.
+template <class Src, class Dst>
+void copy_rows(size_t n, size_t d, Src&& src, Dst&& dst) {
+  constexpr size_t kAhead = 8;
+  const size_t lines = (d * sizeof(float) + 63) / 64;
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kAhead < n) {
+      const char* p = reinterpret_cast<const char*>(src(k + kAhead));
+      for (size_t c = 0; c < lines; ++c) __builtin_prefetch(p + 64 * c, 0, 0);
+    }
+    std::memcpy(dst(k), src(k), d * sizeof(float));
+  }
+}
+
 }  // namespace
+
+void ShardedTable::SendBuffer::release() {
+  if (group_ != nullptr) comm_.dealloc(group_);
+  group_ = nullptr;
+  own_ = {};
+  bytes_ = 0;
+}
+
+void ShardedTable::release_buffers() {
+  send_ids_.release();
+  send_rows_.release();
+}
+
+void* ShardedTable::SendBuffer::get(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 8);
+  if (bytes <= bytes_) return group_ != nullptr ? group_ : static_cast<void*>(own_.data());
+  release();
+  const size_t want = bytes + bytes / 4;  // batches vary: room to spare, not a reallocation per call
+  try {
+    group_ = comm_.alloc(want);
+  } catch (const Error&) {  // the group's memory is full: the exchange takes the copy path
+    own_.resize((want + 7) / 8);
+  }
+  bytes_ = want;
+  return group_ != nullptr ? group_ : static_cast<void*>(own_.data());
+}
 
 void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count) {
   const Plan pl = plan(1, ids, n, out, count);
@@ -299,11 +340,11 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   std::vector<uint64_t> at(p, 0);
   for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
   const uint64_t own_begin = at[me], own_end = own_begin + pl.at(me, me);
-  size_t* order = grow(scratch_order_, n);
-  int64_t* send = grow(scratch_ids_, n);
+  size_t* slot = grow(scratch_order_, n);  // where id i went among the sorted
+  auto* send = static_cast<int64_t*>(send_ids_.get(n * sizeof(int64_t)));
   for (size_t i = 0; i < n; ++i) {
     const uint64_t k = at[static_cast<size_t>(layout_.owner(ids[i]))]++;
-    order[k] = i;
+    slot[i] = k;
     send[k] = ids[i];
   }
   uint64_t incoming = 0;  // ids other ranks ask this one for
@@ -311,17 +352,20 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   int64_t* asked = grow(scratch_asked_, incoming);
   comm_.exchange(send, asked, routes_of(pl.counts, p, 1, false), DType::I64);
 
-  float* reply = grow(scratch_send_, incoming * d);
-  for (uint64_t k = 0; k < incoming; ++k) {
-    const float* src = params_->row_ptr(local_of(asked[k]));
-    std::copy(src, src + d, reply + k * d);
-  }
+  auto* reply = static_cast<float*>(send_rows_.get(incoming * d * sizeof(float)));
+  copy_rows(
+      incoming, d, [&](size_t k) { return params_->row_ptr(local_of(asked[k])); },
+      [&](size_t k) { return reply + k * d; });
   float* rows = grow(scratch_recv_, n * d);
   comm_.exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
-  for (uint64_t k = 0; k < n; ++k) {
-    const float* src = k >= own_begin && k < own_end ? params_->row_ptr(local_of(send[k])) : rows + k * d;
-    std::copy(src, src + d, out + order[k] * d);
-  }
+  // In the caller's order, so that the output is written in sequence.
+  copy_rows(
+      n, d,
+      [&](size_t i) -> const float* {
+        const uint64_t k = slot[i];
+        return k >= own_begin && k < own_end ? params_->row_ptr(local_of(ids[i])) : rows + k * d;
+      },
+      [&](size_t i) { return out + i * d; });
   params_->check_mapping();
 }
 
@@ -334,7 +378,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   // caller's order; so an owner receives every sender's gradients contiguous, with no repacking.
   std::vector<uint64_t> base(p, 0), next(p, 0);
   for (uint64_t o = 1; o < p; ++o) base[o] = base[o - 1] + pl.at(me, o - 1) * width;
-  float* send = grow(scratch_send_, n * width);
+  auto* send = static_cast<float*>(send_rows_.get(n * width * sizeof(float)));
   for (size_t i = 0; i < n; ++i) {
     const auto o = static_cast<size_t>(layout_.owner(ids[i]));
     const uint64_t k = next[o]++;

@@ -84,6 +84,11 @@ class ShardedTable {
   void save(const std::string& dir, bool incremental);
   void load(const std::string& dir);
 
+  // Gives the buffers of lookup and push in the communicator's memory back to it (call it
+  // holding the communicator, which must still be alive; a table freed without it leaves them
+  // to the communicator's end).
+  void release_buffers();
+
   // This rank's rows in ascending global id order (capacity checked by the caller).
   void local_rows(int64_t* ids, float* values, float* state) const;
 
@@ -120,10 +125,31 @@ class ShardedTable {
   // Rows pushed since the last save or load (per local row), and that checkpoint: an incremental
   // save writes the former as a layer on the latter.
   std::vector<uint8_t> dirty_;
+  // A send buffer of the exchanges, kept between calls and only grown: in the group's memory
+  // (Communicator::alloc) when it has room, where shared-memory peers read it directly (one copy
+  // instead of two through the staging chunks), else in this process's. The group's memory is the
+  // communicator's, freed at its end at the latest: the destructor leaves it alone, since the
+  // table may outlive the communicator; release() gives it back while the communicator is held.
+  class SendBuffer {
+   public:
+    explicit SendBuffer(comm::Communicator& comm) noexcept : comm_(comm) {}
+    SendBuffer(const SendBuffer&) = delete;
+    SendBuffer& operator=(const SendBuffer&) = delete;
+    // Room for at least `bytes` (never NULL), 8-byte aligned.
+    void* get(size_t bytes);
+    void release();
+
+   private:
+    comm::Communicator& comm_;
+    void* group_ = nullptr;
+    std::vector<uint64_t> own_;
+    size_t bytes_ = 0;
+  };
   // The buffers of lookup and push, kept between calls.
-  std::vector<int64_t> scratch_ids_, scratch_asked_;
+  SendBuffer send_ids_{comm_}, send_rows_{comm_};
+  std::vector<int64_t> scratch_asked_;
   std::vector<size_t> scratch_order_;
-  std::vector<float> scratch_send_, scratch_recv_;
+  std::vector<float> scratch_recv_;
   std::string base_dir_;
   uint64_t base_nonce_ = 0;
 };
