@@ -67,21 +67,29 @@ def rank_body(args, comm, dist, out):
     grads = np.random.default_rng(rank).standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
     table.lookup(data[0])  # a warm-up step: first touches of the tables and buffers are not measured
     table.push(data[0], grads)
-    rates = []
+    rates, cpu = [], []
     for _ in range(args.runs):
         comm.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for ids in data:
             table.lookup(ids)
             table.push(ids, grads)
         comm.barrier()
         rates.append(size * args.batch * args.steps / (time.perf_counter() - t0))
+        # Rows per CPU second: the process's CPU time (every rank's, for threads; this rank's times
+        # the ranks, for processes), which a machine busy with other work does not inflate as it
+        # does the elapsed time.
+        cpu.append(args.batch * args.steps / (time.process_time() - c0) * (size if threaded(comm) else 1))
     ckpt = None
     if dist == "uniform" and args.checkpoint_dir:
         ckpt = checkpoint_rates(args, comm, table)
     table.close()
     if rank == 0:
-        out["rates"], out["ckpt"] = rates, ckpt
+        out["rates"], out["cpu"], out["ckpt"] = rates, cpu, ckpt
+
+
+def threaded(comm):
+    return comm.transport == "threads"
 
 
 def checkpoint_rates(args, comm, table):
@@ -153,7 +161,8 @@ def sharded_shm(args, size, dist):
     if proc.returncode != 0:
         raise SystemExit(f"shm ranks failed:\n{proc.stdout}\n{proc.stderr}")
     line = [x for x in proc.stdout.splitlines() if x.startswith("RATES ")][-1]
-    return {"rates": [float(x) for x in line.split()[1:]], "ckpt": None}
+    cpu = [x for x in proc.stdout.splitlines() if x.startswith("CPU ")][-1]
+    return {"rates": [float(x) for x in line.split()[1:]], "cpu": [float(x) for x in cpu.split()[1:]], "ckpt": None}
 
 
 # ------------------------------------------------------------------ baselines
@@ -167,15 +176,16 @@ def accumulator_rates(args, size, dist):
     params.gather(data[0])  # the same warm-up step
     accum.add_batch(data[0], grads)
     accum.apply(params, "adagrad", lr=0.01, state=state)
-    rates = []
+    rates, cpu = [], []
     for _ in range(args.runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for ids in data:
             params.gather(ids)
             accum.add_batch(ids, grads)
             accum.apply(params, "adagrad", lr=0.01, state=state)
         rates.append(size * args.batch * args.steps / (time.perf_counter() - t0))
-    return rates
+        cpu.append(size * args.batch * args.steps / (time.process_time() - c0))
+    return rates, cpu
 
 
 TORCH_WORKER = r'''
@@ -205,13 +215,15 @@ def step(ids):
     emb.weight.grad = torch.sparse_coo_tensor(allidx[None], allval, emb.weight.shape).coalesce()
     opt.step()
 step(data[0])  # the same warm-up step
-rates = []
+rates, cpu = [], []
 for _ in range(args.runs):
-    dist.barrier(); t0 = time.perf_counter()
+    dist.barrier(); t0, c0 = time.perf_counter(), time.process_time()
     for ids in data:
         step(ids)
     dist.barrier(); rates.append(size * args.batch * args.steps / (time.perf_counter() - t0))
+    cpu.append(args.batch * args.steps / (time.process_time() - c0))
 if rank == 0: print("RATES " + " ".join(str(r) for r in rates), flush=True)
+if rank == 0: print("CPU " + " ".join(str(r) for r in cpu), flush=True)
 dist.destroy_process_group()
 '''
 
@@ -233,7 +245,8 @@ def torch_rates(args, size, dist):
     if any(p.returncode != 0 for p in procs):
         raise SystemExit("torch ranks failed:\n" + "\n".join(o[1] for o in outs))
     line = [x for x in outs[0][0].splitlines() if x.startswith("RATES ")][-1]
-    return [float(x) for x in line.split()[1:]]
+    cpu = [x for x in outs[0][0].splitlines() if x.startswith("CPU ")][-1]
+    return [float(x) for x in line.split()[1:]], [float(x) for x in cpu.split()[1:]]
 
 
 def parse_args(argv=None):
@@ -261,6 +274,7 @@ def main():
             rank_body(args, comm, args.worker, out)
             if comm.rank == 0:
                 print("RATES " + " ".join(str(r) for r in out["rates"]), flush=True)
+                print("CPU " + " ".join(str(r) for r in out["cpu"]), flush=True)
         return 0
     tmp = None
     if args.checkpoint_dir is None:
@@ -271,13 +285,14 @@ def main():
     head = (f"{'ranks':>5} {'ids':>8} {'sharded threads':>27} {'sharded shm':>27} {'accumulator':>27} "
             f"{'torch gloo':>27} {'vs accum':>8} {'vs torch':>8}")
     print("\nrows/s (M = 1e6)\n" + head)
-    ckpt_rows = []
+    ckpt_rows, cpu_rows = [], []
     for size in args.ranks:
         for dist in args.dist:
             th = sharded_threads(args, size, dist)
             shm = None if args.no_shm else sharded_shm(args, size, dist)
-            acc = accumulator_rates(args, size, dist)
-            tor = None if args.no_torch else torch_rates(args, size, dist)
+            acc, acc_cpu = accumulator_rates(args, size, dist)
+            tor, tor_cpu = (None, None) if args.no_torch else torch_rates(args, size, dist)
+            cpu_rows.append((size, dist, th["cpu"], shm["cpu"] if shm else None, acc_cpu, tor_cpu))
             med = stats(th["rates"])[1]
             print(f"{size:>5} {dist:>8} {fmt(stats(th['rates'])):>27} "
                   f"{fmt(stats(shm['rates'])) if shm else '-':>27} {fmt(stats(acc)):>27} "
@@ -285,6 +300,12 @@ def main():
                   f"{(med / stats(tor)[1]) if tor else float('nan'):>7.2f}x", flush=True)
             if th["ckpt"]:
                 ckpt_rows.append((size, th["ckpt"]))
+    print("\nrows per CPU second (M = 1e6; each process's CPU time, so per core whatever else runs)\n" + head)
+    for size, dist, th, shm, acc, tor in cpu_rows:
+        med = stats(th)[1]
+        print(f"{size:>5} {dist:>8} {fmt(stats(th)):>27} {fmt(stats(shm)) if shm else '-':>27} {fmt(stats(acc)):>27} "
+              f"{fmt(stats(tor)) if tor else '-':>27} {med / stats(acc)[1]:>7.2f}x "
+              f"{(med / stats(tor)[1]) if tor else float('nan'):>7.2f}x", flush=True)
     if ckpt_rows:
         nbytes = args.rows * (8 + 4 * args.dim + 4)
         plain = plain_write_rate(args, nbytes)
