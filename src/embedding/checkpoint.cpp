@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <system_error>
 #include <vector>
 
@@ -205,7 +206,9 @@ void remove_stale_parts(const std::string& dir, const std::vector<uint64_t>& kee
   for (const std::string& name : stale) ::unlink((dir + "/" + name).c_str());
 }
 
-constexpr size_t kChunkBytes = size_t{8} << 20;
+// Reads and writes go by chunks this large: long sequential transfers, each summed while it is
+// in the core's cache (the checksum reads it, then the write copies it, or the read brings it).
+constexpr size_t kChunkBytes = size_t{1} << 20;
 
 }  // namespace
 
@@ -434,7 +437,10 @@ void ShardedTable::load(const std::string& dir) {
   const uint64_t local = owned_.size();
   const int me = comm_.rank();
   // Staged, and copied into the shard only when every rank has read all of its rows.
-  std::vector<float> values, state;
+  // Every row of the staged values is written before it is used (the full layer must give each),
+  // so they are not cleared first: that would be a pass over the whole shard for nothing.
+  std::unique_ptr<float[]> values;
+  std::vector<float> state;
   Manifest manifest;
   const Outcome read = capture([&] {
     manifest = read_manifest(dir);
@@ -444,7 +450,7 @@ void ShardedTable::load(const std::string& dir) {
     GS_REQUIRE(m.state_width == static_cast<int32_t>(sw) && m.optimizer == static_cast<int32_t>(options_.optimizer),
                GRADSYNC_E_MISMATCH, "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir,
                m.optimizer, static_cast<int32_t>(options_.optimizer), "0 sgd, 1 row-wise Adagrad");
-    values.resize(local * d);
+    values = std::make_unique_for_overwrite<float[]>(std::max<uint64_t>(local * d, 1));
     state.resize(local * sw);
     std::vector<uint16_t> found(local, 0);
     const uint64_t row_bytes = d * 4;
@@ -488,21 +494,26 @@ void ShardedTable::load(const std::string& dir) {
           if (layout_.owner(id) == me) mine.emplace_back(i, static_cast<uint64_t>(local_of(id)));
         }
         if (mine.empty()) continue;
-        // The rows are copied out as the checksum streams over the whole payload.
+        // The rows are copied out as the checksum streams over the whole payload. A part whose
+        // rows are all this rank's, and consecutive here (one written under this layout), is
+        // read straight into place.
         Checksum sum;
         sum.update(ids.data(), e.count * 8);
+        const bool in_place = mine.size() == e.count && mine.back().second - mine.front().second == e.count - 1;
         const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
-        chunk.resize(per_chunk * row_bytes);
+        if (!in_place) chunk.resize(per_chunk * row_bytes);
         size_t next = 0;
         for (uint64_t first = 0; first < e.count; first += per_chunk) {
           const uint64_t n = std::min(per_chunk, e.count - first);
-          pread_all(fd.get(), chunk.data(), n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
-          sum.update(chunk.data(), n * row_bytes);
+          char* to =
+              in_place ? reinterpret_cast<char*>(values.get() + (mine.front().second + first) * d) : chunk.data();
+          pread_all(fd.get(), to, n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
+          sum.update(to, n * row_bytes);
           for (; next < mine.size() && mine[next].first < first + n; ++next) {
             const auto [i, l] = mine[next];
             GS_REQUIRE(found[l] != mark, GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts of one layer", path, ids[i]);
             found[l] = mark;
-            std::memcpy(values.data() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
+            if (!in_place) std::memcpy(values.get() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
           }
         }
         if (sw != 0) {
@@ -528,7 +539,7 @@ void ShardedTable::load(const std::string& dir) {
                "rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r, dir);
   }
   if (local > 0) {
-    std::memcpy(params_->data(), values.data(), values.size() * 4);
+    std::memcpy(params_->data(), values.get(), local * d * 4);
     if (sw != 0) std::memcpy(state_->data(), state.data(), state.size() * 4);
     params_->check_mapping();
   }
