@@ -160,7 +160,7 @@ class SpinBarrier {
       return;
     }
     if (!sleep_) {
-      while (word_.value.load(std::memory_order_acquire) == gen) gradsync::wait_detail::cpu_relax();
+      while (word_.value.load(std::memory_order_acquire) == gen) gradsync::cpu_relax();
       return;
     }
     gradsync::wait_until(

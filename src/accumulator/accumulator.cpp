@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "accumulator/team.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/cpu_relax.hpp"
 #include "common/error.hpp"
 #include "common/fork.hpp"
+#include "common/liveness.hpp"
 #include "common/log.hpp"
 #include "common/ofd_lock.hpp"
 #include "common/partition.hpp"
@@ -258,42 +260,52 @@ void Accumulator::lock_stripe(uint32_t* word) {
 
 void Accumulator::lock_stripe_slow(uint32_t* word) {
   auto a = atomic(*word);
-  const auto start = std::chrono::steady_clock::now();
-  for (uint64_t spins = 1;; ++spins) {
-    uint32_t owner = a.load(std::memory_order_relaxed);
-    if (owner == 0) {
-      if (a.compare_exchange_weak(owner, holder_, std::memory_order_acquire, std::memory_order_relaxed)) return;
-      continue;
-    }
-    // On an oversubscribed machine the owner may be descheduled: yield rather than burn its slice.
-    if ((spins & 63) == 0) {
-      sched_yield();
-    } else {
-      cpu_relax();
-    }
-    if ((spins & 0x3FFF) != 0) continue;
-    // Another process's slot whose OFD lock is gone: that process has exited while holding the
-    // row lock. Waiting would hang every survivor forever, so the lock is taken over, and the
-    // file marked torn: the row may hold part of that process's add.
-    if (owner != holder_ && table_->fd() >= 0 &&
-        !ofd_held_by_other(table_->fd(), kHolderLockBase + static_cast<off_t>(owner - 1))) {
-      if (a.compare_exchange_strong(owner, holder_, std::memory_order_acquire, std::memory_order_relaxed)) {
-        const uint64_t stripe = static_cast<uint64_t>(word - locks_);
-        uint64_t none = 0;
-        atomic(aux_header_->torn).compare_exchange_strong(none, stripe + 1, std::memory_order_acq_rel);
-        GS_LOG_ERROR("'{}': took over row lock {} from a process that exited holding it; the file is marked torn",
-                     table_->path(), stripe);
-        return;
+  uint32_t owner = 0;
+  uint64_t spins = 0;
+  auto free_or_until = [&](WaitClock::time_point until) {
+    for (;;) {
+      owner = a.load(std::memory_order_relaxed);
+      if (owner == 0) {
+        if (a.compare_exchange_weak(owner, holder_, std::memory_order_acquire, std::memory_order_relaxed)) {
+          return WaitResult::Ready;
+        }
+        continue;
       }
-      continue;
+      // On an oversubscribed machine the owner may be descheduled: yield rather than burn its slice.
+      if ((++spins & 63) == 0) {
+        sched_yield();
+        if (WaitClock::now() >= until) return WaitResult::Timeout;
+      } else {
+        cpu_relax();
+      }
     }
-    if (std::chrono::steady_clock::now() - start >= kRowLockTimeout) {
-      fail(GRADSYNC_E_TIMEOUT,
-           "'{}': a row lock was held for more than {} s by {} (stopped or stuck); the batch was added in part",
-           table_->path(), kRowLockTimeout.count(),
-           owner == holder_ ? std::string("another thread of this process") : fmt::format("holder slot {}", owner - 1));
+  };
+  // Another process's slot whose OFD lock is gone: that process has exited while holding the row
+  // lock. Waiting would hang every survivor forever, so the lock is taken over (and the file then
+  // marked torn: the row may hold part of that process's add).
+  auto taken_over = [&] {
+    uint32_t gone = owner;
+    return gone != holder_ && table_->fd() >= 0 &&
+           peer_gone({0, table_->fd(), kHolderLockBase + static_cast<off_t>(gone - 1)}) &&
+           a.compare_exchange_strong(gone, holder_, std::memory_order_acquire, std::memory_order_relaxed);
+  };
+  auto deadline = WaitClock::now() + kRowLockTimeout;
+  switch (bounded_wait(free_or_until, wait_never, taken_over, wait_silent, wait_ends, deadline, kRowLockLiveness)) {
+    case WaitEnd::Ready: return;
+    case WaitEnd::PeerGone: {
+      const uint64_t stripe = static_cast<uint64_t>(word - locks_);
+      uint64_t none = 0;
+      atomic(aux_header_->torn).compare_exchange_strong(none, stripe + 1, std::memory_order_acq_rel);
+      GS_LOG_ERROR("'{}': took over row lock {} from a process that exited holding it; the file is marked torn",
+                   table_->path(), stripe);
+      return;
     }
+    default: break;
   }
+  fail(GRADSYNC_E_TIMEOUT,
+       "'{}': a row lock was held for more than {} s by {} (stopped or stuck); the batch was added in part",
+       table_->path(), kRowLockTimeout.count(),
+       owner == holder_ ? std::string("another thread of this process") : fmt::format("holder slot {}", owner - 1));
 }
 
 bool Accumulator::try_lock_stripe(uint32_t* word) noexcept {

@@ -100,6 +100,8 @@ constexpr uint32_t kAuxLayoutVersion = 2;
 constexpr off_t kHolderLockBase = off_t{1} << 60;
 // How long a row lock may be waited for before the add fails with E_TIMEOUT.
 constexpr std::chrono::seconds kRowLockTimeout{5};
+// How often a waiter for a row lock looks whether its holder is gone.
+constexpr std::chrono::milliseconds kRowLockLiveness{1};
 
 struct AuxLayout {
   uint64_t count_off = 64;

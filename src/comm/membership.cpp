@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "common/log.hpp"
@@ -63,12 +64,14 @@ Membership::Decision Membership::agree(WaitClock::time_point deadline) {
         return true;
       };
       look();
-      for (;;) {
-        const auto slice = std::min(deadline, WaitClock::now() + kLookEvery);
-        if (wait_until(wake, ready, slice) == WaitResult::Ready) break;
-        look();
-        if (ready() || WaitClock::now() >= deadline) break;
-      }
+      // Ends ready or at the deadline; a dead peer is not waited for (look), it does not end the wait.
+      auto until = deadline;
+      bounded_wait([&](WaitClock::time_point t) { return wait_until(wake, ready, t); }, wait_never,
+                   [&] {
+                     look();
+                     return false;
+                   },
+                   wait_silent, wait_ends, until, kLookEvery);
       if (shrink_epoch(m.decision.load(std::memory_order_seq_cst)) < e) {
         look();
         // The proposal: every rank that has not entered this epoch, or is dead.

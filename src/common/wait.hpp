@@ -69,7 +69,6 @@ namespace wait_detail {
 // Sleeps while *word == expected, at most `timeout`; wakes early on FUTEX_WAKE or a signal.
 void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) noexcept;
 void futex_wake_all(const std::atomic<uint32_t>* word) noexcept;
-using gradsync::cpu_relax;
 // A set of CPUs, as a bitmap of cpu_set_t's 1024 in a layout that shared memory can hold.
 struct CpuMask {
   uint64_t bits[16] = {};
@@ -145,7 +144,7 @@ WaitResult wait_until(WaitWord& word, Ready&& ready, WaitClock::time_point deadl
     for (uint32_t i = 1;; ++i) {
       if (ready()) return WaitResult::Ready;
       if (aborted()) return WaitResult::Aborted;
-      wait_detail::cpu_relax();
+      cpu_relax();
       if ((i & 7) == 0 && WaitClock::now() >= spin_until) break;
     }
   }
@@ -234,7 +233,7 @@ class AdaptiveWait {
         return WaitResult::Ready;
       }
       if (abort != nullptr && (abort->load(std::memory_order_seq_cst) & abort_mask) != 0) return WaitResult::Aborted;
-      wait_detail::cpu_relax();
+      cpu_relax();
     }
     return std::nullopt;
   }

@@ -18,6 +18,7 @@
 
 #include <boost/interprocess/exceptions.hpp>
 
+#include "common/bounded_wait.hpp"
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -154,18 +155,20 @@ void flock_retry(int fd, int op) {
 // The shared lock of an opener while another holds the file exclusively: polled, so that a holder
 // that is stopped or stuck gives E_TIMEOUT instead of a hang.
 void flock_shared_within(int fd, std::chrono::milliseconds timeout, const std::string& path) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::microseconds(50);
-  while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+  auto shared_lock = [&] {
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) return WaitResult::Ready;
     if (errno != EWOULDBLOCK && errno != EINTR) fail(GRADSYNC_E_IO, "cannot lock '{}': {}", path, errno_text(errno));
-    GS_REQUIRE(std::chrono::steady_clock::now() < deadline, GRADSYNC_E_TIMEOUT,
-               "'{}': another process has held it exclusively for more than {} ms while opening it (a lone opener "
-               "checks, repairs and allocates the file under that lock): it is stopped or stuck, or the file is very "
-               "large; try again once it has opened the file",
-               path, timeout.count());
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
-  }
+    return WaitResult::Timeout;
+  };
+  auto deadline = deadline_after(timeout);
+  GS_REQUIRE(
+      bounded_wait(polled(shared_lock, std::chrono::microseconds(50), std::chrono::milliseconds(20)), wait_never,
+                   wait_never, wait_silent, wait_ends, deadline, std::chrono::nanoseconds::max()) == WaitEnd::Ready,
+      GRADSYNC_E_TIMEOUT,
+      "'{}': another process has held it exclusively for more than {} ms while opening it (a lone opener "
+      "checks, repairs and allocates the file under that lock): it is stopped or stuck, or the file is very "
+      "large; try again once it has opened the file",
+      path, timeout.count());
 }
 
 void fsync_directory_of(const std::string& path) {

@@ -338,28 +338,31 @@ RoundEngine::Round RoundEngine::begin(const Descriptor& d, Publish&& publish) {
 template <class Ready>
 void RoundEngine::wait_for(Ready&& ready, const Round& round, const char* what) {
   start_deadline(round.deadline);
-  for (;;) {
-    const auto slice = std::min(round.deadline, WaitClock::now() + kLivenessInterval);
-    WaitResult result =
-        waiter_(words().wake, ready, slice, &words().stop_word, kStopReasonMask, awaited_on_this_cpu(~uint64_t{0}));
-    if (result == WaitResult::Ready) return;
-    Waited why = Waited::Stopped;
-    if (result == WaitResult::Timeout && interrupt_()) {
-      abort();
-    } else if (result == WaitResult::Timeout) {
-      if (check_peers()) {
-        why = Waited::PeerDied;
-      } else if (WaitClock::now() >= round.deadline) {
-        why = Waited::TimedOut;
-        stop(StopReason::Timeout, rank_);
-      } else {
-        continue;
-      }
-    }
-    // The peers meet again at this rank's next barrier: it fails for all of them.
-    decide(barriers_ + 1);
-    throw_failed(why, what, round.number, 0);
+  const WaitEnd end = bounded_wait(
+      [&](WaitClock::time_point until) {
+        return waiter_(words().wake, ready, until, &words().stop_word, kStopReasonMask,
+                       awaited_on_this_cpu(~uint64_t{0}));
+      },
+      [&] {
+        if (!interrupt_()) return false;
+        abort();
+        return true;
+      },
+      [&] { return check_peers(); }, wait_silent, wait_ends, round.deadline, kLivenessInterval);
+  Waited why = Waited::Stopped;
+  switch (end) {
+    case WaitEnd::Ready: return;
+    case WaitEnd::Stopped:
+    case WaitEnd::Interrupted: break;
+    case WaitEnd::PeerGone: why = Waited::PeerDied; break;
+    case WaitEnd::Deadline:
+      why = Waited::TimedOut;
+      stop(StopReason::Timeout, rank_);
+      break;
   }
+  // The peers meet again at this rank's next barrier: it fails for all of them.
+  decide(barriers_ + 1);
+  throw_failed(why, what, round.number, 0);
 }
 
 }  // namespace gradsync::comm

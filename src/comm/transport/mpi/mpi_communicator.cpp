@@ -28,6 +28,7 @@
 #include "comm/verdict.hpp"
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
+#include "common/liveness.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
 
@@ -337,7 +338,7 @@ int MpiCommunicator::dead_peer() const noexcept {
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
     if (r == rank_ || p.ns_key != mine || p.pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) return r;
+    if (peer_gone({static_cast<pid_t>(p.pid)})) return r;
   }
   return -1;
 }

@@ -20,7 +20,9 @@
 
 #include <boost/interprocess/exceptions.hpp>
 
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
+#include "common/liveness.hpp"
 #include "common/log.hpp"
 #include "common/ofd_lock.hpp"
 #include "common/random.hpp"
@@ -163,11 +165,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
   // Phase 1, under the set-up lock: find a joinable segment (building or rebuilding it as
   // needed) and claim our rank in it. The first attempt is made whatever the deadline.
   std::string waiting_for;  // why we are still polling, for the timeout message
-  for (bool first = true;; first = false) {
-    if (!first && Clock::now() >= deadline) {
-      fail(GRADSYNC_E_TIMEOUT, "could not join shm group '{}' within the timeout: {}", name,
-           waiting_for.empty() ? "the segment's set-up lock stayed busy" : waiting_for);
-    }
+  auto claim = [&]() -> WaitResult {
     bip::shared_memory_object object;
     try {
       object =
@@ -185,13 +183,13 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     require_private(fd, shm_name, name);
     if (!ofd_lock(fd, kSetupLockByte, F_WRLCK)) {
       std::this_thread::sleep_for(kPollInterval);
-      continue;
+      return WaitResult::Timeout;
     }
     struct Unlock {
       int fd;
       ~Unlock() { ofd_lock(fd, kSetupLockByte, F_UNLCK); }
     } unlock_setup{fd};
-    if (!still_linked(fd, shm_name)) continue;  // removed by a leaver in between: start over
+    if (!still_linked(fd, shm_name)) return WaitResult::Timeout;  // removed by a leaver in between: start over
 
     struct stat st {};
     if (fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "fstat of /dev/shm/{} failed: {}", shm_name, std::strerror(errno));
@@ -245,7 +243,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
         // Survivors of a failed or finished run still hold it: wait for them to leave.
         waiting_for = fmt::format("the previous group of that name is still held by members that have not freed it");
         std::this_thread::sleep_for(kPollInterval);
-        continue;
+        return WaitResult::Timeout;
       }
       if (existing_size != size) {
         if (!formed) refuse_forming(object, rank, size);
@@ -347,33 +345,49 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     mine.generation.store(seg->header_->generation, std::memory_order_release);
     seg->header_->joined.fetch_add(1, std::memory_order_acq_rel);
     seg->free_.emplace(0, seg->layout_.heap_bytes_per_rank);
-    break;
+    return WaitResult::Ready;
+  };
+  if (bounded_wait(polled(claim, kPollInterval, kPollInterval), wait_never, wait_never, wait_silent, wait_ends,
+                   deadline, std::chrono::nanoseconds::max()) != WaitEnd::Ready) {
+    fail(GRADSYNC_E_TIMEOUT, "could not join shm group '{}' within the timeout: {}", name,
+         waiting_for.empty() ? "the segment's set-up lock stayed busy" : waiting_for);
   }
 
   // Phase 2: wait for the others (a late joiner within the deadline is fine).
   const uint64_t generation = seg->header_->generation;
-  for (auto report = Clock::now() + kStragglerReportAfter;;) {
+  std::vector<int> missing;
+  auto formed = [&] {
     seg->check_intact();
-    std::vector<int> missing;
-    int dead = -1;
-    for (int r = 0; r < size; ++r) {
-      const RankSlot& s = seg->slot(r);
-      if (s.generation.load(std::memory_order_acquire) != generation) {
-        missing.push_back(r);
-      } else if (dead < 0 && !seg->alive(r)) {
-        dead = r;
-      }
-    }
-    // A member gone once every rank has joined left a formed group (it may free its communicator
-    // and exit before a slower member sees the group complete): the first collective reports it.
-    if (dead >= 0 && !missing.empty()) {
-      seg->close_group();
-      fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", dead,
-           seg->slot(dead).pid.load(), name);
-    }
     // Checked before completeness: a refusal is recorded only while the group is incomplete, so a
     // member that sees every rank joined also sees any refusal, and all members agree.
-    if (const int32_t pid = seg->header_->refused_pid.load(std::memory_order_acquire); pid != 0) {
+    if (seg->header_->refused_pid.load(std::memory_order_acquire) != 0) return WaitResult::Aborted;
+    missing.clear();
+    for (int r = 0; r < size; ++r) {
+      if (seg->slot(r).generation.load(std::memory_order_acquire) != generation) missing.push_back(r);
+    }
+    return missing.empty() ? WaitResult::Ready : WaitResult::Timeout;
+  };
+  // A member gone once every rank has joined left a formed group (it may free its communicator
+  // and exit before a slower member sees the group complete): the first collective reports it.
+  int dead = -1;
+  std::string gave_up;
+  auto gone = [&] {
+    for (int r = 0; r < size && dead < 0; ++r) {
+      if (seg->slot(r).generation.load(std::memory_order_acquire) == generation && !seg->alive(r)) dead = r;
+    }
+    if (dead >= 0) return true;
+    if (abandoned) gave_up = abandoned();
+    return !gave_up.empty();
+  };
+  auto report = [&](std::chrono::nanoseconds) {
+    GS_LOG_WARN("shm group '{}' rank {}: waiting for rank(s) {} to join ({} of {} joined)", name, rank,
+                fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
+  };
+  switch (bounded_wait(polled(formed, kPollInterval, kPollInterval), wait_never, gone, report, wait_ends, deadline,
+                       kPollInterval)) {
+    case WaitEnd::Ready: break;
+    case WaitEnd::Stopped: {
+      const int32_t pid = seg->header_->refused_pid.load(std::memory_order_acquire);
       const int32_t who = seg->header_->refused_rank.load(), claimed = seg->header_->refused_size.load();
       if (claimed == size) {
         fail(GRADSYNC_E_MISUSE, "shm group '{}' (size {}) cannot form: rank {} was claimed a second time (by pid {})",
@@ -382,35 +396,28 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       fail(GRADSYNC_E_MISMATCH, "shm group '{}' (size {}) cannot form: rank {} (pid {}) tried to join it with size {}",
            name, size, who, pid, claimed);
     }
-    if (missing.empty()) {
-      std::vector<wait_detail::CpuMask> masks(static_cast<size_t>(size));
-      std::vector<int> limits(static_cast<size_t>(size));
-      for (int r = 0; r < size; ++r) {
-        for (size_t i = 0; i < 16; ++i) {
-          masks[static_cast<size_t>(r)].bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
-        }
-        limits[static_cast<size_t>(r)] = seg->slot(r).cpu_limit.load(std::memory_order_relaxed);
+    case WaitEnd::PeerGone:
+      if (dead >= 0) {
+        seg->close_group();
+        fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", dead,
+             seg->slot(dead).pid.load(), name);
       }
-      seg->cpus_ = wait_detail::ranks_with_own_cpu(masks, limits);
-      seg->probe_peers();
-      break;
-    }
-    if (abandoned) {
-      if (const std::string why = abandoned(); !why.empty()) {
-        fail(GRADSYNC_E_REMOTE, "shm group '{}' (rank {}) gave up forming: {}", name, rank, why);
-      }
-    }
-    if (Clock::now() >= deadline) {
+      fail(GRADSYNC_E_REMOTE, "shm group '{}' (rank {}) gave up forming: {}", name, rank, gave_up);
+    case WaitEnd::Interrupted:
+    case WaitEnd::Deadline:
       fail(GRADSYNC_E_TIMEOUT, "shm group '{}': rank(s) {} did not join within the timeout ({} of {} joined)", name,
            fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
-    }
-    if (const auto now = Clock::now(); now >= report) {
-      GS_LOG_WARN("shm group '{}' rank {}: waiting for rank(s) {} to join ({} of {} joined)", name, rank,
-                  fmt::join(missing, ", "), size - static_cast<int>(missing.size()), size);
-      report = now + kStragglerReportEvery;
-    }
-    std::this_thread::sleep_for(kPollInterval);
   }
+  std::vector<wait_detail::CpuMask> masks(static_cast<size_t>(size));
+  std::vector<int> limits(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    for (size_t i = 0; i < 16; ++i) {
+      masks[static_cast<size_t>(r)].bits[i] = seg->slot(r).cpu_mask[i].load(std::memory_order_relaxed);
+    }
+    limits[static_cast<size_t>(r)] = seg->slot(r).cpu_limit.load(std::memory_order_relaxed);
+  }
+  seg->cpus_ = wait_detail::ranks_with_own_cpu(masks, limits);
+  seg->probe_peers();
   return seg;
 }
 
@@ -460,10 +467,7 @@ bool Segment::peer_copy(int r, uint64_t address, void* local, size_t bytes, bool
 }
 
 bool Segment::alive(int r) const {
-  if (r == rank_) return true;
-  const int32_t pid = slot(r).pid.load(std::memory_order_acquire);
-  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) return false;
-  return ofd_held_by_other(fd_, kRankLockByte + r);
+  return r == rank_ || !peer_gone({slot(r).pid.load(std::memory_order_acquire), fd_, kRankLockByte + r});
 }
 
 void Segment::check_intact() const {
@@ -544,16 +548,17 @@ void Segment::leave() noexcept {
   if (header_ == nullptr) return;
   // Bounded: a member that cannot get the set-up lock still leaves; the name is then removed by
   // a later member, or reclaimed as stale by the next group.
-  bool have_setup = false;
-  for (auto until = Clock::now() + std::chrono::seconds(2); Clock::now() < until;) {
+  auto setup_lock = [&] {
     try {
-      have_setup = ofd_lock(fd_, kSetupLockByte, F_WRLCK);
+      return ofd_lock(fd_, kSetupLockByte, F_WRLCK) ? WaitResult::Ready : WaitResult::Timeout;
     } catch (const Error&) {
-      break;
+      return WaitResult::Aborted;
     }
-    if (have_setup) break;
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  };
+  auto until = Clock::now() + std::chrono::seconds(2);
+  const bool have_setup =
+      bounded_wait(polled(setup_lock, kPollInterval, kPollInterval), wait_never, wait_never, wait_silent, wait_ends,
+                   until, std::chrono::nanoseconds::max()) == WaitEnd::Ready;
   close_group();
   // Peers still waiting on this rank learn that it left (rather than died).
   raise_stop(header_->words.stop_word, StopReason::Left, rank_);

@@ -10,7 +10,8 @@
 //   is another build's format with a live member (refused: E_MISMATCH).
 // - Liveness is not a PID alone (a SIGKILLed child stays a zombie, and kill(pid, 0) succeeds on
 //   it until its parent reaps it): rank r holds an open-file-description lock on byte kRankLockByte+r
-//   of the segment's file, which the kernel drops when the process dies. kill(pid, 0) is checked too.
+//   of the segment's file, which the kernel drops when the process dies; its pid is checked too
+//   (common/liveness.hpp).
 // - A group is joinable only while state == Open. The first member that leaves (or sees a peer
 //   die) sets Closing, so nobody joins a half-dead group; the last member to leave removes the
 //   name, and a joiner that finds Closing waits until the survivors have left, then rebuilds.

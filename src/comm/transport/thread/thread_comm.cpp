@@ -22,6 +22,7 @@
 #include "comm/algorithms/shared_memory.hpp"
 #include "comm/communicator.hpp"
 #include "comm/engine/fabric.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
@@ -213,35 +214,38 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
   }
   notify(group->words->wake);
 
-  const auto deadline = deadline_after(options.timeout);
-  auto formed = [&] { return group->formed.load(std::memory_order_seq_cst) != 0; };
-  WaitResult waited = WaitResult::Timeout;
+  auto deadline = deadline_after(options.timeout);
   std::string abandoned;
-  for (auto report = WaitClock::now() + kStragglerReportAfter;;) {
-    // A shrink forming this group asks now and then whether a member it waits for is lost.
-    const auto until = options.forming_abandoned ? WaitClock::now() + std::chrono::milliseconds(10) : report;
-    waited = wait_until(group->words->wake, formed, std::min({deadline, report, until}), &group->broken);
-    if (waited != WaitResult::Timeout || WaitClock::now() >= deadline) break;
-    if (options.forming_abandoned) {
-      abandoned = options.forming_abandoned();
-      if (!abandoned.empty()) break;
-    }
-    if (WaitClock::now() < report) continue;
-    report += kStragglerReportEvery;
-    std::vector<int> missing;
-    {
-      std::lock_guard lock(reg.mutex);
-      for (int i = 0; i < group->size; ++i) {
-        if (!group->present[static_cast<size_t>(i)]) missing.push_back(i);
-      }
-    }
-    if (!missing.empty()) {
-      GS_LOG_WARN("rank {} of group '{}': waiting for rank(s) {} to join ({} of {} joined; timeout {} ms)",
-                  options.rank, options.name, rank_list(missing), group->size - static_cast<int>(missing.size()),
-                  group->size, options.timeout.count());
-    }
-  }
-  if (waited != WaitResult::Ready) {
+  const WaitEnd waited = bounded_wait(
+      [&](WaitClock::time_point until) {
+        return wait_until(
+            group->words->wake, [&] { return group->formed.load(std::memory_order_seq_cst) != 0; }, until,
+            &group->broken);
+      },
+      wait_never,
+      // A shrink forming this group asks now and then whether a member it waits for is lost.
+      [&] {
+        if (options.forming_abandoned) abandoned = options.forming_abandoned();
+        return !abandoned.empty();
+      },
+      [&](std::chrono::nanoseconds) {
+        std::vector<int> missing;
+        {
+          std::lock_guard lock(reg.mutex);
+          for (int i = 0; i < group->size; ++i) {
+            if (!group->present[static_cast<size_t>(i)]) missing.push_back(i);
+          }
+        }
+        if (!missing.empty()) {
+          GS_LOG_WARN("rank {} of group '{}': waiting for rank(s) {} to join ({} of {} joined; timeout {} ms)",
+                      options.rank, options.name, rank_list(missing), group->size - static_cast<int>(missing.size()),
+                      group->size, options.timeout.count());
+        }
+      },
+      wait_ends, deadline,
+      options.forming_abandoned ? std::chrono::nanoseconds(std::chrono::milliseconds(10))
+                                : std::chrono::nanoseconds::max());
+  if (waited != WaitEnd::Ready) {
     std::lock_guard lock(reg.mutex);
     // Formed is decided under the registry lock: either the last member came in time, or we withdraw.
     if (!group->formed.load(std::memory_order_relaxed)) {
@@ -259,7 +263,7 @@ std::unique_ptr<Communicator> create_thread_communicator(const Options& options)
       if (!abandoned.empty()) {
         fail(GRADSYNC_E_REMOTE, "rank {} of group '{}' gave up forming it: {}", options.rank, options.name, abandoned);
       }
-      if (waited == WaitResult::Aborted) {
+      if (waited == WaitEnd::Stopped) {
         fail(group->broken_status, "rank {} of group '{}' could not form the group: {}", options.rank, options.name,
              group->broken_reason);
       }
