@@ -17,33 +17,8 @@ namespace gradsync::capi {
 // Records status and message for gradsync_last_error_message(); returns status.
 int set_last_error(int status, const char* function, const char* message) noexcept;
 
-// What an exception maps to: a status and its message (GRADSYNC_OK and "" when none was thrown).
-struct Outcome {
-  int status = GRADSYNC_OK;
-  std::string message;
-};
-
-template <class F>
-Outcome capture(F&& body) noexcept {
-  try {
-    try {
-      body();
-      return {};
-    } catch (const Error& e) {
-      return {e.status(), e.what()};
-    } catch (const std::bad_alloc&) {
-      return {GRADSYNC_E_NOMEM, "out of memory"};
-    } catch (const std::system_error& e) {
-      return {GRADSYNC_E_IO, e.what()};
-    } catch (const std::exception& e) {
-      return {GRADSYNC_E_INTERNAL, e.what()};
-    } catch (...) {
-      return {GRADSYNC_E_INTERNAL, "unknown exception"};
-    }
-  } catch (...) {
-    return {GRADSYNC_E_NOMEM, {}};  // copying the message ran out of memory
-  }
-}
+using gradsync::capture;
+using gradsync::Outcome;
 
 template <class F>
 int guard(const char* function, F&& body) noexcept {

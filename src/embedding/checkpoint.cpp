@@ -70,25 +70,6 @@ namespace {
 
 using namespace checkpoint;
 
-struct Outcome {
-  int status = GRADSYNC_OK;
-  std::string message;
-};
-
-template <class F>
-Outcome capture(F&& body) noexcept {
-  try {
-    body();
-    return {};
-  } catch (const Error& e) {
-    return {e.status(), e.what()};
-  } catch (const std::bad_alloc&) {
-    return {GRADSYNC_E_NOMEM, "out of memory"};
-  } catch (const std::exception& e) {
-    return {GRADSYNC_E_INTERNAL, e.what()};
-  }
-}
-
 std::string errno_text(int err) { return std::strerror(err); }
 
 class Fd {
