@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -146,32 +147,21 @@ void pin_to_cpu(int r) {
   sched_setaffinity(0, sizeof set, &set);
 }
 
-// Both shm paths with 2 forked processes; rank 0 sends its figures back through a pipe.
-bool bench_shm(std::map<size_t, double>& copy_us, std::map<size_t, double>& zero_us) {
-  int fds[2];
-  if (pipe(fds) != 0) return false;
-  const std::string name = "bench-" + std::to_string(getpid());
-  pid_t pids[2];
-  for (int r = 0; r < 2; ++r) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      close(fds[0]);
-      gc::Options o;
-      o.transport = gc::Transport::Shm;
-      o.rank = r;
-      o.size = 2;
-      o.name = name;
-      o.timeout = std::chrono::milliseconds(60000);
-      auto comm = gc::create(o);
-      std::map<size_t, double> a, b;
-      run_rank(*comm, true, a, b);
-      if (r == 0) {
-        for (size_t m : kSizes) dprintf(fds[1], "%zu %.6f %.6f\n", m, a[m], b[m]);
-      }
-      comm = nullptr;  // leave the group before exiting
-      _exit(0);
-    }
-  }
+// Rank r of the shm group `name` of n ranks.
+gc::Options shm_options(const std::string& name, int r, int n, std::chrono::milliseconds timeout) {
+  gc::Options o;
+  o.transport = gc::Transport::Shm;
+  o.rank = r;
+  o.size = n;
+  o.name = name;
+  o.timeout = timeout;
+  return o;
+}
+
+// The parent's side of a forked group: rank 0's "size copy_us zero_us" lines from the pipe, then
+// every child reaped; true when each exited 0 and `sizes` lines came.
+bool collect(const int fds[2], std::span<const pid_t> pids, size_t sizes, std::map<size_t, double>& copy_us,
+             std::map<size_t, double>& zero_us) {
   close(fds[1]);
   FILE* in = fdopen(fds[0], "r");
   size_t m;
@@ -187,7 +177,30 @@ bool bench_shm(std::map<size_t, double>& copy_us, std::map<size_t, double>& zero
     waitpid(p, &status, 0);
     ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  return ok && copy_us.size() == kSizes.size();
+  return ok && copy_us.size() == sizes;
+}
+
+// Both shm paths with 2 forked processes; rank 0 sends its figures back through a pipe.
+bool bench_shm(std::map<size_t, double>& copy_us, std::map<size_t, double>& zero_us) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  const std::string name = "bench-" + std::to_string(getpid());
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      close(fds[0]);
+      auto comm = gc::create(shm_options(name, r, 2, std::chrono::milliseconds(60000)));
+      std::map<size_t, double> a, b;
+      run_rank(*comm, true, a, b);
+      if (r == 0) {
+        for (size_t m : kSizes) dprintf(fds[1], "%zu %.6f %.6f\n", m, a[m], b[m]);
+      }
+      comm = nullptr;  // leave the group before exiting
+      _exit(0);
+    }
+  }
+  return collect(fds, pids, kSizes.size(), copy_us, zero_us);
 }
 
 bool bench_threads(std::map<size_t, double>& us) {
@@ -274,13 +287,7 @@ bool matrix_shm(const Config& cfg, bool staged, std::map<size_t, double>& copy_u
       close(fds[0]);
       if (cfg.pin) pin_to_cpu(r);
       if (staged) setenv("GRADSYNC_SHM_CROSS_PROCESS", "0", 1);
-      gc::Options o;
-      o.transport = gc::Transport::Shm;
-      o.rank = r;
-      o.size = cfg.n;
-      o.name = name;
-      o.timeout = std::chrono::milliseconds(120000);
-      auto comm = gc::create(o);
+      auto comm = gc::create(shm_options(name, r, cfg.n, std::chrono::milliseconds(120000)));
       for (size_t m : kMatrixSizes) {
         const double copy = run_size(*comm, m, false, cfg.in_place);
         const double zero = staged ? NAN : run_size(*comm, m, true, cfg.in_place);
@@ -291,22 +298,7 @@ bool matrix_shm(const Config& cfg, bool staged, std::map<size_t, double>& copy_u
     }
     pids.push_back(pid);
   }
-  close(fds[1]);
-  FILE* in = fdopen(fds[0], "r");
-  size_t m;
-  double a, b;
-  while (std::fscanf(in, "%zu %lf %lf", &m, &a, &b) == 3) {
-    copy_us[m] = a;
-    zero_us[m] = b;
-  }
-  std::fclose(in);
-  bool ok = true;
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok && copy_us.size() == kMatrixSizes.size();
+  return collect(fds, pids, kMatrixSizes.size(), copy_us, zero_us);
 }
 
 bool matrix_threads(const Config& cfg, std::map<size_t, double>& us) {
