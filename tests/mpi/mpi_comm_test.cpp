@@ -117,18 +117,6 @@ double magnitude(int n, size_t i) {
   return m;
 }
 
-template <class T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>)
-    return DType::F32;
-  else if constexpr (std::is_same_v<T, double>)
-    return DType::F64;
-  else if constexpr (std::is_same_v<T, int32_t>)
-    return DType::I32;
-  else
-    return DType::I64;
-}
-
 // Checks recv against the reference: bit for bit when deterministic (or an order-free op), else
 // within the rounding error of any summation order.
 template <class T>

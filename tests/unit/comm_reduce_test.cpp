@@ -14,50 +14,13 @@
 #include "comm/reduce.hpp"
 #include "common/error.hpp"
 #include "common/wait.hpp"
+#include "test_support.hpp"
 
 using gradsync::DType;
 using gradsync::ReduceOp;
 namespace comm = gradsync::comm;
 
 namespace {
-
-// memcmp of n bytes that accepts the NULL data() of empty vectors (memcmp itself must not get NULL).
-bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
-
-template <class T>
-T reference(ReduceOp op, const std::vector<std::vector<T>>& srcs, size_t i) {
-  const size_t n = srcs.size();
-  if constexpr (std::is_floating_point_v<T>) {
-    T v = srcs[0][i];
-    for (size_t k = 1; k < n; ++k) {
-      const T x = srcs[k][i];
-      if (op == ReduceOp::Min)
-        v = x < v ? x : v;
-      else if (op == ReduceOp::Max)
-        v = v < x ? x : v;
-      else
-        v = v + x;
-    }
-    return op == ReduceOp::Mean ? v / static_cast<T>(n) : v;
-  } else {
-    // Integers: sums wrap (computed in unsigned), the i32 mean sums in 64 bits.
-    using U = std::make_unsigned_t<T>;
-    if (op == ReduceOp::Min || op == ReduceOp::Max) {
-      T v = srcs[0][i];
-      for (size_t k = 1; k < n; ++k) v = op == ReduceOp::Min ? std::min(v, srcs[k][i]) : std::max(v, srcs[k][i]);
-      return v;
-    }
-    if (op == ReduceOp::Mean && sizeof(T) == 4) {
-      int64_t s = 0;
-      for (size_t k = 0; k < n; ++k) s += srcs[k][i];
-      return static_cast<T>(s / static_cast<int64_t>(n));
-    }
-    U s = 0;
-    for (size_t k = 0; k < n; ++k) s = static_cast<U>(s + static_cast<U>(srcs[k][i]));
-    if (op == ReduceOp::Mean) return static_cast<T>(static_cast<T>(s) / static_cast<T>(n));
-    return static_cast<T>(s);
-  }
-}
 
 template <class T>
 std::vector<T> random_values(size_t count, std::mt19937_64& rng) {
@@ -85,7 +48,7 @@ void check_kernels(DType dtype) {
         std::vector<const void*> ptrs;
         for (auto& s : srcs) ptrs.push_back(s.data());
         std::vector<T> expected(count);
-        for (size_t i = 0; i < count; ++i) expected[i] = reference(op, srcs, i);
+        for (size_t i = 0; i < count; ++i) expected[i] = reference_reduce(op, srcs, i);
 
         // Out of place, over a sub-range: elements outside [begin, end) stay untouched.
         std::vector<T> dst(count, T(7));

@@ -3,14 +3,19 @@
 // Helpers shared by the C++ unit tests.
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "gradsync/log.h"
 
@@ -80,3 +85,58 @@ struct LogLines {
   std::mutex mutex;
   std::vector<std::string> all;
 };
+
+// memcmp of n bytes that accepts the NULL data() of empty vectors (memcmp itself must not get NULL).
+inline bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
+// The rank-order reference reduction of element i over srcs (one vector per rank), written
+// independently of the kernels: floats fold in rank order, integer sums wrap (computed in
+// unsigned), the i32 mean sums in 64 bits.
+template <class T>
+T reference_reduce(gradsync::ReduceOp op, const std::vector<std::vector<T>>& srcs, size_t i) {
+  const size_t n = srcs.size();
+  if constexpr (std::is_floating_point_v<T>) {
+    T v = srcs[0][i];
+    for (size_t k = 1; k < n; ++k) {
+      const T x = srcs[k][i];
+      if (op == gradsync::ReduceOp::Min)
+        v = x < v ? x : v;
+      else if (op == gradsync::ReduceOp::Max)
+        v = v < x ? x : v;
+      else
+        v = v + x;
+    }
+    return op == gradsync::ReduceOp::Mean ? v / static_cast<T>(n) : v;
+  } else {
+    // Integers: sums wrap (computed in unsigned), the i32 mean sums in 64 bits.
+    using U = std::make_unsigned_t<T>;
+    if (op == gradsync::ReduceOp::Min || op == gradsync::ReduceOp::Max) {
+      T v = srcs[0][i];
+      for (size_t k = 1; k < n; ++k)
+        v = op == gradsync::ReduceOp::Min ? std::min(v, srcs[k][i]) : std::max(v, srcs[k][i]);
+      return v;
+    }
+    if (op == gradsync::ReduceOp::Mean && sizeof(T) == 4) {
+      int64_t s = 0;
+      for (size_t k = 0; k < n; ++k) s += srcs[k][i];
+      return static_cast<T>(s / static_cast<int64_t>(n));
+    }
+    U s = 0;
+    for (size_t k = 0; k < n; ++k) s = static_cast<U>(s + static_cast<U>(srcs[k][i]));
+    if (op == gradsync::ReduceOp::Mean) return static_cast<T>(static_cast<T>(s) / static_cast<T>(n));
+    return static_cast<T>(s);
+  }
+}
+
+// The DType of an element type.
+template <class T>
+constexpr gradsync::DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return gradsync::DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return gradsync::DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return gradsync::DType::I32;
+  else
+    return gradsync::DType::I64;
+}
