@@ -3,7 +3,7 @@
 
 use crate::error::{check, Error, Result};
 use crate::status;
-use crate::table::{path_to_cstring, Table, TableMode};
+use crate::table::{path_to_cstring, Table};
 use gradsync_sys as sys;
 use std::ffi::c_void;
 use std::path::Path;
@@ -29,29 +29,12 @@ pub struct AccumOptions {
     raw: sys::gradsync_accum_options,
 }
 
-impl Default for AccumOptions {
-    fn default() -> Self {
-        AccumOptions { raw: sys::GRADSYNC_ACCUM_OPTIONS_INIT }
-    }
-}
+file_options!(AccumOptions, sys::gradsync_accum_options, sys::GRADSYNC_ACCUM_OPTIONS_INIT);
 
 impl AccumOptions {
     /// The defaults: create or open, shape from an existing file, striped locks.
     pub fn new() -> Self {
         Self::default()
-    }
-    /// `rows x dim`, both >= 1.
-    #[must_use]
-    pub fn shape(mut self, rows: i64, dim: i64) -> Self {
-        self.raw.rows = rows;
-        self.raw.dim = dim;
-        self
-    }
-    /// How to open the gradient file (default [`TableMode::CreateOrOpen`]).
-    #[must_use]
-    pub fn mode(mut self, mode: TableMode) -> Self {
-        self.raw.mode = mode as i32;
-        self
     }
     /// The concurrency mode (default: what other processes on the file use, else striped).
     #[must_use]
@@ -70,22 +53,6 @@ impl AccumOptions {
     pub fn threads(mut self, threads: i64) -> Self {
         self.raw.threads = threads;
         self
-    }
-    /// Permission bits of a created file, exactly (umask ignored); default 0600.
-    #[must_use]
-    pub fn file_mode(mut self, mode: u32) -> Self {
-        self.raw.file_mode = mode as i32;
-        self
-    }
-    /// Open a file owned by another user (default: `PERMISSION` error).
-    #[must_use]
-    pub fn allow_other_owner(mut self, on: bool) -> Self {
-        self.raw.allow_other_owner = on as i32;
-        self
-    }
-    /// The C struct, for [`gradsync_sys`].
-    pub fn as_raw(&self) -> &sys::gradsync_accum_options {
-        &self.raw
     }
 }
 
@@ -134,44 +101,18 @@ pub struct Accumulator {
 unsafe impl Send for Accumulator {}
 unsafe impl Sync for Accumulator {}
 
+shaped_handle_open!(
+    Accumulator,
+    AccumOptions,
+    sys::gradsync_accum_options,
+    sys::gradsync_accum_open,
+    sys::gradsync_accum_shape,
+    open: "Opens or creates the gradient file at `path` (`gradsync_accum_open`).",
+    anonymous_with: "An accumulator in memory only, `rows x dim`, other options from `options`.",
+    anonymous: "An accumulator in memory only, `rows x dim`, striped locks."
+);
+
 impl Accumulator {
-    /// Opens or creates the gradient file at `path` (`gradsync_accum_open`).
-    pub fn open<P: AsRef<Path>>(path: P, options: &AccumOptions) -> Result<Accumulator> {
-        let c_path = path_to_cstring("Accumulator::open", path.as_ref())?;
-        Accumulator::open_raw(c_path.as_ptr(), &options.raw)
-    }
-
-    /// An accumulator in memory only, `rows x dim`, other options from `options`.
-    pub fn anonymous_with(rows: i64, dim: i64, options: &AccumOptions) -> Result<Accumulator> {
-        let mut raw = options.raw;
-        raw.mode = sys::GRADSYNC_TABLE_ANONYMOUS;
-        raw.rows = rows;
-        raw.dim = dim;
-        Accumulator::open_raw(ptr::null(), &raw)
-    }
-
-    /// An accumulator in memory only, `rows x dim`, striped locks.
-    pub fn anonymous(rows: i64, dim: i64) -> Result<Accumulator> {
-        Accumulator::anonymous_with(rows, dim, &AccumOptions::default())
-    }
-
-    fn open_raw(path: *const sys::c_char, opts: &sys::gradsync_accum_options) -> Result<Accumulator> {
-        let mut out = ptr::null_mut();
-        check(unsafe { sys::gradsync_accum_open(&mut out, path, opts) })?;
-        let raw = NonNull::new(out).expect("gradsync_accum_open returned OK and a NULL handle");
-        let mut accum = Accumulator { raw, rows: 0, dim: 0 };
-        let (mut rows, mut dim) = (0i64, 0i64);
-        check(unsafe { sys::gradsync_accum_shape(accum.raw.as_ptr(), &mut rows, &mut dim) })?;
-        accum.rows = rows;
-        accum.dim = dim;
-        Ok(accum)
-    }
-
-    /// `(rows, dim)`.
-    pub fn shape(&self) -> (i64, i64) {
-        (self.rows, self.dim)
-    }
-
     /// The concurrency mode and rows per lock in use (`gradsync_accum_get_concurrency`).
     pub fn concurrency(&self) -> Result<(Concurrency, i64)> {
         let (mut mode, mut per_lock) = (0i32, 0i64);

@@ -63,6 +63,97 @@
 
 pub use gradsync_sys as sys;
 
+// The options a table and an accumulator share, over the C struct `$raw` in field `raw`.
+macro_rules! file_options {
+    ($ty:ident, $raw:ty, $init:path) => {
+        impl Default for $ty {
+            fn default() -> Self {
+                $ty { raw: $init }
+            }
+        }
+
+        impl $ty {
+            /// The shape to create (or to expect from an existing file): `rows x dim`, both >= 1.
+            #[must_use]
+            pub fn shape(mut self, rows: i64, dim: i64) -> Self {
+                self.raw.rows = rows;
+                self.raw.dim = dim;
+                self
+            }
+            /// How to open the file (default [`TableMode::CreateOrOpen`](crate::TableMode::CreateOrOpen)).
+            #[must_use]
+            pub fn mode(mut self, mode: crate::TableMode) -> Self {
+                self.raw.mode = mode as i32;
+                self
+            }
+            /// Permission bits of a created file, exactly (umask ignored); default 0600.
+            #[must_use]
+            pub fn file_mode(mut self, mode: u32) -> Self {
+                self.raw.file_mode = mode as i32;
+                self
+            }
+            /// Open a file owned by another user (default: `PERMISSION` error).
+            #[must_use]
+            pub fn allow_other_owner(mut self, on: bool) -> Self {
+                self.raw.allow_other_owner = on as i32;
+                self
+            }
+            /// The C struct, for [`gradsync_sys`].
+            pub fn as_raw(&self) -> &$raw {
+                &self.raw
+            }
+        }
+    };
+}
+
+// The opening of a handle of `rows x dim` rows (a table, an accumulator): from a file, or in
+// memory only, then its shape read once. `$ty` has fields `raw`, `rows` and `dim`; its options
+// type `$opts` holds the C options in `raw`.
+macro_rules! shaped_handle_open {
+    ($ty:ident, $opts:ty, $raw_opts:ty, $open:path, $shape:path,
+     open: $open_doc:literal, anonymous_with: $anon_with_doc:literal, anonymous: $anon_doc:literal) => {
+        impl $ty {
+            #[doc = $open_doc]
+            pub fn open<P: AsRef<Path>>(path: P, options: &$opts) -> Result<$ty> {
+                let c_path = path_to_cstring(concat!(stringify!($ty), "::open"), path.as_ref())?;
+                $ty::open_raw(c_path.as_ptr(), &options.raw)
+            }
+
+            #[doc = $anon_with_doc]
+            pub fn anonymous_with(rows: i64, dim: i64, options: &$opts) -> Result<$ty> {
+                let mut raw = options.raw;
+                raw.mode = sys::GRADSYNC_TABLE_ANONYMOUS;
+                raw.rows = rows;
+                raw.dim = dim;
+                $ty::open_raw(ptr::null(), &raw)
+            }
+
+            #[doc = $anon_doc]
+            pub fn anonymous(rows: i64, dim: i64) -> Result<$ty> {
+                $ty::anonymous_with(rows, dim, &<$opts>::default())
+            }
+
+            fn open_raw(path: *const sys::c_char, opts: &$raw_opts) -> Result<$ty> {
+                let mut out = ptr::null_mut();
+                check(unsafe { $open(&mut out, path, opts) })?;
+                let raw = NonNull::new(out)
+                    .expect(concat!(stringify!($open), " returned OK and a NULL handle"));
+                let mut handle = $ty { raw, rows: 0, dim: 0 };
+                let (mut rows, mut dim) = (0i64, 0i64);
+                check(unsafe { $shape(handle.raw.as_ptr(), &mut rows, &mut dim) })?;
+                handle.rows = rows;
+                handle.dim = dim;
+                Ok(handle)
+            }
+
+            /// `(rows, dim)`.
+            pub fn shape(&self) -> (i64, i64) {
+                (self.rows, self.dim)
+            }
+        }
+    };
+}
+
 mod accumulator;
 mod atomics;
 pub mod codec;

@@ -38,29 +38,12 @@ pub struct TableOptions {
     raw: sys::gradsync_table_options,
 }
 
-impl Default for TableOptions {
-    fn default() -> Self {
-        TableOptions { raw: sys::GRADSYNC_TABLE_OPTIONS_INIT }
-    }
-}
+file_options!(TableOptions, sys::gradsync_table_options, sys::GRADSYNC_TABLE_OPTIONS_INIT);
 
 impl TableOptions {
     /// The defaults: create or open, shape taken from an existing file, zeros, mode 0600.
     pub fn new() -> Self {
         Self::default()
-    }
-    /// The shape to create (or to expect from an existing file): `rows x dim`, both >= 1.
-    #[must_use]
-    pub fn shape(mut self, rows: i64, dim: i64) -> Self {
-        self.raw.rows = rows;
-        self.raw.dim = dim;
-        self
-    }
-    /// How to open the file (default [`TableMode::CreateOrOpen`]).
-    #[must_use]
-    pub fn mode(mut self, mode: TableMode) -> Self {
-        self.raw.mode = mode as i32;
-        self
     }
     /// Map read-only (mode [`TableMode::Open`] only); writes then fail with `MISUSE`.
     #[must_use]
@@ -81,22 +64,6 @@ impl TableOptions {
             }
         }
         self
-    }
-    /// Permission bits of a created file, exactly (umask ignored); default 0600.
-    #[must_use]
-    pub fn file_mode(mut self, mode: u32) -> Self {
-        self.raw.file_mode = mode as i32;
-        self
-    }
-    /// Open a file owned by another user (default: `PERMISSION` error).
-    #[must_use]
-    pub fn allow_other_owner(mut self, on: bool) -> Self {
-        self.raw.allow_other_owner = on as i32;
-        self
-    }
-    /// The C struct, for [`gradsync_sys`].
-    pub fn as_raw(&self) -> &sys::gradsync_table_options {
-        &self.raw
     }
 }
 
@@ -126,44 +93,18 @@ pub struct Table {
 unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
 
+shaped_handle_open!(
+    Table,
+    TableOptions,
+    sys::gradsync_table_options,
+    sys::gradsync_table_open,
+    sys::gradsync_table_shape,
+    open: "Opens or creates the table file at `path` (`gradsync_table_open`).",
+    anonymous_with: "A table in memory only (mode ANONYMOUS), `rows x dim`, filled as `options` say.",
+    anonymous: "A zeroed table in memory only, `rows x dim`."
+);
+
 impl Table {
-    /// Opens or creates the table file at `path` (`gradsync_table_open`).
-    pub fn open<P: AsRef<Path>>(path: P, options: &TableOptions) -> Result<Table> {
-        let c_path = path_to_cstring("Table::open", path.as_ref())?;
-        Table::open_raw(c_path.as_ptr(), &options.raw)
-    }
-
-    /// A table in memory only (mode ANONYMOUS), `rows x dim`, filled as `options` say.
-    pub fn anonymous_with(rows: i64, dim: i64, options: &TableOptions) -> Result<Table> {
-        let mut raw = options.raw;
-        raw.mode = sys::GRADSYNC_TABLE_ANONYMOUS;
-        raw.rows = rows;
-        raw.dim = dim;
-        Table::open_raw(ptr::null(), &raw)
-    }
-
-    /// A zeroed table in memory only, `rows x dim`.
-    pub fn anonymous(rows: i64, dim: i64) -> Result<Table> {
-        Table::anonymous_with(rows, dim, &TableOptions::default())
-    }
-
-    fn open_raw(path: *const sys::c_char, opts: &sys::gradsync_table_options) -> Result<Table> {
-        let mut out = ptr::null_mut();
-        check(unsafe { sys::gradsync_table_open(&mut out, path, opts) })?;
-        let raw = NonNull::new(out).expect("gradsync_table_open returned OK and a NULL handle");
-        let mut table = Table { raw, rows: 0, dim: 0 };
-        let (mut rows, mut dim) = (0i64, 0i64);
-        check(unsafe { sys::gradsync_table_shape(table.raw.as_ptr(), &mut rows, &mut dim) })?;
-        table.rows = rows;
-        table.dim = dim;
-        Ok(table)
-    }
-
-    /// `(rows, dim)`.
-    pub fn shape(&self) -> (i64, i64) {
-        (self.rows, self.dim)
-    }
-
     /// Whether [`open`](Self::open) created the file (`gradsync_table_created`).
     pub fn created(&self) -> Result<bool> {
         let mut created = 0i32;
