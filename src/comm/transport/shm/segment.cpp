@@ -15,7 +15,6 @@
 #include <cstring>
 #include <new>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include <boost/interprocess/exceptions.hpp>
@@ -181,10 +180,7 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     }
     const int fd = object.get_mapping_handle().handle;
     require_private(fd, shm_name, name);
-    if (!ofd_lock(fd, kSetupLockByte, F_WRLCK)) {
-      std::this_thread::sleep_for(kPollInterval);
-      return WaitResult::Timeout;
-    }
+    if (!ofd_lock(fd, kSetupLockByte, F_WRLCK)) return WaitResult::Timeout;
     struct Unlock {
       int fd;
       ~Unlock() { ofd_lock(fd, kSetupLockByte, F_UNLCK); }
@@ -242,7 +238,6 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
       if (!open_state) {
         // Survivors of a failed or finished run still hold it: wait for them to leave.
         waiting_for = fmt::format("the previous group of that name is still held by members that have not freed it");
-        std::this_thread::sleep_for(kPollInterval);
         return WaitResult::Timeout;
       }
       if (existing_size != size) {
