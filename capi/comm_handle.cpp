@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 
@@ -118,10 +119,13 @@ bool CommLink::close() noexcept {
   // Polled, not woken: a user that let go must not touch the link again (it may be destroyed the
   // moment the count falls to 0). Usually a call's last steps after the abort; a call whose peers
   // still use its buffers keeps them until they are done, so the polls back off to 5 ms.
-  for (auto pause = std::chrono::microseconds(50); state_.load(std::memory_order_acquire) != kClosed;
-       pause = std::min(pause * 2, std::chrono::microseconds(5000))) {
-    std::this_thread::sleep_for(pause);
-  }
+  // No deadline: the call ends by its own (its waits are bounded, and the abort ends them).
+  auto returned = [&] {
+    return state_.load(std::memory_order_acquire) == kClosed ? WaitResult::Ready : WaitResult::Timeout;
+  };
+  auto never_ends = WaitClock::time_point::max();
+  bounded_wait(polled(returned, std::chrono::microseconds(50), std::chrono::microseconds(5000)), wait_never, wait_never,
+               wait_silent, wait_ends, never_ends, std::chrono::nanoseconds::max());
   impl_.reset();
   return true;
 }
