@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every public definition of the Python package has a docstring, so that help(gradsync.X) reads
 like the C header's contract: each public module's classes, functions, methods and properties
-(names without a leading underscore, defined in the package itself)."""
+(names without a leading underscore, defined in the package itself), subpackages included."""
 import importlib
 import inspect
 import pkgutil
@@ -36,14 +36,17 @@ def _public_definitions():
             if inspect.isclass(f):
                 walk(f, key + ".")
 
-    for info in pkgutil.iter_modules(gradsync.__path__):
-        if info.name.startswith("_"):
+    # Subpackages too (gradsync.torch.elastic); a package that cannot be imported (gradsync.torch
+    # without torch) is skipped with everything in it.
+    for info in pkgutil.walk_packages(gradsync.__path__, "gradsync.", onerror=lambda name: None):
+        short = info.name[len("gradsync."):]
+        if any(part.startswith("_") for part in short.split(".")):
             continue
         try:
-            module = importlib.import_module("gradsync." + info.name)
-        except ImportError:  # gradsync.torch without torch
+            module = importlib.import_module(info.name)
+        except ImportError:
             continue
-        walk(module, info.name + ".")
+        walk(module, short + ".")
     return seen
 
 

@@ -58,9 +58,9 @@ import json
 import numpy as np
 import torch
 
-from ._lib import E_NO_SPACE, E_NOMEM, GradsyncError
-from .embedding import ShardedEmbeddingTable
-from .shard import ShardedParameter
+from .._lib import E_NO_SPACE, E_NOMEM, GradsyncError
+from ..embedding import ShardedEmbeddingTable
+from ..shard import ShardedParameter
 
 __all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
 
