@@ -159,9 +159,21 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module, comm, bucket_cap_mb=25.0, broadcast_buffers=True):
         super().__init__()
         self.module = module
-        self.comm = comm
         self.broadcast_buffers = broadcast_buffers
         self._sync = True
+        self._bucket_cap_mb = float(bucket_cap_mb)
+        self._hooks = []
+        self._attach(comm)
+
+    def _attach(self, comm):
+        """Collective over comm: check the model, broadcast rank 0's parameters and buffers, and
+        build the buckets and gradient hooks on comm. Also after a shrink (gradsync.torch.elastic),
+        where the buckets of the old group, in its memory, are dropped for new ones."""
+        module, bucket_cap_mb = self.module, self._bucket_cap_mb
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._buckets, self._where = [], [], {}
+        self.comm = comm
         _check_same_model(module, comm, {"bucket_cap_mb": float(bucket_cap_mb)})
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
@@ -169,7 +181,6 @@ class DistributedDataParallel(torch.nn.Module):
         # Reverse registration order approximates the order in which backward produces gradients.
         params = [p for p in module.parameters() if p.requires_grad][::-1]
         cap = max(1, int(bucket_cap_mb * 2 ** 20))
-        self._buckets, self._where = [], {}
         group, size = [], 0
         for p in params:
             if group and (size + p.numel() * p.element_size() > cap or p.dtype != group[0].dtype):
@@ -182,7 +193,6 @@ class DistributedDataParallel(torch.nn.Module):
         for b, bucket in enumerate(self._buckets):
             for i, p in enumerate(bucket.params):
                 self._where[p] = (b, i)
-        self._hooks = []
         self._grad_accs = []  # the AccumulateGrad nodes must live for their hooks to fire
         for p in params:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -335,7 +345,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     start from the same weights. optimizer: "adam" (default), "adamw", "sgd" or "momentum", with
     lr, betas, eps, weight_decay, momentum as torch's own; compress: "none", "bf16", "fp16" or
     "bigdl_fp16" for the gradients on the wire (the weights travel in full precision);
-    error_feedback, clip_norm: as ShardedParameter has them.
+    error_feedback, clip_norm, replicas: as ShardedParameter has them (replicas=k keeps each slice
+    on k more ranks, so that gradsync.torch.elastic can reshard after losing up to k of them).
 
     Construction is collective and checks, as DistributedDataParallel does, that every rank passes
     parameters of the same shapes in the same order (and the same optimizer and compression).
@@ -348,7 +359,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, comm, optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 momentum=0.9, compress="none", error_feedback=False, clip_norm=None):
+                 momentum=0.9, compress="none", error_feedback=False, clip_norm=None, replicas=0):
         super().__init__(params, dict(lr=lr))
         if len(self.param_groups) != 1:
             raise ValueError("ZeroRedundancyOptimizer takes one parameter group")
@@ -373,7 +384,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._lr = float(lr)
         self.shard = ShardedParameter(comm, total, optimizer=optimizer, lr=self._lr, compress=compress,
                                       error_feedback=error_feedback, momentum=momentum, betas=betas, eps=eps,
-                                      weight_decay=weight_decay, clip_norm=clip_norm)
+                                      weight_decay=weight_decay, clip_norm=clip_norm, replicas=replicas)
         self.shard.init(self._weights.numpy())
 
     @torch.no_grad()

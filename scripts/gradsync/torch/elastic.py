@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training that survives a lost rank in place: shrink the group, reshard the optimizer, go on.
+
+In the manner of Horovod Elastic's State.commit/restore:
+
+    import gradsync as gs, gradsync.torch as gst
+    from gradsync.torch import elastic
+    comm = gs.Communicator.from_env()                         # shm (python3 -m gradsync.run --elastic)
+    opt = gst.ZeroRedundancyOptimizer(net.parameters(), comm, replicas=1)
+    state = elastic.State(comm, net, opt, step=0)             # commits the starting point
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            x, y = batch(state.step, state.comm.rank, state.comm.size)   # derive the batch from step
+            loss_fn(state.model(x), y).backward()
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+
+    train(state)
+
+When a collective raises because a member is gone (GradsyncError E_REMOTE, E_TIMEOUT or
+E_ABORTED), every survivor lands in State.recover, which
+  1. shrinks the group (Communicator.shrink: one agreed failed set, dense new ranks),
+  2. reshards a ZeroRedundancyOptimizer onto it in memory (ShardedParameter.reshard: the lost
+     slices come from their replicas) and gathers the weights, or rebuilds a
+     DistributedDataParallel's buckets on it,
+  3. goes back to the last commit, the latest any survivor made (the others take it by broadcast:
+     a survivor may have finished the failed step before the loss showed), and returns; run()
+     then calls the training function again, which goes on from state.step.
+A member lost during the recovery is left out by shrinking again.
+
+What a commit holds, and so what a recovery goes back to:
+  - the fields (step=0 and any other keyword of State: epoch, a data cursor), deep copies;
+  - with DistributedDataParallel (or any module and a torch optimizer, every rank holding all of
+    the state): the module's parameters and buffers and the optimizer's state_dict, copies in
+    memory on every rank, as Horovod keeps them;
+  - with ZeroRedundancyOptimizer: the module's buffers and the optimizer's update count. Its
+    weights and moments are not copied: they live sliced in the library, and with replicas >= 1 a
+    lost slice survives on a neighbour. They cannot go back either: when the loss showed only in
+    the step's final gather, that step is applied on every survivor, and state.step then resumes
+    one past the commit (fields other than step are the commit's). So with this optimizer,
+    commit after every optimizer.step() and derive what a step needs from state.step.
+Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
+GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
+
+Growing back (a replacement rank joining the running group) waits for gradsync_comm_grow in the
+library; State.grow is where it goes.
+"""
+import copy
+import functools
+import pickle
+import time
+
+import numpy as np
+import torch
+
+from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, E_UNSUPPORTED, GradsyncError
+from . import DistributedDataParallel, ZeroRedundancyOptimizer
+
+__all__ = ["State", "run", "RECOVERABLE"]
+
+# The statuses of a collective that a lost member causes: recover() handles them.
+RECOVERABLE = (E_REMOTE, E_TIMEOUT, E_ABORTED)
+
+
+def _module_of(model):
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _broadcast_blob(comm, blob, root):
+    """Collective: root's bytes on every rank (the collectives move numbers: a length, then words)."""
+    n = np.array([len(blob) if comm.rank == root else 0], dtype=np.int64)
+    comm.broadcast(n, root=root)
+    words = np.zeros((int(n[0]) + 3) // 4, dtype=np.int32)
+    if comm.rank == root:
+        words.view(np.uint8)[:len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    comm.broadcast(words, root=root)
+    return words.view(np.uint8)[:int(n[0])].tobytes()
+
+
+class State:
+    """What a training run goes back to after losing a rank; see the module docstring.
+
+    comm: this rank's Communicator (shm or threads: the transports that shrink). model: the module
+    trained (a DistributedDataParallel, or the plain module a ZeroRedundancyOptimizer steps).
+    optimizer: a ZeroRedundancyOptimizer, a torch optimizer, or None. fields: the counters to
+    commit with it (step=0 unless given), read and written as attributes (state.step).
+    The state is committed once here. state.comm, state.model and state.optimizer are the current
+    ones (the communicator changes at each recovery). state.recoveries lists what each recovery
+    did and how long each phase took (see recover).
+    """
+
+    def __init__(self, comm, model=None, optimizer=None, **fields):
+        self.comm = comm
+        self.model = model
+        self.optimizer = optimizer
+        fields.setdefault("step", 0)
+        self._names = list(fields)
+        for k, v in fields.items():
+            setattr(self, k, v)
+        self.recoveries = []
+        self._commit = None
+        self._pending_first_step = None
+        self.commit()
+
+    @property
+    def sharded(self):
+        """Whether the optimizer keeps its state sliced over the ranks (a ZeroRedundancyOptimizer)."""
+        return isinstance(self.optimizer, ZeroRedundancyOptimizer)
+
+    # ---- commit and restore (local)
+
+    def commit(self):
+        """Local: remember the fields and the state they describe (see the module docstring); the
+        first commit after a recovery also completes that recovery's figures (first_step_s)."""
+        module = _module_of(self.model)
+        c = {"fields": copy.deepcopy({k: getattr(self, k) for k in self._names})}
+        if module is not None:
+            if self.sharded:
+                c["buffers"] = [b.detach().clone() for b in module.buffers()]
+            else:
+                c["module"] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        if self.sharded:
+            c["updates"] = self.optimizer.shard.updates
+        elif self.optimizer is not None:
+            c["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        self._commit = c
+        if self._pending_first_step is not None:
+            r, started = self._pending_first_step
+            now = time.monotonic_ns()
+            r["first_step_s"] = (now - started) / 1e9
+            r["first_step_done_ns"] = now
+            self._pending_first_step = None
+
+    def restore(self):
+        """Local: back to the last commit (the fields, and the parameters, buffers and optimizer
+        state a commit copies; a ZeroRedundancyOptimizer's sliced state stays where it is)."""
+        c = self._commit
+        for k, v in copy.deepcopy(c["fields"]).items():
+            setattr(self, k, v)
+        module = _module_of(self.model)
+        with torch.no_grad():
+            if "module" in c:
+                module.load_state_dict(c["module"])
+            for b, saved in zip(module.buffers() if "buffers" in c else (), c.get("buffers", ())):
+                b.copy_(saved)
+        if "optimizer" in c:
+            self.optimizer.load_state_dict(copy.deepcopy(c["optimizer"]))
+
+    # ---- recovery (collective over the survivors)
+
+    def recover(self, error=None):
+        """Collective over the survivors, after `error` (a GradsyncError whose status is in
+        RECOVERABLE) showed that a member is gone: shrink, reshard or rebuild, go back to the latest
+        commit. Returns this recovery's record, also appended to state.recoveries: failed (the
+        lost members' ranks in each group shrunk, a list per shrink), size (the new group's),
+        attempts, and the phases' times in seconds: shrink_s (agree_s + form_s of it: agreeing on the
+        failed set, forming the group), reshard_s, rebuild_s (DDP's buckets), sync_s (the commit to
+        every survivor), total_s; error_ns (time.monotonic_ns() when recover began) and, after the
+        next commit, first_step_s. Raises GradsyncError E_LOST (naming the ranges) when optimizer
+        state lived only on lost ranks, and any error that is not a lost member's."""
+        started = time.monotonic_ns()
+        if error is not None and not (isinstance(error, GradsyncError) and error.status in RECOVERABLE):
+            raise error
+        record = {"error": None if error is None else str(error), "error_ns": started, "failed": [],
+                  "attempts": 0, "agree_s": 0.0, "form_s": 0.0, "shrink_s": 0.0, "reshard_s": 0.0,
+                  "rebuild_s": 0.0, "sync_s": 0.0, "moved_floats": 0}
+        old = [self.comm]  # every group left behind; closed once the state has moved off them
+        while True:
+            t = time.perf_counter()
+            new, failed, info = old[-1].shrink()
+            record["shrink_s"] += time.perf_counter() - t
+            record["failed"].append(failed)
+            record["attempts"] += info["attempts"]
+            record["agree_s"] += info["agree_s"]
+            record["form_s"] += info["form_s"]
+            try:
+                self._move_to(new, record)
+                break
+            except GradsyncError as e:
+                if e.status not in RECOVERABLE:
+                    new.close()
+                    raise
+                old.append(new)  # another member lost on the way: shrink again
+        for c in old:
+            c.close()
+        record["size"] = self.comm.size
+        record["rank"] = self.comm.rank
+        record["member_id"] = self.comm.member_id
+        record["total_s"] = (time.monotonic_ns() - started) / 1e9
+        self.recoveries.append(record)
+        self._pending_first_step = (record, time.monotonic_ns())
+        return record
+
+    def _move_to(self, comm, record):
+        """Collective over comm: the optimizer's state and the model's buckets onto comm, then the
+        latest commit on every member. Changes nothing of self.comm's until it succeeds."""
+        if self.sharded:
+            t = time.perf_counter()
+            if self.optimizer.shard.total and self.optimizer.shard._comm is not comm:
+                record["moved_floats"] += self.optimizer.shard.reshard(comm)
+            # The failed step's gather may have left the weights half written.
+            self.optimizer.shard.gather(self.optimizer._weights.numpy())
+            record["reshard_s"] += time.perf_counter() - t
+        if isinstance(self.model, DistributedDataParallel):
+            t = time.perf_counter()
+            self.model._attach(comm)
+            record["rebuild_s"] += time.perf_counter() - t
+        t = time.perf_counter()
+        self._sync(comm)
+        record["sync_s"] += time.perf_counter() - t
+        self.comm = comm
+
+    def _sync(self, comm):
+        """Collective: every member takes the commit of the member that committed last (the lowest
+        rank among equals), and a ZeroRedundancyOptimizer's step count decides state.step."""
+        self.restore()
+        c = self._commit
+        mine = np.array([c["fields"]["step"], c.get("updates", 0)], dtype=np.int64)
+        every = comm.allgatherv(mine, [2] * comm.size).reshape(comm.size, 2)
+        source = int(np.lexsort((np.arange(comm.size), -every[:, 0]))[0])
+        blob = pickle.dumps({k: v for k, v in c.items() if k not in ("module", "buffers")})
+        theirs = pickle.loads(_broadcast_blob(comm, blob, source))
+        module = _module_of(self.model)
+        with torch.no_grad():
+            tensors = []
+            if module is not None:
+                tensors = list(module.buffers()) if self.sharded else list(module.state_dict().values())
+            for t in tensors:
+                comm.broadcast(t.detach().numpy(), root=source)
+        for k, v in theirs["fields"].items():
+            setattr(self, k, v)
+        if "optimizer" in theirs:
+            self.optimizer.load_state_dict(theirs["optimizer"])
+        if self.sharded:
+            # The optimizer's steps cannot go back: the count the survivors share goes on.
+            self.step = theirs["fields"]["step"] + self.optimizer.shard.updates - theirs["updates"]
+        self.commit()
+
+    def grow(self, join_name, joiners=1):
+        """Collective: let `joiners` new ranks in (their parameters by broadcast, the optimizer's
+        slices by reshard). Raises GradsyncError E_UNSUPPORTED until the library has
+        gradsync_comm_grow and Communicator.grow binds it."""
+        if not hasattr(self.comm, "grow"):
+            raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow, which this "
+                                               "library does not have yet")
+        raise GradsyncError(E_UNSUPPORTED, "State.grow is not written yet")
+
+
+def run(fn):
+    """Decorator: fn(state, ...) is called again after each recovery from a lost member, until it
+    returns (its value is returned). Errors that no lost member caused propagate."""
+
+    @functools.wraps(fn)
+    def wrapper(state, *args, **kwargs):
+        while True:
+            try:
+                return fn(state, *args, **kwargs)
+            except GradsyncError as e:
+                if e.status not in RECOVERABLE:
+                    raise
+                state.recover(e)
+
+    return wrapper

@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gradsync.torch.elastic on shared memory: a rank of a training run is killed (a real SIGKILL of
+its process, at a chosen step), and the survivors shrink, reshard or rebuild, and go on from the
+last commit; their final weights are compared bit for bit with runs that never lost a rank."""
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_module
+import signal
+import uuid
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gradsync as gs  # noqa: E402
+from conftest import run_ranks  # noqa: E402
+
+BOUND_S = 120  # a hang fails the test rather than blocking the suite
+STEPS, KILL_AT, VICTIM = 6, 3, 2
+
+
+def _group(tag):
+    return f"py-el-{tag}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _run(target, nranks, *args):
+    """nranks spawned processes target(rank, nranks, queue, *args); returns ({rank: result}, exit codes)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, nranks, q) + args) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        # Results first (a child cannot exit while its queue is full), then the exits.
+        while len(results) < nranks and not all(p.exitcode is not None for p in procs):
+            try:
+                rank, value = q.get(timeout=1.0)
+                results[rank] = value
+            except queue_module.Empty:
+                pass
+        for p in procs:
+            p.join(BOUND_S)
+            if p.is_alive():
+                pytest.fail(f"a rank still ran after {BOUND_S} s")
+        while True:
+            try:
+                rank, value = q.get(timeout=0.5)
+                results[rank] = value
+            except queue_module.Empty:
+                break
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results, [p.exitcode for p in procs]
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def exact_grad(step, shape, salt):
+    # Multiples of 1/256, the same on every rank: their mean over any number of ranks is exact, so
+    # a run on 3 ranks and one on 4 step through the same bits.
+    n = int(np.prod(shape))
+    return torch.from_numpy((((np.arange(n) * 7 + step * 13 + salt * 5) % 17 - 8) / 256).astype(np.float32)).reshape(shape)
+
+
+def zero_train(comm, replicas, victim=None, kill_at=None, steps=STEPS):
+    """ZeRO-1 Adam with the elastic helper; the victim SIGKILLs itself before its step kill_at."""
+    from gradsync.torch import ZeroRedundancyOptimizer, elastic
+
+    model = net()
+    opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=replicas)
+    state = elastic.State(comm, model, opt)
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
+                os.kill(os.getpid(), signal.SIGKILL)
+            for i, p in enumerate(model.parameters()):
+                p.grad = exact_grad(state.step, p.shape, i)
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return [p.detach().numpy().copy() for p in model.parameters()], state.recoveries, opt.shard.updates, state.comm.size
+
+
+def _zero_rank(rank, size, q, group, replicas):
+    torch.set_num_threads(1)
+    try:
+        with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+            weights, recoveries, updates, final_size = zero_train(comm, replicas, VICTIM, KILL_AT)
+            q.put((rank, ("ok", weights, recoveries, updates, final_size)))
+    except gs.GradsyncError as e:
+        q.put((rank, ("error", e.status, str(e))))
+
+
+def test_zero_optimizer_after_a_sigkill_goes_on_bit_for_bit():
+    results, codes = _run(_zero_rank, 4, _group("zero"), 1)
+    assert codes[VICTIM] == -signal.SIGKILL and VICTIM not in results
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    # Never lost a rank: 3 ranks, which step through the same bits as 4 (see exact_grad).
+    ref = run_ranks(3, lambda comm, rank: zero_train(comm, 0)[0])[0]
+    for r in (0, 1, 3):
+        status, weights, recoveries, updates, final_size = results[r]
+        assert status == "ok"
+        assert updates == STEPS and final_size == 3
+        assert len(recoveries) == 1
+        rec = recoveries[0]
+        assert rec["failed"] == [[VICTIM]] and rec["size"] == 3 and rec["member_id"] == r
+        assert rec["moved_floats"] > 0 and "first_step_s" in rec
+        for got, want in zip(weights, ref):
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_zero_optimizer_without_replicas_names_the_lost_range_and_keeps_the_weights():
+    results, codes = _run(_zero_rank, 3, _group("lost"), 0)
+    assert codes[VICTIM] == -signal.SIGKILL
+    for r in (0, 1):
+        assert results[r][0] == "error", results[r]
+        _, status, message = results[r]
+        assert status == gs.E_LOST
+        assert "old rank 2" in message, message
+
+
+def _lost_weights_rank(rank, size, q, group):
+    """The weights a failed recovery leaves: those of the last step, never zeros."""
+    from gradsync.torch import ZeroRedundancyOptimizer, elastic
+
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        model = net()
+        opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="sgd", lr=0.5)
+        state = elastic.State(comm, model, opt)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        before = [p.detach().numpy().copy() for p in model.parameters()]
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            opt.step()
+        except gs.GradsyncError as e:
+            try:
+                state.recover(e)
+            except gs.GradsyncError as lost:
+                after = [p.detach().numpy().copy() for p in model.parameters()]
+                q.put((rank, (lost.status, str(lost), all(np.array_equal(a, b) for a, b in zip(before, after)))))
+                return
+        q.put((rank, None))
+
+
+def test_a_failed_recovery_changes_no_weight():
+    results, codes = _run(_lost_weights_rank, 3, _group("keep"))
+    assert codes[1] == -signal.SIGKILL
+    for r in (0, 2):
+        status, message, unchanged = results[r]
+        assert status == gs.E_LOST and "old rank 1" in message and unchanged, results[r]
+
+
+# ---------------------------------------------------------------- DistributedDataParallel
+
+
+def batch(step, rank, size):
+    """The global batch of a step (24 rows: 4 and 3 ranks take 6 and 8 each), rank's rows."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(24, 8, generator=g)
+    y = torch.randint(0, 3, (24,), generator=g)
+    return x[rank::size], y[rank::size]
+
+
+def ddp_train(comm, start=None, victim=None, kill_at=None, steps=STEPS):
+    """DDP over a torch Adam with the elastic helper, from `start` (module and optimizer state
+    dicts and step) or from scratch; returns the final parameters, the recoveries and the commit at
+    kill_at (the state a run on the survivors alone would start from)."""
+    from gradsync.torch import DistributedDataParallel, elastic
+
+    module = net()
+    opt = torch.optim.Adam(module.parameters(), lr=0.01)
+    step = 0
+    if start is not None:
+        module.load_state_dict(start["module"])
+        opt.load_state_dict(start["optimizer"])
+        step = start["step"]
+    model = DistributedDataParallel(module, comm, bucket_cap_mb=1e-4)  # several buckets
+    state = elastic.State(comm, model, opt, step=step)
+    committed = {}
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            if state.step == kill_at and not committed:
+                committed.update(module={k: v.clone() for k, v in module.state_dict().items()},
+                                 optimizer=opt.state_dict(), step=state.step)
+                if state.comm.rank == victim:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            x, y = batch(state.step, state.comm.rank, state.comm.size)
+            state.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(state.model(x), y).backward()
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return [p.detach().numpy().copy() for p in module.parameters()], state.recoveries, committed
+
+
+def _ddp_rank(rank, size, q, group):
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        weights, recoveries, committed = ddp_train(comm, victim=VICTIM, kill_at=KILL_AT)
+        # Pickled here: a queue would share the tensors' memory with a process about to exit.
+        q.put((rank, (weights, recoveries, pickle.dumps(committed))))
+
+
+def test_ddp_after_a_sigkill_goes_on_as_the_survivors_alone_from_the_commit():
+    results, codes = _run(_ddp_rank, 4, _group("ddp"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    start = pickle.loads(results[0][2])
+    # 3 ranks (threads) from the commit the survivors went back to, with the same global batches.
+    ref = run_ranks(3, lambda comm, rank: ddp_train(comm, start=start)[0])[0]
+    for r in (0, 1, 3):
+        weights, recoveries, _ = results[r]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]]
+        assert recoveries[0]["size"] == 3
+        for got, want in zip(weights, ref):
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
