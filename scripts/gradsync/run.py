@@ -21,7 +21,10 @@ rank's lines, untagged, to DIR/rank.<N>.log.
 
 Stopping: when a rank fails (a non-zero exit or a signal), the launcher says which, stops the
 others (SIGTERM, then SIGKILL after --grace seconds) and exits with that rank's status; when all
-succeed, it exits 0. SIGINT or SIGTERM to the launcher is passed on to every rank and escalated
+succeed, it exits 0. With --elastic, a rank killed by a signal is lost, not failed: the launcher
+says so and lets the others go on (they shrink their group: gradsync.torch.elastic), and exits 0
+when the rest succeed. (Starting a replacement rank that joins the running group needs
+gradsync_comm_grow, which the library does not have yet.) SIGINT or SIGTERM to the launcher is passed on to every rank and escalated
 (SIGINT, then SIGTERM, then SIGKILL, --grace seconds apart; a second signal escalates at once),
 and the launcher then dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
 parent-death signal). Once its ranks are gone, the group's shared-memory segments (its own and its
@@ -224,6 +227,8 @@ def main(argv=None):
     ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
                     help="put [rank N] in front of each line of rank N's output (default: on)")
     ap.add_argument("--log-dir", default=None, help="also write rank N's output to LOG_DIR/rank.N.log")
+    ap.add_argument("--elastic", action="store_true",
+                    help="a rank killed by a signal is lost, not failed: the others go on (one host only)")
     ap.add_argument("-m", "--module", action="store_true", help="the program is a module, run as python3 -m")
     ap.add_argument("program", help="a Python script (run with this interpreter), or with -m a module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
@@ -276,7 +281,7 @@ def main(argv=None):
             output.follow(rank, p.stdout, sys.stdout.buffer)
             output.follow(rank, p.stderr, sys.stderr.buffer)
 
-    codes, stopped = {}, set()
+    codes, stopped, lost = {}, set(), set()
     first = None  # the first rank that failed on its own
     stop_at = None  # (time, index into _ESCALATION) of the next stopping signal
     received = None  # the signal that stopped the launcher
@@ -287,6 +292,9 @@ def main(argv=None):
             if rank not in codes:
                 p.send_signal(sig)  # a no-op once the rank is reaped: never another process
                 stopped.add(rank)
+
+    def describe(code):
+        return f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
 
     sent = -1  # the index into _ESCALATION of the strongest signal sent
 
@@ -310,6 +318,11 @@ def main(argv=None):
             if rank not in codes and p.poll() is not None:
                 codes[rank] = p.returncode
                 if p.returncode != 0 and first is None and received is None and rank not in stopped:
+                    if a.elastic and p.returncode < 0 and len(lost) + 1 < len(procs):
+                        lost.add(rank)
+                        print(f"gradsync.run: rank {rank} lost ({describe(p.returncode)}); the others go on",
+                              file=sys.stderr, flush=True)
+                        continue
                     first = rank
                     # A rank's failure usually makes the others fail at once (it left their
                     # group), and which exit comes first is a race: every rank that fails on its
@@ -339,9 +352,6 @@ def main(argv=None):
     for s, handler in previous.items():
         signal.signal(s, handler)
 
-    def describe(code):
-        return f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
-
     if received is not None:
         print(f"gradsync.run: stopped by {signal.Signals(received).name}", file=sys.stderr)
         signal.signal(received, signal.SIG_DFL)
@@ -351,7 +361,8 @@ def main(argv=None):
         return 0
     if first < 0:
         return 1
-    failed = [f"rank {r} ({describe(codes[r])})" for r in sorted(codes) if codes[r] != 0 and r not in stopped]
+    failed = [f"rank {r} ({describe(codes[r])})" for r in sorted(codes)
+              if codes[r] != 0 and r not in stopped and r not in lost]
     print(f"gradsync.run: {len(failed)} of {a.nprocs} ranks failed: {', '.join(failed)}"
           f"{f'; stopped ranks {sorted(stopped)}' if stopped else ''}", file=sys.stderr)
     code = codes[first]

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """python3 -m gradsync.run: N real processes joined by shared memory through the environment; a
-failing rank is named, the others stopped, its status returned; each output line tagged with its
-rank, whole; OMP_NUM_THREADS=1 unless set; -m module; and whatever kills what, no rank and no
-segment is left behind."""
+failing rank is named, the others stopped, its status returned (with --elastic a killed rank is
+lost and the others go on); each output line tagged with its rank, whole; OMP_NUM_THREADS=1 unless
+set; -m module; and whatever kills what, no rank and no segment is left behind."""
 import os
 import pathlib
 import queue
@@ -50,6 +50,37 @@ def test_a_failed_rank_is_named_and_the_others_stopped(tmp_path):
     assert done.returncode != 0
     # The others fail too (rank 1 left their group) or are stopped; rank 1 is named with its status.
     assert "ranks failed: " in done.stderr and "rank 1 (status 3)" in done.stderr, done.stderr
+
+
+ELASTIC_RANK = textwrap.dedent("""
+    import os, signal, sys, numpy as np, gradsync as gs
+    c = gs.Communicator.from_env(timeout_ms=20000)
+    v = np.ones(1, np.float32)
+    c.allreduce(v)
+    if c.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        try:
+            c.allreduce(v)
+        except gs.GradsyncError:
+            break
+    new, failed, _ = c.shrink()
+    c.close()
+    ids = new.allreduce(np.array([float(new.member_id)]), op="sum")
+    sys.stdout.write(f"member {new.member_id} of {new.size} failed {failed} ids {ids[0]}\\n")
+    sys.stdout.flush()
+    new.close()
+""")
+
+
+def test_elastic_a_rank_killed_is_lost_and_the_others_go_on(tmp_path):
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC_RANK)
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--grace", "2", str(script)],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "rank 1 lost (signal SIGKILL); the others go on" in done.stderr, done.stderr
+    assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] member {r} of 2 failed [1] ids 2.0" for r in (0, 2)]
 
 
 def test_outside_a_launcher_the_error_says_how_to_start(tmp_path):
