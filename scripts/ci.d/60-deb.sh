@@ -36,8 +36,9 @@ done
 
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$work"/debs/*.deb >/dev/null
 (cd / && env -u GRADSYNC_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH /usr/bin/python3 -c '
-import gradsync
+import gradsync, os
 assert gradsync.__file__ == "/usr/lib/python3/dist-packages/gradsync/__init__.py", gradsync.__file__
+assert os.path.isfile("/usr/lib/python3/dist-packages/gradsync/torch/elastic.py"), "the subpackage gradsync.torch is missing"
 print("python3-gradsync: import gradsync from", gradsync.__file__, "with", gradsync.lib._name)')
 "$root/scripts/check_consumers.sh" /usr
 echo "ok: the .deb packages pass lintian and install, and C, CMake and Python consumers use them"
