@@ -11,10 +11,11 @@ reduce-scatter, see it gone, shrink the group to 3, reshard Adam's state in memo
 the last committed step with the same global batches (each split 3 ways instead of 4).
 
 This script runs it all: first an undisturbed run on 4 ranks, then --runs runs with the kill, and
-prints each recovery's phases (detect: from the kill to the survivors' error; agree and form: the
-shrink's agreement on the failed set and forming the new group; reshard: Adam's slices moved and
-the weights gathered; sync: every survivor at the latest commit; first step: the first training
-step completed on 3 ranks) and the held-out accuracy beside the undisturbed run's.
+prints each recovery's phases (detect: from the kill to the survivors' error; shrink: the whole
+shrink, of which agree and form are its agreement on the failed set and the forming of the new
+group; reshard: Adam's slices moved and the weights gathered; sync: every survivor at the latest
+commit; first step: the first training step completed on 3 ranks; total: from the kill to that
+step) and the held-out accuracy beside the undisturbed run's.
 
     scripts/train_elastic.py                         # 1 undisturbed run, 1 with a kill
     scripts/train_elastic.py --runs 5 --kill-step 100
@@ -45,8 +46,10 @@ sys.path.insert(0, HERE)
 import gradsync as gs  # noqa: E402
 from train_digits import load_digits  # noqa: E402
 
-PHASES = [("detect", "detect_s"), ("agree", "agree_s"), ("form", "form_s"), ("reshard", "reshard_s"),
-          ("sync", "sync_s"), ("first step", "first_step_s"), ("kill to step done", "kill_to_step_s")]
+# shrink: the whole call, agree and form its two phases (the rest: waiting for the other survivors
+# to come to it); total: from the kill to the first step done on 3 ranks.
+PHASES = [("detect", "detect_s"), ("shrink", "shrink_s"), ("agree", "agree_s"), ("form", "form_s"),
+          ("reshard", "reshard_s"), ("sync", "sync_s"), ("first step", "first_step_s"), ("total", "kill_to_step_s")]
 
 
 def rank_main(args):
@@ -165,17 +168,17 @@ def main(argv=None):
         if len(accs) != 1 or len(digests) != 1:
             raise SystemExit("the survivors' weights differ")
         worst = max(worst, abs(results[0]["accuracy"] - base_acc))
-        print(f"  {'member':>6} " + " ".join(f"{name:>18}" for name, _ in PHASES))
+        print(f"  {'member':>6} " + " ".join(f"{name:>13}" for name, _ in PHASES))
         for r in results:
             rec = r["recoveries"][0]
-            print(f"  {r['member_id']:>6} " + " ".join(f"{rec[key] * 1e3:>15.1f} ms" for _, key in PHASES))
+            print(f"  {r['member_id']:>6} " + " ".join(f"{rec[key] * 1e3:>10.1f} ms" for _, key in PHASES))
             for _, key in PHASES:
                 per_phase[key].append(rec[key])
     if args.runs > 1:
         print(f"over {args.runs} runs x {args.ranks - 1} survivors: min / median / max")
         for name, key in PHASES:
             v = per_phase[key]
-            print(f"  {name:>18}: {min(v) * 1e3:8.1f} / {statistics.median(v) * 1e3:8.1f} / {max(v) * 1e3:8.1f} ms")
+            print(f"  {name:>10}: {min(v) * 1e3:8.1f} / {statistics.median(v) * 1e3:8.1f} / {max(v) * 1e3:8.1f} ms")
     print(f"detection against the deadline: the communicators' timeout is {args.timeout_ms} ms")
     print("growing back to 4 ranks: waits for gradsync_comm_grow in the library (State.grow is the hook)")
     if worst > 0.02:

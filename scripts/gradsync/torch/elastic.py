@@ -199,8 +199,7 @@ class State:
         latest commit on every member. Changes nothing of self.comm's until it succeeds."""
         if self.sharded:
             t = time.perf_counter()
-            if self.optimizer.shard.total and self.optimizer.shard._comm is not comm:
-                record["moved_floats"] += self.optimizer.shard.reshard(comm)
+            record["moved_floats"] += self.optimizer.shard.reshard(comm)
             # The failed step's gather may have left the weights half written.
             self.optimizer.shard.gather(self.optimizer._weights.numpy())
             record["reshard_s"] += time.perf_counter() - t
@@ -243,10 +242,8 @@ class State:
         """Collective: let `joiners` new ranks in (their parameters by broadcast, the optimizer's
         slices by reshard). Raises GradsyncError E_UNSUPPORTED until the library has
         gradsync_comm_grow and Communicator.grow binds it."""
-        if not hasattr(self.comm, "grow"):
-            raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow, which this "
-                                               "library does not have yet")
-        raise GradsyncError(E_UNSUPPORTED, "State.grow is not written yet")
+        raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow (members) and "
+                                           "gradsync_comm_join (the replacement), which State.grow does not use yet")
 
 
 def run(fn):
