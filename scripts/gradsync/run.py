@@ -24,9 +24,10 @@ others (SIGTERM, then SIGKILL after --grace seconds) and exits with that rank's 
 succeed, it exits 0. With --elastic, a rank killed by a signal is lost, not failed: the launcher
 says so and lets the others go on (they shrink their group: gradsync.torch.elastic), and exits 0
 when the rest succeed. (Starting a replacement rank that joins the running group needs
-gradsync_comm_grow, which the library does not have yet.) SIGINT or SIGTERM to the launcher is passed on to every rank and escalated
-(SIGINT, then SIGTERM, then SIGKILL, --grace seconds apart; a second signal escalates at once),
-and the launcher then dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
+gradsync_comm_grow, which the library does not have yet.)
+SIGINT or SIGTERM to the launcher is passed on to every rank and escalated (SIGINT, then SIGTERM,
+then SIGKILL, --grace seconds apart; a second signal escalates at once), and the launcher then
+dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
 parent-death signal). Once its ranks are gone, the group's shared-memory segments (its own and its
 subgroups'), which a killed rank leaves behind, are removed: by the launcher, or if the launcher
 itself was killed, by a small watcher process it started for this.
