@@ -216,3 +216,72 @@ def test_ddp_after_a_sigkill_goes_on_as_the_survivors_alone_from_the_commit():
         assert recoveries[0]["size"] == 3
         for got, want in zip(weights, ref):
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# ---------------------------------------------------------------- growing back
+
+
+GROW_AT, GROWN_STEPS = 5, 8
+
+
+@pytest.mark.skipif(not hasattr(gs.Communicator, "grow"), reason="the library has no gradsync_comm_grow")
+def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
+    import threading
+    from gradsync.torch import ZeroRedundancyOptimizer, elastic
+
+    join_name = f"py-el-grow-{uuid.uuid4().hex[:8]}"
+
+    def build(comm, joining=False):
+        model = net()
+        return model, ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=1,
+                                              joining=joining)
+
+    def loop(state, until, leave=None):
+        while state.step < until:
+            if leave is not None and state.step == leave:
+                return False
+            for i, p in enumerate(state.model.parameters()):
+                p.grad = exact_grad(state.step, p.shape, i)
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+        return True
+
+    def member(comm, rank):
+        model, opt = build(comm)
+        state = elastic.State(comm, model, opt)
+        train = elastic.run(loop)
+        if not train(state, GROW_AT, leave=KILL_AT if rank == VICTIM else None):
+            opt.close()  # this member goes: on threads, a rank whose communicator is freed
+            return None
+        assert state.comm.size == 3 and len(state.recoveries) == 1
+        record = state.grow(join_name, 1)
+        assert record["size"] == 4 and record["first_member_id"] == 4
+        train(state, GROWN_STEPS)
+        out = [p.detach().numpy().copy() for p in model.parameters()], state.comm.rank, state.comm.member_id
+        if state.comm is not comm:
+            state.comm.close()
+        return out
+
+    joined = {}
+
+    def joiner():
+        try:
+            state = elastic.join(join_name, build, transport="threads", timeout_ms=60000)
+            joined["step"] = state.step
+            elastic.run(loop)(state, GROWN_STEPS)
+            joined["out"] = [p.detach().numpy().copy() for p in state.model.parameters()], state.comm.rank
+            state.comm.close()
+        except BaseException as e:  # reported below
+            joined["error"] = e
+
+    t = threading.Thread(target=joiner)
+    t.start()
+    got = run_ranks(4, member)
+    t.join(timeout=60)
+    assert "error" not in joined, joined.get("error")
+    ref = run_ranks(4, lambda comm, rank: zero_train(comm, 1, steps=GROWN_STEPS)[0])[0]
+    assert got[VICTIM] is None and joined["step"] == GROW_AT and joined["out"][1] == 3
+    for weights in [got[r][0] for r in (0, 1, 3)] + [joined["out"][0]]:
+        for a, b in zip(weights, ref):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -347,6 +347,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     "bigdl_fp16" for the gradients on the wire (the weights travel in full precision);
     error_feedback, clip_norm, replicas: as ShardedParameter has them (replicas=k keeps each slice
     on k more ranks, so that gradsync.torch.elastic can reshard after losing up to k of them).
+    joining=True on a rank joining a running group (gradsync.torch.elastic.join): its slice and
+    step count come from the members by reshard, not from the weights.
 
     Construction is collective and checks, as DistributedDataParallel does, that every rank passes
     parameters of the same shapes in the same order (and the same optimizer and compression).
@@ -359,7 +361,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, comm, optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 momentum=0.9, compress="none", error_feedback=False, clip_norm=None, replicas=0):
+                 momentum=0.9, compress="none", error_feedback=False, clip_norm=None, replicas=0, joining=False):
         super().__init__(params, dict(lr=lr))
         if len(self.param_groups) != 1:
             raise ValueError("ZeroRedundancyOptimizer takes one parameter group")
@@ -385,7 +387,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.shard = ShardedParameter(comm, total, optimizer=optimizer, lr=self._lr, compress=compress,
                                       error_feedback=error_feedback, momentum=momentum, betas=betas, eps=eps,
                                       weight_decay=weight_decay, clip_norm=clip_norm, replicas=replicas)
-        self.shard.init(self._weights.numpy())
+        if not joining:
+            self.shard.init(self._weights.numpy())
+        self._agreed = {"optimizer": optimizer, "compress": compress}  # what a joiner is checked against
 
     @torch.no_grad()
     def step(self, closure=None, samples=None):

@@ -45,8 +45,12 @@ What a commit holds, and so what a recovery goes back to:
 Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
 GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
 
-Growing back (a replacement rank joining the running group) waits for gradsync_comm_grow in the
-library; State.grow is where it goes.
+Growing back: a replacement rank calls join(join_name, build), which returns its State, while
+the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
+and, from the members, the parameters by broadcast and its optimizer slices by reshard. Both
+need gradsync_comm_grow in the library (Communicator.grow and Communicator.join); without it they
+raise GradsyncError E_UNSUPPORTED. `python3 -m gradsync.run --elastic --replace` starts a
+replacement for each lost rank.
 """
 import copy
 import functools
@@ -57,9 +61,9 @@ import numpy as np
 import torch
 
 from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, E_UNSUPPORTED, GradsyncError
-from . import DistributedDataParallel, ZeroRedundancyOptimizer
+from . import DistributedDataParallel, ZeroRedundancyOptimizer, _check_same_model
 
-__all__ = ["State", "run", "RECOVERABLE"]
+__all__ = ["State", "run", "join", "RECOVERABLE"]
 
 # The statuses of a collective that a lost member causes: recover() handles them.
 RECOVERABLE = (E_REMOTE, E_TIMEOUT, E_ABORTED)
@@ -89,7 +93,7 @@ class State:
     commit with it (step=0 unless given), read and written as attributes (state.step).
     The state is committed once here. state.comm, state.model and state.optimizer are the current
     ones (the communicator changes at each recovery). state.recoveries lists what each recovery
-    did and how long each phase took (see recover).
+    did and how long each phase took (see recover), state.grows each grow (see grow).
     """
 
     def __init__(self, comm, model=None, optimizer=None, **fields):
@@ -101,6 +105,7 @@ class State:
         for k, v in fields.items():
             setattr(self, k, v)
         self.recoveries = []
+        self.grows = []
         self._commit = None
         self._pending_first_step = None
         self.commit()
@@ -239,11 +244,66 @@ class State:
         self.commit()
 
     def grow(self, join_name, joiners=1):
-        """Collective: let `joiners` new ranks in (their parameters by broadcast, the optimizer's
-        slices by reshard). Raises GradsyncError E_UNSUPPORTED until the library has
-        gradsync_comm_grow and Communicator.grow binds it."""
-        raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow (members) and "
-                                           "gradsync_comm_join (the replacement), which State.grow does not use yet")
+        """Collective over the members, at a step boundary (after a commit): let `joiners` new ranks
+        in, which call join() with the same join_name; they take the parameters and the commit by
+        broadcast and a ZeroRedundancyOptimizer's slices by reshard. Needs Communicator.grow
+        (gradsync_comm_grow). Returns this grow's record, also appended to state.grows: size,
+        first_member_id, and the phases' times in seconds: grow_s (agree_s + form_s of it, and
+        waiting for the joiners to come), admit_s (state onto the grown group), total_s.
+        On failure this group is stopped, as after a failed collective (see Communicator.grow)."""
+        if not hasattr(self.comm, "grow"):
+            raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow, which this "
+                                               "library does not have")
+        started = time.monotonic_ns()
+        new, info = self.comm.grow(join_name, joiners)
+        grown = time.monotonic_ns()
+        try:
+            if self.sharded:
+                # The members' side of the joiners' ZeroRedundancyOptimizer(joining=True).
+                opt = self.optimizer
+                _check_same_model(opt._params, new, opt._agreed, who="ZeroRedundancyOptimizer")
+                new.broadcast(opt._weights.numpy(), root=0)
+                opt.shard.reshard(new)
+            if isinstance(self.model, DistributedDataParallel):
+                self.model._attach(new)  # the members' side of the joiners' DistributedDataParallel
+            self._sync(new)
+        except BaseException:
+            new.close()
+            raise
+        self.comm.close()
+        self.comm = new
+        done = time.monotonic_ns()
+        record = {"size": new.size, "first_member_id": info["first_member_id"], "agree_s": info["agree_s"],
+                  "form_s": info["form_s"], "grow_s": (grown - started) / 1e9, "admit_s": (done - grown) / 1e9,
+                  "total_s": (done - started) / 1e9}
+        self.grows.append(record)
+        return record
+
+
+def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm", **fields):
+    """Join a running training group as a new rank (the other side of State.grow): returns its
+    State, at the members' latest commit. build(comm, joining=True) makes the model and optimizer
+    on the grown group as every rank made them at the start (the same calls, in the same order:
+    a DistributedDataParallel, or a ZeroRedundancyOptimizer(..., joining=joining)) and returns
+    (model, optimizer). fields: as State's. Waits up to timeout_ms for the members to grow
+    (Communicator.join: index among the joiners, their count, transport)."""
+    from .. import Communicator
+
+    if not hasattr(Communicator, "join"):
+        raise GradsyncError(E_UNSUPPORTED, "joining a running group needs gradsync_comm_join, which this library "
+                                           "does not have")
+    comm, info = Communicator.join(join_name, index, joiners, timeout_ms=timeout_ms, transport=transport)
+    try:
+        model, optimizer = build(comm, joining=True)
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.shard.reshard(comm)
+        state = State(comm, model, optimizer, **fields)
+        state._sync(comm)
+    except BaseException:
+        comm.close()
+        raise
+    state.joined = info
+    return state
 
 
 def run(fn):
