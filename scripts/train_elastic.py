@@ -58,21 +58,39 @@ def rank_main(args):
     import gradsync.torch as gst
     from gradsync.torch import elastic
 
+    from gradsync.run import join_name
+
+    started_ns = time.monotonic_ns()
     torch.set_num_threads(1)
     data = load_digits(seed=args.seed)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    torch.manual_seed(args.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
-    comm = gs.Communicator.from_env(timeout_ms=args.timeout_ms)
-    opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=args.lr, replicas=1)
-    state = elastic.State(comm, model, opt)
+
+    def build(comm, joining=False):
+        torch.manual_seed(args.seed)
+        model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(args.hidden, 10))
+        return model, gst.ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=args.lr,
+                                                  replicas=1, joining=joining)
+
+    joined = None
+    if "GRADSYNC_JOIN" in os.environ:  # a replacement (gradsync.run --replace): join the running group
+        state = elastic.join(os.environ["GRADSYNC_JOIN"], build, timeout_ms=args.timeout_ms)
+        joined = {"start_to_joined_s": (time.monotonic_ns() - started_ns) / 1e9, "at_step": state.step}
+        model, opt = state.model, state.optimizer
+    else:
+        comm = gs.Communicator.from_env(timeout_ms=args.timeout_ms)
+        model, opt = build(comm)
+        state = elastic.State(comm, model, opt)
     steps_per_epoch = len(y) // args.batch
     total = args.epochs * steps_per_epoch
-    victim = comm.rank == args.kill_rank
+    victim = joined is None and state.comm.rank == args.kill_rank
+    group = os.environ["GRADSYNC_GROUP"]
 
     @elastic.run
     def train(state):
         while state.step < total:
+            if args.grow_step >= 0 and state.step >= args.grow_step and len(state.grows) < len(state.recoveries):
+                state.grow(join_name(group, len(state.grows) + 1))  # the launcher's replacement joins
             epoch, i = divmod(state.step, steps_per_epoch)
             order = np.random.default_rng(args.seed + epoch).permutation(len(y))
             rows = torch.from_numpy(order[i * args.batch:(i + 1) * args.batch][state.comm.rank::state.comm.size])
@@ -92,7 +110,8 @@ def rank_main(args):
     with torch.no_grad():
         acc = float((model(torch.from_numpy(data.x_test)).argmax(1) == torch.from_numpy(data.y_test)).float().mean())
     out = {"member_id": state.comm.member_id, "rank": state.comm.rank, "size": state.comm.size, "accuracy": acc,
-           "seconds": seconds, "steps": state.step, "recoveries": state.recoveries,
+           "seconds": seconds, "steps": state.step, "recoveries": state.recoveries, "grows": state.grows,
+           "joined": joined,
            "digest": hashlib.sha256(opt._weights.numpy().tobytes()).hexdigest()}
     if state.recoveries and os.path.exists(args.stamp):
         killed = int(open(args.stamp).read())
@@ -105,12 +124,14 @@ def rank_main(args):
     return 0
 
 
-def launch(args, out, kill_step):
-    """One run of 4 ranks under the launcher; returns the survivors' results."""
+def launch(args, out, kill_step, grow_step=-1):
+    """One run of 4 ranks under the launcher; returns the results of the ranks that finished."""
     os.makedirs(out, exist_ok=True)
     command = [sys.executable, "-m", "gradsync.run", "-n", str(args.ranks), "--elastic", "--no-tag-output",
+               *(["--replace"] if grow_step >= 0 else []),
                os.path.abspath(__file__), "--rank-main", "--out", out, "--stamp", os.path.join(out, "killed"),
-               "--kill-step", str(kill_step), "--kill-rank", str(args.kill_rank), "--epochs", str(args.epochs),
+               "--kill-step", str(kill_step), "--kill-rank", str(args.kill_rank), "--grow-step", str(grow_step),
+               "--epochs", str(args.epochs),
                "--batch", str(args.batch), "--lr", str(args.lr), "--hidden", str(args.hidden),
                "--seed", str(args.seed), "--timeout-ms", str(args.timeout_ms)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
@@ -133,6 +154,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=1, help="runs with a kill (default 1)")
     ap.add_argument("--kill-rank", type=int, default=2)
     ap.add_argument("--kill-step", type=int, default=150)
+    ap.add_argument("--grow-step", type=int, default=200,
+                    help="the survivors grow back to 4 here, with the launcher's replacement rank (-1: never; "
+                         "needs gradsync_comm_grow in the library)")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=96, help="global batch (96: 24 rows on each of 4 ranks, 32 on 3)")
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -146,9 +170,13 @@ def main(argv=None):
         return rank_main(args)
     work = args.out or tempfile.mkdtemp(prefix="gradsync-elastic-")
     steps = args.epochs * (1348 // args.batch)
+    can_grow = hasattr(gs.Communicator, "grow")
+    grow_step = args.grow_step if can_grow else -1
     print(f"libgradsync {gs.version()}: digits MLP 64-{args.hidden}-10, ZeRO-1 Adam (replicas=1) on {args.ranks} "
           f"ranks, {steps} steps of global batch {args.batch}; rank {args.kill_rank} is SIGKILLed before its step "
-          f"{args.kill_step}, the others go on {args.ranks - 1}", flush=True)
+          f"{args.kill_step}, the others go on {args.ranks - 1}"
+          + (f" and grow back to {args.ranks} at step {grow_step} with a replacement the launcher starts"
+             if grow_step >= 0 else ""), flush=True)
     base, _ = launch(args, os.path.join(work, "undisturbed"), -1)
     base_acc = base[0]["accuracy"]
     print(f"undisturbed: {len(base)} ranks, held-out accuracy {base_acc * 100:.2f}%, {base[0]['seconds']:.2f} s",
@@ -156,12 +184,12 @@ def main(argv=None):
     per_phase = {key: [] for _, key in PHASES}
     worst = 0.0
     for run in range(args.runs):
-        results, lost = launch(args, os.path.join(work, f"run{run}"), args.kill_step)
+        results, lost = launch(args, os.path.join(work, f"run{run}"), args.kill_step, grow_step)
         for line in lost:
             print(f"  {line}")
         accs = {r["accuracy"] for r in results}
         digests = {r["digest"] for r in results}
-        print(f"run {run + 1}: {len(results)} survivors (member ids {[r['member_id'] for r in results]}) finished "
+        print(f"run {run + 1}: {len(results)} ranks (member ids {[r['member_id'] for r in results]}) finished "
               f"{results[0]['steps']} steps on {results[0]['size']} ranks, held-out accuracy "
               f"{results[0]['accuracy'] * 100:.2f}% ({(results[0]['accuracy'] - base_acc) * 100:+.2f} points), "
               f"weights {'bitwise equal on every survivor' if len(digests) == 1 else 'DIFFER'}", flush=True)
@@ -170,17 +198,30 @@ def main(argv=None):
         worst = max(worst, abs(results[0]["accuracy"] - base_acc))
         print(f"  {'member':>6} " + " ".join(f"{name:>13}" for name, _ in PHASES))
         for r in results:
+            if not r["recoveries"]:
+                continue  # the replacement
             rec = r["recoveries"][0]
             print(f"  {r['member_id']:>6} " + " ".join(f"{rec[key] * 1e3:>10.1f} ms" for _, key in PHASES))
             for _, key in PHASES:
                 per_phase[key].append(rec[key])
+        for r in results:
+            if r["grows"]:
+                g = r["grows"][0]
+                print(f"  member {r['member_id']} grew to {g['size']} at step {grow_step}: "
+                      f"grow {g['grow_s'] * 1e3:.1f} ms "
+                      f"(agree {g['agree_s'] * 1e3:.1f}, form {g['form_s'] * 1e3:.1f}, the rest waiting for the "
+                      f"replacement to start), state to the new rank {g['admit_s'] * 1e3:.1f} ms")
+            if r["joined"]:
+                print(f"  member {r['member_id']} (the replacement) joined at step {r['joined']['at_step']}, "
+                      f"{r['joined']['start_to_joined_s']:.2f} s after its process started (python and torch start up)")
     if args.runs > 1:
         print(f"over {args.runs} runs x {args.ranks - 1} survivors: min / median / max")
         for name, key in PHASES:
             v = per_phase[key]
             print(f"  {name:>10}: {min(v) * 1e3:8.1f} / {statistics.median(v) * 1e3:8.1f} / {max(v) * 1e3:8.1f} ms")
     print(f"detection against the deadline: the communicators' timeout is {args.timeout_ms} ms")
-    print("growing back to 4 ranks: waits for gradsync_comm_grow in the library (State.grow is the hook)")
+    if not can_grow:
+        print(f"growing back to {args.ranks} ranks: needs gradsync_comm_grow, which this library does not have")
     if worst > 0.02:
         print(f"held-out accuracy differs from the undisturbed run by {worst * 100:.2f} points", file=sys.stderr)
         return 1

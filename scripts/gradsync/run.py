@@ -23,8 +23,10 @@ Stopping: when a rank fails (a non-zero exit or a signal), the launcher says whi
 others (SIGTERM, then SIGKILL after --grace seconds) and exits with that rank's status; when all
 succeed, it exits 0. With --elastic, a rank killed by a signal is lost, not failed: the launcher
 says so and lets the others go on (they shrink their group: gradsync.torch.elastic), and exits 0
-when the rest succeed. (Starting a replacement rank that joins the running group needs
-gradsync_comm_grow, which the library does not have yet.)
+when the rest succeed. --replace also starts a replacement for each lost rank, with
+GRADSYNC_JOIN=join_name(group, k) (k = 1, 2, ... in the order of the losses) in its environment
+instead of GRADSYNC_RANK's meaning: it joins the running group (gradsync.torch.elastic.join), when
+the others grow it by the same name (State.grow; the library's gradsync_comm_grow).
 SIGINT or SIGTERM to the launcher is passed on to every rank and escalated (SIGINT, then SIGTERM,
 then SIGKILL, --grace seconds apart; a second signal escalates at once), and the launcher then
 dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
@@ -65,6 +67,12 @@ def subgroup_prefix(group):
     the group's name cut to 40 bytes and a dot, then hex digits and dots only
     (Communicator::split in src/comm/communicator.cpp)."""
     return str(_segment(group.encode()[:40])) + "."
+
+
+def join_name(group, k):
+    """The name the k-th replacement (1, 2, ...) of --elastic --replace joins the group by: the
+    members grow by it (gradsync.torch.elastic.State.grow)."""
+    return f"{group[:50]}.join{k}"
 
 
 def remove_segments(segment, prefix):
@@ -230,6 +238,8 @@ def main(argv=None):
     ap.add_argument("--log-dir", default=None, help="also write rank N's output to LOG_DIR/rank.N.log")
     ap.add_argument("--elastic", action="store_true",
                     help="a rank killed by a signal is lost, not failed: the others go on (one host only)")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --elastic: start a replacement for each lost rank, which joins the running group")
     ap.add_argument("-m", "--module", action="store_true", help="the program is a module, run as python3 -m")
     ap.add_argument("program", help="a Python script (run with this interpreter), or with -m a module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
@@ -240,6 +250,8 @@ def main(argv=None):
         ap.error("-n must be given, at least 1")
     if a.grace < 0:
         ap.error("--grace must be >= 0")
+    if a.replace and not a.elastic:
+        ap.error("--replace needs --elastic")
     group = a.group or f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if not group or len(group.encode()) > 63:  # gradsync_comm_options.name
         ap.error(f"--group must be 1 to 63 bytes, got {len(group.encode())}")
@@ -297,6 +309,29 @@ def main(argv=None):
     def describe(code):
         return f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
 
+    joins = []
+
+    def replace(rank):
+        """A new process in the lost rank's place (its output tagged as that rank's), joining the
+        group by the next join name. No parent-death signal: the output threads run, and a
+        preexec_fn is unsafe with threads; the watcher stops it if the launcher dies."""
+        joins.append(join_name(group, len(joins) + 1))
+        try:
+            p = subprocess.Popen(command, env=dict(base, GRADSYNC_RANK=str(rank), GRADSYNC_JOIN=joins[-1]),
+                                 stdout=pipe, stderr=pipe)
+        except OSError as e:
+            print(f"gradsync.run: cannot start a replacement for rank {rank}: {e}", file=sys.stderr)
+            return
+        procs[rank] = p
+        codes.pop(rank)
+        lost.discard(rank)
+        watcher.stdin.write(f"{p.pid}\n")
+        watcher.stdin.flush()
+        if piped:
+            output.follow(rank, p.stdout, sys.stdout.buffer)
+            output.follow(rank, p.stderr, sys.stderr.buffer)
+        print(f"gradsync.run: rank {rank} replaced (pid {p.pid}), joining as {joins[-1]}", file=sys.stderr, flush=True)
+
     sent = -1  # the index into _ESCALATION of the strongest signal sent
 
     def escalate(index):
@@ -323,6 +358,8 @@ def main(argv=None):
                         lost.add(rank)
                         print(f"gradsync.run: rank {rank} lost ({describe(p.returncode)}); the others go on",
                               file=sys.stderr, flush=True)
+                        if a.replace:
+                            replace(rank)
                         continue
                     first = rank
                     # A rank's failure usually makes the others fail at once (it left their
@@ -339,6 +376,8 @@ def main(argv=None):
 
     # Every rank is gone: what a killed one left is removed, and the watcher is told all is done.
     remove_segments(segment, prefix)
+    for name in joins:
+        remove_segments(str(segment_path(name)), subgroup_prefix(name))  # the lobby and the grown groups
     try:
         watcher.stdin.write("exit\n")
         watcher.stdin.close()
