@@ -21,8 +21,10 @@ step) and the held-out accuracy beside the undisturbed run's.
     scripts/train_elastic.py --runs 5 --kill-step 100
     python3 -m gradsync.run -n 4 --elastic scripts/train_elastic.py --rank-main --kill-step 50
 
-Growing back to 4 (a replacement rank joining the running group) waits for gradsync_comm_grow in
-the library (gradsync.torch.elastic.State.grow is where it goes); this demo ends on 3 ranks.
+Then, where the library can grow a group (gradsync_comm_grow), the launcher (--replace) starts a
+replacement for the lost rank, and at --grow-step the survivors grow the group back to 4
+(State.grow): the replacement (gradsync.torch.elastic.join) takes the weights by broadcast and its
+slice of Adam's state by reshard, and the 4 ranks finish. Without it the run ends on 3 ranks.
 """
 import os
 
@@ -41,6 +43,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+STARTED_NS = time.monotonic_ns()  # before torch and the rest are loaded: a replacement's start-up counts
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gradsync as gs  # noqa: E402
@@ -60,7 +63,6 @@ def rank_main(args):
 
     from gradsync.run import join_name
 
-    started_ns = time.monotonic_ns()
     torch.set_num_threads(1)
     data = load_digits(seed=args.seed)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
@@ -75,7 +77,7 @@ def rank_main(args):
     joined = None
     if "GRADSYNC_JOIN" in os.environ:  # a replacement (gradsync.run --replace): join the running group
         state = elastic.join(os.environ["GRADSYNC_JOIN"], build, timeout_ms=args.timeout_ms)
-        joined = {"start_to_joined_s": (time.monotonic_ns() - started_ns) / 1e9, "at_step": state.step}
+        joined = {"start_to_joined_s": (time.monotonic_ns() - STARTED_NS) / 1e9, "at_step": state.step}
         model, opt = state.model, state.optimizer
     else:
         comm = gs.Communicator.from_env(timeout_ms=args.timeout_ms)
@@ -213,7 +215,7 @@ def main(argv=None):
                       f"replacement to start), state to the new rank {g['admit_s'] * 1e3:.1f} ms")
             if r["joined"]:
                 print(f"  member {r['member_id']} (the replacement) joined at step {r['joined']['at_step']}, "
-                      f"{r['joined']['start_to_joined_s']:.2f} s after its process started (python and torch start up)")
+                      f"{r['joined']['start_to_joined_s']:.2f} s after its script started (numpy, torch and the data load)")
     if args.runs > 1:
         print(f"over {args.runs} runs x {args.ranks - 1} survivors: min / median / max")
         for name, key in PHASES:
