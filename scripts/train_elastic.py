@@ -215,7 +215,8 @@ def main(argv=None):
                       f"replacement to start), state to the new rank {g['admit_s'] * 1e3:.1f} ms")
             if r["joined"]:
                 print(f"  member {r['member_id']} (the replacement) joined at step {r['joined']['at_step']}, "
-                      f"{r['joined']['start_to_joined_s']:.2f} s after its script started (numpy, torch and the data load)")
+                      f"{r['joined']['start_to_joined_s']:.2f} s after its script started "
+                      f"(numpy, torch and the data load)")
     if args.runs > 1:
         print(f"over {args.runs} runs x {args.ranks - 1} survivors: min / median / max")
         for name, key in PHASES:

@@ -15,6 +15,9 @@ import threading
 import time
 import uuid
 
+import pytest
+
+import gradsync as gs
 from gradsync.run import segment_path, subgroup_prefix
 
 RANK = textwrap.dedent("""
@@ -81,6 +84,47 @@ def test_elastic_a_rank_killed_is_lost_and_the_others_go_on(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "rank 1 lost (signal SIGKILL); the others go on" in done.stderr, done.stderr
     assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] member {r} of 2 failed [1] ids 2.0" for r in (0, 2)]
+
+
+REPLACED_RANK = textwrap.dedent("""
+    import os, signal, sys, numpy as np, gradsync as gs
+    from gradsync.run import join_name
+    if "GRADSYNC_JOIN" in os.environ:  # the replacement
+        c, _ = gs.Communicator.join(os.environ["GRADSYNC_JOIN"], timeout_ms=60000, transport="shm")
+    else:
+        c = gs.Communicator.from_env(timeout_ms=60000)
+        v = np.ones(1, np.float32)
+        c.allreduce(v)
+        if c.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            try:
+                c.allreduce(v)
+            except gs.GradsyncError:
+                break
+        shrunk, _, _ = c.shrink()
+        c.close()
+        c, _ = shrunk.grow(join_name(os.environ["GRADSYNC_GROUP"], 1), 1)
+        shrunk.close()
+    ids = c.allreduce(np.array([float(c.member_id)]), op="sum")
+    sys.stdout.write(f"member {c.member_id} rank {c.rank} of {c.size} ids {ids[0]}\\n")
+    sys.stdout.flush()
+    c.close()
+""")
+
+
+@pytest.mark.skipif(not hasattr(gs.Communicator, "grow"), reason="the library has no gradsync_comm_grow")
+def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
+    script = tmp_path / "replaced.py"
+    script.write_text(REPLACED_RANK)
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", "2",
+                           str(script)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "rank 1 replaced" in done.stderr, done.stderr
+    # The replacement's output is tagged as rank 1's; it is rank 2 of the grown group, member id 3.
+    assert sorted(done.stdout.split("\n")[:-1]) == ["[rank 0] member 0 rank 0 of 3 ids 5.0",
+                                                     "[rank 1] member 3 rank 2 of 3 ids 5.0",
+                                                     "[rank 2] member 2 rank 1 of 3 ids 5.0"]
 
 
 def test_outside_a_launcher_the_error_says_how_to_start(tmp_path):
