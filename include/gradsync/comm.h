@@ -403,10 +403,109 @@ GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, 
 
 /**
  * @brief This member's stable id: its rank in the group it was created in, kept by every group
- *        shrunk (gradsync_comm_shrink) or split from it, so that a caller can map old ranks to new.
+ *        shrunk (gradsync_comm_shrink), grown (gradsync_comm_grow) or split from it, so that a
+ *        caller can map old ranks to new. A joiner's id is new (see gradsync_comm_grow).
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm* comm, int64_t* id);
+
+#define GRADSYNC_GROW_RESULT_VERSION 1
+
+/** What gradsync_comm_grow and gradsync_comm_join report besides the new group. */
+typedef struct gradsync_grow_result {
+  uint32_t struct_size;    /**< sizeof(gradsync_grow_result) as the caller compiled it */
+  uint32_t version;        /**< GRADSYNC_GROW_RESULT_VERSION */
+  int32_t old_size;        /**< the members before the grow: the joiners' ranks start here */
+  int32_t new_size;        /**< old_size + the joiners */
+  int64_t first_member_id; /**< joiner j's member id is first_member_id + j */
+  int64_t agree_ns;        /**< members: agreeing on the grow and admitting the joiners; a joiner: waiting
+                                for the members to admit it */
+  int64_t form_ns;         /**< forming (and committing) the new group */
+  /* append only */
+} gradsync_grow_result;
+
+/**
+ * @brief Grow the group by `joiners` new ranks, at a round boundary. Collective over comm: every
+ *        member calls it, with the same join_name and joiners, while the joiners call
+ *        gradsync_comm_join with that name (in any order, within the timeouts).
+ *
+ * The new group has comm's members first, in their order in comm (ranks 0 .. size-1, each keeping
+ * its member id), then the joiners in the order of their index (gradsync_comm_join's rank): joiner
+ * j is rank size + j. Joiners get member ids never used in the group's history (its creation,
+ * shrinks and grows): joiner j's is result->first_member_id + j, above every id the group has
+ * held, so a member lost and replaced is never confused with its replacement. (Subgroups split
+ * from one group draw ids apart from each other only if they do not both grow.) The new group has
+ * comm's options (timeout, check_mismatch, deterministic), on the joiners too, and its topology is
+ * detected as at creation.
+ *
+ * One outcome: either every member and every joiner returns GRADSYNC_OK with the same new group,
+ * or each of them returns an error (a joiner that dies returns nothing). The commit is one barrier
+ * of the new group, decided once for all its members (as a shrink's). A member that meets the
+ * failure returns its status (below); the members that learn of it from that member return
+ * GRADSYNC_E_ABORTED naming it, as a collective's peers do. comm is not changed by a
+ * grow that succeeds: the members move their state onto the new group (the parameters by
+ * gradsync_comm_broadcast from a member to the joiners, a sharded parameter by
+ * gradsync_shard_reshard, see shard.h) and then free comm. After a failure, comm is stopped as
+ * after a failed collective: call gradsync_comm_reset on every member (or gradsync_comm_shrink when
+ * a member of comm is lost) and grow again. Each step (agreeing, admitting the joiners, forming
+ * and committing) is bounded by comm's timeout: a joiner that does not come, or dies on the way,
+ * costs the members at most that.
+ *
+ * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 cannot add
+ * processes to a running job's communicators without MPI_Comm_spawn/connect, which this build
+ * does not use.
+ * @param comm the running group
+ * @param join_name the name the joiners pass to gradsync_comm_join (NUL-terminated, 1 to
+ *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name). Rank 0 and the joiners meet in a group
+ *        of that name (a lobby, kept until the grown group commits), so it serves one grow at a
+ *        time: a joiner that comes while a grow by that name is under way is refused
+ *        (GRADSYNC_E_MISUSE). Name each grow apart (a generation number) when joiners may come early.
+ * @param joiners how many ranks join, >= 1; comm's size + joiners is at most 1024
+ * @param[out] out the new group's communicator; NULL on failure
+ * @param[out] result sizes, the joiners' first member id, phase times (may be NULL); struct_size
+ *        and version set by the caller
+ * @retval GRADSYNC_E_INVALID_ARG out is NULL, join_name empty or too long, joiners < 1 or too many,
+ *         or result's header is wrong (this member only: nothing was started)
+ * @retval GRADSYNC_E_MISMATCH members passed different join names or joiner counts (every member,
+ *         naming them), or (rank 0) the joiners' count (gradsync_comm_join's size) differs from the members'
+ * @retval GRADSYNC_E_MISUSE (rank 0) two joiners claimed one index
+ * @retval GRADSYNC_E_TIMEOUT a member or a joiner did not come within comm's timeout
+ * @retval GRADSYNC_E_REMOTE a member or a joiner died during the grow
+ * @retval GRADSYNC_E_ABORTED comm was aborted (gradsync_comm_abort) before the new group formed (an
+ *         abort after that is comm's alone: the grow completes), or another member failed the grow
+ * @retval GRADSYNC_E_UNSUPPORTED the transport cannot grow a running group (MPI, HIER)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, int32_t joiners, gradsync_comm** out,
+                                    gradsync_grow_result* result);
+
+/**
+ * @brief Join a running group as a new rank: the other side of gradsync_comm_grow. Returns once
+ *        the group's members have grown it by this rank and the new group committed.
+ *
+ * opts says how to meet the members: transport (THREAD or SHM), name (the members' join_name),
+ * rank (this joiner's index among the joiners, in [0, size)), size (how many join in this grow:
+ * the members' `joiners`), timeout_ms (how long to wait for the members to grow: the joiner may
+ * start long before the members call gradsync_comm_grow; forming and committing the new group
+ * then take the group's timeout) and host (the topology's label, as at creation). The other fields are the group's: the
+ * new communicator takes the members' timeout, check_mismatch and deterministic. Its rank is the members' count +
+ * index, its member id result->first_member_id + index.
+ * @param[out] out the new group's communicator; NULL on failure
+ * @param opts as above (gradsync_comm_options_init, then the fields above)
+ * @param[out] result as gradsync_comm_grow's (may be NULL)
+ * @retval GRADSYNC_E_INVALID_ARG out or opts is NULL, or bad options (as gradsync_comm_create)
+ * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
+ * @retval GRADSYNC_E_MISMATCH the members grow by another count than size
+ * @retval GRADSYNC_E_MISUSE another joiner claimed this index
+ * @retval GRADSYNC_E_TIMEOUT the members did not grow the group within the timeout, or a member or
+ *         joiner did not come to form the new group within the group's timeout (a joiner sees the
+ *         members' failures only as that, or as GRADSYNC_E_REMOTE)
+ * @retval GRADSYNC_E_REMOTE a member or another joiner died during the grow
+ * @retval GRADSYNC_E_UNSUPPORTED MPI, HIER (see gradsync_comm_grow)
+ * @threadsafety any
+ */
+GRADSYNC_API int gradsync_comm_join(gradsync_comm** out, const gradsync_comm_options* opts,
+                                    gradsync_grow_result* result);
 
 /**
  * @brief Which ranks share a host. The same on every rank.

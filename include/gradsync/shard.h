@@ -245,7 +245,14 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, si
 
 /**
  * @brief Collective over new_comm: move the parameter onto new_comm, the group of its members that
- *        survived (gradsync_comm_shrink of its communicator), without a restart or a file.
+ *        survived (gradsync_comm_shrink of its communicator) or a group grown from it
+ *        (gradsync_comm_grow), without a restart or a file.
+ *
+ * A joiner of a grown group takes part with a shard it created on new_comm (gradsync_shard_create
+ * with the members' total and options, the learning rate included) and did not initialise: it
+ * sends nothing, and receives its slice (weights and optimizer state, and its replicas) and the
+ * step count (gradsync_shard_updates) from the members. Its full weights then come from
+ * gradsync_shard_gather, or by the caller's broadcast. At least one member must hold the parameter.
  *
  * Every member's slice is recomputed for new_comm's size (the partition rule), and what moves goes
  * among the survivors in all-to-all-v exchanges, one per array kept (weights, each optimizer
@@ -259,11 +266,12 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, si
  * and may have left the caller's weights half gathered: continue from gradsync_shard_updates, and
  * call gradsync_shard_gather first for the weights.
  * @param shard the parameter, on the old communicator
- * @param new_comm the survivors' communicator
+ * @param new_comm the survivors' communicator, or the grown one
  * @param[out] moved_floats floats this member received from others (may be NULL)
  * @retval GRADSYNC_E_LOST state lived only on lost ranks (every member; nothing changed)
  * @retval GRADSYNC_E_MISMATCH the members hold different parameters, options or steps
- * @retval GRADSYNC_E_MISUSE a member has no weights yet (gradsync_shard_init)
+ * @retval GRADSYNC_E_MISUSE a member of the old group has no weights yet (gradsync_shard_init), or no
+ *         member holds the parameter (only joiners)
  * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)
  * @threadsafety handle
  */
