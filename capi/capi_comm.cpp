@@ -217,6 +217,56 @@ GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, 
   });
 }
 
+namespace {
+void require_grow_result(const gradsync_grow_result* result) {
+  if (result == nullptr) return;
+  GS_REQUIRE(result->struct_size >= sizeof(gradsync_grow_result) && result->version >= 1, GRADSYNC_E_INVALID_ARG,
+             "result: struct_size {} / version {}: set them to sizeof(gradsync_grow_result) and "
+             "GRADSYNC_GROW_RESULT_VERSION",
+             result->struct_size, result->version);
+}
+
+gradsync_comm* grown_handle(gradsync::comm::GrowResult& grown, gradsync_grow_result* result, std::string description) {
+  if (result != nullptr) {
+    result->old_size = grown.old_size;
+    result->new_size = grown.new_size;
+    result->first_member_id = grown.first_member_id;
+    result->agree_ns = grown.agree.count();
+    result->form_ns = grown.form.count();
+  }
+  return new gradsync_comm(std::make_shared<CommLink>(std::move(grown.comm), std::move(description)));
+}
+}  // namespace
+
+GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, int32_t joiners, gradsync_comm** out,
+                                    gradsync_grow_result* result) {
+  if (out != nullptr) *out = nullptr;
+  return guard(__func__, [&] {
+    GS_REQUIRE(out != nullptr, GRADSYNC_E_INVALID_ARG, "out-parameter is NULL");
+    const std::shared_ptr<CommLink>& link = check(comm)->link;
+    GS_REQUIRE(join_name != nullptr, GRADSYNC_E_INVALID_ARG, "join_name is NULL");
+    const size_t name_len = strnlen(join_name, GRADSYNC_COMM_NAME_MAX);
+    GS_REQUIRE(name_len > 0 && name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
+               "join_name is empty or not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
+    require_grow_result(result);
+    gradsync::comm::GrowResult grown;
+    const std::string name(join_name, name_len);
+    CommLink::run_in_order(link, __func__, [&] { grown = link->communicator().grow(name, joiners); });
+    *out = grown_handle(grown, result, fmt::format("grown group '{}' of {}", name, link->description()));
+  });
+}
+
+GRADSYNC_API int gradsync_comm_join(gradsync_comm** out, const gradsync_comm_options* opts,
+                                    gradsync_grow_result* result) {
+  return gradsync::capi::create(__func__, out, [&] {
+    const auto options = parse_options(opts);
+    require_grow_result(result);
+    gradsync::comm::GrowResult grown = gradsync::comm::join(options);
+    std::string description = describe(options, *grown.comm);
+    return grown_handle(grown, result, fmt::format("joined {}", description));
+  });
+}
+
 GRADSYNC_API int gradsync_comm_member_id(const gradsync_comm* comm, int64_t* id) {
   return guard(__func__, [&] {
     GS_REQUIRE(id != nullptr, GRADSYNC_E_INVALID_ARG, "id is NULL");

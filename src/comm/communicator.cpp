@@ -290,6 +290,7 @@ void Communicator::establish(const Options& options) {
   group_options_ = options;
   group_options_.forming_abandoned = nullptr;
   member_id_ = options.rank;
+  next_member_id_ = size();
   topology_ = detect_topology(
       rank(), size(), [this](const void* mine, void* all, size_t total) { allgather(mine, all, total, DType::I64); },
       options.host_label, shares_memory());
@@ -334,6 +335,7 @@ std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
   child->group_options_.size = static_cast<int32_t>(sub.members.size());
   child->topology_ = topology_.restricted(sub.members, sub.rank);
   child->member_id_ = member_id_;
+  child->next_member_id_ = next_member_id_;
   return child;
 }
 
@@ -346,6 +348,17 @@ ShrinkResult Communicator::shrink() {
          transport_name(transport()));
   }
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
+}
+
+GrowResult Communicator::grow(const std::string&, int) {
+  if (transport() == Transport::Mpi || transport() == Transport::Hier) {
+    fail(GRADSYNC_E_UNSUPPORTED,
+         "grow is not supported on the {} transport: a running job's MPI communicators cannot take in new "
+         "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use (and Open MPI "
+         "4.1 cannot shrink back after a lost process either)",
+         transport_name(transport()));
+  }
+  fail(GRADSYNC_E_UNSUPPORTED, "grow is not supported on the {} transport", transport_name(transport()));
 }
 
 Options Communicator::subgroup_options(const Subgroup& sub) const {

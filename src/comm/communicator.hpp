@@ -43,6 +43,14 @@ struct ShrinkResult {
   std::chrono::nanoseconds agree{0}, form{0};
 };
 
+// What a grow (Communicator::grow, comm::join) gives a member or a joiner.
+struct GrowResult {
+  std::unique_ptr<Communicator> comm;  // the grown group
+  int old_size = 0, new_size = 0;      // the joiners' ranks are [old_size, new_size)
+  int64_t first_member_id = 0;         // joiner j's member id is first_member_id + j
+  std::chrono::nanoseconds agree{0}, form{0};
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -143,9 +151,17 @@ class Communicator {
   // agree on one failed set and form a group of the others, with dense ranks in the old order.
   // Transports that cannot survive a lost process fail with E_UNSUPPORTED saying why.
   virtual ShrinkResult shrink();
-  // This member's stable id: its rank in the group it was created in, kept by the groups shrunk
-  // or split from it.
+  // Collective over this group, with `joiners` new ranks meeting it by join_name (comm::join):
+  // the grown group, this group's members first in their order, then the joiners by index
+  // (comm/membership.hpp). Transports that cannot grow fail with E_UNSUPPORTED saying why.
+  virtual GrowResult grow(const std::string& join_name, int joiners);
+  // A member of this group that is gone for good (its process died, or it freed its communicator),
+  // described for a message; empty while every member is there, or where the transport cannot tell.
+  virtual std::string lost_member() const { return {}; }
+  // This member's stable id: its rank in the group it was created in, kept by the groups shrunk,
+  // grown or split from it. A joiner's is one the group never used: next_member_id() and above.
   int64_t member_id() const noexcept { return member_id_; }
+  int64_t next_member_id() const noexcept { return next_member_id_; }
 
   Part my_part(size_t total) const noexcept {
     return partition(total, static_cast<uint64_t>(size()), static_cast<uint64_t>(rank()));
@@ -169,6 +185,7 @@ class Communicator {
 
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);
+  friend class Membership;  // a grown group takes its ids and options from the group it grew from
 
   // Makes this rank's communicator of the subgroup; every member calls it at once.
   virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) = 0;
@@ -194,6 +211,7 @@ class Communicator {
 
  private:
   int64_t member_id_ = 0;
+  int64_t next_member_id_ = 1;  // above every member id this group's history has used
   Options group_options_;
   Topology topology_;
   uint64_t splits_ = 0;                    // split() calls made, the same count on every rank: part of subgroup names
@@ -206,5 +224,9 @@ class Communicator {
                       std::span<const size_t> send_displs, std::span<const size_t> recv_counts,
                       std::span<const size_t> recv_displs);
 };
+
+// How a transport forms a group of its own by the options' name (create_thread_communicator,
+// create_shm_communicator), before establish(): its groups form their subgroups so, and grow.
+using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);
 
 }  // namespace gradsync::comm

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/membership.hpp"
 #include "comm/topology.hpp"
 #include "comm/transport/hier/hier_communicator.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
@@ -42,6 +43,19 @@ std::unique_ptr<Communicator> create_transport(const Options& options) {
 }
 }  // namespace
 
+GrowResult join(const Options& options) {
+  switch (options.transport) {
+    case Transport::Thread: return Membership::join(options, create_thread_communicator);
+    case Transport::Shm: return Membership::join(options, create_shm_communicator);
+    case Transport::Mpi:
+    case Transport::Hier: break;
+  }
+  fail(GRADSYNC_E_UNSUPPORTED,
+       "join is not supported on the {} transport: a running job's MPI communicators cannot take in new processes "
+       "without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
+       transport_name(options.transport));
+}
+
 std::unique_ptr<Communicator> create(const Options& options) {
   GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
              "host label contains a NUL byte");
@@ -53,6 +67,7 @@ std::unique_ptr<Communicator> create(const Options& options) {
   std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
   hier->group_options_ = options;
   hier->member_id_ = options.rank;
+  hier->next_member_id_ = hier->size();
   hier->topology_ = topology;
   return hier;
 }

@@ -18,6 +18,19 @@ namespace {
 constexpr auto kLookEvery = std::chrono::milliseconds(10);
 
 bool has(const std::vector<int>& ranks, int r) { return std::binary_search(ranks.begin(), ranks.end(), r); }
+
+// What rank 0 tells the joiners in the lobby: where they start, and the group's options, which the
+// grown group has on every member.
+enum OfferWord : size_t { kOldSize, kFirstId, kNonce, kTimeoutMs, kCheckMismatch, kDeterministic, kOfferWords };
+
+// The grown group's name: the join name cut to 40 bytes, a dot and a hash of what makes this grow
+// unique (as split and shrink name their groups).
+std::string grown_name(const std::string& join_name, uint64_t nonce, int64_t first_id) {
+  const uint64_t words[2] = {nonce, static_cast<uint64_t>(first_id)};
+  uint64_t h = fnv1a64(join_name.data(), join_name.size());
+  h = fnv1a64(words, sizeof words, h);
+  return fmt::format("{}.{:016x}", join_name.substr(0, 40), h);
+}
 }  // namespace
 
 std::string Membership::group_name() const {
@@ -174,6 +187,193 @@ ShrinkResult Membership::shrink(Communicator& group) {
                   sub.name, e.what());
     }
   }
+}
+
+GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std::string& join_name, int joiners) {
+  GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
+             "grow of {}: {} joiner(s); a group of {} takes 1 to {} (at most {} ranks)", group_name(), joiners, size_,
+             kMaxLocalRanks - size_, kMaxLocalRanks);
+  const ControlArea& c = fabric_.control();
+  std::atomic<uint32_t>& stop = c.words().stop_word;
+  GrowResult result;
+  const auto start = WaitClock::now();
+  // Rank 0's lobby with the joiners, kept until the grown group commits: a joiner lost between the
+  // offer and the grown group (which does not yet know it) is seen through it.
+  std::unique_ptr<Communicator> meeting;
+  // Asked while a step's group forms: why this member stops waiting for it, and with what status.
+  int gave_up = GRADSYNC_OK;
+  auto watch = [this, &stop, &gave_up, &meeting](WaitClock::time_point deadline) {
+    return [this, &stop, &gave_up, &meeting, deadline]() -> std::string {
+      if (meeting) {
+        if (std::string lost = meeting->lost_member(); !lost.empty()) {
+          gave_up = GRADSYNC_E_REMOTE;
+          return fmt::format("a joiner is lost: {}", lost);
+        }
+      }
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_ && !fabric_.alive(r)) {
+          gave_up = GRADSYNC_E_REMOTE;
+          return fmt::format("rank {} of {} died", r, group_name());
+        }
+      }
+      const uint32_t s = stop.load(std::memory_order_seq_cst);
+      if (stop_reason(s) != StopReason::None) {
+        gave_up = GRADSYNC_E_ABORTED;
+        return stop_reason(s) == StopReason::Aborted
+                   ? fmt::format("{} was aborted (by rank {})", group_name(), stop_rank(s))
+                   : fmt::format("{} was stopped by rank {}: its grow failed (its error says why)", group_name(),
+                                 stop_rank(s));
+      }
+      if (WaitClock::now() >= deadline) {
+        gave_up = GRADSYNC_E_TIMEOUT;
+        return fmt::format("the grow's deadline ({} ms) passed", timeout_.count());
+      }
+      return {};
+    };
+  };
+  try {
+    // 1. Agree: every member checks every member's call alike, so all reach one verdict.
+    enum : size_t { kJoiners, kName, kNext, kCallNonce, kWords };
+    const int64_t mine[kWords] = {joiners, static_cast<int64_t>(fnv1a64(join_name.data(), join_name.size())),
+                                  group.next_member_id(), static_cast<int64_t>(random_nonce())};
+    std::vector<int64_t> all(kWords * static_cast<size_t>(size_));
+    if (size_ == 1) {
+      std::copy_n(mine, kWords, all.begin());
+    } else {
+      group.allgather(mine, all.data(), all.size(), DType::I64);
+    }
+    for (int r = 1; r < size_; ++r) {
+      const int64_t* w = &all[static_cast<size_t>(r) * kWords];
+      GS_REQUIRE(w[kJoiners] == all[kJoiners] && w[kName] == all[kName], GRADSYNC_E_MISMATCH,
+                 "grow of {}: rank {} grows by {} joiner(s), rank 0 by {}{} (rank {} passed join name '{}')",
+                 group_name(), r, w[kJoiners], all[kJoiners],
+                 w[kName] == all[kName] ? "" : ", and they passed different join names", rank_, join_name);
+      GS_REQUIRE(w[kNext] == all[kNext], GRADSYNC_E_MISMATCH,
+                 "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members",
+                 group_name(), r, w[kNext], all[kNext]);
+    }
+    const int64_t first_id = all[kNext];
+    const auto nonce = static_cast<uint64_t>(all[kCallNonce]);
+    const int new_size = size_ + joiners;
+    // 2. Admit: rank 0 meets the joiners in the lobby and tells them the offer.
+    if (rank_ == 0) {
+      Options lobby = group.group_options();
+      lobby.name = join_name;
+      lobby.rank = 0;
+      lobby.size = joiners + 1;
+      lobby.forming_abandoned = watch(deadline_after(timeout_, start));
+      meeting = join_group(lobby);
+      meeting->establish(lobby);
+      int64_t offer[kOfferWords] = {};
+      offer[kOldSize] = size_;
+      offer[kFirstId] = first_id;
+      offer[kNonce] = static_cast<int64_t>(nonce);
+      offer[kTimeoutMs] = timeout_.count();
+      offer[kCheckMismatch] = group.group_options().check_mismatch ? 1 : 0;
+      offer[kDeterministic] = group.group_options().deterministic ? 1 : 0;
+      meeting->broadcast(offer, kOfferWords, DType::I64, 0);
+    }
+    // 3. Form the grown group, 4. commit it.
+    const auto formed_start = WaitClock::now();
+    result.agree = formed_start - start;
+    Options o = group.group_options();
+    o.name = grown_name(join_name, nonce, first_id);
+    o.rank = rank_;
+    o.size = new_size;
+    o.forming_abandoned = watch(deadline_after(timeout_, formed_start));
+    std::unique_ptr<Communicator> grown = join_group(o);
+    grown->establish(o);
+    grown->member_id_ = group.member_id();
+    grown->next_member_id_ = first_id + joiners;
+    grown->barrier();
+    result.form = WaitClock::now() - formed_start;
+    result.comm = std::move(grown);
+    result.old_size = size_;
+    result.new_size = new_size;
+    result.first_member_id = first_id;
+    GS_LOG_INFO("grow of {}: rank {} is rank {} of {} in group '{}' ({} joiner(s) by '{}', member ids from {})",
+                group_name(), rank_, rank_, new_size, o.name, joiners, join_name, first_id);
+    return result;
+  } catch (const Error& e) {
+    // The other members stop waiting for this one: they fail too (E_ABORTED naming it, unless they
+    // failed on their own), and the group needs a reset, as after a failed collective.
+    const uint32_t before = stop.load(std::memory_order_seq_cst);
+    meeting.reset();  // the joiners waiting with rank 0 see it leave the lobby
+    raise_stop(stop, StopReason::Failed, rank_);
+    notify(c.words().wake);
+    if (gave_up != GRADSYNC_OK && e.status() == GRADSYNC_E_REMOTE) {
+      throw Error(gave_up, fmt::format("grow of {}: rank {}: {}", group_name(), rank_, e.what()));
+    }
+    // A member that failed first (or an abort) also ends the others' steps in ways that look like
+    // their own failures: a member leaving a forming group looks dead to it. Name the first cause.
+    const StopReason first = stop_reason(before);
+    if ((first == StopReason::Failed || first == StopReason::Aborted) && stop_rank(before) != rank_ &&
+        (e.status() == GRADSYNC_E_REMOTE || e.status() == GRADSYNC_E_TIMEOUT)) {
+      throw Error(GRADSYNC_E_ABORTED,
+                  fmt::format("grow of {}: rank {}: rank {} {} first ({})", group_name(), rank_, stop_rank(before),
+                              first == StopReason::Aborted ? "aborted the group" : "failed its grow", e.what()));
+    }
+    throw;
+  }
+}
+
+GrowResult Membership::join(const Options& options, JoinGroup join_group) {
+  GS_REQUIRE(options.transport == Transport::Thread || options.transport == Transport::Shm, GRADSYNC_E_UNSUPPORTED,
+             "join is not supported on the {} transport: a running job's MPI communicators cannot take in new "
+             "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
+             transport_name(options.transport));
+  GS_REQUIRE(options.size >= 1 && options.size < kMaxLocalRanks, GRADSYNC_E_INVALID_ARG,
+             "join: size (the joiners of this grow) is {}; it is 1 to {}", options.size, kMaxLocalRanks - 1);
+  GS_REQUIRE(options.rank >= 0 && options.rank < options.size, GRADSYNC_E_OUT_OF_RANGE,
+             "join: rank (this joiner's index) {} out of range [0, {})", options.rank, options.size);
+  GrowResult result;
+  const auto start = WaitClock::now();
+  int64_t offer[kOfferWords] = {};
+  // Kept until the grown group commits: the members' rank 0 (and the other joiners) are watched
+  // through it while the grown group forms; rank 0 leaves it when the members' grow fails.
+  Options lobby = options;
+  lobby.rank = options.rank + 1;
+  lobby.size = options.size + 1;
+  lobby.forming_abandoned = nullptr;
+  const std::unique_ptr<Communicator> meeting = join_group(lobby);
+  meeting->establish(lobby);
+  meeting->broadcast(offer, kOfferWords, DType::I64, 0);
+  const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
+  GS_REQUIRE(
+      old_size >= 1 && old_size + options.size <= kMaxLocalRanks && first_id >= old_size && offer[kTimeoutMs] > 0,
+      GRADSYNC_E_CORRUPT, "join '{}': the members' offer is not one (size {}, member ids from {}, timeout {} ms)",
+      options.name, old_size, first_id, offer[kTimeoutMs]);
+  const auto formed_start = WaitClock::now();
+  result.agree = formed_start - start;
+  Options o = options;
+  o.name = grown_name(options.name, static_cast<uint64_t>(offer[kNonce]), first_id);
+  o.rank = static_cast<int32_t>(old_size) + options.rank;
+  o.size = static_cast<int32_t>(old_size) + options.size;
+  o.timeout = std::chrono::milliseconds(offer[kTimeoutMs]);
+  o.check_mismatch = offer[kCheckMismatch] != 0;
+  o.deterministic = offer[kDeterministic] != 0;
+  std::string lost;
+  o.forming_abandoned = [&meeting, &lost] { return lost = meeting->lost_member(); };
+  std::unique_ptr<Communicator> grown;
+  try {
+    grown = join_group(o);
+    grown->establish(o);
+  } catch (const Error& e) {
+    if (lost.empty() || e.status() != GRADSYNC_E_REMOTE) throw;
+    throw Error(GRADSYNC_E_REMOTE,
+                fmt::format("join '{}': the grow failed on the members' side ({}): {}", options.name, lost, e.what()));
+  }
+  grown->member_id_ = first_id + options.rank;
+  grown->next_member_id_ = first_id + options.size;
+  grown->barrier();
+  result.form = WaitClock::now() - formed_start;
+  result.comm = std::move(grown);
+  result.old_size = static_cast<int>(old_size);
+  result.new_size = o.size;
+  result.first_member_id = first_id;
+  GS_LOG_INFO("join '{}': rank {} of {} in group '{}', member id {}", options.name, o.rank, o.size, o.name,
+              first_id + options.rank);
+  return result;
 }
 
 }  // namespace gradsync::comm

@@ -23,8 +23,31 @@
 //    member, and every survivor goes back to step 1 with e + 1: a second death is a second shrink.
 // Every step (agreeing, forming and committing) is bounded by the group's timeout, and the
 // attempts by the group's size: each failed attempt lost a member.
+//
+// Growing a running group by new ranks (the joiners), at a round boundary:
+// 1. Agree: the members allgather (joiners, the join name's hash, the next member id, a nonce) over
+//    the group and check them alike: every member reaches the same verdict, with rank 0's nonce
+//    and the group's next member id.
+// 2. Admit: rank 0 and the joiners form a lobby group by the join name (rank 0 as its rank 0,
+//    joiner j as j + 1; the counts must agree, as any group's size), and rank 0 broadcasts the
+//    offer there: the group's size, next member id, nonce and options. The lobby is kept until
+//    the grown group commits: rank 0 and the joiners watch each other through it (a joiner lost
+//    before it joined the grown group, or rank 0 leaving after a failure).
+// 3. Form the grown group by a name from the join name and the nonce (members at their ranks,
+//    joiner j at size + j). A member gives up forming as soon as a member of the group is dead or
+//    the group is stopped (an abort, or a member that failed its grow), a lobby peer is lost
+//    (rank 0), or the deadline passes; a joiner, as soon as a lobby peer is lost.
+// 4. Commit: one barrier on the grown group, decided once for all its members. A member that fails
+//    any step stops the group (StopReason::Failed) so that the others stop waiting; they then fail
+//    with E_ABORTED naming it, and the group needs a reset (or a shrink, when a member died).
+// A joiner's steps end at its deadline (the lobby's: its own timeout; forming and the commit: the
+// group's), or when the members' failure reaches it through the lobby or the grown group. Each
+// member's step is bounded by the group's timeout. tests/model/membership.pml (-DGROW) checks
+// this over deaths of a member or the joiner at every step and an abort racing each step, and
+// that the commit, the stop and the kept lobby are each needed.
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -39,6 +62,11 @@ class Membership {
 
   // Collective over the survivors of `group` (this rank's communicator over the fabric).
   ShrinkResult shrink(Communicator& group);
+  // Collective over `group` (this rank's communicator over the fabric), with the joiners (join()).
+  // join_group forms the lobby and the grown group (the transport's own, as for subgroups).
+  GrowResult grow(Communicator& group, JoinGroup join_group, const std::string& join_name, int joiners);
+  // A joiner's side (comm::join).
+  static GrowResult join(const Options& options, JoinGroup join_group);
 
  private:
   struct Decision {

@@ -554,30 +554,60 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kWords };
   const int np = next.size(), me = next.rank();
   const auto n = static_cast<size_t>(np);
-  const int64_t mine[kWords] = {rank_,         size_,    static_cast<int64_t>(total_),
-                                config_word(), updates_, initialised_ ? 1 : 0};
+  // A joiner of a grown group: made on next and never initialised. It holds no old rank, and
+  // takes the old group's size and step from the members.
+  const bool joiner = comm_ == &next && !initialised_;
+  const int64_t mine[kWords] = {joiner ? -1 : rank_, joiner ? 0 : size_,     static_cast<int64_t>(total_),
+                                config_word(),       joiner ? -1 : updates_, initialised_ ? 1 : 0};
   std::vector<int64_t> all(kWords * n);
   if (np == 1)
     std::copy_n(mine, kWords, all.begin());
   else
     next.allgather(mine, all.data(), all.size(), DType::I64);
   auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * kWords + w]; };
-  // Every member sees the same table, so every member reaches the same verdict.
+  auto is_joiner = [&](int r) { return word(r, kOldRank) == -1 && word(r, kReady) == 0; };
+  // The members' old size and step, from the first that held the parameter (every member sees the
+  // same table, so every member reaches the same verdict).
+  int held_by = 0;
+  while (held_by < np && is_joiner(held_by)) ++held_by;
+  GS_REQUIRE(held_by < np, GRADSYNC_E_MISUSE,
+             "reshard: no member of the new group holds the parameter (every one is a joiner with a shard never "
+             "initialised)");
+  // A joiner computes the old parts as the members do; if the reshard fails it is as it was.
+  struct Restore {
+    ShardedParameter& p;
+    int size;
+    int64_t updates;
+    bool armed;
+    ~Restore() {
+      if (armed) {
+        p.size_ = size;
+        p.updates_ = updates;
+      }
+    }
+  } restore{*this, size_, updates_, joiner};
+  if (joiner) {
+    size_ = static_cast<int>(word(held_by, kOldSize));
+    updates_ = word(held_by, kUpdates);
+  }
   for (int r = 0; r < np; ++r) {
-    GS_REQUIRE(word(r, kOldSize) == size_ && word(r, kTotal) == static_cast<int64_t>(total_) &&
-                   word(r, kConfig) == config_word(),
+    GS_REQUIRE(word(r, kTotal) == static_cast<int64_t>(total_) && word(r, kConfig) == config_word(),
                GRADSYNC_E_MISMATCH,
-               "reshard: member {} of the new group holds another parameter (old size {}, {} parameters, or other "
-               "options) than member {} (old size {}, {} parameters)",
-               r, word(r, kOldSize), word(r, kTotal), me, size_, total_);
+               "reshard: member {} of the new group holds another parameter ({} parameters, or other options) than "
+               "member {} ({} parameters)",
+               r, word(r, kTotal), me, total_);
+    if (is_joiner(r)) continue;
+    GS_REQUIRE(word(r, kOldSize) == size_, GRADSYNC_E_MISMATCH,
+               "reshard: member {} of the new group was in a group of {}, member {} in one of {}", r, word(r, kOldSize),
+               joiner ? held_by : me, size_);
     GS_REQUIRE(word(r, kReady) == 1, GRADSYNC_E_MISUSE, "reshard: member {} of the new group has no weights (init)", r);
     GS_REQUIRE(word(r, kUpdates) == updates_, GRADSYNC_E_MISMATCH,
                "reshard: member {} has applied {} updates, member {} {}: they are at different steps", r,
-               word(r, kUpdates), me, updates_);
+               word(r, kUpdates), joiner ? held_by : me, updates_);
     GS_REQUIRE(word(r, kOldRank) >= 0 && word(r, kOldRank) < size_, GRADSYNC_E_MISMATCH,
                "reshard: member {} was rank {} of a group of {}", r, word(r, kOldRank), size_);
     for (int q = 0; q < r; ++q) {
-      GS_REQUIRE(word(q, kOldRank) != word(r, kOldRank), GRADSYNC_E_MISMATCH,
+      GS_REQUIRE(is_joiner(q) || word(q, kOldRank) != word(r, kOldRank), GRADSYNC_E_MISMATCH,
                  "reshard: members {} and {} both held old rank {}", q, r, word(r, kOldRank));
     }
   }
@@ -586,12 +616,15 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   const int old_k = replica_count();
   auto old_rank_of = [&](int r) { return static_cast<int>(word(r, kOldRank)); };
   std::vector<int> source(static_cast<size_t>(size_), -1);
-  for (int r = 0; r < np; ++r) source[static_cast<size_t>(old_rank_of(r))] = r;
+  for (int r = 0; r < np; ++r) {
+    if (!is_joiner(r)) source[static_cast<size_t>(old_rank_of(r))] = r;
+  }
   ReshardReport report;
   for (int j = 0; j < size_; ++j) {
     if (source[static_cast<size_t>(j)] >= 0) continue;
     report.lost_old_ranks.push_back(j);
     for (int r = 0; r < np && source[static_cast<size_t>(j)] < 0; ++r) {
+      if (is_joiner(r)) continue;
       const int behind = (old_rank_of(r) - j + size_) % size_;
       if (behind >= 1 && behind <= old_k) source[static_cast<size_t>(j)] = r;
     }
@@ -754,6 +787,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     if (p.dst == me && p.src != me) report.moved_floats += p.len * f;
   }
   // Everything arrived on every member: switch to the new group.
+  restore.armed = false;
+  initialised_ = true;
   comm_ = &next;
   rank_ = me;
   size_ = np;

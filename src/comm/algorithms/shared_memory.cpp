@@ -205,6 +205,18 @@ class SharedMemoryCommunicator final : public Communicator {
   void abort() noexcept override { engine_.abort(); }
   void reset() override { engine_.reset(); }
   ShrinkResult shrink() override { return membership_.shrink(*this); }
+  std::string lost_member() const override {
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank() && !fabric_->alive(r)) {
+        return fmt::format("rank {} (pid {}) of {} group '{}' is gone", r, fabric_->pid(r), transport_name(transport()),
+                           fabric_->group());
+      }
+    }
+    return {};
+  }
+  GrowResult grow(const std::string& join_name, int joiners) override {
+    return membership_.grow(*this, join_, join_name, joiners);
+  }
   void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }
   void dealloc(void* p) override { fabric_->dealloc(p); }
   void release_after_fork() noexcept override { fabric_->release_after_fork(); }

@@ -8,10 +8,7 @@
 
 namespace gradsync::comm {
 
-// How a transport forms a group of its own by the options' name (create_thread_communicator,
-// create_shm_communicator): its groups form their subgroups so.
-using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);
-
+// join: how the transport forms a group of its own by name (JoinGroup, comm/communicator.hpp).
 std::unique_ptr<Communicator> make_shared_memory_communicator(const Options& options, std::unique_ptr<Fabric> fabric,
                                                               JoinGroup join);
 
