@@ -403,6 +403,12 @@ static int h_comm_alloc(void *h) {
   return status;
 }
 static int h_comm_free_buffer(void *h) { return gradsync_comm_free_buffer(h, NULL); }
+static int h_comm_grow(void *h) {
+  gradsync_comm *g = NULL;
+  const int status = gradsync_comm_grow(h, "capi-sweep-grow", 1, &g, NULL);
+  if (g != NULL) gradsync_comm_free(g); /* only if the sweep fails */
+  return status;
+}
 static int h_shard_create(void *h) {
   gradsync_shard *s = NULL;
   const int status = gradsync_shard_create(&s, h, 10, NULL);
@@ -466,6 +472,7 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_mutex_lock_timeout", K_MUTEX, 0, h_mutex_lock_timeout},
   {"gradsync_mutex_unlock", K_MUTEX, 0, h_mutex_unlock},
   {"gradsync_comm_abort", K_COMM, 0, h_comm_abort},
+  {"gradsync_comm_grow", K_COMM, 0, h_comm_grow},
   {"gradsync_comm_set_interrupt", K_COMM, 0, h_comm_set_interrupt},
   {"gradsync_comm_reset", K_COMM, 0, h_comm_reset},
   {"gradsync_comm_rank", K_COMM, 0, h_comm_rank},
@@ -1330,6 +1337,43 @@ static void sweep_comm(void) {
   gradsync_comm* m = NULL;
   void* buffer = NULL;
   size_t i;
+
+  /* grow and join: arguments this member judges alone, before anything starts */
+  {
+    gradsync_grow_result r;
+    char long_name[80];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, NULL, 1, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "", 1, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, long_name, 1, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", 0, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", -1, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", INT32_MIN, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", INT32_MAX, &m, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", 1024, &m, NULL));
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_grow(comm, "capi-sweep-grow", 1, NULL, NULL));
+    memset(&r, 0, sizeof r);
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", 1, &m, &r));
+    r.struct_size = sizeof r;
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_grow(comm, "capi-sweep-grow", 1, &m, &r));
+    o = comm_options("capi-sweep-join");
+    EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_comm_join(NULL, &o, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, NULL, NULL));
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, &o, &r));
+    o.rank = 1;
+    EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_join(&m, &o, NULL));
+    o.rank = -1;
+    EXPECT_NEW(GRADSYNC_E_OUT_OF_RANGE, m, gradsync_comm_join(&m, &o, NULL));
+    o = comm_options("capi-sweep-join"), o.size = 1024;
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, &o, NULL));
+    o = comm_options("capi-sweep-join"), o.transport = 4;
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, &o, NULL));
+    o = comm_options("capi-sweep-join"), o.timeout_ms = 0;
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, &o, NULL));
+    o = comm_options("");
+    EXPECT_NEW(GRADSYNC_E_INVALID_ARG, m, gradsync_comm_join(&m, &o, NULL));
+  }
 
   /* create */
   o = comm_options("capi-sweep-create");
