@@ -5,7 +5,7 @@
 # engine's (threads, shared memory), and mpi_round.pml, the MPI transport's.
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.
 # About four minutes and 4 GB of memory (the MPI model: half a minute; the shrink's membership
-# model: a minute and a half).
+# model, shrink and grow: two minutes).
 # check.sh MODEL (round, mpi_round or membership) checks that model alone; ctest runs one each.
 set -euo pipefail
 only="${1:-}"
@@ -84,4 +84,13 @@ check violated "mutant: the decision published before its proposal, read without
 check violated "mutant: propose without waiting for the live ranks" -DN=3 -DDEATHS=0 -DMUTANT_NO_WAIT
 check violated "mutant: forming waits for a member that died" -DN=3 -DDEATHS=1 -DMUTANT_NO_ABANDON
 check violated "mutant: no commit barrier on the new group" -DN=3 -DDEATHS=1 -DMUTANT_NO_COMMIT
+# The grow (-DGROW): a death of a member or of the joiner at each step, two deaths, an abort
+# racing each step, the deadline. About 10 s of CPU.
+check holds "grow: 2 members and a joiner, a death" -DGROW -DN=2 -DDEATHS=1
+check holds "grow: 3 members and a joiner, a death" -DGROW -DN=3 -DDEATHS=1
+check holds "grow: 2 members and a joiner, two deaths and an abort" -DGROW -DN=2 -DDEATHS=2 -DABORTS=1
+check holds "grow: 2 members and a joiner, a death, an abort and the deadline" -DGROW -DN=2 -DDEATHS=1 -DABORTS=1 -DDEADLINE=1
+check violated "grow mutant: no commit barrier on the grown group" -DGROW -DN=2 -DDEATHS=0 -DABORTS=1 -DMUTANT_GROW_NO_COMMIT
+check violated "grow mutant: a member that fails does not stop the old group" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_GROW_NO_STOP
+check violated "grow mutant: the lobby freed after the offer (member 0 and the joiner stop watching each other)" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_LOBBY_FREED
 exit $failed

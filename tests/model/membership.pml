@@ -14,7 +14,19 @@
  * Checked: one failed set per epoch (agreement); without a deadline passing, no live rank is
  * left out (validity); every rank that finishes finishes in the same group, whose members are
  * exactly the finished ones and the dead (one outcome, no split groups); no rank waits forever
- * (valid end states); the epochs needed are bounded by the losses. */
+ * (valid end states); the epochs needed are bounded by the losses.
+ *
+ * With -DGROW, the grow instead (src/comm/membership.hpp): N members and one joiner. Agree (a
+ * round of the old group, decided once); admit (member 0 and the joiner form a lobby, then a
+ * broadcast round of the lobby, decided once); form the grown group (every participant joins and
+ * waits for all; one that sees the group stopped, a member dead, a participant dead or gone from
+ * the forming group, its lobby partner dead or gone, or the deadline, gives up and leaves); commit
+ * (a barrier of the grown group, decided once). A member that fails stops the old group. Deaths at
+ * every step, of a member or of the joiner; an abort of the old group racing every step.
+ * Checked: one outcome (no participant succeeds while another that lives fails), every member
+ * that fails leaves the old group stopped (for its reset), without a death, an abort or a
+ * deadline every participant succeeds, and nobody waits forever (valid end states; the joiner may
+ * wait in the lobby for members that never come: that wait ends at its own deadline). */
 
 #ifndef N
 #define N 3
@@ -28,6 +40,7 @@
 #ifndef ABORTS
 #define ABORTS 0
 #endif
+#ifndef GROW
 #define E (DEATHS + DEADLINE + ABORTS + 2)
 #define NONE 255
 
@@ -230,3 +243,185 @@ active proctype Clock() {
   late = true
 }
 #endif
+
+#else /* GROW */
+
+#define J N       /* the joiner */
+#define P (N + 1) /* participants of the grown group */
+
+bool dead[P];
+byte deaths, aborts;
+bool late;
+bool stop; /* the old group's stop word: an abort, or a member whose grow failed */
+byte agree_n;
+bool agree_bad;
+bool in_lobby[P], lobby_gone[P]; /* member 0 and the joiner */
+byte offer_n;
+bool offer_bad;
+bool in_form[P], form_gone[P];
+byte commit_n;
+bool commit_bad;
+bool ok[P], failed[P];
+byte ended;
+
+#define DIE if :: deaths < DEATHS -> deaths++; dead[me] = true; goto gone :: true -> skip fi
+#define LOST(i) ((in_form[i] && dead[i]) || form_gone[i])
+#define GONE(i) (dead[i] || form_gone[i])
+#if N == 2
+#define MEMBER_DEAD (dead[0] || dead[1])
+#define ALL_FORMED (in_form[0] && in_form[1] && in_form[2])
+#define FORM_LOST (LOST(0) || LOST(1) || LOST(2))
+#define ANY_GONE (GONE(0) || GONE(1) || GONE(2))
+#else
+#define MEMBER_DEAD (dead[0] || dead[1] || dead[2])
+#define ALL_FORMED (in_form[0] && in_form[1] && in_form[2] && in_form[3])
+#define FORM_LOST (LOST(0) || LOST(1) || LOST(2) || LOST(3))
+#define ANY_GONE (GONE(0) || GONE(1) || GONE(2) || GONE(3))
+#endif
+#ifdef MUTANT_LOBBY_FREED
+#define PARTNER_LOST(p) false
+#else
+#define PARTNER_LOST(p) (dead[p] || lobby_gone[p])
+#endif
+
+/* A round decided once: arrive unless it failed; it went ahead once `need` arrived; a rank that
+ * sees a cause of failure first fails it, unless it is complete. */
+#define ROUND(n, bad, need, cause)                                             \
+  atomic { if :: !bad -> n++ :: else -> skip fi };                             \
+  if                                                                           \
+  :: n >= need && !bad -> skip                                                 \
+  :: bad -> goto fail                                                          \
+  :: cause -> atomic { if :: n < need -> bad = true :: else -> skip fi };      \
+              if :: bad -> goto fail :: else -> skip fi                        \
+  fi
+
+proctype Member(byte me) {
+  /* 1. Agree: a round of the old group. */
+  DIE;
+  ROUND(agree_n, agree_bad, N, MEMBER_DEAD || stop || late);
+  /* 2. Admit: member 0 meets the joiner in the lobby and broadcasts the offer there. */
+  if
+  :: me == 0 ->
+    DIE;
+    in_lobby[0] = true;
+    DIE;
+    if
+    :: in_lobby[J] -> skip
+    :: (in_lobby[J] && dead[J]) || MEMBER_DEAD || stop || late -> goto fail
+    fi;
+    DIE;
+    ROUND(offer_n, offer_bad, 2, dead[J] || lobby_gone[J] || late)
+  :: else -> skip
+  fi;
+  /* 3. Form the grown group. Member 0 also watches the joiner through the lobby it keeps. */
+  DIE;
+  in_form[me] = true;
+  DIE;
+  if
+  :: ALL_FORMED -> skip
+  :: FORM_LOST || MEMBER_DEAD || stop || late || (me == 0 && PARTNER_LOST(J)) -> goto fail
+  fi;
+#ifndef MUTANT_GROW_NO_COMMIT
+  /* 4. Commit: a barrier of the grown group. */
+  DIE;
+  ROUND(commit_n, commit_bad, P, ANY_GONE || late);
+#endif
+  ok[me] = true;
+  goto end;
+fail:
+  atomic {
+    if :: me == 0 -> in_lobby[0] = false; lobby_gone[0] = true :: else -> skip fi;
+    if :: in_form[me] -> in_form[me] = false; form_gone[me] = true :: else -> skip fi
+  };
+#ifndef MUTANT_GROW_NO_STOP
+  stop = true;
+#endif
+  failed[me] = true;
+  goto end;
+gone:
+  skip;
+end:
+  ended++
+}
+
+proctype Joiner(byte me) {
+#if DEADLINE
+  DIE; /* before the lobby: the members wait for it until their deadline */
+#endif
+  in_lobby[J] = true;
+  DIE;
+end_lobby: /* valid to stay here: the joiner's own deadline ends this wait */
+  if
+  :: in_lobby[0] -> skip
+  :: lobby_gone[0] || late -> goto fail
+  fi;
+  DIE;
+  ROUND(offer_n, offer_bad, 2, dead[0] || lobby_gone[0] || late);
+  DIE;
+  in_form[J] = true;
+  DIE;
+  if
+  :: ALL_FORMED -> skip
+  :: FORM_LOST || late || PARTNER_LOST(0) -> goto fail
+  fi;
+#ifndef MUTANT_GROW_NO_COMMIT
+  DIE;
+  ROUND(commit_n, commit_bad, P, ANY_GONE || late);
+#endif
+  ok[me] = true;
+  goto end;
+fail:
+  atomic {
+    in_lobby[J] = false;
+    lobby_gone[J] = true;
+    if :: in_form[J] -> in_form[J] = false; form_gone[J] = true :: else -> skip fi
+  };
+  failed[me] = true;
+  goto end;
+gone:
+  skip;
+end:
+  ended++
+}
+
+init {
+  byte i, j;
+  atomic {
+    i = 0;
+    do :: i < N -> run Member(i); i++ :: else -> break od;
+    run Joiner(J)
+  };
+  /* Every participant ends, except a joiner whose members never came: it waits in the lobby
+   * until its own deadline (its timeout, not the members'). */
+  if
+  :: ended == P -> skip
+  :: ended == P - 1 && !ok[J] && !failed[J] && !dead[J] && (stop || MEMBER_DEAD) -> skip
+  fi;
+  i = 0;
+  do
+  :: i < P ->
+    j = 0;
+    do
+    :: j < P -> assert(!(ok[i] && failed[j])); j++ /* one outcome */
+    :: else -> break
+    od;
+    assert(i == J || !failed[i] || stop); /* a member that failed leaves the old group stopped */
+    assert(late || aborts > 0 || deaths > 0 || ok[i]); /* nothing went wrong: everyone grew */
+    i++
+  :: else -> break
+  od
+}
+
+#if ABORTS
+active proctype Abort() {
+  atomic { stop = true; aborts++ }
+}
+#endif
+
+#if DEADLINE
+active proctype Clock() {
+  late = true
+}
+#endif
+
+#endif /* GROW */
