@@ -201,6 +201,28 @@ class ShrinkResult(ctypes.Structure):
 declare("gradsync_comm_shrink", c_int, _P, ctypes.POINTER(_P), ctypes.POINTER(c_int32), c_size_t,
         ctypes.POINTER(ShrinkResult))
 declare("gradsync_comm_member_id", c_int, _P, ctypes.POINTER(c_int64))
+
+
+class GrowResult(ctypes.Structure):
+    """gradsync_grow_result, field for field (include/gradsync/comm.h)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("version", c_uint32),
+        ("old_size", c_int32),
+        ("new_size", c_int32),
+        ("first_member_id", c_int64),
+        ("agree_ns", c_int64),
+        ("form_ns", c_int64),
+    ]
+
+    def _info(self):
+        return {"old_size": self.old_size, "new_size": self.new_size, "first_member_id": self.first_member_id,
+                "agree_s": self.agree_ns / 1e9, "form_s": self.form_ns / 1e9}
+
+
+declare("gradsync_comm_grow", c_int, _P, ctypes.c_char_p, c_int32, ctypes.POINTER(_P), ctypes.POINTER(GrowResult))
+declare("gradsync_comm_join", c_int, ctypes.POINTER(_P), ctypes.POINTER(CommOptions), ctypes.POINTER(GrowResult))
 declare("gradsync_comm_topology", c_int, _P, ctypes.POINTER(c_int32), ctypes.POINTER(c_int32),
         ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), c_size_t)
 declare("gradsync_comm_allreduce", c_int, _P, _P, _P, c_size_t, c_int32, c_int32)
@@ -462,6 +484,16 @@ class Communicator(Handle):
 
     def __init__(self, name=None, rank=None, size=None, timeout_ms=None, transport="threads", *,
                  deterministic=None, check_mismatch=None, mpi_comm=None, host=None, topology_independent=None):
+        opts = self._options(name, rank, size, timeout_ms, transport, deterministic=deterministic,
+                             check_mismatch=check_mismatch, mpi_comm=mpi_comm, host=host,
+                             topology_independent=topology_independent)
+        out = c_void_p()
+        check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
+        self._adopt(out)
+
+    @staticmethod
+    def _options(name, rank, size, timeout_ms, transport, *, deterministic=None, check_mismatch=None, mpi_comm=None,
+                 host=None, topology_independent=None):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.transport = _transport(transport)
@@ -490,9 +522,7 @@ class Communicator(Handle):
             if len(encoded) >= NAME_MAX:
                 raise ValueError(f"host label is {len(encoded)} bytes; at most {NAME_MAX - 1}")
             opts.host = encoded
-        out = c_void_p()
-        check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
-        self._adopt(out)
+        return opts
 
     def _adopt(self, ptr):
         Handle.__init__(self, ptr)
@@ -567,9 +597,48 @@ class Communicator(Handle):
         info = {"attempts": res.attempts, "agree_s": res.agree_ns / 1e9, "form_s": res.form_ns / 1e9}
         return sub, [failed[i] for i in range(res.failed_count)], info
 
+    def grow(self, join_name, joiners=1):
+        """Grow this group by `joiners` new ranks at a round boundary; they call Communicator.join
+        with the same join_name. Collective over this group (every member passes the same name and
+        count). Returns (new Communicator, info dict with old_size, new_size, first_member_id,
+        agree_s, form_s): the members keep their ranks and member ids, joiner j is rank
+        old_size + j with member id first_member_id + j (ids are never reused). This group is left
+        as it was: move state onto the new one (broadcast the parameters, Shard.reshard the
+        optimizer slices), then close it. On failure (GradsyncError) this group is stopped as
+        after a failed collective: reset() it (or shrink() it if a member is lost) and grow again.
+        THREAD and SHM only (MPI and HIER raise E_UNSUPPORTED)."""
+        out = _P()
+        res = GrowResult()
+        res.struct_size = ctypes.sizeof(res)
+        res.version = 1
+        _blocking(lib.gradsync_comm_grow, self.ptr, str(join_name).encode(), int(joiners), ctypes.byref(out),
+                  ctypes.byref(res))
+        grown = type(self).__new__(type(self))
+        grown._adopt(out)
+        return grown, GrowResult._info(res)
+
+    @classmethod
+    def join(cls, join_name, index=0, joiners=1, timeout_ms=None, transport="threads", *, host=None):
+        """Join a running group as a new rank: the other side of grow(). Waits up to timeout_ms
+        for the members to grow by `joiners` at join_name; index is this joiner's place among them
+        in [0, joiners). Returns (Communicator, info dict as grow's); the communicator takes the
+        group's options (timeout, check_mismatch), its rank is info["old_size"] + index. Catch up
+        from the members: the parameters by broadcast, a ZeRO-1 Shard by creating it on the new
+        communicator (not init) and calling Shard.reshard."""
+        opts = cls._options(join_name, index, joiners, timeout_ms, transport, host=host)
+        out = c_void_p()
+        res = GrowResult()
+        res.struct_size = ctypes.sizeof(res)
+        res.version = 1
+        _blocking(lib.gradsync_comm_join, ctypes.byref(out), ctypes.byref(opts), ctypes.byref(res))
+        comm = cls.__new__(cls)
+        comm._adopt(out)
+        return comm, GrowResult._info(res)
+
     @property
     def member_id(self):
-        """This member's stable id: its rank in the group it was created in, kept by shrinks and splits."""
+        """This member's stable id: its rank in the group it was created in, kept by shrinks, grows
+        and splits; a joiner's is new (see grow())."""
         v = c_int64()
         check(lib.gradsync_comm_member_id(self.ptr, ctypes.byref(v)))
         return v.value

@@ -221,10 +221,12 @@ class ShardedParameter(Handle):
         return w
 
     def reshard(self, comm):
-        """Collective over `comm`, the survivors' group (Communicator.shrink): the slices move onto
-        it in one all-to-all-v, the lost ones from replicas; afterwards this parameter runs on comm.
-        Raises E_LOST (naming the ranges, nothing changed) when a slice lived only on lost ranks.
-        Returns the floats this member received."""
+        """Collective over `comm`, the survivors' group (Communicator.shrink) or a grown one
+        (Communicator.grow): the slices move onto it in one all-to-all-v, the lost ones from
+        replicas; afterwards this parameter runs on comm. A joiner takes part with a
+        ShardedParameter it made on comm with the members' options and never init()ed: it
+        receives its slice and the step count. Raises E_LOST (naming the ranges, nothing changed)
+        when a slice lived only on lost ranks. Returns the floats this member received."""
         moved = c_uint64()
         check(lib.gradsync_shard_reshard(self.ptr, comm.ptr, ctypes.byref(moved)))
         self._comm = comm

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shrink, member ids and reshard through ctypes: threads (a rank closes its communicator and goes)
-and shm processes (a real SIGKILL); the survivors' training continues bit for bit like a run that
-never lost a rank."""
+"""Shrink, grow, member ids and reshard through ctypes: threads (a rank closes its communicator and
+goes; a joiner thread grows the group back) and shm processes (a real SIGKILL); the training
+continues bit for bit like a run that never lost a rank."""
 import multiprocessing as mp
 import os
 import signal
@@ -117,3 +117,84 @@ def test_shrink_after_sigkill_on_shm():
         assert d[0] == "done", d
         _, rank, failed, new_rank, new_size, ids = d
         assert failed == [1] and new_size == 2 and new_rank == (0 if rank == 0 else 1) and ids == 2.0
+
+
+GROW_AT = 6
+STEPS_GROWN = 10
+
+
+def _grow_member(comm, join_name, disturbed):
+    shard = gs.ShardedParameter(comm, TOTAL, optimizer="adam", lr=0.01, replicas=1)
+    w = (np.arange(TOTAL) % 100).astype(np.float32) / 100
+    shard.init(w)
+    groups = [comm]
+    for step in range(STEPS_GROWN):
+        if disturbed and step == LOSS_AT:
+            if comm.rank == 2:
+                return None
+            with pytest.raises(gs.GradsyncError):
+                shard.step(grad(step), w)
+            comm, _, _ = comm.shrink()
+            groups.append(comm)
+            shard.reshard(comm)
+        if disturbed and step == GROW_AT:
+            comm, info = comm.grow(join_name, 1)
+            groups.append(comm)
+            assert (info["old_size"], info["new_size"], info["first_member_id"]) == (3, 4, 4)
+            comm.broadcast(w, root=0)
+            shard.reshard(comm)
+        shard.step(grad(step), w)
+    result = w.copy(), comm.member_id, comm.rank
+    for g in groups[1:]:
+        g.close()
+    return result
+
+
+def test_shrink_then_grow_on_threads_matches_an_undisturbed_run():
+    import threading
+
+    join_name = f"py-grow-{uuid.uuid4().hex[:8]}"
+    joined = {}
+
+    def joiner():
+        comm, info = gs.Communicator.join(join_name, 0, 1, timeout_ms=60000)
+        with comm:
+            w = np.full(TOTAL, np.nan, np.float32)
+            comm.broadcast(w, root=0)  # the parameters, from a member
+            shard = gs.ShardedParameter(comm, TOTAL, optimizer="adam", lr=0.01, replicas=1)
+            assert shard.reshard(comm) > 0  # its optimizer slice, from the members
+            assert shard.updates == GROW_AT
+            for step in range(GROW_AT, STEPS_GROWN):
+                shard.step(grad(step), w)
+            joined.update(rank=comm.rank, member_id=comm.member_id, info=info, w=w.copy())
+
+    ref = run_ranks(4, lambda c, r: _grow_member(c, join_name, False))
+    t = threading.Thread(target=joiner)
+    t.start()
+    got = run_ranks(4, lambda c, r: _grow_member(c, join_name, True))
+    t.join(timeout=60)
+    assert joined["rank"] == 3 and joined["member_id"] == 4  # after the old ranks; id 2 is not reused
+    assert joined["info"]["old_size"] == 3
+    for r in (0, 1, 3):
+        w, member, rank = got[r]
+        assert member == r and rank == (r if r < 2 else r - 1)
+        assert np.array_equal(w.view(np.uint32), ref[0][0].view(np.uint32))
+    assert np.array_equal(joined["w"].view(np.uint32), ref[0][0].view(np.uint32))
+
+
+def test_grow_failures_on_threads():
+    def body(comm, rank):
+        with pytest.raises(gs.GradsyncError) as e:
+            comm.grow("py-grow-nobody-" + comm_tag, 1)
+        with pytest.raises(gs.GradsyncError):
+            comm.allreduce(np.ones(1, np.float32))
+        comm.reset()
+        assert comm.allreduce(np.ones(1, np.float32), op="sum")[0] == 2.0
+        return e.value.status
+
+    comm_tag = uuid.uuid4().hex[:8]
+    statuses = run_ranks(2, body, timeout_ms=300)
+    assert set(statuses) <= {-8, -11} and -8 in statuses  # E_TIMEOUT; E_ABORTED for a member that heard first
+    with pytest.raises(gs.GradsyncError) as e:
+        gs.Communicator.join("py-grow-never-" + comm_tag, 0, 1, timeout_ms=100)
+    assert e.value.status == -8

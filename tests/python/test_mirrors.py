@@ -59,6 +59,8 @@ def test_abi_version_is_one_number():
 
 @pytest.mark.parametrize("hdr, struct, mirror", [
     ("comm.h", "gradsync_comm_options", comm.CommOptions),
+    ("comm.h", "gradsync_shrink_result", comm.ShrinkResult),
+    ("comm.h", "gradsync_grow_result", comm.GrowResult),
     ("shard.h", "gradsync_shard_options", shard.ShardOptions),
     ("table.h", "gradsync_table_options", table._TableOptions),
     ("accumulator.h", "gradsync_accum_options", table._AccumOptions),
