@@ -505,9 +505,23 @@ pub const GRADSYNC_TRANSPORT_HIER: i32 = 3;
 
 pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 2;
 pub const GRADSYNC_SPLIT_NONE: i32 = -1;
+pub const GRADSYNC_GROW_RESULT_VERSION: u32 = 1;
 pub const GRADSYNC_COMM_NAME_MAX: usize = 64;
 pub const GRADSYNC_NO_TIMEOUT: i64 = i64::MAX;
 pub const GRADSYNC_MAX_FUSED_BUFFERS: usize = 1 << 20;
+
+/// What [`gradsync_comm_grow`] and [`gradsync_comm_join`] report besides the new group (comm.h).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct gradsync_grow_result {
+    pub struct_size: u32,
+    pub version: u32,
+    pub old_size: i32,
+    pub new_size: i32,
+    pub first_member_id: i64,
+    pub agree_ns: i64,
+    pub form_ns: i64,
+}
 
 /// Options of [`gradsync_comm_create`] (comm.h, version 2).
 #[repr(C)]
@@ -576,6 +590,22 @@ extern "C" {
     /// Collective. `@threadsafety handle`
     pub fn gradsync_comm_split(comm: *mut gradsync_comm, color: i32, key: i32, out: *mut *mut gradsync_comm)
         -> c_int;
+    /// Collective over comm, with the joiners ([`gradsync_comm_join`]). `@threadsafety handle`
+    pub fn gradsync_comm_grow(
+        comm: *mut gradsync_comm,
+        join_name: *const c_char,
+        joiners: i32,
+        out: *mut *mut gradsync_comm,
+        result: *mut gradsync_grow_result,
+    ) -> c_int;
+    /// A joiner's side of [`gradsync_comm_grow`]. `@threadsafety any`
+    pub fn gradsync_comm_join(
+        out: *mut *mut gradsync_comm,
+        opts: *const gradsync_comm_options,
+        result: *mut gradsync_grow_result,
+    ) -> c_int;
+    /// `@threadsafety any`
+    pub fn gradsync_comm_member_id(comm: *const gradsync_comm, id: *mut i64) -> c_int;
     /// `@threadsafety any`
     pub fn gradsync_comm_topology(
         comm: *const gradsync_comm,

@@ -66,6 +66,7 @@ fn mirrored_constants() -> Vec<(&'static str, i128)> {
         GRADSYNC_ACCUM_OPTIONS_VERSION, GRADSYNC_OPTIMIZER_VERSION,
         GRADSYNC_TRANSPORT_THREAD, GRADSYNC_TRANSPORT_SHM, GRADSYNC_TRANSPORT_MPI, GRADSYNC_TRANSPORT_HIER,
         GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_SPLIT_NONE, GRADSYNC_COMM_NAME_MAX, GRADSYNC_NO_TIMEOUT,
+        GRADSYNC_GROW_RESULT_VERSION,
         GRADSYNC_MAX_FUSED_BUFFERS,
         GRADSYNC_SHARD_SGD, GRADSYNC_SHARD_MOMENTUM, GRADSYNC_SHARD_ADAM, GRADSYNC_SHARD_ADAMW,
         GRADSYNC_SHARD_WEIGHTS, GRADSYNC_SHARD_GRADIENT, GRADSYNC_SHARD_OPTIONS_VERSION,
@@ -79,6 +80,7 @@ fn mirrored_layouts() -> Vec<Layout> {
             struct_size, version, transport, rank, size, deterministic, check_mismatch, reserved0, timeout_ms,
             mpi_fcomm, name, host, topology_independent, reserved1,
         }
+        gradsync_grow_result { struct_size, version, old_size, new_size, first_member_id, agree_ns, form_ns }
         gradsync_table_options {
             struct_size, version, mode, read_only, rows, dim, dtype, init, seed, lo, hi, file_mode,
             allow_other_owner,

@@ -52,6 +52,41 @@ pub struct CommOptions {
     host: Option<String>,
 }
 
+/// What a grow reports besides the grown group ([`Communicator::grow`], [`Communicator::join`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowInfo {
+    /// The members before the grow: the joiners' ranks start here.
+    pub old_size: i32,
+    /// The members after it.
+    pub new_size: i32,
+    /// Joiner j's member id is `first_member_id + j`: ids the group never used.
+    pub first_member_id: i64,
+    /// Agreeing and admitting the joiners (a joiner: waiting to be admitted).
+    pub agree: std::time::Duration,
+    /// Forming and committing the grown group.
+    pub form: std::time::Duration,
+}
+
+impl GrowInfo {
+    fn raw() -> sys::gradsync_grow_result {
+        sys::gradsync_grow_result {
+            struct_size: size_of::<sys::gradsync_grow_result>() as u32,
+            version: sys::GRADSYNC_GROW_RESULT_VERSION,
+            ..Default::default()
+        }
+    }
+    fn from_raw(r: &sys::gradsync_grow_result) -> GrowInfo {
+        let time = |ns: i64| std::time::Duration::from_nanos(ns.max(0) as u64);
+        GrowInfo {
+            old_size: r.old_size,
+            new_size: r.new_size,
+            first_member_id: r.first_member_id,
+            agree: time(r.agree_ns),
+            form: time(r.form_ns),
+        }
+    }
+}
+
 /// Which ranks share a host ([`Communicator::topology`]), the same on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
@@ -284,6 +319,45 @@ impl Communicator {
             Some(raw) => Communicator::adopt(raw).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Grow the group by `joiners` new ranks at a round boundary (`gradsync_comm_grow`):
+    /// collective over this group, every member with the same `join_name` and count, while the
+    /// joiners call [`Communicator::join`] with that name. The members keep their ranks and member
+    /// ids; joiner j is rank `old_size + j` with member id `first_member_id + j`. This group is
+    /// left as it was: move state onto the grown one (broadcast the parameters,
+    /// `gradsync_shard_reshard` the optimizer slices), then drop it. On failure this
+    /// group is stopped as after a failed collective: [`Communicator::reset`] it and grow again.
+    /// Threads and shared memory only (MPI and hier give `UNSUPPORTED`).
+    pub fn grow(&self, join_name: &str, joiners: i32) -> Result<(Communicator, GrowInfo)> {
+        let name = std::ffi::CString::new(join_name)
+            .map_err(|_| invalid("Communicator::grow", format!("join name {:?} contains a NUL byte", join_name)))?;
+        let mut out = ptr::null_mut();
+        let mut res = GrowInfo::raw();
+        check(unsafe { sys::gradsync_comm_grow(self.raw(), name.as_ptr(), joiners, &mut out, &mut res) })?;
+        let raw = NonNull::new(out).expect("gradsync_comm_grow returned OK and a NULL handle");
+        Ok((Communicator::adopt(raw)?, GrowInfo::from_raw(&res)))
+    }
+
+    /// Join a running group as a new rank, the other side of [`Communicator::grow`]
+    /// (`gradsync_comm_join`): `options` name the members' join name, this joiner's index among
+    /// the joiners (its rank) and their count (its size), the transport and how long to wait for
+    /// the members (its timeout). The grown group has the members' timeout and checks.
+    pub fn join(options: &CommOptions) -> Result<(Communicator, GrowInfo)> {
+        let raw_opts = options.to_raw()?;
+        let mut out = ptr::null_mut();
+        let mut res = GrowInfo::raw();
+        check(unsafe { sys::gradsync_comm_join(&mut out, &raw_opts, &mut res) })?;
+        let raw = NonNull::new(out).expect("gradsync_comm_join returned OK and a NULL handle");
+        Ok((Communicator::adopt(raw)?, GrowInfo::from_raw(&res)))
+    }
+
+    /// This member's stable id (`gradsync_comm_member_id`): its rank in the group it was created
+    /// in, kept by grows and splits; a joiner's is one the group never used.
+    pub fn member_id(&self) -> Result<i64> {
+        let mut id = 0i64;
+        check(unsafe { sys::gradsync_comm_member_id(self.raw.as_ptr(), &mut id) })?;
+        Ok(id)
     }
 
     /// Which ranks share a host (`gradsync_comm_topology`), the same on every rank.

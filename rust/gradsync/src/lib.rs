@@ -168,7 +168,7 @@ mod types;
 pub use accumulator::{AccumOptions, Accumulator, Concurrency, Optimizer};
 pub use atomics::{Counter, Counter32, Flag, Mutex, MutexGuard};
 pub use codec::Codec;
-pub use comm::{AbortHandle, CommBuffer, CommOptions, Communicator, Topology, Transport};
+pub use comm::{AbortHandle, CommBuffer, CommOptions, Communicator, GrowInfo, Topology, Transport};
 pub use embedding::{EmbeddingOptions, RowOptimizer, ShardedEmbedding, Sharding};
 pub use dataparallel::{partition, split_round_robin, weighted_merge, weighted_merge_f64, Merged};
 pub use error::{status, status_string, Error, Result};

@@ -4,7 +4,7 @@
 mod common;
 
 use common::with_ranks;
-use gradsync::{status, Communicator, ReduceOp, Transport};
+use gradsync::{status, CommOptions, Communicator, ReduceOp, Transport};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -320,5 +320,38 @@ fn split_by_color_and_key_and_topology_from_labels() {
         assert_eq!(y, 2.0);
         assert_eq!(none, if r == 3 { None } else { Some(3) });
         assert_eq!((sub_topo.num_hosts, sub_topo.local_size), (1, 2));
+    }
+}
+
+#[test]
+fn grow_by_a_joiner_thread() {
+    let group = common::unique("grow");
+    let join_name = format!("{}-join", group);
+    let joiner = {
+        let join_name = join_name.clone();
+        std::thread::spawn(move || {
+            let (comm, info) = Communicator::join(&CommOptions::new(&join_name, 0, 1).timeout_ms(60_000)).unwrap();
+            assert_eq!((comm.rank(), comm.size(), comm.member_id().unwrap()), (2, 3, 2));
+            let mut v = [comm.member_id().unwrap() as f64];
+            comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            (info, v[0])
+        })
+    };
+    let out = with_ranks(&group, 2, |comm| {
+        let err = comm.grow(&join_name, 0).unwrap_err();
+        assert_eq!(err.status, status::INVALID_ARG, "{}", err);
+        let (grown, info) = comm.grow(&join_name, 1).unwrap();
+        assert_eq!((grown.rank(), grown.size()), (comm.rank(), 3));
+        assert_eq!(grown.member_id().unwrap(), comm.member_id().unwrap());
+        let mut v = [grown.member_id().unwrap() as f64];
+        grown.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        (info, v[0])
+    });
+    let (info, sum) = joiner.join().unwrap();
+    assert_eq!((info.old_size, info.new_size, info.first_member_id), (2, 3, 2));
+    assert_eq!(sum, 3.0);
+    for (info, sum) in out {
+        assert_eq!((info.old_size, info.new_size, info.first_member_id), (2, 3, 2));
+        assert_eq!(sum, 3.0);
     }
 }
