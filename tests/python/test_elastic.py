@@ -79,11 +79,13 @@ def test_reshard_without_replicas_names_the_lost_range():
 
 
 def _shm_member(group, rank, q):
+    # q is this rank's own pipe: a multiprocessing.Queue's write lock is shared by every writer,
+    # and a rank killed while its feeder thread holds it would block the survivors' reports.
     try:
         with gs.Communicator(group, rank, 3, timeout_ms=20000, transport="shm") as comm:
             x = np.ones(4, np.float32)
             comm.allreduce(x)
-            q.put(("ready", rank))
+            q.send(("ready", rank))
             if rank == 1:
                 signal.pause()
             while True:
@@ -94,23 +96,28 @@ def _shm_member(group, rank, q):
             new, failed, _ = comm.shrink()
             y = np.full(1, float(new.member_id), np.float64)
             y = new.allreduce(y, op="sum")
-            q.put(("done", rank, failed, new.rank, new.size, float(y[0])))
+            q.send(("done", rank, failed, new.rank, new.size, float(y[0])))
             new.close()
     except BaseException as e:  # reported to the test
-        q.put(("error", rank, repr(e)))
+        q.send(("error", rank, repr(e)))
 
 
 def test_shrink_after_sigkill_on_shm():
     ctx = mp.get_context("fork")
-    q = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(3)]
     group = f"py-shrink-{uuid.uuid4().hex[:8]}"
-    procs = [ctx.Process(target=_shm_member, args=(group, r, q)) for r in range(3)]
+    procs = [ctx.Process(target=_shm_member, args=(group, r, pipes[r][1])) for r in range(3)]
     for p in procs:
         p.start()
-    for _ in range(3):
-        assert q.get(timeout=60)[0] == "ready"
+
+    def get(r):
+        assert pipes[r][0].poll(60), f"rank {r} sent nothing within 60 s"
+        return pipes[r][0].recv()
+
+    for r in range(3):
+        assert get(r)[0] == "ready"
     os.kill(procs[1].pid, signal.SIGKILL)
-    done = [q.get(timeout=60) for _ in range(2)]
+    done = [get(r) for r in (0, 2)]
     for p in procs:
         p.join(timeout=60)
     for d in done:
