@@ -179,6 +179,11 @@ GRADSYNC_API int gradsync_shard_init(gradsync_shard* shard, const float* weights
   return guard(__func__, [&] { check(shard)->impl.init(weights, count); });
 }
 
+GRADSYNC_API int gradsync_shard_restore(gradsync_shard* shard, const float* weights, const float* state1,
+                                        const float* state2, size_t count, int64_t updates) {
+  return guard(__func__, [&] { check(shard)->impl.restore(weights, state1, state2, count, updates); });
+}
+
 GRADSYNC_API int gradsync_shard_step(gradsync_shard* shard, const float* gradient, float* weights, size_t count,
                                      uint64_t samples) {
   return with_comm(__func__, shard,
@@ -200,8 +205,8 @@ GRADSYNC_API int gradsync_shard_update(gradsync_shard* shard) {
 GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard* shard, int32_t which, float* out, size_t count) {
   return guard(__func__, [&] {
     const auto* s = check(shard);
-    GS_REQUIRE(which == GRADSYNC_SHARD_WEIGHTS || which == GRADSYNC_SHARD_GRADIENT, GRADSYNC_E_INVALID_ARG,
-               "unknown slice {} (0 weights, 1 gradient)", which);
+    GS_REQUIRE(which >= GRADSYNC_SHARD_WEIGHTS && which <= GRADSYNC_SHARD_STATE2, GRADSYNC_E_INVALID_ARG,
+               "unknown slice {} (0 weights, 1 gradient, 2 first optimizer state, 3 second)", which);
     s->impl.read_slice(static_cast<gradsync::shard::Slice>(which), out, count);
   });
 }

@@ -47,8 +47,10 @@ typedef enum gradsync_shard_optimizer {
 
 /** Which slice gradsync_shard_read_slice copies. */
 typedef enum gradsync_shard_slice {
-  GRADSYNC_SHARD_WEIGHTS = 0, /**< this rank's slice of the weights */
-  GRADSYNC_SHARD_GRADIENT = 1 /**< this rank's slice of the last aggregated (processed) gradient */
+  GRADSYNC_SHARD_WEIGHTS = 0,  /**< this rank's slice of the weights */
+  GRADSYNC_SHARD_GRADIENT = 1, /**< this rank's slice of the last aggregated (processed) gradient */
+  GRADSYNC_SHARD_STATE1 = 2,   /**< the optimizer's first state: MOMENTUM's velocity, ADAM/ADAMW's first moment */
+  GRADSYNC_SHARD_STATE2 = 3    /**< the optimizer's second state: ADAM/ADAMW's second moment */
 } gradsync_shard_slice;
 
 #define GRADSYNC_SHARD_OPTIONS_VERSION 3
@@ -174,6 +176,25 @@ GRADSYNC_API int gradsync_shard_set_lr(gradsync_shard* shard, double lr);
 GRADSYNC_API int gradsync_shard_init(gradsync_shard* shard, const float* weights, size_t count);
 
 /**
+ * @brief Local: gradsync_shard_init with the optimizer state too, to continue from a checkpoint
+ *        taken on any number of ranks: keep this rank's slice of the full weights and of each full
+ *        state, and set the update count (Adam's bias correction goes on from it). Pass the same
+ *        arrays on every rank; each takes only its slice (and its replicas'). The error-feedback
+ *        residual, each rank's own, starts from zero.
+ * @param shard the sharded parameter
+ * @param[in] weights count floats
+ * @param[in] state1 count floats of the first state (MOMENTUM, ADAM, ADAMW), NULL for SGD
+ * @param[in] state2 count floats of the second state (ADAM, ADAMW), NULL otherwise
+ * @param count elements of each array (the parameter's length)
+ * @param updates the updates applied so far, >= 0
+ * @retval GRADSYNC_E_INVALID_ARG NULL weights, count != total, updates < 0, or a state missing
+ *         where the optimizer keeps it or given where it keeps none (nothing changes)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_shard_restore(gradsync_shard* shard, const float* weights, const float* state1,
+                                        const float* state2, size_t count, int64_t updates);
+
+/**
  * @brief Collective: one whole training step (put, aggregate, update, gather). Arguments are
  *        checked before any communication, and a bad argument on one rank is an error on every rank.
  * @param shard the sharded parameter
@@ -218,11 +239,15 @@ GRADSYNC_API int gradsync_shard_aggregate(gradsync_shard* shard);
 GRADSYNC_API int gradsync_shard_update(gradsync_shard* shard);
 
 /**
- * @brief Local: copy this rank's weight slice or aggregated gradient slice into out (count = its length).
+ * @brief Local: copy this rank's slice of the weights, the aggregated gradient or an optimizer
+ *        state into out (count = its length). With gradsync_shard_updates and the other ranks'
+ *        slices (gathered by the caller) this is the whole state, for a checkpoint.
  * @param shard the sharded parameter
  * @param[in] which a gradsync_shard_slice
  * @param out count floats
  * @param count elements to read
+ * @retval GRADSYNC_E_INVALID_ARG unknown slice, a state the optimizer does not keep (SGD keeps none,
+ *         MOMENTUM one), NULL out or count not the slice's length
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_shard_read_slice(const gradsync_shard* shard, int32_t which, float* out, size_t count);
@@ -260,7 +285,7 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, si
  * (option replicas): losing up to `replicas` ranks that were neighbours, or any number that were
  * not, loses nothing, and the weights and optimizer state continue bit for bit from the last
  * completed step. A slice that lived only on lost ranks fails every member with GRADSYNC_E_LOST
- * naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_init). On
+ * naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_restore). On
  * success the shard runs on new_comm (which must outlive it) and its parts are new_comm's.
  * The step that failed may have been applied everywhere before the loss showed (its gather failed)
  * and may have left the caller's weights half gathered: continue from gradsync_shard_updates, and

@@ -220,17 +220,58 @@ void ShardedParameter::init(const float* weights, size_t count) {
     remember_failure(e.status(), fmt::format("init failed: {}", e.what()));
     throw;
   }
-  std::copy_n(weights + part_.start, part_.len, weights_.begin());
+  adopt(weights, nullptr, nullptr, 0);
+}
+
+void ShardedParameter::restore(const float* weights, const float* state1, const float* state2, size_t count,
+                               int64_t updates) {
+  try {
+    const int states = optimizer_states();
+    const char* name = optimizer_name(options_.optimizer);
+    GS_REQUIRE(weights != nullptr, GRADSYNC_E_INVALID_ARG, "weights buffer is NULL");
+    GS_REQUIRE(count == total_, GRADSYNC_E_INVALID_ARG, "weights hold {} floats, the parameter has {}", count, total_);
+    GS_REQUIRE(updates >= 0, GRADSYNC_E_INVALID_ARG, "update count {} is negative", updates);
+    GS_REQUIRE((state1 != nullptr) == (states >= 1), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states: {}",
+               name, states, state1 == nullptr ? "the first state is NULL" : "a first state was given");
+    GS_REQUIRE((state2 != nullptr) == (states >= 2), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states: {}",
+               name, states, state2 == nullptr ? "the second state is NULL" : "a second state was given");
+  } catch (const Error& e) {
+    remember_failure(e.status(), fmt::format("restore failed: {}", e.what()));
+    throw;
+  }
+  adopt(weights, state1, state2, updates);
+}
+
+int ShardedParameter::optimizer_states() const noexcept {
+  switch (options_.optimizer) {
+    case Optimizer::Sgd: return 0;
+    case Optimizer::Momentum: return 1;
+    case Optimizer::Adam:
+    case Optimizer::AdamW: return 2;
+  }
+  return 0;
+}
+
+void ShardedParameter::adopt(const float* weights, const float* state1, const float* state2, int64_t updates) {
+  // Each slice is its part of the full array, or zeros where no array was given.
+  auto take = [](const float* full, const Part& at, SliceVector& into) {
+    if (full == nullptr)
+      std::fill(into.begin(), into.end(), 0.0f);
+    else
+      std::copy_n(full + at.start, into.size(), into.begin());
+  };
+  take(weights, part_, weights_);
+  take(state1, part_, state1_);
+  take(state2, part_, state2_);
   for (int j = 1; j <= replica_count(); ++j) {
     Replica& r = replicas_[static_cast<size_t>(j - 1)];
-    std::copy_n(weights + part_of((rank_ - j + size_) % size_).start, r.weights.size(), r.weights.begin());
-    std::fill(r.state1.begin(), r.state1.end(), 0.0f);
-    std::fill(r.state2.begin(), r.state2.end(), 0.0f);
+    const Part owner = part_of((rank_ - j + size_) % size_);
+    take(weights, owner, r.weights);
+    take(state1, owner, r.state1);
+    take(state2, owner, r.state2);
   }
-  std::fill(state1_.begin(), state1_.end(), 0.0f);
-  std::fill(state2_.begin(), state2_.end(), 0.0f);
   std::fill(residual_.begin(), residual_.end(), 0.0f);
-  updates_ = 0;
+  updates_ = updates;
   fresh_gradient_ = aggregated_ = false;
   // A fresh start: earlier local failures concerned the state this call replaces.
   take_failure();
@@ -486,10 +527,14 @@ void ShardedParameter::write_weights(const float* slice, size_t count) {
 }
 
 void ShardedParameter::read_slice(Slice which, float* out, size_t count) const {
+  const int index = which == Slice::State1 ? 1 : which == Slice::State2 ? 2 : 0;
+  GS_REQUIRE(index <= optimizer_states(), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states, not a {}",
+             optimizer_name(options_.optimizer), optimizer_states(), index == 1 ? "first" : "second");
   GS_REQUIRE(out != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "output holds {} floats, rank {} owns {}", count, rank_,
              part_.len);
-  std::copy_n(which == Slice::Weights ? weights_.data() : grad_.data(), count, out);
+  const SliceVector& slice = which == Slice::Weights ? weights_ : index == 1 ? state1_ : state2_;
+  std::copy_n(which == Slice::Gradient ? grad_.data() : slice.data(), count, out);
 }
 
 void ShardedParameter::publish(float* weights) {

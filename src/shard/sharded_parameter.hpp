@@ -88,7 +88,7 @@ struct Options {
 // Throws Error(INVALID_ARG) naming the bad field.
 void validate(const Options& options);
 
-enum class Slice : int32_t { Weights = 0, Gradient = 1 };
+enum class Slice : int32_t { Weights = 0, Gradient = 1, State1 = 2, State2 = 3 };
 
 class ShardedParameter {
  public:
@@ -112,6 +112,9 @@ class ShardedParameter {
 
   // Local: keeps this rank's slice of the full weights (N floats) and zeroes the optimizer state.
   void init(const float* weights, size_t count);
+  // Local: init() with the optimizer state (full arrays of N floats, each rank keeps its slice and
+  // its replicas'; NULL where the optimizer keeps no such state) and the update count.
+  void restore(const float* weights, const float* state1, const float* state2, size_t count, int64_t updates);
   // Local: stages a gradient of N floats with this rank's sample count (its weight in the mean).
   void put(const float* gradient, size_t count, uint64_t samples);
   // Collective: the weighted mean of the staged gradients, this rank's part, then the processors.
@@ -120,7 +123,7 @@ class ShardedParameter {
   void update();
   // Local alternative to update() for users who run their own optimizer: the new weight slice.
   void write_weights(const float* slice, size_t count);
-  // Local: copies this rank's weight slice or aggregated gradient slice (part().len floats).
+  // Local: copies this rank's slice of the weights, aggregated gradient or an optimizer state (part().len floats).
   void read_slice(Slice which, float* out, size_t count) const;
   // Collective: every rank's weight slice into weights (N floats).
   void gather(float* weights, size_t count);
@@ -160,6 +163,10 @@ class ShardedParameter {
   void publish(float* weights);
   int64_t config_word() const noexcept;
 
+  // How many state arrays the optimizer keeps (0 SGD, 1 momentum, 2 Adam).
+  int optimizer_states() const noexcept;
+  // Takes this rank's slices (and its replicas') of the full arrays; NULL states start at zero.
+  void adopt(const float* weights, const float* state1, const float* state2, int64_t updates);
   // Floats per element of a slice as it travels: the weight, then the optimizer's state.
   size_t state_arrays() const noexcept { return 1 + (state1_.empty() ? 0 : 1) + (state2_.empty() ? 0 : 1); }
   // The replicas this group keeps: the option, capped by the ranks there are to hold them.

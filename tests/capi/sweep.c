@@ -449,6 +449,7 @@ static int h_shard_memory(void *h) { return gradsync_shard_memory(h, &out.u64[0]
 static int h_shard_updates(void *h) { return gradsync_shard_updates(h, &out.i64[0]); }
 static int h_shard_set_lr(void *h) { return gradsync_shard_set_lr(h, 0.5); }
 static int h_shard_init(void *h) { return gradsync_shard_init(h, shard_weights, 10); }
+static int h_shard_restore(void *h) { return gradsync_shard_restore(h, shard_weights, NULL, NULL, 10, 0); }
 static int h_shard_step(void *h) { return gradsync_shard_step(h, in_f32, out.f32, 10, 1); }
 static int h_shard_put(void *h) { return gradsync_shard_put(h, in_f32, 10, 1); }
 static int h_shard_aggregate(void *h) { return gradsync_shard_aggregate(h); }
@@ -550,6 +551,7 @@ static const struct handle_case handle_cases[] = {
   {"gradsync_shard_updates", K_SHARD, 0, h_shard_updates},
   {"gradsync_shard_set_lr", K_SHARD, 0, h_shard_set_lr},
   {"gradsync_shard_init", K_SHARD, 0, h_shard_init},
+  {"gradsync_shard_restore", K_SHARD, 0, h_shard_restore},
   {"gradsync_shard_step", K_SHARD, 0, h_shard_step},
   {"gradsync_shard_put", K_SHARD, 0, h_shard_put},
   {"gradsync_shard_aggregate", K_SHARD, 0, h_shard_aggregate},
@@ -1729,7 +1731,16 @@ static void sweep_shard(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_step(shard, in_f32, NULL, 10, 1));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_step(shard, in_f32, out.f32, 10, (uint64_t)1 << 63));
   EXPECT(GRADSYNC_E_ZERO_WEIGHT, gradsync_shard_step(shard, in_f32, out.f32, 10, 0));
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, 2, out.f32, 10));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, 4, out.f32, 10));
+  /* SGD keeps no optimizer state: none to read, none to restore */
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, GRADSYNC_SHARD_STATE1, out.f32, 10));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, GRADSYNC_SHARD_STATE2, out.f32, 10));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, in_f32, in_f32, NULL, 10, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, in_f32, NULL, in_f32, 10, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, NULL, NULL, NULL, 10, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, in_f32, NULL, NULL, 9, 0));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, in_f32, NULL, NULL, 10, -1));
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_restore(shard, in_f32, NULL, NULL, 10, INT64_MIN));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, -1, out.f32, 10));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, INT32_MIN, out.f32, 10));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_shard_read_slice(shard, GRADSYNC_SHARD_GRADIENT, NULL, 10));

@@ -777,6 +777,8 @@ pub const GRADSYNC_SHARD_ADAMW: i32 = GRADSYNC_OPTIM_ADAMW;
 
 pub const GRADSYNC_SHARD_WEIGHTS: i32 = 0;
 pub const GRADSYNC_SHARD_GRADIENT: i32 = 1;
+pub const GRADSYNC_SHARD_STATE1: i32 = 2;
+pub const GRADSYNC_SHARD_STATE2: i32 = 3;
 
 pub const GRADSYNC_SHARD_OPTIONS_VERSION: u32 = 3;
 
@@ -858,6 +860,14 @@ extern "C" {
     pub fn gradsync_shard_updates(shard: *const gradsync_shard, updates: *mut i64) -> c_int;
     pub fn gradsync_shard_set_lr(shard: *mut gradsync_shard, lr: f64) -> c_int;
     pub fn gradsync_shard_init(shard: *mut gradsync_shard, weights: *const f32, count: usize) -> c_int;
+    pub fn gradsync_shard_restore(
+        shard: *mut gradsync_shard,
+        weights: *const f32,
+        state1: *const f32,
+        state2: *const f32,
+        count: usize,
+        updates: i64,
+    ) -> c_int;
     pub fn gradsync_shard_step(
         shard: *mut gradsync_shard,
         gradient: *const f32,

@@ -92,6 +92,10 @@ pub enum Slice {
     Weights = sys::GRADSYNC_SHARD_WEIGHTS,
     /// This rank's slice of the last aggregated (processed) gradient.
     Gradient = sys::GRADSYNC_SHARD_GRADIENT,
+    /// This rank's slice of the optimizer's first state (momentum's velocity, Adam's first moment).
+    State1 = sys::GRADSYNC_SHARD_STATE1,
+    /// This rank's slice of the optimizer's second state (Adam's second moment).
+    State2 = sys::GRADSYNC_SHARD_STATE2,
 }
 
 /// This rank's view of a parameter of `total` floats sharded over a communicator
