@@ -22,7 +22,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
 
-# The user's script: a small CNN on 1x32x32 images, batch 32 per rank, SGD with momentum. Nothing
+# The user's script: a small CNN on 3x32x32 images, batch 32 per rank, SGD with momentum. Nothing
 # in it concerns threads or the environment.
 USER_SCRIPT = r'''
 import hashlib, statistics, sys, time

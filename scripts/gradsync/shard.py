@@ -31,7 +31,7 @@ from .codec import codec_id
 __all__ = ["ShardedParameter", "OPTIMIZERS"]
 
 OPTIMIZERS = {"sgd": 0, "adam": 2, "adamw": 3, "momentum": 4}  # gradsync_optimizer_kind
-_SLICES = {"weights": 0, "gradient": 1}
+_SLICES = {"weights": 0, "gradient": 1, "state1": 2, "state2": 3}
 
 
 class ShardOptions(ctypes.Structure):
@@ -69,6 +69,7 @@ declare("gradsync_shard_memory", c_int, _P, _U64P, _U64P, _U64P)
 declare("gradsync_shard_updates", c_int, _P, ctypes.POINTER(c_int64))
 declare("gradsync_shard_set_lr", c_int, _P, c_double)
 declare("gradsync_shard_init", c_int, _P, _P, c_size_t)
+declare("gradsync_shard_restore", c_int, _P, _P, _P, _P, c_size_t, c_int64)
 declare("gradsync_shard_step", c_int, _P, _P, _P, c_size_t, c_uint64)
 declare("gradsync_shard_put", c_int, _P, _P, c_size_t, c_uint64)
 declare("gradsync_shard_aggregate", c_int, _P)
@@ -178,6 +179,21 @@ class ShardedParameter(Handle):
         w = _f32(weights, "weights", False)
         check(lib.gradsync_shard_init(self.ptr, _p(w), w.size))
 
+    def restore(self, weights, state1=None, state2=None, updates=0):
+        """Local: init() with the optimizer state, to continue from a checkpoint taken on any number
+        of ranks. weights, state1 (momentum's velocity, Adam's first moment; None for SGD) and state2
+        (Adam's second moment) are full float32 arrays of `total`; each rank keeps its slice.
+        updates: the updates applied so far (Adam's bias correction goes on from it). Pass the same
+        on every rank; the error-feedback residual starts from zero."""
+        w = _f32(weights, "weights", False)
+        s1 = None if state1 is None else _f32(state1, "state1", False)
+        s2 = None if state2 is None else _f32(state2, "state2", False)
+        for name, s in (("state1", s1), ("state2", s2)):
+            if s is not None and s.size != w.size:
+                raise ValueError(f"{name} holds {s.size} floats, weights {w.size}")
+        check(lib.gradsync_shard_restore(self.ptr, _p(w), None if s1 is None else _p(s1),
+                                         None if s2 is None else _p(s2), w.size, int(updates)))
+
     def step(self, grad, weights, samples=None):
         """Collective: one training step. `weights` (may be `grad`) receives the new full weights.
         samples: this rank's sample count, its weight in the mean (None: 1, the plain mean)."""
@@ -202,7 +218,8 @@ class ShardedParameter(Handle):
         check(lib.gradsync_shard_update(self.ptr))
 
     def read_slice(self, which="weights"):
-        """A copy of this rank's "weights" slice or aggregated "gradient" slice."""
+        """A copy of this rank's slice of the "weights", the aggregated "gradient", or the optimizer's
+        "state1" (momentum's velocity, Adam's first moment) or "state2" (Adam's second moment)."""
         if which not in _SLICES:
             raise ValueError(f"which must be one of {sorted(_SLICES)}, got {which!r}")
         out = np.empty(self.part[1], dtype=np.float32)

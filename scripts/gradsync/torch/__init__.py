@@ -60,7 +60,7 @@ import torch
 
 from .._lib import E_NO_SPACE, E_NOMEM, GradsyncError
 from ..embedding import ShardedEmbeddingTable
-from ..shard import ShardedParameter
+from ..shard import OPTIMIZERS, ShardedParameter
 
 __all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
 
@@ -337,6 +337,28 @@ class DistributedDataParallel(torch.nn.Module):
         self._next = 0
 
 
+# The torch optimizer whose arithmetic each of the library's runs, the hyperparameters it takes from
+# ours, and its per-parameter state, in the order of the library's state arrays (state1, state2).
+_TORCH_EQUIVALENTS = {
+    "adam": (torch.optim.Adam, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
+    "adamw": (torch.optim.AdamW, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
+    "momentum": (torch.optim.SGD, ("momentum", "weight_decay"), ("momentum_buffer",)),
+    "sgd": (torch.optim.SGD, ("weight_decay",), ()),
+}
+_KIND_NAMES = {v: k for k, v in OPTIMIZERS.items()}
+# What a loaded state dict's parameter group must share with ours (lr may differ: it is taken).
+_SEMANTIC_KEYS = ("betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
+
+
+def _plain(value):
+    """A tensor or a tuple of numbers as plain Python numbers, to compare hyperparameters and steps."""
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     """ZeRO-1 through gradsync.ShardedParameter. See the module docstring.
 
@@ -356,8 +378,18 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     gradients itself (a wrapper would average them twice, for nothing). A parameter whose .grad is
     None this step contributes zeros. A learning-rate change in param_groups (a scheduler's) is
     applied at the next step; it must be the same on every rank, as must every step() call.
-    The optimizer state lives sliced in the library, so state_dict() and load_state_dict() are
-    refused: checkpoint the weights.
+
+    Checkpoints, as torch's own ZeroRedundancyOptimizer: consolidate_state_dict(to=rank) (collective)
+    gathers every rank's slice of the optimizer state onto rank `to` (every rank with to=None), and
+    state_dict() there returns it in the format of the torch optimizer of the same arithmetic
+    (torch.optim.Adam, AdamW, or SGD with or without momentum): {"state": {i: {"step", "exp_avg",
+    "exp_avg_sq"} or {"momentum_buffer"}}, "param_groups": [...]}, so it loads into that optimizer
+    too. load_state_dict() takes such a dict (from any world size, or from the plain torch
+    optimizer) on every rank; each keeps its slice, and training goes on bit for bit as it would
+    have. Load the model's weights first (model.load_state_dict), as with torch: the weights the
+    optimizer goes on from are the parameters' values when load_state_dict() is called. Not in the
+    dict: the error-feedback residuals (each rank's own; they restart from zero) and, for SGD and
+    momentum, the update count (torch's format has none; nothing they compute uses it).
     """
 
     def __init__(self, params, comm, optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
@@ -371,6 +403,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameters must be float32 CPU tensors, got {p.dtype} on {p.device}")
         _check_same_model(self._params, comm, {"optimizer": optimizer, "compress": compress},
                           who="ZeroRedundancyOptimizer")
+        self._kind = optimizer.lower() if isinstance(optimizer, str) else _KIND_NAMES.get(int(optimizer))
+        self._hyper = dict(betas=tuple(float(b) for b in betas), eps=float(eps), weight_decay=float(weight_decay),
+                           momentum=float(momentum))
+        self._consolidated = None
         self._offsets, total = [], 0
         for p in self._params:
             self._offsets.append(total)
@@ -412,15 +448,103 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.shard.step(self._grad.numpy(), self._weights.numpy(), samples=samples)
         return loss
 
-    def state_dict(self):
-        """Refused (NotImplementedError): the optimizer state is sliced over the ranks inside the library."""
-        raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
-                                  "the library and cannot be saved; checkpoint the model's weights")
+    def _torch_equivalent(self):
+        """The torch optimizer class of the same arithmetic, its parameter group (hyperparameters as
+        torch names them, the current lr) and the names of its per-parameter state."""
+        if self._kind not in _TORCH_EQUIVALENTS:
+            raise ValueError(f"optimizer {self._kind!r} has no torch equivalent")
+        cls, hyper, names = _TORCH_EQUIVALENTS[self._kind]
+        kwargs = {k: self._hyper[k] for k in hyper}
+        group = dict(cls([torch.zeros(1)], lr=float(self.param_groups[0]["lr"]), **kwargs).param_groups[0])
+        del group["params"]
+        return cls, group, names
 
+    @torch.no_grad()
+    def consolidate_state_dict(self, to=0):
+        """Collective: gather every rank's slice of the optimizer state onto rank `to` (every rank
+        when to is None), for state_dict() there. Call it on every rank with the same `to`."""
+        comm = self.shard._comm
+        if to is not None and not 0 <= int(to) < comm.size:
+            raise ValueError(f"to must be a rank in [0, {comm.size}) or None, got {to}")
+        _, group, names = self._torch_equivalent()
+        counts = [length for _, length in self.shard.ranges()]
+        updates = self.shard.updates
+        whole = []
+        for k in range(len(names)):
+            mine = self.shard.read_slice(f"state{k + 1}")
+            whole.append(comm.allgatherv(mine, counts) if to is None else comm.gatherv(mine, counts, root=int(to)))
+        self._consolidated = None
+        if to is not None and comm.rank != int(to):
+            return
+        state = {}
+        # Adam's state says its step; momentum's has no count (torch's SGD keeps none), so it is
+        # always there, zeros before the first step (which torch's SGD then takes as its own first).
+        if names and (updates > 0 or self._kind == "momentum"):
+            for i, (p, at) in enumerate(zip(self._params, self._offsets)):
+                entry = {"step": torch.tensor(float(updates))} if self._kind in ("adam", "adamw") else {}
+                for name, full in zip(names, whole):  # a copy each: a view would save the whole vector
+                    entry[name] = torch.from_numpy(full[at:at + p.numel()].copy()).reshape(p.shape)
+                state[i] = entry
+        group = {**group, **{k: v for k, v in self.param_groups[0].items() if k != "params"}}
+        group["params"] = list(range(len(self._params)))
+        self._consolidated = (updates, {"state": state, "param_groups": [group]})
+
+    def state_dict(self):
+        """The optimizer state consolidated on this rank by consolidate_state_dict(), in torch's
+        format (see the class docstring). RuntimeError on a rank that did not receive it, or when
+        the optimizer has stepped since."""
+        if self._consolidated is None:
+            raise RuntimeError("ZeroRedundancyOptimizer: the optimizer state has not been consolidated on this "
+                               "rank: call consolidate_state_dict(to=...) on every rank first")
+        updates, state_dict = self._consolidated
+        if updates != self.shard.updates:
+            raise RuntimeError(f"ZeroRedundancyOptimizer: the state consolidated after update {updates} is stale "
+                               f"(the optimizer is at update {self.shard.updates}): consolidate it again")
+        return state_dict
+
+    @torch.no_grad()
     def load_state_dict(self, state_dict):
-        """Refused (NotImplementedError): the optimizer state is sliced over the ranks inside the library."""
-        raise NotImplementedError("ZeroRedundancyOptimizer: the optimizer state is sliced over the ranks inside "
-                                  "the library and cannot be loaded; restore the model's weights")
+        """Local, on every rank with the same dict: continue from a state dict of this optimizer
+        (consolidated on any world size) or of the torch optimizer of the same arithmetic. The
+        weights are the parameters' current values (load the model's first). ValueError, with
+        nothing changed, when the dict is another optimizer's or another model's."""
+        _, ours, names = self._torch_equivalent()
+        groups = state_dict["param_groups"]
+        if len(groups) != 1:
+            raise ValueError(f"the state dict has {len(groups)} parameter groups; this optimizer has 1")
+        group = groups[0]
+        if len(group["params"]) != len(self._params):
+            raise ValueError(f"the state dict holds {len(group['params'])} parameters; this optimizer has "
+                             f"{len(self._params)}")
+        for key in ("betas", "momentum"):  # Adam's groups have betas, SGD's momentum
+            if (key in group) != (key in ours):
+                raise ValueError(f"the state dict is another kind of optimizer's than this one ({self._kind}): its "
+                                 f"parameter group {'has' if key in group else 'lacks'} {key!r}")
+        for key in _SEMANTIC_KEYS:
+            if key in group and key in ours and _plain(group[key]) != _plain(ours[key]):
+                raise ValueError(f"the state dict's {key} is {group[key]!r}; this optimizer's ({self._kind}) is "
+                                 f"{ours[key]!r}")
+        entries = [state_dict["state"].get(pid) or {} for pid in group["params"]]
+        whole = [np.zeros(self._weights.numel(), dtype=np.float32) for _ in names]
+        updates = 0
+        if names and any(entries):
+            steps = set()
+            for i, (entry, p, at) in enumerate(zip(entries, self._params, self._offsets)):
+                for name, full in zip(names, whole):
+                    if name not in entry:
+                        raise ValueError(f"parameter {i} has no {name!r} in the state dict")
+                    t = torch.as_tensor(entry[name])
+                    if tuple(t.shape) != tuple(p.shape):
+                        raise ValueError(f"parameter {i}: the state dict's {name} has shape {tuple(t.shape)}, the "
+                                         f"parameter {tuple(p.shape)}")
+                    full[at:at + p.numel()] = t.detach().to(torch.float32).reshape(-1).numpy()
+                steps.add(int(_plain(entry.get("step", 0))))
+            if len(steps) != 1:
+                raise ValueError(f"the parameters' states are at different steps {sorted(steps)}")
+            updates = steps.pop()
+        self.shard.restore(self._weights.numpy(), *whole, updates=updates)
+        self.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
+        self._consolidated = None
 
     def close(self):
         """Free this rank's slice (and its optimizer state) now rather than at garbage collection."""
