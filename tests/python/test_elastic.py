@@ -55,6 +55,47 @@ def test_shrink_and_reshard_on_threads():
     assert got[2] is None
 
 
+def test_restored_from_a_checkpoint_of_another_size_the_replicas_survive_a_loss():
+    # A checkpoint of 2 ranks (no replicas) at step 2, restored on 4 with a replica each: rank 2
+    # is lost at step 3, and the survivors' reshard rebuilds its slice from the replica that the
+    # restore filled. The weights end as a 4-rank run's that never stopped.
+    def checkpoint(comm, rank):
+        shard = gs.ShardedParameter(comm, TOTAL, optimizer="adam", lr=0.01)
+        w = (np.arange(TOTAL) % 100).astype(np.float32) / 100
+        shard.init(w)
+        for step in range(2):
+            shard.step(grad(step), w)
+        counts = [n for _, n in shard.ranges()]
+        m, v = (comm.allgatherv(shard.read_slice(s), counts) for s in ("state1", "state2"))
+        return w, m, v, shard.updates
+
+    saved = run_ranks(2, checkpoint)[0]
+
+    def resumed(comm, rank):
+        shard = gs.ShardedParameter(comm, TOTAL, optimizer="adam", lr=0.01, replicas=1)
+        w, m, v, updates = (x.copy() if isinstance(x, np.ndarray) else x for x in saved)
+        shard.restore(w, m, v, updates=updates)
+        for step in range(2, STEPS):
+            if step == LOSS_AT:
+                if rank == 2:
+                    return None
+                with pytest.raises(gs.GradsyncError):
+                    shard.step(grad(step), w)
+                new, failed, _ = comm.shrink()
+                assert failed == [2]
+                shard.reshard(new)
+                comm.close()
+                comm = new
+            shard.step(grad(step), w)
+        return w
+
+    ref = run_ranks(4, lambda c, r: train(c))[0][0]
+    for r, w in enumerate(run_ranks(4, resumed)):
+        assert (w is None) == (r == 2)
+        if w is not None:
+            assert np.array_equal(w.view(np.uint32), ref.view(np.uint32))
+
+
 def test_reshard_without_replicas_names_the_lost_range():
     def body(comm, rank):
         shard = gs.ShardedParameter(comm, TOTAL, optimizer="sgd", replicas=0)
