@@ -5,15 +5,19 @@ DistributedDataParallel under `python3 -m gradsync.run -n 2` against torch's DDP
 `torchrun --nproc_per_node 2`, with the user's environment and nothing added (the script sets no
 thread count; each launcher does what it does by default).
 
-    bench/torch/launcher_bench.py [--runs 5] [--steps 40]
+    bench/torch/launcher_bench.py [--runs 5] [--steps 40] [--model digits|cifar]
 
-Each run starts both, one after the other (the order alternating from run to run, so that both
-see the same machine); each reports the median step time of its slowest rank after warm-up.
-Printed: steps/s min / median / max over the runs for each, and the ratio gradsync / gloo of
-each run (min / median / max), the two measured in the same run.
+Each run starts both, one after the other, and the same script without communication (each rank
+trains alone, under gradsync.run: the step time no library can beat), the order turning from run
+to run so that all see the same machine; each reports the median step time of its slowest rank
+after warm-up. Printed: steps/s min / median / max over the runs for each, and per run the ratio
+gradsync / gloo and the bound no-communication / gloo (min / median / max), measured in the same
+run. Models: "mlp" (bench/torch/ddp_bench.py's 10.5 M parameters: communication weighs),
+"digits" (the digits demo's CNN) and "cifar" (a 2.2 M-parameter CNN): their compute dominates.
 """
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -22,17 +26,22 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
 
-# The user's script: a small CNN on 3x32x32 images, batch 32 per rank, SGD with momentum. Nothing
-# in it concerns threads or the environment.
+# The user's script: a CNN, batch 32 per rank, SGD with momentum; "cifar" (2.2 M parameters on
+# 3x32x32 images: the compute dominates) or "digits" (the digits demo's, 0.19 M parameters on
+# 1x16x16 images: a few milliseconds of compute a step, where communication counts). Nothing in it
+# concerns threads or the environment.
 USER_SCRIPT = r'''
 import hashlib, statistics, sys, time
 import torch
 
-backend, steps = sys.argv[1], int(sys.argv[2])
+backend, steps, model_name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if backend == "gloo":
     import torch.distributed as dist
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
+elif backend == "none":  # no communication at all: each rank trains alone, the bound of any library
+    import os
+    rank = int(os.environ.get("RANK", "0"))
 else:
     import gradsync as gs
     import gradsync.torch as gst
@@ -40,18 +49,33 @@ else:
     rank, size = comm.rank, comm.size
 
 torch.manual_seed(0)
-net = torch.nn.Sequential(
-    torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-    torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-    torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-    torch.nn.Flatten(), torch.nn.Linear(128 * 8 * 8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+if model_name == "mlp":  # bench/torch/ddp_bench.py's
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                              torch.nn.ReLU(), torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    shape = (1024,)
+elif model_name == "cifar":
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(128 * 8 * 8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    shape = (3, 32, 32)
+else:  # the digits demo's CNN (scripts/train_torch.py)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64 * 4 * 4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    shape = (1, 16, 16)
 if backend == "gloo":
     model = torch.nn.parallel.DistributedDataParallel(net)
+elif backend == "none":
+    model = net
 else:
     model = gst.DistributedDataParallel(net, comm)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 g = torch.Generator().manual_seed(1 + rank)
-x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+x, y = torch.randn(32, *shape, generator=g), torch.randint(0, 10, (32,), generator=g)
 times = []
 for step in range(steps + 5):
     t0 = time.perf_counter()
@@ -78,15 +102,16 @@ main()
 """
 
 
-def launch(kind, script, steps, env):
+def launch(kind, script, steps, model, env):
     if kind == "gloo":
-        cmd = [sys.executable, "-c", TORCHRUN, "--standalone", "--nproc_per_node", "2", script, "gloo", str(steps)]
-    else:
-        cmd = [sys.executable, "-m", "gradsync.run", "-n", "2", script, "gradsync", str(steps)]
+        cmd = [sys.executable, "-c", TORCHRUN, "--standalone", "--nproc_per_node", "2", script, "gloo", str(steps), model]
+    else:  # gradsync, or none (no communication) under the same launcher
+        cmd = [sys.executable, "-m", "gradsync.run", "-n", "2", script, kind, str(steps), model]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"{kind} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    results = [line.split("RESULT ", 1)[1].split() for line in out.stdout.splitlines() if "RESULT " in line]
+    # torchrun passes the ranks' output through unsplit: two ranks' lines can run together.
+    results = re.findall(r"RESULT (\d+) ([0-9.e+-]+) ([0-9a-f]{16})", out.stdout)
     if len(results) != 2:
         raise SystemExit(f"{kind}: expected 2 results, got:\n{out.stdout}\n{out.stderr}")
     return 1.0 / max(float(r[1]) for r in results), len({r[2] for r in results}) == 1
@@ -100,34 +125,37 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--model", choices=("digits", "cifar", "mlp"), default="digits")
     a = ap.parse_args()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     # Where the package would be after pip install: the only variable the runs get.
     env["PYTHONPATH"] = os.path.abspath(SCRIPTS) + os.pathsep + env.get("PYTHONPATH", "")
-    rates = {"gradsync": [], "gloo": []}
-    ratios, equal = [], True
+    kinds = ("gradsync", "gloo", "none")
+    rates = {k: [] for k in kinds}
+    ratios, bounds, equal = [], [], True
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "user_train.py")
         with open(script, "w") as f:
             f.write(USER_SCRIPT)
         for run in range(a.runs):
-            order = ("gradsync", "gloo") if run % 2 == 0 else ("gloo", "gradsync")
             got = {}
-            for kind in order:
-                got[kind], same = launch(kind, script, a.steps, env)
-                equal = equal and same
+            for kind in kinds[run % 3:] + kinds[:run % 3]:  # each goes first in turn
+                got[kind], same = launch(kind, script, a.steps, a.model, env)
+                equal = equal and (same or kind == "none")
                 rates[kind].append(got[kind])
             ratios.append(got["gradsync"] / got["gloo"])
-            print(f"run {run + 1}: gradsync {got['gradsync']:.2f} steps/s, gloo {got['gloo']:.2f} steps/s, "
-                  f"ratio {ratios[-1]:.2f}", flush=True)
-    print(f"2 ranks, CNN (2.2 M parameters) on 32 x 3x32x32 per rank, SGD momentum, {a.steps} steps after 5 warm-up; "
+            bounds.append(got["none"] / got["gloo"])
+            print(f"run {run + 1}: gradsync {got['gradsync']:.2f} steps/s, gloo {got['gloo']:.2f}, no communication "
+                  f"{got['none']:.2f}; ratio {ratios[-1]:.2f} (bound {bounds[-1]:.2f})", flush=True)
+    print(f"2 ranks, the {a.model} model, batch 32 per rank, SGD momentum, {a.steps} steps after 5 warm-up; "
           f"min / median / max of {a.runs} runs")
-    print(f"gradsync.torch under gradsync.run    {spread(rates['gradsync'])} steps/s")
-    print(f"torch DDP (gloo) under torchrun      {spread(rates['gloo'])} steps/s")
-    print(f"ratio, per run                       {spread(ratios)}")
+    print(f"gradsync.torch under gradsync.run      {spread(rates['gradsync'])} steps/s")
+    print(f"torch DDP (gloo) under torchrun        {spread(rates['gloo'])} steps/s")
+    print(f"no communication, under gradsync.run   {spread(rates['none'])} steps/s")
+    print(f"gradsync / gloo, per run               {spread(ratios)}")
+    print(f"no communication / gloo, per run       {spread(bounds)}  (what any library could reach)")
     print(f"weights equal on both ranks: {equal}")
-
 
 if __name__ == "__main__":
     main()
