@@ -226,15 +226,15 @@ void ShardedParameter::init(const float* weights, size_t count) {
 void ShardedParameter::restore(const float* weights, const float* state1, const float* state2, size_t count,
                                int64_t updates) {
   try {
-    const int states = optimizer_states();
+    const int states = optimizer_states();  // 0 SGD, 1 momentum, 2 Adam
     const char* name = optimizer_name(options_.optimizer);
     GS_REQUIRE(weights != nullptr, GRADSYNC_E_INVALID_ARG, "weights buffer is NULL");
     GS_REQUIRE(count == total_, GRADSYNC_E_INVALID_ARG, "weights hold {} floats, the parameter has {}", count, total_);
     GS_REQUIRE(updates >= 0, GRADSYNC_E_INVALID_ARG, "update count {} is negative", updates);
-    GS_REQUIRE((state1 != nullptr) == (states >= 1), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states: {}",
-               name, states, state1 == nullptr ? "the first state is NULL" : "a first state was given");
-    GS_REQUIRE((state2 != nullptr) == (states >= 2), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states: {}",
-               name, states, state2 == nullptr ? "the second state is NULL" : "a second state was given");
+    GS_REQUIRE((state1 != nullptr) == (states >= 1), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) {}", name,
+               state1 == nullptr ? "keeps a first state, and it is NULL" : "keeps no first state, but one was given");
+    GS_REQUIRE((state2 != nullptr) == (states >= 2), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) {}", name,
+               state2 == nullptr ? "keeps a second state, and it is NULL" : "keeps no second state, but one was given");
   } catch (const Error& e) {
     remember_failure(e.status(), fmt::format("restore failed: {}", e.what()));
     throw;
@@ -528,8 +528,8 @@ void ShardedParameter::write_weights(const float* slice, size_t count) {
 
 void ShardedParameter::read_slice(Slice which, float* out, size_t count) const {
   const int index = which == Slice::State1 ? 1 : which == Slice::State2 ? 2 : 0;
-  GS_REQUIRE(index <= optimizer_states(), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps {} states, not a {}",
-             optimizer_name(options_.optimizer), optimizer_states(), index == 1 ? "first" : "second");
+  GS_REQUIRE(index <= optimizer_states(), GRADSYNC_E_INVALID_ARG, "the optimizer ({}) keeps no {} state",
+             optimizer_name(options_.optimizer), index == 1 ? "first" : "second");
   GS_REQUIRE(out != nullptr || count == 0, GRADSYNC_E_INVALID_ARG, "output buffer is NULL");
   GS_REQUIRE(count == part_.len, GRADSYNC_E_INVALID_ARG, "output holds {} floats, rank {} owns {}", count, rank_,
              part_.len);

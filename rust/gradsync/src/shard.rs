@@ -180,6 +180,27 @@ impl ShardedParameter {
         check(unsafe { sys::gradsync_shard_init(self.raw.as_ptr(), weights.as_ptr(), weights.len()) })
     }
 
+    /// Local: [`init`](Self::init) with the optimizer state and the update count, to continue
+    /// from a checkpoint taken on any number of ranks (`gradsync_shard_restore`). Each array holds
+    /// `total` floats; `state1` for momentum and Adam, `state2` for Adam, `None` where the
+    /// optimizer keeps no such state. Pass the same on every rank: each keeps its slice.
+    pub fn restore(&mut self, weights: &[f32], state1: Option<&[f32]>, state2: Option<&[f32]>, updates: i64) -> Result<()> {
+        for (name, state) in [("state1", state1), ("state2", state2)] {
+            if let Some(s) = state {
+                if s.len() != weights.len() {
+                    return Err(crate::error::invalid(
+                        "ShardedParameter::restore",
+                        format!("{} holds {} floats, weights {}", name, s.len(), weights.len()),
+                    ));
+                }
+            }
+        }
+        let ptr = |s: Option<&[f32]>| s.map_or(ptr::null(), |s| s.as_ptr());
+        check(unsafe {
+            sys::gradsync_shard_restore(self.raw.as_ptr(), weights.as_ptr(), ptr(state1), ptr(state2), weights.len(), updates)
+        })
+    }
+
     /// Collective: one whole training step — put, aggregate, update, gather
     /// (`gradsync_shard_step`). `weights` receives the new full weights.
     pub fn step(&mut self, gradient: &[f32], weights: &mut [f32], samples: u64) -> Result<()> {

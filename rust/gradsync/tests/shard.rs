@@ -35,3 +35,27 @@ fn sgd_step_gives_the_same_weights_on_every_rank() {
     assert_eq!(out[0].2.status, status::REMOTE, "{}", out[0].2);
     assert!(out[0].2.message.contains("gradsync_shard_step"), "{}", out[0].2);
 }
+
+#[test]
+fn restore_takes_each_ranks_slice_of_the_state_and_read_slice_gives_it_back() {
+    let out = common::with_ranks("shard-restore", 2, |comm| {
+        let opts = ShardOptions { optimizer: ShardOptimizer::Momentum, lr: 0.5, ..ShardOptions::default() };
+        let mut shard = ShardedParameter::new(&comm, 5, &opts).unwrap();
+        let velocity = [10.0, 11.0, 12.0, 13.0, 14.0];
+        let short = shard.restore(&[1.0; 5], Some(&velocity[..4]), None, 3).unwrap_err();
+        let adam_state = shard.restore(&[1.0; 5], Some(&velocity), Some(&velocity), 3).unwrap_err();
+        shard.restore(&[1.0; 5], Some(&velocity), None, 3).unwrap();
+        assert_eq!(shard.updates().unwrap(), 3);
+        let (_, len) = shard.part(None).unwrap();
+        let mut mine = vec![0f32; len as usize];
+        shard.read_slice(Slice::State1, &mut mine).unwrap();
+        let none = shard.read_slice(Slice::State2, &mut mine.clone()).unwrap_err();
+        (mine, short, adam_state, none)
+    });
+    assert_eq!(out[0].0, vec![10.0, 11.0, 12.0]);
+    assert_eq!(out[1].0, vec![13.0, 14.0]);
+    assert!(out[0].1.message.contains("state1 holds 4 floats"), "{}", out[0].1);
+    assert_eq!(out[0].2.status, status::INVALID_ARG, "{}", out[0].2);
+    assert!(out[0].2.message.contains("keeps no second state, but one was given"), "{}", out[0].2);
+    assert!(out[0].3.message.contains("the optimizer (momentum) keeps no second state"), "{}", out[0].3);
+}
