@@ -60,7 +60,7 @@ import torch
 
 from .._lib import E_NO_SPACE, E_NOMEM, GradsyncError
 from ..embedding import ShardedEmbeddingTable
-from ..shard import OPTIMIZERS, ShardedParameter
+from ..shard import ShardedParameter
 
 __all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
 
@@ -337,28 +337,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._next = 0
 
 
-# The torch optimizer whose arithmetic each of the library's runs, the hyperparameters it takes from
-# ours, and its per-parameter state, in the order of the library's state arrays (state1, state2).
-_TORCH_EQUIVALENTS = {
-    "adam": (torch.optim.Adam, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
-    "adamw": (torch.optim.AdamW, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
-    "momentum": (torch.optim.SGD, ("momentum", "weight_decay"), ("momentum_buffer",)),
-    "sgd": (torch.optim.SGD, ("weight_decay",), ()),
-}
-_KIND_NAMES = {v: k for k, v in OPTIMIZERS.items()}
-# What a loaded state dict's parameter group must share with ours (lr may differ: it is taken).
-_SEMANTIC_KEYS = ("betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
-
-
-def _plain(value):
-    """A tensor or a tuple of numbers as plain Python numbers, to compare hyperparameters and steps."""
-    if isinstance(value, torch.Tensor):
-        return value.item()
-    if isinstance(value, (tuple, list)):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     """ZeRO-1 through gradsync.ShardedParameter. See the module docstring.
 
@@ -392,6 +370,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     momentum, the update count (torch's format has none; nothing they compute uses it).
     """
 
+    # The torch optimizer whose arithmetic each of the library's runs, the hyperparameters it takes
+    # from ours, and its per-parameter state, in the order of the library's arrays (state1, state2).
+    _TORCH_EQUIVALENTS = {
+        "adam": (torch.optim.Adam, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
+        "adamw": (torch.optim.AdamW, ("betas", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq")),
+        "momentum": (torch.optim.SGD, ("momentum", "weight_decay"), ("momentum_buffer",)),
+        "sgd": (torch.optim.SGD, ("weight_decay",), ()),
+    }
+    # What a loaded state dict's parameter group must share with ours (lr may differ: it is taken).
+    _SEMANTIC_KEYS = ("betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
+
     def __init__(self, params, comm, optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  momentum=0.9, compress="none", error_feedback=False, clip_norm=None, replicas=0, joining=False):
         super().__init__(params, dict(lr=lr))
@@ -403,7 +392,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameters must be float32 CPU tensors, got {p.dtype} on {p.device}")
         _check_same_model(self._params, comm, {"optimizer": optimizer, "compress": compress},
                           who="ZeroRedundancyOptimizer")
-        self._kind = optimizer.lower() if isinstance(optimizer, str) else _KIND_NAMES.get(int(optimizer))
+        self._kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         self._hyper = dict(betas=tuple(float(b) for b in betas), eps=float(eps), weight_decay=float(weight_decay),
                            momentum=float(momentum))
         self._consolidated = None
@@ -451,13 +440,23 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _torch_equivalent(self):
         """The torch optimizer class of the same arithmetic, its parameter group (hyperparameters as
         torch names them, the current lr) and the names of its per-parameter state."""
-        if self._kind not in _TORCH_EQUIVALENTS:
-            raise ValueError(f"optimizer {self._kind!r} has no torch equivalent")
-        cls, hyper, names = _TORCH_EQUIVALENTS[self._kind]
+        if self._kind not in self._TORCH_EQUIVALENTS:
+            raise ValueError(f"state dicts need the optimizer by name ({', '.join(self._TORCH_EQUIVALENTS)}), "
+                             f"got {self._kind!r}")
+        cls, hyper, names = self._TORCH_EQUIVALENTS[self._kind]
         kwargs = {k: self._hyper[k] for k in hyper}
         group = dict(cls([torch.zeros(1)], lr=float(self.param_groups[0]["lr"]), **kwargs).param_groups[0])
         del group["params"]
         return cls, group, names
+
+    @staticmethod
+    def _plain(value):
+        """A tensor or a tuple of numbers as plain Python numbers, to compare hyperparameters and steps."""
+        if isinstance(value, torch.Tensor):
+            return value.item()
+        if isinstance(value, (tuple, list)):
+            return tuple(ZeroRedundancyOptimizer._plain(v) for v in value)
+        return value
 
     @torch.no_grad()
     def consolidate_state_dict(self, to=0):
@@ -520,8 +519,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             if (key in group) != (key in ours):
                 raise ValueError(f"the state dict is another kind of optimizer's than this one ({self._kind}): its "
                                  f"parameter group {'has' if key in group else 'lacks'} {key!r}")
-        for key in _SEMANTIC_KEYS:
-            if key in group and key in ours and _plain(group[key]) != _plain(ours[key]):
+        for key in self._SEMANTIC_KEYS:
+            if key in group and key in ours and self._plain(group[key]) != self._plain(ours[key]):
                 raise ValueError(f"the state dict's {key} is {group[key]!r}; this optimizer's ({self._kind}) is "
                                  f"{ours[key]!r}")
         entries = [state_dict["state"].get(pid) or {} for pid in group["params"]]
@@ -538,7 +537,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                         raise ValueError(f"parameter {i}: the state dict's {name} has shape {tuple(t.shape)}, the "
                                          f"parameter {tuple(p.shape)}")
                     full[at:at + p.numel()] = t.detach().to(torch.float32).reshape(-1).numpy()
-                steps.add(int(_plain(entry.get("step", 0))))
+                steps.add(int(self._plain(entry.get("step", 0))))
             if len(steps) != 1:
                 raise ValueError(f"the parameters' states are at different steps {sorted(steps)}")
             updates = steps.pop()
