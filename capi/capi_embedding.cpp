@@ -6,6 +6,7 @@
 #include "capi/comm_handle.hpp"
 #include "capi/guard.hpp"
 #include "capi/options.hpp"
+#include "common/log.hpp"
 #include "embedding/embedding.hpp"
 #include "gradsync/embedding.h"
 #include "optim/optim.hpp"
@@ -23,6 +24,8 @@ struct gradsync_embedding : gradsync::capi::Handle<gradsync::capi::Kind::Embeddi
       link->require_this_process();
       gradsync::capi::CommLink::Call call(*link, "gradsync_embedding_free");
       impl.release_buffers();
+    } catch (const std::exception& e) {
+      GS_LOG_DEBUG("gradsync_embedding_free: the send buffers stay with the communicator until its end: {}", e.what());
     } catch (...) {
     }
   }

@@ -124,6 +124,11 @@ GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options* opt
  *        shard-\<rank\>-of-\<size\>.{params,grad,state}; existing files of the same shape are reopened
  *        as they are (init then applies only to files created now). Borrowed for the call.
  * @param[in] opts the options (rows and dim required)
+ * Lookups and pushes keep their send buffers between calls (about 1.25 x the largest batch's ids
+ * x (dim + 2) x 4 bytes) in the communicator's memory when it has room, as gradsync_comm_alloc
+ * would, so that peers on this host read them directly; they then count against what
+ * gradsync_comm_alloc can give, and go back to the communicator at gradsync_embedding_free, or at
+ * the communicator's end if the table is freed while another thread is in a call on it.
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1, unknown sharding or init, an
  *         optimizer other than SGD or ROW_ADAGRAD, bad lr, eps, threads or bounds)
  * @retval GRADSYNC_E_MISUSE a bad communicator handle
