@@ -19,11 +19,10 @@ step) and the held-out accuracy beside the undisturbed run's.
 
     scripts/train_elastic.py                         # 1 undisturbed run, 1 with a kill
     scripts/train_elastic.py --runs 5 --kill-step 100
-    python3 -m gradsync.run -n 4 --elastic scripts/train_elastic.py --rank-main --kill-step 50
+    python3 -m gradsync.run -n 4 --elastic scripts/train_elastic.py --rank-main --kill-step 50 --out results
 
-Then, where the library can grow a group (gradsync_comm_grow), the launcher (--replace) starts a
-replacement for the lost rank, and at --grow-step the survivors grow the group back to 4
-(State.grow): the replacement (gradsync.torch.elastic.join) takes the weights by broadcast and its
+Then the launcher (--replace) starts a replacement for the lost rank, and at --grow-step the
+survivors grow the group back to 4 (State.grow): the replacement (gradsync.torch.elastic.join) takes the weights by broadcast and its
 slice of Adam's state by reshard, and the 4 ranks finish. Without it the run ends on 3 ranks.
 """
 import os
@@ -53,6 +52,17 @@ from train_digits import load_digits  # noqa: E402
 # to come to it); total: from the kill to the first step done on 3 ranks.
 PHASES = [("detect", "detect_s"), ("shrink", "shrink_s"), ("agree", "agree_s"), ("form", "form_s"),
           ("reshard", "reshard_s"), ("sync", "sync_s"), ("first step", "first_step_s"), ("total", "kill_to_step_s")]
+
+
+def lost_members(state):
+    """How many members the recoveries so far removed (a recovery may remove none: a slow peer)."""
+    return sum(len(failed) for r in state.recoveries for failed in r["failed"])
+
+
+def grow_due(state, grow_step, replacing):
+    """Whether to grow now: from grow_step on, when the launcher starts a replacement for each lost
+    rank (replacing), once per member lost and not yet replaced."""
+    return replacing and 0 <= grow_step <= state.step and len(state.grows) < lost_members(state)
 
 
 def rank_main(args):
@@ -87,11 +97,12 @@ def rank_main(args):
     total = args.epochs * steps_per_epoch
     victim = joined is None and state.comm.rank == args.kill_rank
     group = os.environ["GRADSYNC_GROUP"]
+    replacing = os.environ.get("GRADSYNC_REPLACE") == "1"  # gradsync.run --replace: a replacement per lost rank
 
     @elastic.run
     def train(state):
         while state.step < total:
-            if args.grow_step >= 0 and state.step >= args.grow_step and len(state.grows) < len(state.recoveries):
+            if grow_due(state, args.grow_step, replacing):
                 state.grow(join_name(group, len(state.grows) + 1))  # the launcher's replacement joins
             epoch, i = divmod(state.step, steps_per_epoch)
             order = np.random.default_rng(args.seed + epoch).permutation(len(y))
@@ -99,8 +110,9 @@ def rank_main(args):
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
             if victim and state.step == args.kill_step:
-                with open(args.stamp, "w") as f:
-                    f.write(str(time.monotonic_ns()))  # CLOCK_MONOTONIC: one clock for every process
+                if args.stamp is not None:
+                    with open(args.stamp, "w") as f:
+                        f.write(str(time.monotonic_ns()))  # CLOCK_MONOTONIC: one clock for every process
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step(samples=len(rows))
             state.step += 1
@@ -115,11 +127,12 @@ def rank_main(args):
            "seconds": seconds, "steps": state.step, "recoveries": state.recoveries, "grows": state.grows,
            "joined": joined,
            "digest": hashlib.sha256(opt._weights.numpy().tobytes()).hexdigest()}
-    if state.recoveries and os.path.exists(args.stamp):
+    if state.recoveries and args.stamp is not None and os.path.exists(args.stamp):
         killed = int(open(args.stamp).read())
         r = state.recoveries[0]
         r["detect_s"] = (r["error_ns"] - killed) / 1e9
         r["kill_to_step_s"] = (r["first_step_done_ns"] - killed) / 1e9
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank.{out['member_id']}.json"), "w") as f:
         json.dump(out, f)
     state.comm.close()
@@ -156,24 +169,31 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=1, help="runs with a kill (default 1)")
     ap.add_argument("--kill-rank", type=int, default=2)
     ap.add_argument("--kill-step", type=int, default=150)
-    ap.add_argument("--grow-step", type=int, default=200,
+    ap.add_argument("--grow-step", type=int, default=None,
                     help="the survivors grow back to 4 here, with the launcher's replacement rank (-1: never; "
-                         "needs gradsync_comm_grow in the library)")
+                         "default 200, and with --rank-main -1; a rank grows only under gradsync.run --replace)")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=96, help="global batch (96: 24 rows on each of 4 ranks, 32 on 3)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-ms", type=int, default=20000, help="the communicators' timeout (detection beats it)")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--stamp", default=None)
+    ap.add_argument("--out", default=None,
+                    help="where the results go (with --rank-main: required; default: a new temporary directory)")
+    ap.add_argument("--stamp", default=None,
+                    help="with --rank-main: the file the killed rank writes its kill time to (detect_s)")
     args = ap.parse_args(argv)
     if args.rank_main:
+        if args.out is None:
+            ap.error("--rank-main needs --out, the directory each rank writes its result to")
+        if args.grow_step is None:
+            args.grow_step = -1
         return rank_main(args)
+    if args.grow_step is None:
+        args.grow_step = 200
     work = args.out or tempfile.mkdtemp(prefix="gradsync-elastic-")
     steps = args.epochs * (1348 // args.batch)
-    can_grow = hasattr(gs.Communicator, "grow")
-    grow_step = args.grow_step if can_grow else -1
+    grow_step = args.grow_step
     print(f"libgradsync {gs.version()}: digits MLP 64-{args.hidden}-10, ZeRO-1 Adam (replicas=1) on {args.ranks} "
           f"ranks, {steps} steps of global batch {args.batch}; rank {args.kill_rank} is SIGKILLed before its step "
           f"{args.kill_step}, the others go on {args.ranks - 1}"
@@ -223,8 +243,6 @@ def main(argv=None):
             v = per_phase[key]
             print(f"  {name:>10}: {min(v) * 1e3:8.1f} / {statistics.median(v) * 1e3:8.1f} / {max(v) * 1e3:8.1f} ms")
     print(f"detection against the deadline: the communicators' timeout is {args.timeout_ms} ms")
-    if not can_grow:
-        print(f"growing back to {args.ranks} ranks: needs gradsync_comm_grow, which this library does not have")
     if worst > 0.02:
         print(f"held-out accuracy differs from the undisturbed run by {worst * 100:.2f} points", file=sys.stderr)
         return 1

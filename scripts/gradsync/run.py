@@ -25,7 +25,7 @@ succeed, it exits 0. With --elastic, a rank killed by a signal is lost, not fail
 says so and lets the others go on (they shrink their group: gradsync.torch.elastic), and exits 0
 when the rest succeed. --replace also starts a replacement for each lost rank, with
 GRADSYNC_JOIN=join_name(group, k) (k = 1, 2, ... in the order of the losses) in its environment
-instead of GRADSYNC_RANK's meaning: it joins the running group (gradsync.torch.elastic.join), when
+instead of GRADSYNC_RANK's meaning (and every rank has GRADSYNC_REPLACE=1): it joins the running group (gradsync.torch.elastic.join), when
 the others grow it by the same name (State.grow; the library's gradsync_comm_grow).
 SIGINT or SIGTERM to the launcher is passed on to every rank and escalated (SIGINT, then SIGTERM,
 then SIGKILL, --grace seconds apart; a second signal escalates at once), and the launcher then
@@ -264,6 +264,8 @@ def main(argv=None):
         base.setdefault("PYTHONUNBUFFERED", "1")  # lines as they are written, as on a terminal
     if a.timeout_ms is not None:
         base["GRADSYNC_TIMEOUT_MS"] = str(a.timeout_ms)
+    if a.replace:
+        base["GRADSYNC_REPLACE"] = "1"  # the ranks may grow back: a replacement comes for each lost rank
     command = [sys.executable, *(["-m"] if a.module else []), a.program, *a.args]
 
     watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, segment, prefix, str(a.grace)], stdin=subprocess.PIPE,

@@ -285,3 +285,24 @@ def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
     for weights in [got[r][0] for r in (0, 1, 3)] + [joined["out"][0]]:
         for a, b in zip(weights, ref):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_train_elastic_grows_once_per_lost_member_and_only_with_a_replacement():
+    import types
+
+    from train_elastic import grow_due
+
+    def state(step, failed, grows):
+        return types.SimpleNamespace(step=step, recoveries=[{"failed": f} for f in failed], grows=[{}] * grows)
+
+    lost_one = [[[2]]]
+    assert grow_due(state(200, lost_one, 0), 200, True)
+    assert not grow_due(state(199, lost_one, 0), 200, True)  # not yet
+    assert not grow_due(state(200, lost_one, 0), 200, False)  # no replacement comes
+    assert not grow_due(state(200, lost_one, 0), -1, True)  # never
+    assert not grow_due(state(300, lost_one, 1), 200, True)  # already grown back
+    # A recovery that removed nobody (a failed grow, a slow peer) asks for no other grow.
+    assert not grow_due(state(300, lost_one + [[[]]], 1), 200, True)
+    # Two lost in one recovery (its second shrink): two grows.
+    assert grow_due(state(300, [[[1], [2]]], 1), 200, True)
+    assert not grow_due(state(300, [[[1], [2]]], 2), 200, True)
