@@ -306,3 +306,25 @@ def test_train_elastic_grows_once_per_lost_member_and_only_with_a_replacement():
     # Two lost in one recovery (its second shrink): two grows.
     assert grow_due(state(300, [[[1], [2]]], 1), 200, True)
     assert not grow_due(state(300, [[[1], [2]]], 2), 200, True)
+
+
+def test_run_raises_the_error_when_its_recovery_found_nobody_lost():
+    from gradsync.torch import elastic
+
+    calls, nobody = [], f"py-el-nobody-{uuid.uuid4().hex[:8]}"
+
+    def grow_nobody_joins(state):
+        calls.append(state.comm.rank)
+        state.grow(nobody, 1)
+
+    def body(comm, rank):
+        state = elastic.State(comm)
+        with pytest.raises(gs.GradsyncError) as err:
+            elastic.run(grow_nobody_joins)(state)
+        assert err.value.status in elastic.RECOVERABLE
+        assert [r["failed"] for r in state.recoveries] == [[[]]] and state.comm.size == 2
+        state.comm.close()
+        return True
+
+    assert run_ranks(2, body, timeout_ms=500) == [True, True]
+    assert sorted(calls) == [0, 1]  # one try each, no retry

@@ -158,8 +158,8 @@ class State:
 
     def recover(self, error=None):
         """Collective over the survivors, after `error` (a GradsyncError whose status is in
-        RECOVERABLE) showed that a member is gone: shrink, reshard or rebuild, go back to the latest
-        commit. Returns this recovery's record, also appended to state.recoveries: failed (the
+        RECOVERABLE) showed that a member may be gone: shrink, reshard or rebuild, go back to the
+        latest commit (when nobody was lost, failed holds only empty lists: see run). Returns this recovery's record, also appended to state.recoveries: failed (the
         lost members' ranks in each group shrunk, a list per shrink), size (the new group's),
         attempts, and the phases' times in seconds: shrink_s (agree_s + form_s of it: agreeing on the
         failed set, forming the group), reshard_s, rebuild_s (DDP's buckets), sync_s (the commit to
@@ -187,6 +187,8 @@ class State:
             except GradsyncError as e:
                 if e.status not in RECOVERABLE:
                     new.close()
+                    for c in old[1:]:  # the groups shrunk on the way; self.comm stays the caller's
+                        c.close()
                     raise
                 old.append(new)  # another member lost on the way: shrink again
         for c in old:
@@ -308,7 +310,10 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
 
 def run(fn):
     """Decorator: fn(state, ...) is called again after each recovery from a lost member, until it
-    returns (its value is returned). Errors that no lost member caused propagate."""
+    returns (its value is returned). Errors that no lost member caused propagate: a status not in
+    RECOVERABLE at once, and a RECOVERABLE one once its recovery found nobody lost (a slow peer's
+    timeout, a grow nobody joined, an abort of this rank's own); state.comm is then the same
+    members' new group, at the latest commit."""
 
     @functools.wraps(fn)
     def wrapper(state, *args, **kwargs):
@@ -318,6 +323,8 @@ def run(fn):
             except GradsyncError as e:
                 if e.status not in RECOVERABLE:
                     raise
-                state.recover(e)
+                record = state.recover(e)
+                if not any(record["failed"]):
+                    raise  # the same error again would come after every retry
 
     return wrapper
