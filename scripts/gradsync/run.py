@@ -26,7 +26,9 @@ says so and lets the others go on (they shrink their group: gradsync.torch.elast
 when the rest succeed. --replace also starts a replacement for each lost rank, with
 GRADSYNC_JOIN=join_name(group, k) (k = 1, 2, ... in the order of the losses) in its environment
 instead of GRADSYNC_RANK's meaning (and every rank has GRADSYNC_REPLACE=1): it joins the running group (gradsync.torch.elastic.join), when
-the others grow it by the same name (State.grow; the library's gradsync_comm_grow).
+the others grow it by the same name (State.grow; the library's gradsync_comm_grow). When every
+other rank has exited 0, a replacement still running after --grace seconds is taken to be waiting
+for a grow that will not come: it is stopped (SIGTERM, then SIGKILL) and does not count.
 SIGINT or SIGTERM to the launcher is passed on to every rank and escalated (SIGINT, then SIGTERM,
 then SIGKILL, --grace seconds apart; a second signal escalates at once), and the launcher then
 dies of the signal it got. Ranks die with the launcher, even of SIGKILL (a
@@ -312,6 +314,8 @@ def main(argv=None):
         return f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
 
     joins = []
+    replacements, abandoned = set(), set()  # the ranks a replacement runs as; those stopped unjoined
+    cut = None  # (time, signal): the replacements still running when every other rank is done
 
     def replace(rank):
         """A new process in the lost rank's place (its output tagged as that rank's), joining the
@@ -325,6 +329,7 @@ def main(argv=None):
             print(f"gradsync.run: cannot start a replacement for rank {rank}: {e}", file=sys.stderr)
             return
         procs[rank] = p
+        replacements.add(rank)
         codes.pop(rank)
         lost.discard(rank)
         watcher.stdin.write(f"{p.pid}\n")
@@ -355,7 +360,7 @@ def main(argv=None):
         for rank, p in enumerate(procs):
             if rank not in codes and p.poll() is not None:
                 codes[rank] = p.returncode
-                if p.returncode != 0 and first is None and received is None and rank not in stopped:
+                if p.returncode != 0 and first is None and received is None and rank not in stopped | abandoned:
                     if a.elastic and p.returncode < 0 and len(lost) + 1 < len(procs):
                         lost.add(rank)
                         print(f"gradsync.run: rank {rank} lost ({describe(p.returncode)}); the others go on",
@@ -369,6 +374,19 @@ def main(argv=None):
                     # own within a short settling time is reported.
                     settle = time.monotonic() + 0.5
         now = time.monotonic()
+        if (cut is None and replacements and first is None and received is None
+                and all(r in codes and (codes[r] == 0 or r in lost) for r in range(len(procs)) if r not in replacements)):
+            # The others finished without growing: a replacement waiting to join would wait out its
+            # timeout and fail a run that succeeded. One that joined ends within the grace.
+            cut = (now + a.grace, signal.SIGTERM)
+        if cut is not None and now >= cut[0]:
+            for rank in sorted(replacements - set(codes)):
+                if rank not in abandoned:
+                    print(f"gradsync.run: the replacement for rank {rank} did not join; the others are done, "
+                          f"stopping it", file=sys.stderr, flush=True)
+                abandoned.add(rank)
+                procs[rank].send_signal(cut[1])
+            cut = (now + a.grace, signal.SIGKILL)
         if settle is not None and now >= settle:
             settle = None
             escalate(1)
@@ -404,7 +422,7 @@ def main(argv=None):
     if first < 0:
         return 1
     failed = [f"rank {r} ({describe(codes[r])})" for r in sorted(codes)
-              if codes[r] != 0 and r not in stopped and r not in lost]
+              if codes[r] != 0 and r not in stopped and r not in lost and r not in abandoned]
     print(f"gradsync.run: {len(failed)} of {a.nprocs} ranks failed: {', '.join(failed)}"
           f"{f'; stopped ranks {sorted(stopped)}' if stopped else ''}", file=sys.stderr)
     code = codes[first]

@@ -3,6 +3,7 @@
 failing rank is named, the others stopped, its status returned (with --elastic a killed rank is
 lost and the others go on); each output line tagged with its rank, whole; OMP_NUM_THREADS=1 unless
 set; -m module; and whatever kills what, no rank and no segment is left behind."""
+import glob
 import os
 import pathlib
 import queue
@@ -104,6 +105,9 @@ REPLACED_RANK = textwrap.dedent("""
                 break
         shrunk, _, _ = c.shrink()
         c.close()
+        if "NO_GROW" in os.environ:  # the replacement waits in vain
+            shrunk.close()
+            sys.exit(0)
         c, _ = shrunk.grow(join_name(os.environ["GRADSYNC_GROUP"], 1), 1)
         shrunk.close()
     ids = c.allreduce(np.array([float(c.member_id)]), op="sum")
@@ -125,6 +129,18 @@ def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
     assert sorted(done.stdout.split("\n")[:-1]) == ["[rank 0] member 0 rank 0 of 3 ids 5.0",
                                                      "[rank 1] member 3 rank 2 of 3 ids 5.0",
                                                      "[rank 2] member 2 rank 1 of 3 ids 5.0"]
+
+
+def test_elastic_replace_a_replacement_the_others_never_grow_for_is_stopped_and_not_counted(tmp_path):
+    script = tmp_path / "replaced.py"
+    script.write_text(REPLACED_RANK)
+    group = f"py-launch-nogrow-{os.getpid()}"
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", "1",
+                           "--group", group, str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, NO_GROW="1"))
+    assert done.returncode == 0, done.stderr
+    assert "the replacement for rank 1 did not join" in done.stderr, done.stderr
+    assert not glob.glob(f"/dev/shm/gradsync.{group}*")
 
 
 def test_outside_a_launcher_the_error_says_how_to_start(tmp_path):

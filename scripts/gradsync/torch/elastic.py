@@ -54,6 +54,7 @@ replacement for each lost rank.
 """
 import copy
 import functools
+import os
 import pickle
 import time
 
@@ -287,13 +288,16 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
     State, at the members' latest commit. build(comm, joining=True) makes the model and optimizer
     on the grown group as every rank made them at the start (the same calls, in the same order:
     a DistributedDataParallel, or a ZeroRedundancyOptimizer(..., joining=joining)) and returns
-    (model, optimizer). fields: as State's. Waits up to timeout_ms for the members to grow
-    (Communicator.join: index among the joiners, their count, transport)."""
+    (model, optimizer). fields: as State's. Waits up to timeout_ms (default: GRADSYNC_TIMEOUT_MS,
+    else the library's) for the members to grow (Communicator.join: index among the joiners, their
+    count, transport)."""
     from .. import Communicator
 
     if not hasattr(Communicator, "join"):
         raise GradsyncError(E_UNSUPPORTED, "joining a running group needs gradsync_comm_join, which this library "
                                            "does not have")
+    if timeout_ms is None and "GRADSYNC_TIMEOUT_MS" in os.environ:
+        timeout_ms = int(os.environ["GRADSYNC_TIMEOUT_MS"])
     comm, info = Communicator.join(join_name, index, joiners, timeout_ms=timeout_ms, transport=transport)
     try:
         model, optimizer = build(comm, joining=True)
