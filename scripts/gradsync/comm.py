@@ -534,8 +534,14 @@ class Communicator(Handle):
         """The communicator that `python3 -m gradsync.run` (or any launcher) describes in the
         environment: GRADSYNC_GROUP, GRADSYNC_RANK, GRADSYNC_SIZE, and optionally
         GRADSYNC_TRANSPORT (default shm) and GRADSYNC_TIMEOUT_MS; GRADSYNC_TRANSPORT=hier or mpi
-        (`gradsync.run --hosts`) needs only MPI's launcher. Keyword arguments are passed on."""
+        (`gradsync.run --hosts`) needs only MPI's launcher. Keyword arguments are passed on. A
+        replacement rank (GRADSYNC_JOIN set: gradsync.run --replace) gets a RuntimeError: it joins
+        with gradsync.torch.elastic.join."""
         env = os.environ
+        if "GRADSYNC_JOIN" in env:
+            raise RuntimeError(f"this process replaces a lost rank (GRADSYNC_JOIN={env['GRADSYNC_JOIN']}): it joins "
+                               "the running group with gradsync.torch.elastic.join (or Communicator.join), not "
+                               "from_env")
         if "GRADSYNC_TIMEOUT_MS" in env:
             kwargs.setdefault("timeout_ms", int(env["GRADSYNC_TIMEOUT_MS"]))
         if env.get("GRADSYNC_TRANSPORT") in ("mpi", "hier"):  # gradsync.run --hosts: rank and size from MPI

@@ -73,8 +73,9 @@ def subgroup_prefix(group):
 
 def join_name(group, k):
     """The name the k-th replacement (1, 2, ...) of --elastic --replace joins the group by: the
-    members grow by it (gradsync.torch.elastic.State.grow)."""
-    return f"{group[:50]}.join{k}"
+    members grow by it (gradsync.torch.elastic.State.grow). The group's name is cut to 50 bytes
+    (a whole character), so that the join name fits the library's 63."""
+    return f"{group.encode()[:50].decode(errors='ignore')}.join{k}"
 
 
 def remove_segments(segment, prefix):
@@ -92,16 +93,21 @@ def remove_segments(segment, prefix):
 
 
 # The watcher: started in a session of its own (a kill of the launcher's process group spares it),
-# it reads the ranks' pids from the launcher. "exit" means the launcher cleaned up itself. End of
-# input without it means the launcher died: the ranks had a parent-death signal; any still alive
-# after the grace is killed (pidfds: no pid reuse can redirect the signal), then the segment goes.
+# it reads the ranks' pids from the launcher, and "segments SEGMENT PREFIX" for each further name
+# (a replacement's lobby and grown groups; the paths have no spaces: see _segment). "exit" means
+# the launcher cleaned up itself. End of input without it means the launcher died: the ranks had a
+# parent-death signal; any still alive after the grace is killed (pidfds: no pid reuse can
+# redirect the signal), then the segments go.
 _WATCHER = inspect.getsource(remove_segments) + """
 import os, select, signal, sys
-segment, prefix, grace = sys.argv[1], sys.argv[2], float(sys.argv[3])
+names, grace = [(sys.argv[1], sys.argv[2])], float(sys.argv[3])
 fds = []
 for line in sys.stdin:
     if line == "exit\\n":
         sys.exit(0)
+    if line.startswith("segments "):
+        names.append(tuple(line.split()[1:3]))
+        continue
     try:
         fds.append(os.pidfd_open(int(line)))
     except ProcessLookupError:
@@ -110,7 +116,8 @@ for fd in fds:
     if not select.select([fd], [], [], grace)[0]:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         select.select([fd], [], [], 10.0)
-remove_segments(segment, prefix)
+for segment, prefix in names:
+    remove_segments(segment, prefix)
 """
 
 
@@ -171,6 +178,18 @@ class _Output:
         for log in self.logs:
             if log is not None:
                 log.close()
+
+
+def arm_parent_death():
+    """In a replacement rank (GRADSYNC_LAUNCHER_PID set by --replace): SIGKILL when the launcher
+    dies, as the ranks it started have from their preexec_fn; exits at once if it died already."""
+    launcher = os.environ.get("GRADSYNC_LAUNCHER_PID")
+    if launcher is None:
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(launcher):  # the launcher died before the signal was armed
+        os._exit(127)
 
 
 def _parent_death_signal(launcher):
@@ -247,6 +266,8 @@ def main(argv=None):
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.hosts is not None:
+        if a.elastic or a.replace:
+            ap.error("--elastic and --replace are for one host: they cannot be used with --hosts")
         return _across_hosts(ap, a)
     if a.nprocs is None or a.nprocs < 1:
         ap.error("-n must be given, at least 1")
@@ -319,15 +340,20 @@ def main(argv=None):
 
     def replace(rank):
         """A new process in the lost rank's place (its output tagged as that rank's), joining the
-        group by the next join name. No parent-death signal: the output threads run, and a
-        preexec_fn is unsafe with threads; the watcher stops it if the launcher dies."""
-        joins.append(join_name(group, len(joins) + 1))
+        group by the next join name. No preexec_fn: the output threads run, and it is unsafe with
+        threads; the replacement arms its parent-death signal itself (arm_parent_death, from
+        gradsync.torch.elastic.join), and the watcher stops it if the launcher dies first."""
+        name = join_name(group, len(joins) + 1)
+        watcher.stdin.write(f"segments {segment_path(name)} {subgroup_prefix(name)}\n")  # before it can make them
+        watcher.stdin.flush()
         try:
-            p = subprocess.Popen(command, env=dict(base, GRADSYNC_RANK=str(rank), GRADSYNC_JOIN=joins[-1]),
+            p = subprocess.Popen(command, env=dict(base, GRADSYNC_RANK=str(rank), GRADSYNC_JOIN=name,
+                                                   GRADSYNC_LAUNCHER_PID=str(os.getpid())),
                                  stdout=pipe, stderr=pipe)
         except OSError as e:
             print(f"gradsync.run: cannot start a replacement for rank {rank}: {e}", file=sys.stderr)
             return
+        joins.append(name)
         procs[rank] = p
         replacements.add(rank)
         codes.pop(rank)

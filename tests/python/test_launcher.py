@@ -80,11 +80,14 @@ ELASTIC_RANK = textwrap.dedent("""
 def test_elastic_a_rank_killed_is_lost_and_the_others_go_on(tmp_path):
     script = tmp_path / "elastic.py"
     script.write_text(ELASTIC_RANK)
-    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--grace", "2", str(script)],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    group = f"py-launch-lost-{os.getpid()}"
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--grace", "2",
+                           "--group", group, str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "rank 1 lost (signal SIGKILL); the others go on" in done.stderr, done.stderr
     assert sorted(done.stdout.split("\n")[:-1]) == [f"[rank {r}] member {r} of 2 failed [1] ids 2.0" for r in (0, 2)]
+    assert not glob.glob(f"/dev/shm/gradsync.{group}*")  # the killed rank's segments, the shrunk group's
 
 
 REPLACED_RANK = textwrap.dedent("""
@@ -121,10 +124,13 @@ REPLACED_RANK = textwrap.dedent("""
 def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
     script = tmp_path / "replaced.py"
     script.write_text(REPLACED_RANK)
+    group = f"py-launch-replaced-{os.getpid()}"
     done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", "2",
-                           str(script)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+                           "--group", group, str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "rank 1 replaced" in done.stderr, done.stderr
+    assert not glob.glob(f"/dev/shm/gradsync.{group}*")  # the lobby's and the grown group's too
     # The replacement's output is tagged as rank 1's; it is rank 2 of the grown group, member id 3.
     assert sorted(done.stdout.split("\n")[:-1]) == ["[rank 0] member 0 rank 0 of 3 ids 5.0",
                                                      "[rank 1] member 3 rank 2 of 3 ids 5.0",
@@ -141,6 +147,26 @@ def test_elastic_replace_a_replacement_the_others_never_grow_for_is_stopped_and_
     assert done.returncode == 0, done.stderr
     assert "the replacement for rank 1 did not join" in done.stderr, done.stderr
     assert not glob.glob(f"/dev/shm/gradsync.{group}*")
+
+
+def test_a_replacement_asking_from_env_is_told_to_join(monkeypatch):
+    monkeypatch.setenv("GRADSYNC_JOIN", "py-launch-x.join1")
+    with pytest.raises(RuntimeError, match="gradsync.torch.elastic.join"):
+        gs.Communicator.from_env()
+
+
+def test_elastic_across_hosts_is_refused(capsys):
+    from gradsync.run import main
+    with pytest.raises(SystemExit):
+        main(["--hosts", "a:2", "--elastic", "x.py"])
+    assert "--hosts" in capsys.readouterr().err
+
+
+def test_join_name_cuts_the_group_to_whole_characters():
+    from gradsync.run import join_name
+    name = join_name("é" * 40, 1)  # 80 bytes: cut at 50, between two characters
+    assert name == "é" * 25 + ".join1" and len(name.encode()) <= 63
+    assert len(join_name("a" * 49 + "é" * 7, 2).encode()) == 49 + len(".join2")
 
 
 def test_outside_a_launcher_the_error_says_how_to_start(tmp_path):

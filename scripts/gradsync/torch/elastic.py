@@ -292,6 +292,9 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
     else the library's) for the members to grow (Communicator.join: index among the joiners, their
     count, transport)."""
     from .. import Communicator
+    from ..run import arm_parent_death
+
+    arm_parent_death()  # a replacement of gradsync.run --replace dies with the launcher, as the ranks do
 
     if not hasattr(Communicator, "join"):
         raise GradsyncError(E_UNSUPPORTED, "joining a running group needs gradsync_comm_join, which this library "
