@@ -7,6 +7,7 @@ import os
 import pickle
 import queue as queue_module
 import signal
+import time
 import uuid
 
 import numpy as np
@@ -35,7 +36,10 @@ def _run(target, nranks, *args):
     results = {}
     try:
         # Results first (a child cannot exit while its queue is full), then the exits.
+        deadline = time.monotonic() + BOUND_S
         while len(results) < nranks and not all(p.exitcode is not None for p in procs):
+            if time.monotonic() > deadline:
+                pytest.fail(f"no result from ranks {sorted(set(range(nranks)) - set(results))} after {BOUND_S} s")
             try:
                 rank, value = q.get(timeout=1.0)
                 results[rank] = value
