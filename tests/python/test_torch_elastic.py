@@ -244,6 +244,8 @@ def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
         while state.step < until:
             if leave is not None and state.step == leave:
                 return False
+            # A schedule: the joiner builds its optimizer with the starting rate, and takes the members'.
+            state.optimizer.param_groups[0]["lr"] = 0.01 if state.step < 2 else 0.005
             for i, p in enumerate(state.model.parameters()):
                 p.grad = exact_grad(state.step, p.shape, i)
             state.optimizer.step()
@@ -284,7 +286,12 @@ def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
     got = run_ranks(4, member)
     t.join(timeout=60)
     assert "error" not in joined, joined.get("error")
-    ref = run_ranks(4, lambda comm, rank: zero_train(comm, 1, steps=GROWN_STEPS)[0])[0]
+    def undisturbed(comm, rank):
+        model, opt = build(comm)
+        loop(elastic.State(comm, model, opt), GROWN_STEPS)
+        return [p.detach().numpy().copy() for p in model.parameters()]
+
+    ref = run_ranks(4, undisturbed)[0]
     assert got[VICTIM] is None and joined["step"] == GROW_AT and joined["out"][1] == 3
     for weights in [got[r][0] for r in (0, 1, 3)] + [joined["out"][0]]:
         for a, b in zip(weights, ref):

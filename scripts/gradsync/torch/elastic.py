@@ -266,6 +266,9 @@ class State:
                 opt = self.optimizer
                 _check_same_model(opt._params, new, opt._agreed, who="ZeroRedundancyOptimizer")
                 new.broadcast(opt._weights.numpy(), root=0)
+                # The learning rate is in the slices' configuration: the joiners built theirs with
+                # the starting one. Both the one applied and the one param_groups holds for the next step.
+                new.broadcast(np.array([opt._lr, opt.param_groups[0]["lr"]], dtype=np.float64), root=0)
                 opt.shard.reshard(new)
             if isinstance(self.model, DistributedDataParallel):
                 self.model._attach(new)  # the members' side of the joiners' DistributedDataParallel
@@ -305,6 +308,12 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
     try:
         model, optimizer = build(comm, joining=True)
         if isinstance(optimizer, ZeroRedundancyOptimizer):
+            lr = np.zeros(2, dtype=np.float64)
+            comm.broadcast(lr, root=0)  # State.grow's: the members' learning rate
+            if float(lr[0]) != optimizer._lr:
+                optimizer.shard.set_lr(float(lr[0]))
+                optimizer._lr = float(lr[0])
+            optimizer.param_groups[0]["lr"] = float(lr[1])
             optimizer.shard.reshard(comm)
         state = State(comm, model, optimizer, **fields)
         state._sync(comm)
