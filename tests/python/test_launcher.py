@@ -120,7 +120,6 @@ REPLACED_RANK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not hasattr(gs.Communicator, "grow"), reason="the library has no gradsync_comm_grow")
 def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
     script = tmp_path / "replaced.py"
     script.write_text(REPLACED_RANK)

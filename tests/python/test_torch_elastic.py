@@ -228,7 +228,6 @@ def test_ddp_after_a_sigkill_goes_on_as_the_survivors_alone_from_the_commit():
 GROW_AT, GROWN_STEPS = 5, 8
 
 
-@pytest.mark.skipif(not hasattr(gs.Communicator, "grow"), reason="the library has no gradsync_comm_grow")
 def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
     import threading
     from gradsync.torch import ZeroRedundancyOptimizer, elastic

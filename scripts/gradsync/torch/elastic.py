@@ -47,9 +47,8 @@ GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is
 
 Growing back: a replacement rank calls join(join_name, build), which returns its State, while
 the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
-and, from the members, the parameters by broadcast and its optimizer slices by reshard. Both
-need gradsync_comm_grow in the library (Communicator.grow and Communicator.join); without it they
-raise GradsyncError E_UNSUPPORTED. `python3 -m gradsync.run --elastic --replace` starts a
+and, from the members, the parameters by broadcast and its optimizer slices by reshard (THREAD
+and SHM groups: see Communicator.grow). `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """
 import copy
@@ -61,7 +60,7 @@ import time
 import numpy as np
 import torch
 
-from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, E_UNSUPPORTED, GradsyncError
+from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, GradsyncError
 from . import DistributedDataParallel, ZeroRedundancyOptimizer, _check_same_model
 
 __all__ = ["State", "run", "join", "RECOVERABLE"]
@@ -249,14 +248,11 @@ class State:
     def grow(self, join_name, joiners=1):
         """Collective over the members, at a step boundary (after a commit): let `joiners` new ranks
         in, which call join() with the same join_name; they take the parameters and the commit by
-        broadcast and a ZeroRedundancyOptimizer's slices by reshard. Needs Communicator.grow
-        (gradsync_comm_grow). Returns this grow's record, also appended to state.grows: size,
+        broadcast and a ZeroRedundancyOptimizer's slices by reshard (Communicator.grow).
+        Returns this grow's record, also appended to state.grows: size,
         first_member_id, and the phases' times in seconds: grow_s (agree_s + form_s of it, and
         waiting for the joiners to come), admit_s (state onto the grown group), total_s.
         On failure this group is stopped, as after a failed collective (see Communicator.grow)."""
-        if not hasattr(self.comm, "grow"):
-            raise GradsyncError(E_UNSUPPORTED, "growing a running group needs gradsync_comm_grow, which this "
-                                               "library does not have")
         started = time.monotonic_ns()
         new, info = self.comm.grow(join_name, joiners)
         grown = time.monotonic_ns()
@@ -299,9 +295,6 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
 
     arm_parent_death()  # a replacement of gradsync.run --replace dies with the launcher, as the ranks do
 
-    if not hasattr(Communicator, "join"):
-        raise GradsyncError(E_UNSUPPORTED, "joining a running group needs gradsync_comm_join, which this library "
-                                           "does not have")
     if timeout_ms is None and "GRADSYNC_TIMEOUT_MS" in os.environ:
         timeout_ms = int(os.environ["GRADSYNC_TIMEOUT_MS"])
     comm, info = Communicator.join(join_name, index, joiners, timeout_ms=timeout_ms, transport=transport)
