@@ -236,6 +236,8 @@ class State:
                 tensors = list(module.buffers()) if self.sharded else list(module.state_dict().values())
             for t in tensors:
                 comm.broadcast(t.detach().numpy(), root=source)
+        # A joiner may not name every field the members keep (join(**fields)): it takes theirs too.
+        self._names += [k for k in theirs["fields"] if k not in self._names]
         for k, v in theirs["fields"].items():
             setattr(self, k, v)
         if "optimizer" in theirs:
