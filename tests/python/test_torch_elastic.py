@@ -338,3 +338,20 @@ def test_run_raises_the_error_when_its_recovery_found_nobody_lost():
 
     assert run_ranks(2, body, timeout_ms=500) == [True, True]
     assert sorted(calls) == [0, 1]  # one try each, no retry
+
+
+def test_train_elastic_rank_main_without_replace_finishes_on_3_ranks(tmp_path):
+    """The docstring's command: without --replace nobody comes, so the survivors never grow."""
+    import json
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "scripts", "train_elastic.py")
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "4", "--elastic", "--no-tag-output",
+                           script, "--rank-main", "--epochs", "1", "--kill-step", "3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank.*.json"))]
+    assert [r["member_id"] for r in results] == [0, 1, 3]
+    assert all(r["size"] == 3 and r["grows"] == [] and len(r["recoveries"]) == 1 for r in results)
