@@ -2,6 +2,7 @@
 #include "comm/membership.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "common/bounded_wait.hpp"
@@ -200,36 +201,55 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
   // Rank 0's lobby with the joiners, kept until the grown group commits: a joiner lost between the
   // offer and the grown group (which does not yet know it) is seen through it.
   std::unique_ptr<Communicator> meeting;
+  // The grown group while it forms. Declared out here so that a failure raises comm's stop before
+  // it is torn down: its other members, seeing this one leave it, then know the grow failed here
+  // rather than that this member died.
+  std::unique_ptr<Communicator> grown;
   // Asked while a step's group forms: why this member stops waiting for it, and with what status.
   int gave_up = GRADSYNC_OK;
-  auto watch = [this, &stop, &gave_up, &meeting](WaitClock::time_point deadline) {
-    return [this, &stop, &gave_up, &meeting, deadline]() -> std::string {
-      if (meeting) {
-        if (std::string lost = meeting->lost_member(); !lost.empty()) {
-          gave_up = GRADSYNC_E_REMOTE;
-          return fmt::format("a joiner is lost: {}", lost);
-        }
+  auto why_give_up = [this, &stop, &gave_up, &meeting](WaitClock::time_point deadline) -> std::string {
+    if (meeting) {
+      if (std::string lost = meeting->lost_member(); !lost.empty()) {
+        gave_up = GRADSYNC_E_REMOTE;
+        return fmt::format("a joiner is lost: {}", lost);
       }
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_ && !fabric_.alive(r)) {
-          gave_up = GRADSYNC_E_REMOTE;
-          return fmt::format("rank {} of {} died", r, group_name());
-        }
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && !fabric_.alive(r)) {
+        gave_up = GRADSYNC_E_REMOTE;
+        return fmt::format("rank {} of {} died", r, group_name());
       }
-      const uint32_t s = stop.load(std::memory_order_seq_cst);
-      if (stop_reason(s) != StopReason::None) {
-        gave_up = GRADSYNC_E_ABORTED;
-        return stop_reason(s) == StopReason::Aborted
-                   ? fmt::format("{} was aborted (by rank {})", group_name(), stop_rank(s))
-                   : fmt::format("{} was stopped by rank {}: its grow failed (its error says why)", group_name(),
-                                 stop_rank(s));
-      }
-      if (WaitClock::now() >= deadline) {
-        gave_up = GRADSYNC_E_TIMEOUT;
-        return fmt::format("the grow's deadline ({} ms) passed", timeout_.count());
-      }
-      return {};
+    }
+    const uint32_t s = stop.load(std::memory_order_seq_cst);
+    if (stop_reason(s) != StopReason::None) {
+      gave_up = GRADSYNC_E_ABORTED;
+      return stop_reason(s) == StopReason::Aborted
+                 ? fmt::format("{} was aborted (by rank {})", group_name(), stop_rank(s))
+                 : fmt::format("{} was stopped by rank {}: its grow failed (its error says why)", group_name(),
+                               stop_rank(s));
+    }
+    if (WaitClock::now() >= deadline) {
+      gave_up = GRADSYNC_E_TIMEOUT;
+      return fmt::format("the grow's deadline ({} ms) passed", timeout_.count());
+    }
+    return {};
+  };
+  auto watch = [this, &stop, &why_give_up](WaitClock::time_point deadline) {
+    return [this, &stop, &why_give_up, deadline]() -> std::string {
+      std::string why = why_give_up(deadline);
+      // Stop the other members now, before this member leaves the group it was forming.
+      if (!why.empty()) raise_stop(stop, StopReason::Failed, rank_);
+      return why;
     };
+  };
+  // On any failure: the other members stop waiting for this one (they fail too, E_ABORTED naming
+  // it, unless they failed on their own), and only then are the groups this member was forming
+  // left; comm needs a reset, as after a failed collective.
+  auto stop_others = [this, &stop, &c, &meeting, &grown] {
+    raise_stop(stop, StopReason::Failed, rank_);
+    notify(c.words().wake);
+    grown.reset();
+    meeting.reset();  // the joiners waiting with rank 0 see it leave the lobby
   };
   try {
     // 1. Agree: every member checks every member's call alike, so all reach one verdict.
@@ -252,6 +272,10 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
                  "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members",
                  group_name(), r, w[kNext], all[kNext]);
     }
+    // One deadline for admitting the joiners and forming the grown group, on every member: the
+    // members other than rank 0 start forming while rank 0 still admits, so a deadline of its own
+    // for each step would let rank 0 outwait them (or them give up on a rank 0 still in time).
+    const auto admit_and_form_deadline = deadline_after(timeout_, WaitClock::now());
     const int64_t first_id = all[kNext];
     const auto nonce = static_cast<uint64_t>(all[kCallNonce]);
     const int new_size = size_ + joiners;
@@ -261,7 +285,7 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
       lobby.name = join_name;
       lobby.rank = 0;
       lobby.size = joiners + 1;
-      lobby.forming_abandoned = watch(deadline_after(timeout_, start));
+      lobby.forming_abandoned = watch(admit_and_form_deadline);
       meeting = join_group(lobby);
       meeting->establish(lobby);
       int64_t offer[kOfferWords] = {};
@@ -280,8 +304,8 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
     o.name = grown_name(join_name, nonce, first_id);
     o.rank = rank_;
     o.size = new_size;
-    o.forming_abandoned = watch(deadline_after(timeout_, formed_start));
-    std::unique_ptr<Communicator> grown = join_group(o);
+    o.forming_abandoned = watch(admit_and_form_deadline);
+    grown = join_group(o);
     grown->establish(o);
     grown->member_id_ = group.member_id();
     grown->next_member_id_ = first_id + joiners;
@@ -295,12 +319,9 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
                 group_name(), rank_, rank_, new_size, o.name, joiners, join_name, first_id);
     return result;
   } catch (const Error& e) {
-    // The other members stop waiting for this one: they fail too (E_ABORTED naming it, unless they
-    // failed on their own), and the group needs a reset, as after a failed collective.
+    // Raised by this member's watch when it gave up, or first by another member (or an abort).
     const uint32_t before = stop.load(std::memory_order_seq_cst);
-    meeting.reset();  // the joiners waiting with rank 0 see it leave the lobby
-    raise_stop(stop, StopReason::Failed, rank_);
-    notify(c.words().wake);
+    stop_others();
     if (gave_up != GRADSYNC_OK && e.status() == GRADSYNC_E_REMOTE) {
       throw Error(gave_up, fmt::format("grow of {}: rank {}: {}", group_name(), rank_, e.what()));
     }
@@ -314,14 +335,13 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
                               first == StopReason::Aborted ? "aborted the group" : "failed its grow", e.what()));
     }
     throw;
+  } catch (...) {
+    stop_others();
+    throw;
   }
 }
 
 GrowResult Membership::join(const Options& options, JoinGroup join_group) {
-  GS_REQUIRE(options.transport == Transport::Thread || options.transport == Transport::Shm, GRADSYNC_E_UNSUPPORTED,
-             "join is not supported on the {} transport: a running job's MPI communicators cannot take in new "
-             "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
-             transport_name(options.transport));
   GS_REQUIRE(options.size >= 1 && options.size < kMaxLocalRanks, GRADSYNC_E_INVALID_ARG,
              "join: size (the joiners of this grow) is {}; it is 1 to {}", options.size, kMaxLocalRanks - 1);
   GS_REQUIRE(options.rank >= 0 && options.rank < options.size, GRADSYNC_E_OUT_OF_RANGE,
@@ -339,10 +359,17 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
   meeting->establish(lobby);
   meeting->broadcast(offer, kOfferWords, DType::I64, 0);
   const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
-  GS_REQUIRE(
-      old_size >= 1 && old_size + options.size <= kMaxLocalRanks && first_id >= old_size && offer[kTimeoutMs] > 0,
-      GRADSYNC_E_CORRUPT, "join '{}': the members' offer is not one (size {}, member ids from {}, timeout {} ms)",
-      options.name, old_size, first_id, offer[kTimeoutMs]);
+  // Read from another process: every field is checked before it sizes, names or times anything.
+  // Any positive timeout is one the members could have (INT64_MAX is none; deadlines saturate).
+  const bool flags_ok = (offer[kCheckMismatch] == 0 || offer[kCheckMismatch] == 1) &&
+                        (offer[kDeterministic] == 0 || offer[kDeterministic] == 1);
+  GS_REQUIRE(old_size >= 1 && old_size <= kMaxLocalRanks - options.size && first_id >= old_size &&
+                 first_id <= std::numeric_limits<int64_t>::max() - kMaxLocalRanks && offer[kTimeoutMs] > 0 && flags_ok,
+             GRADSYNC_E_CORRUPT,
+             "join '{}': the offer read from the members' rank 0 is corrupt (group size {}, {} joiner(s), member ids "
+             "from {}, timeout {} ms, flags {}/{}); a grown group holds at most {} ranks and member ids below {}",
+             options.name, old_size, options.size, first_id, offer[kTimeoutMs], offer[kCheckMismatch],
+             offer[kDeterministic], kMaxLocalRanks, std::numeric_limits<int64_t>::max() - kMaxLocalRanks);
   const auto formed_start = WaitClock::now();
   result.agree = formed_start - start;
   Options o = options;

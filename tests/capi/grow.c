@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -371,7 +372,7 @@ enum { S_GROW, S_JOINER_DIES };
 /* A member process: trains on 4, loses rank 1 (the parent SIGKILLs it), shrinks and reshards,
  * trains on 3, grows back to 4 and reshards, trains to the end. */
 static int shm_member(board* b, const char* name, int32_t rank, int scenario) {
-  gradsync_comm_options o = options(GRADSYNC_TRANSPORT_SHM, name, rank, N, scenario == S_JOINER_DIES ? 3000 : 20000);
+  gradsync_comm_options o = options(GRADSYNC_TRANSPORT_SHM, name, rank, N, 20000);
   gradsync_shard_options sopts = shard_options();
   gradsync_comm *c = NULL, *shrunk = NULL, *grown = NULL;
   gradsync_shard* shard = NULL;
@@ -403,10 +404,15 @@ static int shm_member(board* b, const char* name, int32_t rank, int scenario) {
   while (!__atomic_load_n(&b->may_grow, __ATOMIC_SEQ_CST)) pause_ms(1);
   __atomic_store_n(&b->growing[rank], 1, __ATOMIC_SEQ_CST);
   if (scenario == S_JOINER_DIES) {
-    /* Two joiners expected; the one that came dies while the others wait for the second: every
-     * member's grow fails. A reset, then a replacement joins. */
-    st = gradsync_comm_grow(shrunk, join_name, 2, &grown, NULL);
-    CHECK(st == GRADSYNC_E_REMOTE || st == GRADSYNC_E_ABORTED || st == GRADSYNC_E_TIMEOUT);
+    /* Two joiners expected; the one that came dies in the lobby with rank 0 while the others wait
+     * to form the grown group: rank 0 sees the joiner die, and stops the others before it leaves
+     * the lobby, so they hear of its failure (none waits out its timeout). A reset, then a
+     * replacement joins. */
+    if (rank == 0) {
+      CHECK_STATUS_MSG(gradsync_comm_grow(shrunk, join_name, 2, &grown, NULL), GRADSYNC_E_REMOTE, join_name);
+    } else {
+      CHECK_STATUS_MSG(gradsync_comm_grow(shrunk, join_name, 2, &grown, NULL), GRADSYNC_E_ABORTED, "rank 0");
+    }
     CHECK(grown == NULL);
     CHECK_STATUS(gradsync_comm_reset(shrunk), GRADSYNC_OK);
     __atomic_store_n(&b->shrunk[rank], 2, __ATOMIC_SEQ_CST);
@@ -472,6 +478,36 @@ static void wait_all(volatile int32_t* flags, int32_t want, const int* which, in
   }
 }
 
+/* Waits until rank 0 and the doomed joiner both are in the lobby of grow `name` (its shm group,
+ * of the join name): their rank locks (bytes 1 and 2 of the segment's file) are held and its
+ * set-up lock (byte 0, held while a rank claims its place) is free, as /proc/locks shows. */
+static void wait_in_lobby(const char* name) {
+  char path[128], line[256];
+  int waited;
+  snprintf(path, sizeof path, "/dev/shm/gradsync.%.40s-join", name);
+  for (waited = 0; waited < 60000; ++waited) {
+    struct stat st;
+    FILE* f;
+    int held[3] = {0, 0, 0};
+    if (stat(path, &st) == 0 && (f = fopen("/proc/locks", "r")) != NULL) {
+      while (fgets(line, sizeof line, f) != NULL) {
+        char kind[16];
+        unsigned long inode = 0;
+        long start = -1;
+        if (strstr(line, "->") == NULL &&
+            sscanf(line, "%*[^:]: %15s %*s %*s %*s %*x:%*x:%lu %ld", kind, &inode, &start) == 3 &&
+            strcmp(kind, "OFDLCK") == 0 && inode == (unsigned long)st.st_ino && start >= 0 && start < 3)
+          held[start] = 1;
+      }
+      fclose(f);
+      if (!held[0] && held[1] && held[2]) return;
+    }
+    pause_ms(1);
+  }
+  fprintf(stderr, "rank 0 and the doomed joiner never met in the lobby of %s\n", name);
+  check_failed();
+}
+
 static void reap(pid_t pid, int killed, const char* label, const char* who) {
   int status = 0;
   waitpid(pid, &status, 0);
@@ -509,7 +545,9 @@ static void test_shm(int scenario, const char* label) {
     while (!__atomic_load_n(&b->joining, __ATOMIC_SEQ_CST)) pause_ms(1);
     __atomic_store_n(&b->may_grow, 1, __ATOMIC_SEQ_CST);
     wait_all(b->growing, 1, survivors, 3);
-    pause_ms(200);
+    /* Killed once both are in the lobby, so that rank 0 sees a member of it die (a joiner dead
+     * before rank 0 came would leave a lobby that rank 0 reclaims and waits in). */
+    wait_in_lobby(name);
     kill(doomed, SIGKILL);
     reap(doomed, 1, label, "the doomed joiner");
     wait_all(b->shrunk, 2, survivors, 3);
