@@ -350,16 +350,18 @@ ShrinkResult Communicator::shrink() {
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
 }
 
-GrowResult Communicator::grow(const std::string&, int) {
-  if (transport() == Transport::Mpi || transport() == Transport::Hier) {
+void fail_cannot_take_in(const char* operation, Transport transport) {
+  if (transport == Transport::Mpi || transport == Transport::Hier) {
     fail(GRADSYNC_E_UNSUPPORTED,
-         "grow is not supported on the {} transport: a running job's MPI communicators cannot take in new "
+         "{} is not supported on the {} transport: a running job's MPI communicators cannot take in new "
          "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use (and Open MPI "
          "4.1 cannot shrink back after a lost process either)",
-         transport_name(transport()));
+         operation, transport_name(transport));
   }
-  fail(GRADSYNC_E_UNSUPPORTED, "grow is not supported on the {} transport", transport_name(transport()));
+  fail(GRADSYNC_E_UNSUPPORTED, "{} is not supported on the {} transport", operation, transport_name(transport));
 }
+
+GrowResult Communicator::grow(const std::string&, int) { fail_cannot_take_in("grow", transport()); }
 
 Options Communicator::subgroup_options(const Subgroup& sub) const {
   Options o = group_options_;

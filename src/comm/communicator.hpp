@@ -229,4 +229,8 @@ class Communicator {
 // create_shm_communicator), before establish(): its groups form their subgroups so, and grow.
 using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);
 
+// Fails with GRADSYNC_E_UNSUPPORTED: `operation` (grow, join) on a transport that cannot take in
+// processes (MPI, HIER), saying why.
+[[noreturn]] void fail_cannot_take_in(const char* operation, Transport transport);
+
 }  // namespace gradsync::comm

@@ -50,10 +50,7 @@ GrowResult join(const Options& options) {
     case Transport::Mpi:
     case Transport::Hier: break;
   }
-  fail(GRADSYNC_E_UNSUPPORTED,
-       "join is not supported on the {} transport: a running job's MPI communicators cannot take in new processes "
-       "without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
-       transport_name(options.transport));
+  fail_cannot_take_in("join", options.transport);
 }
 
 std::unique_ptr<Communicator> create(const Options& options) {
