@@ -32,6 +32,28 @@ struct gradsync_request : gradsync::capi::Handle<gradsync::capi::Kind::Request> 
 };
 
 namespace {
+// A result struct the caller sizes (struct_size, version set): as the statistics, any size from
+// this version's up to a newer header's is taken, and bytes past this version's fields read as 0.
+template <typename Result>
+void require_result(const Result* result, const char* type, const char* version_macro) {
+  if (result == nullptr) return;
+  GS_REQUIRE(result->struct_size >= sizeof(Result) && result->struct_size <= gradsync::capi::kMaxOptionsStructSize &&
+                 result->version >= 1,
+             GRADSYNC_E_INVALID_ARG,
+             "result: struct_size {} / version {}: set them to sizeof({}) and {} (a struct_size of {} to {} is "
+             "taken); not initialised?",
+             result->struct_size, result->version, type, version_macro, sizeof(Result),
+             gradsync::capi::kMaxOptionsStructSize);
+}
+
+template <typename Result>
+void write_result(Result* result, Result out) {
+  const size_t size = result->struct_size;
+  out.struct_size = static_cast<uint32_t>(size);
+  std::memset(reinterpret_cast<char*>(result) + sizeof(out), 0, size - sizeof(out));
+  std::memcpy(result, &out, sizeof(out));
+}
+
 using gradsync::DType;
 using gradsync::capi::check;
 using gradsync::capi::check_kind;
@@ -197,20 +219,18 @@ GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, 
     const std::shared_ptr<CommLink>& link = check(comm)->link;
     GS_REQUIRE(failed == nullptr || failed_capacity >= static_cast<size_t>(link->size()), GRADSYNC_E_INVALID_ARG,
                "failed holds {} entries; the group has {} ranks, so as many may be out", failed_capacity, link->size());
-    if (result != nullptr) {
-      GS_REQUIRE(result->struct_size >= sizeof(gradsync_shrink_result) && result->version >= 1, GRADSYNC_E_INVALID_ARG,
-                 "result: struct_size {} / version {}: set them to sizeof(gradsync_shrink_result) "
-                 "and GRADSYNC_SHRINK_RESULT_VERSION",
-                 result->struct_size, result->version);
-    }
+    require_result(result, "gradsync_shrink_result", "GRADSYNC_SHRINK_RESULT_VERSION");
     gradsync::comm::ShrinkResult shrunk;
     CommLink::run_in_order(link, __func__, [&] { shrunk = link->communicator().shrink(); });
     if (failed != nullptr) std::copy(shrunk.failed.begin(), shrunk.failed.end(), failed);
     if (result != nullptr) {
-      result->failed_count = static_cast<int32_t>(shrunk.failed.size());
-      result->attempts = shrunk.attempts;
-      result->agree_ns = shrunk.agree.count();
-      result->form_ns = shrunk.form.count();
+      gradsync_shrink_result r{};
+      r.version = GRADSYNC_SHRINK_RESULT_VERSION;
+      r.failed_count = static_cast<int32_t>(shrunk.failed.size());
+      r.attempts = shrunk.attempts;
+      r.agree_ns = shrunk.agree.count();
+      r.form_ns = shrunk.form.count();
+      write_result(result, r);
     }
     std::string description = fmt::format("shrunk group of {}", link->description());
     *out = new gradsync_comm(std::make_shared<CommLink>(std::move(shrunk.comm), std::move(description)));
@@ -219,20 +239,19 @@ GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, 
 
 namespace {
 void require_grow_result(const gradsync_grow_result* result) {
-  if (result == nullptr) return;
-  GS_REQUIRE(result->struct_size >= sizeof(gradsync_grow_result) && result->version >= 1, GRADSYNC_E_INVALID_ARG,
-             "result: struct_size {} / version {}: set them to sizeof(gradsync_grow_result) and "
-             "GRADSYNC_GROW_RESULT_VERSION",
-             result->struct_size, result->version);
+  require_result(result, "gradsync_grow_result", "GRADSYNC_GROW_RESULT_VERSION");
 }
 
 gradsync_comm* grown_handle(gradsync::comm::GrowResult& grown, gradsync_grow_result* result, std::string description) {
   if (result != nullptr) {
-    result->old_size = grown.old_size;
-    result->new_size = grown.new_size;
-    result->first_member_id = grown.first_member_id;
-    result->agree_ns = grown.agree.count();
-    result->form_ns = grown.form.count();
+    gradsync_grow_result r{};
+    r.version = GRADSYNC_GROW_RESULT_VERSION;
+    r.old_size = grown.old_size;
+    r.new_size = grown.new_size;
+    r.first_member_id = grown.first_member_id;
+    r.agree_ns = grown.agree.count();
+    r.form_ns = grown.form.count();
+    write_result(result, r);
   }
   return new gradsync_comm(std::make_shared<CommLink>(std::move(grown.comm), std::move(description)));
 }

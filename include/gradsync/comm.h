@@ -391,7 +391,9 @@ typedef struct gradsync_shrink_result {
  * @param[out] out the survivors' communicator; NULL on failure
  * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
  * @param failed_capacity entries failed can hold: at least comm's size when failed is not NULL
- * @param[out] result counts and phase times (may be NULL); struct_size and version set by the caller
+ * @param[out] result counts and phase times (may be NULL); struct_size and version set by the
+ *        caller (a struct_size from a newer header is taken; the fields this library does not
+ *        know are zeroed, and version is set to the one it wrote)
  * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
  * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
  * @retval GRADSYNC_E_TIMEOUT a step of the shrink did not finish within comm's timeout
@@ -447,25 +449,32 @@ typedef struct gradsync_grow_result {
  * gradsync_comm_broadcast from a member to the joiners, a sharded parameter by
  * gradsync_shard_reshard, see shard.h) and then free comm. After a failure, comm is stopped as
  * after a failed collective: call gradsync_comm_reset on every member (or gradsync_comm_shrink when
- * a member of comm is lost) and grow again. Each step (agreeing, admitting the joiners, forming
- * and committing) is bounded by comm's timeout: a joiner that does not come, or dies on the way,
- * costs the members at most that.
+ * a member of comm is lost) and grow again. Agreeing is bounded by comm's timeout, as a
+ * collective; admitting the joiners and forming the new group share one more: every member gives
+ * up on them comm's timeout after agreeing (rank 0 admits while the others already wait to form),
+ * and committing is a collective of the new group. A joiner that does not come, or dies on the
+ * way, costs the members at most that.
  *
  * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 cannot add
  * processes to a running job's communicators without MPI_Comm_spawn/connect, which this build
  * does not use.
  * @param comm the running group
  * @param join_name the name the joiners pass to gradsync_comm_join (NUL-terminated, 1 to
- *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name). Rank 0 and the joiners meet in a group
- *        of that name (a lobby, kept until the grown group commits), so it serves one grow at a
- *        time: a joiner that comes while a grow by that name is under way is refused
- *        (GRADSYNC_E_MISUSE). Name each grow apart (a generation number) when joiners may come early.
+ *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name, and not comm's own name). Rank 0 and
+ *        the joiners meet in a group of that name (a lobby, kept until the grown group commits),
+ *        so it serves one grow at a time. A joiner that comes while the lobby forms with an index
+ *        already claimed, or with another count of joiners, fails the whole grow (rank 0:
+ *        GRADSYNC_E_MISUSE or GRADSYNC_E_MISMATCH; the other members: GRADSYNC_E_ABORTED). One
+ *        that comes after the lobby formed waits for it to be freed, and times out if it is not
+ *        within its own timeout. Name each grow apart (a generation number) when joiners may
+ *        come early.
  * @param joiners how many ranks join, >= 1; comm's size + joiners is at most 1024
  * @param[out] out the new group's communicator; NULL on failure
  * @param[out] result sizes, the joiners' first member id, phase times (may be NULL); struct_size
- *        and version set by the caller
- * @retval GRADSYNC_E_INVALID_ARG out is NULL, join_name empty or too long, joiners < 1 or too many,
- *         or result's header is wrong (this member only: nothing was started)
+ *        and version set by the caller, as gradsync_comm_shrink's result
+ * @retval GRADSYNC_E_INVALID_ARG out is NULL, join_name empty, too long or comm's own name,
+ *         joiners < 1 or too many, or result's header is wrong (this member only: nothing was
+ *         started)
  * @retval GRADSYNC_E_MISMATCH members passed different join names or joiner counts (every member,
  *         naming them), or (rank 0) the joiners' count (gradsync_comm_join's size) differs from the members'
  * @retval GRADSYNC_E_MISUSE (rank 0) two joiners claimed one index
@@ -474,6 +483,9 @@ typedef struct gradsync_grow_result {
  * @retval GRADSYNC_E_ABORTED comm was aborted (gradsync_comm_abort) before the new group formed (an
  *         abort after that is comm's alone: the grow completes), or another member failed the grow
  * @retval GRADSYNC_E_UNSUPPORTED the transport cannot grow a running group (MPI, HIER)
+ * @retval GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_NOMEM forming the lobby (rank 0)
+ *         or the new group fails as gradsync_comm_create's forming of a group does (SHM); comm then
+ *         needs a reset as above
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, int32_t joiners, gradsync_comm** out,
@@ -500,8 +512,13 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  * @retval GRADSYNC_E_TIMEOUT the members did not grow the group within the timeout, or a member or
  *         joiner did not come to form the new group within the group's timeout (a joiner sees the
  *         members' failures only as that, or as GRADSYNC_E_REMOTE)
- * @retval GRADSYNC_E_REMOTE a member or another joiner died during the grow
+ * @retval GRADSYNC_E_REMOTE a member or another joiner died during the grow, or the members'
+ *         grow failed while the new group formed (naming the failure)
+ * @retval GRADSYNC_E_CORRUPT the offer read from the members' rank 0 is out of range (a group
+ *         size, member ids or timeout no grow makes): the message says which
  * @retval GRADSYNC_E_UNSUPPORTED MPI, HIER (see gradsync_comm_grow)
+ * @retval GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_NOMEM forming the lobby or the new
+ *         group fails as gradsync_comm_create's forming of a group does (SHM)
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_comm_join(gradsync_comm** out, const gradsync_comm_options* opts,

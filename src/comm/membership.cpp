@@ -194,6 +194,10 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
   GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
              "grow of {}: {} joiner(s); a group of {} takes 1 to {} (at most {} ranks)", group_name(), joiners, size_,
              kMaxLocalRanks - size_, kMaxLocalRanks);
+  // The lobby is a group of that name: it would be taken for comm itself.
+  GS_REQUIRE(join_name != group.group_options().name, GRADSYNC_E_INVALID_ARG,
+             "grow of {}: join_name '{}' is the group's own name; the joiners meet rank 0 in a group of that name",
+             group_name(), join_name);
   const ControlArea& c = fabric_.control();
   std::atomic<uint32_t>& stop = c.words().stop_word;
   GrowResult result;

@@ -182,7 +182,11 @@ static void* joiner(void* p) {
   char join_name[64];
   gradsync_comm_options o;
   gradsync_shard_options sopts = shard_options();
-  gradsync_grow_result res = grow_result();
+  /* The result as a newer header would size it: the library zeroes the fields it does not know. */
+  struct {
+    gradsync_grow_result r;
+    unsigned char newer[24];
+  } big;
   gradsync_comm* grown = NULL;
   gradsync_shard* shard = NULL;
   float *w = malloc(TOTAL * sizeof(float)), *g = malloc(TOTAL * sizeof(float)),
@@ -192,9 +196,17 @@ static void* joiner(void* p) {
   uint64_t moved = 0;
   snprintf(join_name, sizeof join_name, "%.40s-join", j->name);
   o = options(GRADSYNC_TRANSPORT_THREAD, join_name, 0, 1, 60000);
-  CHECK_STATUS(gradsync_comm_join(&grown, &o, &res), GRADSYNC_OK);
+  memset(&big, 0xff, sizeof big);
+  big.r.struct_size = sizeof big;
+  big.r.version = GRADSYNC_GROW_RESULT_VERSION;
+  CHECK_STATUS(gradsync_comm_join(&grown, &o, &big.r), GRADSYNC_OK);
   if (grown == NULL) goto out;
-  CHECK(res.old_size == 3 && res.new_size == 4 && res.first_member_id == 4);
+  CHECK(big.r.struct_size == sizeof big && big.r.version == GRADSYNC_GROW_RESULT_VERSION);
+  CHECK(big.r.old_size == 3 && big.r.new_size == 4 && big.r.first_member_id == 4);
+  {
+    size_t i;
+    for (i = sizeof big.r; i < sizeof big; ++i) CHECK(((const unsigned char*)&big)[i] == 0);
+  }
   CHECK_STATUS(gradsync_comm_rank(grown, &r), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_size(grown, &size), GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_member_id(grown, &id), GRADSYNC_OK);
@@ -278,6 +290,7 @@ static void* fail_member(void* p) {
   CHECK_STATUS_MSG(gradsync_comm_grow(c, "", 1, &grown, NULL), GRADSYNC_E_INVALID_ARG, "join_name");
   CHECK_STATUS_MSG(gradsync_comm_grow(c, "x", 0, &grown, NULL), GRADSYNC_E_INVALID_ARG, "joiner");
   CHECK_STATUS_MSG(gradsync_comm_grow(c, "x", 1023, &grown, NULL), GRADSYNC_E_INVALID_ARG, "joiner");
+  CHECK_STATUS_MSG(gradsync_comm_grow(c, "capi-grow-fail", 1, &grown, NULL), GRADSYNC_E_INVALID_ARG, "own name");
   bad.version = 0;
   CHECK_STATUS_MSG(gradsync_comm_grow(c, "x", 1, &grown, &bad), GRADSYNC_E_INVALID_ARG, "struct_size");
   CHECK(grown == NULL);
