@@ -596,14 +596,15 @@ struct Piece {
 }  // namespace
 
 ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& next) {
-  enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kWords };
+  enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kOnNext, kWords };
   const int np = next.size(), me = next.rank();
   const auto n = static_cast<size_t>(np);
   // A joiner of a grown group: made on next and never initialised. It holds no old rank, and
   // takes the old group's size and step from the members.
   const bool joiner = comm_ == &next && !initialised_;
-  const int64_t mine[kWords] = {joiner ? -1 : rank_, joiner ? 0 : size_,     static_cast<int64_t>(total_),
-                                config_word(),       joiner ? -1 : updates_, initialised_ ? 1 : 0};
+  const int64_t mine[kWords] = {joiner ? -1 : rank_,   joiner ? 0 : size_,     static_cast<int64_t>(total_),
+                                config_word(),         joiner ? -1 : updates_, initialised_ ? 1 : 0,
+                                comm_ == &next ? 1 : 0};
   std::vector<int64_t> all(kWords * n);
   if (np == 1)
     std::copy_n(mine, kWords, all.begin());
@@ -634,6 +635,17 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   if (joiner) {
     size_ = static_cast<int>(word(held_by, kOldSize));
     updates_ = word(held_by, kUpdates);
+  }
+  // A member that brings the parameter from the old group: then one that made and initialised its
+  // shard on the new group is a joiner that initialised too early, not a member of the old group.
+  bool from_old = false;
+  for (int r = 0; r < np; ++r) from_old = from_old || (word(r, kReady) == 1 && word(r, kOnNext) == 0);
+  for (int r = 0; r < np; ++r) {
+    GS_REQUIRE(!from_old || word(r, kOnNext) == 0 || word(r, kReady) == 0, GRADSYNC_E_MISUSE,
+               "reshard: member {} of the new group initialised its shard (gradsync_shard_init) on the new group "
+               "before this reshard: a joiner must not initialise its shard before the reshard, which brings it "
+               "the members' weights and step",
+               r);
   }
   for (int r = 0; r < np; ++r) {
     GS_REQUIRE(word(r, kTotal) == static_cast<int64_t>(total_) && word(r, kConfig) == config_word(),
@@ -711,14 +723,13 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     for (size_t a = 0; a < f; ++a) fresh[static_cast<size_t>(range) * f + a].resize(kept(me, range).len);
   }
   // What stays with its holder is copied in place; the rest travels in one exchange per kept
-  // array, so that it lands straight in its fresh array (no receive buffer to fault in and copy
-  // out of). Every member derives every member's routes from the table all of them hold, so the
-  // exchanges need no round to agree on them (the round still checks that they match).
-  // A member's pieces of one range from one source arrive in piece order, the order of the flat
-  // parameter: they land in place when each source's pieces tile one stretch of the range
-  // (always, unless a source holds two old slices that are not neighbours and the range spans
-  // both); otherwise that range goes through a receive buffer. A source's send buffer is in the
-  // group's own memory, so that on shared memory the peers read it directly (one copy) instead of
+  // array, so that it lands straight in its fresh array: a transfer touches its destination once,
+  // and the reshard needs no memory beyond the fresh arrays. Every member derives every member's routes from the table
+  // all of them hold, so the exchanges need no round to agree on them (the round still checks that they match). A
+  // member's pieces of one range from one source arrive in piece order, the order of the flat parameter: they land in
+  // place when each source's pieces tile one stretch of the range (always, unless a source holds two old slices that
+  // are not neighbours and the range spans both); otherwise that range goes through a receive buffer. A source's send
+  // buffer is in the group's own memory, so that on shared memory the peers read it directly (one copy) instead of
   // through the staging chunks: packed by array, then destination, then piece order.
   const auto ranges = static_cast<size_t>(new_k + 1);
   auto pair = [&](size_t range, int s, int d) {

@@ -369,6 +369,45 @@ static void test_failures(void) {
   }
 }
 
+/* A joiner that initialises its shard before the reshard: every member of the grown group is
+ * told so (the reshard brings a joiner the weights and the step). */
+static void* early_init(void* p) {
+  const int rank = *(const int*)p; /* 0, 1: members; 2: the joiner */
+  gradsync_comm_options o = options(GRADSYNC_TRANSPORT_THREAD, rank < 2 ? "capi-grow-early" : "capi-grow-early-join",
+                                    rank < 2 ? rank : 0, rank < 2 ? 2 : 1, 20000);
+  gradsync_shard_options sopts = shard_options();
+  gradsync_comm *c = NULL, *grown = NULL;
+  gradsync_shard* shard = NULL;
+  static float w[3][TOTAL];
+  if (rank < 2) {
+    CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
+    if (c == NULL) return NULL;
+    CHECK_STATUS(gradsync_shard_create(&shard, c, TOTAL, &sopts), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_shard_init(shard, w[rank], TOTAL), GRADSYNC_OK);
+    CHECK_STATUS(gradsync_comm_grow(c, "capi-grow-early-join", 1, &grown, NULL), GRADSYNC_OK);
+  } else {
+    CHECK_STATUS(gradsync_comm_join(&grown, &o, NULL), GRADSYNC_OK);
+    if (grown != NULL) {
+      CHECK_STATUS(gradsync_shard_create(&shard, grown, TOTAL, &sopts), GRADSYNC_OK);
+      CHECK_STATUS(gradsync_shard_init(shard, w[rank], TOTAL), GRADSYNC_OK);
+    }
+  }
+  if (grown != NULL && shard != NULL)
+    CHECK_STATUS_MSG(gradsync_shard_reshard(shard, grown, NULL), GRADSYNC_E_MISUSE, "must not initialise");
+  gradsync_shard_free(shard);
+  gradsync_comm_free(grown);
+  gradsync_comm_free(c);
+  return NULL;
+}
+
+static void test_early_init(void) {
+  static const int ranks[3] = {0, 1, 2};
+  pthread_t t[3];
+  int i;
+  for (i = 0; i < 3; ++i) pthread_create(&t[i], NULL, early_init, (void*)&ranks[i]);
+  for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
+}
+
 /* ------------------------------------------------------------------ shm processes */
 
 typedef struct {
@@ -579,6 +618,7 @@ static void test_shm(int scenario, const char* label) {
 int main(void) {
   test_shrink_grow_state();
   test_failures();
+  test_early_init();
   test_shm(S_GROW, "shrink 4->3, grow 3->4");
   test_shm(S_JOINER_DIES, "a joiner that dies in the join");
   return check_report("capi:grow");
