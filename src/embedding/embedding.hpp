@@ -109,8 +109,8 @@ class ShardedTable {
   std::vector<int64_t> owned_;  // ascending
   // Hash sharding: ids in buckets of 32; a bucket's first owned id is local row `base`, and bit j
   // of `mine` says whether this rank owns its j-th id, so an id's local row is base plus the
-  // owned ids before it in its bucket: one small table (rows / 2 bytes) instead of a binary
-  // search of owned_ (a cache miss per step).
+  // owned ids before it in its bucket: one small table (rows / 2 bytes), so a lookup costs one
+  // table read and a popcount, not a search of owned_ with a cache miss per step.
   struct Bucket {
     int64_t base;
     uint32_t mine;

@@ -125,7 +125,8 @@ class Segment {
   // Offset of p in the segment when [p, p+bytes) lies inside this rank's own heap, else kNoAddress.
   uint64_t own_heap_offset(const void* p, size_t bytes) const noexcept;
   // Allocates in this rank's heap (page-granular, backed by posix_fallocate so touching it can
-  // never SIGBUS, and mapped in this process at once); E_NO_SPACE when /dev/shm or the heap is full.
+  // never SIGBUS, and asked to be mapped at once where the kernel can (MADV_POPULATE_WRITE));
+  // E_NO_SPACE when /dev/shm or the heap is full.
   void* allocate(size_t bytes);
   // Returns a pointer from allocate(); false when p is not one.
   bool deallocate(void* p);
