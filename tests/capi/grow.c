@@ -267,10 +267,29 @@ typedef struct {
 
 enum { F_MISMATCH, F_NO_JOINER, F_COUNT, F_ABORT };
 
-/* Aborts the group a moment after the members began to grow (from another thread, as allowed). */
-static void* abort_later(void* p) {
-  pause_ms(100);
-  CHECK_STATUS(gradsync_comm_abort((gradsync_comm*)p), GRADSYNC_OK);
+static uint64_t allgathers(const gradsync_comm* c) {
+  gradsync_comm_statistics s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.version = GRADSYNC_COMM_STATISTICS_VERSION;
+  CHECK_STATUS(gradsync_comm_stats(c, &s, NULL, 0), GRADSYNC_OK);
+  return s.collective[GRADSYNC_COLLECTIVE_ALLGATHER].calls;
+}
+
+typedef struct {
+  gradsync_comm* comm;
+  uint64_t before; /* allgathers of comm before the grow */
+} abort_job;
+
+/* Aborts the group (from another thread, as allowed) once the grow is under way: the members
+ * have agreed on it (the grow's first step is an allgather of comm, counted once it is done), so
+ * rank 0 waits for the joiner that never comes and rank 1 to form the grown group. */
+static void* abort_in_grow(void* p) {
+  abort_job* a = (abort_job*)p;
+  int waited;
+  for (waited = 0; waited < 60000 && allgathers(a->comm) == a->before; ++waited) pause_ms(1);
+  CHECK(allgathers(a->comm) > a->before);
+  CHECK_STATUS(gradsync_comm_abort(a->comm), GRADSYNC_OK);
   return NULL;
 }
 
@@ -310,9 +329,12 @@ static void* fail_member(void* p) {
       st = gradsync_comm_grow(c, "capi-grow-count", 1, &grown, NULL);
       CHECK(j->rank == 0 ? st == GRADSYNC_E_MISMATCH : st == GRADSYNC_E_ABORTED);
       break;
-    case F_ABORT: { /* an abort of the group races the grow (nobody joins): every member stops at once */
+    case F_ABORT: { /* an abort of the group during the grow (nobody joins): every member stops at once */
       pthread_t t;
-      if (j->rank == 0) pthread_create(&t, NULL, abort_later, c);
+      abort_job a;
+      a.comm = c;
+      a.before = allgathers(c);
+      if (j->rank == 0) pthread_create(&t, NULL, abort_in_grow, &a);
       CHECK_STATUS_MSG(gradsync_comm_grow(c, "capi-grow-aborted", 1, &grown, NULL), GRADSYNC_E_ABORTED, "abort");
       if (j->rank == 0) pthread_join(t, NULL);
       break;

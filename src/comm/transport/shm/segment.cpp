@@ -393,9 +393,12 @@ std::unique_ptr<Segment> Segment::join(const std::string& name, int rank, int si
     }
     case WaitEnd::PeerGone:
       if (dead >= 0) {
+        // A member that gave up forming (its own call failed) leaves, raising the stop as it goes.
+        const uint32_t why = seg->header_->words.stop_word.load(std::memory_order_seq_cst);
+        const bool left = stop_reason(why) == StopReason::Left && stop_rank(why) == dead;
         seg->close_group();
-        fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' died while the group was forming", dead,
-             seg->slot(dead).pid.load(), name);
+        fail(GRADSYNC_E_REMOTE, "rank {} (pid {}) of shm group '{}' {} while the group was forming", dead,
+             seg->slot(dead).pid.load(), name, left ? "left (its own call failed)" : "died");
       }
       fail(GRADSYNC_E_REMOTE, "shm group '{}' (rank {}) gave up forming: {}", name, rank, gave_up);
     case WaitEnd::Interrupted:
