@@ -92,5 +92,6 @@ check holds "grow: 2 members and a joiner, two deaths and an abort" -DGROW -DN=2
 check holds "grow: 2 members and a joiner, a death, an abort and the deadline" -DGROW -DN=2 -DDEATHS=1 -DABORTS=1 -DDEADLINE=1
 check violated "grow mutant: no commit barrier on the grown group" -DGROW -DN=2 -DDEATHS=0 -DABORTS=1 -DMUTANT_GROW_NO_COMMIT
 check violated "grow mutant: a member that fails does not stop the old group" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_GROW_NO_STOP
+check violated "grow mutant: a member that fails leaves the forming group before it stops the old group" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_GROW_LEAVE_FIRST
 check violated "grow mutant: the lobby freed after the offer (member 0 and the joiner stop watching each other)" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_LOBBY_FREED
 exit $failed

@@ -21,10 +21,12 @@
  * broadcast round of the lobby, decided once); form the grown group (every participant joins and
  * waits for all; one that sees the group stopped, a member dead, a participant dead or gone from
  * the forming group, its lobby partner dead or gone, or the deadline, gives up and leaves); commit
- * (a barrier of the grown group, decided once). A member that fails stops the old group. Deaths at
- * every step, of a member or of the joiner; an abort of the old group racing every step.
+ * (a barrier of the grown group, decided once). A member that fails stops the old group, and only
+ * then leaves the lobby and the forming group. Deaths at every step, of a member or of the
+ * joiner; an abort of the old group racing every step.
  * Checked: one outcome (no participant succeeds while another that lives fails), every member
- * that fails leaves the old group stopped (for its reset), without a death, an abort or a
+ * that fails leaves the old group stopped (for its reset) and stops it before it leaves the
+ * forming group (so the others never take its leaving for a death), without a death, an abort or a
  * deadline every participant succeeds, and nobody waits forever (valid end states; the joiner may
  * wait in the lobby for members that never come: that wait ends at its own deadline). */
 
@@ -272,11 +274,13 @@ byte ended;
 #define ALL_FORMED (in_form[0] && in_form[1] && in_form[2])
 #define FORM_LOST (LOST(0) || LOST(1) || LOST(2))
 #define ANY_GONE (GONE(0) || GONE(1) || GONE(2))
+#define MEMBER_LEFT_FORM (form_gone[0] || form_gone[1])
 #else
 #define MEMBER_DEAD (dead[0] || dead[1] || dead[2])
 #define ALL_FORMED (in_form[0] && in_form[1] && in_form[2] && in_form[3])
 #define FORM_LOST (LOST(0) || LOST(1) || LOST(2) || LOST(3))
 #define ANY_GONE (GONE(0) || GONE(1) || GONE(2) || GONE(3))
+#define MEMBER_LEFT_FORM (form_gone[0] || form_gone[1] || form_gone[2])
 #endif
 #ifdef MUTANT_LOBBY_FREED
 #define PARTNER_LOST(p) false
@@ -319,7 +323,11 @@ proctype Member(byte me) {
   DIE;
   if
   :: ALL_FORMED -> skip
-  :: FORM_LOST || MEMBER_DEAD || stop || late || (me == 0 && PARTNER_LOST(J)) -> goto fail
+  :: FORM_LOST || MEMBER_DEAD || stop || late || (me == 0 && PARTNER_LOST(J)) ->
+    /* A member that left the forming group stopped the old group first: the others learn that its
+     * grow failed (E_ABORTED, reset) rather than take its leaving for a death (E_REMOTE, shrink). */
+    assert(!MEMBER_LEFT_FORM || stop);
+    goto fail
   fi;
 #ifndef MUTANT_GROW_NO_COMMIT
   /* 4. Commit: a barrier of the grown group. */
@@ -329,11 +337,15 @@ proctype Member(byte me) {
   ok[me] = true;
   goto end;
 fail:
+  /* The old group is stopped before this member leaves the groups it was forming. */
+#if !defined(MUTANT_GROW_NO_STOP) && !defined(MUTANT_GROW_LEAVE_FIRST)
+  stop = true;
+#endif
   atomic {
     if :: me == 0 -> in_lobby[0] = false; lobby_gone[0] = true :: else -> skip fi;
     if :: in_form[me] -> in_form[me] = false; form_gone[me] = true :: else -> skip fi
   };
-#ifndef MUTANT_GROW_NO_STOP
+#ifdef MUTANT_GROW_LEAVE_FIRST
   stop = true;
 #endif
   failed[me] = true;
