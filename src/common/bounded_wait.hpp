@@ -69,4 +69,18 @@ auto polled(Poll&& poll, std::chrono::nanoseconds first, std::chrono::nanosecond
   };
 }
 
+// A peer's death that would explain a failure is given this long to show before the failure is
+// reported as it is: a process being killed loses its memory and its connections before the kernel
+// drops its locks and reaps it.
+inline constexpr std::chrono::milliseconds kDeathGrace{250};
+
+// Whether gone() holds within kDeathGrace, polled every millisecond.
+template <class Gone>
+bool gone_within_grace(Gone&& gone) {
+  auto poll = [&] { return gone() ? WaitResult::Ready : WaitResult::Timeout; };
+  auto deadline = WaitClock::now() + kDeathGrace;
+  return bounded_wait(polled(poll, std::chrono::milliseconds(1), std::chrono::milliseconds(1)), wait_never, wait_never,
+                      wait_silent, wait_ends, deadline, std::chrono::nanoseconds::max()) == WaitEnd::Ready;
+}
+
 }  // namespace gradsync

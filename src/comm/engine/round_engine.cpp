@@ -273,11 +273,7 @@ void RoundEngine::refuse_peer_range(const Round& round, Collective what, int r, 
                                     const char* lies) {
   // A process being killed loses its memory before the kernel drops its lock: its death is given
   // a moment to show before its range is called corrupt.
-  auto grace = WaitClock::now() + std::chrono::milliseconds(250);
-  const bool gone = bounded_wait(polled([&] { return fabric_.alive(r) ? WaitResult::Timeout : WaitResult::Ready; },
-                                        std::chrono::milliseconds(1), std::chrono::milliseconds(1)),
-                                 wait_never, wait_never, wait_silent, wait_ends, grace,
-                                 std::chrono::nanoseconds::max()) == WaitEnd::Ready;
+  const bool gone = gone_within_grace([&] { return !fabric_.alive(r); });
   if (gone) {
     check_peers();
   } else {

@@ -191,7 +191,12 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::check(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
-  const std::string message = fmt::format("{} failed on rank {}: {}", call, rank_, mpi_error_string(rc));
+  // A call fails at once when a peer's connection is reset by its death, which may not show yet
+  // (the process not reaped): given a moment, the error names the rank whose death caused it.
+  int dead = -1;
+  gone_within_grace([&] { return (dead = dead_peer()) >= 0; });
+  std::string message = fmt::format("{} failed on rank {}: {}", call, rank_, mpi_error_string(rc));
+  if (dead >= 0) message += fmt::format("; rank {} (pid {}) has died", dead, peers_[static_cast<size_t>(dead)].pid);
   aborted_ = true;
   aborted_reason_ = message;
   fail(GRADSYNC_E_REMOTE, "{}", message);
