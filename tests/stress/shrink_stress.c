@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../capi/shm_sweep.h"
 #include "gradsync/gradsync.h"
 
 #define N 4
@@ -321,6 +322,14 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
     fprintf(stderr, "episode %d (%s): member %d ended with status %#x: %s\n", id, kind_names[kind], r, (unsigned)status,
             b->why[r]);
   }
+  {
+    /* The last live member of each group removes its segment, whatever was killed. */
+    const int left = shm_sweep(name, 0);
+    if (left != 0) {
+      fprintf(stderr, "episode %d (%s): %d segment(s) left behind\n", id, kind_names[kind], left);
+      t->failed++;
+    }
+  }
 }
 
 static int cmp64(const void* a, const void* b) {
@@ -472,6 +481,7 @@ int main(int argc, char** argv) {
     int i, by_kind[KINDS] = {0};
     memset(&t, 0, sizeof t);
     if (b == MAP_FAILED || reference(ref, STRESS_TOTAL, STEPS) != GRADSYNC_OK) return 2;
+    shm_sweep("shrink-stress-", 1);
     printf("shrink_stress: seed %u, %d episodes\n", seed, episodes);
     for (i = 0; i < episodes; ++i) {
       const int kind = (int)(rand_r(&seed) % KINDS);
