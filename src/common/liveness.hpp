@@ -29,4 +29,11 @@ inline bool peer_gone(const PeerMark& peer) noexcept {
   return peer.fd >= 0 && !ofd_held_by_other(peer.fd, peer.byte);
 }
 
+// Whether the kernel is tearing process pid down: it was SIGKILLed, is exiting, or is a zombie.
+// Such a process may hold its OFD locks a while yet (the kernel unmaps its memory before it
+// closes its files, which on a loaded host takes milliseconds), but it runs no code of its own
+// again: a lock it holds is about to go. Read from /proc, so false on doubt (no such process
+// here, or its entry unreadable): never a reason to take a peer's lock for gone, only to wait for it.
+bool process_exiting(pid_t pid) noexcept;
+
 }  // namespace gradsync

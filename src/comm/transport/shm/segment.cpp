@@ -33,6 +33,8 @@ namespace {
 constexpr uint64_t kPage = 4096;
 // Joiners poll the set-up state; joining is rare, so a short sleep beats any cleverness.
 constexpr auto kPollInterval = std::chrono::microseconds(200);
+// The last member leaving polls the locks of members being killed at most this far apart.
+constexpr auto kDyingPoll = std::chrono::milliseconds(5);
 // The heap of each rank is reserved (sparse) at this size or the size of /dev/shm, whichever is
 // smaller; only allocated pages take space.
 constexpr uint64_t kMaxHeapBytesPerRank = uint64_t{32} << 30;
@@ -564,9 +566,22 @@ void Segment::leave() noexcept {
   try {
     ofd_lock(fd_, kRankLockByte + rank_, F_UNLCK);
     if (have_setup) {
-      bool others = false;
-      for (int r = 0; r < size_ && !others; ++r) others = ofd_held_by_other(fd_, kRankLockByte + r);
-      if (!others && still_linked(fd_, shm_name_)) bip::shared_memory_object::remove(shm_name_.c_str());
+      // The last member removes the name. A member SIGKILLed as the group ends holds its rank's
+      // lock while the kernel tears it down, yet it will never leave: when every lock still held
+      // is such a member's, this rank is the last, and waits (within the bound above) for those
+      // locks to go. A live holder leaves later, and removes the name then.
+      auto last = [&] {
+        bool dying = false;
+        for (int r = 0; r < size_; ++r) {
+          if (!ofd_held_by_other(fd_, kRankLockByte + r)) continue;
+          if (!process_exiting(slot(r).pid.load(std::memory_order_acquire))) return WaitResult::Aborted;
+          dying = true;
+        }
+        return dying ? WaitResult::Timeout : WaitResult::Ready;
+      };
+      const bool alone = bounded_wait(polled(last, kPollInterval, kDyingPoll), wait_never, wait_never, wait_silent,
+                                      wait_ends, until, std::chrono::nanoseconds::max()) == WaitEnd::Ready;
+      if (alone && still_linked(fd_, shm_name_)) bip::shared_memory_object::remove(shm_name_.c_str());
       ofd_lock(fd_, kSetupLockByte, F_UNLCK);
     }
   } catch (const std::exception& e) {

@@ -14,7 +14,8 @@
 //   (common/liveness.hpp).
 // - A group is joinable only while state == Open. The first member that leaves (or sees a peer
 //   die) sets Closing, so nobody joins a half-dead group; the last member to leave removes the
-//   name, and a joiner that finds Closing waits until the survivors have left, then rebuilds.
+//   name (a member being killed, whose lock the kernel has yet to drop, counts as gone), and a
+//   joiner that finds Closing waits until the survivors have left, then rebuilds.
 // - Every shared word is a lock-free std::atomic (address-free, so valid across processes).
 #include <sys/types.h>
 
