@@ -11,7 +11,7 @@
  * working after a reset.
  * Shm processes: four processes, one SIGKILLed, the survivors shrink and grow back with a joiner
  * process; and a joiner SIGKILLed while it waits in the join: the grow fails on every member,
- * they reset and grow again with a replacement. */
+ * they reset and grow again with a replacement. After each, no segment of its groups is left. */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <pthread.h>
@@ -28,6 +28,7 @@
 
 #include "check.h"
 #include "gradsync/gradsync.h"
+#include "shm_sweep.h"
 
 #define N 4
 #define TOTAL 1003 /* not a multiple of 3 or 4: uneven parts before and after */
@@ -634,10 +635,18 @@ static void test_shm(int scenario, const char* label) {
   /* The state after a real SIGKILL, a shrink and a grow: bit for bit the undisturbed run's. */
   CHECK(memcmp(b->weights[0], g_reference, sizeof g_reference) == 0);
   CHECK(memcmp(b->weights[1], g_reference, sizeof g_reference) == 0);
+  {
+    /* Every process has exited: the last live member of each group (the first, the shrunk, the
+     * lobbies, the grown groups, a failed grow's) removed its segment, whoever was killed. */
+    const int left = shm_sweep(name, 0);
+    if (left != 0) fprintf(stderr, "%s: %d segment(s) left behind\n", label, left);
+    CHECK(left == 0);
+  }
   munmap(b, sizeof *b);
 }
 
 int main(void) {
+  shm_sweep("capi-grow-", 1); /* what a killed earlier run left */
   test_shrink_grow_state();
   test_failures();
   test_early_init();
