@@ -286,8 +286,11 @@ GRADSYNC_API int gradsync_comm_create(gradsync_comm** out, const gradsync_comm_o
  * under a running call. After an abort every wait ends, so this wait is short. (A free from inside
  * a call on the same thread, i.e. from a log callback, which must not call back, cannot wait: it
  * aborts that call, logs an error and leaves the communicator allocated.) A call that starts once
- * free has begun uses a freed handle. Shards made on the communicator stay valid handles, to be
- * freed as usual; their collective stages fail with GRADSYNC_E_MISUSE. In a process forked from
+ * free has begun uses a freed handle. (SHM) The last live member to leave removes the group's
+ * segment, also when members were killed; a member killed after every other member has left
+ * leaves it to the next group of the same name, which reclaims it. Shards made on the
+ * communicator stay valid handles, to be freed as usual; their collective stages fail with
+ * GRADSYNC_E_MISUSE. In a process forked from
  * the one that created the communicator, free releases only that process's own resources and
  * leaves the group alone (see fork() above).
  * @threadsafety handle (a call running on another thread is aborted and waited for, see above)
