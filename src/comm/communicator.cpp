@@ -341,10 +341,15 @@ std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
 
 ShrinkResult Communicator::shrink() {
   if (transport() == Transport::Mpi || transport() == Transport::Hier) {
+    // What each engine on Debian 12 does with a SIGKILLed peer is measured in docs/mpi.md
+    // ("Surviving a lost process across hosts").
     fail(GRADSYNC_E_UNSUPPORTED,
          "shrink is not supported on the {} transport: Open MPI 4.1, which it runs on, aborts the whole job when a "
-         "process is lost, so there are no survivors to shrink; surviving a lost process needs ULFM "
-         "(MPIX_Comm_agree/MPIX_Comm_shrink, as in MPICH), which this build does not use",
+         "process is lost, so there are no survivors to shrink. Surviving a lost process needs ULFM "
+         "(MPIX_Comm_revoke/agree/shrink), and Debian 12's MPICH 4.0.2 (ch4:ucx) only declares it: each of those "
+         "calls fails an internal assertion, a killed peer leaves the survivors' collectives waiting with no error, "
+         "and its launcher's failure notice (SIGUSR1) ends them. Gloo's TCP transport does survive a lost process, "
+         "but this build has no transport on it; shrink across processes runs on the shm transport",
          transport_name(transport()));
   }
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
