@@ -389,7 +389,8 @@ typedef struct gradsync_shrink_result {
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
  * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 aborts the
- * whole job when one process dies.
+ * whole job when one process dies, and Debian 12's MPICH 4.0.2 does not implement ULFM's shrink
+ * (docs/mpi.md, "Surviving a lost process across hosts").
  * @param comm the group that lost a member
  * @param[out] out the survivors' communicator; NULL on failure
  * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
