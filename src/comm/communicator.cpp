@@ -345,11 +345,13 @@ ShrinkResult Communicator::shrink() {
     // ("Surviving a lost process across hosts").
     fail(GRADSYNC_E_UNSUPPORTED,
          "shrink is not supported on the {} transport: Open MPI 4.1, which it runs on, aborts the whole job when a "
-         "process is lost, so there are no survivors to shrink. Surviving a lost process needs ULFM "
-         "(MPIX_Comm_revoke/agree/shrink), and Debian 12's MPICH 4.0.2 (ch4:ucx) only declares it: each of those "
-         "calls fails an internal assertion, a killed peer leaves the survivors' collectives waiting with no error, "
-         "and its launcher's failure notice (SIGUSR1) ends them. Gloo's TCP transport does survive a lost process, "
-         "but this build has no transport on it; shrink across processes runs on the shm transport",
+         "process is lost. Under mpirun --enable-recovery the survivors live on and MPI_Comm_create_group over them "
+         "works, but this transport does not yet agree on who was lost, and once a whole host is lost that call "
+         "hangs. ULFM (MPIX_Comm_revoke/agree/shrink) is not an option: Debian 12's MPICH 4.0.2 (ch4:ucx) only "
+         "declares it. Each of those calls fails an internal assertion, a killed peer leaves the survivors' "
+         "collectives waiting with no error, and the launcher's failure notice (SIGUSR1) ends them. Gloo's TCP "
+         "transport survives a lost process or host, but this build has no transport on it; shrink across "
+         "processes runs on the shm transport",
          transport_name(transport()));
   }
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
