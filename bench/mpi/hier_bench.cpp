@@ -7,6 +7,15 @@
 //
 // Each figure is the median, over interleaved repetitions, of the slowest rank's time per call;
 // each line gives the library's speed as a ratio of raw MPI's (> 1: faster).
+//
+//   hier_bench [REPS] [--levels]
+//
+// --levels adds, at 64K and 1M floats, where a hierarchical allreduce's time goes: each of its
+// levels run alone on levels built as the transport builds them (the call check over the whole
+// group; the host's shared-memory reduce-scatter and all-gather; the cross-host allreduce of this
+// local rank's slice), each beside its own limit in the same run (the shared-memory levels beside
+// a memcpy of the buffer; the cross-host level beside raw MPI_Allreduce of the same slice over the
+// same ranks).
 #define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
 
@@ -17,8 +26,12 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+
 #include "comm/communicator.hpp"
 #include "comm/create.hpp"
+#include "comm/transport/hier/hier_communicator.hpp"
+#include "common/random.hpp"
 #include "measure.hpp"
 
 using namespace gradsync;
@@ -38,6 +51,69 @@ std::string human(double seconds) {
   return b;
 }
 
+// The levels of a hierarchical allreduce (hier_communicator.cpp), each timed alone.
+void levels(Communicator& world, const Topology& t, int reps) {
+  MPI_Comm raw_cross = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, t.local_rank, t.host, &raw_cross);
+  uint64_t nonce = world.rank() == 0 ? random_nonce() : 0;
+  world.broadcast(&nonce, 1, DType::I64, 0);
+  Options o;
+  o.transport = Transport::Shm;
+  o.timeout = std::chrono::milliseconds(300000);
+  o.name = "gs-hb" + std::to_string(nonce) + "." + std::to_string(t.host);
+  o.rank = t.local_rank;
+  o.size = t.local_size;
+  auto local = create(o);
+  auto cross = world.split(t.local_rank, t.host);
+  bool header = true;
+  std::vector<std::byte> scratch;
+  for (const size_t n : {size_t{1} << 16, size_t{1} << 20}) {
+    std::vector<float> send(n, 1.0f + static_cast<float>(world.rank())), recv(n);
+    const Part mine = local->my_part(n);
+    float* slice = recv.data() + mine.start;
+    const int batch = n <= (1u << 16) ? 50 : 5;
+    std::vector<Variant> v;
+    v.push_back({"check",
+                 [&] {
+                   std::array<int64_t, 2> e{7, -7};
+                   const BufferRef b{e.data(), e.data(), e.size()};
+                   world.allreduce(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max);
+                 },
+                 {}});
+    v.push_back({"shm rs", [&] { local->reduce_scatter(send.data(), slice, n, DType::F32, ReduceOp::Sum); }, {}});
+    v.push_back({"memcpy", [&] { std::memcpy(recv.data(), send.data(), n * sizeof(float)); }, {}});
+    v.push_back(
+        {"cross", [&] { hier_cross_allreduce(*cross, slice, mine.len, DType::F32, ReduceOp::Sum, scratch); }, {}});
+    v.push_back({"cross ar",
+                 [&] {
+                   const BufferRef b{slice, slice, mine.len};
+                   cross->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+                 },
+                 {}});
+    v.push_back({"raw cross",
+                 [&] { MPI_Allreduce(MPI_IN_PLACE, slice, static_cast<int>(mine.len), MPI_FLOAT, MPI_SUM, raw_cross); },
+                 {}});
+    v.push_back({"shm ag", [&] { local->allgather(nullptr, recv.data(), n, DType::F32); }, {}});
+    measure(v, reps, batch, MPI_COMM_WORLD);
+    if (world.rank() == 0 && header) {
+      std::printf("\nlevels (a rank's slice: 1/%d of the buffer, all-reduced over %d hosts)\n%10s", t.local_size,
+                  t.num_hosts, "floats");
+      for (auto& x : v) std::printf(" %10s", x.name.c_str());
+      std::printf("\n");
+      header = false;
+    }
+    if (world.rank() == 0) {
+      std::printf("%10zu", n);
+      for (auto& x : v) std::printf(" %10s", human(median(x.per_call)).c_str());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  local.reset();
+  cross.reset();
+  MPI_Comm_free(&raw_cross);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,7 +122,14 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
+  int reps = 5;
+  bool want_levels = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--levels") == 0)
+      want_levels = true;
+    else
+      reps = std::atoi(argv[i]);
+  }
 
   Options o;
   o.transport = Transport::Hier;
@@ -89,6 +172,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  if (want_levels) levels(*flat, t, reps);
   hier.reset();
   flat.reset();
   MPI_Finalize();

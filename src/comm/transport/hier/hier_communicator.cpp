@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "comm/reduce.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
@@ -188,8 +189,7 @@ class HierCommunicator final : public Communicator {
       const Part mine = local_->my_part(b.count);
       std::byte* slice = recv + mine.start * es;
       local_->reduce_scatter(b.send, slice, b.count, dtype, level_op);
-      cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{slice, slice, mine.len}}), dtype,
-                        level_op);
+      hier_cross_allreduce(*cross_, slice, mine.len, dtype, level_op, scratch_);
       if (op == ReduceOp::Mean) finish_mean(slice, mine.len, dtype);
       local_->allgather(nullptr, recv, b.count, dtype);
     } else {
@@ -257,10 +257,31 @@ class HierCommunicator final : public Communicator {
   bool one_host_ = false;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
-  uint64_t calls_ = 0;  // the hierarchical allreduces, for messages
+  uint64_t calls_ = 0;              // the hierarchical allreduces, for messages
+  std::vector<std::byte> scratch_;  // the cross-host level's copy of the other host's slice
 };
 
 }  // namespace
+
+void hier_cross_allreduce(Communicator& cross, void* data, size_t count, DType dtype, ReduceOp op,
+                          std::vector<std::byte>& scratch) {
+  if (cross.size() != 2) {
+    const BufferRef b{data, data, count};
+    return cross.allreduce(std::span<const BufferRef>(&b, 1), dtype, op);
+  }
+  // Two hosts: each sends its slice to the other in one exchange and both fold host 0's copy then
+  // host 1's, the bits of the rank-order allreduce (whose reduce-scatter and all-gather over MPI
+  // cost two collectives where one does).
+  Routes routes(Collective::Alltoall, -1, 2);
+  routes.count[routes.at(0, 1)] = count;
+  routes.count[routes.at(1, 0)] = count;
+  const size_t bytes = count * dtype_size(dtype);
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  cross.exchange(data, scratch.data(), routes, dtype);
+  const std::array<const void*, 2> sources = cross.rank() == 0 ? std::array<const void*, 2>{data, scratch.data()}
+                                                               : std::array<const void*, 2>{scratch.data(), data};
+  reduce(dtype, op, sources.data(), sources.size(), data, 0, count);
+}
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,
                                                              const Options& options) {

@@ -13,7 +13,9 @@
 // so every rank gets the same bits on every run; topology_independent trades the hierarchy for
 // the flat rank-order reduction's bits. Small payloads, half-precision types and the integer mean
 // (whose accumulator is wider than its type), and every other collective, go flat over MPI.
+#include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -22,5 +24,11 @@ namespace gradsync::comm {
 // world: the group's MPI communicator, its topology detected. Collective over world.
 std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,
                                                              const Options& options);
+
+// The cross-host level of an allreduce, in place: data (count elements, the same count on every
+// rank) reduced over cross, whose rank r is host r's member, combined in host order. scratch: the
+// caller's, kept between calls. Exposed for the benchmark that times the levels one by one.
+void hier_cross_allreduce(Communicator& cross, void* data, size_t count, DType dtype, ReduceOp op,
+                          std::vector<std::byte>& scratch);
 
 }  // namespace gradsync::comm
