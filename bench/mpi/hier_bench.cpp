@@ -15,7 +15,7 @@
 // group; the host's shared-memory reduce-scatter and all-gather; the cross-host allreduce of this
 // local rank's slice), each beside its own limit in the same run (the shared-memory levels beside
 // a memcpy of the buffer; the cross-host level beside raw MPI_Allreduce of the same slice over the
-// same ranks).
+// same ranks, and beside that level's rank-order allreduce, which it replaced for 2 hosts).
 #define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
 
