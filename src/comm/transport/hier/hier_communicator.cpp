@@ -24,6 +24,10 @@ namespace {
 // itself) beats three levels of rounds.
 constexpr uint64_t kFlatBytes = 16 * 1024;
 
+// The cross-host level of 2 hosts exchanges slices in windows of this many bytes (the scratch copy
+// of the other host's window is this large at most).
+constexpr size_t kCrossWindowBytes = size_t{16} << 20;
+
 // The pairs that levels reduce at full precision: floats combine in their own type at every step
 // (the levels change only the order, which the topology fixes), integer sums wrap alike in any
 // order, and min and max are exact. Half types and the integer mean accumulate wider than their
@@ -195,8 +199,7 @@ class HierCommunicator final : public Communicator {
     } else {
       local_->reduce_to(b.send, recv, b.count, dtype, level_op, 0);
       if (cross_ != nullptr) {
-        cross_->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{recv, recv, b.count}}), dtype,
-                          level_op);
+        hier_cross_allreduce(*cross_, recv, b.count, dtype, level_op, scratch_);
         if (op == ReduceOp::Mean) finish_mean(recv, b.count, dtype);
       }
       local_->broadcast(recv, b.count, dtype, 0);
@@ -271,16 +274,22 @@ void hier_cross_allreduce(Communicator& cross, void* data, size_t count, DType d
   }
   // Two hosts: each sends its slice to the other in one exchange and both fold host 0's copy then
   // host 1's, the bits of the rank-order allreduce (whose reduce-scatter and all-gather over MPI
-  // cost two collectives where one does).
+  // cost two collectives where one does). In windows, so that the copy held is bounded as that
+  // allreduce's is.
+  const size_t es = dtype_size(dtype);
+  const size_t window = std::max<size_t>(kCrossWindowBytes / es, 1);
+  if (scratch.size() < std::min(count, window) * es) scratch.resize(std::min(count, window) * es);
   Routes routes(Collective::Alltoall, -1, 2);
-  routes.count[routes.at(0, 1)] = count;
-  routes.count[routes.at(1, 0)] = count;
-  const size_t bytes = count * dtype_size(dtype);
-  if (scratch.size() < bytes) scratch.resize(bytes);
-  cross.exchange(data, scratch.data(), routes, dtype);
-  const std::array<const void*, 2> sources = cross.rank() == 0 ? std::array<const void*, 2>{data, scratch.data()}
-                                                               : std::array<const void*, 2>{scratch.data(), data};
-  reduce(dtype, op, sources.data(), sources.size(), data, 0, count);
+  for (size_t lo = 0; lo < count; lo += window) {
+    const size_t m = std::min(window, count - lo);
+    std::byte* mine = static_cast<std::byte*>(data) + lo * es;
+    routes.count[routes.at(0, 1)] = m;
+    routes.count[routes.at(1, 0)] = m;
+    cross.exchange(mine, scratch.data(), routes, dtype);
+    const std::array<const void*, 2> sources = cross.rank() == 0 ? std::array<const void*, 2>{mine, scratch.data()}
+                                                                 : std::array<const void*, 2>{scratch.data(), mine};
+    reduce(dtype, op, sources.data(), sources.size(), mine, 0, m);
+  }
 }
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,

@@ -8,11 +8,13 @@
 // reduce-scatters the buffer over its ranks through shared memory, each local rank all-reduces its
 // own slice across hosts through an MPI group of the ranks with its local rank, and each host
 // all-gathers the slices. With hosts of different sizes, local rank 0 of each host carries its
-// host's sum across hosts and broadcasts the result. Either way a reduction combines in a fixed
-// order for a given topology (within a host in local rank order, then across hosts in host order),
-// so every rank gets the same bits on every run; topology_independent trades the hierarchy for
-// the flat rank-order reduction's bits. Small payloads, half-precision types and the integer mean
-// (whose accumulator is wider than its type), and every other collective, go flat over MPI.
+// host's sum across hosts and broadcasts the result. Between 2 hosts the slices cross in one
+// exchange and each side folds them in host order; between more, by a rank-order allreduce over
+// MPI. Either way a reduction combines in a fixed order for a given topology (within a host in
+// local rank order, then across hosts in host order), so every rank gets the same bits on every
+// run; topology_independent trades the hierarchy for the flat rank-order reduction's bits. Small
+// payloads, half-precision types and the integer mean (whose accumulator is wider than its type),
+// and every other collective, go flat over MPI.
 #include <cstddef>
 #include <memory>
 #include <vector>
