@@ -6,8 +6,10 @@
 #  - table_shared_fuzzer: the same files while a peer holds them, so their shared state (touched
 #    count, list, flags, state header) is used as it is by adds, touched, zero and apply;
 #  - segment_fuzzer: arbitrary bytes as the shm segment a rank joins, with the harness playing
-#    the live peers.
-# The last two start from their kept corpora (tests/fuzz/corpus/<target>/, copied: the runs never
+#    the live peers;
+#  - checkpoint_fuzzer: arbitrary bytes as a checkpoint directory of the sharded embedding (a
+#    manifest and its parts), read as a load reads it (seeds: real checkpoints, checkpoint_seeds).
+# The last three start from their kept corpora (tests/fuzz/corpus/<target>/, copied: the runs never
 # write into the source tree). Any crash, hang (> 10 s per input), or unexpected status fails the
 # stage. Builds only the fuzz targets in build-fuzz; a few minutes on 2 cores.
 set -euo pipefail
@@ -16,9 +18,12 @@ build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
 runs="${FUZZ_RUNS:-200000}"
 # Each segment input builds a segment of a few MiB in /dev/shm (about 1000 runs a second).
 segment_runs="${FUZZ_SEGMENT_RUNS:-20000}"
+# Each checkpoint input is a directory of files in /dev/shm (about 4000 runs a second).
+checkpoint_runs="${FUZZ_CHECKPOINT_RUNS:-100000}"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADSYNC_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay table_shared_fuzzer segment_fuzzer
+cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay table_shared_fuzzer segment_fuzzer \
+  checkpoint_fuzzer
 corpus="$build/fuzz-corpus/table"
 rm -rf "$corpus" && mkdir -p "$corpus"
 "$build/tests/fuzz/table_fuzz_replay"                   # the damaged files give their clear errors
@@ -34,3 +39,4 @@ fuzz_kept() {  # target, runs, max_len
 }
 fuzz_kept table_shared "$runs" 20480
 fuzz_kept segment "$segment_runs" 8192
+fuzz_kept checkpoint "$checkpoint_runs" 20480

@@ -11,14 +11,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <system_error>
 #include <vector>
 
 #include "common/error.hpp"
 #include "common/fnv.hpp"
-#include "common/random.hpp"
-#include "embedding/embedding.hpp"
 
 namespace gradsync::embedding {
 
@@ -123,6 +122,19 @@ void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string&
   }
 }
 
+// Opens a file of a checkpoint to read. Without blocking: the files may be anyone's on this host,
+// and a FIFO put in a file's place would otherwise hang the open (regular_file_size refuses it).
+int open_for_reading(const std::string& path) { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); }
+
+// The size of an open checkpoint file, which must be a regular file (not a FIFO, device or
+// directory, whose reads could block, never end, or fail in ways a damaged file does not).
+uint64_t regular_file_size(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
+  GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_CORRUPT, "'{}' is not a regular file", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
 void fsync_directory(const std::string& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) fail(GRADSYNC_E_IO, "cannot open the directory '{}': {}", dir, errno_text(errno));
@@ -134,7 +146,11 @@ void fsync_directory(const std::string& dir) {
 template <class WriteBody>
 void write_durably(const std::string& dir, const std::string& name, WriteBody&& body) {
   const std::string path = dir + "/" + name, tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  // A new file, never one already there: a link another user put at the temporary name would
+  // otherwise have the save write through it into whatever it names.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    fail(GRADSYNC_E_IO, "cannot remove '{}': {}", tmp, errno_text(errno));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (fd.get() < 0) fail(write_status(errno), "cannot create '{}': {}", tmp, errno_text(errno));
   try {
     body(fd.get(), tmp);
@@ -193,27 +209,18 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 
 }  // namespace
 
-namespace {
-
-// A manifest as read and checked: its header, its layers, and each layer's parts.
-struct Manifest {
-  ManifestHeader header{};
-  std::vector<LayerEntry> layers;
-  std::vector<std::vector<PartEntry>> parts;  // per layer
-};
+namespace checkpoint {
 
 Manifest read_manifest(const std::string& dir) {
   GS_REQUIRE(!dir.empty(), GRADSYNC_E_INVALID_ARG, "the checkpoint directory is empty");
   const std::string mpath = dir + "/" + kManifestName;
-  Fd fd(::open(mpath.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(open_for_reading(mpath));
   if (fd.get() < 0) {
     const int err = errno;
     if (err == ENOENT) fail(GRADSYNC_E_IO, "no checkpoint in '{}' ({} is missing)", dir, kManifestName);
     fail(GRADSYNC_E_IO, "cannot open '{}': {}", mpath, errno_text(err));
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", mpath, errno_text(errno));
-  const auto size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = regular_file_size(fd.get(), mpath);
   Manifest out;
   ManifestHeader& m = out.header;
   GS_REQUIRE(size >= sizeof m, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, less than its header's {}", mpath, size,
@@ -263,7 +270,7 @@ Manifest read_manifest(const std::string& dir) {
   return out;
 }
 
-void write_manifest(const std::string& dir, const Manifest& m) {
+void commit(const std::string& dir, const Manifest& m) {
   std::vector<char> tail;
   auto put = [&](const void* p, size_t n) {
     tail.insert(tail.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
@@ -277,257 +284,143 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     pwrite_all(fd, &h, sizeof h, 0, path);
     pwrite_all(fd, tail.data(), tail.size(), sizeof h, path);
   });
+  std::vector<uint64_t> keep;
+  for (const LayerEntry& l : m.layers) keep.push_back(l.nonce);
+  remove_stale_parts(dir, keep);
 }
 
-}  // namespace
-
-void ShardedTable::save(const std::string& dir, bool incremental) {
-  uint64_t nonce = comm_.rank() == 0 ? random_nonce() : 0;
-  comm_.broadcast(&nonce, 1, DType::I64, 0);
-  const auto d = static_cast<uint64_t>(options_.dim);
-  const auto sw = static_cast<uint64_t>(state_width());
-
-  // An incremental save stacks a layer on the checkpoint this table last saved or loaded, so that
-  // checkpoint must still be the one in dir; every rank checks, and all refuse alike.
-  Manifest base;
-  if (incremental) {
-    const Outcome checked = capture([&] {
-      GS_REQUIRE(
-          base_dir_ == dir, GRADSYNC_E_MISUSE,
-          "an incremental save needs the checkpoint this table last saved or loaded in '{}'{}", dir,
-          base_dir_.empty() ? " (it has none: save in full first)" : fmt::format(" (its last is in '{}')", base_dir_));
-      base = read_manifest(dir);
-      GS_REQUIRE(base.layers.back().nonce == base_nonce_, GRADSYNC_E_MISUSE,
-                 "the checkpoint in '{}' is not the one this table last saved or loaded (another save replaced it): "
-                 "save in full",
-                 dir);
-      GS_REQUIRE(base.layers.size() < static_cast<size_t>(kMaxLayers), GRADSYNC_E_MISUSE,
-                 "'{}' holds {} layers already: save in full", dir, base.layers.size());
-      GS_REQUIRE(base.header.rows == options_.rows && base.header.dim == options_.dim &&
-                     base.header.state_width == static_cast<int32_t>(sw),
-                 GRADSYNC_E_MISMATCH, "the checkpoint in '{}' has another shape", dir);
-    });
-    agree(checked.status, checked.message);
-  }
-
-  // 1. Every rank writes its part in parallel: all its rows, or those pushed since the base.
-  std::vector<int64_t> ids;
-  std::vector<float> rows, state;
-  const int64_t* id_data = owned_.data();
-  const float* row_data = params_->data();
-  const float* state_data = sw != 0 ? state_->data() : nullptr;
-  uint64_t count = owned_.size();
-  if (incremental) {
-    for (size_t l = 0; l < owned_.size(); ++l) {
-      if (!dirty_[l]) continue;
-      ids.push_back(owned_[l]);
-      rows.insert(rows.end(), params_->row_ptr(static_cast<int64_t>(l)), params_->row_ptr(static_cast<int64_t>(l)) + d);
-      if (sw != 0)
-        state.insert(state.end(), state_->row_ptr(static_cast<int64_t>(l)),
-                     state_->row_ptr(static_cast<int64_t>(l)) + sw);
-    }
-    id_data = ids.data();
-    row_data = rows.data();
-    state_data = state.data();
-    count = ids.size();
-  }
-  uint64_t payload_checksum = 0;
-  const Outcome wrote = capture([&] {
-    make_directory(dir);
-    write_durably(dir, part_name(comm_.rank(), comm_.size(), nonce), [&](int fd, const std::string& path) {
-      Checksum sum;
-      uint64_t at = sizeof(PartHeader);
-      auto put = [&](const void* data, size_t bytes) {
-        const auto* p = static_cast<const char*>(data);
-        for (size_t off = 0; off < bytes; off += kChunkBytes) {
-          const size_t n = std::min(kChunkBytes, bytes - off);
-          sum.update(p + off, n);
-          pwrite_all(fd, p + off, n, at, path);
-          at += n;
-        }
-      };
-      put(id_data, count * 8);
-      put(row_data, count * d * 4);
-      if (sw != 0) put(state_data, count * sw * 4);
-      params_->check_mapping();
-      PartHeader h{};
-      std::memcpy(h.magic, kPartMagic, sizeof h.magic);
-      h.format_version = kFormatVersion;
-      h.byte_order = kByteOrder;
-      h.rows = options_.rows;
-      h.dim = options_.dim;
-      h.state_width = static_cast<int32_t>(sw);
-      h.part = comm_.rank();
-      h.parts = comm_.size();
-      h.nonce = nonce;
-      h.count = count;
-      h.payload_checksum = payload_checksum = sum.value();
-      h.header_checksum = header_checksum(h);
-      pwrite_all(fd, &h, sizeof h, 0, path);
-    });
+uint64_t write_part(const std::string& dir, PartHeader h, const int64_t* ids, const float* rows, const float* state,
+                    const std::function<void()>& verify) {
+  const uint64_t count = h.count, d = static_cast<uint64_t>(h.dim), sw = static_cast<uint64_t>(h.state_width);
+  make_directory(dir);
+  write_durably(dir, part_name(h.part, h.parts, h.nonce), [&](int fd, const std::string& path) {
+    Checksum sum;
+    uint64_t at = sizeof(PartHeader);
+    auto put = [&](const void* data, size_t bytes) {
+      const auto* p = static_cast<const char*>(data);
+      for (size_t off = 0; off < bytes; off += kChunkBytes) {
+        const size_t n = std::min(kChunkBytes, bytes - off);
+        sum.update(p + off, n);
+        pwrite_all(fd, p + off, n, at, path);
+        at += n;
+      }
+    };
+    put(ids, count * 8);
+    put(rows, count * d * 4);
+    if (sw != 0) put(state, count * sw * 4);
+    verify();
+    std::memcpy(h.magic, kPartMagic, sizeof h.magic);
+    h.format_version = kFormatVersion;
+    h.byte_order = kByteOrder;
+    h.payload_checksum = sum.value();
+    h.header_checksum = header_checksum(h);
+    pwrite_all(fd, &h, sizeof h, 0, path);
   });
-  const std::vector<int64_t> parts =
-      agree(wrote.status, wrote.message, static_cast<int64_t>(count), static_cast<int64_t>(payload_checksum));
-
-  // 2. Rank 0 commits the layer with the manifest, then clears out parts no layer names.
-  Outcome committed;
-  if (comm_.rank() == 0) {
-    committed = capture([&] {
-      Manifest m;
-      if (incremental) {
-        m.layers = base.layers;
-        m.parts = base.parts;
-      }
-      ManifestHeader& h = m.header;
-      std::memcpy(h.magic, kManifestMagic, sizeof h.magic);
-      h.format_version = kFormatVersion;
-      h.byte_order = kByteOrder;
-      h.rows = options_.rows;
-      h.dim = options_.dim;
-      h.optimizer = static_cast<int32_t>(options_.optimizer);
-      h.state_width = static_cast<int32_t>(sw);
-      h.sharding = static_cast<int32_t>(options_.sharding);
-      h.steps = steps_;
-      h.lr = options_.lr;
-      h.eps = options_.eps;
-      m.layers.push_back(LayerEntry{nonce, static_cast<uint64_t>(comm_.size())});
-      std::vector<PartEntry> entries(static_cast<size_t>(comm_.size()));
-      for (size_t p = 0; p < entries.size(); ++p) {
-        entries[p].count = static_cast<uint64_t>(parts[2 * p]);
-        entries[p].payload_checksum = static_cast<uint64_t>(parts[2 * p + 1]);
-      }
-      m.parts.push_back(std::move(entries));
-      h.layers = static_cast<int32_t>(m.layers.size());
-      h.parts = 0;
-      for (const LayerEntry& l : m.layers) h.parts += l.parts;
-      write_manifest(dir, m);
-      std::vector<uint64_t> keep;
-      for (const LayerEntry& l : m.layers) keep.push_back(l.nonce);
-      remove_stale_parts(dir, keep);
-    });
-  }
-  agree(committed.status, committed.message);
-  std::fill(dirty_.begin(), dirty_.end(), 0);
-  base_dir_ = dir;
-  base_nonce_ = nonce;
+  return h.payload_checksum;
 }
 
-void ShardedTable::load(const std::string& dir) {
-  const auto d = static_cast<uint64_t>(options_.dim);
-  const auto sw = static_cast<uint64_t>(state_width());
-  const uint64_t local = owned_.size();
-  const int me = comm_.rank();
-  // Staged, and copied into the shard only when every rank has read all of its rows.
+Staged read_rows(const std::string& dir, const Shape& shape, const std::vector<int64_t>& owned) {
+  const auto d = static_cast<uint64_t>(shape.dim);
+  const auto sw = static_cast<uint64_t>(shape.state_width);
+  const uint64_t local = owned.size();
+  Staged out;
   // Every row of the staged values is written before it is used (the full layer must give each),
   // so they are not cleared first: that would be a pass over the whole shard for nothing.
-  std::unique_ptr<float[]> values;
-  std::vector<float> state;
-  Manifest manifest;
-  const Outcome read = capture([&] {
-    manifest = read_manifest(dir);
-    const ManifestHeader& m = manifest.header;
-    GS_REQUIRE(m.rows == options_.rows && m.dim == options_.dim, GRADSYNC_E_MISMATCH,
-               "checkpoint '{}' has {} x {}, the table {} x {}", dir, m.rows, m.dim, options_.rows, options_.dim);
-    GS_REQUIRE(m.state_width == static_cast<int32_t>(sw) && m.optimizer == static_cast<int32_t>(options_.optimizer),
-               GRADSYNC_E_MISMATCH, "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir,
-               m.optimizer, static_cast<int32_t>(options_.optimizer), "0 sgd, 1 row-wise Adagrad");
-    values = std::make_unique_for_overwrite<float[]>(std::max<uint64_t>(local * d, 1));
-    state.resize(local * sw);
-    std::vector<uint16_t> found(local, 0);
-    const uint64_t row_bytes = d * 4;
-    std::vector<int64_t> ids;
-    std::vector<char> chunk;
-    struct stat st {};
-    for (size_t layer = 0; layer < manifest.layers.size(); ++layer) {
-      const LayerEntry& le = manifest.layers[layer];
-      const auto nparts = static_cast<int>(le.parts);
-      // found[l] == layer + 1: row l was read in this layer (a second time is a damaged layer).
-      const auto mark = static_cast<uint16_t>(layer + 1);  // kMaxLayers < 2^16
-      for (int p = 0; p < nparts; ++p) {
-        const PartEntry& e = manifest.parts[layer][static_cast<size_t>(p)];
-        const std::string path = dir + "/" + part_name(p, nparts, le.nonce);
-        Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd.get() < 0)
-          fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
-        if (::fstat(fd.get(), &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
-        const uint64_t expected = part_bytes(e.count, d, sw);
-        GS_REQUIRE(static_cast<uint64_t>(st.st_size) == expected, GRADSYNC_E_CORRUPT,
-                   "'{}' has {} bytes, its {} rows need {} (truncated?)", path, st.st_size, e.count, expected);
-        PartHeader h{};
-        pread_all(fd.get(), &h, sizeof h, 0, path);
-        GS_REQUIRE(std::memcmp(h.magic, kPartMagic, sizeof h.magic) == 0 && h.header_checksum == header_checksum(h),
-                   GRADSYNC_E_CORRUPT, "'{}' is not a checkpoint part (bad magic or header checksum)", path);
-        GS_REQUIRE(h.format_version == kFormatVersion && h.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH,
-                   "'{}' has format version {}, this library reads {}", path, h.format_version, kFormatVersion);
-        GS_REQUIRE(h.rows == m.rows && h.dim == m.dim && h.state_width == m.state_width && h.part == p &&
-                       h.parts == nparts && h.nonce == le.nonce && h.count == e.count &&
-                       h.payload_checksum == e.payload_checksum,
-                   GRADSYNC_E_CORRUPT, "'{}' does not belong to the checkpoint its manifest describes", path);
-        ids.resize(e.count);
-        pread_all(fd.get(), ids.data(), e.count * 8, sizeof h, path);
-        // Which of the part's rows are this rank's, where they go; the ids themselves are checked
-        // by every rank, so a bad part fails every rank however the rows fall.
-        std::vector<std::pair<uint64_t, uint64_t>> mine;  // (index in part, local row)
-        for (uint64_t i = 0; i < e.count; ++i) {
-          const int64_t id = ids[i];
-          GS_REQUIRE(id >= 0 && id < m.rows && (i == 0 || id > ids[i - 1]), GRADSYNC_E_CORRUPT,
-                     "'{}': id {} at {} is out of range or out of order", path, id, i);
-          if (layout_.owner(id) == me) mine.emplace_back(i, static_cast<uint64_t>(local_of(id)));
-        }
-        if (mine.empty()) continue;
-        // The rows are copied out as the checksum streams over the whole payload. A part whose
-        // rows are all this rank's, and consecutive here (one written under this layout), is
-        // read straight into place.
-        Checksum sum;
-        sum.update(ids.data(), e.count * 8);
-        const bool in_place = mine.size() == e.count && mine.back().second - mine.front().second == e.count - 1;
-        const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
-        if (!in_place) chunk.resize(per_chunk * row_bytes);
-        size_t next = 0;
-        for (uint64_t first = 0; first < e.count; first += per_chunk) {
-          const uint64_t n = std::min(per_chunk, e.count - first);
-          char* to =
-              in_place ? reinterpret_cast<char*>(values.get() + (mine.front().second + first) * d) : chunk.data();
-          pread_all(fd.get(), to, n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
-          sum.update(to, n * row_bytes);
-          for (; next < mine.size() && mine[next].first < first + n; ++next) {
-            const auto [i, l] = mine[next];
-            GS_REQUIRE(found[l] != mark, GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts of one layer", path, ids[i]);
-            found[l] = mark;
-            if (!in_place) std::memcpy(values.get() + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
-          }
-        }
-        if (sw != 0) {
-          std::vector<float> s(e.count * sw);
-          pread_all(fd.get(), s.data(), s.size() * 4, sizeof h + e.count * (8 + row_bytes), path);
-          sum.update(s.data(), s.size() * 4);
-          for (const auto& [i, l] : mine) std::copy(&s[i * sw], &s[(i + 1) * sw], &state[l * sw]);
-        }
-        GS_REQUIRE(sum.value() == e.payload_checksum, GRADSYNC_E_CORRUPT, "'{}': payload checksum mismatch", path);
-      }
-      // The full layer must have given every row of this rank.
-      if (layer == 0) {
-        for (uint64_t l = 0; l < local; ++l)
-          GS_REQUIRE(found[l] == 1, GRADSYNC_E_CORRUPT, "checkpoint '{}' lacks row {}", dir, owned_[l]);
-      }
-    }
-  });
+  out.manifest = read_manifest(dir);
+  const Manifest& manifest = out.manifest;
   const ManifestHeader& m = manifest.header;
-  const uint64_t last = read.status == GRADSYNC_OK ? manifest.layers.back().nonce : 0;
-  const std::vector<int64_t> nonces = agree(read.status, read.message, static_cast<int64_t>(last), m.steps);
-  for (size_t r = 1; r < nonces.size() / 2; ++r) {
-    GS_REQUIRE(nonces[2 * r] == nonces[0], GRADSYNC_E_MISMATCH,
-               "rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r, dir);
+  GS_REQUIRE(m.rows == shape.rows && m.dim == shape.dim, GRADSYNC_E_MISMATCH,
+             "checkpoint '{}' has {} x {}, the table {} x {}", dir, m.rows, m.dim, shape.rows, shape.dim);
+  GS_REQUIRE(m.state_width == shape.state_width && m.optimizer == shape.optimizer, GRADSYNC_E_MISMATCH,
+             "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir, m.optimizer,
+             shape.optimizer, "0 sgd, 1 row-wise Adagrad");
+  out.values = std::make_unique_for_overwrite<float[]>(std::max<uint64_t>(local * d, 1));
+  float* values = out.values.get();
+  std::vector<float>& state = out.state;
+  state.resize(local * sw);
+  std::vector<uint16_t> found(local, 0);
+  const uint64_t row_bytes = d * 4;
+  std::vector<int64_t> ids;
+  std::vector<char> chunk;
+  std::vector<std::pair<uint64_t, uint64_t>> mine;  // (index in part, local row)
+  for (size_t layer = 0; layer < manifest.layers.size(); ++layer) {
+    const LayerEntry& le = manifest.layers[layer];
+    const auto nparts = static_cast<int>(le.parts);
+    // found[l] == layer + 1: row l was read in this layer (a second time is a damaged layer).
+    const auto mark = static_cast<uint16_t>(layer + 1);  // kMaxLayers < 2^16
+    for (int p = 0; p < nparts; ++p) {
+      const PartEntry& e = manifest.parts[layer][static_cast<size_t>(p)];
+      const std::string path = dir + "/" + part_name(p, nparts, le.nonce);
+      Fd fd(open_for_reading(path));
+      if (fd.get() < 0) fail(GRADSYNC_E_CORRUPT, "cannot open the checkpoint's part '{}': {}", path, errno_text(errno));
+      const uint64_t size = regular_file_size(fd.get(), path);
+      const uint64_t expected = part_bytes(e.count, d, sw);
+      GS_REQUIRE(size == expected, GRADSYNC_E_CORRUPT, "'{}' has {} bytes, its {} rows need {} (truncated?)", path,
+                 size, e.count, expected);
+      PartHeader h{};
+      pread_all(fd.get(), &h, sizeof h, 0, path);
+      GS_REQUIRE(std::memcmp(h.magic, kPartMagic, sizeof h.magic) == 0 && h.header_checksum == header_checksum(h),
+                 GRADSYNC_E_CORRUPT, "'{}' is not a checkpoint part (bad magic or header checksum)", path);
+      GS_REQUIRE(h.format_version == kFormatVersion && h.byte_order == kByteOrder, GRADSYNC_E_VERSION_MISMATCH,
+                 "'{}' has format version {}, this library reads {}", path, h.format_version, kFormatVersion);
+      GS_REQUIRE(h.rows == m.rows && h.dim == m.dim && h.state_width == m.state_width && h.part == p &&
+                     h.parts == nparts && h.nonce == le.nonce && h.count == e.count &&
+                     h.payload_checksum == e.payload_checksum,
+                 GRADSYNC_E_CORRUPT, "'{}' does not belong to the checkpoint its manifest describes", path);
+      ids.resize(e.count);
+      pread_all(fd.get(), ids.data(), e.count * 8, sizeof h, path);
+      // Which of the part's rows are owned here, and where they go: a walk of both ascending
+      // lists. The ids themselves are checked whole, so a bad part fails every reader however
+      // the rows fall.
+      mine.clear();
+      auto at = owned.begin();
+      for (uint64_t i = 0; i < e.count; ++i) {
+        const int64_t id = ids[i];
+        GS_REQUIRE(id >= 0 && id < m.rows && (i == 0 || id > ids[i - 1]), GRADSYNC_E_CORRUPT,
+                   "'{}': id {} at {} is out of range or out of order", path, id, i);
+        if (i == 0) at = std::lower_bound(owned.begin(), owned.end(), id);
+        while (at != owned.end() && *at < id) ++at;
+        if (at != owned.end() && *at == id) mine.emplace_back(i, static_cast<uint64_t>(at - owned.begin()));
+      }
+      if (mine.empty()) continue;
+      // The rows are copied out as the checksum streams over the whole payload. A part whose
+      // rows are all owned here, and consecutive here (one written under this layout), is read
+      // straight into place.
+      Checksum sum;
+      sum.update(ids.data(), e.count * 8);
+      const bool in_place = mine.size() == e.count && mine.back().second - mine.front().second == e.count - 1;
+      const uint64_t per_chunk = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+      if (!in_place) chunk.resize(per_chunk * row_bytes);
+      size_t next = 0;
+      for (uint64_t first = 0; first < e.count; first += per_chunk) {
+        const uint64_t n = std::min(per_chunk, e.count - first);
+        char* to = in_place ? reinterpret_cast<char*>(values + (mine.front().second + first) * d) : chunk.data();
+        pread_all(fd.get(), to, n * row_bytes, sizeof h + e.count * 8 + first * row_bytes, path);
+        sum.update(to, n * row_bytes);
+        for (; next < mine.size() && mine[next].first < first + n; ++next) {
+          const auto [i, l] = mine[next];
+          GS_REQUIRE(found[l] != mark, GRADSYNC_E_CORRUPT, "'{}': row {} is in two parts of one layer", path, ids[i]);
+          found[l] = mark;
+          if (!in_place) std::memcpy(values + l * d, chunk.data() + (i - first) * row_bytes, row_bytes);
+        }
+      }
+      if (sw != 0) {
+        std::vector<float> s(e.count * sw);
+        pread_all(fd.get(), s.data(), s.size() * 4, sizeof h + e.count * (8 + row_bytes), path);
+        sum.update(s.data(), s.size() * 4);
+        for (const auto& [i, l] : mine) std::copy(&s[i * sw], &s[(i + 1) * sw], &state[l * sw]);
+      }
+      GS_REQUIRE(sum.value() == e.payload_checksum, GRADSYNC_E_CORRUPT, "'{}': payload checksum mismatch", path);
+    }
+    // The full layer must have given every owned row.
+    if (layer == 0) {
+      for (uint64_t l = 0; l < local; ++l)
+        GS_REQUIRE(found[l] == 1, GRADSYNC_E_CORRUPT, "checkpoint '{}' lacks row {}", dir, owned[l]);
+    }
   }
-  if (local > 0) {
-    std::memcpy(params_->data(), values.get(), local * d * 4);
-    if (sw != 0) std::memcpy(state_->data(), state.data(), state.size() * 4);
-    params_->check_mapping();
-  }
-  steps_ = m.steps;
-  std::fill(dirty_.begin(), dirty_.end(), 0);
-  base_dir_ = dir;
-  base_nonce_ = last;
+  return out;
 }
+
+}  // namespace checkpoint
 
 }  // namespace gradsync::embedding

@@ -15,7 +15,10 @@
 // a read; the payload checksum covers ids, values and state in that order.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace gradsync::embedding::checkpoint {
 
@@ -77,6 +80,51 @@ struct PartEntry {
 };
 
 std::string part_name(int part, int parts, uint64_t nonce);
+
+// A manifest as read and checked: its header, its layers, and each layer's parts.
+struct Manifest {
+  ManifestHeader header{};
+  std::vector<LayerEntry> layers;
+  std::vector<std::vector<PartEntry>> parts;  // per layer
+};
+
+// Reads and checks dir's manifest (every field before it sizes a read).
+Manifest read_manifest(const std::string& dir);
+
+// Writes a part durably under its name in dir (created if need be). `header` gives the fields
+// that describe it (shape, part, parts, nonce, count); the checksums are filled here. ids, rows
+// and state hold count, count x dim and count x state_width elements. `verify` runs once the
+// payload is written, before the header that makes it a part: a throw there leaves no part.
+// Returns the payload checksum.
+uint64_t write_part(const std::string& dir, PartHeader header, const int64_t* ids, const float* rows,
+                    const float* state, const std::function<void()>& verify);
+
+// Commits m (its entries and checksums computed here) as dir's manifest, then removes the parts
+// of nonces that none of its layers names.
+void commit(const std::string& dir, const Manifest& m);
+
+// What a loader expects of a checkpoint: its table's shape and optimizer.
+struct Shape {
+  int64_t rows = 0;
+  int64_t dim = 0;
+  int32_t state_width = 0;
+  int32_t optimizer = 0;
+};
+
+// A checkpoint's rows for one rank, staged (nothing of the caller's is touched by a read).
+struct Staged {
+  Manifest manifest;
+  std::unique_ptr<float[]> values;  // owned.size() x dim (at least one float)
+  std::vector<float> state;         // owned.size() x state_width
+};
+
+// Reads every layer of the checkpoint in dir into the rows `owned` (global ids, ascending:
+// staged row l is owned[l]), later layers overriding earlier ones. Every part is checked whole
+// (its ids, its payload checksum) whichever of its rows are owned here, so every reader of one
+// checkpoint fails or succeeds alike. Throws E_CORRUPT (damaged, truncated, not a checkpoint),
+// E_VERSION_MISMATCH, E_MISMATCH (another shape or optimizer), E_IO (cannot read) or
+// E_INVALID_ARG (an empty dir).
+Staged read_rows(const std::string& dir, const Shape& shape, const std::vector<int64_t>& owned);
 
 // A checksum of a byte stream fed in pieces of any size: fnv1a64's step over 64-bit words
 // (eight times fewer multiplies than over bytes, so it keeps up with the disk), the last partial

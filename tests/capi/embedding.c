@@ -342,6 +342,37 @@ static void* hostile_rank(void* p) {
     CHECK(memcmp(now[a->rank], before[a->rank], sizeof before[0]) == 0);
     CHECK(memcmp(now_state[a->rank], before_state[a->rank], sizeof before_state[0]) == 0);
   }
+  /* Files of other users on this host: a FIFO in the manifest's place is refused at once (an open
+   * of it would wait for a writer forever), and a link put at the manifest's temporary name is
+   * replaced, not written through into the file it names. */
+  {
+    char fifo_dir[320], victim[1024];
+    static const char victim_text[] = "another file, not to be overwritten";
+    char readback[sizeof victim_text] = {0};
+    int fd;
+    snprintf(fifo_dir, sizeof fifo_dir, "%s-fifo", dir);
+    snprintf(victim, sizeof victim, "%s-victim", dir);
+    if (a->rank == 0) {
+      CHECK(mkdir(fifo_dir, 0700) == 0);
+      snprintf(path, sizeof path, "%s/checkpoint.gsemb", fifo_dir);
+      CHECK(mkfifo(path, 0600) == 0);
+      fd = open(victim, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      CHECK(fd >= 0 && write(fd, victim_text, sizeof victim_text) == (ssize_t)sizeof victim_text);
+      if (fd >= 0) close(fd);
+      snprintf(path, sizeof path, "%s/checkpoint.gsemb.tmp", dir);
+      unlink(path);
+      CHECK(symlink(victim, path) == 0);
+    }
+    CHECK_STATUS(gradsync_comm_barrier(comm), GRADSYNC_OK);
+    CHECK_STATUS_MSG(gradsync_embedding_load(t, fifo_dir), GRADSYNC_E_CORRUPT, "not a regular file");
+    CHECK_STATUS(gradsync_embedding_save(t, dir), GRADSYNC_OK);
+    fd = open(victim, O_RDONLY);
+    CHECK(fd >= 0 && read(fd, readback, sizeof readback) == (ssize_t)sizeof victim_text);
+    if (fd >= 0) close(fd);
+    CHECK(memcmp(readback, victim_text, sizeof victim_text) == 0);
+    CHECK_STATUS(gradsync_embedding_load(t, dir), GRADSYNC_OK);
+  }
+
   /* another shape, another optimizer: refused */
   CHECK_STATUS(gradsync_embedding_save(t, dir), GRADSYNC_OK);
   CHECK_STATUS_MSG(gradsync_embedding_load(t, a->rank == 1 ? NULL : dir), GRADSYNC_E_INVALID_ARG, "rank 1");
