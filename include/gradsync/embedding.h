@@ -180,6 +180,8 @@ GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding* table, double lr)
 /**
  * @brief Look up n rows (collective). ids may repeat and come in any order; out receives row
  *        ids[i] at out[i*dim .. (i+1)*dim). Each rank passes its own ids (n may differ, and be 0).
+ *        Each distinct id of a call travels to its owner once and its row comes back once, however
+ *        often the call repeats it (at most 2^32 - 2 ids per call).
  * @param table the table
  * @param[in] ids n global row ids in [0, rows) (may be NULL when n is 0)
  * @param n the number of ids
@@ -188,7 +190,8 @@ GRADSYNC_API int gradsync_embedding_set_lr(gradsync_embedding* table, double lr)
  * @retval GRADSYNC_E_OUT_OF_RANGE an id outside [0, rows) on some rank; every rank fails, with a
  *         message naming that rank, the position and the id ("rank 2: id 1000 at position 5 is
  *         outside [0, 100)"); nothing was moved
- * @retval GRADSYNC_E_INVALID_ARG a NULL buffer or count != n * dim on some rank (every rank fails)
+ * @retval GRADSYNC_E_INVALID_ARG a NULL buffer, count != n * dim or too many ids on some rank (every
+ *         rank fails)
  * @retval GRADSYNC_E_MISMATCH the ranks' tables disagree on rows, dim or sharding
  * @retval GRADSYNC_E_MISUSE the communicator was freed, or is in a call on another thread
  * @return or an error of the communicator (GRADSYNC_E_TIMEOUT, _REMOTE, _ABORTED)

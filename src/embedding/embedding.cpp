@@ -31,6 +31,14 @@ std::string message_of(const int64_t* words) {
   return text;
 }
 
+// v's storage with room for n elements (at least one, so that it is never NULL): the buffers of
+// the calls are kept and only grow, so a steady run allocates (and faults in) nothing per call.
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < std::max<size_t>(n, 1)) v.resize(std::max<size_t>(n, 1));
+  return v.data();
+}
+
 void put_message(int64_t* words, const std::string& message) {
   char text[kMessageWords * 8] = {};
   std::memcpy(text, message.data(), std::min(message.size(), sizeof text - 1));
@@ -178,7 +186,59 @@ std::vector<int64_t> ShardedTable::agree(int status, const std::string& message,
   return words;
 }
 
-ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, const void* buf, size_t count) {
+int ShardedTable::check_call(int op, const int64_t* ids, size_t n, const void* buf, size_t count,
+                             std::string& problem) const {
+  const auto d = static_cast<size_t>(options_.dim);
+  if (n > 0 && ids == nullptr) {
+    problem = fmt::format("{}: ids is NULL with n = {}", kOpNames[op], n);
+    return GRADSYNC_E_INVALID_ARG;
+  }
+  if (n > 0 && buf == nullptr) {
+    problem = fmt::format("{}: the {} buffer is NULL with n = {}", kOpNames[op], op == 1 ? "output" : "gradient", n);
+    return GRADSYNC_E_INVALID_ARG;
+  }
+  if (n > SIZE_MAX / d || count != n * d) {
+    problem = fmt::format("{}: count is {}, but {} ids x dim {} need {}", kOpNames[op], count, n, d,
+                          n > SIZE_MAX / d ? std::string("more than fits") : std::to_string(n * d));
+    return GRADSYNC_E_INVALID_ARG;
+  }
+  // distinct numbers positions in 32 bits.
+  if (op == 1 && n > UINT32_MAX - 1) {
+    problem = fmt::format("lookup: {} ids in one call, more than {}", n, UINT32_MAX - 1);
+    return GRADSYNC_E_INVALID_ARG;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= options_.rows) {
+      problem = fmt::format("{}: id {} at position {} is outside [0, {})", kOpNames[op], ids[i], i, options_.rows);
+      return GRADSYNC_E_OUT_OF_RANGE;
+    }
+  }
+  return GRADSYNC_OK;
+}
+
+size_t ShardedTable::distinct(const int64_t* ids, size_t n) {
+  size_t cap = 16;
+  while (cap < 2 * n) cap *= 2;  // at most half full: short probes
+  const size_t mask = cap - 1;
+  uint32_t* slots = grow(scratch_slots_, cap);
+  std::fill(slots, slots + cap, 0u);
+  int64_t* unique = grow(scratch_unique_, n);
+  uint32_t* which = grow(scratch_which_, n);
+  size_t u = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    size_t s = static_cast<size_t>(table::splitmix64(static_cast<uint64_t>(id))) & mask;
+    while (slots[s] != 0 && unique[slots[s] - 1] != id) s = (s + 1) & mask;
+    if (slots[s] == 0) {
+      unique[u] = id;
+      slots[s] = static_cast<uint32_t>(++u);
+    }
+    which[i] = slots[s] - 1;
+  }
+  return u;
+}
+
+ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& problem, const int64_t* routed, size_t n) {
   const auto p = static_cast<size_t>(comm_.size());
   const size_t width = kHead + p + kMessageWords;
   std::vector<int64_t> rows(p * width);
@@ -191,32 +251,11 @@ ShardedTable::Plan ShardedTable::plan(int op, const int64_t* ids, size_t n, cons
   // would break the equality with one process as surely as a wrong id.
   const float hyper[2] = {options_.lr, options_.eps};
   mine[kOptimizer] = static_cast<int64_t>(fnv1a64(hyper, sizeof hyper, static_cast<uint64_t>(options_.optimizer)));
-  // This rank's check, and its counts per owner; the verdict travels with the counts, so a bad id
-  // fails every rank in this round, before any id or row moves.
-  std::string problem;
-  int status = GRADSYNC_OK;
-  const auto d = static_cast<size_t>(options_.dim);
-  if (n > 0 && ids == nullptr) {
-    status = GRADSYNC_E_INVALID_ARG;
-    problem = fmt::format("{}: ids is NULL with n = {}", kOpNames[op], n);
-  } else if (n > 0 && buf == nullptr) {
-    status = GRADSYNC_E_INVALID_ARG;
-    problem = fmt::format("{}: the {} buffer is NULL with n = {}", kOpNames[op], op == 1 ? "output" : "gradient", n);
-  } else if (n > SIZE_MAX / d || count != n * d) {
-    status = GRADSYNC_E_INVALID_ARG;
-    problem = fmt::format("{}: count is {}, but {} ids x dim {} need {}", kOpNames[op], count, n, d,
-                          n > SIZE_MAX / d ? std::string("more than fits") : std::to_string(n * d));
-  } else {
+  // This rank's verdict travels with its counts per owner, so a bad id fails every rank in this
+  // round, before any id or row moves.
+  if (status == GRADSYNC_OK) {
     int64_t* counts = mine + kHead;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t id = ids[i];
-      if (id < 0 || id >= options_.rows) {
-        status = GRADSYNC_E_OUT_OF_RANGE;
-        problem = fmt::format("{}: id {} at position {} is outside [0, {})", kOpNames[op], id, i, options_.rows);
-        break;
-      }
-      ++counts[layout_.owner(id)];
-    }
+    for (size_t i = 0; i < n; ++i) ++counts[layout_.owner(routed[i])];
   }
   mine[kStatus] = status;
   put_message(mine + kHead + p, problem);
@@ -281,14 +320,6 @@ comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t
 // A push carries each global id's bits in two floats of its part.
 constexpr size_t kIdFloats = 2;
 
-// v's storage with room for n elements (at least one, so that it is never NULL): the buffers of
-// the calls are kept and only grow, so a steady run allocates (and faults in) nothing per call.
-template <class T>
-T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < std::max<size_t>(n, 1)) v.resize(std::max<size_t>(n, 1));
-  return v.data();
-}
-
 // Copies n rows of d floats, row k from src(k) to dst(k), fetching the sources ahead: they are
 // scattered over the shard, and a miss at a time would leave the copy waiting on each.
 template <class Src, class Dst>
@@ -333,19 +364,26 @@ void* ShardedTable::SendBuffer::get(size_t bytes) {
 }
 
 void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count) {
-  const Plan pl = plan(1, ids, n, out, count);
+  std::string problem;
+  const int status = check_call(1, ids, n, out, count, problem);
+  // Only the distinct ids travel, and each row is read and sent once however often it is asked
+  // (a lookup only reads, so this is exact); the answer is then spread in the caller's order.
+  const size_t u = status == GRADSYNC_OK ? distinct(ids, n) : 0;
+  const int64_t* unique = scratch_unique_.data();
+  const uint32_t* which = scratch_which_.data();
+  const Plan pl = plan(1, status, problem, unique, u);
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
   const auto d = static_cast<size_t>(options_.dim);
-  // Stable counting sort of the positions by owner: each owner's ids keep the caller's order.
+  // Stable counting sort of the distinct ids by owner: each owner's keep their first order.
   std::vector<uint64_t> at(p, 0);
   for (uint64_t o = 1; o < p; ++o) at[o] = at[o - 1] + pl.at(me, o - 1);
   const uint64_t own_begin = at[me], own_end = own_begin + pl.at(me, me);
-  size_t* slot = grow(scratch_order_, n);  // where id i went among the sorted
-  auto* send = static_cast<int64_t*>(send_ids_.get(n * sizeof(int64_t)));
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t k = at[static_cast<size_t>(layout_.owner(ids[i]))]++;
-    slot[i] = k;
-    send[k] = ids[i];
+  size_t* slot = grow(scratch_order_, u);  // where distinct id j went among the sorted
+  auto* send = static_cast<int64_t*>(send_ids_.get(u * sizeof(int64_t)));
+  for (size_t j = 0; j < u; ++j) {
+    const uint64_t k = at[static_cast<size_t>(layout_.owner(unique[j]))]++;
+    slot[j] = k;
+    send[k] = unique[j];
   }
   uint64_t incoming = 0;  // ids other ranks ask this one for
   for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
@@ -356,13 +394,13 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   copy_rows(
       incoming, d, [&](size_t k) { return params_->row_ptr(local_of(asked[k])); },
       [&](size_t k) { return reply + k * d; });
-  float* rows = grow(scratch_recv_, n * d);
+  float* rows = grow(scratch_recv_, u * d);
   comm_.exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
   // In the caller's order, so that the output is written in sequence.
   copy_rows(
       n, d,
       [&](size_t i) -> const float* {
-        const uint64_t k = slot[i];
+        const uint64_t k = slot[which[i]];
         return k >= own_begin && k < own_end ? params_->row_ptr(local_of(ids[i])) : rows + k * d;
       },
       [&](size_t i) { return out + i * d; });
@@ -370,7 +408,9 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
 }
 
 void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
-  const Plan pl = plan(2, ids, n, grads, count);
+  std::string problem;
+  const int status = check_call(2, ids, n, grads, count, problem);
+  const Plan pl = plan(2, status, problem, ids, n);
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
   const auto d = static_cast<size_t>(options_.dim);
   const size_t width = kIdFloats + d;

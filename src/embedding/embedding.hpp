@@ -94,9 +94,16 @@ class ShardedTable {
 
  private:
   struct Plan;
-  // The round every lookup and push starts with: each rank's argument check and its count of ids
-  // for every owner, allgathered; throws on every rank alike when any rank's check failed.
-  Plan plan(int op, const int64_t* ids, size_t n, const void* buf, size_t count);
+  // This rank's check of a call's arguments: GRADSYNC_OK, or the first problem's status and text.
+  int check_call(int op, const int64_t* ids, size_t n, const void* buf, size_t count, std::string& problem) const;
+  // The round every lookup and push starts with: each rank's verdict of check_call and its count
+  // of the ids it routes (`routed`, n of them, counted only when its verdict is OK) for every
+  // owner, allgathered; throws on every rank alike when any rank's check failed.
+  Plan plan(int op, int status, const std::string& problem, const int64_t* routed, size_t n);
+  // The distinct ids of ids[0, n) (all in range) into scratch_unique_, in order of first
+  // appearance, and for each position the index of its id there into scratch_which_; returns
+  // their number.
+  size_t distinct(const int64_t* ids, size_t n);
   // Position of a global id among this rank's rows (the id must be owned here).
   int64_t local_of(int64_t id) const noexcept;
   // Collective verdict of a step with a local outcome: throws the first failing rank's error on
@@ -148,6 +155,10 @@ class ShardedTable {
   // The buffers of lookup and push, kept between calls.
   SendBuffer send_ids_{comm_}, send_rows_{comm_};
   std::vector<int64_t> scratch_asked_;
+  std::vector<int64_t> scratch_unique_;
+  std::vector<uint32_t> scratch_which_;
+  // distinct's open-addressing table: slot -> index into scratch_unique_ + 1 (0: empty).
+  std::vector<uint32_t> scratch_slots_;
   std::vector<size_t> scratch_order_;
   std::vector<float> scratch_recv_;
   std::string base_dir_;

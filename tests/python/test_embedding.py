@@ -142,6 +142,47 @@ def test_bad_id_on_one_rank_fails_every_rank():
     assert run_ranks(3, body) == [1, 1, 1]
 
 
+def test_lookup_sends_each_distinct_id_once_and_answers_in_the_callers_order():
+    def body(comm, rank):
+        other = 1 - rank
+        with make(comm, sharding="hash") as t:
+            train(t, rank, 2, 2)
+            owners = t.owner(np.arange(ROWS))
+            mine, theirs = np.flatnonzero(owners == rank), np.flatnonzero(owners == other)
+            rng = np.random.default_rng(rank)
+            # hot ids of both owners, repeated many times, among a few distinct cold ones; then
+            # calls of other sizes reuse (and outgrow) the buffers of the first
+            hot = np.array([theirs[3], mine[5], theirs[7]])
+            cold = rng.choice(theirs, 20, replace=False)
+            batches = [np.concatenate([rng.choice(hot, 500), cold]), rng.choice(hot, 3), np.array([], dtype=np.int64),
+                       rng.integers(0, ROWS, 5000)]
+            for ids in batches:
+                rng.shuffle(ids)
+            answers, sent = [], []
+            for ids in batches:
+                before = comm.stats()["collectives"].get("alltoall", {"bytes": 0})["bytes"]
+                answers.append((ids, t.lookup(ids)))
+                sent.append(comm.stats()["collectives"]["alltoall"]["bytes"] - before)
+            ids_local, values, _ = t.local_state()
+            return answers, sent, [set(np.unique(ids)[owners[np.unique(ids)] == other].tolist()) for ids in batches], \
+                (ids_local, values)
+
+    results = run_ranks(2, body)
+    table = np.full((ROWS, DIM), np.nan, dtype=np.float32)
+    for r in results:
+        ids_local, values = r[3]
+        table[ids_local] = values
+    for rank, (answers, sent, asked, _) in enumerate(results):
+        other = results[1 - rank]
+        for (ids, rows) in answers:
+            assert rows.tobytes() == table[ids].tobytes()  # each id's row, in the caller's order
+        for b in range(len(sent)):
+            # this rank's part of the two exchanges: each distinct id it asks of the other rank once,
+            # and each distinct row the other asks of it once
+            assert sent[b] == 8 * len(asked[b]) + 4 * DIM * len(other[2][b])
+    assert results[0][1][0] < 8 * 100  # 500 repeats of hot ids sent as at most 3 + 20 ids
+
+
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
     def body(comm, rank):
         with make(comm) as t:
