@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "checkpoint_fuzz.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "embedding/checkpoint.hpp"
 
 namespace {
@@ -76,6 +78,39 @@ std::vector<std::string> part_names(const std::vector<uint8_t>& manifest, size_t
   return names;
 }
 
+template <class Header>
+void seal_header(std::vector<uint8_t>& file) {
+  if (file.size() < sizeof(Header)) return;
+  const uint64_t sum = gradsync::fnv1a64(file.data(), offsetof(Header, header_checksum));
+  std::memcpy(file.data() + offsetof(Header, header_checksum), &sum, sizeof sum);
+}
+
+// Writes the checksums of the files as the writer would: each part's payload checksum into its
+// header and into its manifest entry (the i-th part in file order is the i-th entry), then every
+// header's checksum and the manifest's entries checksum.
+void seal(std::vector<std::vector<uint8_t>>& files) {
+  std::vector<uint8_t>& manifest = files[0];
+  constexpr size_t kHead = sizeof(ck::ManifestHeader);
+  int32_t layers = 0;
+  if (manifest.size() >= kHead) std::memcpy(&layers, manifest.data() + offsetof(ck::ManifestHeader, layers), 4);
+  const size_t entries_at = kHead + static_cast<size_t>(std::max(layers, 0)) * sizeof(ck::LayerEntry);
+  for (size_t i = 1; i < files.size(); ++i) {
+    std::vector<uint8_t>& part = files[i];
+    if (part.size() < sizeof(ck::PartHeader)) continue;
+    ck::Checksum payload;
+    payload.update(part.data() + sizeof(ck::PartHeader), part.size() - sizeof(ck::PartHeader));
+    const uint64_t sum = payload.value();
+    std::memcpy(part.data() + offsetof(ck::PartHeader, payload_checksum), &sum, sizeof sum);
+    seal_header<ck::PartHeader>(part);
+    const size_t entry = entries_at + (i - 1) * sizeof(ck::PartEntry) + offsetof(ck::PartEntry, payload_checksum);
+    if (layers >= 0 && entry + sizeof sum <= manifest.size()) std::memcpy(manifest.data() + entry, &sum, sizeof sum);
+  }
+  if (manifest.size() < kHead) return;
+  const uint64_t entries = gradsync::fnv1a64(manifest.data() + kHead, manifest.size() - kHead);
+  std::memcpy(manifest.data() + offsetof(ck::ManifestHeader, entries_checksum), &entries, sizeof entries);
+  seal_header<ck::ManifestHeader>(manifest);
+}
+
 bool expected_failure(int status) {
   return status == GRADSYNC_E_CORRUPT || status == GRADSYNC_E_VERSION_MISMATCH || status == GRADSYNC_E_MISMATCH;
 }
@@ -93,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int64_t> owned;
   const int64_t half = (shape.rows + 1) / 2;
   for (int64_t id = 0; id < shape.rows; ++id) {
-    const int which = data[3] % 4;
+    const int which = data[3] & 3;
     if (which == 0 || (which == 1 && id < half) || (which == 2 && id >= half) || (which == 3 && id % 2 == 1))
       owned.push_back(id);
   }
@@ -107,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     files.emplace_back(data + at, data + at + n);
     at += n;
   }
+  if (!files.empty() && (data[3] & 4) != 0) seal(files);
   const std::string& dir = work_dir();
   empty_dir(dir);
   if (!files.empty()) {

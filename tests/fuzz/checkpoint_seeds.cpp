@@ -2,7 +2,8 @@
 // Writes seeds of checkpoint_fuzz: real checkpoints of small sharded tables (1, 2 and 3 ranks on
 // threads; SGD and row-wise Adagrad; contiguous and hash; a full save alone and with an
 // incremental layer on it), each packed as checkpoint_fuzz.hpp says and read by every kind of
-// reader. Run it after a change of the checkpoint format; the fuzzer grows the corpus from them.
+// reader, with and without the harness's sealing. Run it after a change of the checkpoint format;
+// the fuzzer grows the corpus from them.
 //   checkpoint_seeds DIR
 #include <cstdio>
 #include <cstdlib>
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
         put_file(files,
                  read_file(dir + "/" + ck::part_name(static_cast<int>(p), static_cast<int>(le.parts), le.nonce)));
     }
-    for (uint8_t reader = 0; reader < 4; ++reader) {
+    for (uint8_t reader = 0; reader < 8; ++reader) {
       std::vector<uint8_t> input = {static_cast<uint8_t>(c.rows - 1), static_cast<uint8_t>(c.dim - 1),
                                     static_cast<uint8_t>(c.optimizer), reader};
       input.insert(input.end(), files.begin(), files.end());
@@ -130,6 +131,6 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(tmpl);
     ++n;
   }
-  std::printf("wrote %d checkpoints x 4 readers to %s\n", n, out_dir.c_str());
+  std::printf("wrote %d checkpoints x 8 readers to %s\n", n, out_dir.c_str());
   return 0;
 }
