@@ -31,7 +31,9 @@
  * table after any sequence of pushes is therefore bitwise the same for any world size, sharding
  * rule, transport, number of hosts and timing, and equal to what one process computes with
  * gradsync_accum_add_batch of the global batch followed by gradsync_accum_apply (with a table
- * created with the same init and seed).
+ * created with the same init and seed). Rank 0 sends each distinct id of its push once, with its
+ * gradients summed from zero in its own order: they come first in every row's sum, so that is the
+ * very partial sum the owner reaches after them (no other rank's part is summed before it travels).
  *
  * Initial values. GRADSYNC_TABLE_INIT_UNIFORM gives element j of global row g the value that
  * gradsync_table_fill_uniform(seed, lo, hi) gives element g*dim + j of a rows x dim table: the same

@@ -39,6 +39,11 @@ T* grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
+// The accumulator's add, element by element in f32 (the order of a row's sum is what matters).
+void add_row(float* __restrict to, const float* __restrict from, size_t d) noexcept {
+  for (size_t j = 0; j < d; ++j) to[j] += from[j];
+}
+
 void put_message(int64_t* words, const std::string& message) {
   char text[kMessageWords * 8] = {};
   std::memcpy(text, message.data(), std::min(message.size(), sizeof text - 1));
@@ -410,7 +415,16 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
 void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
   std::string problem;
   const int status = check_call(2, ids, n, grads, count, problem);
-  const Plan pl = plan(2, status, problem, ids, n);
+  // Rank 0 sends each distinct id once, with the sum of its gradients in its own order, starting
+  // from zero: rank 0's contributions come first in every row's sum, which starts from zero, so
+  // that partial sum is the very value the owner's sum reaches after them, and the owner's
+  // 0 + partial gives it back bit for bit (a sum from +0 is never -0, and 0 + NaN keeps the NaN's
+  // bits). Another rank's contributions follow some of another's, whose sum it does not know: it
+  // sends each of its ids as they come.
+  const bool merge = status == GRADSYNC_OK && comm_.rank() == 0;
+  const size_t m = merge ? distinct(ids, n) : n;
+  const int64_t* routed = merge ? scratch_unique_.data() : ids;
+  const Plan pl = plan(2, status, problem, routed, m);
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
   const auto d = static_cast<size_t>(options_.dim);
   const size_t width = kIdFloats + d;
@@ -418,13 +432,24 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   // caller's order; so an owner receives every sender's gradients contiguous, with no repacking.
   std::vector<uint64_t> base(p, 0), next(p, 0);
   for (uint64_t o = 1; o < p; ++o) base[o] = base[o - 1] + pl.at(me, o - 1) * width;
-  auto* send = static_cast<float*>(send_rows_.get(n * width * sizeof(float)));
-  for (size_t i = 0; i < n; ++i) {
-    const auto o = static_cast<size_t>(layout_.owner(ids[i]));
+  auto* send = static_cast<float*>(send_rows_.get(m * width * sizeof(float)));
+  size_t* sum_at = merge ? grow(scratch_order_, m) : nullptr;  // where distinct id j's sum is in send
+  for (size_t j = 0; j < m; ++j) {
+    const auto o = static_cast<size_t>(layout_.owner(routed[j]));
     const uint64_t k = next[o]++;
     float* part = send + base[o];
-    std::memcpy(part + k * kIdFloats, &ids[i], sizeof(int64_t));
-    std::memcpy(part + pl.at(me, o) * kIdFloats + k * d, grads + i * d, d * sizeof(float));
+    std::memcpy(part + k * kIdFloats, &routed[j], sizeof(int64_t));
+    float* g = part + pl.at(me, o) * kIdFloats + k * d;
+    if (merge) {
+      std::fill(g, g + d, 0.0f);
+      sum_at[j] = static_cast<size_t>(g - send);
+    } else {
+      std::memcpy(g, grads + j * d, d * sizeof(float));
+    }
+  }
+  if (merge) {
+    const uint32_t* which = scratch_which_.data();
+    for (size_t i = 0; i < n; ++i) add_row(send + sum_at[which[i]], grads + i * d, d);
   }
   uint64_t incoming = 0;  // ids other ranks push to this one
   for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);

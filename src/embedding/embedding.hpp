@@ -10,7 +10,8 @@
 // Exactness rests on one invariant: an owner adds the ids of a push in global batch order, one
 // add_batch per sender in rank order (each sender's part in its own order; its own part from where
 // it packed it, the others' from the exchange), and owner-mode add_batch calls enter one sequence in
-// call order, so every row's sum has the order a single process gives the global batch.
+// call order, so every row's sum has the order a single process gives the global batch. Rank 0's
+// part may arrive summed per distinct id (ShardedTable::push says why that is the same sum).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -183,6 +183,30 @@ def test_lookup_sends_each_distinct_id_once_and_answers_in_the_callers_order():
     assert results[0][1][0] < 8 * 100  # 500 repeats of hot ids sent as at most 3 + 20 ids
 
 
+def test_rank_0_pushes_each_distinct_id_once_and_the_table_stays_bitwise_exact():
+    ids, grads = global_batch(0)  # 40% of its ids among 8 hot ones
+
+    def body(comm, rank):
+        with make(comm, sharding="hash") as t:
+            owners = t.owner(np.arange(ROWS))
+            lo, hi = slice_of(0, rank, 2)
+            before = comm.stats()["collectives"].get("alltoall", {"bytes": 0})["bytes"]
+            t.push(ids[lo:hi], grads[lo:hi])
+            sent = comm.stats()["collectives"]["alltoall"]["bytes"] - before
+            to_other = ids[lo:hi][owners[ids[lo:hi]] != rank]
+            return sent, len(to_other), len(np.unique(to_other)), t.local_state()
+
+    results = run_ranks(2, body)
+    width = 4 * (2 + DIM)  # an id (two floats) and its gradient
+    sent, every, distinct, _ = results[0]
+    assert distinct < every and sent == width * distinct  # rank 0: each distinct id once, summed
+    sent, every, _, _ = results[1]
+    assert sent == width * every  # rank 1: as they come (its sums would follow rank 0's)
+    values, state = gather_rows([r[3] for r in results])
+    ref_values, ref_state = reference("row_adagrad", 1)
+    assert values.tobytes() == ref_values.tobytes() and state.tobytes() == ref_state.tobytes()
+
+
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
     def body(comm, rank):
         with make(comm) as t:
