@@ -421,7 +421,8 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   // 0 + partial gives it back bit for bit (a sum from +0 is never -0, and 0 + NaN keeps the NaN's
   // bits). Another rank's contributions follow some of another's, whose sum it does not know: it
   // sends each of its ids as they come.
-  const bool merge = status == GRADSYNC_OK && comm_.rank() == 0;
+  // (distinct numbers positions in 32 bits: a larger push goes as it comes.)
+  const bool merge = status == GRADSYNC_OK && comm_.rank() == 0 && n <= UINT32_MAX - 1;
   const size_t m = merge ? distinct(ids, n) : n;
   const int64_t* routed = merge ? scratch_unique_.data() : ids;
   const Plan pl = plan(2, status, problem, routed, m);
