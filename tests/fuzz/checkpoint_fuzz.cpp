@@ -24,8 +24,10 @@ namespace {
 
 namespace ck = gradsync::embedding::checkpoint;
 
-// One directory per process, emptied before each input: in /dev/shm when there is one, so that
-// the fuzzer's inputs cost no disk traffic.
+void empty_dir(const std::string& dir);
+
+// One directory per process, emptied before each input and removed at exit: in /dev/shm when
+// there is one, so that the fuzzer's inputs cost no disk traffic.
 const std::string& work_dir() {
   static const std::string dir = [] {
     struct stat st {};
@@ -34,6 +36,13 @@ const std::string& work_dir() {
     if (::mkdtemp(t.data()) == nullptr) std::abort();
     return t;
   }();
+  static const bool removed_at_exit = [] {
+    return std::atexit([] {
+             empty_dir(work_dir());
+             ::rmdir(work_dir().c_str());
+           }) == 0;
+  }();
+  (void)removed_at_exit;
   return dir;
 }
 
