@@ -378,6 +378,26 @@ TEST_CASE("small path: calls that differ in count, dtype, op, size class or a sk
     for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
     CHECK(message.find("rank 1 called allreduce of 65536 f32 (sum)") != std::string::npos);
 
+    // Messages a little past 4 KiB go in two pieces: one rank's in two, the other's whole, and
+    // both in two pieces of different lengths. The pieces pair up: the group stays in step.
+    std::vector<float> mid(1536, 1.0f);
+    const BufferRef b1k{mid.data(), mid.data(), 1024}, b1536{mid.data(), mid.data(), 1536};
+    st = status_of([&] { allreduce(odd ? b1k : b, DType::F32, ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 1024 f32 (sum)") != std::string::npos);
+    st = status_of([&] { allreduce(odd ? b1k : b1536, DType::F32, ReduceOp::Sum); }, &message);
+    for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+    CHECK(message.find("rank 1 called allreduce of 1024 f32 (sum) but rank 0 called allreduce of 1536 f32 (sum)") !=
+          std::string::npos);
+    CHECK(mid == std::vector<float>(1536, 1.0f));
+    for (const BufferRef& x : {b1k, b1536}) {
+      std::fill(mid.begin(), mid.end(), static_cast<float>(c->rank() + 1));
+      allreduce(x, DType::F32, ReduceOp::Sum);
+      const auto n = static_cast<float>(c->size());
+      CHECK(std::count(mid.begin(), mid.begin() + static_cast<std::ptrdiff_t>(x.count), n * (n + 1) / 2) ==
+            static_cast<std::ptrdiff_t>(x.count));
+    }
+
     // The odd ranks skip the barrier the even ones call.
     st = status_of(
         [&] {

@@ -103,6 +103,18 @@ uint64_t key_of(const Fingerprint& f) noexcept {
 constexpr size_t kPackBytes = size_t{16} << 10;
 constexpr size_t kPackBudget = size_t{64} << 10;
 constexpr int kExchangeTag = 7003;
+// A message of header and data a little longer than Open MPI's shared-memory eager limit (4 KiB
+// with its own header: an allreduce of 1K floats) would go by rendezvous, a single copy through
+// process_vm_readv and an acknowledgement back, which costs more than a second eager message: such
+// a message goes in two pieces, the first of kFirstPiece bytes. The receiver reads the size from
+// the first piece's header and posts the second receive then, so that the pieces pair up whatever
+// the ranks' calls were. Longer messages go whole: for them one rendezvous costs less than the
+// pieces.
+constexpr size_t kFirstPiece = 4032;
+// The bytes of the second piece of a message of `total` bytes (header included), or 0.
+constexpr size_t second_piece(size_t total) noexcept {
+  return total > kFirstPiece && total <= 2 * kFirstPiece ? total - kFirstPiece : 0;
+}
 constexpr int kDetailsTag = 7004;
 
 }  // namespace
@@ -483,11 +495,16 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
   // receive is posted waits in MPI's queue of unexpected messages).
   int at_request = 0;
+  const size_t total = kHeaderArea + mine.bytes, second = second_piece(total);
   for (int s = 1; s < size_; ++s) {
     const int to = (rank_ + s) % size_;
-    check(m.Isend(&mine, static_cast<int>(kHeaderArea + mine.bytes), m.byte, to, kExchangeTag, comm_,
+    check(m.Isend(&mine, static_cast<int>(total - second), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Isend");
+    if (second > 0)
+      check(m.Isend(reinterpret_cast<const std::byte*>(&mine) + kFirstPiece, static_cast<int>(second), m.byte, to,
+                    kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
+            "MPI_Isend");
   }
   for (int s = 1; s < size_; ++s) {
     const int from = (rank_ - s + size_) % size_;
@@ -497,6 +514,18 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   }
   try {
     wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
+    // The second pieces (they follow their first on the same tag, so MPI pairs them in order).
+    at_request = 0;
+    for (int s = 1; s < size_; ++s) {
+      const int from = (rank_ - s + size_) % size_;
+      const uint32_t bytes = ex.header(from).bytes;
+      const size_t rest = bytes <= pack_capacity_ ? second_piece(kHeaderArea + bytes) : 0;
+      if (rest > 0)
+        check(m.Irecv(reinterpret_cast<std::byte*>(&ex.header(from)) + kFirstPiece, static_cast<int>(rest), m.byte,
+                      from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
+              "MPI_Irecv");
+    }
+    if (at_request > 0) wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round);
   } catch (...) {
     renew_exchange();  // the abandoned requests may still write into the old table: it is buried
     throw;

@@ -76,10 +76,11 @@ struct Exchange {
   size_t slot = 0;
   std::vector<std::byte> table;
   std::vector<MPI_Request> requests;
+  // Requests: up to two sends and two receives per peer (a message split in two pieces).
   Exchange(int ranks, size_t capacity)
       : slot(kHeaderArea + capacity),
         table(static_cast<size_t>(ranks) * slot),
-        requests(2 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
+        requests(4 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
   Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
   std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
   std::vector<Details> details;  // only when the keys differ
