@@ -201,8 +201,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (runtime_acquired_) mpi::release_runtime();
 }
 
-void MpiCommunicator::check(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return;
+void MpiCommunicator::fail_mpi(int rc, const char* call) {
   // A call fails at once when a peer's connection is reset by its death, which may not show yet
   // (the process not reaped): given a moment, the error names the rank whose death caused it.
   int dead = -1;
@@ -367,13 +366,14 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   auto what = [&] { return fp != nullptr ? describe(*fp) : std::string(label); };
   const uint64_t call = fp != nullptr ? fp->seq : seq_ + 1;
   uint64_t polls = 0;
+  const mpi::Api& m = mpi::lib();
   // Polls until the requests complete (Ready), an abort or a notice ends the wait (Aborted), or
   // `until`. Spins briefly (the common case is a peer a few microseconds late), then gives the core
   // away: ranks are often oversubscribed, and a long wait gains nothing from spinning.
   auto slice = [&](Clock::time_point until) {
     for (;; ++polls) {
       int done = 0;
-      check(mpi::lib().Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      check(m.Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return WaitResult::Ready;
       if (mode == Mode::Setup && (state_.load() & 1)) return WaitResult::Aborted;
       if (mode == Mode::Round) {
