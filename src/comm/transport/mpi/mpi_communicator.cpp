@@ -87,14 +87,18 @@ uint64_t mix64(uint64_t x) noexcept {  // splitmix64's finaliser: a bijection
   x *= 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-// Equal fingerprints give equal keys; different ones differ but with probability 2^-64.
-uint64_t key_of(const Fingerprint& f) noexcept {
-  uint64_t words[sizeof(Fingerprint) / 8];
-  std::memcpy(words, &f, sizeof words);
+// The key of a fingerprint is key_of(hash_of(its call), its number): equal fingerprints give equal
+// keys; calls of different numbers differ always (mix64 is a bijection), and different calls differ
+// but with probability 2^-64. The call's hash is kept for the next call, which is nearly always the
+// same (a loop of allreduces), so that a call costs one mix instead of a dozen.
+uint64_t hash_of(const CallSignature& c) noexcept {
+  uint64_t words[sizeof(CallSignature) / 8];
+  std::memcpy(words, &c, sizeof words);
   uint64_t h = 0x6a09e667f3bcc908ull;
   for (uint64_t w : words) h = mix64(h ^ mix64(w));
   return h;
 }
+uint64_t key_of(uint64_t call_hash, uint64_t seq) noexcept { return mix64(call_hash ^ mix64(seq)); }
 
 // The small path: an allreduce of at most this many bytes per rank, and at most kPackBudget over the
 // group, travels inside the exchange and every rank folds the contributions in rank order. Every
@@ -450,7 +454,8 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 // rank then fails its next call, since the failed rank posts nothing more until the reset.
 void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_t weight, bool commit) {
   const uint64_t k = seq_ + 1;  // calls are numbered from 1, as the other transports number their rounds
-  const auto now = Clock::now();
+  // The statistics' clock: steady_clock's time at the price of a TSC read, where it can.
+  const auto now = telemetry_.now();
   throw_if_aborted(k, now);
   uint64_t expected = (k - 1) << 1;
   if (!state_.compare_exchange_strong(expected, k << 1)) throw_if_aborted(k, now);  // aborted just now
@@ -466,7 +471,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   for (const BufferRef& b : payload.buffers) bytes += b.count * payload.elem;
   const bool pack = !payload.buffers.empty() && bytes <= pack_capacity_;
   const auto deadline = deadline_after(options_.timeout, now);
-  const auto arrived = telemetry_.now();
+  const auto arrived = now;
   // The arrival wait, for the statistics, however it ends.
   struct Waited {
     Telemetry& telemetry;
@@ -477,7 +482,11 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   } waited{telemetry_, arrived};
   Exchange& ex = *exchange_;
   Header& mine = ex.header(rank_);
-  mine.key = key_of(fp);
+  if (!(call == keyed_)) {
+    keyed_ = call;
+    keyed_hash_ = hash_of(call);
+  }
+  mine.key = key_of(keyed_hash_, k);
   mine.arrived_ns = system_time_ns(now);
   mine.weight = weight;
   mine.bytes = pack ? static_cast<uint32_t>(bytes) : 0;

@@ -217,6 +217,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<const void*> sources_;     // the small path's contributions, by rank
   // The last call found alike on every rank and valid: the same call again needs no judging.
   CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
+  CallSignature keyed_{0, 0, 0, static_cast<Collective>(-1)};  // the last call, and its hash for its key
+  uint64_t keyed_hash_ = 0;
   std::vector<PeerInfo> peers_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
