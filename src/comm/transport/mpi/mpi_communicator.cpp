@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "comm/topology.hpp"
 #include "comm/transport/mpi/mpi_internal.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "comm/verdict.hpp"
@@ -110,10 +111,11 @@ constexpr int kExchangeTag = 7003;
 // A message of header and data a little longer than Open MPI's shared-memory eager limit (4 KiB
 // with its own header: an allreduce of 1K floats) would go by rendezvous, a single copy through
 // process_vm_readv and an acknowledgement back, which costs more than a second eager message: such
-// a message goes in two pieces, the first of kFirstPiece bytes. The receiver reads the size from
-// the first piece's header and posts the second receive then, so that the pieces pair up whatever
-// the ranks' calls were. Longer messages go whole: for them one rendezvous costs less than the
-// pieces.
+// a message to a peer on the same host goes in two pieces, the first of kFirstPiece bytes. The
+// receiver reads the size from the first piece's header and posts the second receive then, so that
+// the pieces pair up whatever the ranks' calls were. Longer messages go whole (for them one
+// rendezvous costs less than the pieces), and so do messages to other hosts (over TCP a 4 KiB
+// message is eager already).
 constexpr size_t kFirstPiece = 4032;
 // The bytes of the second piece of a message of `total` bytes (header included), or 0.
 constexpr size_t second_piece(size_t total) noexcept {
@@ -158,7 +160,8 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     // Who runs where, so that a dead peer on this host is told apart from a slow one.
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
     (*info)[static_cast<size_t>(size_)] =
-        PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_)};
+        PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_),
+                 std::hash<std::string>{}(host_identity(""))};
     MPI_Request request = mpi::lib().request_null;
     check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
                                 sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
@@ -172,6 +175,10 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
                  peers_[static_cast<size_t>(r)].max_count);
     }
     pack_capacity_ = std::min(kPackBytes, kPackBudget / static_cast<size_t>(size_)) / 64 * 64;
+    pieces_.resize(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r)
+      pieces_[static_cast<size_t>(r)] =
+          peers_[static_cast<size_t>(r)].host_key == peers_[static_cast<size_t>(rank_)].host_key;
     renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
@@ -504,9 +511,10 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
   // receive is posted waits in MPI's queue of unexpected messages).
   int at_request = 0;
-  const size_t total = kHeaderArea + mine.bytes, second = second_piece(total);
+  const size_t total = kHeaderArea + mine.bytes, split = second_piece(total);
   for (int s = 1; s < size_; ++s) {
     const int to = (rank_ + s) % size_;
+    const size_t second = pieces_[static_cast<size_t>(to)] ? split : 0;
     check(m.Isend(&mine, static_cast<int>(total - second), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Isend");
@@ -528,7 +536,8 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     for (int s = 1; s < size_; ++s) {
       const int from = (rank_ - s + size_) % size_;
       const uint32_t bytes = ex.header(from).bytes;
-      const size_t rest = bytes <= pack_capacity_ ? second_piece(kHeaderArea + bytes) : 0;
+      const size_t rest =
+          pieces_[static_cast<size_t>(from)] && bytes <= pack_capacity_ ? second_piece(kHeaderArea + bytes) : 0;
       if (rest > 0)
         check(m.Irecv(reinterpret_cast<std::byte*>(&ex.header(from)) + kFirstPiece, static_cast<int>(rest), m.byte,
                       from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),

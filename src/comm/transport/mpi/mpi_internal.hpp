@@ -46,6 +46,7 @@ struct PeerInfo {
   uint64_t ns_key;
   int64_t pid;
   uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
+  uint64_t host_key;   // a hash of the rank's host identity (comm/topology.hpp)
 };
 
 // What every rank sends every other rank at the start of each call (the call's exchange): a key of
@@ -220,6 +221,9 @@ class MpiCommunicator final : public Communicator {
   CallSignature keyed_{0, 0, 0, static_cast<Collective>(-1)};  // the last call, and its hash for its key
   uint64_t keyed_hash_ = 0;
   std::vector<PeerInfo> peers_;
+  // By rank: whether messages of the exchange between this rank and that one may go in two pieces
+  // (the same host: a peer over shared memory), the same on both sides.
+  std::vector<uint8_t> pieces_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
 
