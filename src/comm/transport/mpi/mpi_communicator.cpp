@@ -506,14 +506,14 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     }
   }
   const mpi::Api& m = mpi::lib();
-  // One message to every peer, its data behind its header (even past Open MPI's eager limit, one
-  // message costs less than two).
+  // One message to every peer, its data behind its header (in two pieces only just past Open MPI's
+  // shared-memory eager limit: kFirstPiece).
   // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
   // receive is posted waits in MPI's queue of unexpected messages).
   int at_request = 0;
   const size_t total = kHeaderArea + mine.bytes, split = second_piece(total);
   for (int s = 1; s < size_; ++s) {
-    const int to = (rank_ + s) % size_;
+    const int to = rank_ + s < size_ ? rank_ + s : rank_ + s - size_;  // no division on this path
     const size_t second = pieces_[static_cast<size_t>(to)] ? split : 0;
     check(m.Isend(&mine, static_cast<int>(total - second), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
@@ -524,7 +524,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
             "MPI_Isend");
   }
   for (int s = 1; s < size_; ++s) {
-    const int from = (rank_ - s + size_) % size_;
+    const int from = rank_ >= s ? rank_ - s : rank_ - s + size_;
     check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
           "MPI_Irecv");
@@ -533,8 +533,8 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
     // The second pieces (they follow their first on the same tag, so MPI pairs them in order).
     at_request = 0;
-    for (int s = 1; s < size_; ++s) {
-      const int from = (rank_ - s + size_) % size_;
+    for (int from = 0; from < size_; ++from) {
+      if (from == rank_) continue;
       const uint32_t bytes = ex.header(from).bytes;
       const size_t rest =
           pieces_[static_cast<size_t>(from)] && bytes <= pack_capacity_ ? second_piece(kHeaderArea + bytes) : 0;
