@@ -212,13 +212,20 @@ MpiCommunicator::~MpiCommunicator() {
   if (runtime_acquired_) mpi::release_runtime();
 }
 
-void MpiCommunicator::fail_mpi(int rc, const char* call) {
+void MpiCommunicator::fail_mpi(int rc, const char* call, int peer) {
   // A call fails at once when a peer's connection is reset by its death, which may not show yet
   // (the process not reaped): given a moment, the error names the rank whose death caused it.
+  // A death on another host cannot be seen from here, but a send or receive that failed names
+  // the rank it addressed, whose connection broke.
   int dead = -1;
   gone_within_grace([&] { return (dead = dead_peer()) >= 0; });
   std::string message = fmt::format("{} failed on rank {}: {}", call, rank_, mpi_error_string(rc));
-  if (dead >= 0) message += fmt::format("; rank {} (pid {}) has died", dead, peers_[static_cast<size_t>(dead)].pid);
+  if (dead >= 0) {
+    message += fmt::format("; rank {} (pid {}) has died", dead, peers_[static_cast<size_t>(dead)].pid);
+  } else if (peer >= 0 && peer < size_ && peer != rank_ && !peers_.empty() &&
+             peers_[static_cast<size_t>(peer)].host_key != peers_[static_cast<size_t>(rank_)].host_key) {
+    message += fmt::format("; the connection to rank {} on another host broke: that rank or its host is lost", peer);
+  }
   aborted_ = true;
   aborted_reason_ = message;
   fail(GRADSYNC_E_REMOTE, "{}", message);
@@ -517,17 +524,17 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     const size_t second = pieces_[static_cast<size_t>(to)] ? split : 0;
     check(m.Isend(&mine, static_cast<int>(total - second), m.byte, to, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Isend");
+          "MPI_Isend", to);
     if (second > 0)
       check(m.Isend(reinterpret_cast<const std::byte*>(&mine) + kFirstPiece, static_cast<int>(second), m.byte, to,
                     kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
-            "MPI_Isend");
+            "MPI_Isend", to);
   }
   for (int s = 1; s < size_; ++s) {
     const int from = rank_ >= s ? rank_ - s : rank_ - s + size_;
     check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Irecv");
+          "MPI_Irecv", from);
   }
   try {
     wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
@@ -541,7 +548,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
       if (rest > 0)
         check(m.Irecv(reinterpret_cast<std::byte*>(&ex.header(from)) + kFirstPiece, static_cast<int>(rest), m.byte,
                       from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
-              "MPI_Irecv");
+              "MPI_Irecv", from);
     }
     if (at_request > 0) wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round);
   } catch (...) {
@@ -595,10 +602,10 @@ void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, C
     const int from = (rank_ - s + size_) % size_, to = (rank_ + s) % size_;
     check(m.Irecv(&ex.details[static_cast<size_t>(from)], sizeof(Details), m.byte, from, kDetailsTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Irecv");
+          "MPI_Irecv", from);
     check(m.Isend(&ex.details[static_cast<size_t>(rank_)], sizeof(Details), m.byte, to, kDetailsTag, comm_,
                   &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Isend");
+          "MPI_Isend", to);
   }
   try {
     wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round);

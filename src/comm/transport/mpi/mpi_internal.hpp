@@ -144,12 +144,12 @@ class MpiCommunicator final : public Communicator {
     std::span<const BufferRef> buffers;
     size_t elem;
   };
-  // Inline: it runs at every poll of a wait.
-  void check(int rc, const char* call) {
+  // Inline: it runs at every poll of a wait. peer: the rank a point-to-point call addressed.
+  void check(int rc, const char* call, int peer = -1) {
     if (rc != MPI_SUCCESS) [[unlikely]]
-      fail_mpi(rc, call);
+      fail_mpi(rc, call, peer);
   }
-  [[noreturn]] void fail_mpi(int rc, const char* call);
+  [[noreturn]] void fail_mpi(int rc, const char* call, int peer);
   // At the start of call `call`: fails if this rank was aborted, or heard a notice, telling the
   // peers (once) that it will not post this call.
   void throw_if_aborted(uint64_t call, Clock::time_point now);
