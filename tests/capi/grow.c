@@ -21,13 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "gradsync/gradsync.h"
+#include "shm_locks.h"
 #include "shm_sweep.h"
 
 #define N 4
@@ -554,29 +554,13 @@ static void wait_all(volatile int32_t* flags, int32_t want, const int* which, in
 }
 
 /* Waits until rank 0 and the doomed joiner both are in the lobby of grow `name` (its shm group,
- * of the join name): their rank locks (bytes 1 and 2 of the segment's file) are held and its
- * set-up lock (byte 0, held while a rank claims its place) is free, as /proc/locks shows. */
+ * of the join name): their rank locks are held and its set-up lock is free. */
 static void wait_in_lobby(const char* name) {
-  char path[128], line[256];
+  char lobby[64];
   int waited;
-  snprintf(path, sizeof path, "/dev/shm/gradsync.%.40s-join", name);
+  snprintf(lobby, sizeof lobby, "%.40s-join", name);
   for (waited = 0; waited < 60000; ++waited) {
-    struct stat st;
-    FILE* f;
-    int held[3] = {0, 0, 0};
-    if (stat(path, &st) == 0 && (f = fopen("/proc/locks", "r")) != NULL) {
-      while (fgets(line, sizeof line, f) != NULL) {
-        char kind[16];
-        unsigned long inode = 0;
-        long start = -1;
-        if (strstr(line, "->") == NULL &&
-            sscanf(line, "%*[^:]: %15s %*s %*s %*s %*x:%*x:%lu %ld", kind, &inode, &start) == 3 &&
-            strcmp(kind, "OFDLCK") == 0 && inode == (unsigned long)st.st_ino && start >= 0 && start < 3)
-          held[start] = 1;
-      }
-      fclose(f);
-      if (!held[0] && held[1] && held[2]) return;
-    }
+    if (shm_locks_held(lobby, 3) == 6) return;
     pause_ms(1);
   }
   fprintf(stderr, "rank 0 and the doomed joiner never met in the lobby of %s\n", name);

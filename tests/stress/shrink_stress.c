@@ -30,33 +30,42 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../capi/shm_locks.h"
 #include "../capi/shm_sweep.h"
 #include "gradsync/gradsync.h"
 
 #define N 4
+#define MAXJ 8        /* joiners an episode may fork, one per grow attempt */
+#define NP (N + MAXJ) /* process slots: the members, then the joiners */
 #define STEPS 40
 #define STRESS_TOTAL 4099
 #define EPISODE_BUDGET_S 60
-#define TIMEOUT_MS 10000 /* the groups' deadline: detection must come well before it */
+#define TIMEOUT_MS 10000     /* the groups' deadline: detection must come well before it */
+#define JOIN_TIMEOUT_MS 2000 /* a joiner's wait for the members to grow (they grow within ms of its start) */
 
-enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_DONE };
-enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4 };
-enum { KIND_STEP, KIND_IN_SHRINK, KIND_IN_RESHARD, KIND_TWICE, KINDS };
-static const char* const kind_names[KINDS] = {"one kill during steps", "a second kill during the shrink",
-                                              "a second kill during the reshard", "two kills in a row"};
+enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_GROW, PH_RESET, PH_JOIN, PH_CATCHUP, PH_CATCHUP_RESHARD, PH_DONE };
+enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4, EXIT_TURNED_AWAY = 5 };
+enum { KIND_STEP, KIND_IN_SHRINK, KIND_IN_RESHARD, KIND_TWICE, KIND_IN_GROW, KIND_IN_CATCHUP, KINDS };
+static const char* const kind_names[KINDS] = {
+    "one kill during steps", "a second kill during the shrink",     "a second kill during the reshard",
+    "two kills in a row",    "shrink, a kill during the grow back", "shrink, a kill during the catch-up"};
 
 typedef struct {
-  volatile int32_t phase[N];
-  volatile int32_t steps[N];
+  volatile int32_t phase[NP];
+  volatile int32_t steps[NP];
+  volatile int32_t gen[NP];           /* the grow attempt the process is in (members) or joins (joiners) */
+  volatile int32_t join_gen[NP];      /* a joiner's attempt (-1: a member of the first group) */
+  volatile int32_t outcome[MAXJ][NP]; /* 100 + what grow (members) or join (joiners) of attempt g returned */
+  volatile int64_t grow_ns[MAXJ][NP]; /* how long that call took */
   volatile int64_t kill_ns;
-  volatile int64_t left_ns[N];   /* when the member had freed its first group (0: not yet) */
-  volatile int64_t killed_ns[N]; /* when the test sent it SIGKILL (0: never) */
+  volatile int64_t left_ns[NP];   /* when the process had freed its groups (0: not yet) */
+  volatile int64_t killed_ns[NP]; /* when the test sent it SIGKILL (0: never) */
   /* bench: the survivors' times, ns after the kill */
   volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
   volatile int64_t entered_ns[N]; /* the failing call began, after the kill (0: before it) */
   volatile int64_t reshard_cpu_ns[N], reshard_faults[N], moved_floats[N];
   volatile int64_t before_ns[N], after_ns[N]; /* a whole step on 4 ranks before the kill, on 3 after it */
-  char why[N][160];
+  char why[NP][160];
 } board;
 
 static int64_t now_ns(void) {
@@ -136,106 +145,267 @@ static int reference(float* w, uint64_t total, int steps) {
   return st;
 }
 
-/* One member: trains, and after a loss shrinks, reshards and trains on. */
-static int member(board* b, const char* name, int rank, int replicas, uint64_t total, int steps, const float* ref,
-                  int bench) {
+/* Whether a failure is one a lost peer causes: then the group is shrunk (comm.h). */
+static int lost_peer(int st) { return st == GRADSYNC_E_REMOTE || st == GRADSYNC_E_TIMEOUT || st == GRADSYNC_E_ABORTED; }
+
+/* The name is the episode's, at most 40 bytes: the grown groups' names keep 40 of the join name. */
+static void join_name_of(char* out, size_t cap, const char* name, int gen) {
+  snprintf(out, cap, "%.40s-j%d", name, gen % 100);
+}
+
+/* A joiner's catch-up on the grown group, and the members' side of it: the parameters by
+ * broadcast from rank 0, the optimizer slices by reshard (a joiner's shard made on the grown group
+ * and not initialised), and the gathered weights must be the broadcast ones. 1: they differ. */
+static int catch_up(board* b, int slot, gradsync_comm* grown, gradsync_shard** shard, const gradsync_shard_options* so,
+                    float* w, float* g, uint64_t total, int* caught_up) {
+  int st;
+  b->phase[slot] = PH_CATCHUP;
+  st = gradsync_comm_broadcast(grown, w, total, GRADSYNC_F32, 0);
+  if (st == GRADSYNC_OK && *shard == NULL) st = gradsync_shard_create(shard, grown, total, so);
+  if (st != GRADSYNC_OK) return st;
+  b->phase[slot] = PH_CATCHUP_RESHARD;
+  st = gradsync_shard_reshard(*shard, grown, NULL);
+  if (st != GRADSYNC_OK) return st;
+  *caught_up = 1;
+  st = gradsync_shard_gather(*shard, g, total);
+  if (st != GRADSYNC_OK) return st;
+  return memcmp(g, w, total * sizeof(float)) != 0;
+}
+
+/* One process: a member (slot < N, rank slot) trains, and after a loss shrinks, reshards and
+ * trains on; with grow set it then grows the group back to N, one joiner at a time, each joiner
+ * (slot >= N, joining grow attempt join_gen) catching up and training on as a member. */
+static int member(board* b, const char* name, int slot, int join_gen, int replicas, int grow, uint64_t total, int steps,
+                  const float* ref, int bench) {
   gradsync_comm_options co = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_shard_options so = shard_options(replicas);
-  gradsync_comm *comm = NULL, *first;
+  /* Every group this process was in, freed at the end: the shard may still be on an older one
+   * while a reshard fails. */
+  gradsync_comm* comms[4 * NP];
+  gradsync_comm* latest = NULL; /* the newest group */
   gradsync_shard* shard = NULL;
   float *w = malloc(total * sizeof(float)), *g = malloc(total * sizeof(float));
-  int s = 0, st, recovering = 0;
+  int s = 0, st, recovering = 0, ncomms = 0, gen = 0, attempts = 0, caught_up = slot < N;
+  enum { GO_ON, RECOVER, CATCH_UP } todo = GO_ON;
   int64_t updates = 0;
   uint64_t i;
   co.transport = GRADSYNC_TRANSPORT_SHM;
-  co.rank = rank;
-  co.size = N;
   co.timeout_ms = TIMEOUT_MS;
-  snprintf(co.name, sizeof co.name, "%s", name);
-  if (gradsync_comm_create(&comm, &co) != GRADSYNC_OK ||
-      gradsync_shard_create(&shard, comm, total, &so) != GRADSYNC_OK) {
-    snprintf(b->why[rank], sizeof b->why[rank], "create: %s", gradsync_last_error_message());
-    return EXIT_FAILED;
+  if (slot < N) {
+    co.rank = slot;
+    co.size = N;
+    snprintf(co.name, sizeof co.name, "%s", name);
+    if (gradsync_comm_create(&latest, &co) != GRADSYNC_OK ||
+        gradsync_shard_create(&shard, latest, total, &so) != GRADSYNC_OK) {
+      snprintf(b->why[slot], sizeof b->why[slot], "create: %s", gradsync_last_error_message());
+      return EXIT_FAILED;
+    }
+    comms[ncomms++] = latest;
+    initial(w, total);
+    gradsync_shard_init(shard, w, total);
+  } else {
+    gradsync_grow_result res;
+    int64_t t0 = now_ns();
+    memset(&res, 0, sizeof res);
+    res.struct_size = sizeof res;
+    res.version = GRADSYNC_GROW_RESULT_VERSION;
+    co.rank = 0;
+    co.size = 1;
+    co.timeout_ms = JOIN_TIMEOUT_MS;
+    join_name_of(co.name, sizeof co.name, name, join_gen);
+    b->gen[slot] = join_gen;
+    b->phase[slot] = PH_JOIN;
+    st = gradsync_comm_join(&latest, &co, &res);
+    b->grow_ns[join_gen][slot] = now_ns() - t0;
+    b->outcome[join_gen][slot] = 100 + st;
+    if (st != GRADSYNC_OK) {
+      snprintf(b->why[slot], sizeof b->why[slot], "join: %s: %s", gradsync_status_string(st),
+               gradsync_last_error_message());
+      /* comm.h: a member or another joiner died during the grow (or the members' grow failed while
+       * the grown group formed), or the members did not grow within the timeout. */
+      return st == GRADSYNC_E_REMOTE || st == GRADSYNC_E_TIMEOUT ? EXIT_TURNED_AWAY : EXIT_FAILED;
+    }
+    comms[ncomms++] = latest;
+    gen = join_gen + 1;
+    todo = CATCH_UP;
   }
-  first = comm;
-  initial(w, total);
-  gradsync_shard_init(shard, w, total);
-  b->phase[rank] = PH_STEP;
-  while (s < steps) {
+  b->phase[slot] = PH_STEP;
+  for (;;) {
     int64_t t0;
-    gradient(s, g, total);
-    t0 = now_ns();
-    st = gradsync_shard_step(shard, g, w, total, 1);
-    if (st == GRADSYNC_OK) {
-      if (bench && b->kill_ns == 0) b->before_ns[rank] = now_ns() - t0;
-      if (bench && b->kill_ns != 0 && !recovering) b->after_ns[rank] = now_ns() - t0;
-      if (recovering && bench) b->step_ns[rank] = now_ns() - b->kill_ns;
-      recovering = 0;
-      b->steps[rank] = ++s;
-      continue;
+    if (todo == CATCH_UP) {
+      st = catch_up(b, slot, latest, &shard, &so, w, g, total, &caught_up);
+      if (st == 1) {
+        snprintf(b->why[slot], sizeof b->why[slot], "catch-up: the gathered weights differ from the broadcast ones");
+        return EXIT_WRONG;
+      }
+      if (st == GRADSYNC_OK) {
+        gradsync_shard_updates(shard, &updates);
+        s = (int)updates;
+        b->steps[slot] = s;
+        b->phase[slot] = PH_STEP;
+        todo = GO_ON;
+        continue;
+      }
+      if (st == GRADSYNC_E_LOST || !lost_peer(st)) {
+        snprintf(b->why[slot], sizeof b->why[slot], "catch-up: %s: %s", gradsync_status_string(st),
+                 gradsync_last_error_message());
+        return st == GRADSYNC_E_LOST ? EXIT_LOST : EXIT_FAILED;
+      }
+      todo = RECOVER; /* a member or the joiner was lost: shrink the grown group */
     }
-    if (bench && !recovering) {
-      b->detect_ns[rank] = now_ns() - b->kill_ns;
-      b->entered_ns[rank] = t0 > b->kill_ns ? t0 - b->kill_ns : 0;
-    }
-    recovering = 1;
-    for (;;) {
+    if (todo == RECOVER) {
       gradsync_comm* next = NULL;
       gradsync_shrink_result res;
       memset(&res, 0, sizeof res);
       res.struct_size = sizeof res;
       res.version = GRADSYNC_SHRINK_RESULT_VERSION;
-      b->phase[rank] = PH_SHRINK;
-      st = gradsync_comm_shrink(comm, &next, NULL, 0, &res);
+      b->phase[slot] = PH_SHRINK;
+      if (ncomms == (int)(sizeof comms / sizeof comms[0])) {
+        snprintf(b->why[slot], sizeof b->why[slot], "%d groups in one episode", ncomms);
+        return EXIT_FAILED;
+      }
+      st = gradsync_comm_shrink(latest, &next, NULL, 0, &res);
       if (st != GRADSYNC_OK) {
-        snprintf(b->why[rank], sizeof b->why[rank], "shrink: %s", gradsync_last_error_message());
+        snprintf(b->why[slot], sizeof b->why[slot], "shrink: %s", gradsync_last_error_message());
         return EXIT_FAILED;
       }
       if (bench) {
-        b->agree_ns[rank] = res.agree_ns;
-        b->form_ns[rank] = res.form_ns;
+        b->agree_ns[slot] = res.agree_ns;
+        b->form_ns[slot] = res.form_ns;
       }
-      /* The first group stays until the end: the shard may still be on it if a reshard fails. */
-      if (comm != first) gradsync_comm_free(comm);
-      comm = next;
-      b->phase[rank] = PH_RESHARD;
-      {
-        const int64_t t0 = now_ns(), c0 = cpu_ns(), f0 = minor_faults();
-        uint64_t moved = 0;
-        st = gradsync_shard_reshard(shard, comm, &moved);
-        if (bench) {
-          b->reshard_ns[rank] = now_ns() - t0;
-          b->reshard_cpu_ns[rank] = cpu_ns() - c0;
-          b->reshard_faults[rank] = minor_faults() - f0;
-          b->moved_floats[rank] = (int64_t)moved;
+      comms[ncomms++] = latest = next;
+      b->phase[slot] = PH_RESHARD;
+      if (!caught_up) {
+        /* A joiner whose catch-up failed before its reshard: it joins the survivors' reshard as a
+         * joiner of their group, with a shard made on it. */
+        gradsync_shard_free(shard);
+        shard = NULL;
+        if (gradsync_shard_create(&shard, latest, total, &so) != GRADSYNC_OK) {
+          snprintf(b->why[slot], sizeof b->why[slot], "create: %s", gradsync_last_error_message());
+          return EXIT_FAILED;
         }
       }
+      {
+        const int64_t r0 = now_ns(), c0 = cpu_ns(), f0 = minor_faults();
+        uint64_t moved = 0;
+        st = gradsync_shard_reshard(shard, latest, &moved);
+        if (bench) {
+          b->reshard_ns[slot] = now_ns() - r0;
+          b->reshard_cpu_ns[slot] = cpu_ns() - c0;
+          b->reshard_faults[slot] = minor_faults() - f0;
+          b->moved_floats[slot] = (int64_t)moved;
+        }
+      }
+      if (st == GRADSYNC_OK) caught_up = 1;
       if (st == GRADSYNC_E_LOST) {
-        snprintf(b->why[rank], sizeof b->why[rank], "%s", gradsync_last_error_message());
+        snprintf(b->why[slot], sizeof b->why[slot], "%s", gradsync_last_error_message());
         return EXIT_LOST;
       }
       /* The failed step may have left the weights half gathered (its update may have been
        * applied everywhere, so that step is not run again): gather them afresh. */
       if (st == GRADSYNC_OK) st = gradsync_shard_gather(shard, w, total);
-      if (st == GRADSYNC_OK) break;
-      /* A member was lost during the reshard or the gather: shrink again. */
+      if (st != GRADSYNC_OK && !lost_peer(st)) {
+        snprintf(b->why[slot], sizeof b->why[slot], "reshard: %s: %s", gradsync_status_string(st),
+                 gradsync_last_error_message());
+        return EXIT_FAILED;
+      }
+      if (st != GRADSYNC_OK) continue; /* a member was lost during the reshard or the gather: shrink again */
+      gradsync_shard_updates(shard, &updates);
+      s = (int)updates;
+      b->phase[slot] = PH_STEP;
+      todo = GO_ON;
     }
-    gradsync_shard_updates(shard, &updates);
-    s = (int)updates;
-    b->phase[rank] = PH_STEP;
+    if (grow) {
+      int32_t size = 0;
+      gradsync_comm_size(latest, &size);
+      if (size < N) {
+        gradsync_comm* grown = NULL;
+        gradsync_grow_result res;
+        char join_name[GRADSYNC_COMM_NAME_MAX];
+        int64_t g0;
+        double most = (double)gen;
+        memset(&res, 0, sizeof res);
+        res.struct_size = sizeof res;
+        res.version = GRADSYNC_GROW_RESULT_VERSION;
+        if (++attempts > MAXJ) {
+          snprintf(b->why[slot], sizeof b->why[slot], "no grow back succeeded in %d attempts", MAXJ);
+          return EXIT_FAILED;
+        }
+        /* Each attempt is named apart (comm.h): the members agree on its number, since those that
+         * failed a reset and shrank made one attempt less than those whose reset succeeded. */
+        st = gradsync_comm_allreduce(latest, &most, &most, 1, GRADSYNC_F64, GRADSYNC_MAX);
+        if (st != GRADSYNC_OK) {
+          todo = RECOVER;
+          continue;
+        }
+        gen = (int)most;
+        if (gen >= MAXJ) {
+          snprintf(b->why[slot], sizeof b->why[slot], "grow attempt %d: past the joiners the test forks", gen);
+          return EXIT_FAILED;
+        }
+        join_name_of(join_name, sizeof join_name, name, gen);
+        b->gen[slot] = gen;
+        b->phase[slot] = PH_GROW;
+        g0 = now_ns();
+        st = gradsync_comm_grow(latest, join_name, 1, &grown, &res);
+        b->grow_ns[gen][slot] = now_ns() - g0;
+        b->outcome[gen][slot] = 100 + st;
+        ++gen;
+        if (st == GRADSYNC_OK) {
+          comms[ncomms++] = latest = grown;
+          todo = CATCH_UP;
+          continue;
+        }
+        /* comm.h: a member or the joiner died (REMOTE), another member failed the grow (ABORTED),
+         * or one did not come in time (TIMEOUT); then a reset on every member, or a shrink when a
+         * member of the group is lost (the reset fails then). */
+        if (!lost_peer(st)) {
+          snprintf(b->why[slot], sizeof b->why[slot], "grow: %s: %s", gradsync_status_string(st),
+                   gradsync_last_error_message());
+          return EXIT_FAILED;
+        }
+        b->phase[slot] = PH_RESET;
+        st = gradsync_comm_reset(latest);
+        if (st != GRADSYNC_OK && !lost_peer(st)) {
+          snprintf(b->why[slot], sizeof b->why[slot], "reset: %s: %s", gradsync_status_string(st),
+                   gradsync_last_error_message());
+          return EXIT_FAILED;
+        }
+        todo = st == GRADSYNC_OK ? GO_ON : RECOVER;
+        continue;
+      }
+    }
+    if (s >= steps) break;
+    b->phase[slot] = PH_STEP;
+    gradient(s, g, total);
+    t0 = now_ns();
+    st = gradsync_shard_step(shard, g, w, total, 1);
+    if (st == GRADSYNC_OK) {
+      if (bench && b->kill_ns == 0) b->before_ns[slot] = now_ns() - t0;
+      if (bench && b->kill_ns != 0 && !recovering) b->after_ns[slot] = now_ns() - t0;
+      if (recovering && bench) b->step_ns[slot] = now_ns() - b->kill_ns;
+      recovering = 0;
+      b->steps[slot] = ++s;
+      continue;
+    }
+    if (bench && !recovering) {
+      b->detect_ns[slot] = now_ns() - b->kill_ns;
+      b->entered_ns[slot] = t0 > b->kill_ns ? t0 - b->kill_ns : 0;
+    }
+    recovering = 1;
+    todo = RECOVER;
   }
-  b->phase[rank] = PH_DONE;
+  b->phase[slot] = PH_DONE;
   for (i = 0; ref != NULL && i < total; ++i) {
     if (memcmp(&w[i], &ref[i], sizeof(float)) != 0) {
-      snprintf(b->why[rank], sizeof b->why[rank], "weight %" PRIu64 " is %.9g, the undisturbed run has %.9g", i,
+      snprintf(b->why[slot], sizeof b->why[slot], "weight %" PRIu64 " is %.9g, the undisturbed run has %.9g", i,
                (double)w[i], (double)ref[i]);
       return EXIT_WRONG;
     }
   }
   gradsync_shard_free(shard);
-  if (comm != first) gradsync_comm_free(comm);
-  gradsync_comm_free(first);
-  b->left_ns[rank] = now_ns();
+  while (ncomms > 0) gradsync_comm_free(comms[--ncomms]);
+  b->left_ns[slot] = now_ns();
   free(w);
   free(g);
   return EXIT_OK;
@@ -263,8 +433,19 @@ static int wait_phase(board* b, const int* dead, int ph, int64_t until) {
   return 0;
 }
 
+/* Where a grow episode's kill landed: the victim's phase when it was sent. */
+enum { AT_GROW, AT_JOIN, AT_CATCHUP, AT_CATCHUP_RESHARD, AT_OTHER, AT_NONE, ATS };
+static const char* const at_names[ATS] = {"a member in the grow",          "the joiner in the join",
+                                          "in the catch-up's broadcast",   "in the catch-up's reshard or gather",
+                                          "after it (steps, shrink, ...)", "no kill (the grow was over)"};
+
 typedef struct {
   int kills, hangs, wrong, lost, failed, done, unremovable;
+  /* grow episodes */
+  int joiners, joiners_done, turned_away, attempts, attempts_ok, landed[ATS];
+  int member_status[3], joiner_status[3]; /* failed grow/join: REMOTE, ABORTED, TIMEOUT */
+  int64_t grow_ns[4096];
+  int grow_samples;
 } tally;
 
 /* Whether a member was killed after every member that lived had left the first group: its rank
@@ -280,16 +461,122 @@ static int killed_after_the_others_left(const board* b, const int* dead) {
   return 0;
 }
 
+static int status_index(int st) { return st == GRADSYNC_E_REMOTE ? 0 : st == GRADSYNC_E_ABORTED ? 1 : 2; }
+
+/* A grow episode's supervision, until every process has ended or the budget is spent: forks a
+ * joiner for each grow attempt the members make (for the first, half the time while the survivors
+ * still recover from the loss, so that it waits in the join), and kills one process, a member or
+ * the first joiner, at a random moment of the first grow (kind KIND_IN_GROW) or of its catch-up. A
+ * joiner is killed once rank 0 met it in the lobby (or later): one killed before rank 0 came is a
+ * lobby that rank 0 would rebuild and wait in until its deadline. */
+static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pids, int* dead, int* nproc,
+                           int64_t deadline, tally* t, board* b, const float* ref) {
+  int joiner_of[MAXJ], reaped[NP] = {0}, g, r, state = 0, victim = -1, want_joiner = 0;
+  const int early = (int)(rand_r(seed) % 2);
+  const int trigger = kind == KIND_IN_GROW ? PH_GROW : rand_r(seed) % 2 ? PH_CATCHUP : PH_CATCHUP_RESHARD;
+  const long spread_us = kind == KIND_IN_GROW ? 4000 : trigger == PH_CATCHUP ? 1500 : 400;
+  int64_t kill_at = 0;
+  char lobby[GRADSYNC_COMM_NAME_MAX];
+  for (g = 0; g < MAXJ; ++g) joiner_of[g] = -1;
+  join_name_of(lobby, sizeof lobby, name, 0);
+  while (now_ns() < deadline) {
+    int running = 0;
+    for (r = 0; r < *nproc; ++r) {
+      int status;
+      if (reaped[r]) continue;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        reaped[r] = 1;
+        pids[r] = -status - 1; /* episode() reads the status from here: the pid is reaped */
+        continue;
+      }
+      running++;
+    }
+    if (running == 0) break;
+    /* A joiner for each grow attempt a live member is in. */
+    for (r = 0; r < *nproc; ++r) {
+      int gen = b->gen[r];
+      if (reaped[r] || dead[r] || b->phase[r] != PH_GROW || gen < 0 || gen >= MAXJ || joiner_of[gen] >= 0) continue;
+      if (*nproc == NP) break;
+      joiner_of[gen] = *nproc;
+      b->gen[*nproc] = b->join_gen[*nproc] = gen;
+      pids[*nproc] = fork();
+      if (pids[*nproc] == 0) _exit(member(b, name, *nproc, gen, 2, 1, STRESS_TOTAL, STEPS, ref, 0));
+      ++*nproc;
+      t->joiners++;
+    }
+    if (early && joiner_of[0] < 0) {
+      for (r = 0; r < N; ++r)
+        if (!dead[r] && (b->phase[r] == PH_SHRINK || b->phase[r] == PH_RESHARD)) want_joiner = 1;
+      if (want_joiner) {
+        joiner_of[0] = *nproc;
+        b->gen[*nproc] = b->join_gen[*nproc] = 0;
+        pids[*nproc] = fork();
+        if (pids[*nproc] == 0) _exit(member(b, name, *nproc, 0, 2, 1, STRESS_TOTAL, STEPS, ref, 0));
+        ++*nproc;
+        t->joiners++;
+      }
+    }
+    if (state == 0) { /* the trigger: a member (or, for the catch-up, any process) in the phase */
+      int hit = 0, count = 0, live[NP];
+      for (r = 0; r < *nproc; ++r) {
+        if (reaped[r] || dead[r]) continue;
+        if (b->phase[r] == trigger && (kind != KIND_IN_GROW || b->gen[r] == 0)) hit = 1;
+        if (r < N || r == joiner_of[0]) live[count++] = r;
+      }
+      if (hit) {
+        const int pick = (int)(rand_r(seed) % (unsigned)(count + (kind == KIND_IN_GROW && joiner_of[0] < 0)));
+        victim = pick < count ? live[pick] : -2; /* -2: the first joiner, not yet forked */
+        state = 1;
+      }
+    }
+    if (state == 1) { /* a joiner victim: until rank 0 met it in the lobby, or the grow went past that */
+      int ready = victim >= 0 && victim < N;
+      if (!ready && victim == -2 && joiner_of[0] >= 0) victim = joiner_of[0];
+      if (!ready && victim >= 0) {
+        int past = b->phase[victim] != PH_JOIN;
+        for (r = 0; r < *nproc; ++r) past |= b->outcome[0][r] != 0;
+        ready = past || shm_locks_held(lobby, 3) == 6;
+      }
+      if (ready) {
+        kill_at = now_ns() + (int64_t)(rand_r(seed) % (unsigned)spread_us) * 1000;
+        state = 2;
+      }
+    }
+    if (state == 2 && now_ns() >= kill_at) {
+      const int ph = b->phase[victim];
+      state = 3;
+      if (!reaped[victim]) {
+        b->killed_ns[victim] = now_ns();
+        kill(pids[victim], SIGKILL);
+        dead[victim] = 1;
+        t->kills++;
+        t->landed[ph == PH_GROW              ? AT_GROW
+                  : ph == PH_JOIN            ? AT_JOIN
+                  : ph == PH_CATCHUP         ? AT_CATCHUP
+                  : ph == PH_CATCHUP_RESHARD ? AT_CATCHUP_RESHARD
+                                             : AT_OTHER]++;
+      } else {
+        t->landed[AT_NONE]++;
+      }
+    }
+    pause_us(20);
+  }
+  if (state != 3) t->landed[AT_NONE]++;
+}
+
 static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t, board* b) {
   char name[64];
-  pid_t pids[N];
-  int dead[N] = {0, 0, 0, 0}, r, first, replicas = kind == KIND_STEP ? 1 : 2;
+  pid_t pids[NP];
+  int dead[NP], r, first, nproc = N, replicas = kind == KIND_STEP ? 1 : 2, g;
+  const int grow = kind == KIND_IN_GROW || kind == KIND_IN_CATCHUP;
   int64_t deadline;
   memset(b, 0, sizeof *b);
+  memset(dead, 0, sizeof dead);
+  for (r = 0; r < NP; ++r) b->gen[r] = b->join_gen[r] = -1;
   snprintf(name, sizeof name, "shrink-stress-%ld-%d", (long)getpid(), id);
   for (r = 0; r < N; ++r) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(member(b, name, r, replicas, STRESS_TOTAL, STEPS, ref, 0));
+    if (pids[r] == 0) _exit(member(b, name, r, -1, replicas, grow, STRESS_TOTAL, STEPS, ref, 0));
   }
   deadline = now_ns() + (int64_t)EPISODE_BUDGET_S * 1000000000;
   /* The first kill at a random step. */
@@ -303,7 +590,9 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
     dead[first] = 1;
     t->kills++;
   }
-  if (kind != KIND_STEP) {
+  if (grow) {
+    supervise_grow(kind, name, seed, pids, dead, &nproc, deadline, t, b, ref);
+  } else if (kind != KIND_STEP) {
     const int second = alive_other(dead, first, seed);
     int ph = kind == KIND_IN_SHRINK ? PH_SHRINK : kind == KIND_IN_RESHARD ? PH_RESHARD : -1;
     if (ph < 0 || wait_phase(b, dead, ph, deadline)) {
@@ -314,21 +603,31 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
       t->kills++;
     }
   }
-  for (r = 0; r < N; ++r) {
+  for (r = 0; r < nproc; ++r) {
     int status = 0;
     pid_t got = 0;
-    while ((got = waitpid(pids[r], &status, WNOHANG)) == 0 && now_ns() < deadline) pause_us(200);
+    if (pids[r] < 0) { /* reaped by supervise_grow, which kept the status */
+      status = -(pids[r] + 1);
+      got = 1;
+    }
+    while (got == 0 && (got = waitpid(pids[r], &status, WNOHANG)) == 0 && now_ns() < deadline) pause_us(200);
     if (got == 0) {
-      fprintf(stderr, "episode %d (%s): member %d hangs (phase %d, step %d)\n", id, kind_names[kind], r,
-              (int)b->phase[r], (int)b->steps[r]);
+      fprintf(stderr, "episode %d (%s): %s %d hangs (phase %d, step %d)\n", id, kind_names[kind],
+              r < N ? "member" : "joiner", r, (int)b->phase[r], (int)b->steps[r]);
       t->hangs++;
-      for (first = 0; first < N; ++first) kill(pids[first], SIGKILL);
+      for (first = 0; first < nproc; ++first)
+        if (pids[first] > 0) kill(pids[first], SIGKILL);
       waitpid(pids[r], &status, 0);
       continue;
     }
-    if (dead[r]) continue;
+    if (dead[r] && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) continue;
     if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_OK) {
       t->done++;
+      if (r >= N) t->joiners_done++;
+      continue;
+    }
+    if (r >= N && WIFEXITED(status) && WEXITSTATUS(status) == EXIT_TURNED_AWAY) {
+      t->turned_away++;
       continue;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_WRONG)
@@ -337,8 +636,36 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
       t->lost++;
     else
       t->failed++;
-    fprintf(stderr, "episode %d (%s): member %d ended with status %#x: %s\n", id, kind_names[kind], r, (unsigned)status,
-            b->why[r]);
+    fprintf(stderr, "episode %d (%s): %s %d ended with status %#x: %s\n", id, kind_names[kind],
+            r < N ? "member" : "joiner", r, (unsigned)status, b->why[r]);
+  }
+  /* One outcome per grow attempt (comm.h): every member and joiner that returned got OK, or each
+   * an error. */
+  for (g = 0; grow && g < MAXJ; ++g) {
+    int ok = 0, failed = 0;
+    for (r = 0; r < nproc; ++r) {
+      const int st = b->outcome[g][r] - 100;
+      if (b->outcome[g][r] == 0) continue;
+      if (st == GRADSYNC_OK) {
+        ok++;
+        if (r < N && t->grow_samples < (int)(sizeof t->grow_ns / sizeof t->grow_ns[0]))
+          t->grow_ns[t->grow_samples++] = b->grow_ns[g][r];
+      } else {
+        failed++;
+        if (b->join_gen[r] != g)
+          t->member_status[status_index(st)]++;
+        else
+          t->joiner_status[status_index(st)]++;
+      }
+    }
+    if (ok + failed == 0) continue;
+    t->attempts++;
+    t->attempts_ok += ok > 0;
+    if (ok > 0 && failed > 0) {
+      fprintf(stderr, "episode %d (%s): grow attempt %d succeeded on %d of its processes, failed on %d\n", id,
+              kind_names[kind], g, ok, failed);
+      t->failed++;
+    }
   }
   {
     /* The last live member of each group removes its segment, whatever was killed. */
@@ -445,7 +772,7 @@ static int bench(int runs, uint64_t total) {
     snprintf(name, sizeof name, "recovery-bench-%ld-%d", (long)getpid(), run);
     for (r = 0; r < N; ++r) {
       pids[r] = fork();
-      if (pids[r] == 0) _exit(member(b, name, r, 1, total, 6, NULL, 1));
+      if (pids[r] == 0) _exit(member(b, name, r, -1, 1, 0, total, 6, NULL, 1));
     }
     while (b->steps[victim] < 3) pause_us(100);
     b->kill_ns = now_ns();
@@ -509,9 +836,21 @@ int main(int argc, char** argv) {
       by_kind[kind]++;
       episode(i, kind, &seed, ref, &t, b);
     }
-    for (i = 0; i < KINDS; ++i) printf("  %-34s %d episodes\n", kind_names[i], by_kind[i]);
+    for (i = 0; i < KINDS; ++i) printf("  %-38s %d episodes\n", kind_names[i], by_kind[i]);
+    if (by_kind[KIND_IN_GROW] + by_kind[KIND_IN_CATCHUP] > 0) {
+      printf(
+          "  grow episodes: joiners forked %d (finished verified %d, turned away by a failed grow %d); grow attempts "
+          "%d, succeeded %d\n",
+          t.joiners, t.joiners_done, t.turned_away, t.attempts, t.attempts_ok);
+      printf("    failed grows: members REMOTE %d, ABORTED %d, TIMEOUT %d; joiners REMOTE %d, TIMEOUT %d\n",
+             t.member_status[0], t.member_status[1], t.member_status[2], t.joiner_status[0], t.joiner_status[2]);
+      printf("    the grow episode's kill landed:");
+      for (i = 0; i < ATS; ++i) printf("%s %s %d", i == 0 ? "" : ";", at_names[i], t.landed[i]);
+      printf("\n");
+      if (t.grow_samples > 0) spread("grow that succeeded (ms)", t.grow_ns, t.grow_samples, 1e6);
+    }
     printf(
-        "kills %d; survivors that finished verified %d; hangs %d; wrong results %d; lost state %d; other failures %d; "
+        "kills %d; processes that finished verified %d; hangs %d; wrong results %d; lost state %d; other failures %d; "
         "segments only a killed member held at the end %d\n",
         t.kills, t.done, t.hangs, t.wrong, t.lost, t.failed, t.unremovable);
     return t.hangs == 0 && t.wrong == 0 && t.lost == 0 && t.failed == 0 ? 0 : 1;
