@@ -7,7 +7,7 @@
  * ranks). Counts: kills, episodes by phase, hangs (an episode past its budget), wrong results,
  * lost state. Any hang, wrong result or lost state fails.
  *
- * shrink_stress stress <episodes> [seed]
+ * shrink_stress stress <episodes> [seed [grow]]: with "grow", only the grow episodes
  * shrink_stress bench <runs> [total_params]: 4 ranks, one killed, the time from the kill to the
  *   next completed step on 3 ranks, by phase (detect, agree, form, reshard, step), min/median/max.
  *   Detection counts from the later of the kill and the survivor's entry into the call that fails
@@ -41,7 +41,7 @@
 #define STRESS_TOTAL 4099
 #define EPISODE_BUDGET_S 60
 #define TIMEOUT_MS 10000     /* the groups' deadline: detection must come well before it */
-#define JOIN_TIMEOUT_MS 2000 /* a joiner's wait for the members to grow (they grow within ms of its start) */
+#define JOIN_TIMEOUT_MS 1000 /* a joiner's wait for the members to grow (they grow within ms of its start) */
 
 enum { PH_START, PH_STEP, PH_SHRINK, PH_RESHARD, PH_GROW, PH_RESET, PH_JOIN, PH_CATCHUP, PH_CATCHUP_RESHARD, PH_DONE };
 enum { EXIT_OK = 0, EXIT_WRONG = 1, EXIT_LOST = 3, EXIT_FAILED = 4, EXIT_TURNED_AWAY = 5 };
@@ -58,8 +58,10 @@ typedef struct {
   volatile int32_t outcome[MAXJ][NP]; /* 100 + what grow (members) or join (joiners) of attempt g returned */
   volatile int64_t grow_ns[MAXJ][NP]; /* how long that call took */
   volatile int64_t kill_ns;
-  volatile int64_t left_ns[NP];   /* when the process had freed its groups (0: not yet) */
-  volatile int64_t killed_ns[NP]; /* when the test sent it SIGKILL (0: never) */
+  volatile int32_t victim, victim_phase; /* a grow episode's kill: whom, in which phase (-1: none) */
+  volatile int32_t orphan_gen;           /* the grow attempt whose lobby the victim held alone as it died (-1: none) */
+  volatile int64_t left_ns[NP];          /* when the process had freed its groups (0: not yet) */
+  volatile int64_t killed_ns[NP];        /* when the test sent it SIGKILL (0: never) */
   /* bench: the survivors' times, ns after the kill */
   volatile int64_t detect_ns[N], agree_ns[N], form_ns[N], reshard_ns[N], step_ns[N];
   volatile int64_t entered_ns[N]; /* the failing call began, after the kill (0: before it) */
@@ -333,6 +335,7 @@ static int member(board* b, const char* name, int slot, int join_gen, int replic
         }
         /* Each attempt is named apart (comm.h): the members agree on its number, since those that
          * failed a reset and shrank made one attempt less than those whose reset succeeded. */
+        b->phase[slot] = PH_GROW;
         st = gradsync_comm_allreduce(latest, &most, &most, 1, GRADSYNC_F64, GRADSYNC_MAX);
         if (st != GRADSYNC_OK) {
           todo = RECOVER;
@@ -345,7 +348,6 @@ static int member(board* b, const char* name, int slot, int join_gen, int replic
         }
         join_name_of(join_name, sizeof join_name, name, gen);
         b->gen[slot] = gen;
-        b->phase[slot] = PH_GROW;
         g0 = now_ns();
         st = gradsync_comm_grow(latest, join_name, 1, &grown, &res);
         b->grow_ns[gen][slot] = now_ns() - g0;
@@ -437,7 +439,7 @@ static int wait_phase(board* b, const int* dead, int ph, int64_t until) {
 enum { AT_GROW, AT_JOIN, AT_CATCHUP, AT_CATCHUP_RESHARD, AT_OTHER, AT_NONE, ATS };
 static const char* const at_names[ATS] = {"a member in the grow",          "the joiner in the join",
                                           "in the catch-up's broadcast",   "in the catch-up's reshard or gather",
-                                          "after it (steps, shrink, ...)", "no kill (the grow was over)"};
+                                          "after it (steps, shrink, ...)", "no kill (the victim had finished)"};
 
 typedef struct {
   int kills, hangs, wrong, lost, failed, done, unremovable;
@@ -474,7 +476,7 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
   int joiner_of[MAXJ], reaped[NP] = {0}, g, r, state = 0, victim = -1, want_joiner = 0;
   const int early = (int)(rand_r(seed) % 2);
   const int trigger = kind == KIND_IN_GROW ? PH_GROW : rand_r(seed) % 2 ? PH_CATCHUP : PH_CATCHUP_RESHARD;
-  const long spread_us = kind == KIND_IN_GROW ? 4000 : trigger == PH_CATCHUP ? 1500 : 400;
+  const long spread_us = kind == KIND_IN_GROW ? 3000 : trigger == PH_CATCHUP ? 1500 : 400;
   int64_t kill_at = 0;
   char lobby[GRADSYNC_COMM_NAME_MAX];
   for (g = 0; g < MAXJ; ++g) joiner_of[g] = -1;
@@ -506,7 +508,7 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
     }
     if (early && joiner_of[0] < 0) {
       for (r = 0; r < N; ++r)
-        if (!dead[r] && (b->phase[r] == PH_SHRINK || b->phase[r] == PH_RESHARD)) want_joiner = 1;
+        if (!dead[r] && b->phase[r] == PH_RESHARD) want_joiner = 1;
       if (want_joiner) {
         joiner_of[0] = *nproc;
         b->gen[*nproc] = b->join_gen[*nproc] = 0;
@@ -533,23 +535,40 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
       int ready = victim >= 0 && victim < N;
       if (!ready && victim == -2 && joiner_of[0] >= 0) victim = joiner_of[0];
       if (!ready && victim >= 0) {
-        int past = b->phase[victim] != PH_JOIN;
+        int past = b->phase[victim] != PH_JOIN && b->phase[victim] != PH_START;
         for (r = 0; r < *nproc; ++r) past |= b->outcome[0][r] != 0;
         ready = past || shm_locks_held(lobby, 3) == 6;
       }
       if (ready) {
-        kill_at = now_ns() + (int64_t)(rand_r(seed) % (unsigned)spread_us) * 1000;
+        /* A joiner victim from its meeting with rank 0: the rest of the grow is short. */
+        const long us = victim >= N && kind == KIND_IN_GROW ? 800 : spread_us;
+        kill_at = now_ns() + (int64_t)(rand_r(seed) % (unsigned)us) * 1000;
         state = 2;
       }
     }
     if (state == 2 && now_ns() >= kill_at) {
       const int ph = b->phase[victim];
       state = 3;
+      b->victim = victim;
+      b->victim_phase = ph;
       if (!reaped[victim]) {
+        int status = 0;
         b->killed_ns[victim] = now_ns();
         kill(pids[victim], SIGKILL);
         dead[victim] = 1;
         t->kills++;
+        if (ph == PH_GROW || ph == PH_JOIN) {
+          /* In the lobby? Once it is dead: a lobby whose other member had left holds only the
+           * victim's lock, and no live member remains to remove it (comm.h: the next group of the
+           * name reclaims it). */
+          char its[GRADSYNC_COMM_NAME_MAX];
+          if (waitpid(pids[victim], &status, 0) == pids[victim]) {
+            reaped[victim] = 1;
+            pids[victim] = -status - 1;
+          }
+          join_name_of(its, sizeof its, name, b->gen[victim]);
+          if (b->gen[victim] >= 0 && (shm_locks_held(its, 3) & ~1) == 0) b->orphan_gen = b->gen[victim];
+        }
         t->landed[ph == PH_GROW              ? AT_GROW
                   : ph == PH_JOIN            ? AT_JOIN
                   : ph == PH_CATCHUP         ? AT_CATCHUP
@@ -573,6 +592,7 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
   memset(b, 0, sizeof *b);
   memset(dead, 0, sizeof dead);
   for (r = 0; r < NP; ++r) b->gen[r] = b->join_gen[r] = -1;
+  b->victim = b->victim_phase = b->orphan_gen = -1;
   snprintf(name, sizeof name, "shrink-stress-%ld-%d", (long)getpid(), id);
   for (r = 0; r < N; ++r) {
     pids[r] = fork();
@@ -659,6 +679,14 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
       }
     }
     if (ok + failed == 0) continue;
+    if (getenv("SHRINK_STRESS_DEBUG") != NULL && failed > 0) {
+      fprintf(stderr, "episode %d (%s) attempt %d: victim %d phase %d\n", id, kind_names[kind], g, (int)b->victim,
+              (int)b->victim_phase);
+      for (r = 0; r < nproc; ++r)
+        if (b->outcome[g][r] != 0)
+          fprintf(stderr, "  process %d: %d after %.1f ms: %s\n", r, (int)b->outcome[g][r] - 100,
+                  (double)b->grow_ns[g][r] / 1e6, b->why[r]);
+    }
     t->attempts++;
     t->attempts_ok += ok > 0;
     if (ok > 0 && failed > 0) {
@@ -667,6 +695,11 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
       t->failed++;
     }
   }
+  if (b->orphan_gen >= 0) {
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/gradsync.%.40s-j%d", name, (int)b->orphan_gen % 100);
+    if (unlink(path) == 0) t->unremovable++;
+  }
   {
     /* The last live member of each group removes its segment, whatever was killed. */
     const int left = shm_sweep(name, 0);
@@ -674,7 +707,8 @@ static void episode(int id, int kind, unsigned* seed, const float* ref, tally* t
       /* Nobody live is left to remove the name (comm.h: the next group of the name reclaims it). */
       t->unremovable++;
     } else if (left != 0) {
-      fprintf(stderr, "episode %d (%s): %d segment(s) left behind\n", id, kind_names[kind], left);
+      fprintf(stderr, "episode %d (%s): %d segment(s) left behind (the grow's kill: process %d in phase %d)\n", id,
+              kind_names[kind], left, (int)b->victim, (int)b->victim_phase);
       t->failed++;
     }
   }
@@ -823,6 +857,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && strcmp(argv[1], "stress") == 0) {
     const int episodes = atoi(argv[2]);
     unsigned seed = argc >= 4 ? (unsigned)strtoul(argv[3], NULL, 10) : (unsigned)time(NULL);
+    const int only_grow = argc >= 5 && strcmp(argv[4], "grow") == 0;
     static float ref[STRESS_TOTAL];
     board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     tally t;
@@ -832,7 +867,7 @@ int main(int argc, char** argv) {
     shm_sweep("shrink-stress-", 1);
     printf("shrink_stress: seed %u, %d episodes\n", seed, episodes);
     for (i = 0; i < episodes; ++i) {
-      const int kind = (int)(rand_r(&seed) % KINDS);
+      const int kind = only_grow ? KIND_IN_GROW + (int)(rand_r(&seed) % 2) : (int)(rand_r(&seed) % KINDS);
       by_kind[kind]++;
       episode(i, kind, &seed, ref, &t, b);
     }
@@ -855,6 +890,6 @@ int main(int argc, char** argv) {
         t.kills, t.done, t.hangs, t.wrong, t.lost, t.failed, t.unremovable);
     return t.hangs == 0 && t.wrong == 0 && t.lost == 0 && t.failed == 0 ? 0 : 1;
   }
-  fprintf(stderr, "usage: shrink_stress stress <episodes> [seed] | bench <runs> [total_params]\n");
+  fprintf(stderr, "usage: shrink_stress stress <episodes> [seed [grow]] | bench <runs> [total_params]\n");
   return 2;
 }
