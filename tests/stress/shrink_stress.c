@@ -6,6 +6,15 @@
  * rank (every rank's gradient is the same exact value, so the mean is the same on any number of
  * ranks). Counts: kills, episodes by phase, hangs (an episode past its budget), wrong results,
  * lost state. Any hang, wrong result or lost state fails.
+ * Grow episodes: after the loss and shrink, the survivors grow back to 4, one forked joiner per
+ * grow attempt, and one process (a member or the joiner) is SIGKILLed at a random moment of the
+ * grow or of the catch-up (the weights by broadcast, the optimizer slices by reshard). Every
+ * process follows comm.h: a failed grow is reset on every member (shrunk when the reset fails: a
+ * member is lost) and tried again with a fresh joiner; a failed catch-up shrinks the grown group.
+ * Checked besides: one outcome per grow attempt (all OK, or all an error), only the documented
+ * statuses, and every finishing process's weights (the joiners' too) bit for bit. After each
+ * episode no segment of its groups is left, but one that only a killed process held once every
+ * other member had left (comm.h: the next group of the name reclaims it).
  *
  * shrink_stress stress <episodes> [seed [grow]]: with "grow", only the grow episodes
  * shrink_stress bench <runs> [total_params]: 4 ranks, one killed, the time from the kill to the
