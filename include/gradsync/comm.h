@@ -517,7 +517,7 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  *         joiner did not come to form the new group within the group's timeout (a joiner sees the
  *         members' failures only as that, or as GRADSYNC_E_REMOTE)
  * @retval GRADSYNC_E_REMOTE a member or another joiner died during the grow, or the members'
- *         grow failed while the new group formed (naming the failure)
+ *         grow failed once they had admitted this joiner (naming the failure)
  * @retval GRADSYNC_E_CORRUPT the offer read from the members' rank 0 is out of range (a group
  *         size, member ids or timeout no grow makes): the message says which
  * @retval GRADSYNC_E_UNSUPPORTED MPI, HIER (see gradsync_comm_grow)

@@ -359,9 +359,22 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
   lobby.rank = options.rank + 1;
   lobby.size = options.size + 1;
   lobby.forming_abandoned = nullptr;
+  // The members' grow failing reaches a joiner as a peer that left one of its groups (rank 0 the
+  // lobby, a member the grown group): a call there reports that as E_ABORTED, but nothing can
+  // abort or fail a joiner's groups but the members' failure, which comm.h gives a joiner as
+  // E_REMOTE.
+  auto members_failed = [&options](const Error& e) {
+    return Error(GRADSYNC_E_REMOTE,
+                 fmt::format("join '{}': the grow failed on the members' side: {}", options.name, e.what()));
+  };
   const std::unique_ptr<Communicator> meeting = join_group(lobby);
-  meeting->establish(lobby);
-  meeting->broadcast(offer, kOfferWords, DType::I64, 0);
+  try {
+    meeting->establish(lobby);
+    meeting->broadcast(offer, kOfferWords, DType::I64, 0);
+  } catch (const Error& e) {
+    if (e.status() != GRADSYNC_E_ABORTED) throw;
+    throw members_failed(e);
+  }
   const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
   // Read from another process: every field is checked before it sizes, names or times anything.
   // Any positive timeout is one the members could have (INT64_MAX is none; deadlines saturate).
@@ -396,7 +409,12 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
   }
   grown->member_id_ = first_id + options.rank;
   grown->next_member_id_ = first_id + options.size;
-  grown->barrier();
+  try {
+    grown->barrier();
+  } catch (const Error& e) {
+    if (e.status() != GRADSYNC_E_ABORTED) throw;
+    throw members_failed(e);
+  }
   result.form = WaitClock::now() - formed_start;
   result.comm = std::move(grown);
   result.old_size = static_cast<int>(old_size);
