@@ -323,6 +323,8 @@ GRADSYNC_API int gradsync_comm_set_interrupt(gradsync_comm* comm, gradsync_inter
 /**
  * @brief Clear an abort or timeout so the group can be used again. Collective: every rank calls it.
  * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle
+ * @retval GRADSYNC_E_REMOTE a rank of the group died: shrink the group (gradsync_comm_shrink) or free it
+ * @retval GRADSYNC_E_TIMEOUT a rank did not call reset within the timeout: call it again on every rank
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_reset(gradsync_comm* comm);

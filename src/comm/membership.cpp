@@ -360,9 +360,9 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
   lobby.size = options.size + 1;
   lobby.forming_abandoned = nullptr;
   // The members' grow failing reaches a joiner as a peer that left one of its groups (rank 0 the
-  // lobby, a member the grown group): a call there reports that as E_ABORTED, but nothing can
-  // abort or fail a joiner's groups but the members' failure, which comm.h gives a joiner as
-  // E_REMOTE.
+  // lobby, a member the grown group while it forms or commits): a call there reports that as
+  // E_ABORTED, but nothing can abort or fail a joiner's groups but the members' failure, which
+  // comm.h gives a joiner as E_REMOTE.
   auto members_failed = [&options](const Error& e) {
     return Error(GRADSYNC_E_REMOTE,
                  fmt::format("join '{}': the grow failed on the members' side: {}", options.name, e.what()));
@@ -403,6 +403,7 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
     grown = join_group(o);
     grown->establish(o);
   } catch (const Error& e) {
+    if (e.status() == GRADSYNC_E_ABORTED) throw members_failed(e);
     if (lost.empty() || e.status() != GRADSYNC_E_REMOTE) throw;
     throw Error(GRADSYNC_E_REMOTE,
                 fmt::format("join '{}': the grow failed on the members' side ({}): {}", options.name, lost, e.what()));
