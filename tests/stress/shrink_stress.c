@@ -28,6 +28,7 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,6 +69,7 @@ typedef struct {
   volatile int64_t grow_ns[MAXJ][NP]; /* how long that call took */
   volatile int64_t kill_ns;
   volatile int32_t victim, victim_phase; /* a grow episode's kill: whom, in which phase (-1: none) */
+  volatile int32_t doom_us[NP];          /* a joiner to die inside its join: this many µs + 1 after rank 0 met it */
   volatile int32_t orphan_gen;           /* the grow attempt whose lobby the victim held alone as it died (-1: none) */
   volatile int64_t left_ns[NP];          /* when the process had freed its groups (0: not yet) */
   volatile int64_t killed_ns[NP];        /* when the test sent it SIGKILL (0: never) */
@@ -183,6 +185,31 @@ static int catch_up(board* b, int slot, gradsync_comm* grown, gradsync_shard** s
   return memcmp(g, w, total * sizeof(float)) != 0;
 }
 
+typedef struct {
+  board* b;
+  int slot, gen;
+  char lobby[GRADSYNC_COMM_NAME_MAX];
+} doom;
+
+/* A doomed joiner's own watch: once rank 0 met it in the lobby (the meeting lasts a millisecond or
+ * two, too short for the supervisor to see on a loaded host), it dies at the chosen moment, inside
+ * its join (or after it, where the join was faster). */
+static void* watch_doom(void* p) {
+  doom* d = (doom*)p;
+  board* b = d->b;
+  while (b->outcome[d->gen][d->slot] == 0) {
+    if (b->doom_us[d->slot] > 0 && shm_locks_held(d->lobby, 3) == 6) {
+      pause_us(b->doom_us[d->slot] - 1);
+      if (b->doom_us[d->slot] <= 0) break; /* the supervisor took the kill over */
+      b->victim_phase = b->phase[d->slot];
+      b->killed_ns[d->slot] = now_ns();
+      raise(SIGKILL);
+    }
+    pause_us(20);
+  }
+  return NULL;
+}
+
 /* One process: a member (slot < N, rank slot) trains, and after a loss shrinks, reshards and
  * trains on; with grow set it then grows the group back to N, one joiner at a time, each joiner
  * (slot >= N, joining grow attempt join_gen) catching up and training on as a member. */
@@ -224,11 +251,22 @@ static int member(board* b, const char* name, int slot, int join_gen, int replic
     co.size = 1;
     co.timeout_ms = JOIN_TIMEOUT_MS;
     join_name_of(co.name, sizeof co.name, name, join_gen);
+    doom d;
+    pthread_t watcher;
+    d.b = b;
+    d.slot = slot;
+    d.gen = join_gen;
+    snprintf(d.lobby, sizeof d.lobby, "%s", co.name);
     b->gen[slot] = join_gen;
     b->phase[slot] = PH_JOIN;
+    if (pthread_create(&watcher, NULL, watch_doom, &d) != 0) {
+      snprintf(b->why[slot], sizeof b->why[slot], "pthread_create failed");
+      return EXIT_FAILED;
+    }
     st = gradsync_comm_join(&latest, &co, &res);
     b->grow_ns[join_gen][slot] = now_ns() - t0;
     b->outcome[join_gen][slot] = 100 + st;
+    pthread_join(watcher, NULL);
     if (st != GRADSYNC_OK) {
       snprintf(b->why[slot], sizeof b->why[slot], "join: %s: %s", gradsync_status_string(st),
                gradsync_last_error_message());
@@ -474,6 +512,36 @@ static int killed_after_the_others_left(const board* b, const int* dead) {
 
 static int status_index(int st) { return st == GRADSYNC_E_REMOTE ? 0 : st == GRADSYNC_E_ABORTED ? 1 : 2; }
 
+static int landed_at(int ph) {
+  return ph == PH_GROW              ? AT_GROW
+         : ph == PH_JOIN            ? AT_JOIN
+         : ph == PH_CATCHUP         ? AT_CATCHUP
+         : ph == PH_CATCHUP_RESHARD ? AT_CATCHUP_RESHARD
+                                    : AT_OTHER;
+}
+
+/* Called once the victim, killed in the grow or the join, is dead: a lobby whose other member had
+ * left holds only the victim's lock, and no live member remains to remove it (comm.h: the next
+ * group of the name reclaims it). */
+static void note_orphan(int victim, const char* name, board* b) {
+  char its[GRADSYNC_COMM_NAME_MAX];
+  if (b->gen[victim] < 0) return;
+  join_name_of(its, sizeof its, name, b->gen[victim]);
+  if ((shm_locks_held(its, 3) & ~1) == 0) b->orphan_gen = b->gen[victim];
+}
+
+/* A doomed joiner that killed itself (reaped): counted as the supervisor's kills are. */
+static void self_killed(int victim, const char* name, const pid_t* pids, int* dead, const int* reaped, tally* t,
+                        board* b) {
+  (void)pids;
+  (void)reaped;
+  dead[victim] = 1;
+  t->kills++;
+  b->victim = victim;
+  t->landed[landed_at(b->victim_phase)]++;
+  if (b->victim_phase == PH_JOIN) note_orphan(victim, name, b);
+}
+
 /* A grow episode's supervision, until every process has ended or the budget is spent: forks a
  * joiner for each grow attempt the members make (for the first, half the time while the survivors
  * still recover from the loss, so that it waits in the join), and kills one process, a member or
@@ -543,17 +611,34 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
     if (state == 1) { /* a joiner victim: until rank 0 met it in the lobby, or the grow went past that */
       int ready = victim >= 0 && victim < N;
       if (!ready && victim == -2 && joiner_of[0] >= 0) victim = joiner_of[0];
-      if (!ready && victim >= 0) {
-        int past = b->phase[victim] != PH_JOIN && b->phase[victim] != PH_START;
+      if (!ready && victim >= 0 && reaped[victim] && b->killed_ns[victim] != 0) {
+        self_killed(victim, name, pids, dead, reaped, t, b); /* it died inside its join, as doomed */
+        state = 3;
+      } else if (!ready && victim >= 0) {
+        /* It watches for its meeting with rank 0 itself; once past its join, the kill is the
+         * supervisor's again (then in the catch-up). */
+        int past = b->outcome[0][victim] != 0;
         for (r = 0; r < *nproc; ++r) past |= b->outcome[0][r] != 0;
-        ready = past || shm_locks_held(lobby, 3) == 6;
+        if (kind == KIND_IN_GROW && !past && b->doom_us[victim] == 0)
+          b->doom_us[victim] = 1 + (int32_t)(rand_r(seed) % 800);
+        ready = past || kind != KIND_IN_GROW;
+        if (ready) b->doom_us[victim] = 0;
       }
       if (ready) {
-        /* A joiner victim from its meeting with rank 0: the rest of the grow is short. */
-        const long us = victim >= N && kind == KIND_IN_GROW ? 800 : spread_us;
-        kill_at = now_ns() + (int64_t)(rand_r(seed) % (unsigned)us) * 1000;
+        kill_at = now_ns() + (int64_t)(rand_r(seed) % (unsigned)spread_us) * 1000;
         state = 2;
       }
+    }
+    if (state == 2 && b->killed_ns[victim] != 0) { /* its own watch fired just before it was taken over */
+      while (!reaped[victim]) {
+        int status = 0;
+        if (waitpid(pids[victim], &status, 0) == pids[victim]) {
+          reaped[victim] = 1;
+          pids[victim] = -status - 1;
+        }
+      }
+      self_killed(victim, name, pids, dead, reaped, t, b);
+      state = 3;
     }
     if (state == 2 && now_ns() >= kill_at) {
       const int ph = b->phase[victim];
@@ -567,22 +652,13 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
         dead[victim] = 1;
         t->kills++;
         if (ph == PH_GROW || ph == PH_JOIN) {
-          /* In the lobby? Once it is dead: a lobby whose other member had left holds only the
-           * victim's lock, and no live member remains to remove it (comm.h: the next group of the
-           * name reclaims it). */
-          char its[GRADSYNC_COMM_NAME_MAX];
           if (waitpid(pids[victim], &status, 0) == pids[victim]) {
             reaped[victim] = 1;
             pids[victim] = -status - 1;
           }
-          join_name_of(its, sizeof its, name, b->gen[victim]);
-          if (b->gen[victim] >= 0 && (shm_locks_held(its, 3) & ~1) == 0) b->orphan_gen = b->gen[victim];
+          note_orphan(victim, name, b);
         }
-        t->landed[ph == PH_GROW              ? AT_GROW
-                  : ph == PH_JOIN            ? AT_JOIN
-                  : ph == PH_CATCHUP         ? AT_CATCHUP
-                  : ph == PH_CATCHUP_RESHARD ? AT_CATCHUP_RESHARD
-                                             : AT_OTHER]++;
+        t->landed[landed_at(ph)]++;
       } else {
         t->landed[AT_NONE]++;
       }
