@@ -17,6 +17,7 @@
  * other member had left (comm.h: the next group of the name reclaims it).
  *
  * shrink_stress stress <episodes> [seed [grow]]: with "grow", only the grow episodes
+ *   (SHRINK_STRESS_DEBUG=1 in the environment: every failed grow attempt's outcomes, by process)
  * shrink_stress bench <runs> [total_params]: 4 ranks, one killed, the time from the kill to the
  *   next completed step on 3 ranks, by phase (detect, agree, form, reshard, step), min/median/max.
  *   Detection counts from the later of the kill and the survivor's entry into the call that fails
@@ -531,10 +532,7 @@ static void note_orphan(int victim, const char* name, board* b) {
 }
 
 /* A doomed joiner that killed itself (reaped): counted as the supervisor's kills are. */
-static void self_killed(int victim, const char* name, const pid_t* pids, int* dead, const int* reaped, tally* t,
-                        board* b) {
-  (void)pids;
-  (void)reaped;
+static void self_killed(int victim, const char* name, int* dead, tally* t, board* b) {
   dead[victim] = 1;
   t->kills++;
   b->victim = victim;
@@ -612,7 +610,7 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
       int ready = victim >= 0 && victim < N;
       if (!ready && victim == -2 && joiner_of[0] >= 0) victim = joiner_of[0];
       if (!ready && victim >= 0 && reaped[victim] && b->killed_ns[victim] != 0) {
-        self_killed(victim, name, pids, dead, reaped, t, b); /* it died inside its join, as doomed */
+        self_killed(victim, name, dead, t, b); /* it died inside its join, as doomed */
         state = 3;
       } else if (!ready && victim >= 0) {
         /* It watches for its meeting with rank 0 itself; once past its join, the kill is the
@@ -637,7 +635,7 @@ static void supervise_grow(int kind, const char* name, unsigned* seed, pid_t* pi
           pids[victim] = -status - 1;
         }
       }
-      self_killed(victim, name, pids, dead, reaped, t, b);
+      self_killed(victim, name, dead, t, b);
       state = 3;
     }
     if (state == 2 && now_ns() >= kill_at) {
