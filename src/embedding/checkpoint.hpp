@@ -119,11 +119,11 @@ struct Staged {
 };
 
 // Reads every layer of the checkpoint in dir into the rows `owned` (global ids, ascending:
-// staged row l is owned[l]), later layers overriding earlier ones. Every part is checked whole
-// (its ids, its payload checksum) whichever of its rows are owned here, so every reader of one
-// checkpoint fails or succeeds alike. Throws E_CORRUPT (damaged, truncated, not a checkpoint),
-// E_VERSION_MISMATCH, E_MISMATCH (another shape or optimizer), E_IO (cannot read) or
-// E_INVALID_ARG (an empty dir).
+// staged row l is owned[l]), later layers overriding earlier ones. Every part's header and ids
+// are checked whichever of its rows are owned here; its payload checksum only where it has such
+// rows (the readers of one load own every row between them, so a damaged payload fails the load). Throws E_CORRUPT
+// (damaged, truncated, not a checkpoint), E_VERSION_MISMATCH, E_MISMATCH (another shape or optimizer), E_IO (cannot
+// read) or E_INVALID_ARG (an empty dir).
 Staged read_rows(const std::string& dir, const Shape& shape, const std::vector<int64_t>& owned);
 
 // A checksum of a byte stream fed in pieces of any size: fnv1a64's step over 64-bit words

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <system_error>
 
 #include "comm/types.hpp"
@@ -243,6 +244,19 @@ size_t ShardedTable::distinct(const int64_t* ids, size_t n) {
   return u;
 }
 
+// distinct's scratch grows with the call, before the plan round: a rank that cannot have it says
+// so in that round, which fails every rank alike, rather than leave its peers waiting there.
+int ShardedTable::distinct_before_plan(const int64_t* ids, size_t n, size_t& u, std::string& problem) {
+  try {
+    u = distinct(ids, n);
+    return GRADSYNC_OK;
+  } catch (const std::bad_alloc&) {
+    u = 0;
+    problem = fmt::format("no memory to merge the call's {} ids", n);
+    return GRADSYNC_E_NOMEM;
+  }
+}
+
 ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& problem, const int64_t* routed, size_t n) {
   const auto p = static_cast<size_t>(comm_.size());
   const size_t width = kHead + p + kMessageWords;
@@ -370,10 +384,11 @@ void* ShardedTable::SendBuffer::get(size_t bytes) {
 
 void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count) {
   std::string problem;
-  const int status = check_call(1, ids, n, out, count, problem);
+  int status = check_call(1, ids, n, out, count, problem);
   // Only the distinct ids travel, and each row is read and sent once however often it is asked
   // (a lookup only reads, so this is exact); the answer is then spread in the caller's order.
-  const size_t u = status == GRADSYNC_OK ? distinct(ids, n) : 0;
+  size_t u = 0;
+  if (status == GRADSYNC_OK) status = distinct_before_plan(ids, n, u, problem);
   const int64_t* unique = scratch_unique_.data();
   const uint32_t* which = scratch_which_.data();
   const Plan pl = plan(1, status, problem, unique, u);
@@ -414,7 +429,7 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
 
 void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t count) {
   std::string problem;
-  const int status = check_call(2, ids, n, grads, count, problem);
+  int status = check_call(2, ids, n, grads, count, problem);
   // Rank 0 sends each distinct id once, with the sum of its gradients in its own order, starting
   // from zero: rank 0's contributions come first in every row's sum, which starts from zero, so
   // that partial sum is the very value the owner's sum reaches after them, and the owner's
@@ -423,7 +438,8 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   // sends each of its ids as they come.
   // (distinct numbers positions in 32 bits: a larger push goes as it comes.)
   const bool merge = status == GRADSYNC_OK && comm_.rank() == 0 && n <= UINT32_MAX - 1;
-  const size_t m = merge ? distinct(ids, n) : n;
+  size_t m = n;
+  if (merge) status = distinct_before_plan(ids, n, m, problem);
   const int64_t* routed = merge ? scratch_unique_.data() : ids;
   const Plan pl = plan(2, status, problem, routed, m);
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());

@@ -105,6 +105,8 @@ class ShardedTable {
   // appearance, and for each position the index of its id there into scratch_which_; returns
   // their number.
   size_t distinct(const int64_t* ids, size_t n);
+  // distinct, its failure to allocate turned into a verdict for plan (E_NOMEM and problem).
+  int distinct_before_plan(const int64_t* ids, size_t n, size_t& u, std::string& problem);
   // Position of a global id among this rank's rows (the id must be owned here).
   int64_t local_of(int64_t id) const noexcept;
   // Collective verdict of a step with a local outcome: throws the first failing rank's error on

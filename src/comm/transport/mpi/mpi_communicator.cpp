@@ -449,7 +449,8 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
        what(), rank_, size_, options_.timeout.count(), waited);
 }
 
-// The round protocol (docs/mpi.md; tests/model/mpi_round.pml checks it over every interleaving).
+// The round protocol (docs/mpi.md; tests/model/mpi_round.pml checks it over every interleaving,
+// with a message sent in two pieces as one: both are posted before the wait that completes them).
 // Call k starts with its exchange: every rank sends every peer its header (and, on the small
 // path, its data) point to point and receives theirs, so every rank holds the same table and
 // reaches the same verdict. A rank that has posted its exchange is committed to call k:
