@@ -141,16 +141,15 @@ void fsync_directory(const std::string& dir) {
   if (::fsync(fd.get()) != 0) fail(GRADSYNC_E_IO, "cannot sync the directory '{}': {}", dir, errno_text(errno));
 }
 
-// Writes pieces at their offsets under path + ".tmp", syncs it, renames it over path and syncs
-// the directory: path holds either its old bytes or all the new ones.
+// Writes pieces at their offsets into a new temporary file beside path, syncs it, renames it over
+// path and syncs the directory: path holds either its old bytes or all the new ones.
 template <class WriteBody>
 void write_durably(const std::string& dir, const std::string& name, WriteBody&& body) {
-  const std::string path = dir + "/" + name, tmp = path + ".tmp";
-  // A new file, never one already there: a link another user put at the temporary name would
-  // otherwise have the save write through it into whatever it names.
-  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
-    fail(GRADSYNC_E_IO, "cannot remove '{}': {}", tmp, errno_text(errno));
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  const std::string path = dir + "/" + name;
+  // A name of its own, created here (O_EXCL): a link another user put at a temporary name is
+  // never written through, and a second save into the directory cannot take this one's file.
+  std::string tmp = path + ".XXXXXX.tmp";
+  Fd fd(::mkostemps(tmp.data(), 4, O_CLOEXEC));
   if (fd.get() < 0) fail(write_status(errno), "cannot create '{}': {}", tmp, errno_text(errno));
   try {
     body(fd.get(), tmp);
@@ -192,7 +191,9 @@ void remove_stale_parts(const std::string& dir, const std::vector<uint64_t>& kee
   std::vector<std::string> stale;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    const bool part = name.rfind("part-", 0) == 0 && (name.ends_with(".gsemb") || name.ends_with(".gsemb.tmp"));
+    const bool part =
+        name.rfind("part-", 0) == 0 &&
+        (name.ends_with(".gsemb") || (name.find(".gsemb.") != std::string::npos && name.ends_with(".tmp")));
     const bool kept = std::any_of(keep.begin(), keep.end(), [&](uint64_t nonce) {
       const std::string tail = fmt::format("-{:016x}.gsemb", nonce);
       return name.ends_with(tail);

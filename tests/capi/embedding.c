@@ -343,8 +343,8 @@ static void* hostile_rank(void* p) {
     CHECK(memcmp(now_state[a->rank], before_state[a->rank], sizeof before_state[0]) == 0);
   }
   /* Files of other users on this host: a FIFO in the manifest's place is refused at once (an open
-   * of it would wait for a writer forever), and a link put at the manifest's temporary name is
-   * replaced, not written through into the file it names. */
+   * of it would wait for a writer forever), and a link put where a save once wrote its temporary
+   * file is never written through into the file it names. */
   {
     char fifo_dir[320], victim[1024];
     static const char victim_text[] = "another file, not to be overwritten";
