@@ -41,6 +41,7 @@ import ctypes
 import inspect
 import os
 import pathlib
+import select
 import shlex
 import signal
 import subprocess
@@ -51,6 +52,9 @@ import uuid
 
 _PR_SET_PDEATHSIG = 1
 _ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+# The longest the launcher sleeps with nothing due: it wakes at once when a rank ends (its pidfd)
+# or a signal comes (the wakeup fd), so this only bounds what an unforeseen miss could cost.
+_IDLE_S = 1.0
 
 
 def segment_path(group):
@@ -180,6 +184,50 @@ class _Output:
                 log.close()
 
 
+class _Waker:
+    """What the launcher's loop sleeps on while its ranks run: a pidfd per rank, readable when the
+    rank ends, and the signals' wakeup fd, so that it wakes when there is something to do and not
+    100 times a second: the ranks have the cores to themselves (a waking launcher takes a rank's
+    core, and on a loaded machine its time slice). Without pidfds (Linux < 5.3) it polls."""
+
+    def __init__(self):
+        self.fds = {}  # Popen -> pidfd, opened while the rank is unreaped: its pid is still its own
+        self.read, write = os.pipe()
+        os.set_blocking(self.read, False)
+        os.set_blocking(write, False)
+        self.write = write
+        self.previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self.poll = not hasattr(os, "pidfd_open")
+
+    def wait(self, running, timeout):
+        """Until a rank of `running` ends, a signal comes, or `timeout` seconds pass."""
+        for p in [p for p in self.fds if p not in running]:
+            os.close(self.fds.pop(p))
+        for p in running:
+            if p not in self.fds and not self.poll:
+                try:
+                    self.fds[p] = os.pidfd_open(p.pid)
+                except OSError:  # no pidfds here (ENOSYS), or none left: poll instead
+                    self.poll = True
+        timeout = min(max(timeout, 0.0), 0.01 if self.poll else _IDLE_S)
+        try:
+            ready = select.select([self.read, *self.fds.values()], [], [], timeout)[0]
+        except InterruptedError:
+            return
+        if self.read in ready:
+            try:
+                while os.read(self.read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self):
+        signal.set_wakeup_fd(self.previous)
+        for fd in [*self.fds.values(), self.read, self.write]:
+            os.close(fd)
+        self.fds.clear()
+
+
 def arm_parent_death():
     """In a replacement rank (GRADSYNC_LAUNCHER_PID set by --replace): SIGKILL when the launcher
     dies, as the ranks it started have from their preexec_fn; exits at once if it died already."""
@@ -301,6 +349,7 @@ def main(argv=None):
         requests.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    waker = _Waker()
     arm = _parent_death_signal(os.getpid())
     procs = []
     pipe = subprocess.PIPE if piped else None
@@ -418,7 +467,9 @@ def main(argv=None):
             escalate(1)
         if stop_at is not None and now >= stop_at[0]:
             escalate(stop_at[1])
-        time.sleep(0.01)
+        pending = [d for d in (settle, stop_at and stop_at[0], cut and cut[0]) if d is not None]
+        waker.wait([p for rank, p in enumerate(procs) if rank not in codes],
+                   max(min(pending) - time.monotonic(), 0.01) if pending else _IDLE_S)
 
     # Every rank is gone: what a killed one left is removed, and the watcher is told all is done.
     remove_segments(segment, prefix)
@@ -435,6 +486,7 @@ def main(argv=None):
         watcher.kill()
         watcher.wait()
     output.finish(bound=max(a.grace, 1.0))
+    waker.close()
     for s, handler in previous.items():
         signal.signal(s, handler)
 

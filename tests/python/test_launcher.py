@@ -193,6 +193,35 @@ def test_omp_num_threads_is_1_unless_the_user_set_it(tmp_path):
     assert sorted(done.stdout.splitlines()) == ["[rank 0] 3", "[rank 1] 3"]
 
 
+
+def _voluntary_switches(pid):
+    """The voluntary context switches of the process's main thread: one each time it sleeps."""
+    status = pathlib.Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+
+
+def test_the_launcher_sleeps_while_its_ranks_run(tmp_path):
+    # It wakes when a rank ends or a signal comes, not on a clock: a launcher that polled woke ~100
+    # times a second, taking a core from the ranks. Its main thread is the one that waits.
+    script = tmp_path / "sleeper.py"
+    script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(float(sys.argv[1]))\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "gradsync.run", "-n", "2", str(script), "4"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sorted(launcher.stdout.readline() for _ in range(2)) == ["[rank 0] up\n", "[rank 1] up\n"]
+        before = _voluntary_switches(launcher.pid)
+        time.sleep(2)
+        woke = _voluntary_switches(launcher.pid) - before
+        assert launcher.poll() is None, "the ranks sleep 4 s: the launcher must still be waiting"
+        assert woke <= 10, f"the launcher woke {woke} times while its ranks slept"
+        # And it still sees the ranks end at once and returns their status.
+        assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
 CHATTY = """
     import os, sys
     r = int(os.environ["GRADSYNC_RANK"])
