@@ -5,7 +5,7 @@ DistributedDataParallel under `python3 -m gradsync.run -n 2` against torch's DDP
 `torchrun --nproc_per_node 2`, with the user's environment and nothing added (the script sets no
 thread count; each launcher does what it does by default).
 
-    bench/torch/launcher_bench.py [--runs 5] [--steps 40] [--model digits|cifar]
+    bench/torch/launcher_bench.py [--runs 5] [--steps 40] [--model digits|cifar|mlp]
 
 Each run starts both, one after the other, and the same script without communication (each rank
 trains alone, under gradsync.run: the step time no library can beat), the order turning from run
@@ -14,8 +14,17 @@ after warm-up. Printed: steps/s min / median / max over the runs for each, and p
 gradsync / gloo and the bound no-communication / gloo (min / median / max), measured in the same
 run. Models: "mlp" (bench/torch/ddp_bench.py's 10.5 M parameters: communication weighs),
 "digits" (the digits demo's CNN) and "cifar" (a 2.2 M-parameter CNN): their compute dominates.
+
+    bench/torch/launcher_bench.py --side-by-side none,none@torchrun [--runs 5] [--steps 150]
+
+starts two at once instead (gradsync, gloo, none, or none@torchrun: no communication under
+torchrun), and takes each one's steps/s over the seconds in which all four ranks were training:
+on a loaded machine, whose load changes more from one launch to the next than any launcher could,
+both then see the same load. none,none@torchrun compares what the two launchers give their ranks.
 """
 import argparse
+import bisect
+import json
 import os
 import re
 import statistics
@@ -41,7 +50,7 @@ if backend == "gloo":
     rank, size = dist.get_rank(), dist.get_world_size()
 elif backend == "none":  # no communication at all: each rank trains alone, the bound of any library
     import os
-    rank = int(os.environ.get("RANK", "0"))
+    rank = int(os.environ.get("RANK", os.environ.get("GRADSYNC_RANK", "0")))
 else:
     import gradsync as gs
     import gradsync.torch as gst
@@ -76,13 +85,18 @@ else:
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 g = torch.Generator().manual_seed(1 + rank)
 x, y = torch.randn(32, *shape, generator=g), torch.randint(0, 10, (32,), generator=g)
-times = []
+times, ends = [], []
 for step in range(steps + 5):
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     times.append(time.perf_counter() - t0)
+    ends.append(time.time())
+import json, os
+if os.environ.get("STEP_LOG"):  # --side-by-side: when each step after warm-up ended
+    with open(f"{os.environ['STEP_LOG']}.{rank}", "w") as f:
+        json.dump(ends[5:], f)
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()[:16]
 print(f"RESULT {rank} {statistics.median(times[5:])} {digest}", flush=True)
 '''
@@ -102,12 +116,22 @@ main()
 """
 
 
+def command(kind, script, steps, model):
+    """gloo under torchrun; gradsync or none (no communication) under gradsync.run; none@torchrun:
+    no communication under torchrun."""
+    backend = kind.split("@")[0]
+    if kind in ("gloo", "none@torchrun"):
+        return [sys.executable, "-c", TORCHRUN, "--standalone", "--nproc_per_node", "2", script, backend, str(steps),
+                model]
+    return [sys.executable, "-m", "gradsync.run", "-n", "2", script, backend, str(steps), model]
+
+
 def launch(kind, script, steps, model, env):
-    if kind == "gloo":
-        cmd = [sys.executable, "-c", TORCHRUN, "--standalone", "--nproc_per_node", "2", script, "gloo", str(steps), model]
-    else:  # gradsync, or none (no communication) under the same launcher
-        cmd = [sys.executable, "-m", "gradsync.run", "-n", "2", script, kind, str(steps), model]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(command(kind, script, steps, model), env=env, capture_output=True, text=True, timeout=900)
+    return result(kind, out)
+
+
+def result(kind, out):
     if out.returncode != 0:
         raise SystemExit(f"{kind} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
     # torchrun passes the ranks' output through unsplit: two ranks' lines can run together.
@@ -115,6 +139,26 @@ def launch(kind, script, steps, model, env):
     if len(results) != 2:
         raise SystemExit(f"{kind}: expected 2 results, got:\n{out.stdout}\n{out.stderr}")
     return 1.0 / max(float(r[1]) for r in results), len({r[2] for r in results}) == 1
+
+
+def side_by_side(kinds, script, steps, model, env, tmp):
+    """Both at once: the steps/s of each over the seconds in which every rank of both was past its
+    warm-up and still training, so both saw the same load (run one after the other, a loaded
+    machine's load changes more between them than a launcher could)."""
+    procs = []
+    for i, kind in enumerate(kinds):
+        log = os.path.join(tmp, f"steps.{i}")
+        procs.append((kind, log, subprocess.Popen(command(kind, script, steps, model), env=dict(env, STEP_LOG=log),
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    ends = []
+    for kind, log, p in procs:
+        stdout, stderr = p.communicate(timeout=900)
+        result(kind, subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+        ends.append([json.load(open(f"{log}.{r}")) for r in (0, 1)])
+    lo, hi = max(e[0] for rank in ends for e in rank), min(e[-1] for rank in ends for e in rank)
+    if hi - lo < 1.0:
+        return None  # too little overlap to measure: --steps too few
+    return [min(bisect.bisect(e, hi) - bisect.bisect(e, lo) for e in rank) / (hi - lo) for rank in ends]
 
 
 def spread(xs):
@@ -126,6 +170,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--model", choices=("digits", "cifar", "mlp"), default="digits")
+    ap.add_argument("--side-by-side", metavar="A,B", default=None,
+                    help="instead: run two of gradsync, gloo, none, none@torchrun at once, and print A / B per run")
     a = ap.parse_args()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -138,6 +184,23 @@ def main():
         script = os.path.join(tmp, "user_train.py")
         with open(script, "w") as f:
             f.write(USER_SCRIPT)
+        if a.side_by_side is not None:
+            pair = a.side_by_side.split(",")
+            if len(pair) != 2 or not set(pair) <= {"gradsync", "gloo", "none", "none@torchrun"}:
+                ap.error("--side-by-side takes two of gradsync, gloo, none, none@torchrun")
+            ratios = []
+            for run in range(a.runs):
+                got = side_by_side(pair if run % 2 == 0 else pair[::-1], script, a.steps, a.model, env, tmp)
+                if got is None:
+                    print(f"run {run + 1}: too little overlap; give more --steps", flush=True)
+                    continue
+                rate = dict(zip(pair if run % 2 == 0 else pair[::-1], got))
+                ratios.append(rate[pair[0]] / rate[pair[1]])
+                print(f"run {run + 1}: {pair[0]} {rate[pair[0]]:.2f} steps/s, {pair[1]} {rate[pair[1]]:.2f} at once; "
+                      f"ratio {ratios[-1]:.2f}", flush=True)
+            if ratios:
+                print(f"{pair[0]} / {pair[1]}, side by side, per run    {spread(ratios)}  ({len(ratios)} runs)")
+            return
         for run in range(a.runs):
             got = {}
             for kind in kinds[run % 3:] + kinds[:run % 3]:  # each goes first in turn
