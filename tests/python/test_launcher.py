@@ -120,14 +120,20 @@ REPLACED_RANK = textwrap.dedent("""
 """)
 
 
-def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
+def run_replaced(tmp_path, group, grace, **env):
+    """REPLACED_RANK on 3 ranks under --elastic --replace; the run must end well."""
     script = tmp_path / "replaced.py"
     script.write_text(REPLACED_RANK)
-    group = f"py-launch-replaced-{os.getpid()}"
-    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", "2",
+    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", grace,
                            "--group", group, str(script)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+                          env=dict(os.environ, **env))
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
+    group = f"py-launch-replaced-{os.getpid()}"
+    done = run_replaced(tmp_path, group, "2")
     assert "rank 1 replaced" in done.stderr, done.stderr
     assert not glob.glob(f"/dev/shm/gradsync.{group}*")  # the lobby's and the grown group's too
     # The replacement's output is tagged as rank 1's; it is rank 2 of the grown group, member id 3.
@@ -137,13 +143,8 @@ def test_elastic_replace_a_lost_rank_joins_the_group_the_others_grow(tmp_path):
 
 
 def test_elastic_replace_a_replacement_the_others_never_grow_for_is_stopped_and_not_counted(tmp_path):
-    script = tmp_path / "replaced.py"
-    script.write_text(REPLACED_RANK)
     group = f"py-launch-nogrow-{os.getpid()}"
-    done = subprocess.run([sys.executable, "-m", "gradsync.run", "-n", "3", "--elastic", "--replace", "--grace", "1",
-                           "--group", group, str(script)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, NO_GROW="1"))
-    assert done.returncode == 0, done.stderr
+    done = run_replaced(tmp_path, group, "1", NO_GROW="1")
     assert "the replacement for rank 1 did not join" in done.stderr, done.stderr
     assert not glob.glob(f"/dev/shm/gradsync.{group}*")
 
