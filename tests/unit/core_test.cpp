@@ -1,6 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -8,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include "capi/guard.hpp"
+#include "common/liveness.hpp"
 #include "common/partition.hpp"
 #include "common/stamp_clock.hpp"
 #include "gradsync/gradsync.h"
@@ -103,4 +110,47 @@ TEST_CASE("StampClock reads steady_clock, from the TSC where the kernel keeps ti
     CHECK(checked > 1000);
     CHECK(clock.scaled() == (use_tsc && gradsync::tsc_is_kernel_clock()));
   }
+}
+
+namespace {
+
+// The state letter of /proc/<pid>/stat, or 0 when it cannot be read.
+char proc_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? 0 : line[close + 2];
+}
+
+}  // namespace
+
+TEST_CASE("process_exiting: a leader gone by pthread_exit is not a dying process; a killed one is", "[core]") {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto sleep_forever = [](void*) -> void* {
+      for (;;) ::pause();
+    };
+    pthread_t worker;
+    if (pthread_create(&worker, nullptr, sleep_forever, nullptr) != 0) ::_exit(3);
+    pthread_exit(nullptr);  // the process lives on in worker, its leader a zombie
+  }
+  // Bounded, not timed: the leader turns zombie as soon as the child is scheduled.
+  for (int i = 0; i < 10000 && proc_state(child) != 'Z'; ++i) ::usleep(1000);
+  REQUIRE(proc_state(child) == 'Z');
+  CHECK_FALSE(gradsync::process_exiting(child));
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  int status = 0;
+  // Until the reap it is a pending SIGKILL, in exit, or a zombie: dying, as seen at the latest once
+  // it is a zombie (a read may fall between a thread's taking SIGKILL and its entering exit).
+  bool dying = false;
+  for (int i = 0; i < 10000 && !dying; ++i) {
+    dying = gradsync::process_exiting(child);
+    if (!dying) ::usleep(1000);
+  }
+  CHECK(dying);
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK_FALSE(gradsync::process_exiting(child));  // gone: "false on doubt"
 }
