@@ -8,7 +8,12 @@
 // Each figure is the median, over interleaved repetitions, of the slowest rank's time per call;
 // each line gives the library's speed as a ratio of raw MPI's (> 1: faster).
 //
-//   hier_bench [REPS] [--levels]
+//   hier_bench [REPS] [--levels] [--scatter]
+//
+// --scatter measures reduce_scatter and allgather instead, at 64K to 16M floats in all (each rank's
+// part 1/size of them), beside raw MPI_Reduce_scatter_block and MPI_Allgather on the same ranks;
+// each line gives min / median / max over the reps of the slowest rank's time per call, and the
+// ratio of the medians.
 //
 // --levels adds, at 64K and 1M floats, where a hierarchical allreduce's time goes: each of its
 // levels run alone on levels built as the transport builds them (the call check over the whole
@@ -114,6 +119,74 @@ void levels(Communicator& world, const Topology& t, int reps) {
   MPI_Comm_free(&raw_cross);
 }
 
+struct Spread {
+  double min, median, max;
+};
+Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v.front(), v[v.size() / 2], v.back()};
+}
+std::string triple(const std::vector<double>& v) {
+  const Spread s = spread(v);
+  return human(s.min) + " / " + human(s.median) + " / " + human(s.max);
+}
+
+// Fails the run unless every element of got is want(i).
+template <class Want>
+void verify(const char* what, size_t n, const std::vector<float>& got, const Want& want, int rank) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want(i)) continue;
+    std::fprintf(stderr, "hier_bench: rank %d: %s of %zu floats: element %zu is %g, not %g\n", rank, what, n, i,
+                 static_cast<double>(got[i]), static_cast<double>(want(i)));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+// Reduce-scatter and allgather of n floats in all (a multiple of the ranks, so that raw MPI's
+// block forms apply): raw MPI, the hierarchical transport and the flat MPI transport.
+void scatter_gather(Communicator& hier, Communicator& flat, int reps) {
+  const int rank = hier.rank(), size = hier.size();
+  if (rank == 0) {
+    std::printf("\nreduce_scatter and allgather: min / median / max of %d reps, slowest rank\n", reps);
+    std::printf("%-6s %9s %32s %32s %7s %32s %7s\n", "", "floats", "raw MPI", "hier", "x raw", "mpi transport",
+                "x raw");
+  }
+  for (const size_t total : {size_t{1} << 16, size_t{1} << 18, size_t{1} << 20, size_t{1} << 22, size_t{1} << 24}) {
+    const size_t part = total / static_cast<size_t>(size), n = part * static_cast<size_t>(size);
+    std::vector<float> send(n, 1.0f + static_cast<float>(rank)), recv(n), mine(part, 1.0f + static_cast<float>(rank));
+    const int batch = total <= (1u << 18) ? 20 : total <= (1u << 20) ? 5 : 1;
+    const int ipart = static_cast<int>(part);
+    std::vector<Variant> rs{
+        {"raw", [&] { MPI_Reduce_scatter_block(send.data(), recv.data(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+         {}},
+        {"hier", [&] { hier.reduce_scatter(send.data(), recv.data(), n, DType::F32, ReduceOp::Sum); }, {}},
+        {"mpi", [&] { flat.reduce_scatter(send.data(), recv.data(), n, DType::F32, ReduceOp::Sum); }, {}}};
+    std::vector<Variant> ag{
+        {"raw", [&] { MPI_Allgather(mine.data(), ipart, MPI_FLOAT, recv.data(), ipart, MPI_FLOAT, MPI_COMM_WORLD); }, {}},
+        {"hier", [&] { hier.allgather(mine.data(), recv.data(), n, DType::F32); }, {}},
+        {"mpi", [&] { flat.allgather(mine.data(), recv.data(), n, DType::F32); }, {}}};
+    measure(rs, reps, batch, MPI_COMM_WORLD);
+    measure(ag, reps, batch, MPI_COMM_WORLD);
+    // The figures stand for correct results: the sum of 1 + r over the ranks (exact in f32), and
+    // rank r's part holding 1 + r.
+    std::vector<float> got(part);
+    hier.reduce_scatter(send.data(), got.data(), n, DType::F32, ReduceOp::Sum);
+    verify("reduce_scatter", n, got, [&](size_t) { return static_cast<float>(size * (size + 1) / 2); }, rank);
+    std::vector<float> all(n);
+    hier.allgather(mine.data(), all.data(), n, DType::F32);
+    verify("allgather", n, all, [&](size_t i) { return 1.0f + static_cast<float>(i / part); }, rank);
+    if (rank != 0) continue;
+    for (auto* v : {&rs, &ag}) {
+      const double raw = spread((*v)[0].per_call).median, h = spread((*v)[1].per_call).median,
+                   m = spread((*v)[2].per_call).median;
+      std::printf("%-6s %9zu %32s %32s %6.2fx %32s %6.2fx\n", v == &rs ? "rs" : "ag", n,
+                  triple((*v)[0].per_call).c_str(), triple((*v)[1].per_call).c_str(), raw / h,
+                  triple((*v)[2].per_call).c_str(), raw / m);
+    }
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,10 +196,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int reps = 5;
-  bool want_levels = false;
+  bool want_levels = false, want_scatter = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--levels") == 0)
       want_levels = true;
+    else if (std::strcmp(argv[i], "--scatter") == 0)
+      want_scatter = true;
     else
       reps = std::atoi(argv[i]);
   }
@@ -139,6 +214,16 @@ int main(int argc, char** argv) {
   o.deterministic = true;  // the rank-order reduction, as the hierarchical transport's levels
   auto flat = create(o);
   const Topology& t = hier->topology();
+  if (want_scatter) {
+    if (rank == 0) {
+      std::printf("hier_bench: %d ranks on %d hosts (this host: %d ranks)\n", size, t.num_hosts, t.local_size);
+    }
+    scatter_gather(*hier, *flat, reps);
+    hier.reset();
+    flat.reset();
+    MPI_Finalize();
+    return 0;
+  }
   if (rank == 0) {
     std::printf("hier_bench: %d ranks on %d hosts (this host: %d ranks); median of %d reps, slowest rank\n", size,
                 t.num_hosts, t.local_size, reps);

@@ -162,14 +162,32 @@
  *   reduces flat over MPI in rank order instead (flat MPI's speed). A broadcast above 16 KiB
  *   runs in levels too (the root's host spreads it over shared memory, then each local rank
  *   carries its slice across hosts and each host all-gathers; with hosts of different sizes,
- *   local rank 0 carries it all), with the flat broadcast's bits on any layout. Across hosts,
- *   smaller payloads, bf16, f16, the integer mean, and every other collective run flat over MPI
- *   in rank order, with the MPI transport's semantics.
+ *   local rank 0 carries it all), with the flat broadcast's bits on any layout.
+ * - reduce_scatter and reduce_scatterv (and their non-blocking forms) run in levels under the
+ *   allreduce's conditions (dtype, op, more than 16 KiB in all, topology_independent 0): each host
+ *   reduces every rank's part over its ranks into that rank's local rank (or, with hosts of
+ *   different sizes, local rank 0) through shared memory, those ranks reduce the parts across
+ *   hosts over MPI, each part crossing each pair of hosts once (local rank 0 then hands its
+ *   host's ranks their parts). Same order as the allreduce in levels, so each rank's part equals
+ *   its slice of that allreduce of the same buffers, bit for bit, on every layout; with
+ *   topology_independent 1 they run flat, with the flat rank-order bits. allgather and
+ *   allgatherv above 16 KiB, any dtype, run in levels on every layout: with the same number of
+ *   ranks on every host each rank sends its own part to the ranks of its local rank on the other
+ *   hosts (each part crosses to each other host once, no leader), then each host's ranks share
+ *   what they hold through shared memory; otherwise local rank 0 gathers its host's parts, all-
+ *   gathers them with the other hosts' local ranks 0 and broadcasts the whole through shared
+ *   memory. They move bits unchanged: the flat result on any layout. The shared-memory level of
+ *   both takes one round where ranks alternate over the hosts in order, one per host where each
+ *   host's ranks are consecutive, at most one per rank on other layouts. Across hosts, smaller payloads, bf16, f16, the integer mean, the rooted reduce
+ *   (gradsync_comm_reduce), and every other collective run flat over MPI in rank order, with the
+ *   MPI transport's semantics.
  * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
  *   timeout or abort needs gradsync_comm_reset on every rank, and gradsync_comm_abort aborts
  *   every level. The one-outcome-per-call guarantee holds per level: a rank whose last level
  *   (the host's all-gather) fails alone after its host's peers completed returns an error while
- *   they return GRADSYNC_OK; the next call then fails on every rank until the reset.
+ *   they return GRADSYNC_OK; the next call then fails on every rank until the reset. Every call in
+ *   levels first compares every rank's call across the whole group (one small MPI allreduce),
+ *   so ranks that disagree all get GRADSYNC_E_MISMATCH naming both sides before any level runs.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H

@@ -10,6 +10,7 @@
 //   mpirun -np <ranks> conformance mpi <ranks> [filter]
 //   mpirun -np <ranks> conformance hier <ranks>        the hierarchical transport
 //   mpirun -np <ranks> conformance hier/hosts2 <ranks> ... with ranks labelled onto two hosts
+//   mpirun -np <ranks> conformance hier/hosts=0110 <ranks> ... rank r on host digit r
 //   conformance thread/split|shm/split <ranks> ...     every scenario's group a subgroup
 //   mpirun -np <ranks> conformance mpi/split <ranks>   of a subgroup (gradsync_comm_split)
 //
@@ -454,6 +455,10 @@ int main(int argc, char** argv) {
   }
   if (kind == "hier/hosts2") {
     g_two_hosts = true;
+    kind = "hier";
+  }
+  if (kind.rfind("hier/hosts=", 0) == 0) {
+    g_host_digits = kind.substr(11);
     kind = "hier";
   }
   const int size = std::atoi(argv[2]);

@@ -134,9 +134,11 @@ inline bool expect_status(Ctx& x, int line, const char* what, int got, int want,
 // at once), so that every semantic of comm.h is checked on split communicators too.
 inline bool g_split = false;
 // hier/hosts2: ranks claim host "h<rank % 2>" by label, so that one machine gives the hierarchical
-// transport two hosts (even with 4 ranks, uneven with 3). The rank comes from Open MPI's
-// launcher, as the label must be set before the group exists.
+// transport two hosts (even with 4 ranks, uneven with 3); hier/hosts=0110: rank r claims host
+// "h<digit r>" (layouts whose hosts' ranks interleave in any order). The rank comes from Open
+// MPI's launcher, as the label must be set before the group exists.
 inline bool g_two_hosts = false;
+inline std::string g_host_digits;
 
 inline gradsync_comm* join(int transport, int rank, int size, const std::string& name, int64_t timeout_ms,
                            int* status) {
@@ -148,9 +150,11 @@ inline gradsync_comm* join(int transport, int rank, int size, const std::string&
   o.timeout_ms = timeout_ms;
   o.deterministic = 1;  // MPI: rank order, as the other transports always are
   std::snprintf(o.name, sizeof o.name, "%s", name.c_str());
-  if (g_two_hosts) {
+  if (g_two_hosts || !g_host_digits.empty()) {
     const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    std::snprintf(o.host, sizeof o.host, "h%d", world_rank != nullptr ? std::atoi(world_rank) % 2 : 0);
+    const int r = world_rank != nullptr ? std::atoi(world_rank) : 0;
+    const int host = g_two_hosts ? r % 2 : g_host_digits[static_cast<size_t>(r) % g_host_digits.size()] - '0';
+    std::snprintf(o.host, sizeof o.host, "h%d", host);
   }
   gradsync_comm* c = nullptr;
   *status = gradsync_comm_create(&c, &o);

@@ -491,7 +491,7 @@ void reduce_scatterv_case(Ctx& x, const std::vector<size_t>& counts, int32_t op,
   std::vector<T> send = inputs<E>(x.rank, total, seed), apart(len);
   T* out = mode == 1 ? send.data() + start : apart.data();
   if (!EXPECT_OK(x, gradsync_comm_reduce_scatterv(x.c, send.data(), out, counts.data(), E::dtype, op))) return;
-  const auto want = reference<E>(op, x.size, len, seed, start);
+  const auto want = reference<E>(op, x.size, len, seed, start, by_levels<E>(total * sizeof(T)));
   EXPECT_BITS(E, x, want.data(), out, len, "reduce_scatterv %s %s of %zu (mode %d)", E::name, op_name(op), total, mode);
 }
 
@@ -527,7 +527,7 @@ void reduce_scatter_case(Ctx& x, size_t total, int32_t op, int mode, uint64_t se
   const bool from_comm = mode >= 2, in_place = mode % 2 == 1;
   const Part mine = part_of(total, x.size, x.rank);
   const auto data = inputs<E>(x.rank, total, seed);
-  const auto want = reference<E>(op, x.size, mine.len, seed, mine.start);
+  const auto want = reference<E>(op, x.size, mine.len, seed, mine.start, by_levels<E>(total * sizeof(T)));
   Buf<T> send(x, x.c, total, from_comm), recv(x, x.c, mine.len, from_comm);
   send.fill(data);
   T* out = in_place ? send.data() + mine.start : recv.data();
@@ -553,6 +553,49 @@ void s_reduce_scatter(Ctx& x) {
   }
   for (int mode = 0; mode < 4; ++mode) {
     for (int32_t op : kOps) reduce_scatter_case<F32>(x, 300007, op, mode, ++seed);  // pipeline chunks
+  }
+}
+
+// A reduce-scatter gives each rank its slice of the allreduce of the same buffers, bit for bit,
+// whatever order the transport reduces in (on the hierarchical transport, that of its levels):
+// every op, below and above 16 KiB, the partition rule's counts and uneven ones (some 0), in place
+// and apart.
+template <class E>
+void slice_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, bool in_place, uint64_t seed) {
+  using T = typename E::T;
+  size_t total = 0, start = 0;
+  for (int r = 0; r < x.size; ++r) {
+    if (r == x.rank) start = total;
+    total += counts[static_cast<size_t>(r)];
+  }
+  const size_t len = counts[static_cast<size_t>(x.rank)];
+  std::vector<T> send = inputs<E>(x.rank, total, seed), all(total), apart(len);
+  if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, send.data(), all.data(), total, E::dtype, op))) return;
+  T* out = in_place ? send.data() + start : apart.data();
+  if (!EXPECT_OK(x, gradsync_comm_reduce_scatterv(x.c, send.data(), out, counts.data(), E::dtype, op))) return;
+  EXPECT_BITS(E, x, all.data() + start, out, len, "reduce_scatterv %s %s of %zu%s against the allreduce's slice",
+              E::name, op_name(op), total, in_place ? " (in place)" : "");
+}
+
+void s_reduce_scatter_slice(Ctx& x) {
+  uint64_t seed = 2100;
+  const auto n = static_cast<size_t>(x.size);
+  for (const size_t total : {size_t{1001}, size_t{4099}, size_t{70001}, size_t{1} << 20}) {
+    std::vector<size_t> rule(n), uneven(n);
+    for (size_t r = 0; r < n; ++r) {
+      rule[r] = part_of(total, x.size, static_cast<int>(r)).len;
+      uneven[r] = r % 3 == 1 ? 0 : total / n * (r + 1) / 2 + r;
+    }
+    for (int32_t op : kOps) {
+      for (const bool in_place : {false, true}) {
+        slice_case<F32>(x, rule, op, in_place, ++seed);
+        slice_case<F32>(x, uneven, op, in_place, ++seed);
+      }
+    }
+    slice_case<F64>(x, rule, GRADSYNC_SUM, false, ++seed);
+    slice_case<F64>(x, uneven, GRADSYNC_MEAN, true, ++seed);
+    slice_case<I32>(x, uneven, GRADSYNC_SUM, false, ++seed);
+    slice_case<I64>(x, rule, GRADSYNC_MAX, true, ++seed);
   }
 }
 
@@ -1351,6 +1394,7 @@ extern const Scenario kScenarios[] = {
     {"allgatherv", s_allgatherv, always, none},
     {"reduce_scatter", s_reduce_scatter, always, none},
     {"reduce_scatterv", s_reduce_scatterv, always, none},
+    {"reduce_scatter_slice", s_reduce_scatter_slice, always, none},
     {"alltoallv", s_alltoallv, always, none},
     {"rooted", s_rooted, always, none},
     {"alltoall", s_alltoall, always, none},

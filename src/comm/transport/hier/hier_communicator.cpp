@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/call_signature.hpp"
@@ -79,6 +82,7 @@ class HierCommunicator final : public Communicator {
     // The cross-host level: the ranks of one local rank (leaderless), or the hosts' local rank 0.
     const int color = even_ ? t.local_rank : (t.local_rank == 0 ? 0 : kNoColor);
     cross_ = world_->split(color, t.host);
+    plan_parts();
     GS_LOG_DEBUG("hierarchical transport: rank {} of {}: local rank {} of {} on host {} of {} ({})", world_->rank(),
                  world_->size(), t.local_rank, t.local_size, t.host, t.num_hosts,
                  even_ ? "leaderless" : "hosts of different sizes: local rank 0 carries its host");
@@ -93,16 +97,10 @@ class HierCommunicator final : public Communicator {
       const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
                         payload_bytes(buffers, dtype) <= kFlatBytes;
       if (flat || one_host_) return flat_level().allreduce(buffers, dtype, op);
-      ++calls_;
       require_same_call(allreduce_call(buffers, dtype, op));
-      try {
+      run_levels([&] {
         for (const BufferRef& b : buffers) allreduce_levels(b, dtype, op);
-      } catch (const Error&) {
-        // A level that failed on this rank leaves peers waiting in another level: stop them all
-        // now rather than at their deadlines. The group then needs a reset, as after any failure.
-        abort();
-        throw;
-      }
+      });
     });
   }
 
@@ -112,27 +110,32 @@ class HierCommunicator final : public Communicator {
     const uint64_t bytes = count * dtype_size(dtype);
     telemetry_.measure(Collective::Broadcast, bytes, [&] {
       if (one_host_ || size() == 1 || bytes <= kFlatBytes) return flat_level().broadcast(buf, count, dtype, root);
-      ++calls_;
       require_same_call(broadcast_call(count, dtype, root));
       // Every rank passed this root (checked above), so every rank refuses it alike.
       GS_REQUIRE(root >= 0 && root < size(), GRADSYNC_E_OUT_OF_RANGE,
                  "hier group: broadcast from root {} of a group of {} ranks", root, size());
-      try {
-        broadcast_levels(static_cast<std::byte*>(buf), count, dtype, root);
-      } catch (const Error&) {
-        abort();  // as for the allreduce: peers in another level stop now, not at their deadlines
-        throw;
-      }
+      run_levels([&] { broadcast_levels(static_cast<std::byte*>(buf), count, dtype, root); });
     });
   }
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
-    telemetry_.measure(Collective::Allgather, total_of(counts) * dtype_size(dtype),
-                       [&] { flat_level().allgatherv(send, recv, counts, dtype); });
+    const uint64_t bytes = total_of(counts) * dtype_size(dtype);
+    telemetry_.measure(Collective::Allgather, bytes, [&] {
+      if (one_host_ || size() == 1 || bytes <= kFlatBytes) return flat_level().allgatherv(send, recv, counts, dtype);
+      require_same_call(allgather_call(counts, dtype));
+      run_levels([&] { allgather_levels(send, static_cast<std::byte*>(recv), counts, dtype); });
+    });
   }
+  // A rooted reduce (root set) runs flat: its one part would cross hosts through one rank per host.
   void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
                        std::optional<int> root) override {
-    telemetry_.measure(Collective::ReduceScatter, total_of(counts) * dtype_size(dtype),
-                       [&] { flat_level().reduce_scatterv(send, recv, counts, dtype, op, root); });
+    const uint64_t bytes = total_of(counts) * dtype_size(dtype);
+    telemetry_.measure(Collective::ReduceScatter, bytes, [&] {
+      const bool flat = topology_independent_ || size() == 1 || root.has_value() || !levels_preserve(dtype, op) ||
+                        bytes <= kFlatBytes;
+      if (flat || one_host_) return flat_level().reduce_scatterv(send, recv, counts, dtype, op, root);
+      require_same_call(reduce_scatter_call(counts, dtype, op, root));
+      run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op); });
+    });
   }
   void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
     uint64_t sent = 0;
@@ -206,6 +209,182 @@ class HierCommunicator final : public Communicator {
     }
   }
 
+  // How the parts of a reduce-scatter or an all-gather travel. Rank r's part crosses hosts with its
+  // carrier, a local rank on each host: r's own local rank where hosts have equal sizes (each
+  // host's rank of that local rank then holds the whole part's host sum, and the carriers of one
+  // local rank form a cross group), local rank 0 otherwise. A carrier holds its parts in a buffer
+  // of its own in the order (host, rank), so that each cross member's parts lie together as the
+  // cross group's collectives want them. The shared-memory level takes the group's ranks in runs
+  // of consecutive ranks whose parts reach their carriers in that order (one local collective per
+  // run): one run where ranks alternate over hosts, one per host where each host's ranks are
+  // consecutive, at most one per rank on any layout. Fixed by the topology, the same on every rank.
+  void plan_parts() {
+    const Topology& t = world_->topology();
+    const auto n = static_cast<size_t>(size());
+    std::vector<int> local_of(n), seen(static_cast<size_t>(t.num_hosts), 0);
+    carrier_.resize(n);
+    for (size_t r = 0; r < n; ++r) {
+      local_of[r] = seen[static_cast<size_t>(t.rank_host[r])]++;
+      carrier_[r] = even_ ? local_of[r] : 0;
+      if (t.rank_host[r] == t.host) host_ranks_.push_back(static_cast<int>(r));
+    }
+    cross_world_.assign(static_cast<size_t>(t.num_hosts), -1);
+    for (size_t r = 0; r < n; ++r) {
+      if (local_of[r] == (even_ ? t.local_rank : 0)) cross_world_[static_cast<size_t>(t.rank_host[r])] = static_cast<int>(r);
+    }
+    carried_order_.resize(n);
+    for (size_t r = 0; r < n; ++r) carried_order_[r] = static_cast<int>(r);
+    std::stable_sort(carried_order_.begin(), carried_order_.end(), [&](int a, int b) {
+      const auto ua = static_cast<size_t>(a), ub = static_cast<size_t>(b);
+      return std::pair(carrier_[ua], t.rank_host[ua]) < std::pair(carrier_[ub], t.rank_host[ub]);
+    });
+    std::vector<int> next(n, -1);  // the rank after r in its carrier's buffer
+    for (size_t i = 0; i + 1 < n; ++i) {
+      const auto a = static_cast<size_t>(carried_order_[i]), b = static_cast<size_t>(carried_order_[i + 1]);
+      if (carrier_[a] == carrier_[b]) next[a] = static_cast<int>(b);
+    }
+    size_t start = 0;
+    for (size_t r = 1; r <= n; ++r) {
+      if (r < n && (carrier_[r] > carrier_[r - 1] || next[r - 1] == static_cast<int>(r))) continue;
+      runs_.emplace_back(start, r);
+      start = r;
+    }
+  }
+
+  // One call's parts placed for the levels: where each lies in the caller's buffers and in its
+  // carrier's, what this rank carries, and how that divides among its cross group's members.
+  struct Placement {
+    std::vector<size_t> offset, slot;
+    std::vector<size_t> cross_counts;  // this carrier's parts by cross member (host); empty if it carries none
+    size_t carried = 0;
+  };
+  Placement place(std::span<const size_t> counts) const {
+    const Topology& t = world_->topology();
+    const auto n = static_cast<size_t>(size());
+    Placement p;
+    p.offset.resize(n);
+    p.slot.resize(n);
+    for (size_t r = 1; r < n; ++r) p.offset[r] = p.offset[r - 1] + counts[r - 1];
+    const int mine = carrier_[static_cast<size_t>(rank())];
+    const bool carries = cross_ != nullptr;
+    if (carries) p.cross_counts.assign(static_cast<size_t>(t.num_hosts), 0);
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const auto r = static_cast<size_t>(carried_order_[i]);
+      if (i > 0 && carrier_[static_cast<size_t>(carried_order_[i - 1])] != carrier_[r]) at = 0;
+      p.slot[r] = at;
+      at += counts[r];
+      if (carries && carrier_[r] == mine) p.cross_counts[static_cast<size_t>(t.rank_host[r])] += counts[r];
+    }
+    p.carried = total_of(p.cross_counts);
+    return p;
+  }
+
+  // The shared-memory level's counts of one run: what each local rank carries of it; and where
+  // this rank's share of it sits in its carrier buffer.
+  size_t run_counts(std::pair<size_t, size_t> run, std::span<const size_t> counts, const Placement& p,
+                    std::vector<size_t>& local_counts) const {
+    local_counts.assign(static_cast<size_t>(local_->size()), 0);
+    size_t slot = SIZE_MAX;
+    for (size_t r = run.first; r < run.second; ++r) {
+      local_counts[static_cast<size_t>(carrier_[r])] += counts[r];
+      if (carrier_[r] == local_->rank() && slot == SIZE_MAX) slot = p.slot[r];
+    }
+    return slot == SIZE_MAX ? 0 : slot;
+  }
+
+  std::byte* carried_buffer(size_t bytes) {
+    if (carried_.size() < std::max<size_t>(bytes, 64)) carried_.resize(std::max<size_t>(bytes, 64));
+    return carried_.data();
+  }
+
+  // Each host reduces every part over its ranks into the part's carrier (in local rank order), the
+  // carriers reduce their parts across hosts (in host order) as hier_cross_reduce_scatter does, and
+  // where hosts differ in size local rank 0 hands its host's ranks their parts: the order of the
+  // levels' allreduce, so a part has the bits of that allreduce's slice.
+  void reduce_scatter_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype,
+                             ReduceOp op) {
+    const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const size_t es = dtype_size(dtype);
+    const Placement p = place(counts);
+    std::byte* carried = carried_buffer(p.carried * es);
+    std::vector<size_t> local_counts;
+    for (const auto& run : runs_) {
+      const size_t slot = run_counts(run, counts, p, local_counts);
+      if (total_of(local_counts) == 0) continue;
+      local_->reduce_scatterv(static_cast<const std::byte*>(send) + p.offset[run.first] * es, carried + slot * es,
+                              local_counts, dtype, level_op, std::nullopt);
+    }
+    const size_t mine = counts[static_cast<size_t>(rank())];
+    if (even_) {
+      hier_cross_reduce_scatter(*cross_, carried, p.cross_counts, recv, dtype, level_op, scratch_);
+    } else {
+      const Topology& t = world_->topology();
+      std::byte* host_part = carried;
+      if (cross_ != nullptr) {
+        for (int h = 0; h < t.host; ++h) host_part += p.cross_counts[static_cast<size_t>(h)] * es;
+        hier_cross_reduce_scatter(*cross_, carried, p.cross_counts, host_part, dtype, level_op, scratch_);
+      }
+      Routes routes(Collective::Scatter, 0, static_cast<uint64_t>(local_->size()));
+      for (size_t l = 0; l < host_ranks_.size(); ++l) {
+        const auto r = static_cast<size_t>(host_ranks_[l]);
+        routes.count[routes.at(0, l)] = counts[r];
+        routes.send_displ[routes.at(0, l)] = p.slot[r] - p.slot[static_cast<size_t>(host_ranks_[0])];
+      }
+      local_->exchange(host_part, recv, routes, dtype);
+    }
+    if (op == ReduceOp::Mean) finish_mean(recv, mine, dtype);
+  }
+
+  // With hosts of equal sizes each rank carries its own part to its cross group (one MPI exchange,
+  // so each part crosses to each other host once), then each host's ranks share what they carry
+  // (in place, run by run). Otherwise local rank 0 gathers its host's parts, the hosts' ranks 0
+  // all-gather them, and each broadcasts the whole over its host. Bits are moved, never combined.
+  void allgather_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype) {
+    const size_t es = dtype_size(dtype);
+    const Placement p = place(counts);
+    const auto me = static_cast<size_t>(rank());
+    std::byte* own = recv + p.offset[me] * es;
+    if (send == own) send = nullptr;
+    if (even_) {
+      // The exchange wants its two buffers apart: in place, the own part goes from a copy.
+      const void* from = send;
+      if (from == nullptr) from = std::memcpy(carried_buffer(counts[me] * es), own, counts[me] * es);
+      if (send != nullptr) std::memcpy(own, send, counts[me] * es);
+      const auto hosts = static_cast<uint64_t>(cross_->size());
+      Routes routes(Collective::Alltoall, -1, hosts);
+      for (uint64_t s = 0; s < hosts; ++s) {
+        const auto r = static_cast<size_t>(cross_world_[s]);
+        for (uint64_t d = 0; d < hosts; ++d) {
+          if (d == s) continue;
+          routes.count[routes.at(s, d)] = counts[r];
+          routes.recv_displ[routes.at(s, d)] = p.offset[r];
+        }
+      }
+      cross_->exchange(from, recv, routes, dtype);
+      std::vector<size_t> local_counts;
+      for (const auto& run : runs_) {
+        run_counts(run, counts, p, local_counts);
+        if (total_of(local_counts) == 0) continue;
+        local_->allgatherv(nullptr, recv + p.offset[run.first] * es, local_counts, dtype);
+      }
+      return;
+    }
+    std::byte* carried = carried_buffer(p.carried * es);
+    Routes gather(Collective::Gather, 0, static_cast<uint64_t>(local_->size()));
+    for (size_t l = 0; l < host_ranks_.size(); ++l) {
+      const auto r = static_cast<size_t>(host_ranks_[l]);
+      gather.count[gather.at(l, 0)] = counts[r];
+      gather.recv_displ[gather.at(l, 0)] = p.slot[r];
+    }
+    local_->exchange(send != nullptr ? send : own, carried, gather, dtype);
+    if (cross_ != nullptr) {
+      cross_->allgatherv(nullptr, carried, p.cross_counts, dtype);
+      for (size_t r = 0; r < p.offset.size(); ++r) std::memcpy(recv + p.offset[r] * es, carried + p.slot[r] * es, counts[r] * es);
+    }
+    local_->broadcast(recv, total_of(counts), dtype, 0);
+  }
+
   // The root's host spreads the data over shared memory; then, with hosts of equal size, each
   // local rank carries its own slice from the root's host to the others (no leader) and each host
   // all-gathers it; with hosts of different sizes, local rank 0 of each host carries it all. A
@@ -232,6 +411,7 @@ class HierCommunicator final : public Communicator {
   // MPI rendezvous: one round trip); only when the hashes differ are the signatures gathered, to
   // name both sides. Ranks that disagree all get E_MISMATCH, and the next call works.
   void require_same_call(const CallSignature& mine) {
+    ++calls_;
     if (!check_mismatch_) return;
     const auto h = static_cast<int64_t>(fnv1a64(&mine, sizeof mine) >> 1);
     std::array<int64_t, 2> extremes{h, -h};
@@ -249,6 +429,18 @@ class HierCommunicator final : public Communicator {
                        [&](int r) -> const CallSignature& { return calls[static_cast<size_t>(r)]; });
   }
 
+  // A level that failed on this rank leaves peers waiting in another level: stop them all now
+  // rather than at their deadlines. The group then needs a reset, as after any failure.
+  template <class Levels>
+  void run_levels(const Levels& levels) {
+    try {
+      levels();
+    } catch (const Error&) {
+      abort();
+      throw;
+    }
+  }
+
   void finish_mean(void* data, size_t count, DType dtype) const {
     const auto n = static_cast<size_t>(size());
     if (dtype == DType::F32) divide<float>(data, count, n);
@@ -260,9 +452,44 @@ class HierCommunicator final : public Communicator {
   bool one_host_ = false;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
-  uint64_t calls_ = 0;              // the hierarchical allreduces, for messages
+  uint64_t calls_ = 0;              // the calls in levels, for messages
   std::vector<std::byte> scratch_;  // the cross-host level's copy of the other host's slice
+  // The parts' travel (plan_parts): every rank's carrier, the ranks in their carriers' buffer
+  // order, the shared-memory level's runs [first, last), this host's ranks in local order, and
+  // the world rank of each member of this rank's cross group.
+  std::vector<int> carrier_, carried_order_, host_ranks_, cross_world_;
+  std::vector<std::pair<size_t, size_t>> runs_;
+  std::vector<std::byte> carried_;  // what this rank carries across hosts
 };
+
+}  // namespace
+
+namespace {
+
+// Two hosts: each member sends the other the part that the other keeps (give) and both fold host
+// 0's copy then host 1's into out (keep's place, or apart): the bits of the rank-order reduction
+// over the two, in one exchange where a reduce-scatter and an all-gather over MPI cost two
+// collectives. In windows, so that the copy held is bounded as the rank-order allreduce's is.
+void exchange_fold(Communicator& cross, const std::byte* give, size_t give_count, const std::byte* keep,
+                   size_t keep_count, std::byte* out, DType dtype, ReduceOp op, std::vector<std::byte>& scratch) {
+  const size_t es = dtype_size(dtype);
+  const size_t window = std::max<size_t>(kCrossWindowBytes / es, 1);
+  const size_t held = std::max<size_t>(std::min(keep_count, window), 1) * es;
+  if (scratch.size() < held) scratch.resize(held);
+  const auto me = static_cast<uint64_t>(cross.rank()), other = 1 - me;
+  Routes routes(Collective::Alltoall, -1, 2);
+  for (size_t lo = 0; lo < std::max(give_count, keep_count); lo += window) {
+    const size_t g = lo < give_count ? std::min(window, give_count - lo) : 0;
+    const size_t k = lo < keep_count ? std::min(window, keep_count - lo) : 0;
+    routes.count[routes.at(me, other)] = g;
+    routes.count[routes.at(other, me)] = k;
+    cross.exchange(give + lo * es, scratch.data(), routes, dtype);
+    const std::byte* mine = keep + lo * es;
+    const std::array<const void*, 2> sources = me == 0 ? std::array<const void*, 2>{mine, scratch.data()}
+                                                       : std::array<const void*, 2>{scratch.data(), mine};
+    reduce(dtype, op, sources.data(), sources.size(), out + lo * es, 0, k);
+  }
+}
 
 }  // namespace
 
@@ -272,24 +499,20 @@ void hier_cross_allreduce(Communicator& cross, void* data, size_t count, DType d
     const BufferRef b{data, data, count};
     return cross.allreduce(std::span<const BufferRef>(&b, 1), dtype, op);
   }
-  // Two hosts: each sends its slice to the other in one exchange and both fold host 0's copy then
-  // host 1's, the bits of the rank-order allreduce (whose reduce-scatter and all-gather over MPI
-  // cost two collectives where one does). In windows, so that the copy held is bounded as that
-  // allreduce's is.
+  auto* d = static_cast<std::byte*>(data);
+  exchange_fold(cross, d, count, d, count, d, dtype, op, scratch);
+}
+
+void hier_cross_reduce_scatter(Communicator& cross, const void* data, std::span<const size_t> counts, void* out,
+                               DType dtype, ReduceOp op, std::vector<std::byte>& scratch) {
+  if (cross.size() != 2) return cross.reduce_scatterv(data, out, counts, dtype, op, std::nullopt);
+  const auto* d = static_cast<const std::byte*>(data);
   const size_t es = dtype_size(dtype);
-  const size_t window = std::max<size_t>(kCrossWindowBytes / es, 1);
-  if (scratch.size() < std::min(count, window) * es) scratch.resize(std::min(count, window) * es);
-  Routes routes(Collective::Alltoall, -1, 2);
-  for (size_t lo = 0; lo < count; lo += window) {
-    const size_t m = std::min(window, count - lo);
-    std::byte* mine = static_cast<std::byte*>(data) + lo * es;
-    routes.count[routes.at(0, 1)] = m;
-    routes.count[routes.at(1, 0)] = m;
-    cross.exchange(mine, scratch.data(), routes, dtype);
-    const std::array<const void*, 2> sources = cross.rank() == 0 ? std::array<const void*, 2>{mine, scratch.data()}
-                                                                 : std::array<const void*, 2>{scratch.data(), mine};
-    reduce(dtype, op, sources.data(), sources.size(), mine, 0, m);
-  }
+  const std::byte* first = d;
+  const std::byte* second = d + counts[0] * es;
+  const bool me0 = cross.rank() == 0;
+  exchange_fold(cross, me0 ? second : first, counts[me0 ? 1 : 0], me0 ? first : second, counts[me0 ? 0 : 1],
+                static_cast<std::byte*>(out), dtype, op, scratch);
 }
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> world,

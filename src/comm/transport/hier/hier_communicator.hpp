@@ -17,6 +17,7 @@
 // and every other collective, go flat over MPI.
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -32,5 +33,12 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Com
 // caller's, kept between calls. Exposed for the benchmark that times the levels one by one.
 void hier_cross_allreduce(Communicator& cross, void* data, size_t count, DType dtype, ReduceOp op,
                           std::vector<std::byte>& scratch);
+
+// The cross-host level of a reduce-scatter: data holds cross.size() consecutive parts, part h
+// (counts[h] elements) member h's; out (counts[cross.rank()] elements, which may be this member's
+// part in data) receives this member's part reduced over cross in host order: the bits that
+// hier_cross_allreduce gives those elements.
+void hier_cross_reduce_scatter(Communicator& cross, const void* data, std::span<const size_t> counts, void* out,
+                               DType dtype, ReduceOp op, std::vector<std::byte>& scratch);
 
 }  // namespace gradsync::comm
