@@ -157,12 +157,15 @@ void scatter_gather(Communicator& hier, Communicator& flat, int reps) {
     const int batch = total <= (1u << 18) ? 20 : total <= (1u << 20) ? 5 : 1;
     const int ipart = static_cast<int>(part);
     std::vector<Variant> rs{
-        {"raw", [&] { MPI_Reduce_scatter_block(send.data(), recv.data(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+        {"raw",
+         [&] { MPI_Reduce_scatter_block(send.data(), recv.data(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
          {}},
         {"hier", [&] { hier.reduce_scatter(send.data(), recv.data(), n, DType::F32, ReduceOp::Sum); }, {}},
         {"mpi", [&] { flat.reduce_scatter(send.data(), recv.data(), n, DType::F32, ReduceOp::Sum); }, {}}};
     std::vector<Variant> ag{
-        {"raw", [&] { MPI_Allgather(mine.data(), ipart, MPI_FLOAT, recv.data(), ipart, MPI_FLOAT, MPI_COMM_WORLD); }, {}},
+        {"raw",
+         [&] { MPI_Allgather(mine.data(), ipart, MPI_FLOAT, recv.data(), ipart, MPI_FLOAT, MPI_COMM_WORLD); },
+         {}},
         {"hier", [&] { hier.allgather(mine.data(), recv.data(), n, DType::F32); }, {}},
         {"mpi", [&] { flat.allgather(mine.data(), recv.data(), n, DType::F32); }, {}}};
     measure(rs, reps, batch, MPI_COMM_WORLD);
@@ -171,10 +174,12 @@ void scatter_gather(Communicator& hier, Communicator& flat, int reps) {
     // rank r's part holding 1 + r.
     std::vector<float> got(part);
     hier.reduce_scatter(send.data(), got.data(), n, DType::F32, ReduceOp::Sum);
-    verify("reduce_scatter", n, got, [&](size_t) { return static_cast<float>(size * (size + 1) / 2); }, rank);
+    verify(
+        "reduce_scatter", n, got, [&](size_t) { return static_cast<float>(size * (size + 1) / 2); }, rank);
     std::vector<float> all(n);
     hier.allgather(mine.data(), all.data(), n, DType::F32);
-    verify("allgather", n, all, [&](size_t i) { return 1.0f + static_cast<float>(i / part); }, rank);
+    verify(
+        "allgather", n, all, [&](size_t i) { return 1.0f + static_cast<float>(i / part); }, rank);
     if (rank != 0) continue;
     for (auto* v : {&rs, &ag}) {
       const double raw = spread((*v)[0].per_call).median, h = spread((*v)[1].per_call).median,

@@ -178,9 +178,9 @@
  *   gathers them with the other hosts' local ranks 0 and broadcasts the whole through shared
  *   memory. They move bits unchanged: the flat result on any layout. The shared-memory level of
  *   both takes one round where ranks alternate over the hosts in order, one per host where each
- *   host's ranks are consecutive, at most one per rank on other layouts. Across hosts, smaller payloads, bf16, f16, the integer mean, the rooted reduce
- *   (gradsync_comm_reduce), and every other collective run flat over MPI in rank order, with the
- *   MPI transport's semantics.
+ *   host's ranks are consecutive, at most one per rank on other layouts. Across hosts, smaller
+ *   payloads, bf16, f16, the integer mean, the rooted reduce (gradsync_comm_reduce), and every
+ *   other collective run flat over MPI in rank order, with the MPI transport's semantics.
  * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
  *   timeout or abort needs gradsync_comm_reset on every rank, and gradsync_comm_abort aborts
  *   every level. The one-outcome-per-call guarantee holds per level: a rank whose last level

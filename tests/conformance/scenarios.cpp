@@ -479,6 +479,8 @@ void s_allgatherv(Ctx& x) {
 
 // Uneven parts of a reduction: rank r receives the counts[r] elements after the counts before it,
 // reduced in rank order (the reference), recv apart (mode 0) or inside send at its offset (mode 1).
+// The part is also the slice of the allreduce of the same buffers, bit for bit, whatever order the
+// transport reduces in (on the hierarchical transport, that of its levels).
 template <class E>
 void reduce_scatterv_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, int mode, uint64_t seed) {
   using T = typename E::T;
@@ -488,11 +490,15 @@ void reduce_scatterv_case(Ctx& x, const std::vector<size_t>& counts, int32_t op,
     total += counts[static_cast<size_t>(r)];
   }
   const size_t len = counts[static_cast<size_t>(x.rank)];
-  std::vector<T> send = inputs<E>(x.rank, total, seed), apart(len);
+  std::vector<T> send = inputs<E>(x.rank, total, seed), apart(len), all(total);
+  if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, send.data(), all.data(), total, E::dtype, op))) return;
   T* out = mode == 1 ? send.data() + start : apart.data();
   if (!EXPECT_OK(x, gradsync_comm_reduce_scatterv(x.c, send.data(), out, counts.data(), E::dtype, op))) return;
   const auto want = reference<E>(op, x.size, len, seed, start, by_levels<E>(total * sizeof(T)));
   EXPECT_BITS(E, x, want.data(), out, len, "reduce_scatterv %s %s of %zu (mode %d)", E::name, op_name(op), total, mode);
+  EXPECT_BITS(E, x, all.data() + start, out, len,
+              "reduce_scatterv %s %s of %zu (mode %d) against the allreduce's slice", E::name, op_name(op), total,
+              mode);
 }
 
 void s_reduce_scatterv(Ctx& x) {
@@ -556,27 +562,9 @@ void s_reduce_scatter(Ctx& x) {
   }
 }
 
-// A reduce-scatter gives each rank its slice of the allreduce of the same buffers, bit for bit,
-// whatever order the transport reduces in (on the hierarchical transport, that of its levels):
-// every op, below and above 16 KiB, the partition rule's counts and uneven ones (some 0), in place
-// and apart.
-template <class E>
-void slice_case(Ctx& x, const std::vector<size_t>& counts, int32_t op, bool in_place, uint64_t seed) {
-  using T = typename E::T;
-  size_t total = 0, start = 0;
-  for (int r = 0; r < x.size; ++r) {
-    if (r == x.rank) start = total;
-    total += counts[static_cast<size_t>(r)];
-  }
-  const size_t len = counts[static_cast<size_t>(x.rank)];
-  std::vector<T> send = inputs<E>(x.rank, total, seed), all(total), apart(len);
-  if (!EXPECT_OK(x, gradsync_comm_allreduce(x.c, send.data(), all.data(), total, E::dtype, op))) return;
-  T* out = in_place ? send.data() + start : apart.data();
-  if (!EXPECT_OK(x, gradsync_comm_reduce_scatterv(x.c, send.data(), out, counts.data(), E::dtype, op))) return;
-  EXPECT_BITS(E, x, all.data() + start, out, len, "reduce_scatterv %s %s of %zu%s against the allreduce's slice",
-              E::name, op_name(op), total, in_place ? " (in place)" : "");
-}
-
+// Reduce-scatters around the hierarchical transport's threshold (16 KiB) and well above it, every
+// op, the partition rule's counts and uneven ones (some 0), in place and apart: the reference and
+// the allreduce's slice.
 void s_reduce_scatter_slice(Ctx& x) {
   uint64_t seed = 2100;
   const auto n = static_cast<size_t>(x.size);
@@ -587,15 +575,15 @@ void s_reduce_scatter_slice(Ctx& x) {
       uneven[r] = r % 3 == 1 ? 0 : total / n * (r + 1) / 2 + r;
     }
     for (int32_t op : kOps) {
-      for (const bool in_place : {false, true}) {
-        slice_case<F32>(x, rule, op, in_place, ++seed);
-        slice_case<F32>(x, uneven, op, in_place, ++seed);
+      for (int mode = 0; mode < 2; ++mode) {
+        reduce_scatterv_case<F32>(x, rule, op, mode, ++seed);
+        reduce_scatterv_case<F32>(x, uneven, op, mode, ++seed);
       }
     }
-    slice_case<F64>(x, rule, GRADSYNC_SUM, false, ++seed);
-    slice_case<F64>(x, uneven, GRADSYNC_MEAN, true, ++seed);
-    slice_case<I32>(x, uneven, GRADSYNC_SUM, false, ++seed);
-    slice_case<I64>(x, rule, GRADSYNC_MAX, true, ++seed);
+    reduce_scatterv_case<F64>(x, rule, GRADSYNC_SUM, 0, ++seed);
+    reduce_scatterv_case<F64>(x, uneven, GRADSYNC_MEAN, 1, ++seed);
+    reduce_scatterv_case<I32>(x, uneven, GRADSYNC_SUM, 0, ++seed);
+    reduce_scatterv_case<I64>(x, rule, GRADSYNC_MAX, 1, ++seed);
   }
 }
 

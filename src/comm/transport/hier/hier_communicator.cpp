@@ -230,7 +230,8 @@ class HierCommunicator final : public Communicator {
     }
     cross_world_.assign(static_cast<size_t>(t.num_hosts), -1);
     for (size_t r = 0; r < n; ++r) {
-      if (local_of[r] == (even_ ? t.local_rank : 0)) cross_world_[static_cast<size_t>(t.rank_host[r])] = static_cast<int>(r);
+      if (local_of[r] == (even_ ? t.local_rank : 0))
+        cross_world_[static_cast<size_t>(t.rank_host[r])] = static_cast<int>(r);
     }
     carried_order_.resize(n);
     for (size_t r = 0; r < n; ++r) carried_order_[r] = static_cast<int>(r);
@@ -380,7 +381,8 @@ class HierCommunicator final : public Communicator {
     local_->exchange(send != nullptr ? send : own, carried, gather, dtype);
     if (cross_ != nullptr) {
       cross_->allgatherv(nullptr, carried, p.cross_counts, dtype);
-      for (size_t r = 0; r < p.offset.size(); ++r) std::memcpy(recv + p.offset[r] * es, carried + p.slot[r] * es, counts[r] * es);
+      for (size_t r = 0; r < p.offset.size(); ++r)
+        std::memcpy(recv + p.offset[r] * es, carried + p.slot[r] * es, counts[r] * es);
     }
     local_->broadcast(recv, total_of(counts), dtype, 0);
   }
@@ -485,8 +487,8 @@ void exchange_fold(Communicator& cross, const std::byte* give, size_t give_count
     routes.count[routes.at(other, me)] = k;
     cross.exchange(give + lo * es, scratch.data(), routes, dtype);
     const std::byte* mine = keep + lo * es;
-    const std::array<const void*, 2> sources = me == 0 ? std::array<const void*, 2>{mine, scratch.data()}
-                                                       : std::array<const void*, 2>{scratch.data(), mine};
+    const std::array<const void*, 2> sources =
+        me == 0 ? std::array<const void*, 2>{mine, scratch.data()} : std::array<const void*, 2>{scratch.data(), mine};
     reduce(dtype, op, sources.data(), sources.size(), out + lo * es, 0, k);
   }
 }
