@@ -12,9 +12,11 @@
 // exchange and each side folds them in host order; between more, by a rank-order allreduce over
 // MPI. Either way a reduction combines in a fixed order for a given topology (within a host in
 // local rank order, then across hosts in host order), so every rank gets the same bits on every
-// run; topology_independent trades the hierarchy for the flat rank-order reduction's bits. Small
-// payloads, half-precision types and the integer mean (whose accumulator is wider than its type),
-// and every other collective, go flat over MPI.
+// run; topology_independent trades the hierarchy for the flat rank-order reduction's bits. A
+// broadcast, a reduce-scatter (in the allreduce's order, so each part is its slice of that
+// allreduce) and an all-gather run in levels too. Small payloads, half-precision types and the
+// integer mean (whose accumulator is wider than its type), the rooted reduce and every other
+// collective go flat over MPI.
 #include <cstddef>
 #include <memory>
 #include <span>
