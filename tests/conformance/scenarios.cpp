@@ -1262,17 +1262,21 @@ void s_timeout(Ctx& x) {
 // The v and rooted collectives stop like every other call (they run on the same round engine; this
 // holds them to it): each of them, on every rank, meets an abort by the last rank, and a rank
 // late past the deadline to a gatherv; each stop lasts until the reset.
+// 8 and 9: allgatherv and reduce_scatterv above 16 KiB (the hierarchical transport's levels).
 int v_or_rooted(int which, gradsync_comm* g, int rank, int size) {
   const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(rank);
+  const size_t scale = which >= 8 ? 5000 : 1;
   std::vector<size_t> counts(n), displs(n);
-  for (size_t r = 0; r < n; ++r) counts[r] = r + 1, displs[r] = r * (r + 1) / 2;
-  const size_t total = n * (n + 1) / 2;
+  for (size_t r = 0; r < n; ++r) counts[r] = scale * (r + 1), displs[r] = scale * r * (r + 1) / 2;
+  const size_t total = scale * n * (n + 1) / 2;
   std::vector<float> send(5 * n + total, 1.0f), recv(5 * n + total, 0.0f);
   std::vector<size_t> pairs(n, 2), pair_displs(n);
   for (size_t r = 0; r < n; ++r) pair_displs[r] = 2 * r;
   switch (which) {
-    case 0: return gradsync_comm_allgatherv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32);
+    case 0:
+    case 8: return gradsync_comm_allgatherv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32);
     case 1:
+    case 9:
       return gradsync_comm_reduce_scatterv(g, send.data(), recv.data(), counts.data(), GRADSYNC_F32, GRADSYNC_SUM);
     case 2:
       return gradsync_comm_alltoallv(g, send.data(), pairs.data(), pair_displs.data(), recv.data(), pairs.data(),
@@ -1281,17 +1285,26 @@ int v_or_rooted(int which, gradsync_comm* g, int rank, int size) {
     case 4: return gradsync_comm_gather(g, send.data(), recv.data(), 5, GRADSYNC_F32, 0);
     case 5: return gradsync_comm_gatherv(g, send.data(), me + 1, recv.data(), counts.data(), GRADSYNC_F32, 0);
     case 6: return gradsync_comm_scatter(g, send.data(), recv.data(), 5, GRADSYNC_F32, 0);
-    default: return gradsync_comm_scatterv(g, send.data(), counts.data(), recv.data(), me + 1, GRADSYNC_F32, 0);
+    case 7: return gradsync_comm_scatterv(g, send.data(), counts.data(), recv.data(), me + 1, GRADSYNC_F32, 0);
+    default: return GRADSYNC_E_INVALID_ARG;
   }
 }
-constexpr const char* kVOrRootedNames[] = {"allgatherv", "reduce_scatterv", "alltoallv", "reduce",
-                                           "gather",     "gatherv",         "scatter",   "scatterv"};
+constexpr const char* kVOrRootedNames[] = {"allgatherv",
+                                           "reduce_scatterv",
+                                           "alltoallv",
+                                           "reduce",
+                                           "gather",
+                                           "gatherv",
+                                           "scatter",
+                                           "scatterv",
+                                           "allgatherv of 20 KiB and more",
+                                           "reduce_scatterv of 20 KiB and more"};
 
 void s_stop_v_and_rooted(Ctx& x) {
   gradsync_comm* g = x.group(kGroupTimeoutMs);
   if (g == nullptr) return;
   const int last = x.size - 1;
-  for (int which = 0; which < 8; ++which) {
+  for (int which = 0; which < 10; ++which) {
     if (x.rank == last) {
       sleep_ms(50);
       EXPECT_OK(x, gradsync_comm_abort(g));
