@@ -14,6 +14,11 @@
 
 Every figure is min / median / max over --runs runs of --steps steps.
 
+--optimizers instead compares the pushes of the table's optimizers in one run: on --ranks[0]
+ranks (threads), a row-wise Adagrad table and an Adam table of the same shape push the same
+batches, run after run alternately (so both see the same machine), push only; it prints each
+one's rows/s and Adam's per-run ratio to Adagrad (baseline: row-wise Adagrad).
+
     GRADSYNC_LIBRARY=build/libgradsync.so.0 PYTHONPATH=scripts /usr/bin/python3 bench/embedding_bench.py
 """
 import argparse
@@ -88,6 +93,36 @@ def rank_body(args, comm, dist, out):
         out["rates"], out["cpu"], out["ckpt"] = rates, cpu, ckpt
 
 
+def optimizer_rates(args, dist):
+    """{optimizer: [rows/s per run]} and Adam's per-run ratio to row-wise Adagrad, alternating."""
+    size, names = args.ranks[0], ("row_adagrad", "adam")
+    out = {}
+
+    def body(comm, rank):
+        tables = {n: gs.ShardedEmbeddingTable(comm, args.rows, args.dim, sharding="hash", optimizer=n, lr=0.01,
+                                              init="uniform", seed=1, lo=-0.01, hi=0.01) for n in names}
+        data = batches(args, rank, dist, args.steps)
+        grads = np.random.default_rng(rank).standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
+        rates = {n: [] for n in names}
+        for n in names:  # warm-up: first touches of the tables and buffers are not measured
+            tables[n].push(data[0], grads)
+        for _ in range(args.runs):
+            for n in names:
+                comm.barrier()
+                t0 = time.perf_counter()
+                for ids in data:
+                    tables[n].push(ids, grads)
+                comm.barrier()
+                rates[n].append(size * args.batch * args.steps / (time.perf_counter() - t0))
+        for t in tables.values():
+            t.close()
+        if rank == 0:
+            out.update(rates)
+
+    run_threads(size, body)
+    return out, [a / b for a, b in zip(out["adam"], out["row_adagrad"])]
+
+
 def threaded(comm):
     return comm.transport == "threads"
 
@@ -131,13 +166,20 @@ def plain_write_rate(args, nbytes):
 
 
 def sharded_threads(args, size, dist):
-    name = f"embbench-{os.getpid()}-{size}-{dist}"
-    out, errors = {}, []
+    out = {}
+    run_threads(size, lambda comm, rank: rank_body(args, comm, dist, out), tag=dist)
+    return out
+
+
+def run_threads(size, body, tag=""):
+    """body(comm, rank) on each of `size` ranks, threads of this process."""
+    name = f"embbench-{os.getpid()}-{size}-{tag}-{time.monotonic_ns()}"
+    errors = []
 
     def worker(rank):
         try:
             with gs.Communicator(name, rank, size, timeout_ms=600000) as comm:
-                rank_body(args, comm, dist, out)
+                body(comm, rank)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -148,7 +190,6 @@ def sharded_threads(args, size, dist):
         t.join()
     if errors:
         raise errors[0]
-    return out
 
 
 def sharded_shm(args, size, dist):
@@ -262,6 +303,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-shm", action="store_true")
     ap.add_argument("--checkpoint-dir", default=None, help="default: a directory under the temp dir")
+    ap.add_argument("--optimizers", action="store_true",
+                    help="compare the pushes of row-wise Adagrad and Adam (threads, --ranks[0] ranks) instead")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -275,6 +318,17 @@ def main():
             if comm.rank == 0:
                 print("RATES " + " ".join(str(r) for r in out["rates"]), flush=True)
                 print("CPU " + " ".join(str(r) for r in out["cpu"]), flush=True)
+        return 0
+    if args.optimizers:
+        print(f"libgradsync {gs.version()}: {args.rows} x {args.dim} table, {args.ranks[0]} ranks (threads), "
+              f"{args.batch} ids per rank per step, {args.runs} runs of {args.steps} pushes each, alternating; "
+              f"min / median / max; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(f"{'ids':>8} {'row-wise Adagrad rows/s':>27} {'Adam rows/s':>27} {'Adam / Adagrad':>24}")
+        for dist in args.dist:
+            rates, ratio = optimizer_rates(args, dist)
+            print(f"{dist:>8} {fmt(stats(rates['row_adagrad'])):>27} {fmt(stats(rates['adam'])):>27} "
+                  f"{' / '.join(f'{x:.2f}' for x in stats(ratio)):>22}x", flush=True)
+        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         return 0
     tmp = None
     if args.checkpoint_dir is None:

@@ -63,17 +63,23 @@ acc::OptimizerSpec parse_optimizer(const gradsync_optimizer* user) {
       user == nullptr ? defaults : gradsync::capi::read_options(user, defaults, kOptimizerV1Size, "optimizer");
   GS_REQUIRE(o.kind >= GRADSYNC_OPTIM_SGD && o.kind <= GRADSYNC_OPTIM_MOMENTUM, GRADSYNC_E_INVALID_ARG,
              "unknown optimizer {}", o.kind);
-  // A real optimizer that keeps per-element state (Adam, AdamW, momentum) is the sharded
-  // parameter's; the accumulator's state is one value per row.
-  GS_REQUIRE(o.kind == GRADSYNC_OPTIM_SGD || o.kind == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_UNSUPPORTED,
-             "the accumulator applies SGD and row-wise Adagrad, not optimizer {}", o.kind);
+  // AdamW and momentum are the sharded parameter's (dense): on a table's touched rows their decay
+  // or velocity would stop for the rows a step leaves out.
+  GS_REQUIRE(o.kind == GRADSYNC_OPTIM_SGD || o.kind == GRADSYNC_OPTIM_ROW_ADAGRAD || o.kind == GRADSYNC_OPTIM_ADAM,
+             GRADSYNC_E_UNSUPPORTED, "the accumulator applies SGD, row-wise Adagrad and Adam, not optimizer {}",
+             o.kind);
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
   GS_REQUIRE(std::isfinite(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", o.lr);
-  GS_REQUIRE(std::isfinite(o.eps) && o.eps > 0, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}", o.eps);
+  GS_REQUIRE(std::isfinite(o.eps) && o.eps >= 0, GRADSYNC_E_INVALID_ARG,
+             "eps must be finite and > 0 (or 0 for the optimizer's default), got {}", o.eps);
+  GS_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, GRADSYNC_E_INVALID_ARG,
+             "beta1 and beta2 must be in [0, 1), got ({}, {})", o.beta1, o.beta2);
   acc::OptimizerSpec spec;
   spec.kind = static_cast<acc::OptimizerKind>(o.kind);
   spec.lr = static_cast<float>(o.lr);
-  spec.eps = static_cast<float>(o.eps);
+  spec.eps = o.eps == 0 ? acc::default_eps(spec.kind) : static_cast<float>(o.eps);
+  spec.beta1 = o.beta1;
+  spec.beta2 = o.beta2;
   return spec;
 }
 

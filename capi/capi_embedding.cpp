@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // C shims of the sharded embedding table (include/gradsync/embedding.h).
+#include <cstddef>
 #include <cstring>
 #include <memory>
 
@@ -47,7 +48,7 @@ int with_comm(const char* function, gradsync_embedding* table, F&& body) noexcep
   });
 }
 
-constexpr size_t kOptionsV1Size = sizeof(gradsync_embedding_options);
+constexpr size_t kOptionsV1Size = offsetof(gradsync_embedding_options, hi) + sizeof(double);
 
 gradsync_embedding_options default_options() {
   gradsync_embedding_options o = GRADSYNC_EMBEDDING_OPTIONS_INIT;
@@ -63,14 +64,19 @@ gradsync::embedding::Options parse_options(const gradsync_embedding_options* use
   GS_REQUIRE(o.sharding == GRADSYNC_EMBEDDING_CONTIGUOUS || o.sharding == GRADSYNC_EMBEDDING_HASH,
              GRADSYNC_E_INVALID_ARG, "unknown sharding {} (0 contiguous, 1 hash)", o.sharding);
   out.sharding = static_cast<gradsync::embedding::Sharding>(o.sharding);
-  GS_REQUIRE(o.optimizer == GRADSYNC_OPTIM_SGD || o.optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_E_INVALID_ARG,
-             "optimizer {}: an embedding table takes SGD (0) or ROW_ADAGRAD (1)", o.optimizer);
+  GS_REQUIRE(o.optimizer == GRADSYNC_OPTIM_SGD || o.optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD ||
+                 o.optimizer == GRADSYNC_OPTIM_ADAM,
+             GRADSYNC_E_INVALID_ARG, "optimizer {}: an embedding table takes SGD (0), ROW_ADAGRAD (1) or ADAM (2)",
+             o.optimizer);
   out.optimizer = static_cast<gradsync::accumulator::OptimizerKind>(o.optimizer);
   GS_REQUIRE(gradsync::optim::finite_in_float(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}",
              o.lr);
-  GS_REQUIRE(gradsync::optim::finite_in_float(o.eps), GRADSYNC_E_INVALID_ARG, "eps must be finite, got {}", o.eps);
+  GS_REQUIRE(gradsync::optim::finite_in_float(o.eps) && o.eps >= 0, GRADSYNC_E_INVALID_ARG,
+             "eps must be finite and > 0 (or 0 for the optimizer's default), got {}", o.eps);
   out.lr = static_cast<float>(o.lr);
-  out.eps = static_cast<float>(o.eps);
+  out.eps = o.eps == 0 ? gradsync::optim::default_eps(out.optimizer) : static_cast<float>(o.eps);
+  out.beta1 = o.beta1;
+  out.beta2 = o.beta2;
   GS_REQUIRE(o.init == GRADSYNC_TABLE_INIT_ZEROS || o.init == GRADSYNC_TABLE_INIT_UNIFORM, GRADSYNC_E_INVALID_ARG,
              "unknown init {} (0 zeros, 1 uniform)", o.init);
   out.init = static_cast<gradsync::table::Init>(o.init);

@@ -96,10 +96,19 @@ typedef struct gradsync_accum_options {
         GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, 0, 0                           \
   }
 
-/* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD and
-   ROW_ADAGRAD here. */
+/* The optimizers (the `kind` field) are gradsync_optimizer_kind, in gradsync/common.h: SGD,
+   ROW_ADAGRAD and ADAM here. ADAM on a table is sparse ("lazy") Adam as torch.optim.SparseAdam:
+   only the touched rows are updated, each with its own first and second moments m, v (dim floats
+   each) and its own update count t, so a row's bias correction counts the applies that updated it
+   (torch's SparseAdam counts the optimizer's steps: the same when every row is touched at every
+   step). Per touched row, in f32 element by element (bias corrections in double):
+     t += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+     w -= (lr * sqrt(1 - b2^t) / (1 - b1^t)) * m / (sqrt(v) + eps)
+   Its state table has rows x (2*dim + 1) floats: m, then v, then t (as a float: exact up to 2^24
+   updates of a row, where it stays; both corrections are then 1 in double for betas up to
+   1 - 2^-18, so the result is the same as an exact count's). */
 
-#define GRADSYNC_OPTIMIZER_VERSION 1
+#define GRADSYNC_OPTIMIZER_VERSION 2
 
 /** An optimizer step. Fill with GRADSYNC_OPTIMIZER_INIT or gradsync_optimizer_init. */
 typedef struct gradsync_optimizer {
@@ -108,12 +117,16 @@ typedef struct gradsync_optimizer {
   int32_t kind;         /**< a gradsync_optimizer_kind; default SGD */
   int32_t reserved0;    /**< must be 0 */
   double lr;            /**< learning rate, finite; default 0.01 */
-  double eps;           /**< ROW_ADAGRAD: added to sqrt(state), > 0; default 1e-10 */
+  double eps;           /**< added to sqrt(state) (ROW_ADAGRAD) or sqrt(v) (ADAM), finite and > 0, or 0
+                             (the default): the optimizer's own, 1e-10 ROW_ADAGRAD, 1e-8 ADAM */
+  /* version 2 */
+  double beta1; /**< ADAM: decay of m, in [0, 1); default 0.9 */
+  double beta2; /**< ADAM: decay of v, in [0, 1); default 0.999 */
   /* append only */
 } gradsync_optimizer;
 
 #define GRADSYNC_OPTIMIZER_INIT \
-  { sizeof(gradsync_optimizer), GRADSYNC_OPTIMIZER_VERSION, GRADSYNC_OPTIM_SGD, 0, 0.01, 1e-10 }
+  { sizeof(gradsync_optimizer), GRADSYNC_OPTIMIZER_VERSION, GRADSYNC_OPTIM_SGD, 0, 0.01, 0.0, 0.9, 0.999 }
 
 /** @brief Fill opts with defaults (FFIs). @retval GRADSYNC_E_INVALID_ARG NULL or too small. @threadsafety any */
 GRADSYNC_API int gradsync_accum_options_init(gradsync_accum_options* opts, size_t struct_size);
@@ -205,10 +218,12 @@ GRADSYNC_API int gradsync_accum_touched(gradsync_accum* accum, int64_t* out, siz
  * @param accum the accumulator
  * @param[in,out] params a writable table of the same rows x dim
  * @param[in] opt the optimizer; NULL = SGD with lr 0.01
- * @param[in,out] state ROW_ADAGRAD: a writable table of rows x 1 (start it at zeros); SGD: NULL
+ * @param[in,out] state ROW_ADAGRAD: a writable table of rows x 1, ADAM: rows x (2*dim + 1) (start
+ *        them at zeros); SGD: NULL
  * @retval GRADSYNC_E_MISMATCH params or state of another shape ("parameter table has 100 x 32, ...")
  * @retval GRADSYNC_E_MISUSE params or state is read-only
- * @retval GRADSYNC_E_INVALID_ARG bad optimizer, missing or superfluous state. Nothing is written on error.
+ * @retval GRADSYNC_E_INVALID_ARG bad optimizer (or eps, betas), missing or superfluous state. Nothing
+ *         is written on error.
  * @threadsafety any
  */
 GRADSYNC_API int gradsync_accum_apply(gradsync_accum* accum, gradsync_table* params, const gradsync_optimizer* opt,

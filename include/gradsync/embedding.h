@@ -3,7 +3,7 @@
  * @file embedding.h
  * @brief An embedding table of rows x dim f32 sharded row-wise over the ranks of a communicator:
  *        lookups and sparse gradient pushes routed to the rows' owners, exact and deterministic
- *        updates (SGD or row-wise Adagrad), and checkpoints keyed by global row id that load into
+ *        updates (SGD, row-wise Adagrad or sparse Adam), and checkpoints keyed by global row id that load into
  *        any world size and sharding rule.
  *
  * Ownership. Every global row id g in [0, rows) belongs to exactly one rank, by the rule the caller
@@ -26,8 +26,17 @@
  * Determinism. A push is one step of the optimizer over the global batch: the concatenation of
  * every rank's (ids, grads) in rank order (rank 0's first, each rank's in its own order). A row's
  * gradient is the sum of its contributions in global batch order, starting from zero
- * (((0 + g_first) + g_second) + ...), in f32; then SGD (w -= lr*g) or row-wise Adagrad
- * (s += mean(g^2); w -= lr*g/(sqrt(s)+eps)) updates each row that appears in the batch, once. The
+ * (((0 + g_first) + g_second) + ...), in f32; then SGD (w -= lr*g), row-wise Adagrad
+ * (s += mean(g^2); w -= lr*g/(sqrt(s)+eps)) or Adam updates each row that appears in the batch,
+ * once. Adam is sparse ("lazy") Adam as torch.optim.SparseAdam computes it, applied to the rows
+ * the batch touches only (the others' moments do not decay): each row keeps its first and second
+ * moments m and v (dim floats each) and its own update count t, which counts the pushes that
+ * touched that row, so a row's bias correction uses the number of times it was updated (torch's
+ * SparseAdam counts the optimizer's steps instead: the same only while every row is touched at
+ * every step). Per touched row, element by element in f32 (the corrections in double):
+ *   t += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+ *   w -= (lr * sqrt(1 - b2^t) / (1 - b1^t)) * m / (sqrt(v) + eps)
+ * (gradsync_accum_apply's ADAM, accumulator.h, which says how far t is exact). The
  * table after any sequence of pushes is therefore bitwise the same for any world size, sharding
  * rule, transport, number of hosts and timing, and equal to what one process computes with
  * gradsync_accum_add_batch of the global batch followed by gradsync_accum_apply (with a table
@@ -78,7 +87,7 @@ typedef enum gradsync_embedding_sharding {
   GRADSYNC_EMBEDDING_HASH = 1        /**< rank r owns the rows g with splitmix64(g) % P == r */
 } gradsync_embedding_sharding;
 
-#define GRADSYNC_EMBEDDING_OPTIONS_VERSION 1
+#define GRADSYNC_EMBEDDING_OPTIONS_VERSION 2
 
 /** Options of gradsync_embedding_create. Fill with GRADSYNC_EMBEDDING_OPTIONS_INIT or gradsync_embedding_options_init.
  */
@@ -88,9 +97,10 @@ typedef struct gradsync_embedding_options {
   int64_t rows;         /**< global rows, >= 1 (the same on every rank) */
   int64_t dim;          /**< floats per row, >= 1 (the same on every rank) */
   int32_t sharding;     /**< a gradsync_embedding_sharding; default CONTIGUOUS */
-  int32_t optimizer;    /**< GRADSYNC_OPTIM_SGD (default) or GRADSYNC_OPTIM_ROW_ADAGRAD */
+  int32_t optimizer;    /**< GRADSYNC_OPTIM_SGD (default), GRADSYNC_OPTIM_ROW_ADAGRAD or GRADSYNC_OPTIM_ADAM */
   double lr;            /**< learning rate, finite; default 0.01 */
-  double eps;           /**< ROW_ADAGRAD: added to sqrt(state), > 0; default 1e-10 */
+  double eps;           /**< added to sqrt(state) (ROW_ADAGRAD) or sqrt(v) (ADAM), > 0, or 0 (the
+                             default): the optimizer's own, 1e-10 ROW_ADAGRAD, 1e-8 ADAM (torch's) */
   int32_t init;         /**< a gradsync_table_init: ZEROS (default) or UNIFORM */
   int32_t threads;      /**< the owner threads that add an owner's received gradients (the
                              accumulator's GRADSYNC_ACCUM_OWNER mode), 1..64; UNSET = 1. The
@@ -98,13 +108,16 @@ typedef struct gradsync_embedding_options {
   uint64_t seed;        /**< seed of GRADSYNC_TABLE_INIT_UNIFORM */
   double lo;            /**< lower bound of UNIFORM (default -0.5) */
   double hi;            /**< upper bound of UNIFORM (default 0.5) */
+  /* version 2 */
+  double beta1; /**< ADAM: decay of m, in [0, 1); default 0.9 (torch's) */
+  double beta2; /**< ADAM: decay of v, in [0, 1); default 0.999 (torch's) */
   /* append only */
 } gradsync_embedding_options;
 
 #define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                          \
   {                                                                                                              \
     sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0, GRADSYNC_EMBEDDING_CONTIGUOUS, \
-        GRADSYNC_OPTIM_SGD, 0.01, 1e-10, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5             \
+        GRADSYNC_OPTIM_SGD, 0.01, 0.0, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5, 0.9, 0.999   \
   }
 
 /**
@@ -132,7 +145,7 @@ GRADSYNC_API int gradsync_embedding_options_init(gradsync_embedding_options* opt
  * gradsync_comm_alloc can give, and go back to the communicator at gradsync_embedding_free, or at
  * the communicator's end if the table is freed while another thread is in a call on it.
  * @retval GRADSYNC_E_INVALID_ARG bad options (rows or dim < 1, unknown sharding or init, an
- *         optimizer other than SGD or ROW_ADAGRAD, bad lr, eps, threads or bounds)
+ *         optimizer other than SGD, ROW_ADAGRAD or ADAM, bad lr, eps, betas, threads or bounds)
  * @retval GRADSYNC_E_MISUSE a bad communicator handle
  * @retval GRADSYNC_E_MISMATCH, GRADSYNC_E_CORRUPT, GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE as for
  *         gradsync_table_open on the shard's files
@@ -262,7 +275,9 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * @param table the table
  * @param[out] ids local_rows ids (may be NULL)
  * @param[out] values local_rows * dim floats (may be NULL)
- * @param[out] state local_rows floats of row-wise Adagrad state (may be NULL; zeros for SGD)
+ * @param[out] state local_rows x w floats of optimizer state, row after row (may be NULL): w = 1
+ *        for SGD (zeros) and ROW_ADAGRAD (its s), 2*dim + 1 for ADAM (m, then v, then the row's
+ *        update count t as a float)
  * @param capacity the rows each non-NULL buffer can hold
  * @retval GRADSYNC_E_BUFS capacity < local_rows: nothing was copied
  * @threadsafety handle

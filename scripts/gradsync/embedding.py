@@ -30,7 +30,7 @@ from ._lib import (Handle, address, c_int, c_int32, c_int64, c_size_t, c_uint32,
 __all__ = ["ShardedEmbeddingTable", "SHARDINGS", "EMBEDDING_OPTIMIZERS"]
 
 SHARDINGS = {"contiguous": 0, "hash": 1}  # gradsync_embedding_sharding
-EMBEDDING_OPTIMIZERS = {"sgd": 0, "row_adagrad": 1}  # gradsync_optimizer_kind
+EMBEDDING_OPTIMIZERS = {"sgd": 0, "row_adagrad": 1, "adam": 2}  # gradsync_optimizer_kind
 _INITS = {"zeros": 0, "uniform": 1}  # gradsync_table_init
 _UNSET_I32 = -2**31
 
@@ -52,6 +52,8 @@ class EmbeddingOptions(ctypes.Structure):
         ("seed", c_uint64),
         ("lo", c_double),
         ("hi", c_double),
+        ("beta1", c_double),
+        ("beta2", c_double),
     ]
 
 
@@ -97,8 +99,10 @@ class ShardedEmbeddingTable(Handle):
     """This rank's part of a rows x dim float32 table sharded over `comm`.
 
     sharding: "contiguous" (rank r owns the r-th range of the partition rule) or "hash"
-    (splitmix64(id) % size). optimizer: "sgd" or "row_adagrad" (PyTorch-BigGraph's), with lr and
-    eps. init: "zeros" or "uniform" in [lo, hi] from seed (the same values whatever the sharding).
+    (splitmix64(id) % size). optimizer: "sgd", "row_adagrad" (PyTorch-BigGraph's; eps 1e-10 by
+    default) or "adam" (torch.optim.SparseAdam's arithmetic on the touched rows, each row with its
+    own update count for the bias correction; betas and eps 1e-8 by default as torch's), with lr.
+    init: "zeros" or "uniform" in [lo, hi] from seed (the same values whatever the sharding).
     threads: owner threads adding this rank's received gradients (the result does not depend on it).
     directory: None (anonymous memory) or where this rank keeps its shard's table files.
     The communicator is borrowed and kept alive by this object; every rank creates its table with
@@ -107,14 +111,16 @@ class ShardedEmbeddingTable(Handle):
 
     _free = lib.gradsync_embedding_free
 
-    def __init__(self, comm, rows, dim, sharding="contiguous", optimizer="sgd", lr=0.01, eps=1e-10, init="zeros",
-                 seed=0, lo=-0.5, hi=0.5, threads=None, directory=None):
+    def __init__(self, comm, rows, dim, sharding="contiguous", optimizer="sgd", lr=0.01, eps=None, init="zeros",
+                 seed=0, lo=-0.5, hi=0.5, threads=None, directory=None, betas=(0.9, 0.999)):
         opts = EmbeddingOptions()
         check(lib.gradsync_embedding_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.rows, opts.dim = int(rows), int(dim)
         opts.sharding = _choice(sharding, SHARDINGS, "sharding")
         opts.optimizer = _choice(optimizer, EMBEDDING_OPTIMIZERS, "optimizer")
-        opts.lr, opts.eps = float(lr), float(eps)
+        opts.lr = float(lr)
+        opts.eps = 0.0 if eps is None else float(eps)  # 0: the optimizer's default
+        opts.beta1, opts.beta2 = (float(b) for b in betas)
         opts.init = _choice(init, _INITS, "init")
         opts.seed = int(seed)
         opts.lo, opts.hi = float(lo), float(hi)
@@ -124,6 +130,8 @@ class ShardedEmbeddingTable(Handle):
         super().__init__(out)
         self._comm = comm  # the C table borrows the communicator: keep it alive
         self.rows, self.dim = int(rows), int(dim)
+        kind = opts.optimizer
+        self.state_width = 2 * self.dim + 1 if kind == EMBEDDING_OPTIMIZERS["adam"] else 1
 
     # ---- queries (local)
     @property
@@ -152,11 +160,12 @@ class ShardedEmbeddingTable(Handle):
         check(lib.gradsync_embedding_set_lr(self.ptr, float(lr)))
 
     def local_state(self):
-        """(ids, values, state) of this rank's rows, ascending by id: copies."""
+        """(ids, values, state) of this rank's rows, ascending by id: copies. state is (n,) for
+        "sgd" (zeros) and "row_adagrad"; (n, 2 * dim + 1) for "adam": m, v, then the row's update count."""
         n = self.local_rows
         ids = np.empty(n, dtype=np.int64)
         values = np.empty((n, self.dim), dtype=np.float32)
-        state = np.empty(n, dtype=np.float32)
+        state = np.empty(n if self.state_width == 1 else (n, self.state_width), dtype=np.float32)
         check(lib.gradsync_embedding_local_rows(self.ptr, address(ids), address(values), address(state), n))
         return ids, values, state
 

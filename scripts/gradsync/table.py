@@ -29,7 +29,7 @@ _MODES = {"create": 1, "open": 2, "create_or_open": 3, "anonymous": 4}
 _INITS = {"zeros": 0, "uniform": 1}
 STRIPED, LOCK_FREE, NONE, OWNER = 0, 1, 2, 3
 _CONCURRENCY = {"striped": STRIPED, "lock_free": LOCK_FREE, "lock-free": LOCK_FREE, "none": NONE, "owner": OWNER}
-_OPTIMIZERS = {"sgd": 0, "adagrad": 1, "row_adagrad": 1}
+_OPTIMIZERS = {"sgd": 0, "adagrad": 1, "row_adagrad": 1, "adam": 2}
 _UNSET_I32 = -(1 << 31)
 _UNSET_I64 = -(1 << 63)
 
@@ -48,7 +48,7 @@ class _AccumOptions(ctypes.Structure):
 
 class _Optimizer(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("kind", c_int32), ("reserved0", c_int32),
-                ("lr", c_double), ("eps", c_double)]
+                ("lr", c_double), ("eps", c_double), ("beta1", c_double), ("beta2", c_double)]
 
 
 _fp = c_void_p  # float* / int64* as raw addresses of numpy buffers
@@ -381,11 +381,14 @@ class Accumulator(_Mapped):
             if status != E_BUFS:  # E_BUFS: rows were added meanwhile; ask again
                 check(status)
 
-    def apply(self, params, optimizer="sgd", lr=0.01, state=None, eps=1e-10):
+    def apply(self, params, optimizer="sgd", lr=0.01, state=None, eps=None, betas=(0.9, 0.999)):
         """Update only the touched rows of `params`, then zero them.
 
         optimizer "sgd": p -= lr * g. "adagrad" (row-wise, as PyTorch-BigGraph): state is a
-        (rows x 1) Table, s += mean(g^2); p -= lr * g / (sqrt(s) + eps).
+        (rows x 1) Table, s += mean(g^2); p -= lr * g / (sqrt(s) + eps), eps 1e-10 by default.
+        "adam": sparse Adam as torch.optim.SparseAdam on the touched rows, each row with its own
+        update count (accumulator.h): state is a (rows x (2 * dim + 1)) Table of zeros at first
+        (m, v, the count), eps 1e-8 and betas as torch's by default.
         """
         if optimizer not in _OPTIMIZERS:
             raise GradsyncError(E_INVALID_ARG, f"unknown optimizer {optimizer!r}; one of {sorted(_OPTIMIZERS)}")
@@ -393,7 +396,8 @@ class Accumulator(_Mapped):
         check(lib.gradsync_optimizer_init(ctypes.byref(opt), ctypes.sizeof(opt)))
         opt.kind = _OPTIMIZERS[optimizer]
         opt.lr = float(lr)
-        opt.eps = float(eps)
+        opt.eps = 0.0 if eps is None else float(eps)  # 0: the optimizer's default
+        opt.beta1, opt.beta2 = (float(b) for b in betas)
         check(lib.gradsync_accum_apply(self.ptr, params.ptr, ctypes.byref(opt),
                                        None if state is None else state.ptr))
 

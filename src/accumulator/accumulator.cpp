@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -937,31 +939,78 @@ void Accumulator::apply(Table& params, const OptimizerSpec& opt, Table* state) {
     check_mappings();
     return;
   }
-  GS_REQUIRE(opt.kind == OptimizerKind::RowAdagrad, GRADSYNC_E_INVALID_ARG, "unknown optimizer {}",
-             static_cast<int32_t>(opt.kind));
-  GS_REQUIRE(state != nullptr, GRADSYNC_E_INVALID_ARG, "row-wise Adagrad needs a state table of {} x 1", rows());
+  GS_REQUIRE(opt.kind == OptimizerKind::RowAdagrad || opt.kind == OptimizerKind::Adam, GRADSYNC_E_INVALID_ARG,
+             "unknown optimizer {}", static_cast<int32_t>(opt.kind));
+  const int64_t width = state_width(opt.kind, dim());
+  const char* name = optimizer_name(opt.kind);
+  GS_REQUIRE(state != nullptr, GRADSYNC_E_INVALID_ARG, "{} needs a state table of {} x {}", name, rows(), width);
   GS_REQUIRE(state != &params && state != table_.get(), GRADSYNC_E_INVALID_ARG,
              "the state table must be a table of its own");
   state->check_writable();
-  GS_REQUIRE(state->rows() == rows() && state->dim() == 1, GRADSYNC_E_MISMATCH,
-             "row-wise Adagrad state table has {} x {}, needs {} x 1", state->rows(), state->dim(), rows());
+  GS_REQUIRE(state->rows() == rows() && state->dim() == width, GRADSYNC_E_MISMATCH,
+             "{} state table has {} x {}, needs {} x {}", name, state->rows(), state->dim(), rows(), width);
   GS_REQUIRE(std::isfinite(opt.eps) && opt.eps > 0.0f, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}",
              opt.eps);
+  if (opt.kind == OptimizerKind::RowAdagrad) {
+    std::unique_lock phase(phase_);
+    // PyTorch-BigGraph's row-wise Adagrad: state[r] += mean(g^2); p -= lr * g / (sqrt(state[r]) + eps).
+    struct Adagrad {
+      Table& g;
+      Table& p;
+      Table& s;
+      size_t d;
+      float lr, eps;
+      void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
+      void operator()(int64_t r) {
+        float* gr = g.row_ptr(r);
+        optim::row_adagrad(p.row_ptr(r), gr, *s.row_ptr(r), d, lr, eps);
+        std::fill(gr, gr + d, 0.0f);
+      }
+    } fn{*table_, params, *state, d, lr, opt.eps};
+    for_each_touched(fn);
+    check_mappings();
+    return;
+  }
+  GS_REQUIRE(opt.beta1 >= 0.0 && opt.beta1 < 1.0 && opt.beta2 >= 0.0 && opt.beta2 < 1.0, GRADSYNC_E_INVALID_ARG,
+             "Adam's betas must be in [0, 1), got ({}, {})", opt.beta1, opt.beta2);
   std::unique_lock phase(phase_);
-  // PyTorch-BigGraph's row-wise Adagrad: state[r] += mean(g^2); p -= lr * g / (sqrt(state[r]) + eps).
-  struct Adagrad {
+  // torch.optim.SparseAdam on the touched rows, each row with its own update count t (its bias
+  // correction counts the steps that updated it): m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+  // w -= (lr * sqrt(1 - b2^t) / (1 - b1^t)) * m / (sqrt(v) + eps). The count is a float of the
+  // row's state, exact to 2^24 updates, where it stays: both corrections are then 1 in double for
+  // any beta up to 1 - 2^-18, so the bits are those of an exact count.
+  struct Adam {
     Table& g;
     Table& p;
     Table& s;
     size_t d;
-    float lr, eps;
-    void prefetch(int64_t r) { __builtin_prefetch(p.row_ptr(r), 1, 3); }
+    const OptimizerSpec& o;
+    // step_size by count: pow per row would cost as much as the row's update.
+    std::array<float, 256> cache;
+    float step_size(float t) {
+      const auto k = static_cast<size_t>(t);
+      if (k < cache.size() && !std::isnan(cache[k])) return cache[k];
+      const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+      const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+      const auto step = static_cast<float>(static_cast<double>(o.lr) * std::sqrt(bc2) / bc1);
+      if (k < cache.size()) cache[k] = step;
+      return step;
+    }
+    void prefetch(int64_t r) {
+      __builtin_prefetch(p.row_ptr(r), 1, 3);
+      __builtin_prefetch(s.row_ptr(r), 1, 3);
+    }
     void operator()(int64_t r) {
       float* gr = g.row_ptr(r);
-      optim::row_adagrad(p.row_ptr(r), gr, *s.row_ptr(r), d, lr, eps);
+      float* st = s.row_ptr(r);
+      const float t = st[2 * d] + 1.0f;
+      st[2 * d] = t;
+      optim::adam(p.row_ptr(r), gr, st, st + d, d, step_size(t), 1.0f, o.eps, static_cast<float>(o.beta1),
+                  static_cast<float>(o.beta2), 0.0f, 1.0f);
       std::fill(gr, gr + d, 0.0f);
     }
-  } fn{*table_, params, *state, d, lr, opt.eps};
+  } fn{*table_, params, *state, d, opt, {}};
+  fn.cache.fill(std::numeric_limits<float>::quiet_NaN());
   for_each_touched(fn);
   check_mappings();
 }

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/optim.hpp"
 #include "table/table.hpp"
 
 namespace gradsync::accumulator {
@@ -42,7 +43,10 @@ namespace gradsync::accumulator {
 class Team;
 
 enum class Concurrency : int32_t { Striped = 0, LockFree = 1, None = 2, Owner = 3 };
-enum class OptimizerKind : int32_t { Sgd = 0, RowAdagrad = 1 };
+using OptimizerKind = optim::RowOptimizer;
+using optim::default_eps;
+using optim::optimizer_name;
+using optim::state_width;
 
 constexpr int64_t kDefaultRowsPerLock = 16;
 // Owner mode: rows fall into at most this many partitions (one lock word each); a team of T owner
@@ -73,7 +77,8 @@ struct AccumSpec {
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::Sgd;
   float lr = 0.01f;
-  float eps = 1e-10f;  // row-wise Adagrad: added to sqrt(state)
+  float eps = 1e-10f;                 // added to sqrt(state) (row-wise Adagrad) or to sqrt(v) (Adam)
+  double beta1 = 0.9, beta2 = 0.999;  // Adam
 };
 
 // The aux region of a gradient file, at aux_offset (all offsets relative to it, 64-byte aligned):

@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "common/fnv.hpp"
+#include "optim/optim.hpp"
 
 namespace gradsync::embedding {
 
@@ -204,6 +205,8 @@ void remove_stale_parts(const std::string& dir, const std::vector<uint64_t>& kee
   for (const std::string& name : stale) ::unlink((dir + "/" + name).c_str());
 }
 
+std::string optimizer_text(int32_t kind) { return optim::optimizer_name(static_cast<optim::RowOptimizer>(kind)); }
+
 // Reads and writes go by chunks this large: long sequential transfers, each summed while it is
 // in the core's cache (the checksum reads it, then the write copies it, or the read brings it).
 constexpr size_t kChunkBytes = size_t{1} << 20;
@@ -333,8 +336,8 @@ Staged read_rows(const std::string& dir, const Shape& shape, const std::vector<i
   GS_REQUIRE(m.rows == shape.rows && m.dim == shape.dim, GRADSYNC_E_MISMATCH,
              "checkpoint '{}' has {} x {}, the table {} x {}", dir, m.rows, m.dim, shape.rows, shape.dim);
   GS_REQUIRE(m.state_width == shape.state_width && m.optimizer == shape.optimizer, GRADSYNC_E_MISMATCH,
-             "checkpoint '{}' holds the state of optimizer {}, the table uses {} ({})", dir, m.optimizer,
-             shape.optimizer, "0 sgd, 1 row-wise Adagrad");
+             "checkpoint '{}' holds the state of optimizer {} ({}, {} floats per row), the table uses {} ({})", dir,
+             m.optimizer, optimizer_text(m.optimizer), m.state_width, shape.optimizer, optimizer_text(shape.optimizer));
   out.values = std::make_unique_for_overwrite<float[]>(std::max<uint64_t>(local * d, 1));
   float* values = out.values.get();
   std::vector<float>& state = out.state;

@@ -69,7 +69,13 @@ void validate(const Options& o) {
   GS_REQUIRE(o.sharding == Sharding::Contiguous || o.sharding == Sharding::Hash, GRADSYNC_E_INVALID_ARG,
              "unknown sharding {} (0 contiguous, 1 hash)", static_cast<int32_t>(o.sharding));
   GS_REQUIRE(optim::finite_in_float(o.lr), GRADSYNC_E_INVALID_ARG, "learning rate must be finite, got {}", o.lr);
+  GS_REQUIRE(o.optimizer == accumulator::OptimizerKind::Sgd || o.optimizer == accumulator::OptimizerKind::RowAdagrad ||
+                 o.optimizer == accumulator::OptimizerKind::Adam,
+             GRADSYNC_E_INVALID_ARG, "unknown optimizer {} (0 sgd, 1 row-wise Adagrad, 2 Adam)",
+             static_cast<int32_t>(o.optimizer));
   GS_REQUIRE(std::isfinite(o.eps) && o.eps > 0.0f, GRADSYNC_E_INVALID_ARG, "eps must be finite and > 0, got {}", o.eps);
+  GS_REQUIRE(o.beta1 >= 0.0 && o.beta1 < 1.0 && o.beta2 >= 0.0 && o.beta2 < 1.0, GRADSYNC_E_INVALID_ARG,
+             "beta1 and beta2 must be in [0, 1), got ({}, {})", o.beta1, o.beta2);
   GS_REQUIRE(o.threads >= 1 && static_cast<uint64_t>(o.threads) <= accumulator::kMaxOwnerPartitions,
              GRADSYNC_E_INVALID_ARG, "threads must be in [1, {}], got {}", accumulator::kMaxOwnerPartitions, o.threads);
   GS_REQUIRE(o.init == table::Init::Zeros || o.init == table::Init::Uniform, GRADSYNC_E_INVALID_ARG,
@@ -140,7 +146,7 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
     }
   }
   if (state_width() != 0) {
-    spec.dim = 1;
+    spec.dim = state_width();
     spec.path = files ? stem + ".state" : "";
     state_ = table::Table::open(spec);
   }
@@ -268,7 +274,7 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
   mine[kOp] = op;
   // The optimizer and its hyperparameters, as one word: a rank that updates its rows otherwise
   // would break the equality with one process as surely as a wrong id.
-  const float hyper[2] = {options_.lr, options_.eps};
+  const double hyper[4] = {options_.lr, options_.eps, options_.beta1, options_.beta2};
   mine[kOptimizer] = static_cast<int64_t>(fnv1a64(hyper, sizeof hyper, static_cast<uint64_t>(options_.optimizer)));
   // This rank's verdict travels with its counts per owner, so a bad id fails every rank in this
   // round, before any id or row moves.
@@ -289,7 +295,7 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
                row(r)[kRows], row(r)[kDim], row(r)[kSharding] == 0 ? "contiguous" : "hash", row(0)[kRows], row(0)[kDim],
                row(0)[kSharding] == 0 ? "contiguous" : "hash");
     GS_REQUIRE(row(r)[kOptimizer] == row(0)[kOptimizer], GRADSYNC_E_MISMATCH,
-               "rank {}'s optimizer, learning rate or eps differs from rank 0's", r);
+               "rank {}'s optimizer, learning rate, eps or betas differ from rank 0's", r);
   }
   for (size_t r = 0; r < p; ++r) {
     if (row(r)[kStatus] != GRADSYNC_OK)
@@ -497,6 +503,8 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   opt.kind = options_.optimizer;
   opt.lr = options_.lr;
   opt.eps = options_.eps;
+  opt.beta1 = options_.beta1;
+  opt.beta2 = options_.beta2;
   accum_->apply(*params_, opt, state_.get());
   ++steps_;
 }
@@ -507,7 +515,7 @@ void ShardedTable::local_rows(int64_t* ids, float* values, float* state) const {
   if (values != nullptr && n > 0) std::memcpy(values, params_->data(), n * d * sizeof(float));
   if (state != nullptr) {
     if (state_)
-      std::memcpy(state, state_->data(), n * sizeof(float));
+      std::memcpy(state, state_->data(), n * static_cast<size_t>(state_width()) * sizeof(float));
     else
       std::fill(state, state + n, 0.0f);
   }

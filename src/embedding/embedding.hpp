@@ -3,7 +3,7 @@
 // An embedding table sharded row-wise over the ranks of a communicator (include/gradsync/embedding.h
 // is the contract). Each rank's shard is the library's own storage: a parameter table, an
 // accumulator in owner mode (which adds a batch's gradients to each row in position order, whatever
-// its thread count) and, for row-wise Adagrad, a rows x 1 state table. Local row l holds the l-th
+// its thread count) and, for row-wise Adagrad or Adam, a rows x state_width() state table. Local row l holds the l-th
 // smallest global id this rank owns, so a shard's rows are in ascending global order, which is the
 // order of a checkpoint's part.
 //
@@ -33,6 +33,7 @@ struct Options {
   accumulator::OptimizerKind optimizer = accumulator::OptimizerKind::Sgd;
   float lr = 0.01f;
   float eps = 1e-10f;
+  double beta1 = 0.9, beta2 = 0.999;  // Adam
   table::Init init = table::Init::Zeros;
   int threads = 1;
   uint64_t seed = 0;
@@ -76,7 +77,11 @@ class ShardedTable {
   const Layout& layout() const noexcept { return layout_; }
   const Options& options() const noexcept { return options_; }
   void set_lr(double lr);
-  int state_width() const noexcept { return options_.optimizer == accumulator::OptimizerKind::RowAdagrad ? 1 : 0; }
+  // Floats of optimizer state per row (accumulator::state_width): what a checkpoint or a move of
+  // rows carries beside each row's values.
+  int state_width() const noexcept {
+    return static_cast<int>(accumulator::state_width(options_.optimizer, options_.dim));
+  }
 
   // Collective calls.
   void lookup(const int64_t* ids, size_t n, float* out, size_t count);

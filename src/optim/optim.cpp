@@ -31,6 +31,15 @@ __attribute__((optimize("no-math-errno"))) void adam(float* __restrict w, const 
                                                      float step_size, float inv_sqrt_bc2, float eps, float b1, float b2,
                                                      float l2, float decay) noexcept {
   const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+  if (l2 == 0.0f && decay == 1.0f) {  // as sgd: an infinite weight stays infinite, not NaN from 0 * inf
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + c1 * g[i];
+      v[i] = b2 * v[i] + c2 * g[i] * g[i];
+      const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
+      w[i] = w[i] - step_size * m[i] / denom;
+    }
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     const float weight = w[i] * decay;  // decoupled decay (AdamW); decay == 1 otherwise
     const float grad = g[i] + l2 * w[i];

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The sharded embedding table through the C ABI: bitwise equality with a one-process reference
  * (built from the public table and accumulator) over 1, 2, 3 and 4 ranks, both sharding rules and
- * both optimizers, on threads and on shm processes; checkpoints saved on 4 ranks and loaded into
- * 3, 2 and 5 ranks under either rule; bad ids and buffers on one rank; damaged, hostile and
+ * the three optimizers (SGD, row-wise Adagrad, Adam), on threads and on shm processes; checkpoints
+ * of row-wise Adagrad and of Adam saved on 4 ranks and loaded into 3, 2, 5 and 1 ranks under either
+ * rule; bad ids and buffers on one rank; damaged, hostile and
  * mismatched checkpoints. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -24,8 +25,9 @@
 
 #define MAX_RANKS 5
 
-static snapshot g_ref[2];      /* per optimizer, after STEPS steps */
-static snapshot g_ref_more[2]; /* per optimizer, after STEPS + 2 steps */
+#define OPTIMIZERS 3                    /* SGD, ROW_ADAGRAD, ADAM: gradsync_optimizer_kind 0..2 */
+static snapshot g_ref[OPTIMIZERS];      /* per optimizer, after STEPS steps */
+static snapshot g_ref_more[OPTIMIZERS]; /* per optimizer, after STEPS + 2 steps */
 
 /* Lookups in any order with repeats answer in the caller's order. */
 static void check_lookup(gradsync_embedding* t, int rank, const snapshot* ref) {
@@ -107,7 +109,7 @@ static void run_threads(void* (*fn)(void*), rank_arg* args, int size) {
 static void determinism_on_threads(void) {
   int size, opt, sh, r;
   for (size = 1; size <= 4; ++size)
-    for (opt = 0; opt < 2; ++opt)
+    for (opt = 0; opt < OPTIMIZERS; ++opt)
       for (sh = 0; sh < 2; ++sh) {
         rank_arg args[MAX_RANKS];
         char group[64];
@@ -163,7 +165,8 @@ static void* bad_input_rank(void* p) {
 }
 
 /* ---- checkpoints: saved on 4 ranks (contiguous), loaded into 3, 2, 5 and 1 ranks under either
- * rule, every row and its Adagrad state bitwise, and training goes on as if never interrupted */
+ * rule, every row and its optimizer state (Adagrad's; Adam's moments and per-row update counts)
+ * bitwise, and training goes on as if never interrupted */
 static char g_dir[256];
 
 static void* save_rank(void* p) {
@@ -171,7 +174,7 @@ static void* save_rank(void* p) {
   gradsync_comm* comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
   gradsync_embedding* t;
   if (comm == NULL) return NULL;
-  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  t = make_table(comm, a->optimizer, GRADSYNC_EMBEDDING_CONTIGUOUS);
   /* no checkpoint of this table yet: an incremental save is refused on every rank */
   CHECK_STATUS_MSG(gradsync_embedding_save_incremental(t, g_dir), GRADSYNC_E_MISUSE, "save in full first");
   train(t, a->rank, a->size, 0, STEPS - 2);
@@ -194,15 +197,15 @@ static void* load_rank(void* p) {
   gradsync_comm* comm = join(a->group, GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
   gradsync_embedding* t;
   if (comm == NULL) return NULL;
-  t = make_table(comm, GRADSYNC_OPTIM_ROW_ADAGRAD, a->sharding);
+  t = make_table(comm, a->optimizer, a->sharding);
   CHECK_STATUS(gradsync_embedding_load(t, g_dir), GRADSYNC_OK);
   snprintf(what, sizeof what, "loaded into %s", a->group);
-  compare_local(t, &g_ref[1], GRADSYNC_OPTIM_ROW_ADAGRAD, what);
+  compare_local(t, &g_ref[a->optimizer], a->optimizer, what);
   CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
   CHECK(steps == STEPS);
   train(t, a->rank, a->size, STEPS, STEPS + 2);
   snprintf(what, sizeof what, "resumed in %s", a->group);
-  compare_local(t, &g_ref_more[1], GRADSYNC_OPTIM_ROW_ADAGRAD, what);
+  compare_local(t, &g_ref_more[a->optimizer], a->optimizer, what);
   gradsync_embedding_free(t);
   gradsync_comm_free(comm);
   return NULL;
@@ -218,12 +221,13 @@ static int count_files(const char* dir) {
   return n;
 }
 
-static void resharding(void) {
+static void resharding(int32_t optimizer) {
   static const int sizes[] = {3, 2, 5, 1, 4};
   rank_arg args[MAX_RANKS];
   int i, r, sh;
   for (r = 0; r < 4; ++r) {
-    rank_arg a = {"emb-save-4", GRADSYNC_TRANSPORT_THREAD, 0, 4, GRADSYNC_OPTIM_ROW_ADAGRAD, 0};
+    rank_arg a = {"emb-save-4", GRADSYNC_TRANSPORT_THREAD, 0, 4, 0, 0};
+    a.optimizer = optimizer;
     a.rank = r;
     args[r] = a;
   }
@@ -233,9 +237,10 @@ static void resharding(void) {
   for (i = 0; i < (int)(sizeof sizes / sizeof sizes[0]); ++i)
     for (sh = 0; sh < 2; ++sh) {
       char group[64];
-      snprintf(group, sizeof group, "emb-load-%d-%s", sizes[i], sh ? "hash" : "contiguous");
+      snprintf(group, sizeof group, "emb-load-%d-%s-%d", sizes[i], sh ? "hash" : "contiguous", (int)optimizer);
       for (r = 0; r < sizes[i]; ++r) {
-        rank_arg a = {NULL, GRADSYNC_TRANSPORT_THREAD, 0, 0, GRADSYNC_OPTIM_ROW_ADAGRAD, 0};
+        rank_arg a = {NULL, GRADSYNC_TRANSPORT_THREAD, 0, 0, 0, 0};
+        a.optimizer = optimizer;
         a.group = strdup(group);
         a.rank = r;
         a.size = sizes[i];
@@ -285,7 +290,7 @@ enum {
 static void* hostile_rank(void* p) {
   const rank_arg* a = (const rank_arg*)p;
   gradsync_comm* comm = join("emb-hostile", GRADSYNC_TRANSPORT_THREAD, a->rank, a->size);
-  gradsync_embedding *t, *wide, *sgd;
+  gradsync_embedding *t, *wide, *sgd, *adam;
   gradsync_embedding_options o = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
   static float before[2][ROWS * DIM], before_state[2][ROWS], now[2][ROWS * DIM], now_state[2][ROWS];
   char path[1024], dir[300];
@@ -382,7 +387,19 @@ static void* hostile_rank(void* p) {
   o = table_options(GRADSYNC_OPTIM_SGD, GRADSYNC_EMBEDDING_HASH);
   CHECK_STATUS(gradsync_embedding_create(&sgd, comm, NULL, &o), GRADSYNC_OK);
   CHECK_STATUS_MSG(gradsync_embedding_load(sgd, dir), GRADSYNC_E_MISMATCH, "optimizer");
+  o = table_options(GRADSYNC_OPTIM_ADAM, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  CHECK_STATUS(gradsync_embedding_create(&adam, comm, NULL, &o), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_embedding_load(adam, dir), GRADSYNC_E_MISMATCH,
+                   "holds the state of optimizer 1 (row-wise Adagrad, 1 floats per row), the table uses 2 (Adam)");
+  /* and an Adam checkpoint into a row-wise Adagrad table */
+  train(adam, a->rank, a->size, 0, 1);
+  CHECK_STATUS(gradsync_embedding_save(adam, dir), GRADSYNC_OK);
+  CHECK_STATUS_MSG(gradsync_embedding_load(t, dir), GRADSYNC_E_MISMATCH,
+                   "holds the state of optimizer 2 (Adam, 15 floats per row), the table uses 1 (row-wise Adagrad)");
+  CHECK_STATUS(gradsync_embedding_load(adam, dir), GRADSYNC_OK);
+  CHECK_STATUS(gradsync_embedding_save(t, dir), GRADSYNC_OK);
   CHECK_STATUS(gradsync_embedding_load(t, dir), GRADSYNC_OK);
+  gradsync_embedding_free(adam);
   gradsync_embedding_free(wide);
   gradsync_embedding_free(sgd);
   gradsync_embedding_free(t);
@@ -413,15 +430,16 @@ static void bad_input(void) {
 }
 
 /* ---- the same determinism on shm: real processes, forked before any handle exists */
-static int shm_ranks(int size) {
+static int shm_ranks(int size, int32_t optimizer) {
   pid_t pids[MAX_RANKS];
   char group[64];
   int r, failed = 0;
-  snprintf(group, sizeof group, "emb-shm-%d-%d", (int)getpid(), size);
+  snprintf(group, sizeof group, "emb-shm-%d-%d-%d", (int)getpid(), size, (int)optimizer);
   for (r = 0; r < size; ++r) {
     pids[r] = fork();
     if (pids[r] == 0) {
-      rank_arg a = {NULL, GRADSYNC_TRANSPORT_SHM, 0, 0, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH};
+      rank_arg a = {NULL, GRADSYNC_TRANSPORT_SHM, 0, 0, 0, GRADSYNC_EMBEDDING_HASH};
+      a.optimizer = optimizer;
       a.group = group;
       a.rank = r;
       a.size = size;
@@ -442,23 +460,39 @@ static int shm_ranks(int size) {
 
 int main(void) {
   snapshot* reversed = (snapshot*)malloc(sizeof(snapshot));
-  reference(GRADSYNC_OPTIM_SGD, STEPS, 0, &g_ref[0]);
-  reference(GRADSYNC_OPTIM_ROW_ADAGRAD, STEPS, 0, &g_ref[1]);
-  reference(GRADSYNC_OPTIM_SGD, STEPS + 2, 0, &g_ref_more[0]);
-  reference(GRADSYNC_OPTIM_ROW_ADAGRAD, STEPS + 2, 0, &g_ref_more[1]);
+  int32_t opt;
+  int size;
+  for (opt = 0; opt < OPTIMIZERS; ++opt) {
+    reference(opt, STEPS, 0, &g_ref[opt]);
+    reference(opt, STEPS + 2, 0, &g_ref_more[opt]);
+  }
+  /* Adam's rows are updated as often as the batches touch them: the hot rows every step, others
+   * seldom, so the per-row counts differ (and a row's count says how often it was pushed). */
+  CHECK(g_ref[GRADSYNC_OPTIM_ADAM].state[0 * STATE_MAX + 2 * DIM] == (float)STEPS);
+  {
+    int i, fewer = 0;
+    for (i = 10; i < ROWS; ++i) {
+      const float t = g_ref[GRADSYNC_OPTIM_ADAM].state[i * STATE_MAX + 2 * DIM];
+      CHECK(t >= 0.0f && t <= (float)STEPS);
+      fewer += t > 0.0f && t < (float)STEPS;
+    }
+    CHECK(fewer > 0);
+  }
   /* The test can tell orders apart: summing each batch back to front changes some row's bits. */
   reference(GRADSYNC_OPTIM_SGD, STEPS, 1, reversed);
   CHECK(memcmp(reversed->values, g_ref[0].values, sizeof reversed->values) != 0);
   free(reversed);
 
   /* real processes first, while this one has no thread to copy into them */
-  CHECK(shm_ranks(2) == 0);
-  CHECK(shm_ranks(3) == 0);
+  CHECK(shm_ranks(2, GRADSYNC_OPTIM_ROW_ADAGRAD) == 0);
+  CHECK(shm_ranks(3, GRADSYNC_OPTIM_ROW_ADAGRAD) == 0);
+  for (size = 1; size <= 4; ++size) CHECK(shm_ranks(size, GRADSYNC_OPTIM_ADAM) == 0);
   determinism_on_threads();
   bad_input();
   snprintf(g_dir, sizeof g_dir, "/tmp/gradsync-embedding-XXXXXX");
   CHECK(mkdtemp(g_dir) != NULL);
-  resharding();
+  resharding(GRADSYNC_OPTIM_ROW_ADAGRAD);
+  resharding(GRADSYNC_OPTIM_ADAM);
   hostile_checkpoints();
   {
     char cmd[300];

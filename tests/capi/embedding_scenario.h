@@ -17,6 +17,14 @@
 #define DIM 7 /* odd: a push record's id then sits at a 4-byte, not 8-byte, boundary */
 #define GLOBAL 600
 #define STEPS 4
+#define STATE_MAX (2 * DIM + 1) /* Adam's floats of state per row: m, v, the row's update count */
+
+/* Floats of state per row the optimizer keeps (0 SGD), and that gradsync_embedding_local_rows
+ * writes (1 for SGD: zeros). */
+static int state_width(int32_t optimizer) {
+  return optimizer == GRADSYNC_OPTIM_ADAM ? STATE_MAX : optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD ? 1 : 0;
+}
+static int local_state_width(int32_t optimizer) { return optimizer == GRADSYNC_OPTIM_ADAM ? STATE_MAX : 1; }
 
 static uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -55,7 +63,7 @@ static void slice_of(int step, int r, int p, int* lo, int* hi) {
 
 typedef struct {
   float values[ROWS * DIM];
-  float state[ROWS];
+  float state[ROWS * STATE_MAX]; /* state_width(optimizer) floats per row */
 } snapshot;
 
 static gradsync_embedding_options table_options(int32_t optimizer, int32_t sharding) {
@@ -91,7 +99,7 @@ static void reference(int32_t optimizer, int steps, int reverse, snapshot* out) 
   to.lo = -0.1;
   to.hi = 0.1;
   CHECK_STATUS(gradsync_table_open(&params, NULL, &to), GRADSYNC_OK);
-  to.dim = 1;
+  to.dim = state_width(optimizer) > 0 ? state_width(optimizer) : 1;
   to.init = GRADSYNC_TABLE_INIT_ZEROS;
   CHECK_STATUS(gradsync_table_open(&state, NULL, &to), GRADSYNC_OK);
   ao.mode = GRADSYNC_TABLE_ANONYMOUS;
@@ -113,12 +121,14 @@ static void reference(int32_t optimizer, int steps, int reverse, snapshot* out) 
     } else {
       CHECK_STATUS(gradsync_accum_add_batch(accum, ids, GLOBAL, grads, GLOBAL * DIM), GRADSYNC_OK);
     }
-    CHECK_STATUS(gradsync_accum_apply(accum, params, &opt, optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD ? state : NULL),
-                 GRADSYNC_OK);
+    CHECK_STATUS(gradsync_accum_apply(accum, params, &opt, state_width(optimizer) > 0 ? state : NULL), GRADSYNC_OK);
   }
   for (i = 0; i < ROWS; ++i) {
     CHECK_STATUS(gradsync_table_get(params, i, &out->values[i * DIM], DIM), GRADSYNC_OK);
-    CHECK_STATUS(gradsync_table_get(state, i, &out->state[i], 1), GRADSYNC_OK);
+    if (state_width(optimizer) > 0)
+      CHECK_STATUS(
+          gradsync_table_get(state, i, &out->state[i * state_width(optimizer)], (size_t)state_width(optimizer)),
+          GRADSYNC_OK);
   }
   gradsync_accum_free(accum);
   gradsync_table_free(params);
@@ -128,7 +138,8 @@ static void reference(int32_t optimizer, int steps, int reverse, snapshot* out) 
 /* This rank's rows equal the reference bit for bit; returns the number of rows that differ. */
 static int compare_local(gradsync_embedding* t, const snapshot* ref, int32_t optimizer, const char* what) {
   static __thread int64_t ids[ROWS];
-  static __thread float values[ROWS * DIM], state[ROWS];
+  static __thread float values[ROWS * DIM], state[ROWS * STATE_MAX];
+  const int sw = state_width(optimizer), stride = local_state_width(optimizer);
   int64_t local = 0, i;
   int bad = 0;
   CHECK_STATUS(gradsync_embedding_shape(t, NULL, NULL, &local), GRADSYNC_OK);
@@ -136,7 +147,7 @@ static int compare_local(gradsync_embedding* t, const snapshot* ref, int32_t opt
   for (i = 0; i < local; ++i) {
     const int64_t g = ids[i];
     if (memcmp(&values[i * DIM], &ref->values[g * DIM], sizeof(float) * DIM) != 0 ||
-        (optimizer == GRADSYNC_OPTIM_ROW_ADAGRAD && memcmp(&state[i], &ref->state[g], sizeof(float)) != 0)) {
+        memcmp(&state[i * stride], &ref->state[g * sw], sizeof(float) * (size_t)sw) != 0) {
       if (bad++ == 0) fprintf(stderr, "%s: row %lld differs from the reference\n", what, (long long)g);
     }
   }

@@ -732,7 +732,8 @@ static void sweep_options_structs(void) {
       const gradsync_optimizer defaults = GRADSYNC_OPTIMIZER_INIT;
       obuf.optimizer = defaults;
     }
-    apply_options_case(c, sizeof obuf.optimizer, sizeof obuf.optimizer, GRADSYNC_OPTIMIZER_VERSION);
+    apply_options_case(c, offsetof(gradsync_optimizer, eps) + sizeof(double), sizeof obuf.optimizer,
+                       GRADSYNC_OPTIMIZER_VERSION);
     sweep_begin();
     status = gradsync_accum_apply(accum, params, &obuf.optimizer, NULL);
     report_options_case("gradsync_accum_apply", c->what, c->expected, status, __LINE__);
@@ -774,7 +775,7 @@ static void sweep_options_structs(void) {
              offsetof(gradsync_table_options, hi) + sizeof(double));
   SWEEP_INIT(gradsync_accum_options_init, gradsync_accum_options,
              offsetof(gradsync_accum_options, rows_per_lock) + sizeof(int64_t));
-  SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, sizeof(gradsync_optimizer));
+  SWEEP_INIT(gradsync_optimizer_init, gradsync_optimizer, offsetof(gradsync_optimizer, eps) + sizeof(double));
   SWEEP_INIT(gradsync_comm_options_init, gradsync_comm_options, offsetof(gradsync_comm_options, host));
   SWEEP_INIT(gradsync_shard_options_init, gradsync_shard_options, offsetof(gradsync_shard_options, replicas));
 #undef SWEEP_INIT
@@ -1292,7 +1293,7 @@ static void sweep_accumulator(void) {
   EXPECT(GRADSYNC_E_MISUSE, gradsync_accum_apply(accum, read_only, &opt, NULL));
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state)); /* SGD keeps no state */
   /* common.h: the optimizers apply does not take give GRADSYNC_E_UNSUPPORTED */
-  opt.kind = GRADSYNC_OPTIM_ADAM;
+  opt.kind = GRADSYNC_OPTIM_ADAMW;
   EXPECT(GRADSYNC_E_UNSUPPORTED, gradsync_accum_apply(accum, params, &opt, NULL));
   opt.kind = GRADSYNC_OPTIM_MOMENTUM;
   EXPECT(GRADSYNC_E_UNSUPPORTED, gradsync_accum_apply(accum, params, &opt, NULL));
@@ -1315,14 +1316,22 @@ static void sweep_accumulator(void) {
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, params));
   EXPECT(GRADSYNC_E_MISMATCH, gradsync_accum_apply(accum, params, &opt, narrow));
   EXPECT(GRADSYNC_E_MISUSE, gradsync_accum_apply(accum, params, &opt, read_only));
-  opt.eps = 0;
-  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
   opt.eps = -1;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
   opt.eps = NAN;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
   opt.eps = 1e-300;
   EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state)); /* 0 as a float */
+  /* Adam: a state table of rows x (2 * dim + 1), betas in [0, 1) */
+  opt = (gradsync_optimizer)GRADSYNC_OPTIMIZER_INIT, opt.kind = GRADSYNC_OPTIM_ADAM;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, NULL)); /* needs state */
+  EXPECT(GRADSYNC_E_MISMATCH, gradsync_accum_apply(accum, params, &opt, state));   /* rows x 1 */
+  opt.beta1 = 1.0;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
+  opt.beta1 = 0.9, opt.beta2 = -0.5;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
+  opt.beta2 = NAN;
+  EXPECT(GRADSYNC_E_INVALID_ARG, gradsync_accum_apply(accum, params, &opt, state));
   table_contents(params, params_after);
   EXPECT_TRUE(memcmp(params_before, params_after, sizeof params_before) == 0);
   EXPECT_TRUE(touched_count() == 3);

@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "embedding/checkpoint.hpp"
+#include "optim/optim.hpp"
 
 namespace {
 
@@ -132,8 +133,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ck::Shape shape;
   shape.rows = int64_t{data[0]} + 1;
   shape.dim = int64_t{data[1] % 16} + 1;
-  shape.optimizer = data[2] % 2;
-  shape.state_width = shape.optimizer;
+  shape.optimizer = data[2] % 3;
+  shape.state_width = static_cast<int32_t>(
+      gradsync::optim::state_width(static_cast<gradsync::optim::RowOptimizer>(shape.optimizer), shape.dim));
   std::vector<int64_t> owned;
   const int64_t half = (shape.rows + 1) / 2;
   for (int64_t id = 0; id < shape.rows; ++id) {

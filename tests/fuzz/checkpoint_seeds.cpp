@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writes seeds of checkpoint_fuzz: real checkpoints of small sharded tables (1, 2 and 3 ranks on
-// threads; SGD and row-wise Adagrad; contiguous and hash; a full save alone and with an
+// threads; SGD, row-wise Adagrad and Adam; contiguous and hash; a full save alone and with an
 // incremental layer on it), each packed as checkpoint_fuzz.hpp says and read by every kind of
 // reader, with and without the harness's sealing. Run it after a change of the checkpoint format;
 // the fuzzer grows the corpus from them.
@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
       {2, 60, 3, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS, true},
       {3, 37, 5, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH, false},
       {2, 1, 16, GRADSYNC_OPTIM_SGD, GRADSYNC_EMBEDDING_HASH, true},
+      {2, 40, 3, GRADSYNC_OPTIM_ADAM, GRADSYNC_EMBEDDING_CONTIGUOUS, true},
+      {3, 29, 2, GRADSYNC_OPTIM_ADAM, GRADSYNC_EMBEDDING_HASH, false},
   };
   int n = 0;
   for (const Config& c : configs) {

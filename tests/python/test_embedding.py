@@ -26,10 +26,15 @@ def slice_of(step, rank, size):
     return bounds[rank], bounds[rank + 1]
 
 
+def state_width(optimizer):
+    return 2 * DIM + 1 if optimizer == "adam" else 1
+
+
 def reference(optimizer, steps):
     """(values, state) after `steps` global batches in one process: the public table and accumulator."""
     params = gs.Table.anonymous(ROWS, DIM, init="uniform", seed=5, lo=-0.2, hi=0.2)
-    state = gs.Table.anonymous(ROWS, 1)
+    width = state_width(optimizer)
+    state = gs.Table.anonymous(ROWS, width)
     accum = gs.Accumulator.anonymous(ROWS, DIM, concurrency="owner", threads=2)
     for s in range(steps):
         ids, grads = global_batch(s)
@@ -37,8 +42,9 @@ def reference(optimizer, steps):
         if optimizer == "sgd":
             accum.apply(params, "sgd", lr=0.05)
         else:
-            accum.apply(params, "adagrad", lr=0.05, state=state)
-    return np.array(params.view).reshape(ROWS, DIM).copy(), np.array(state.view).reshape(ROWS).copy()
+            accum.apply(params, "adagrad" if optimizer == "row_adagrad" else optimizer, lr=0.05, state=state)
+    state = np.array(state.view).reshape((ROWS, width) if width > 1 else ROWS).copy()
+    return np.array(params.view).reshape(ROWS, DIM).copy(), state
 
 
 def make(comm, sharding="contiguous", optimizer="row_adagrad", **kw):
@@ -55,13 +61,13 @@ def train(table, rank, size, steps, first=0):
 
 def gather_rows(parts):
     values = np.full((ROWS, DIM), np.nan, dtype=np.float32)
-    state = np.full(ROWS, np.nan, dtype=np.float32)
+    state = np.full((ROWS,) + parts[0][2].shape[1:], np.nan, dtype=np.float32)
     for ids, v, s in parts:
         values[ids], state[ids] = v, s
     return values, state
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "row_adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "row_adagrad", "adam"])
 @pytest.mark.parametrize("sharding", ["contiguous", "hash"])
 def test_bitwise_equal_to_one_process_on_1_to_4_ranks(optimizer, sharding):
     ref_values, ref_state = reference(optimizer, 3)
@@ -78,7 +84,7 @@ def test_bitwise_equal_to_one_process_on_1_to_4_ranks(optimizer, sharding):
         results = run_ranks(size, body)
         values, state = gather_rows([r[0] for r in results])
         assert values.tobytes() == ref_values.tobytes(), f"{size} ranks, {sharding}"
-        if optimizer == "row_adagrad":
+        if optimizer != "sgd":
             assert state.tobytes() == ref_state.tobytes()
         for _, probe, looked in results:
             assert looked.tobytes() == ref_values[probe].tobytes()
@@ -93,20 +99,21 @@ def test_order_matters_so_the_test_can_fail():
     assert np.array(a.view).tobytes() != np.array(b.view).tobytes()
 
 
-def test_checkpoint_loads_into_other_world_sizes_and_rules(tmp_path):
+@pytest.mark.parametrize("optimizer", ["row_adagrad", "adam"])
+def test_checkpoint_loads_into_other_world_sizes_and_rules(tmp_path, optimizer):
     ckpt = tmp_path / "ckpt"
-    ref_values, ref_state = reference("row_adagrad", 3)
-    more_values, _ = reference("row_adagrad", 5)
+    ref_values, ref_state = reference(optimizer, 3)
+    more_values, more_state = reference(optimizer, 5)
 
     def saver(comm, rank):
-        with make(comm, "hash") as t:
+        with make(comm, "hash", optimizer) as t:
             train(t, rank, comm.size, 3)
             t.save(ckpt)
 
     run_ranks(4, saver)
     for size, sharding in ((3, "contiguous"), (2, "hash"), (1, "contiguous")):
         def loader(comm, rank):
-            with make(comm, sharding) as t:
+            with make(comm, sharding, optimizer) as t:
                 t.load(ckpt)
                 loaded = t.local_state()
                 steps = t.steps
@@ -117,7 +124,8 @@ def test_checkpoint_loads_into_other_world_sizes_and_rules(tmp_path):
         values, state = gather_rows([r[0] for r in results])
         assert values.tobytes() == ref_values.tobytes() and state.tobytes() == ref_state.tobytes()
         assert all(r[1] == 3 for r in results)
-        assert gather_rows([r[2] for r in results])[0].tobytes() == more_values.tobytes()
+        after = gather_rows([r[2] for r in results])
+        assert after[0].tobytes() == more_values.tobytes() and after[1].tobytes() == more_state.tobytes()
 
 
 def test_bad_id_on_one_rank_fails_every_rank():
@@ -288,3 +296,88 @@ def test_incremental_save_writes_only_pushed_rows_and_loads_in_layers(tmp_path):
     values, state = gather_rows([r[0] for r in results])
     assert values.tobytes() == ref_values.tobytes() and state.tobytes() == ref_state.tobytes()
     assert [r[1] for r in results] == [4, 4, 4]
+
+
+def _torch_sparse_adam_rows(torch, w0, steps, lr, betas, eps, per_row):
+    """torch.optim.SparseAdam on the rows of w0 after the gradients of `steps` ((ids, grads) in
+    global batch order). per_row: each row a parameter of its own with its own SparseAdam, stepped
+    only when the batch touches it (so its step count is the row's update count, as the table's);
+    otherwise one SparseAdam over the whole table (its step count is the optimizer's)."""
+    rows = w0.shape[0]
+    if not per_row:
+        emb = torch.nn.Embedding(rows, w0.shape[1], sparse=True)
+        with torch.no_grad():
+            emb.weight.copy_(torch.from_numpy(w0))
+        opt = torch.optim.SparseAdam(emb.parameters(), lr=lr, betas=betas, eps=eps)
+        for ids, grads in steps:
+            opt.zero_grad()
+            emb.weight.grad = torch.sparse_coo_tensor(torch.from_numpy(ids)[None], torch.from_numpy(grads),
+                                                      w0.shape)
+            opt.step()
+        return emb.weight.detach().numpy().copy()
+    params = [torch.nn.Parameter(torch.from_numpy(w0[r:r + 1].copy())) for r in range(rows)]
+    opts = [torch.optim.SparseAdam([p], lr=lr, betas=betas, eps=eps) for p in params]
+    for ids, grads in steps:
+        for r in np.unique(ids):
+            params[r].grad = torch.sparse_coo_tensor(torch.zeros(1, int((ids == r).sum()), dtype=torch.int64),
+                                                     torch.from_numpy(grads[ids == r]), (1, w0.shape[1]))
+            opts[r].step()
+    return np.concatenate([p.detach().numpy() for p in params])
+
+
+@pytest.mark.parametrize("every_row_every_step", [True, False])
+def test_adam_matches_torch_sparse_adam(every_row_every_step):
+    """The table's Adam against torch.optim.SparseAdam: close within float tolerance (the order of
+    torch's arithmetic differs), on 2 ranks. When every row is touched at every step a single
+    SparseAdam is the reference; otherwise torch's SparseAdam per row, since the table's bias
+    correction counts each row's own updates, which a single SparseAdam's step count does not."""
+    torch = pytest.importorskip("torch")
+    rows, dim, lr, betas, eps = 24, 5, 0.03, (0.8, 0.95), 1e-6
+    rng = np.random.default_rng(11)
+    steps = []
+    for s in range(30):
+        n = 60
+        ids = rng.integers(0, rows if every_row_every_step else 6 + s % 7, n)
+        if every_row_every_step:
+            ids[:rows] = np.arange(rows)
+        steps.append((ids.astype(np.int64), (rng.standard_normal((n, dim)) * rng.choice([1e-3, 1.0, 10.0], (n, 1)))
+                      .astype(np.float32)))
+    w0 = np.array(gs.Table.anonymous(rows, dim, init="uniform", seed=9, lo=-0.5, hi=0.5).view).reshape(rows, dim)
+
+    def body(comm, rank):
+        with gs.ShardedEmbeddingTable(comm, rows, dim, sharding="hash", optimizer="adam", lr=lr, betas=betas,
+                                      eps=eps, init="uniform", seed=9) as t:
+            for ids, grads in steps:
+                lo, hi = (0, 25) if rank == 0 else (25, len(ids))
+                t.push(ids[lo:hi], grads[lo:hi])
+            return t.lookup(np.arange(rows)), t.local_state()
+
+    results = run_ranks(2, body)
+    mine, (ids0, _, state0) = results[0]
+    expected = _torch_sparse_adam_rows(torch, w0, steps, lr, betas, eps, per_row=not every_row_every_step)
+    np.testing.assert_allclose(mine, expected, rtol=2e-5, atol=2e-6)
+    assert not np.array_equal(mine, w0)
+    # the last float of a row's state is its update count
+    counts = {r: sum(int(r in ids) for ids, _ in steps) for r in range(rows)}
+    assert [int(c) for c in state0[:, 2 * dim]] == [counts[r] for r in ids0]
+    if not every_row_every_step:
+        # a single SparseAdam (step count = the optimizer's) gives other rows: the test tells them apart
+        global_count = _torch_sparse_adam_rows(torch, w0, steps, lr, betas, eps, per_row=False)
+        assert not np.allclose(mine, global_count, rtol=2e-5, atol=2e-6)
+
+
+def test_adam_checkpoint_refused_by_another_optimizer(tmp_path):
+    def body(comm, rank):
+        with make(comm, optimizer="adam") as t:
+            train(t, rank, comm.size, 1)
+            t.save(tmp_path)
+        with make(comm, optimizer="row_adagrad") as t:
+            with pytest.raises(gs.GradsyncError) as info:
+                t.load(tmp_path)
+            assert info.value.status == gs.E_MISMATCH and "(Adam, 13 floats per row)" in str(info.value)
+        for betas in ((1.0, 0.999), (0.9, -0.1), (0.9, float("nan"))):
+            with pytest.raises(gs.GradsyncError) as info:
+                make(comm, optimizer="adam", betas=betas)
+            assert info.value.status == gs.E_INVALID_ARG and "beta1 and beta2 must be in [0, 1)" in str(info.value)
+
+    run_ranks(2, body)

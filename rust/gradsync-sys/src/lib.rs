@@ -430,7 +430,7 @@ pub const GRADSYNC_ACCUM_OPTIONS_INIT: gradsync_accum_options = gradsync_accum_o
 };
 
 
-pub const GRADSYNC_OPTIMIZER_VERSION: u32 = 1;
+pub const GRADSYNC_OPTIMIZER_VERSION: u32 = 2;
 
 /// An optimizer step for [`gradsync_accum_apply`] (accumulator.h, version 1).
 #[repr(C)]
@@ -441,7 +441,10 @@ pub struct gradsync_optimizer {
     pub kind: i32,
     pub reserved0: i32,
     pub lr: f64,
+    /// 0: the optimizer's default (1e-10 row-wise Adagrad, 1e-8 Adam).
     pub eps: f64,
+    pub beta1: f64,
+    pub beta2: f64,
 }
 
 /// GRADSYNC_OPTIMIZER_INIT.
@@ -451,7 +454,9 @@ pub const GRADSYNC_OPTIMIZER_INIT: gradsync_optimizer = gradsync_optimizer {
     kind: GRADSYNC_OPTIM_SGD,
     reserved0: 0,
     lr: 0.01,
-    eps: 1e-10,
+    eps: 0.0,
+    beta1: 0.9,
+    beta2: 0.999,
 };
 
 
@@ -888,9 +893,9 @@ extern "C" {
 pub const GRADSYNC_EMBEDDING_CONTIGUOUS: i32 = 0;
 pub const GRADSYNC_EMBEDDING_HASH: i32 = 1;
 
-pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 1;
+pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 2;
 
-/// Options of [`gradsync_embedding_create`] (embedding.h, version 1).
+/// Options of [`gradsync_embedding_create`] (embedding.h, version 2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct gradsync_embedding_options {
@@ -907,6 +912,8 @@ pub struct gradsync_embedding_options {
     pub seed: u64,
     pub lo: f64,
     pub hi: f64,
+    pub beta1: f64,
+    pub beta2: f64,
 }
 
 /// GRADSYNC_EMBEDDING_OPTIONS_INIT.
@@ -918,12 +925,14 @@ pub const GRADSYNC_EMBEDDING_OPTIONS_INIT: gradsync_embedding_options = gradsync
     sharding: GRADSYNC_EMBEDDING_CONTIGUOUS,
     optimizer: GRADSYNC_OPTIM_SGD,
     lr: 0.01,
-    eps: 1e-10,
+    eps: 0.0,
     init: GRADSYNC_TABLE_INIT_ZEROS,
     threads: GRADSYNC_UNSET_I32,
     seed: 0,
     lo: -0.5,
     hi: 0.5,
+    beta1: 0.9,
+    beta2: 0.999,
 };
 
 

@@ -90,13 +90,14 @@ fn mirrored_layouts() -> Vec<Layout> {
             struct_size, version, mode, concurrency, rows, dim, rows_per_lock, threads, file_mode,
             allow_other_owner,
         }
-        gradsync_optimizer { struct_size, version, kind, reserved0, lr, eps }
+        gradsync_optimizer { struct_size, version, kind, reserved0, lr, eps, beta1, beta2 }
         gradsync_shard_options {
             struct_size, version, optimizer, compress, error_feedback, clamp, lr, momentum, beta1, beta2, eps,
             weight_decay, clamp_min, clamp_max, clip_norm, replicas, reserved0,
         }
         gradsync_embedding_options {
-            struct_size, version, rows, dim, sharding, optimizer, lr, eps, init, threads, seed, lo, hi,
+            struct_size, version, rows, dim, sharding, optimizer, lr, eps, init, threads, seed, lo, hi, beta1,
+            beta2,
         }
     }
 }

@@ -64,6 +64,10 @@ pub enum Optimizer {
     /// PyTorch-BigGraph's row-wise Adagrad: `s[r] += mean(g²); w -= lr·g / (sqrt(s[r]) + eps)`;
     /// needs a `rows x 1` state table.
     RowAdagrad { lr: f64, eps: f64 },
+    /// Sparse Adam as torch.optim.SparseAdam on the touched rows, each row with its own update
+    /// count for the bias correction (accumulator.h); needs a `rows x (2·dim + 1)` state table of
+    /// zeros at first. `eps` 0 is torch's 1e-8; torch's betas are (0.9, 0.999).
+    Adam { lr: f64, eps: f64, beta1: f64, beta2: f64 },
 }
 
 impl Optimizer {
@@ -78,6 +82,13 @@ impl Optimizer {
                 raw.kind = sys::GRADSYNC_OPTIM_ROW_ADAGRAD;
                 raw.lr = lr;
                 raw.eps = eps;
+            }
+            Optimizer::Adam { lr, eps, beta1, beta2 } => {
+                raw.kind = sys::GRADSYNC_OPTIM_ADAM;
+                raw.lr = lr;
+                raw.eps = eps;
+                raw.beta1 = beta1;
+                raw.beta2 = beta2;
             }
         }
         raw

@@ -27,6 +27,20 @@ pub enum RowOptimizer {
     Sgd = sys::GRADSYNC_OPTIM_SGD,
     /// PyTorch-BigGraph's row-wise Adagrad: `s += mean(g²); w -= lr·g / (sqrt(s) + eps)`.
     RowAdagrad = sys::GRADSYNC_OPTIM_ROW_ADAGRAD,
+    /// Sparse Adam as torch.optim.SparseAdam on the touched rows, each row with its own update
+    /// count for the bias correction (embedding.h).
+    Adam = sys::GRADSYNC_OPTIM_ADAM,
+}
+
+impl RowOptimizer {
+    /// Floats of state per row that [`ShardedEmbedding::local_state`] returns: 1 for SGD (zeros)
+    /// and row-wise Adagrad, `2·dim + 1` for Adam (m, v, the row's update count).
+    pub fn state_width(self, dim: usize) -> usize {
+        match self {
+            RowOptimizer::Adam => 2 * dim + 1,
+            _ => 1,
+        }
+    }
 }
 
 /// Options of [`ShardedEmbedding::new`] (`gradsync_embedding_options`); [`Default`] is
@@ -38,7 +52,10 @@ pub struct EmbeddingOptions {
     pub sharding: Sharding,
     pub optimizer: RowOptimizer,
     pub lr: f64,
+    /// 0 (the default): the optimizer's own, 1e-10 row-wise Adagrad, 1e-8 Adam.
     pub eps: f64,
+    /// Adam's `(beta1, beta2)`; default torch's `(0.9, 0.999)`.
+    pub betas: (f64, f64),
     /// How rows are first filled (the same values whatever the sharding).
     pub init: TableInit,
     /// Owner threads adding a rank's received gradients; `None`: 1. The result does not depend on it.
@@ -55,6 +72,7 @@ impl Default for EmbeddingOptions {
             optimizer: RowOptimizer::Sgd,
             lr: d.lr,
             eps: d.eps,
+            betas: (d.beta1, d.beta2),
             init: TableInit::Zeros,
             threads: None,
         }
@@ -70,6 +88,7 @@ impl EmbeddingOptions {
         raw.optimizer = self.optimizer as i32;
         raw.lr = self.lr;
         raw.eps = self.eps;
+        (raw.beta1, raw.beta2) = self.betas;
         if let TableInit::Uniform { seed, lo, hi } = self.init {
             raw.init = sys::GRADSYNC_TABLE_INIT_UNIFORM;
             raw.seed = seed;
@@ -96,6 +115,7 @@ impl EmbeddingOptions {
 pub struct ShardedEmbedding {
     raw: NonNull<sys::gradsync_embedding>,
     dim: usize,
+    optimizer: RowOptimizer,
 }
 
 // SAFETY: a handle used by one thread at a time (not Sync); the library reference-counts the
@@ -113,7 +133,7 @@ impl ShardedEmbedding {
             sys::gradsync_embedding_create(&mut out, comm.as_raw(), dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()), &opts)
         })?;
         let raw = NonNull::new(out).expect("gradsync_embedding_create returned OK and a NULL handle");
-        Ok(ShardedEmbedding { raw, dim: options.dim.max(0) as usize })
+        Ok(ShardedEmbedding { raw, dim: options.dim.max(0) as usize, optimizer: options.optimizer })
     }
 
     /// Floats per row.
@@ -182,10 +202,12 @@ impl ShardedEmbedding {
         check(unsafe { sys::gradsync_embedding_load(self.raw.as_ptr(), d.as_ptr()) })
     }
 
-    /// This rank's rows: `(ids ascending, values, row-wise Adagrad state)`.
+    /// This rank's rows: `(ids ascending, values, state)`, `state` holding
+    /// [`RowOptimizer::state_width`] floats per row.
     pub fn local_state(&self) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {
         let n = self.local_rows()?;
-        let (mut ids, mut values, mut state) = (vec![0i64; n], vec![0f32; n * self.dim], vec![0f32; n]);
+        let w = self.optimizer.state_width(self.dim);
+        let (mut ids, mut values, mut state) = (vec![0i64; n], vec![0f32; n * self.dim], vec![0f32; n * w]);
         check(unsafe {
             sys::gradsync_embedding_local_rows(
                 self.raw.as_ptr(),

@@ -38,8 +38,8 @@ wire), updates the slice and all-gathers the new weights into the parameters:
 
 ShardedEmbedding and ShardedEmbeddingBag keep their table sharded over the ranks
 (gradsync.ShardedEmbeddingTable): forward looks the rows up from their owners, and backward pushes
-the rows' gradients back, where the owners apply the table's own optimizer (SGD or row-wise
-Adagrad) at once, exactly and deterministically. They sit beside DistributedDataParallel, which
+the rows' gradients back, where the owners apply the table's own optimizer (SGD, row-wise
+Adagrad or sparse Adam) at once, exactly and deterministically. They sit beside DistributedDataParallel, which
 averages the dense part of the model (keep them out of the module DDP wraps, or they would be
 wrapped twice):
 
@@ -570,8 +570,9 @@ class ShardedEmbedding(torch.nn.Module):
     """torch.nn.Embedding whose rows live sharded over comm's ranks, updated by the table itself.
 
     Arguments after comm, rows and dim are those of gradsync.ShardedEmbeddingTable (sharding,
-    optimizer, lr, eps, init, seed, lo, hi, threads, directory); `table` is that table, for
-    save() and load(). The weights are no torch parameter: the optimizer step happens in backward.
+    optimizer ("sgd", "row_adagrad" or "adam"), lr, eps, betas, init, seed, lo, hi, threads,
+    directory); `table` is that table, for save() and load(). The weights are no torch parameter:
+    the optimizer step happens in backward.
     """
 
     def __init__(self, comm, rows, dim, **table_options):
