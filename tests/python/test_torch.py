@@ -141,6 +141,90 @@ def test_buckets_of_any_size():
     assert small[0][0] == large[0][0]
 
 
+def _counting(comm):
+    """Counts the wrapper's calls on comm: non-blocking all-reduces, and blocking ones."""
+    calls = {"iallreduce": 0, "allreduce": 0}
+    iallreduce, allreduce = comm.iallreduce, comm.allreduce
+
+    def counted_i(*args, **kwargs):
+        calls["iallreduce"] += 1
+        return iallreduce(*args, **kwargs)
+
+    def counted(*args, _nonblocking=False, **kwargs):
+        calls["allreduce"] += not _nonblocking  # iallreduce() is allreduce(_nonblocking=True)
+        return allreduce(*args, _nonblocking=_nonblocking, **kwargs)
+
+    comm.iallreduce, comm.allreduce = counted_i, counted
+    return calls
+
+
+def reference_plain(steps):
+    ref = Plain(0)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(steps):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    return [p.detach() for p in ref.parameters()]
+
+
+@pytest.mark.parametrize("bucket_cap_mb, buckets", [(100, 1), (1e-4, 4)])
+def test_every_bucket_but_the_last_starts_non_blocking_and_the_last_runs_at_the_end(bucket_cap_mb, buckets):
+    """The last bucket is ready only when backward has nothing left to overlap it with: it runs
+    as one blocking call at the end of backward, on the caller's thread, and a model of one bucket
+    makes no non-blocking call at all (no hand-off to the progress thread and back)."""
+    steps = 3
+
+    def run(comm, rank):
+        model = gst.DistributedDataParallel(Plain(rank), comm, bucket_cap_mb=bucket_cap_mb)
+        calls = _counting(comm)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad(set_to_none=step % 2 == 0)  # a fresh .grad, then one kept and zeroed
+            torch.nn.functional.cross_entropy(model(x[rank::2]), y[rank::2]).backward()
+            opt.step()
+        return len(model._buckets), calls, [p.detach().clone() for p in model.module.parameters()]
+
+    results = run_ranks(2, run)
+    for n, calls, _ in results:
+        assert n == buckets
+        assert calls == {"iallreduce": steps * (buckets - 1), "allreduce": steps}
+    for a, b, want in zip(results[0][2], results[1][2], reference_plain(steps)):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_request_of_the_users_in_flight_over_backward():
+    """A non-blocking call of the user's own, issued before backward and waited for after it: the
+    step's calls go behind it (the blocking one through the progress thread, in order), on every
+    rank alike, and both results are right."""
+    steps = 3
+
+    def run(comm, rank):
+        model = gst.DistributedDataParallel(Plain(rank), comm, bucket_cap_mb=1e-4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sums = []
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad(set_to_none=True)
+            mine = np.full(1 << 20, rank + step, dtype=np.float32)
+            request = comm.iallreduce(mine, op="sum")
+            torch.nn.functional.cross_entropy(model(x[rank::2]), y[rank::2]).backward()
+            sums.append(set(request.wait().tolist()))
+            request.close()
+            opt.step()
+        return sums, [p.detach().clone() for p in model.module.parameters()]
+
+    results = run_ranks(2, run)
+    for sums, _ in results:
+        assert sums == [{float(1 + 2 * step)} for step in range(steps)]
+    for a, b, want in zip(results[0][1], results[1][1], reference_plain(steps)):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, want, rtol=1e-5, atol=1e-6)
+
+
 def train_zero(comm, rank, size, steps=5, lr_schedule=None, **options):
     model = Plain(seed=rank)  # each rank starts elsewhere: the optimizer takes rank 0's weights
     opt = gst.ZeroRedundancyOptimizer(model.parameters(), comm, **options)

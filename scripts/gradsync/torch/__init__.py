@@ -11,7 +11,10 @@ Gradients are packed into buckets (bucket_cap_mb, in reverse registration order,
 DistributedDataParallel does); a bucket's all-reduce (mean, rank order) is started on the
 communicator's progress thread as soon as its last gradient is accumulated during backward, so
 communication overlaps the rest of the backward pass, and the buckets are waited for and copied
-back into each parameter's .grad when backward ends. Gradients are copied into the buckets, not
+back into each parameter's .grad when backward ends. The last bucket is the exception: it is
+ready only when every gradient is, with nothing of backward left to overlap, so it is all-reduced
+at the end of backward on the caller's thread (a model of one bucket never involves the progress
+thread). Gradients are copied into the buckets, not
 viewed, so optimizer.zero_grad(set_to_none=True) (torch 2's default) cannot detach them.
 no_sync() skips the averaging for gradient accumulation; the next synchronised backward averages
 the accumulated gradients.
@@ -87,6 +90,9 @@ class _Bucket:
             self.flat = torch.zeros(at, dtype=dtype)
         except TypeError:  # a dtype the collectives do not take: the all-reduce names it
             self.flat = torch.zeros(at, dtype=dtype)
+        # Made once: each step's hooks and copies back use them, and the collectives take the array.
+        self.views = [self.flat[o:o + p.numel()].view_as(p) for p, o in zip(params, self.offsets)]
+        self.array = self.flat.numpy()
         self.arrived = [False] * len(params)
         self.pending = len(params)
         self.request = None
@@ -172,7 +178,7 @@ class DistributedDataParallel(torch.nn.Module):
         module, bucket_cap_mb = self.module, self._bucket_cap_mb
         for h in self._hooks:
             h.remove()
-        self._hooks, self._buckets, self._where = [], [], {}
+        self._hooks, self._buckets = [], []
         self.comm = comm
         _check_same_model(module, comm, {"bucket_cap_mb": float(bucket_cap_mb)})
         with torch.no_grad():
@@ -190,14 +196,12 @@ class DistributedDataParallel(torch.nn.Module):
             size += p.numel() * p.element_size()
         if group:
             self._buckets.append(_Bucket(group, group[0].dtype, comm))
-        for b, bucket in enumerate(self._buckets):
-            for i, p in enumerate(bucket.params):
-                self._where[p] = (b, i)
         self._grad_accs = []  # the AccumulateGrad nodes must live for their hooks to fire
-        for p in params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._hooks.append(acc.register_hook(self._make_hook(p)))
-            self._grad_accs.append(acc)
+        for bucket in self._buckets:
+            for i, p in enumerate(bucket.params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hooks.append(acc.register_hook(self._make_hook(p, bucket, i)))
+                self._grad_accs.append(acc)
         self._next = 0  # the next bucket to start: buckets start in index order on every rank
         self._in_step = False  # a synchronised backward has begun and not ended
         self._step = 0  # its number: the end-of-backward callback of an earlier one is stale
@@ -228,21 +232,19 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._sync = previous
 
-    def _make_hook(self, p):
+    def _make_hook(self, p, bucket, i):
         def hook(*_):
             if not self._sync:
                 return
             try:
-                self._arrive(p)
+                self._arrive(p, bucket, i)
             except BaseException as e:
                 self._fail(e)
                 raise
         return hook
 
-    def _arrive(self, p):
+    def _arrive(self, p, bucket, i):
         self.comm.ptr  # raises once the communicator is closed: the buckets were its memory
-        b, i = self._where[p]
-        bucket = self._buckets[b]
         if self._in_step and bucket.arrived[i]:  # a gradient twice: a new backward, the last unfinished
             self._abandon_unfinished()
         if not self._in_step:
@@ -250,20 +252,28 @@ class DistributedDataParallel(torch.nn.Module):
             self._step += 1
             step = self._step
             torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish(step))
-        n = p.numel()
-        view = bucket.flat[bucket.offsets[i]:bucket.offsets[i] + n]
-        if p.grad is None:
-            view.zero_()
+        grad = p.grad
+        if grad is None:
+            bucket.views[i].zero_()
         else:
-            view.copy_(p.grad.reshape(-1))
+            bucket.views[i].copy_(grad)
         bucket.arrived[i] = True
         bucket.pending -= 1
-        self._start_ready()
+        if bucket.pending == 0:
+            self._start_ready()
 
     def _start_ready(self):
-        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+        """Start the ready buckets, in index order, on the progress thread; all but the last.
+
+        The last bucket is ready only once every parameter has its gradient: backward has nothing
+        left to overlap it with, and its end waits for it at once. _complete all-reduces it on this
+        thread instead, which spares the two hand-offs (to the progress thread and back) that
+        cost more than the all-reduce itself when ranks fill the cores; with a single bucket the
+        step makes no non-blocking call at all."""
+        last = len(self._buckets) - 1
+        while self._next < last and self._buckets[self._next].pending == 0:
             bucket = self._buckets[self._next]
-            bucket.request = self.comm.iallreduce(bucket.flat.numpy(), op="mean")
+            bucket.request = self.comm.iallreduce(bucket.array, op="mean")
             self._next += 1
 
     def _finish(self, step):
@@ -280,21 +290,25 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _complete(self):
         for bucket in self._buckets[self._next:]:
-            for i, (p, at) in enumerate(zip(bucket.params, bucket.offsets)):
+            for i, view in enumerate(bucket.views):
                 if not bucket.arrived[i]:
-                    bucket.flat[at:at + p.numel()].zero_()
+                    view.zero_()
             bucket.pending = 0
-        self._start_ready()
+        # The buckets in flight first: once they are done the communicator has nothing pending, and
+        # the rest run on this thread (a blocking call behind pending ones would go through the
+        # progress thread).
         for bucket in self._buckets:
-            bucket.request.wait()
-            bucket.request.close()
-            bucket.request = None
-            for p, at in zip(bucket.params, bucket.offsets):
-                g = bucket.flat[at:at + p.numel()].view_as(p)
+            if bucket.request is not None:
+                bucket.request.wait()
+                bucket.request.close()
+                bucket.request = None
+            else:
+                self.comm.allreduce(bucket.array, op="mean")
+            for p, view in zip(bucket.params, bucket.views):
                 if p.grad is None:
-                    p.grad = g.clone()
+                    p.grad = view.clone()
                 else:
-                    p.grad.copy_(g)
+                    p.grad.copy_(view)
             bucket.pending = len(bucket.params)
             bucket.arrived = [False] * len(bucket.params)
         self._next = 0
