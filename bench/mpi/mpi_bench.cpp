@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MPI transport beside raw MPI_Allreduce (bench/mpi/run.sh [np]):
-// - allreduce of M floats, M in {1, 1K, 64K, 1M, 16M}: raw MPI_Allreduce, the transport with its
-//   defaults, and in deterministic (rank-order) mode; each run interleaves the three, and the
-//   table gives min / median / max over the runs of each one's median time, and of its ratio to
-//   raw MPI's median in the same run.
+// - allreduce of M floats, M in {1, 1K, 4K, 64K, 1M, 16M} (4K: the most the small path carries at
+//   up to 4 ranks): raw MPI_Allreduce, the transport with its defaults, and in deterministic
+//   (rank-order) mode, in place, or out of place ("out" as the third argument: every variant,
+//   raw MPI too); each run interleaves the three, and the table gives min / median / max over the
+//   runs of each one's median time, and of its ratio to raw MPI's median in the same run.
 // - 256 buffers of 4K floats: one fused allreduce beside 256 separate raw MPI_Allreduce calls.
 #define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
@@ -47,9 +48,10 @@ Spread spread(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // [runs [largest size in floats]]
+  // [runs [largest size in floats [in|out]]]
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const size_t largest = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : size_t{16} << 20;
+  const bool out_of_place = argc > 3 && std::string(argv[3]) == "out";
   auto plain = make(false);  // initialises MPI
   auto deterministic = make(true);
   MPI_Comm raw;
@@ -61,16 +63,19 @@ int main(int argc, char** argv) {
     double load = 0;
     std::ifstream("/proc/loadavg") >> load;
     std::printf(
-        "MPI transport vs raw MPI_Allreduce (f32 sum, in place), %d ranks, %d runs; per run the median of the "
+        "MPI transport vs raw MPI_Allreduce (f32 sum, %s), %d ranks, %d runs; per run the median of the "
         "slowest rank's time per call; min / median / max over the runs (load average %.1f)\n\n",
-        size, runs, load);
+        out_of_place ? "out of place" : "in place", size, runs, load);
     std::printf("| floats | raw MPI us | default us | default / raw | deterministic us | deterministic / raw |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
   }
-  for (size_t m : {size_t{1}, size_t{1} << 10, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+  for (size_t m : {size_t{1}, size_t{1} << 10, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
     if (m > largest) break;
-    std::vector<float> a(m, 0.0f), b(m, 0.0f), d(m, 0.0f);
-    const BufferRef rb{b.data(), b.data(), m}, rd{d.data(), d.data(), m};
+    std::vector<float> a(m, 0.0f), b(m, 0.0f), d(m, 0.0f), to(out_of_place ? m : 0);
+    const BufferRef rb{b.data(), out_of_place ? to.data() : b.data(), m},
+        rd{d.data(), out_of_place ? to.data() : d.data(), m};
+    const void* raw_from = out_of_place ? a.data() : MPI_IN_PLACE;
+    float* raw_to = out_of_place ? to.data() : a.data();
     // One call per sample for large sizes (ranks meet in a barrier first), short batches for small
     // ones; variants rotate, so that a shared machine's bursts fall on all of them alike.
     const int batch = m <= 1024 ? 20 : 1;
@@ -78,7 +83,7 @@ int main(int argc, char** argv) {
     std::vector<double> t_raw, t_def, t_det, r_def, r_det;
     for (int run = 0; run < runs; ++run) {
       std::vector<Variant> v{
-          {"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(m), MPI_FLOAT, MPI_SUM, raw); }, {}},
+          {"raw", [&] { MPI_Allreduce(raw_from, raw_to, static_cast<int>(m), MPI_FLOAT, MPI_SUM, raw); }, {}},
           {"default", [&] { plain->allreduce(std::span<const BufferRef>(&rb, 1), DType::F32, ReduceOp::Sum); }, {}},
           {"determ",
            [&] { deterministic->allreduce(std::span<const BufferRef>(&rd, 1), DType::F32, ReduceOp::Sum); },

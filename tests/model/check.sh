@@ -66,6 +66,7 @@ check holds "MPI: 3 ranks, 2 calls, an abort" -DN=3 -DK=2 -DABORTS=1 -DTIMEOUTS=
 check holds "MPI: 3 ranks, 1 call, an abort, a deadline and a death" -DN=3 -DK=1 -DABORTS=1 -DTIMEOUTS=1 -DDEATHS=1
 check violated "MPI mutant: an abort abandons the exchange this rank posted" -DN=2 -DK=2 -DMUTANT_ABANDON
 check violated "MPI mutant: any notice ends a wait, whatever call it stops at" -DN=2 -DK=2 -DMUTANT_STOPAT
+check violated "MPI mutant: the table reaches the rank outside the doubling before it is whole" -DN=3 -DK=1 -DABORTS=1 -DTIMEOUTS=0 -DMUTANT_EARLY
 check violated "MPI mutant: abort() reads how far the rank posted apart from its flag" -DN=2 -DK=2 -DMUTANT_NOCAS
 check violated "MPI mutant: a rank that failed a call goes on in its epoch" -DN=2 -DK=2 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_STAY
 check violated "MPI mutant: a large call enters MPI's collective without a commit" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_NOCOMMIT

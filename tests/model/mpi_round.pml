@@ -4,8 +4,12 @@
  * protocol" above MpiCommunicator::arrive), as a Promela model that spin checks over every
  * interleaving of its events: completion, abort, timeout, a dead peer and reset.
  *
- * Each call starts with its exchange: a rank posts its message to every peer (it can never take it
- * back: MPI cannot cancel), and the exchange completes on a rank once every rank has posted it. A
+ * Each call starts with its exchange: a rank posts its first message (it can never take it back: MPI
+ * cannot cancel). With 2 ranks the exchange completes on a rank once the other has posted. With 3 it
+ * is the transport's recursive doubling with one rank outside: rank 0 sends its entry to rank 1;
+ * rank 1, once it has that, sends what it holds to rank 2; rank 2's exchange completes once rank 1
+ * has sent; rank 1, once it has rank 2's, sends the whole table to rank 0, whose exchange then
+ * completes. A rank moves from one step to the next only through the same committed wait. A
  * small call (an allreduce that fits, a barrier) ends there. A large one posts a commit barrier once
  * its exchange has completed, then enters MPI's blocking collective, which no deadline, abort or
  * notice can end: it completes only when every rank has entered it (or a death ends the job).
@@ -77,6 +81,7 @@
 byte shape[K + 1];        /* of the k-th call (k from 1) */
 byte ep[N];               /* each rank's epoch */
 byte xp[E * N];           /* the last call whose exchange rank r posted in epoch e */
+byte xst[E * N];           /* 4 * call + the step of its exchange that rank r has posted */
 byte xshape[E * N * (K + 1)]; /* the shape of that call, by (e, r, call) */
 byte cp[E * N];           /* the last commit posted */
 byte dp[E * N];           /* the last blocking collective entered */
@@ -95,6 +100,23 @@ byte deaths = DEATHS;
 
 #define XP(i) (xp[e * N + i] >= j)
 #define CP(i) (cp[e * N + i] >= j)
+/* Rank i has posted step s of call j's exchange; what step st of rank me waits for; its last step. */
+#define XS(i, s) (xst[e * N + (i)] >= 4 * j + (s))
+#if N == 2
+#define XREADY XS(1 - me, 0)
+#define XSTEPS 1
+#else
+#ifdef MUTANT_EARLY
+/* a wrong rule: rank 1 sends rank 0 the table before it has rank 2's entry */
+#define XS_TABLE XS(1, 1)
+#else
+#define XS_TABLE XS(1, 2)
+#endif
+#define XREADY \
+  ((me == 0 && XS_TABLE) || (me == 1 && st == 0 && XS(0, 0)) || (me == 1 && st == 1 && XS(2, 0)) || \
+   (me == 2 && XS(1, 1)))
+#define XSTEPS (me == 1 -> 2 : 1)
+#endif
 #define DP(i) (dp[e * N + i] >= j)
 #define SAME(i) (xshape[(e * N + i) * (K + 1) + j] == xshape[(e * N + me) * (K + 1) + j])
 #define IS_DEAD(i) (dead[i])
@@ -149,7 +171,7 @@ inline die_here() {
 #endif
 
 proctype rank(byte me) {
-  byte e = 0, j = 0, k = 1, resets = 0, res, i;
+  byte e = 0, j = 0, k = 1, resets = 0, res, i, st;
   do
   :: k > K -> break
   :: else ->
@@ -163,15 +185,17 @@ proctype rank(byte me) {
     atomic {
       if
       :: abit[me] || heard[me] != INF -> res = STOPPED
-      :: else -> res = READY; xp[e * N + me] = j; xshape[(e * N + me) * (K + 1) + j] = shape[k]
+      :: else -> res = READY; xp[e * N + me] = j; xst[e * N + me] = 4 * j; xshape[(e * N + me) * (K + 1) + j] = shape[k]
       fi
     }
     die_here();
     if
     :: res == READY ->
-      /* The exchange. */
+      /* The exchange, step by step. */
+      st = 0;
       do
-      :: FORALL(XP) -> res = READY; break
+      :: st == XSTEPS -> res = READY; break
+      :: st < XSTEPS && XREADY -> atomic { st++; xst[e * N + me] = 4 * j + st }
       ANNOUNCE
       HEAR
       STOPS

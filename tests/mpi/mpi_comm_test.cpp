@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The communicator's test cases on the MPI transport, run by ctest under a real mpirun with 2, 3
-// and 4 ranks. Every rank runs the same test cases in the same order; every wait is bounded by the
+// The communicator's test cases on the MPI transport, run by ctest under a real mpirun with 2, 3,
+// 4 and 5 ranks. Every rank runs the same test cases in the same order; every wait is bounded by the
 // communicator's timeout, so a failing rank cannot hang the others. What is MPI's own is here:
 // the non-deterministic mode (MPI's reduction order), check_mismatch off, the staging windows,
 // several MPI communicators, the abort's notices. Deterministic mode, which must give what every
@@ -414,6 +414,60 @@ TEST_CASE("small path: calls that differ in count, dtype, op, size class or a sk
     allreduce(b, DType::F32, ReduceOp::Sum);
     CHECK(out[0] == static_cast<float>(c->size() * (c->size() - 1) / 2));
   }
+}
+
+TEST_CASE("the exchange's recursive doubling: sizes around each switch point, a lone rank's call anywhere", "[mpi]") {
+  // The exchange runs by recursive doubling, with the lowest even ranks outside it when the group
+  // is not a power of two (they send to the rank above and get the whole table back). Sizes
+  // around where a message goes in two pieces (4032 bytes, entries of 32 bytes + data, one entry
+  // per message in the first step and two in the second) and where the small path ends
+  // (min(16 KiB, 64 KiB / size) per rank): the small path's result is the rank-order fold, bit
+  // for bit, deterministic or not.
+  for (const bool deterministic : {false, true}) {
+    auto c = make(deterministic);
+    const int n = c->size();
+    const size_t small_floats = std::min<size_t>(16384, 65536 / static_cast<size_t>(n)) / 64 * 64 / sizeof(float);
+    for (size_t count :
+         {size_t{1}, size_t{495}, size_t{496}, size_t{497}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2007},
+          size_t{2008}, size_t{2009}, small_floats - 1, small_floats, small_floats + 1, size_t{4096}, size_t{4097}}) {
+      INFO("count " << count << " deterministic " << deterministic);
+      run_allreduce_case<float>(*c, ReduceOp::Sum, count, deterministic || count <= small_floats);
+      run_allreduce_case<double>(*c, ReduceOp::Mean, count, deterministic || count * 8 <= small_floats * 4);
+    }
+  }
+  // One rank's call differs, whichever rank it is (outside the doubling, its partner, the last):
+  // every rank gets E_MISMATCH naming the first rank whose call differs from rank 0's, nobody
+  // writes its output, and the group stays in step. The lone call has fewer elements, two pieces
+  // against whole messages, or no data at all (past the small path) against entries with data.
+  auto c = make(false);
+  const int n = c->size();
+  std::vector<float> v(4096, 1.0f), out(4096, -1.0f);
+  std::vector<float> big(64 << 10, 1.0f);
+  struct Kind {
+    BufferRef lone, others;
+  };
+  const Kind kinds[] = {{{v.data(), out.data(), 8}, {v.data(), out.data(), 16}},
+                        {{v.data(), out.data(), 1001}, {v.data(), out.data(), 1000}},
+                        {{big.data(), big.data(), big.size()}, {v.data(), out.data(), 1000}}};
+  for (const Kind& kind : kinds) {
+    for (int lone = 0; lone < n; ++lone) {
+      INFO("lone rank " << lone << " calls " << kind.lone.count << ", the others " << kind.others.count);
+      const BufferRef& mine = c->rank() == lone ? kind.lone : kind.others;
+      std::string message;
+      const int st =
+          status_of([&] { c->allreduce(std::span<const BufferRef>(&mine, 1), DType::F32, ReduceOp::Sum); }, &message);
+      for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+      const int named = lone == 0 ? 1 : lone;
+      const size_t named_count = lone == 0 ? kind.others.count : kind.lone.count;
+      CHECK(message.find(fmt::format("rank {} called allreduce of {} f32 (sum)", named, named_count)) !=
+            std::string::npos);
+      CHECK(std::count(out.begin(), out.end(), -1.0f) == static_cast<std::ptrdiff_t>(out.size()));
+      CHECK(std::count(big.begin(), big.end(), 1.0f) == static_cast<std::ptrdiff_t>(big.size()));
+    }
+  }
+  const BufferRef b{v.data(), out.data(), 1001};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+  CHECK(std::count(out.begin(), out.begin() + 1001, static_cast<float>(n)) == 1001);
 }
 
 TEST_CASE("an abort racing small calls fails the same call on every rank, and reset recovers", "[mpi]") {

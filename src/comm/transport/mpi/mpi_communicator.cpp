@@ -123,6 +123,43 @@ constexpr size_t second_piece(size_t total) noexcept {
 }
 constexpr int kDetailsTag = 7004;
 
+// The exchange's partners (Doubling, mpi_internal.hpp). The lowest 2 * rest ranks pair up, the even
+// one of each pair outside the doubling; the others take part under numbers 0 .. pow2 - 1.
+Doubling plan_doubling(int rank, int size) {
+  int pow2 = 1;
+  while (pow2 * 2 <= size) pow2 *= 2;
+  const int rest = size - pow2;
+  const auto rank_of = [&](int q) { return q < rest ? 2 * q + 1 : q + rest; };
+  // The entries rank_of(q) holds after `steps` steps, in its order: its own, the rank it serves,
+  // then those of each step's partner.
+  const std::function<std::vector<int>(int, int)> held = [&](int q, int steps) {
+    if (steps == 0) {
+      std::vector<int> own{rank_of(q)};
+      if (q < rest) own.push_back(rank_of(q) - 1);
+      return own;
+    }
+    std::vector<int> mine = held(q, steps - 1), theirs = held(q ^ (1 << (steps - 1)), steps - 1);
+    mine.insert(mine.end(), theirs.begin(), theirs.end());
+    return mine;
+  };
+  int steps = 0;
+  while ((1 << steps) < pow2) ++steps;
+  Doubling d;
+  if (rank < 2 * rest && rank % 2 == 0) {
+    d.outside = true;
+    d.extra = rank + 1;
+    d.ranks.push_back(held(rank / 2, steps));
+    return d;
+  }
+  const int q = rank < 2 * rest ? rank / 2 : rank - rest;
+  if (q < rest) d.extra = rank - 1;
+  for (int k = 0; k < steps; ++k) {
+    d.partners.push_back(rank_of(q ^ (1 << k)));
+    d.ranks.push_back(held(q ^ (1 << k), k));
+  }
+  return d;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
@@ -179,6 +216,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     for (int r = 0; r < size_; ++r)
       pieces_[static_cast<size_t>(r)] =
           peers_[static_cast<size_t>(r)].host_key == peers_[static_cast<size_t>(rank_)].host_key;
+    doubling_ = plan_doubling(rank_, size_);
     renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
@@ -451,9 +489,11 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 
 // The round protocol (docs/mpi.md; tests/model/mpi_round.pml checks it over every interleaving,
 // with a message sent in two pieces as one: both are posted before the wait that completes them).
-// Call k starts with its exchange: every rank sends every peer its header (and, on the small
-// path, its data) point to point and receives theirs, so every rank holds the same table and
-// reaches the same verdict. A rank that has posted its exchange is committed to call k:
+// Call k starts with its exchange: every rank's entry (its header and, on the small path, its
+// data) reaches every rank by recursive doubling, point to point (Doubling), so every rank holds
+// the same table and reaches the same verdict. A rank completes the exchange only once it holds
+// every rank's entry, hence only once every rank has posted call k (the exchange is a barrier).
+// A rank that has posted its exchange (its first step) is committed to call k, through every step:
 // - its own abort (or an interrupt) only sends notices saying it will not post call k + 1, and
 //   takes effect at its next call;
 // - it abandons the call only on a notice that call k can complete nowhere (its sender had not
@@ -505,7 +545,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   mine.arrived_ns = system_time_ns(now);
   mine.weight = weight;
   mine.bytes = pack ? static_cast<uint32_t>(bytes) : 0;
-  mine.reserved = 0;
+  mine.more = 0;
   if (pack) {
     std::byte* to = ex.data(rank_);
     for (const BufferRef& b : payload.buffers) {
@@ -513,45 +553,20 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
       to += b.count * payload.elem;
     }
   }
-  const mpi::Api& m = mpi::lib();
-  // One message to every peer, its data behind its header (in two pieces only just past Open MPI's
-  // shared-memory eager limit: kFirstPiece).
-  // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
-  // receive is posted waits in MPI's queue of unexpected messages).
-  int at_request = 0;
-  const size_t total = kHeaderArea + mine.bytes, split = second_piece(total);
-  for (int s = 1; s < size_; ++s) {
-    const int to = rank_ + s < size_ ? rank_ + s : rank_ + s - size_;  // no division on this path
-    const size_t second = pieces_[static_cast<size_t>(to)] ? split : 0;
-    check(m.Isend(&mine, static_cast<int>(total - second), m.byte, to, kExchangeTag, comm_,
-                  &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Isend", to);
-    if (second > 0)
-      check(m.Isend(reinterpret_cast<const std::byte*>(&mine) + kFirstPiece, static_cast<int>(second), m.byte, to,
-                    kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
-            "MPI_Isend", to);
-  }
-  for (int s = 1; s < size_; ++s) {
-    const int from = rank_ >= s ? rank_ - s : rank_ - s + size_;
-    check(m.Irecv(&ex.header(from), static_cast<int>(ex.slot), m.byte, from, kExchangeTag, comm_,
-                  &ex.requests[static_cast<size_t>(at_request++)]),
-          "MPI_Irecv", from);
-  }
+  // The doubling: in each step this rank sends every entry it holds and receives as many from its
+  // partner, so that after the last every rank holds every rank's entry.
+  const Doubling& d = doubling_;
   try {
-    wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round, now);
-    // The second pieces (they follow their first on the same tag, so MPI pairs them in order).
-    at_request = 0;
-    for (int from = 0; from < size_; ++from) {
-      if (from == rank_) continue;
-      const uint32_t bytes = ex.header(from).bytes;
-      const size_t rest =
-          pieces_[static_cast<size_t>(from)] && bytes <= pack_capacity_ ? second_piece(kHeaderArea + bytes) : 0;
-      if (rest > 0)
-        check(m.Irecv(reinterpret_cast<std::byte*>(&ex.header(from)) + kFirstPiece, static_cast<int>(rest), m.byte,
-                      from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(at_request++)]),
-              "MPI_Irecv", from);
+    const size_t own = entry_bytes(mine.bytes);
+    if (d.outside) {
+      swap(ex, d.extra, own, d.extra, own, d.ranks[0], fp, deadline, now);
+    } else {
+      size_t held = own;
+      if (d.extra >= 0) held = swap(ex, -1, 0, d.extra, held, std::vector<int>{d.extra}, fp, deadline, now);
+      for (size_t k = 0; k < d.partners.size(); ++k)
+        held = swap(ex, d.partners[k], held, d.partners[k], held, d.ranks[k], fp, deadline, now);
+      if (d.extra >= 0) swap(ex, d.extra, held, -1, held, {}, fp, deadline, now);
     }
-    if (at_request > 0) wait(ex.requests.data(), at_request, deadline, nullptr, &fp, exchange_keep_, Mode::Round);
   } catch (...) {
     renew_exchange();  // the abandoned requests may still write into the old table: it is buried
     throw;
@@ -581,10 +596,60 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   }
   packed_ = pack;
   if (pack || !commit) return;
+  const mpi::Api& m = mpi::lib();
   MPI_Request request = m.request_null;
   check(m.Ibarrier(comm_, &request), "MPI_Ibarrier");
   // An Ibarrier references no memory of ours.
   wait(&request, 1, deadline, nullptr, &fp, nullptr, Mode::Round);
+}
+
+size_t MpiCommunicator::entry_bytes(uint32_t data_bytes) const noexcept {
+  // A peer's count is trusted only up to the group's limit, so that a walk stays in the table.
+  return kHeaderArea + (std::min<size_t>(data_bytes, pack_capacity_) + 15) / 16 * 16;
+}
+
+size_t MpiCommunicator::swap(Exchange& ex, int to, size_t send_bytes, int from, size_t at,
+                             const std::vector<int>& ranks, const Fingerprint& fp, Clock::time_point deadline,
+                             Clock::time_point start) {
+  const mpi::Api& m = mpi::lib();
+  std::byte* table = ex.table.data();
+  int n = 0;
+  // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
+  // receive is posted waits in MPI's queue of unexpected messages).
+  if (to >= 0) {
+    const size_t second = pieces_[static_cast<size_t>(to)] ? second_piece(send_bytes) : 0;
+    ex.header(rank_).more = second > 0;  // the message starts with this rank's own entry
+    check(m.Isend(table, static_cast<int>(send_bytes - second), m.byte, to, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(n++)]),
+          "MPI_Isend", to);
+    if (second > 0)
+      check(m.Isend(table + kFirstPiece, static_cast<int>(second), m.byte, to, kExchangeTag, comm_,
+                    &ex.requests[static_cast<size_t>(n++)]),
+            "MPI_Isend", to);
+  }
+  // Room for whatever the partner may send, whatever its call: every entry is at most kHeaderArea +
+  // pack_capacity_ bytes, and the table holds one more than the group.
+  const size_t room = ex.table.size() - at;
+  if (from >= 0)
+    check(m.Irecv(table + at, static_cast<int>(room), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(n++)]),
+          "MPI_Irecv", from);
+  wait(ex.requests.data(), n, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
+  if (from < 0) return at;
+  Header first;
+  std::memcpy(&first, table + at, sizeof first);
+  // The second piece follows its first on the same tag, so MPI pairs them in order.
+  if (first.more != 0 && room > kFirstPiece) {
+    check(m.Irecv(table + at + kFirstPiece, static_cast<int>(room - kFirstPiece), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[0]),
+          "MPI_Irecv", from);
+    wait(ex.requests.data(), 1, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
+  }
+  for (int r : ranks) {
+    if (r != rank_) ex.at[static_cast<size_t>(r)] = at;
+    at += entry_bytes(reinterpret_cast<const Header*>(table + at)->bytes);
+  }
+  return at;
 }
 
 void MpiCommunicator::renew_exchange() {

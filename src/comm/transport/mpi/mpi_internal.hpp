@@ -4,6 +4,7 @@
 // group and runs the round protocol (the exchange that opens every call, its verdict, aborts,
 // deadlines, reset), and mpi_collectives.cpp moves each collective's data once its round has
 // begun. Also the records that travel between ranks as raw bytes.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -49,10 +50,10 @@ struct PeerInfo {
   uint64_t host_key;   // a hash of the rank's host identity (comm/topology.hpp)
 };
 
-// What every rank sends every other rank at the start of each call (the call's exchange): a key of
-// what it is about to do, when it arrived, a weighted mean's weight, and, on the small path, its
-// data. Small, since it travels with every call; ranks whose keys differ then exchange their whole
-// fingerprints (Details) to name the difference.
+// What every rank contributes to the exchange that opens each call: a key of what it is about to
+// do, when it arrived, a weighted mean's weight, and, on the small path, its data (an entry: this
+// header, then the data from kHeaderArea). Small, since it travels with every call; ranks whose keys
+// differ then exchange their whole fingerprints (Details) to name the difference.
 struct Header {
   uint64_t key;  // key_of(the call's fingerprint)
   // When the rank arrived, in the system clock (ranks may be on different hosts, whose monotonic
@@ -60,10 +61,13 @@ struct Header {
   int64_t arrived_ns;
   uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
   uint32_t bytes;   // the data that follows the header (the small path), or 0
-  uint32_t reserved;
+  // In the first entry of a message (always its sender's own): 1 when the message was sent in two
+  // pieces, so that the receiver posts the second (the flag is read nowhere else).
+  uint32_t more;
 };
 static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 32, "the header is sent as raw bytes");
-// Where a rank's data starts in its message: 16-byte aligned for the reduction kernels.
+// Where a rank's data starts in its entry: 16-byte aligned for the reduction kernels (entries are
+// padded to 16 bytes and laid back to back).
 constexpr size_t kHeaderArea = 32;
 struct Details {
   Fingerprint fp;
@@ -71,20 +75,37 @@ struct Details {
 };
 static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "details are sent as raw bytes");
 
-// The exchange's memory: one slot per rank (this rank's own is what it sends), and its requests.
+// The exchange's memory: the entries this rank holds, back to back (its own first, then those it
+// received, in the order they came), where each rank's entry is, and the requests.
 // Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
 struct Exchange {
-  size_t slot = 0;
   std::vector<std::byte> table;
+  std::vector<size_t> at;  // by rank: the entry's offset in table (0: this rank's own)
   std::vector<MPI_Request> requests;
-  // Requests: up to two sends and two receives per peer (a message split in two pieces).
+  // Room for every rank's largest entry, and once more: a rank that takes no part in the doubling
+  // receives the whole table behind its own entry. Requests: those of the mismatch's explanation,
+  // one send and one receive per peer (a step of the doubling needs at most three).
   Exchange(int ranks, size_t capacity)
-      : slot(kHeaderArea + capacity),
-        table(static_cast<size_t>(ranks) * slot),
-        requests(4 * static_cast<size_t>(ranks > 1 ? ranks - 1 : 0), mpi::lib().request_null) {}
-  Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + static_cast<size_t>(r) * slot); }
-  std::byte* data(int r) noexcept { return table.data() + static_cast<size_t>(r) * slot + kHeaderArea; }
+      : table((static_cast<size_t>(ranks) + 1) * (kHeaderArea + capacity)),
+        at(static_cast<size_t>(ranks), 0),
+        requests(std::max<size_t>(4, 2 * static_cast<size_t>(ranks)), mpi::lib().request_null) {}
+  Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + at[static_cast<size_t>(r)]); }
+  std::byte* data(int r) noexcept { return table.data() + at[static_cast<size_t>(r)] + kHeaderArea; }
   std::vector<Details> details;  // only when the keys differ
+};
+
+// Who this rank swaps entries with in the exchange: recursive doubling over the largest power of
+// two of ranks, each of the others (the lowest even ranks) sending its entry to the odd rank above
+// it first and receiving the whole table from it last, as MPI's own recursive doubling does. Fixed
+// by the group's size and this rank, the same for every call, so the messages pair up whatever the
+// calls are; each rank sends ceil-or-floor log2(size) messages instead of one to every peer.
+struct Doubling {
+  int extra = -1;             // a rank outside the doubling: the one it serves (receives from first, sends to last)
+  bool outside = false;       // this rank is outside: it sends to `extra` and receives the table from it
+  std::vector<int> partners;  // by step
+  // By step: the ranks whose entries the partner sends, in its order. The last: for a rank outside,
+  // the whole table as `extra` holds it.
+  std::vector<std::vector<int>> ranks;
 };
 
 // An abort notice: why its sender gave up (abort, timeout, a dead peer), the rank that started it
@@ -169,6 +190,12 @@ class MpiCommunicator final : public Communicator {
   // `start`: when the wait began, if the caller has just read the clock.
   void wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label, const Fingerprint* fp,
             const std::shared_ptr<void>& keepalive, Mode mode, std::optional<Clock::time_point> start = std::nullopt);
+  // One step of the exchange: sends this rank's first send_bytes of table to `to` (if >= 0) and
+  // receives into table at `at` from `from` (if >= 0) the entries of `ranks`, in two pieces when
+  // the sender says so; returns where the received entries end.
+  size_t swap(Exchange& ex, int to, size_t send_bytes, int from, size_t at, const std::vector<int>& ranks,
+              const Fingerprint& fp, Clock::time_point deadline, Clock::time_point start);
+  size_t entry_bytes(uint32_t data_bytes) const noexcept;
   std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
@@ -224,6 +251,7 @@ class MpiCommunicator final : public Communicator {
   // By rank: whether messages of the exchange between this rank and that one may go in two pieces
   // (the same host: a peer over shared memory), the same on both sides.
   std::vector<uint8_t> pieces_;
+  Doubling doubling_;
   std::vector<std::byte> staging_;
   std::vector<std::byte> scratch_;
 
