@@ -31,8 +31,9 @@ using namespace std::chrono_literals;
 namespace {
 
 std::unique_ptr<Communicator> make(bool deterministic = true, bool check_mismatch = true,
-                                   std::chrono::milliseconds timeout = 20000ms) {
+                                   std::chrono::milliseconds timeout = 20000ms, std::string host_label = "") {
   Options o;
+  o.host_label = std::move(host_label);
   o.transport = Transport::Mpi;
   o.deterministic = deterministic;
   o.check_mismatch = check_mismatch;
@@ -416,58 +417,66 @@ TEST_CASE("small path: calls that differ in count, dtype, op, size class or a sk
   }
 }
 
-TEST_CASE("the exchange's recursive doubling: sizes around each switch point, a lone rank's call anywhere", "[mpi]") {
-  // The exchange runs by recursive doubling, with the lowest even ranks outside it when the group
-  // is not a power of two (they send to the rank above and get the whole table back). Sizes
+TEST_CASE("the exchange, direct and by recursive doubling: sizes around each switch point, a lone rank's call anywhere",
+          "[mpi]") {
+  // On one host every rank sends its entry to every peer; a group over several hosts (here: host
+  // labels that put each pair of ranks on a host of its own) exchanges by recursive doubling, with
+  // the lowest even ranks outside it when the group is not a power of two (they send to the rank
+  // above and get the whole table back). Sizes
   // around where a message goes in two pieces (4032 bytes, entries of 32 bytes + data, one entry
   // per message in the first step and two in the second) and where the small path ends
   // (min(16 KiB, 64 KiB / size) per rank): the small path's result is the rank-order fold, bit
   // for bit, deterministic or not.
-  for (const bool deterministic : {false, true}) {
-    auto c = make(deterministic);
+  int world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  for (const std::string& label : {std::string(), "pair" + std::to_string(world / 2)}) {
+    INFO("host label '" << label << "'");
+    for (const bool deterministic : {false, true}) {
+      auto c = make(deterministic, true, 20000ms, label);
+      const int n = c->size();
+      const size_t small_floats = std::min<size_t>(16384, 65536 / static_cast<size_t>(n)) / 64 * 64 / sizeof(float);
+      for (size_t count :
+           {size_t{1}, size_t{495}, size_t{496}, size_t{497}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2007},
+            size_t{2008}, size_t{2009}, small_floats - 1, small_floats, small_floats + 1, size_t{4096}, size_t{4097}}) {
+        INFO("count " << count << " deterministic " << deterministic);
+        run_allreduce_case<float>(*c, ReduceOp::Sum, count, deterministic || count <= small_floats);
+        run_allreduce_case<double>(*c, ReduceOp::Mean, count, deterministic || count * 8 <= small_floats * 4);
+      }
+    }
+    // One rank's call differs, whichever rank it is (outside the doubling, its partner, the last):
+    // every rank gets E_MISMATCH naming the first rank whose call differs from rank 0's, nobody
+    // writes its output, and the group stays in step. The lone call has fewer elements, two pieces
+    // against whole messages, or no data at all (past the small path) against entries with data.
+    auto c = make(false, true, 20000ms, label);
     const int n = c->size();
-    const size_t small_floats = std::min<size_t>(16384, 65536 / static_cast<size_t>(n)) / 64 * 64 / sizeof(float);
-    for (size_t count :
-         {size_t{1}, size_t{495}, size_t{496}, size_t{497}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2007},
-          size_t{2008}, size_t{2009}, small_floats - 1, small_floats, small_floats + 1, size_t{4096}, size_t{4097}}) {
-      INFO("count " << count << " deterministic " << deterministic);
-      run_allreduce_case<float>(*c, ReduceOp::Sum, count, deterministic || count <= small_floats);
-      run_allreduce_case<double>(*c, ReduceOp::Mean, count, deterministic || count * 8 <= small_floats * 4);
+    std::vector<float> v(4096, 1.0f), out(4096, -1.0f);
+    std::vector<float> big(64 << 10, 1.0f);
+    struct Kind {
+      BufferRef lone, others;
+    };
+    const Kind kinds[] = {{{v.data(), out.data(), 8}, {v.data(), out.data(), 16}},
+                          {{v.data(), out.data(), 1001}, {v.data(), out.data(), 1000}},
+                          {{big.data(), big.data(), big.size()}, {v.data(), out.data(), 1000}}};
+    for (const Kind& kind : kinds) {
+      for (int lone = 0; lone < n; ++lone) {
+        INFO("lone rank " << lone << " calls " << kind.lone.count << ", the others " << kind.others.count);
+        const BufferRef& mine = c->rank() == lone ? kind.lone : kind.others;
+        std::string message;
+        const int st =
+            status_of([&] { c->allreduce(std::span<const BufferRef>(&mine, 1), DType::F32, ReduceOp::Sum); }, &message);
+        for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
+        const int named = lone == 0 ? 1 : lone;
+        const size_t named_count = lone == 0 ? kind.others.count : kind.lone.count;
+        CHECK(message.find(fmt::format("rank {} called allreduce of {} f32 (sum)", named, named_count)) !=
+              std::string::npos);
+        CHECK(std::count(out.begin(), out.end(), -1.0f) == static_cast<std::ptrdiff_t>(out.size()));
+        CHECK(std::count(big.begin(), big.end(), 1.0f) == static_cast<std::ptrdiff_t>(big.size()));
+      }
     }
+    const BufferRef b{v.data(), out.data(), 1001};
+    c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
+    CHECK(std::count(out.begin(), out.begin() + 1001, static_cast<float>(n)) == 1001);
   }
-  // One rank's call differs, whichever rank it is (outside the doubling, its partner, the last):
-  // every rank gets E_MISMATCH naming the first rank whose call differs from rank 0's, nobody
-  // writes its output, and the group stays in step. The lone call has fewer elements, two pieces
-  // against whole messages, or no data at all (past the small path) against entries with data.
-  auto c = make(false);
-  const int n = c->size();
-  std::vector<float> v(4096, 1.0f), out(4096, -1.0f);
-  std::vector<float> big(64 << 10, 1.0f);
-  struct Kind {
-    BufferRef lone, others;
-  };
-  const Kind kinds[] = {{{v.data(), out.data(), 8}, {v.data(), out.data(), 16}},
-                        {{v.data(), out.data(), 1001}, {v.data(), out.data(), 1000}},
-                        {{big.data(), big.data(), big.size()}, {v.data(), out.data(), 1000}}};
-  for (const Kind& kind : kinds) {
-    for (int lone = 0; lone < n; ++lone) {
-      INFO("lone rank " << lone << " calls " << kind.lone.count << ", the others " << kind.others.count);
-      const BufferRef& mine = c->rank() == lone ? kind.lone : kind.others;
-      std::string message;
-      const int st =
-          status_of([&] { c->allreduce(std::span<const BufferRef>(&mine, 1), DType::F32, ReduceOp::Sum); }, &message);
-      for (int s : statuses(st)) CHECK(s == GRADSYNC_E_MISMATCH);
-      const int named = lone == 0 ? 1 : lone;
-      const size_t named_count = lone == 0 ? kind.others.count : kind.lone.count;
-      CHECK(message.find(fmt::format("rank {} called allreduce of {} f32 (sum)", named, named_count)) !=
-            std::string::npos);
-      CHECK(std::count(out.begin(), out.end(), -1.0f) == static_cast<std::ptrdiff_t>(out.size()));
-      CHECK(std::count(big.begin(), big.end(), 1.0f) == static_cast<std::ptrdiff_t>(big.size()));
-    }
-  }
-  const BufferRef b{v.data(), out.data(), 1001};
-  c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
-  CHECK(std::count(out.begin(), out.begin() + 1001, static_cast<float>(n)) == 1001);
 }
 
 TEST_CASE("an abort racing small calls fails the same call on every rank, and reset recovers", "[mpi]") {

@@ -108,24 +108,26 @@ uint64_t key_of(uint64_t call_hash, uint64_t seq) noexcept { return mix64(call_h
 constexpr size_t kPackBytes = size_t{16} << 10;
 constexpr size_t kPackBudget = size_t{64} << 10;
 constexpr int kExchangeTag = 7003;
-// A message of header and data a little longer than Open MPI's shared-memory eager limit (4 KiB
-// with its own header: an allreduce of 1K floats) would go by rendezvous, a single copy through
-// process_vm_readv and an acknowledgement back, which costs more than a second eager message: such
-// a message to a peer on the same host goes in two pieces, the first of kFirstPiece bytes. The
-// receiver reads the size from the first piece's header and posts the second receive then, so that
-// the pieces pair up whatever the ranks' calls were. Longer messages go whole (for them one
-// rendezvous costs less than the pieces), and so do messages to other hosts (over TCP a 4 KiB
-// message is eager already).
-constexpr size_t kFirstPiece = 4032;
-// The bytes of the second piece of a message of `total` bytes (header included), or 0.
-constexpr size_t second_piece(size_t total) noexcept {
-  return total > kFirstPiece && total <= 2 * kFirstPiece ? total - kFirstPiece : 0;
+// A message of entries a little longer than Open MPI's shared-memory eager limit (4 KiB with its
+// own header: an allreduce of 1K floats) would go by rendezvous, a single copy through
+// process_vm_readv and an acknowledgement back, which costs more than eager messages of the same
+// bytes: such a message to a peer on the same host goes in pieces of kPiece bytes (the last one
+// shorter), up to kMaxPieces of them (more pieces were measured slower than a rendezvous). Its first header says how
+// many pieces follow, and the receiver posts their receives once the first has come, so that the pieces pair up
+// whatever the ranks' calls were. Longer messages go whole (for them one rendezvous costs less than the pieces), and so
+// do messages to other hosts (over TCP a 4 KiB message is eager already).
+constexpr size_t kPiece = 4032;
+constexpr size_t kMaxPieces = 2;
+// How many pieces a message of `total` bytes goes in.
+constexpr size_t pieces_of(size_t total) noexcept {
+  return total > kPiece && total <= kMaxPieces * kPiece ? (total + kPiece - 1) / kPiece : 1;
 }
 constexpr int kDetailsTag = 7004;
 
 // The exchange's partners (Doubling, mpi_internal.hpp). The lowest 2 * rest ranks pair up, the even
 // one of each pair outside the doubling; the others take part under numbers 0 .. pow2 - 1.
-Doubling plan_doubling(int rank, int size) {
+Doubling plan_doubling(int rank, int size, bool one_host) {
+  if (one_host) return Doubling{.direct = true};
   int pow2 = 1;
   while (pow2 * 2 <= size) pow2 *= 2;
   const int rest = size - pow2;
@@ -198,7 +200,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
     (*info)[static_cast<size_t>(size_)] =
         PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_),
-                 std::hash<std::string>{}(host_identity(""))};
+                 std::hash<std::string>{}(host_identity(options_.host_label))};
     MPI_Request request = mpi::lib().request_null;
     check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
                                 sizeof(PeerInfo), mpi::lib().byte, comm_, &request),
@@ -216,7 +218,9 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     for (int r = 0; r < size_; ++r)
       pieces_[static_cast<size_t>(r)] =
           peers_[static_cast<size_t>(r)].host_key == peers_[static_cast<size_t>(rank_)].host_key;
-    doubling_ = plan_doubling(rank_, size_);
+    bool one_host = true;
+    for (const PeerInfo& p : peers_) one_host &= p.host_key == peers_[0].host_key;
+    doubling_ = plan_doubling(rank_, size_, one_host);
     renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
@@ -558,7 +562,9 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   const Doubling& d = doubling_;
   try {
     const size_t own = entry_bytes(mine.bytes);
-    if (d.outside) {
+    if (d.direct) {
+      send_to_all(ex, own, fp, deadline, now);
+    } else if (d.outside) {
       swap(ex, d.extra, own, d.extra, own, d.ranks[0], fp, deadline, now);
     } else {
       size_t held = own;
@@ -608,6 +614,42 @@ size_t MpiCommunicator::entry_bytes(uint32_t data_bytes) const noexcept {
   return kHeaderArea + (std::min<size_t>(data_bytes, pack_capacity_) + 15) / 16 * 16;
 }
 
+void MpiCommunicator::send_to_all(Exchange& ex, size_t own, const Fingerprint& fp, Clock::time_point deadline,
+                                  Clock::time_point start) {
+  const mpi::Api& m = mpi::lib();
+  const size_t slot = kHeaderArea + pack_capacity_;
+  std::byte* const mine = reinterpret_cast<std::byte*>(&ex.header(rank_));
+  // Every peer is on this host (pieces_ holds for each).
+  const size_t pieces = pieces_of(own);
+  ex.header(rank_).more = static_cast<uint32_t>(pieces - 1);
+  int n = 0;
+  for (int s = 1; s < size_; ++s) {
+    const int to = rank_ + s < size_ ? rank_ + s : rank_ + s - size_;  // no division on this path
+    for (size_t i = 0; i < pieces; ++i)
+      check(m.Isend(mine + i * kPiece, static_cast<int>(i + 1 < pieces ? kPiece : own - i * kPiece), m.byte, to,
+                    kExchangeTag, comm_, &ex.requests[static_cast<size_t>(n++)]),
+            "MPI_Isend", to);
+  }
+  for (int s = 1; s < size_; ++s) {
+    const int from = rank_ >= s ? rank_ - s : rank_ - s + size_;
+    check(m.Irecv(&ex.header(from), static_cast<int>(slot), m.byte, from, kExchangeTag, comm_,
+                  &ex.requests[static_cast<size_t>(n++)]),
+          "MPI_Irecv", from);
+  }
+  wait(ex.requests.data(), n, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
+  n = 0;
+  for (int from = 0; from < size_; ++from) {
+    const uint32_t more = from == rank_ ? 0 : ex.header(from).more;
+    if (more == 0 || more >= kMaxPieces || slot <= more * kPiece) continue;
+    auto* at = reinterpret_cast<std::byte*>(&ex.header(from));
+    for (size_t i = 1; i <= more; ++i)
+      check(m.Irecv(at + i * kPiece, static_cast<int>(i < more ? kPiece : slot - i * kPiece), m.byte, from,
+                    kExchangeTag, comm_, &ex.requests[static_cast<size_t>(n++)]),
+            "MPI_Irecv", from);
+  }
+  if (n > 0) wait(ex.requests.data(), n, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
+}
+
 size_t MpiCommunicator::swap(Exchange& ex, int to, size_t send_bytes, int from, size_t at,
                              const std::vector<int>& ranks, const Fingerprint& fp, Clock::time_point deadline,
                              Clock::time_point start) {
@@ -617,14 +659,11 @@ size_t MpiCommunicator::swap(Exchange& ex, int to, size_t send_bytes, int from, 
   // Sends first: a peer waiting for this rank hears of it sooner (a message that comes before its
   // receive is posted waits in MPI's queue of unexpected messages).
   if (to >= 0) {
-    const size_t second = pieces_[static_cast<size_t>(to)] ? second_piece(send_bytes) : 0;
-    ex.header(rank_).more = second > 0;  // the message starts with this rank's own entry
-    check(m.Isend(table, static_cast<int>(send_bytes - second), m.byte, to, kExchangeTag, comm_,
-                  &ex.requests[static_cast<size_t>(n++)]),
-          "MPI_Isend", to);
-    if (second > 0)
-      check(m.Isend(table + kFirstPiece, static_cast<int>(second), m.byte, to, kExchangeTag, comm_,
-                    &ex.requests[static_cast<size_t>(n++)]),
+    const size_t pieces = pieces_[static_cast<size_t>(to)] ? pieces_of(send_bytes) : 1;
+    ex.header(rank_).more = static_cast<uint32_t>(pieces - 1);  // the message starts with this rank's own entry
+    for (size_t i = 0; i < pieces; ++i)
+      check(m.Isend(table + i * kPiece, static_cast<int>(i + 1 < pieces ? kPiece : send_bytes - i * kPiece), m.byte, to,
+                    kExchangeTag, comm_, &ex.requests[static_cast<size_t>(n++)]),
             "MPI_Isend", to);
   }
   // Room for whatever the partner may send, whatever its call: every entry is at most kHeaderArea +
@@ -638,12 +677,15 @@ size_t MpiCommunicator::swap(Exchange& ex, int to, size_t send_bytes, int from, 
   if (from < 0) return at;
   Header first;
   std::memcpy(&first, table + at, sizeof first);
-  // The second piece follows its first on the same tag, so MPI pairs them in order.
-  if (first.more != 0 && room > kFirstPiece) {
-    check(m.Irecv(table + at + kFirstPiece, static_cast<int>(room - kFirstPiece), m.byte, from, kExchangeTag, comm_,
-                  &ex.requests[0]),
-          "MPI_Irecv", from);
-    wait(ex.requests.data(), 1, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
+  // The other pieces follow their first on the same tag, so MPI pairs them in order. (A count of
+  // pieces that this build would not send is not believed: the rest then cannot fit.)
+  if (first.more > 0 && first.more < kMaxPieces && room > first.more * kPiece) {
+    n = 0;
+    for (size_t i = 1; i <= first.more; ++i)
+      check(m.Irecv(table + at + i * kPiece, static_cast<int>(i < first.more ? kPiece : room - i * kPiece), m.byte,
+                    from, kExchangeTag, comm_, &ex.requests[static_cast<size_t>(n++)]),
+            "MPI_Irecv", from);
+    wait(ex.requests.data(), n, deadline, nullptr, &fp, exchange_keep_, Mode::Round, start);
   }
   for (int r : ranks) {
     if (r != rank_) ex.at[static_cast<size_t>(r)] = at;
@@ -653,7 +695,7 @@ size_t MpiCommunicator::swap(Exchange& ex, int to, size_t send_bytes, int from, 
 }
 
 void MpiCommunicator::renew_exchange() {
-  exchange_ = std::make_shared<Exchange>(size_, pack_capacity_);
+  exchange_ = std::make_shared<Exchange>(size_, pack_capacity_, doubling_.direct);
   exchange_keep_ = exchange_;
 }
 

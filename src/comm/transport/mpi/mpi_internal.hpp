@@ -61,8 +61,8 @@ struct Header {
   int64_t arrived_ns;
   uint64_t weight;  // a weighted mean's weight, judged by every rank (0 for other calls)
   uint32_t bytes;   // the data that follows the header (the small path), or 0
-  // In the first entry of a message (always its sender's own): 1 when the message was sent in two
-  // pieces, so that the receiver posts the second (the flag is read nowhere else).
+  // In the first entry of a message (always its sender's own): how many more pieces of the message
+  // follow this first one, so that the receiver posts their receives (read nowhere else).
   uint32_t more;
 };
 static_assert(std::is_trivially_copyable_v<Header> && sizeof(Header) == 32, "the header is sent as raw bytes");
@@ -80,15 +80,19 @@ static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "d
 // Held by a shared_ptr so that an abandoned exchange's memory can be buried with its requests.
 struct Exchange {
   std::vector<std::byte> table;
-  std::vector<size_t> at;  // by rank: the entry's offset in table (0: this rank's own)
+  std::vector<size_t> at;  // by rank: the entry's offset in table (with the doubling, 0: this rank's own)
   std::vector<MPI_Request> requests;
   // Room for every rank's largest entry, and once more: a rank that takes no part in the doubling
-  // receives the whole table behind its own entry. Requests: those of the mismatch's explanation,
-  // one send and one receive per peer (a step of the doubling needs at most three).
-  Exchange(int ranks, size_t capacity)
+  // receives the whole table behind its own entry. Requests: up to a send in pieces and a receive
+  // per peer.
+  // direct: every rank's entry in a slot of its own, by rank (every rank sends to every peer).
+  Exchange(int ranks, size_t capacity, bool direct)
       : table((static_cast<size_t>(ranks) + 1) * (kHeaderArea + capacity)),
         at(static_cast<size_t>(ranks), 0),
-        requests(std::max<size_t>(4, 2 * static_cast<size_t>(ranks)), mpi::lib().request_null) {}
+        requests(std::max<size_t>(8, 5 * static_cast<size_t>(ranks)), mpi::lib().request_null) {
+    if (direct)
+      for (size_t r = 0; r < at.size(); ++r) at[r] = r * (kHeaderArea + capacity);
+  }
   Header& header(int r) noexcept { return *reinterpret_cast<Header*>(table.data() + at[static_cast<size_t>(r)]); }
   std::byte* data(int r) noexcept { return table.data() + at[static_cast<size_t>(r)] + kHeaderArea; }
   std::vector<Details> details;  // only when the keys differ
@@ -100,6 +104,10 @@ struct Exchange {
 // by the group's size and this rank, the same for every call, so the messages pair up whatever the
 // calls are; each rank sends ceil-or-floor log2(size) messages instead of one to every peer.
 struct Doubling {
+  // Every rank is on one host: instead, every rank sends its entry to every peer at once. Over
+  // shared memory, with ranks that outnumber the cores, the doubling's steps (each waits for its
+  // partner to be scheduled) cost more than the extra messages.
+  bool direct = false;
   int extra = -1;             // a rank outside the doubling: the one it serves (receives from first, sends to last)
   bool outside = false;       // this rank is outside: it sends to `extra` and receives the table from it
   std::vector<int> partners;  // by step
@@ -196,6 +204,10 @@ class MpiCommunicator final : public Communicator {
   size_t swap(Exchange& ex, int to, size_t send_bytes, int from, size_t at, const std::vector<int>& ranks,
               const Fingerprint& fp, Clock::time_point deadline, Clock::time_point start);
   size_t entry_bytes(uint32_t data_bytes) const noexcept;
+  // The exchange of a group on one host (Doubling::direct): this rank's entry of `own` bytes to every
+  // peer, every peer's into its slot.
+  void send_to_all(Exchange& ex, size_t own, const Fingerprint& fp, Clock::time_point deadline,
+                   Clock::time_point start);
   std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
