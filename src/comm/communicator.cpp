@@ -26,45 +26,56 @@ void Communicator::weighted_mean(const void* send, void* recv, size_t count, DTy
              "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
   // Weights travel as doubles beside the products: exact for counts below 2^53.
   GS_REQUIRE(weight <= (uint64_t{1} << 53), GRADSYNC_E_INVALID_ARG, "weight {} exceeds 2^53", weight);
-  std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
-  const BufferRef buffer{staged.data(), staged.data(), staged.size()};
-  allreduce(std::span<const BufferRef>(&buffer, 1), DType::F64, ReduceOp::Sum);
-  finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
+  windowed_weighted_mean(send, recv, count, dtype, weight, total_weight, kWeightedWindow, [&](double* data, size_t n) {
+    const BufferRef buffer{data, data, n};
+    allreduce(std::span<const BufferRef>(&buffer, 1), DType::F64, ReduceOp::Sum);
+  });
 }
 
-std::vector<double> Communicator::stage_weighted_mean(const void* send, size_t count, DType dtype, uint64_t weight) {
-  std::vector<double> staged(count + 1, 0.0);
+double* Communicator::weighted_staging(size_t n) {
+  if (weighted_staging_.size() < n) weighted_staging_.resize(n);
+  return weighted_staging_.data();
+}
+
+void Communicator::windowed_weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                                          uint64_t* total_weight, size_t window,
+                                          const std::function<void(double* data, size_t n)>& sum) {
   const double w = static_cast<double>(weight);
-  if (weight != 0) {
-    if (dtype == DType::F32) {
-      const float* in = static_cast<const float*>(send);
-      for (size_t i = 0; i < count; ++i) staged[i] = w * static_cast<double>(in[i]);
+  double* staged = weighted_staging(std::min(count, window) + 1);
+  size_t lo = 0;
+  do {
+    const size_t len = std::min(window, count - lo);
+    if (weight == 0) {
+      std::fill(staged, staged + len, 0.0);
+    } else if (dtype == DType::F32) {
+      const float* in = static_cast<const float*>(send) + lo;
+      for (size_t i = 0; i < len; ++i) staged[i] = w * static_cast<double>(in[i]);
     } else {
-      const double* in = static_cast<const double*>(send);
-      for (size_t i = 0; i < count; ++i) staged[i] = w * in[i];
+      const double* in = static_cast<const double*>(send) + lo;
+      for (size_t i = 0; i < len; ++i) staged[i] = w * in[i];
     }
-  }
-  staged[count] = w;
-  return staged;
-}
-
-void Communicator::finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count,
-                                        DType dtype, uint64_t* total_weight) const {
-  const double total = summed[count];
-  if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
-  GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
-  // A group of one leaves the data as it is, bit for bit (w * x / w would quiet a signalling NaN).
-  if (size() == 1) {
-    if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
-    return;
-  }
-  if (dtype == DType::F32) {
-    float* out = static_cast<float*>(recv);
-    for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(summed[i] / total);
-  } else {
-    double* out = static_cast<double*>(recv);
-    for (size_t i = 0; i < count; ++i) out[i] = summed[i] / total;
-  }
+    staged[len] = w;
+    sum(staged, len + 1);
+    // Every window sums the same weights in the same order: every rank sees the same total in each.
+    const double total = staged[len];
+    if (lo == 0) {
+      if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
+      GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());
+      // A group of one leaves the data as it is, bit for bit (w * x / w would quiet a signalling NaN).
+      if (size() == 1) {
+        if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+        return;
+      }
+    }
+    if (dtype == DType::F32) {
+      float* out = static_cast<float*>(recv) + lo;
+      for (size_t i = 0; i < len; ++i) out[i] = static_cast<float>(staged[i] / total);
+    } else {
+      double* out = static_cast<double*>(recv) + lo;
+      for (size_t i = 0; i < len; ++i) out[i] = staged[i] / total;
+    }
+    lo += len;
+  } while (lo < count);
 }
 
 Communicator::~Communicator() {

@@ -199,12 +199,21 @@ class Communicator {
   void establish(const Options& options);
   const Options& group_options() const noexcept { return group_options_; }
 
-  // The default weighted_mean in two halves around a rank-order f64 sum of the staged vector (its
-  // count + 1 entries: the products, then the weight), for a transport that judges the call
-  // itself and moves the data as it likes. The weight is at most 2^53 (checked by the caller).
-  static std::vector<double> stage_weighted_mean(const void* send, size_t count, DType dtype, uint64_t weight);
-  void finish_weighted_mean(const std::vector<double>& summed, const void* send, void* recv, size_t count, DType dtype,
-                            uint64_t* total_weight) const;
+  // The default weighted_mean, window by window of at most `window` elements: each window's
+  // products in f64 with the weight after them (len + 1 entries) summed in rank order by
+  // sum(data, len + 1), then divided by the summed weight (the same bits as one window of all). The
+  // weight is at most 2^53 (checked by the caller). For a transport that judges the call itself
+  // and moves the data as it likes.
+  void windowed_weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                              uint64_t* total_weight, size_t window,
+                              const std::function<void(double* data, size_t n)>& sum);
+  // The weighted mean's f64 staging of at least n entries: the communicator's own, kept and reused
+  // (bounded by the callers' windows). A fresh vector per call was mapped and faulted in anew by
+  // every call past glibc's mmap threshold (always past 32 MiB: 32K page faults a call at 16M
+  // floats, ~2 us each on a VM, several times the reduction's own time).
+  double* weighted_staging(size_t n);
+  // The default window: 4 MiB of f64 staging.
+  static constexpr size_t kWeightedWindow = size_t{1} << 19;
 
   InterruptCheck interrupt_;
   Telemetry telemetry_;
@@ -217,6 +226,7 @@ class Communicator {
   uint64_t splits_ = 0;                    // split() calls made, the same count on every rank: part of subgroup names
   std::unordered_set<void*> allocations_;  // of the default alloc(), freed with the communicator
   std::vector<size_t> partition_counts_;   // allgather's and reduce_scatter's, reused: no allocation per call
+  std::vector<double> weighted_staging_;   // weighted_staging()
   std::span<const size_t> rule_counts(size_t total);
   // The round of counts of alltoallv, gatherv and scatterv: every rank's counts and displacements
   // to every rank, checked alike on every rank (E_MISMATCH, E_OUT_OF_RANGE), as routes.

@@ -302,7 +302,9 @@ void s_weighted_mean(Ctx& x) {
   uint64_t seed = 900;
   std::vector<int> zero_ranks{-1};
   if (x.size > 1) zero_ranks = {-1, x.size - 1, 0};
-  for (const size_t count : {size_t{1}, size_t{10}, size_t{4099}, size_t{100003}}) {
+  // 2100003: past a window of the weighted mean's staging on every transport (2^19 elements on
+  // shared memory, 2^21 - 1 on MPI), so that windows meet mid-buffer.
+  for (const size_t count : {size_t{1}, size_t{10}, size_t{4099}, size_t{100003}, size_t{2100003}}) {
     for (int zero_rank : zero_ranks) {
       for (int path = 0; path < 4; ++path) {
         if (count > 5000 && (path == 1 || path == 2)) continue;  // the large ones: two paths suffice

@@ -233,9 +233,11 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
                                     uint64_t* total_weight) {
   telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
     arrive(weighted_mean_call(count, dtype), {}, weight);
-    std::vector<double> staged = stage_weighted_mean(send, count, dtype, weight);
-    if (size_ > 1) rank_order_allreduce(staged.data(), staged.data(), staged.size(), DType::F64, ReduceOp::Sum);
-    finish_weighted_mean(staged, send, recv, count, dtype, total_weight);
+    // Windows of one rank-order window each (its f64 products and the weight after them).
+    windowed_weighted_mean(send, recv, count, dtype, weight, total_weight, kWindowBytes / sizeof(double) - 1,
+                           [&](double* data, size_t n) {
+                             if (size_ > 1) rank_order_allreduce(data, data, n, DType::F64, ReduceOp::Sum);
+                           });
   });
 }
 
