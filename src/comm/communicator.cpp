@@ -39,7 +39,8 @@ double* Communicator::weighted_staging(size_t n) {
 
 void Communicator::windowed_weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                                           uint64_t* total_weight, size_t window,
-                                          const std::function<void(double* data, size_t n)>& sum) {
+                                          const std::function<void(double* data, size_t n)>& sum,
+                                          std::optional<double> known_total) {
   const double w = static_cast<double>(weight);
   double* staged = weighted_staging(std::min(count, window) + 1);
   size_t lo = 0;
@@ -55,9 +56,9 @@ void Communicator::windowed_weighted_mean(const void* send, void* recv, size_t c
       for (size_t i = 0; i < len; ++i) staged[i] = w * in[i];
     }
     staged[len] = w;
-    sum(staged, len + 1);
+    sum(staged, known_total ? len : len + 1);
     // Every window sums the same weights in the same order: every rank sees the same total in each.
-    const double total = staged[len];
+    const double total = known_total ? *known_total : staged[len];
     if (lo == 0) {
       if (total_weight != nullptr) *total_weight = static_cast<uint64_t>(total);
       GS_REQUIRE(total > 0.0, GRADSYNC_E_ZERO_WEIGHT, "total weight (sample count) over {} ranks is 0", size());

@@ -201,12 +201,14 @@ class Communicator {
 
   // The default weighted_mean, window by window of at most `window` elements: each window's
   // products in f64 with the weight after them (len + 1 entries) summed in rank order by
-  // sum(data, len + 1), then divided by the summed weight (the same bits as one window of all). The
+  // sum(data, len + 1), then divided by the summed weight (the same bits as one window of all), or
+  // by known_total where the transport has it already (then only the len products are summed). The
   // weight is at most 2^53 (checked by the caller). For a transport that judges the call itself
   // and moves the data as it likes.
   void windowed_weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                               uint64_t* total_weight, size_t window,
-                              const std::function<void(double* data, size_t n)>& sum);
+                              const std::function<void(double* data, size_t n)>& sum,
+                              std::optional<double> known_total = std::nullopt);
   // The weighted mean's f64 staging of at least n entries: the communicator's own, kept and reused
   // (bounded by the callers' windows). A fresh vector per call was mapped and faulted in anew by
   // every call past glibc's mmap threshold (always past 32 MiB: 32K page faults a call at 16M

@@ -877,33 +877,17 @@ void SharedMemoryCommunicator::weighted_mean(const void* send, void* recv, size_
       engine_.barrier(round, Collective::WeightedMean, true);
       return;
     }
-    // Copy path: the contributions in double go through the allreduce pipeline (a sum in rank order
-    // from c_0, the same operations as the kernel), then one division; window by window, through
-    // the communicator's own staging (weighted_staging: no fresh memory to fault in per call).
-    const double wr = static_cast<double>(weight);
-    double* staged = weighted_staging(std::min<size_t>(count, kWeightedWindow));
-    for (size_t lo = 0; lo < count; lo += kWeightedWindow) {
-      const size_t len = std::min(kWeightedWindow, count - lo);
-      if (weight == 0) {
-        std::fill(staged, staged + len, 0.0);
-      } else if (dtype == DType::F32) {
-        const float* in = static_cast<const float*>(send) + lo;
-        for (size_t i = 0; i < len; ++i) staged[i] = wr * static_cast<double>(in[i]);
-      } else {
-        const double* in = static_cast<const double*>(send) + lo;
-        for (size_t i = 0; i < len; ++i) staged[i] = wr * in[i];
-      }
-      const BufferRef buffer{staged, staged, len};
-      const Concat all(std::span<const BufferRef>(&buffer, 1), sizeof(double));
-      pipeline_allreduce(round, all, DType::F64, ReduceOp::Sum);
-      if (dtype == DType::F32) {
-        float* out = static_cast<float*>(recv) + lo;
-        for (size_t i = 0; i < len; ++i) out[i] = static_cast<float>(staged[i] / denom);
-      } else {
-        double* out = static_cast<double*>(recv) + lo;
-        for (size_t i = 0; i < len; ++i) out[i] = staged[i] / denom;
-      }
-    }
+    // Copy path: each window's contributions in double go through the allreduce pipeline (a sum in
+    // rank order from c_0, the same operations as the kernel), then one division by the total of the
+    // descriptors' weights; the staging is the communicator's own (no fresh memory to fault in).
+    windowed_weighted_mean(
+        send, recv, count, dtype, weight, /* total_weight, set above: */ nullptr, kWeightedWindow,
+        [&](double* data, size_t n) {
+          const BufferRef buffer{data, data, n};
+          const Concat all(std::span<const BufferRef>(&buffer, 1), sizeof(double));
+          pipeline_allreduce(round, all, DType::F64, ReduceOp::Sum);
+        },
+        denom);
   });
 }
 
