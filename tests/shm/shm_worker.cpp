@@ -164,11 +164,11 @@ void case_abort(gradsync_comm* c) {
   for (float x : v) EXPECT(x == float(g_size), "after reset got %g", x);
 }
 
-// Rank 1 runs out of memory in the middle of a weighted mean (the copy path's staging, after the
-// round began: its address space is capped just below it). Its peer, waiting inside the round,
+// Rank 1 runs out of memory in the middle of a weighted mean (the copy path's staging window, after
+// the round began: its address space is capped just below it). Its peer, waiting inside the round,
 // fails at once naming it, instead of waiting out its 60 s timeout; both reset and go on.
 void case_oom(gradsync_comm* c) {
-  const size_t n = 4 << 20;  // 16 MiB of floats, staged as 32 MiB of doubles
+  const size_t n = 4 << 20;  // 16 MiB of floats, staged in windows of 4 MiB of doubles
   std::vector<float> send(n, float(g_rank + 1)), recv(n, 0.f);
   OK(gradsync_comm_barrier(c));
   uint64_t total = 0;
@@ -180,7 +180,7 @@ void case_oom(gradsync_comm* c) {
     EXPECT(f != nullptr && std::fscanf(f, "%ld", &pages) == 1, "/proc/self/statm");
     std::fclose(f);
     rlimit capped = was;
-    capped.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (16u << 20);
+    capped.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (2u << 20);
     EXPECT(setrlimit(RLIMIT_AS, &capped) == 0, "setrlimit");
     const int st = gradsync_comm_weighted_mean(c, send.data(), recv.data(), n, GRADSYNC_F32, 1, &total);
     EXPECT(setrlimit(RLIMIT_AS, &was) == 0, "setrlimit back");
