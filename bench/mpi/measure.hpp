@@ -18,6 +18,15 @@ struct Variant {
   std::vector<double> per_call;
 };
 
+// min / median / max of a set of figures (a benchmark's runs).
+struct Spread {
+  double min, med, max;
+};
+inline Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v.front(), v[v.size() / 2], v.back()};
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];

@@ -40,6 +40,8 @@ using namespace gradsync;
 using namespace gradsync::comm;
 using gradsync::bench::measure;
 using gradsync::bench::median;
+using gradsync::bench::Spread;
+using gradsync::bench::spread;
 using gradsync::bench::Variant;
 
 namespace {
@@ -48,14 +50,6 @@ double load_average() {
   double load = 0;
   std::ifstream("/proc/loadavg") >> load;
   return load;
-}
-
-struct Spread {
-  double min, med, max;
-};
-Spread spread(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v.front(), v[v.size() / 2], v.back()};
 }
 
 std::unique_ptr<Communicator> shm_group(const std::string& name, int rank, int size, bool staged) {
