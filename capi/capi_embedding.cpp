@@ -174,6 +174,38 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
   return with_comm(__func__, table, [&](gradsync::embedding::ShardedTable& t) { t.load(dir_arg(dir)); });
 }
 
+GRADSYNC_API int gradsync_embedding_reshard(gradsync_embedding* table, gradsync_comm* new_comm, int32_t sharding,
+                                            const char* checkpoint_dir, uint64_t* moved_rows, int32_t* restored) {
+  return guard(__func__, [&] {
+    auto* t = check(table);
+    const std::shared_ptr<CommLink>& next = check(new_comm)->link;
+    GS_REQUIRE(sharding == GRADSYNC_EMBEDDING_KEEP_SHARDING || sharding == GRADSYNC_EMBEDDING_CONTIGUOUS ||
+                   sharding == GRADSYNC_EMBEDDING_HASH,
+               GRADSYNC_E_INVALID_ARG, "unknown sharding {} (-1 keep, 0 contiguous, 1 hash)", sharding);
+    const auto rule = sharding == GRADSYNC_EMBEDDING_KEEP_SHARDING
+                          ? t->impl.options().sharding
+                          : static_cast<gradsync::embedding::Sharding>(sharding);
+    const bool on_next = t->link == next;
+    if (!on_next) {
+      // The lookup and push buffers in the old group's memory go back to it while it lives and is
+      // free (its end frees them otherwise).
+      try {
+        CommLink::Call call(*t->link, __func__);
+        t->impl.release_buffers();
+      } catch (const std::exception& e) {
+        GS_LOG_DEBUG("gradsync_embedding_reshard: the send buffers stay with the old communicator: {}", e.what());
+      }
+    }
+    gradsync::embedding::ShardedTable::ReshardReport report;
+    CommLink::run_in_order(next, __func__, [&] {
+      report = t->impl.reshard(next->communicator(), on_next, rule, dir_arg(checkpoint_dir));
+    });
+    t->link = next;
+    if (moved_rows != nullptr) *moved_rows = report.moved_rows;
+    if (restored != nullptr) *restored = report.from_checkpoint ? 1 : 0;
+  });
+}
+
 GRADSYNC_API int gradsync_embedding_local_rows(const gradsync_embedding* table, int64_t* ids, float* values,
                                                float* state, size_t capacity) {
   return guard(__func__, [&] {

@@ -267,6 +267,63 @@ GRADSYNC_API int gradsync_embedding_save_incremental(gradsync_embedding* table, 
  */
 GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* dir);
 
+/* ---------------------------------------------------------------- elastic */
+
+/** gradsync_embedding_reshard's `sharding` that keeps the table's rule. */
+#define GRADSYNC_EMBEDDING_KEEP_SHARDING (-1)
+
+/**
+ * @brief Collective over new_comm: move the table onto new_comm, a group of its members that
+ *        survived (gradsync_comm_shrink), a group grown from it (gradsync_comm_grow, with joiners),
+ *        or the same communicator under another sharding rule, without a restart. Every member of
+ *        new_comm calls it, joiners included.
+ *
+ * A joiner takes part with a table it created on new_comm with the members' rows, dim, optimizer,
+ * learning rate and eps (its own rows are discarded): it sends nothing, and receives its rows and
+ * the step count. A member brings its table from the old communicator (every table on new_comm, and
+ * none from another, is a change of rule in place).
+ *
+ * In memory (every old rank's rows live on a member): each row's new owner is computed for
+ * new_comm's size and `sharding`; the rows that change owner travel with their optimizer state in
+ * one all-to-all-v, and every row and its state continue bit for bit (the table stays equal to
+ * what one process computes, see "Determinism"). checkpoint_dir is then not read.
+ *
+ * After a lost rank (a member of the old group that is not in new_comm): its rows' live state is
+ * gone, and the survivors' rows have moved on from any copy of them, so no consistent table exists
+ * except as of the last checkpoint. Without checkpoint_dir the call fails on every rank with
+ * GRADSYNC_E_LOST naming the lost rows ("old rank 2's rows [500, 750)") and changes nothing.
+ * With it, EVERY row (the survivors' too) and the step count come from that checkpoint, as
+ * gradsync_embedding_load reads it: the table is as it was at that checkpoint, never a mix of
+ * states, and the caller replays its pushes since then (as Horovod elastic restores its last
+ * commit); gradsync_embedding_steps tells from where.
+ *
+ * On any error every rank fails, and the table stays on its old communicator unchanged. On success
+ * it runs on new_comm (which must outlive it), and the next gradsync_embedding_save_incremental
+ * needs a full save first (unless the rows came from checkpoint_dir, which is then its base).
+ * Only tables in anonymous memory reshard (created with dir NULL).
+ * @param table the table, on its old communicator (a joiner's: on new_comm)
+ * @param new_comm the survivors', grown or same communicator
+ * @param sharding a gradsync_embedding_sharding for the new group, or GRADSYNC_EMBEDDING_KEEP_SHARDING
+ * @param checkpoint_dir NULL, or the directory of the last checkpoint, on every rank alike (read
+ *        only when rows were lost)
+ * @param[out] moved_rows rows this rank received from others (may be NULL; 0 after a restore)
+ * @param[out] restored 1 when the rows came from checkpoint_dir, else 0 (may be NULL)
+ * @retval GRADSYNC_E_LOST rows lived only on lost ranks and no checkpoint_dir was given (every rank;
+ *         the message names the rows)
+ * @retval GRADSYNC_E_MISMATCH the ranks hold different tables (shape, optimizer, learning rate, eps),
+ *         ask for different rules, are at different steps or come from different groups; or the
+ *         checkpoint holds another shape or optimizer
+ * @retval GRADSYNC_E_INVALID_ARG an unknown sharding, or checkpoint_dir given on some ranks only
+ * @retval GRADSYNC_E_UNSUPPORTED a table whose shard is in files
+ * @retval GRADSYNC_E_MISUSE no rank holds the table (every one is a joiner), or a bad handle
+ * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO as for
+ *         gradsync_embedding_load
+ * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)
+ * @threadsafety handle
+ */
+GRADSYNC_API int gradsync_embedding_reshard(gradsync_embedding* table, gradsync_comm* new_comm, int32_t sharding,
+                                            const char* checkpoint_dir, uint64_t* moved_rows, int32_t* restored);
+
 /* ---------------------------------------------------------------- local access */
 
 /**

@@ -72,6 +72,9 @@ declare("gradsync_embedding_save", c_int, _P, ctypes.c_char_p)
 declare("gradsync_embedding_save_incremental", c_int, _P, ctypes.c_char_p)
 declare("gradsync_embedding_load", c_int, _P, ctypes.c_char_p)
 declare("gradsync_embedding_local_rows", c_int, _P, _P, _P, _P, c_size_t)
+declare("gradsync_embedding_reshard", c_int, _P, _P, c_int32, ctypes.c_char_p, ctypes.POINTER(c_uint64),
+        ctypes.POINTER(c_int32))
+_KEEP_SHARDING = -1
 
 
 def _choice(value, table, what):
@@ -197,6 +200,23 @@ class ShardedEmbeddingTable(Handle):
     def load(self, directory):
         """Load a checkpoint written by any world size and sharding rule."""
         check(lib.gradsync_embedding_load(self.ptr, _path(directory)))
+
+    def reshard(self, comm, sharding=None, checkpoint=None):
+        """Collective over `comm`, the survivors' group (Communicator.shrink), a grown one
+        (Communicator.grow, every joiner taking part with a table it made on comm with the members'
+        options) or this table's own communicator with another `sharding` ("contiguous", "hash";
+        None keeps the rule). When every old rank's rows live on a member, they move in memory,
+        with their optimizer state, bit for bit. When a rank was lost, its rows' live state is
+        gone: without `checkpoint` this raises E_LOST naming the rows, and nothing changes; with
+        the last checkpoint's directory EVERY row and the step count come from it, so the table is
+        as of that checkpoint and the caller replays its pushes since (`steps` says from where).
+        Returns (rows received from others, whether the rows came from the checkpoint)."""
+        rule = _KEEP_SHARDING if sharding is None else _choice(sharding, SHARDINGS, "sharding")
+        moved, restored = c_uint64(), c_int32()
+        check(lib.gradsync_embedding_reshard(self.ptr, comm.ptr, rule, _path(checkpoint), ctypes.byref(moved),
+                                             ctypes.byref(restored)))
+        self._comm = comm
+        return moved.value, bool(restored.value)
 
     def __repr__(self):
         if not self._ptr:

@@ -108,47 +108,52 @@ std::vector<int64_t> Layout::owned(int r) const {
 }
 
 ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
-    : comm_(comm), options_(options), layout_(options.rows, comm.size(), options.sharding) {
+    : comm_(&comm), rank_(comm.rank()), options_(options), layout_(options.rows, comm.size(), options.sharding) {
   validate(options_);
-  owned_ = layout_.owned(comm_.rank());
-  if (options_.sharding == Sharding::Hash) {
-    buckets_.assign(static_cast<size_t>((options_.rows >> kBucketShift) + 1), Bucket{0, 0, 0});
-    for (size_t l = owned_.size(); l-- > 0;) {
-      Bucket& bk = buckets_[static_cast<size_t>(owned_[l] >> kBucketShift)];
+  adopt(build(comm_->rank(), layout_, true));
+}
+
+ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool init) const {
+  Storage s;
+  s.owned = layout.owned(rank);
+  if (layout.sharding() == Sharding::Hash) {
+    s.buckets.assign(static_cast<size_t>((options_.rows >> kBucketShift) + 1), Bucket{0, 0, 0});
+    for (size_t l = s.owned.size(); l-- > 0;) {
+      Bucket& bk = s.buckets[static_cast<size_t>(s.owned[l] >> kBucketShift)];
       bk.base = static_cast<int64_t>(l);  // the last written is the bucket's first owned id
-      bk.mine |= uint32_t{1} << (owned_[l] & ((int64_t{1} << kBucketShift) - 1));
+      bk.mine |= uint32_t{1} << (s.owned[l] & ((int64_t{1} << kBucketShift) - 1));
     }
   }
   // A table has at least one row: an owner of none keeps one that no id ever reaches.
-  const int64_t local = std::max<int64_t>(1, local_rows());
+  const int64_t local = std::max<int64_t>(1, static_cast<int64_t>(s.owned.size()));
   const bool files = !options_.dir.empty();
   std::string stem;
   if (files) {
     std::error_code ec;
     std::filesystem::create_directories(options_.dir, ec);
     GS_REQUIRE(!ec, GRADSYNC_E_IO, "cannot create the directory '{}': {}", options_.dir, ec.message());
-    stem = fmt::format("{}/shard-{}-of-{}", options_.dir, comm_.rank(), comm_.size());
+    stem = fmt::format("{}/shard-{}-of-{}", options_.dir, rank, layout.ranks());
   }
   table::OpenSpec spec;
   spec.mode = files ? table::OpenMode::CreateOrOpen : table::OpenMode::Anonymous;
   spec.rows = local;
   spec.dim = options_.dim;
   spec.path = files ? stem + ".params" : "";
-  params_ = table::Table::open(spec);
-  if (params_->created() && options_.init == table::Init::Uniform) {
+  s.params = table::Table::open(spec);
+  if (init && s.params->created() && options_.init == table::Init::Uniform) {
     // Element j of global row g takes the value a whole rows x dim table filled from the seed
     // gives element g * dim + j: the values do not depend on the sharding.
     const auto d = static_cast<uint64_t>(options_.dim);
-    for (size_t l = 0; l < owned_.size(); ++l) {
-      float* row = params_->row_ptr(static_cast<int64_t>(l));
-      const uint64_t base = static_cast<uint64_t>(owned_[l]) * d;
+    for (size_t l = 0; l < s.owned.size(); ++l) {
+      float* row = s.params->row_ptr(static_cast<int64_t>(l));
+      const uint64_t base = static_cast<uint64_t>(s.owned[l]) * d;
       for (uint64_t j = 0; j < d; ++j) row[j] = table::uniform_at(options_.seed, base + j, options_.lo, options_.hi);
     }
   }
   if (state_width() != 0) {
     spec.dim = state_width();
     spec.path = files ? stem + ".state" : "";
-    state_ = table::Table::open(spec);
+    s.state = table::Table::open(spec);
   }
   accumulator::AccumSpec aspec;
   aspec.path = files ? stem + ".grad" : "";
@@ -157,8 +162,18 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
   aspec.dim = options_.dim;
   aspec.concurrency = static_cast<int32_t>(accumulator::Concurrency::Owner);
   aspec.threads = options_.threads;
-  accum_ = accumulator::Accumulator::open(aspec);
-  dirty_.assign(owned_.size(), 0);
+  s.accum = accumulator::Accumulator::open(aspec);
+  s.dirty.assign(s.owned.size(), 0);
+  return s;
+}
+
+void ShardedTable::adopt(Storage&& s) noexcept {
+  owned_ = std::move(s.owned);
+  buckets_ = std::move(s.buckets);
+  params_ = std::move(s.params);
+  state_ = std::move(s.state);
+  accum_ = std::move(s.accum);
+  dirty_ = std::move(s.dirty);
 }
 
 ShardedTable::~ShardedTable() = default;
@@ -176,15 +191,20 @@ int64_t ShardedTable::local_of(int64_t id) const noexcept {
 }
 
 std::vector<int64_t> ShardedTable::agree(int status, const std::string& message, int64_t word0, int64_t word1) {
-  const auto p = static_cast<size_t>(comm_.size());
+  return agree_over(*comm_, status, message, word0, word1);
+}
+
+std::vector<int64_t> ShardedTable::agree_over(comm::Communicator& c, int status, const std::string& message,
+                                              int64_t word0, int64_t word1) {
+  const auto p = static_cast<size_t>(c.size());
   const size_t width = 3 + kMessageWords;
   std::vector<int64_t> rows(p * width);
-  int64_t* mine = &rows[static_cast<size_t>(comm_.rank()) * width];
+  int64_t* mine = &rows[static_cast<size_t>(c.rank()) * width];
   mine[0] = status;
   mine[1] = word0;
   mine[2] = word1;
   put_message(mine + 3, message);
-  comm_.allgather(nullptr, rows.data(), rows.size(), DType::I64);
+  c.allgather(nullptr, rows.data(), rows.size(), DType::I64);
   for (size_t r = 0; r < p; ++r) {
     const int64_t* row = &rows[r * width];
     if (row[0] != GRADSYNC_OK)
@@ -196,6 +216,13 @@ std::vector<int64_t> ShardedTable::agree(int status, const std::string& message,
     words[2 * r + 1] = rows[r * width + 2];
   }
   return words;
+}
+
+int64_t ShardedTable::config_word() const noexcept {
+  // The optimizer and its hyperparameters, as one word: a rank that updates its rows otherwise
+  // would break the equality with one process as surely as a wrong id.
+  const double hyper[4] = {options_.lr, options_.eps, options_.beta1, options_.beta2};
+  return static_cast<int64_t>(fnv1a64(hyper, sizeof hyper, static_cast<uint64_t>(options_.optimizer)));
 }
 
 int ShardedTable::check_call(int op, const int64_t* ids, size_t n, const void* buf, size_t count,
@@ -264,18 +291,15 @@ int ShardedTable::distinct_before_plan(const int64_t* ids, size_t n, size_t& u, 
 }
 
 ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& problem, const int64_t* routed, size_t n) {
-  const auto p = static_cast<size_t>(comm_.size());
+  const auto p = static_cast<size_t>(comm_->size());
   const size_t width = kHead + p + kMessageWords;
   std::vector<int64_t> rows(p * width);
-  int64_t* mine = &rows[static_cast<size_t>(comm_.rank()) * width];
+  int64_t* mine = &rows[static_cast<size_t>(comm_->rank()) * width];
   mine[kRows] = options_.rows;
   mine[kDim] = options_.dim;
   mine[kSharding] = static_cast<int64_t>(options_.sharding);
   mine[kOp] = op;
-  // The optimizer and its hyperparameters, as one word: a rank that updates its rows otherwise
-  // would break the equality with one process as surely as a wrong id.
-  const double hyper[4] = {options_.lr, options_.eps, options_.beta1, options_.beta2};
-  mine[kOptimizer] = static_cast<int64_t>(fnv1a64(hyper, sizeof hyper, static_cast<uint64_t>(options_.optimizer)));
+  mine[kOptimizer] = config_word();
   // This rank's verdict travels with its counts per owner, so a bad id fails every rank in this
   // round, before any id or row moves.
   if (status == GRADSYNC_OK) {
@@ -284,7 +308,7 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
   }
   mine[kStatus] = status;
   put_message(mine + kHead + p, problem);
-  comm_.allgather(nullptr, rows.data(), rows.size(), DType::I64);
+  comm_->allgather(nullptr, rows.data(), rows.size(), DType::I64);
 
   auto row = [&](size_t r) { return &rows[r * width]; };
   for (size_t r = 1; r < p; ++r) {
@@ -309,10 +333,6 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
   return plan;
 }
 
-namespace {
-
-// Routes of the plan, each id carrying `width` elements: forward (sources to owners) or back.
-// Routes of the plan, each id carrying `width` elements: forward (sources to owners) or back.
 // A rank's part for itself does not travel (the caller handles it in place): the owners pack
 // only what others send them, in sender order; a sender's buffer keeps room for its own part.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back) {
@@ -342,6 +362,8 @@ comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t
   return routes;
 }
 
+namespace {
+
 // A push carries each global id's bits in two floats of its part.
 constexpr size_t kIdFloats = 2;
 
@@ -363,7 +385,13 @@ void copy_rows(size_t n, size_t d, Src&& src, Dst&& dst) {
 }  // namespace
 
 void ShardedTable::SendBuffer::release() {
-  if (group_ != nullptr) comm_.dealloc(group_);
+  if (group_ != nullptr) comm_->dealloc(group_);
+  group_ = nullptr;
+  own_ = {};
+  bytes_ = 0;
+}
+
+void ShardedTable::SendBuffer::forget() noexcept {
   group_ = nullptr;
   own_ = {};
   bytes_ = 0;
@@ -380,7 +408,7 @@ void* ShardedTable::SendBuffer::get(size_t bytes) {
   release();
   const size_t want = bytes + bytes / 4;  // batches vary: room to spare, not a reallocation per call
   try {
-    group_ = comm_.alloc(want);
+    group_ = comm_->alloc(want);
   } catch (const Error&) {  // the group's memory is full: the exchange takes the copy path
     own_.resize((want + 7) / 8);
   }
@@ -398,7 +426,7 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   const int64_t* unique = scratch_unique_.data();
   const uint32_t* which = scratch_which_.data();
   const Plan pl = plan(1, status, problem, unique, u);
-  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
+  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_->rank());
   const auto d = static_cast<size_t>(options_.dim);
   // Stable counting sort of the distinct ids by owner: each owner's keep their first order.
   std::vector<uint64_t> at(p, 0);
@@ -414,14 +442,14 @@ void ShardedTable::lookup(const int64_t* ids, size_t n, float* out, size_t count
   uint64_t incoming = 0;  // ids other ranks ask this one for
   for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
   int64_t* asked = grow(scratch_asked_, incoming);
-  comm_.exchange(send, asked, routes_of(pl.counts, p, 1, false), DType::I64);
+  comm_->exchange(send, asked, routes_of(pl.counts, p, 1, false), DType::I64);
 
   auto* reply = static_cast<float*>(send_rows_.get(incoming * d * sizeof(float)));
   copy_rows(
       incoming, d, [&](size_t k) { return params_->row_ptr(local_of(asked[k])); },
       [&](size_t k) { return reply + k * d; });
   float* rows = grow(scratch_recv_, u * d);
-  comm_.exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
+  comm_->exchange(reply, rows, routes_of(pl.counts, p, d, true), DType::F32);
   // In the caller's order, so that the output is written in sequence.
   copy_rows(
       n, d,
@@ -443,12 +471,12 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   // bits). Another rank's contributions follow some of another's, whose sum it does not know: it
   // sends each of its ids as they come.
   // (distinct numbers positions in 32 bits: a larger push goes as it comes.)
-  const bool merge = status == GRADSYNC_OK && comm_.rank() == 0 && n <= UINT32_MAX - 1;
+  const bool merge = status == GRADSYNC_OK && comm_->rank() == 0 && n <= UINT32_MAX - 1;
   size_t m = n;
   if (merge) status = distinct_before_plan(ids, n, m, problem);
   const int64_t* routed = merge ? scratch_unique_.data() : ids;
   const Plan pl = plan(2, status, problem, routed, m);
-  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_.rank());
+  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_->rank());
   const auto d = static_cast<size_t>(options_.dim);
   const size_t width = kIdFloats + d;
   // The part for owner o: its c ids (kIdFloats floats each), then their c gradients, each in the
@@ -477,7 +505,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   uint64_t incoming = 0;  // ids other ranks push to this one
   for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
   float* recv = grow(scratch_recv_, incoming * width);
-  comm_.exchange(send, recv, routes_of(pl.counts, p, width, false), DType::F32);
+  comm_->exchange(send, recv, routes_of(pl.counts, p, width, false), DType::F32);
 
   // Sender after sender, each in its own order: the global batch's order. Owner-mode add_batch
   // calls enter one sequence in call order, so each row's sum keeps that order.

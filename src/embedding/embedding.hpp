@@ -62,6 +62,10 @@ class Layout {
   Sharding sharding_;
 };
 
+// Routes of a plan's counts (counts[s * p + d]: items s sends d), each item carrying `width`
+// elements: forward (sources to owners) or back. A rank's part for itself does not travel.
+comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
+
 class ShardedTable {
  public:
   // Local: opens or creates this rank's shard; no communication.
@@ -90,6 +94,19 @@ class ShardedTable {
   void save(const std::string& dir, bool incremental);
   void load(const std::string& dir);
 
+  // What a reshard did.
+  struct ReshardReport {
+    uint64_t moved_rows = 0;       // rows this rank received from others (in-memory reshard)
+    bool from_checkpoint = false;  // rows were lost, and every row came from the checkpoint
+    std::vector<int> lost_old_ranks;
+  };
+  // Collective over next (include/gradsync/embedding.h, gradsync_embedding_reshard, is the
+  // contract): moves the table onto next under `sharding`, in memory when every old rank's rows
+  // survive on a member, else from `checkpoint` (every row; empty: E_LOST naming the rows).
+  // on_next: the table already runs on next (a joiner's, or a change of rule in place); otherwise
+  // its old communicator is not touched (it may have been freed).
+  ReshardReport reshard(comm::Communicator& next, bool on_next, Sharding sharding, const std::string& checkpoint);
+
   // Gives the buffers of lookup and push in the communicator's memory back to it (call it
   // holding the communicator, which must still be alive; a table freed without it leaves them
   // to the communicator's end).
@@ -112,13 +129,27 @@ class ShardedTable {
   size_t distinct(const int64_t* ids, size_t n);
   // distinct, its failure to allocate turned into a verdict for plan (E_NOMEM and problem).
   int distinct_before_plan(const int64_t* ids, size_t n, size_t& u, std::string& problem);
+  // The optimizer and its hyperparameters as one word, which ranks compare.
+  int64_t config_word() const noexcept;
   // Position of a global id among this rank's rows (the id must be owned here).
   int64_t local_of(int64_t id) const noexcept;
   // Collective verdict of a step with a local outcome: throws the first failing rank's error on
   // every rank (naming it), or returns each rank's two payload words.
   std::vector<int64_t> agree(int status, const std::string& message, int64_t word0 = 0, int64_t word1 = 0);
+  static std::vector<int64_t> agree_over(comm::Communicator& c, int status, const std::string& message, int64_t word0,
+                                         int64_t word1);
 
-  comm::Communicator& comm_;
+  // Where this rank's shard lives and what it holds, built apart from the table's so that a reshard
+  // can fill a new one while the old one is read, and adopt it only once everything arrived.
+  struct Bucket;
+  struct Storage;
+  // This rank's shard of `layout` (rank `rank` of it): fresh tables, initialised from the seed when
+  // `init` (a reshard fills them itself).
+  Storage build(int rank, const Layout& layout, bool init) const;
+  void adopt(Storage&& s) noexcept;
+
+  comm::Communicator* comm_;
+  int rank_;  // in comm_, kept so that a reshard need not ask a communicator that may be gone
   Options options_;
   Layout layout_;
   std::vector<int64_t> owned_;  // ascending
@@ -130,6 +161,14 @@ class ShardedTable {
     int64_t base;
     uint32_t mine;
     uint32_t unused;
+  };
+  struct Storage {
+    std::vector<int64_t> owned;
+    std::vector<Bucket> buckets;
+    std::unique_ptr<table::Table> params;
+    std::unique_ptr<table::Table> state;
+    std::unique_ptr<accumulator::Accumulator> accum;
+    std::vector<uint8_t> dirty;
   };
   static constexpr unsigned kBucketShift = 5;
   std::vector<Bucket> buckets_;
@@ -147,15 +186,18 @@ class ShardedTable {
   // table may outlive the communicator; release() gives it back while the communicator is held.
   class SendBuffer {
    public:
-    explicit SendBuffer(comm::Communicator& comm) noexcept : comm_(comm) {}
+    explicit SendBuffer(comm::Communicator*& comm) noexcept : comm_(comm) {}
     SendBuffer(const SendBuffer&) = delete;
     SendBuffer& operator=(const SendBuffer&) = delete;
     // Room for at least `bytes` (never NULL), 8-byte aligned.
     void* get(size_t bytes);
     void release();
+    // Drops the buffer without giving it back (it stays the communicator's until its end): for a
+    // reshard that leaves a communicator this thread does not hold.
+    void forget() noexcept;
 
    private:
-    comm::Communicator& comm_;
+    comm::Communicator*& comm_;  // the table's: it follows a reshard
     void* group_ = nullptr;
     std::vector<uint64_t> own_;
     size_t bytes_ = 0;

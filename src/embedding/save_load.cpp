@@ -17,8 +17,8 @@ namespace gradsync::embedding {
 using namespace checkpoint;
 
 void ShardedTable::save(const std::string& dir, bool incremental) {
-  uint64_t nonce = comm_.rank() == 0 ? random_nonce() : 0;
-  comm_.broadcast(&nonce, 1, DType::I64, 0);
+  uint64_t nonce = comm_->rank() == 0 ? random_nonce() : 0;
+  comm_->broadcast(&nonce, 1, DType::I64, 0);
   const auto d = static_cast<uint64_t>(options_.dim);
   const auto sw = static_cast<uint64_t>(state_width());
 
@@ -72,8 +72,8 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
     h.rows = options_.rows;
     h.dim = options_.dim;
     h.state_width = static_cast<int32_t>(sw);
-    h.part = comm_.rank();
-    h.parts = comm_.size();
+    h.part = comm_->rank();
+    h.parts = comm_->size();
     h.nonce = nonce;
     h.count = count;
     payload_checksum = write_part(dir, h, id_data, row_data, state_data, [&] { params_->check_mapping(); });
@@ -83,7 +83,7 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
 
   // 2. Rank 0 commits the layer with the manifest, then clears out parts no layer names.
   Outcome committed;
-  if (comm_.rank() == 0) {
+  if (comm_->rank() == 0) {
     committed = capture([&] {
       Manifest m;
       if (incremental) {
@@ -102,8 +102,8 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
       h.steps = steps_;
       h.lr = options_.lr;
       h.eps = options_.eps;
-      m.layers.push_back(LayerEntry{nonce, static_cast<uint64_t>(comm_.size())});
-      std::vector<PartEntry> entries(static_cast<size_t>(comm_.size()));
+      m.layers.push_back(LayerEntry{nonce, static_cast<uint64_t>(comm_->size())});
+      std::vector<PartEntry> entries(static_cast<size_t>(comm_->size()));
       for (size_t p = 0; p < entries.size(); ++p) {
         entries[p].count = static_cast<uint64_t>(parts[2 * p]);
         entries[p].payload_checksum = static_cast<uint64_t>(parts[2 * p + 1]);

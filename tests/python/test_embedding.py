@@ -381,3 +381,72 @@ def test_adam_checkpoint_refused_by_another_optimizer(tmp_path):
             assert info.value.status == gs.E_INVALID_ARG and "beta1 and beta2 must be in [0, 1)" in str(info.value)
 
     run_ranks(2, body)
+
+
+def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_memory(tmp_path):
+    # 4 ranks, checkpoint at step 2, rank 1 goes after step 4. The survivors shrink; without the
+    # checkpoint the reshard names the lost rows (E_LOST, on every survivor, nothing changed); with
+    # it every row comes from the checkpoint (step 2) and they replay. Grown back to 4 with a
+    # joiner whose rows come in memory, then changed to the hash rule in place, the table ends
+    # bitwise equal to one process's.
+    import threading
+    import uuid
+
+    ckpt, steps, loss_at, grow_at = tmp_path / "ckpt", 9, 4, 6
+    join_name = f"py-emb-grow-{uuid.uuid4().hex[:8]}"
+    ref_values, ref_state = reference("row_adagrad", steps)
+    finals = {}
+
+    def finish(table, comm):
+        moved, restored = table.reshard(comm, sharding="hash")
+        assert not restored
+        train(table, comm.rank, 4, steps, 8)
+        finals[comm.member_id] = table.local_state()
+
+    def member(comm, rank):
+        table = make(comm)
+        train(table, rank, 4, 2)
+        table.save(ckpt)
+        train(table, rank, 4, loss_at, 2)
+        if rank == 1:
+            table.close()
+            return None
+        ids, grads = global_batch(loss_at)
+        with pytest.raises(gs.GradsyncError):
+            table.push(ids[:0], grads[:0])
+        shrunk, failed, _ = comm.shrink()
+        assert failed == [1]
+        with pytest.raises(gs.GradsyncError, match=r"old rank 1's rows \[75, 150\)") as lost:
+            table.reshard(shrunk)
+        assert lost.value.status == -19 and table.steps == loss_at  # GRADSYNC_E_LOST
+        moved, restored = table.reshard(shrunk, checkpoint=ckpt)
+        assert restored and moved == 0 and table.steps == 2
+        train(table, shrunk.rank, 3, grow_at, 2)  # the replay, then on
+        grown, _ = shrunk.grow(join_name, 1)
+        moved, restored = table.reshard(grown)
+        assert not restored and table.steps == grow_at
+        train(table, grown.rank, 4, 8, grow_at)
+        finish(table, grown)
+        table.close()
+        grown.close()
+        shrunk.close()
+        return True
+
+    def joiner():
+        comm, _ = gs.Communicator.join(join_name, 0, 1, timeout_ms=60000)
+        with comm:
+            table = make(comm)
+            moved, restored = table.reshard(comm)
+            assert moved > 0 and not restored and table.steps == grow_at
+            train(table, comm.rank, 4, 8, grow_at)
+            finish(table, comm)
+            table.close()
+
+    t = threading.Thread(target=joiner)
+    t.start()
+    run_ranks(4, member)
+    t.join(timeout=60)
+    assert len(finals) == 4
+    values, state = gather_rows(finals.values())
+    assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
+    assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))

@@ -892,6 +892,7 @@ extern "C" {
 
 pub const GRADSYNC_EMBEDDING_CONTIGUOUS: i32 = 0;
 pub const GRADSYNC_EMBEDDING_HASH: i32 = 1;
+pub const GRADSYNC_EMBEDDING_KEEP_SHARDING: i32 = -1;
 
 pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 2;
 
@@ -974,6 +975,14 @@ extern "C" {
     pub fn gradsync_embedding_save(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
     pub fn gradsync_embedding_save_incremental(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
     pub fn gradsync_embedding_load(table: *mut gradsync_embedding, dir: *const c_char) -> c_int;
+    pub fn gradsync_embedding_reshard(
+        table: *mut gradsync_embedding,
+        new_comm: *mut gradsync_comm,
+        sharding: i32,
+        checkpoint_dir: *const c_char,
+        moved_rows: *mut u64,
+        restored: *mut i32,
+    ) -> c_int;
     pub fn gradsync_embedding_local_rows(
         table: *const gradsync_embedding,
         ids: *mut i64,

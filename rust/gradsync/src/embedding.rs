@@ -202,6 +202,35 @@ impl ShardedEmbedding {
         check(unsafe { sys::gradsync_embedding_load(self.raw.as_ptr(), d.as_ptr()) })
     }
 
+    /// Collective over `comm` (`gradsync_embedding_reshard`): moves the table onto a group grown
+    /// from its own (every joiner taking part with a table it made on `comm` with the members'
+    /// options), the survivors of a loss, or its own communicator under another `sharding`
+    /// (`None` keeps the rule). Rows that live on a member move in memory with their optimizer
+    /// state, bit for bit. Rows that lived only on a lost rank are gone: without `checkpoint` this
+    /// fails with `LOST` naming them, and nothing changes; with the last checkpoint's directory
+    /// every row and the step count come from it (the caller replays its pushes since).
+    /// Returns `(rows received from others, whether the rows came from the checkpoint)`.
+    pub fn reshard(
+        &mut self,
+        comm: &Communicator,
+        sharding: Option<Sharding>,
+        checkpoint: Option<&Path>,
+    ) -> Result<(u64, bool)> {
+        let dir = checkpoint.map(|d| path_to_cstring("gradsync::ShardedEmbedding::reshard", d)).transpose()?;
+        let (mut moved, mut restored) = (0u64, 0i32);
+        check(unsafe {
+            sys::gradsync_embedding_reshard(
+                self.raw.as_ptr(),
+                comm.as_raw(),
+                sharding.map_or(sys::GRADSYNC_EMBEDDING_KEEP_SHARDING, |s| s as i32),
+                dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()),
+                &mut moved,
+                &mut restored,
+            )
+        })?;
+        Ok((moved, restored != 0))
+    }
+
     /// This rank's rows: `(ids ascending, values, state)`, `state` holding
     /// [`RowOptimizer::state_width`] floats per row.
     pub fn local_state(&self) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {

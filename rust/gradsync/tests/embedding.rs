@@ -178,3 +178,39 @@ fn adam_is_bitwise_equal_to_one_process_with_its_row_state() {
     // row 0 is hot (pushed at every step): its update count is 3
     assert_eq!(state[2 * DIM], 3.0);
 }
+
+#[test]
+fn reshard_grows_in_memory_and_changes_the_rule_in_place() {
+    // 3 ranks train, grow to 4 with a joiner thread whose rows come from the members in memory,
+    // change to the hash rule in place, and train on: bitwise one process's table.
+    let join_name = common::unique("emb-grow-join");
+    let joiner_name = join_name.clone();
+    let joiner = std::thread::spawn(move || {
+        let (grown, info) =
+            gradsync::Communicator::join(&gradsync::CommOptions::new(&joiner_name, 0, 1).timeout_ms(30_000)).unwrap();
+        assert_eq!((info.old_size, info.new_size), (3, 4));
+        let mut t = ShardedEmbedding::new(&grown, &options(Sharding::Contiguous), None).unwrap();
+        let (moved, restored) = t.reshard(&grown, None, None).unwrap();
+        assert!(moved > 0 && !restored);
+        assert_eq!(t.steps().unwrap(), 2);
+        train(&mut t, grown.rank(), 4, 2..3);
+        t.reshard(&grown, Some(Sharding::Hash), None).unwrap();
+        train(&mut t, grown.rank(), 4, 3..4);
+        t.local_state().unwrap()
+    });
+    let mut parts = with_ranks("emb-grow", 3, |comm| {
+        let mut t = ShardedEmbedding::new(&comm, &options(Sharding::Contiguous), None).unwrap();
+        train(&mut t, comm.rank(), 3, 0..2);
+        let (grown, _) = comm.grow(&join_name, 1).unwrap();
+        let (_, restored) = t.reshard(&grown, None, None).unwrap();
+        assert!(!restored);
+        train(&mut t, grown.rank(), 4, 2..3);
+        t.reshard(&grown, Some(Sharding::Hash), None).unwrap();
+        train(&mut t, grown.rank(), 4, 3..4);
+        let rows = t.local_state().unwrap();
+        drop(t);
+        rows
+    });
+    parts.push(joiner.join().unwrap());
+    assert_eq!(bits(&assemble(parts)), bits(&reference(4)));
+}

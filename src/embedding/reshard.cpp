@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: Apache-2.0
+// Moving a live sharded embedding onto another communicator (gradsync_embedding_reshard): the
+// members of a shrunk, grown or re-ruled group exchange the rows that change owner, each with its
+// optimizer state, in one all-to-all-v; when an old rank's rows are gone, every row comes from the
+// last checkpoint instead, or nothing changes.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/types.hpp"
+#include "common/error.hpp"
+#include "embedding/checkpoint.hpp"
+#include "embedding/embedding.hpp"
+
+namespace gradsync::embedding {
+
+namespace {
+const char* rule_name(int64_t s) { return s == static_cast<int64_t>(Sharding::Hash) ? "hash" : "contiguous"; }
+
+// The rows an old rank owned, for a message: a range, or the hash rule's class and its size.
+std::string rows_of(const Layout& old, int j) {
+  if (old.sharding() == Sharding::Contiguous) {
+    const Part p =
+        partition(static_cast<uint64_t>(old.rows()), static_cast<uint64_t>(old.ranks()), static_cast<uint64_t>(j));
+    return fmt::format("old rank {}'s rows [{}, {})", j, p.start, p.start + p.len);
+  }
+  return fmt::format("old rank {}'s {} rows (ids g with splitmix64(g) % {} == {})", j, old.owned(j).size(), old.ranks(),
+                     j);
+}
+}  // namespace
+
+ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool on_next, Sharding sharding,
+                                                  const std::string& checkpoint) {
+  const int np = next.size(), me = next.rank();
+  const auto n = static_cast<size_t>(np);
+  const Layout fresh_layout(options_.rows, np, sharding);
+  // This rank's rows by new owner: what it sends if it turns out to be a member (a joiner's table,
+  // made on next, holds nothing of the old group's and sends nothing).
+  enum : size_t {
+    kOldRank,
+    kOldSize,
+    kOldRule,
+    kNewRule,
+    kRows,
+    kDim,
+    kWidth,
+    kConfig,
+    kSteps,
+    kOnNext,
+    kFiles,
+    kHasDir,
+    kHead
+  };
+  const size_t width = kHead + n;
+  std::vector<int64_t> all(n * width);
+  int64_t* mine = &all[static_cast<size_t>(me) * width];
+  mine[kOldRank] = rank_;
+  mine[kOldSize] = layout_.ranks();
+  mine[kOldRule] = static_cast<int64_t>(options_.sharding);
+  mine[kNewRule] = static_cast<int64_t>(sharding);
+  mine[kRows] = options_.rows;
+  mine[kDim] = options_.dim;
+  mine[kWidth] = state_width();
+  mine[kConfig] = config_word();
+  mine[kSteps] = steps_;
+  mine[kOnNext] = on_next ? 1 : 0;
+  mine[kFiles] = options_.dir.empty() ? 0 : 1;
+  mine[kHasDir] = checkpoint.empty() ? 0 : 1;
+  for (int64_t g : owned_) ++mine[kHead + static_cast<size_t>(fresh_layout.owner(g))];
+  if (np > 1) next.allgather(nullptr, all.data(), all.size(), DType::I64);
+  auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * width + w]; };
+
+  // Every rank judges the same table, so all reach the same verdict and the same message.
+  for (int r = 1; r < np; ++r) {
+    GS_REQUIRE(
+        word(r, kRows) == word(0, kRows) && word(r, kDim) == word(0, kDim) && word(r, kWidth) == word(0, kWidth) &&
+            word(r, kConfig) == word(0, kConfig),
+        GRADSYNC_E_MISMATCH,
+        "reshard: rank {}'s table is {} x {} (or has another optimizer, learning rate or eps) and rank 0's {} x {}", r,
+        word(r, kRows), word(r, kDim), word(0, kRows), word(0, kDim));
+    GS_REQUIRE(word(r, kNewRule) == word(0, kNewRule), GRADSYNC_E_MISMATCH,
+               "reshard: rank {} asks for {} sharding, rank 0 for {}", r, rule_name(word(r, kNewRule)),
+               rule_name(word(0, kNewRule)));
+    GS_REQUIRE(word(r, kHasDir) == word(0, kHasDir), GRADSYNC_E_INVALID_ARG,
+               "reshard: rank {} passes {} checkpoint directory, rank 0 {}", r, word(r, kHasDir) ? "a" : "no",
+               word(0, kHasDir) ? "one" : "none");
+  }
+  for (int r = 0; r < np; ++r) {
+    GS_REQUIRE(word(r, kFiles) == 0, GRADSYNC_E_UNSUPPORTED,
+               "reshard: rank {}'s table keeps its shard in files; only a table in anonymous memory (dir NULL) "
+               "reshards (save, then create and load one on the new group)",
+               r);
+  }
+  // Joiners: tables made on next, beside members that bring theirs from an old group. When every
+  // table is on next (a change of rule on the same group) every rank is a member.
+  bool from_old = false;
+  for (int r = 0; r < np; ++r) from_old = from_old || word(r, kOnNext) == 0;
+  auto is_joiner = [&](int r) { return from_old && word(r, kOnNext) == 1; };
+  int held_by = 0;
+  while (held_by < np && is_joiner(held_by)) ++held_by;
+  GS_REQUIRE(held_by < np, GRADSYNC_E_MISUSE, "reshard: no rank of the new group holds the table (all are joiners)");
+  const int old_size = static_cast<int>(word(held_by, kOldSize));
+  const Layout old_layout(options_.rows, old_size, static_cast<Sharding>(word(held_by, kOldRule)));
+  std::vector<int> holder(static_cast<size_t>(old_size), -1);  // old rank -> its member's new rank
+  for (int r = 0; r < np; ++r) {
+    if (is_joiner(r)) continue;
+    GS_REQUIRE(word(r, kOldSize) == old_size && word(r, kOldRule) == word(held_by, kOldRule), GRADSYNC_E_MISMATCH,
+               "reshard: member {} was in a group of {} ({} sharding), member {} in one of {} ({} sharding)", r,
+               word(r, kOldSize), rule_name(word(r, kOldRule)), held_by, old_size, rule_name(word(held_by, kOldRule)));
+    GS_REQUIRE(word(r, kSteps) == word(held_by, kSteps), GRADSYNC_E_MISMATCH,
+               "reshard: member {} has applied {} pushes, member {} {}: they are at different steps", r,
+               word(r, kSteps), held_by, word(held_by, kSteps));
+    const auto j = static_cast<size_t>(word(r, kOldRank));
+    GS_REQUIRE(holder[j] < 0, GRADSYNC_E_MISMATCH, "reshard: members {} and {} both held old rank {}", holder[j], r, j);
+    holder[j] = r;
+  }
+  ReshardReport report;
+  std::vector<std::string> lost;
+  for (int j = 0; j < old_size; ++j) {
+    if (holder[static_cast<size_t>(j)] >= 0) continue;
+    report.lost_old_ranks.push_back(j);
+    lost.push_back(rows_of(old_layout, j));
+  }
+  const int64_t steps = word(held_by, kSteps);
+
+  // The new shard, filled before anything of the table changes: a failure leaves it as it was.
+  Storage fresh = build(me, fresh_layout, false);
+  const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width());
+  const size_t row_floats = d + sw;
+  if (!lost.empty()) {
+    // The lost rows' live state is gone, and the survivors' rows are ahead of any copy of them:
+    // one consistent table exists only as of the last checkpoint, so every row comes from there.
+    GS_REQUIRE(!checkpoint.empty(), GRADSYNC_E_LOST,
+               "reshard: {} lived only on lost ranks; nothing was changed: pass the directory of the last checkpoint "
+               "to restore every row from it (then replay the pushes since)",
+               fmt::join(lost, ", "));
+    checkpoint::Shape shape;
+    shape.rows = options_.rows;
+    shape.dim = options_.dim;
+    shape.state_width = state_width();
+    shape.optimizer = static_cast<int32_t>(options_.optimizer);
+    checkpoint::Staged staged;
+    const Outcome read = capture([&] { staged = checkpoint::read_rows(checkpoint, shape, fresh.owned); });
+    const uint64_t last = read.status == GRADSYNC_OK ? staged.manifest.layers.back().nonce : 0;
+    const std::vector<int64_t> seen =
+        agree_over(next, read.status, read.message, static_cast<int64_t>(last), staged.manifest.header.steps);
+    for (size_t r = 1; r < seen.size() / 2; ++r) {
+      GS_REQUIRE(seen[2 * r] == seen[0], GRADSYNC_E_MISMATCH,
+                 "reshard: rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r,
+                 checkpoint);
+    }
+    if (!fresh.owned.empty()) {
+      std::memcpy(fresh.params->data(), staged.values.get(), fresh.owned.size() * d * sizeof(float));
+      if (sw != 0) std::memcpy(fresh.state->data(), staged.state.data(), staged.state.size() * sizeof(float));
+    }
+    report.from_checkpoint = true;
+    base_dir_ = checkpoint;
+    base_nonce_ = last;
+    steps_ = seen[1];
+  } else {
+    // Each member sends a new owner its rows for it in ascending id order (its shard's order). The
+    // receiver knows which of its rows come from whom (the old rule and the members' old ranks), so
+    // ids need not travel: it takes each source's rows in the order of its own.
+    std::vector<uint64_t> counts(n * n, 0);
+    for (int s = 0; s < np; ++s) {
+      if (is_joiner(s)) continue;
+      for (int t = 0; t < np; ++t)
+        if (s != t)
+          counts[static_cast<size_t>(s) * n + static_cast<size_t>(t)] = word(s, kHead + static_cast<size_t>(t));
+    }
+    const bool member = !is_joiner(me);
+    std::vector<uint64_t> at(n, 0);  // where each destination's part begins in the send buffer
+    uint64_t sending = 0;
+    for (size_t t = 0; t < n; ++t) {
+      at[t] = sending * row_floats;
+      sending += counts[static_cast<size_t>(me) * n + t];
+    }
+    // The send buffer in the group's memory when it has room, where shared-memory peers read it
+    // directly; the receive buffer is this process's.
+    struct GroupMemory {
+      comm::Communicator& c;
+      void* p = nullptr;
+      ~GroupMemory() {
+        try {
+          if (p != nullptr) c.dealloc(p);
+        } catch (...) {
+        }
+      }
+    } group{next};
+    std::vector<float> own_send;
+    float* send = nullptr;
+    if (sending > 0) {
+      try {
+        group.p = next.alloc(sending * row_floats * sizeof(float));
+        send = static_cast<float*>(group.p);
+      } catch (const Error&) {
+        own_send.resize(sending * row_floats);
+        send = own_send.data();
+      }
+    }
+    if (member) {
+      for (size_t l = 0; l < owned_.size(); ++l) {
+        const auto t = static_cast<size_t>(fresh_layout.owner(owned_[l]));
+        if (t == static_cast<size_t>(me)) continue;
+        float* row = send + at[t];
+        std::memcpy(row, params_->row_ptr(static_cast<int64_t>(l)), d * sizeof(float));
+        if (sw != 0) std::memcpy(row + d, state_->row_ptr(static_cast<int64_t>(l)), sw * sizeof(float));
+        at[t] += row_floats;
+      }
+    }
+    uint64_t incoming = 0;
+    std::vector<uint64_t> from(n, 0);  // where each source's rows begin in recv
+    for (size_t s = 0; s < n; ++s) {
+      from[s] = incoming * row_floats;
+      incoming += counts[s * n + static_cast<size_t>(me)];
+    }
+    std::vector<float> recv(std::max<uint64_t>(incoming * row_floats, 1));
+    if (np > 1) next.exchange(send, recv.data(), routes_of(counts, n, row_floats, false), DType::F32);
+    for (size_t l = 0; l < fresh.owned.size(); ++l) {
+      const int64_t g = fresh.owned[l];
+      const int s = holder[static_cast<size_t>(old_layout.owner(g))];
+      float* value = fresh.params->row_ptr(static_cast<int64_t>(l));
+      float* state = sw != 0 ? fresh.state->row_ptr(static_cast<int64_t>(l)) : nullptr;
+      if (s == me) {
+        const int64_t k = local_of(g);
+        std::memcpy(value, params_->row_ptr(k), d * sizeof(float));
+        if (sw != 0) std::memcpy(state, state_->row_ptr(k), sw * sizeof(float));
+        continue;
+      }
+      const float* row = recv.data() + from[static_cast<size_t>(s)];
+      from[static_cast<size_t>(s)] += row_floats;
+      std::memcpy(value, row, d * sizeof(float));
+      if (sw != 0) std::memcpy(state, row + d, sw * sizeof(float));
+    }
+    if (member) params_->check_mapping();
+    report.moved_rows = incoming;
+    // The rows pushed since the last checkpoint are not tracked across the move: the next save is
+    // a full one.
+    base_dir_.clear();
+    base_nonce_ = 0;
+    steps_ = steps;
+  }
+  // Everything arrived: switch to the new group. The lookup and push buffers were the old group's
+  // memory; when that is not next (which this thread holds), they stay with it until its end.
+  if (on_next) {
+    try {
+      send_ids_.release();
+      send_rows_.release();
+    } catch (const Error&) {  // not a pointer of next's: leave it to the group's end
+    }
+  }
+  send_ids_.forget();
+  send_rows_.forget();
+  comm_ = &next;
+  rank_ = me;
+  layout_ = fresh_layout;
+  options_.sharding = sharding;
+  adopt(std::move(fresh));
+  return report;
+}
+
+}  // namespace gradsync::embedding
