@@ -296,6 +296,8 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * gradsync_embedding_load reads it: the table is as it was at that checkpoint, never a mix of
  * states, and the caller replays its pushes since then (as Horovod elastic restores its last
  * commit); gradsync_embedding_steps tells from where.
+ * A planned shrink takes the same path with nothing to replay: save on the old group, then reshard
+ * the stayers (gradsync_comm_split) with that checkpoint.
  *
  * On any error every rank fails, and the table stays on its old communicator unchanged. On success
  * it runs on new_comm (which must outlive it), and the next gradsync_embedding_save_incremental

@@ -450,3 +450,33 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
     values, state = gather_rows(finals.values())
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
+
+
+def test_planned_shrink_goes_through_a_fresh_checkpoint(tmp_path):
+    # Rank 3 leaves by plan: the group saves, the stayers split off and reshard with that
+    # checkpoint (the leaver's rows are not on a stayer), so every row comes from it and nothing
+    # needs replaying; they train on 3 ranks to one process's table.
+    ckpt, steps = tmp_path / "ckpt", 5
+    ref_values, ref_state = reference("row_adagrad", steps)
+
+    def member(comm, rank):
+        table = make(comm, sharding="hash")
+        train(table, rank, 4, 3)
+        table.save(ckpt)
+        stayers = comm.split(None if rank == 3 else 0)
+        if stayers is None:
+            table.close()
+            return None
+        with stayers:
+            moved, restored = table.reshard(stayers, sharding="contiguous", checkpoint=ckpt)
+            assert restored and table.steps == 3
+            train(table, stayers.rank, 3, steps, 3)
+            result = table.local_state()
+            table.close()
+        return result
+
+    parts = [p for p in run_ranks(4, member) if p is not None]
+    assert len(parts) == 3
+    values, state = gather_rows(parts)
+    assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
+    assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
