@@ -283,20 +283,26 @@ static void print_phases(const board* b, int lost, const char* label) {
   }
 }
 
+/* Ranks 0 to N-1 of the first group, then the joiner. */
+static void set_jobs(job* jobs, board* b, int32_t transport, const char* name, int lost) {
+  int i;
+  memset(b, 0, sizeof *b);
+  for (i = 0; i <= N; ++i) {
+    jobs[i].b = b;
+    jobs[i].transport = transport;
+    jobs[i].name = name;
+    jobs[i].rank = i;
+    jobs[i].lost = lost;
+  }
+}
+
 static void episode_threads(int lost, board* b) {
   pthread_t t[N + 1];
   job jobs[N + 1];
   char name[64];
   int i;
-  memset(b, 0, sizeof *b);
   snprintf(name, sizeof name, "capi-emb-elastic-thr-%d", lost);
-  for (i = 0; i <= N; ++i) {
-    jobs[i].b = b;
-    jobs[i].transport = GRADSYNC_TRANSPORT_THREAD;
-    jobs[i].name = name;
-    jobs[i].rank = i;
-    jobs[i].lost = lost;
-  }
+  set_jobs(jobs, b, GRADSYNC_TRANSPORT_THREAD, name, lost);
   for (i = 0; i < N; ++i) pthread_create(&t[i], NULL, member, &jobs[i]);
   wait_flags(b->shrunk, lost);
   pthread_create(&t[N], NULL, joiner, &jobs[N]);
@@ -324,15 +330,8 @@ static void episode_shm(int lost, int run, board* b) {
   job jobs[N + 1];
   char name[64];
   int i;
-  memset(b, 0, sizeof *b);
   snprintf(name, sizeof name, "capi-emb-elastic-%ld-%d-%d", (long)getpid(), lost, run);
-  for (i = 0; i <= N; ++i) {
-    jobs[i].b = b;
-    jobs[i].transport = GRADSYNC_TRANSPORT_SHM;
-    jobs[i].name = name;
-    jobs[i].rank = i;
-    jobs[i].lost = lost;
-  }
+  set_jobs(jobs, b, GRADSYNC_TRANSPORT_SHM, name, lost);
   for (i = 0; i < N; ++i) {
     pids[i] = fork();
     if (pids[i] == 0) {
