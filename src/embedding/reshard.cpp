@@ -125,7 +125,10 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   const int64_t steps = word(held_by, kSteps);
 
   // The new shard, filled before anything of the table changes: a failure leaves it as it was.
-  Storage fresh = build(me, fresh_layout, false);
+  // What a rank allocates (the shard, the rows it reads or the exchange's buffers) may fail on it
+  // alone: each path agrees on that before any row moves, so its peers fail with it instead of
+  // waiting for it.
+  Storage fresh;
   const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width());
   const size_t row_floats = d + sw;
   if (!lost.empty()) {
@@ -141,7 +144,10 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     shape.state_width = state_width();
     shape.optimizer = static_cast<int32_t>(options_.optimizer);
     checkpoint::Staged staged;
-    const Outcome read = capture([&] { staged = checkpoint::read_rows(checkpoint, shape, fresh.owned); });
+    const Outcome read = capture([&] {
+      fresh = build(me, fresh_layout, false);
+      staged = checkpoint::read_rows(checkpoint, shape, fresh.owned);
+    });
     const uint64_t last = read.status == GRADSYNC_OK ? staged.manifest.layers.back().nonce : 0;
     const std::vector<int64_t> seen =
         agree_over(next, read.status, read.message, static_cast<int64_t>(last), staged.manifest.header.steps);
@@ -188,17 +194,27 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
         }
       }
     } group{next};
-    std::vector<float> own_send;
+    std::vector<float> own_send, recv;
     float* send = nullptr;
-    if (sending > 0) {
+    uint64_t incoming = 0;
+    std::vector<uint64_t> from(n, 0);  // where each source's rows begin in recv
+    for (size_t s = 0; s < n; ++s) {
+      from[s] = incoming * row_floats;
+      incoming += counts[s * n + static_cast<size_t>(me)];
+    }
+    const Outcome made = capture([&] {
+      fresh = build(me, fresh_layout, false);
+      recv.resize(std::max<uint64_t>(incoming * row_floats, 1));
+      if (sending == 0) return;
       try {
         group.p = next.alloc(sending * row_floats * sizeof(float));
         send = static_cast<float*>(group.p);
-      } catch (const Error&) {
+      } catch (const Error&) {  // the group's memory is full: the exchange takes the copy path
         own_send.resize(sending * row_floats);
         send = own_send.data();
       }
-    }
+    });
+    agree_over(next, made.status, made.message, 0, 0);
     if (member) {
       for (size_t l = 0; l < owned_.size(); ++l) {
         const auto t = static_cast<size_t>(fresh_layout.owner(owned_[l]));
@@ -209,13 +225,6 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
         at[t] += row_floats;
       }
     }
-    uint64_t incoming = 0;
-    std::vector<uint64_t> from(n, 0);  // where each source's rows begin in recv
-    for (size_t s = 0; s < n; ++s) {
-      from[s] = incoming * row_floats;
-      incoming += counts[s * n + static_cast<size_t>(me)];
-    }
-    std::vector<float> recv(std::max<uint64_t>(incoming * row_floats, 1));
     if (np > 1) next.exchange(send, recv.data(), routes_of(counts, n, row_floats, false), DType::F32);
     for (size_t l = 0; l < fresh.owned.size(); ++l) {
       const int64_t g = fresh.owned[l];
