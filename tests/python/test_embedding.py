@@ -447,7 +447,7 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
     run_ranks(4, member)
     t.join(timeout=60)
     assert len(finals) == 4
-    values, state = gather_rows(finals.values())
+    values, state = gather_rows(list(finals.values()))
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
 
