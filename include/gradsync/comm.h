@@ -159,7 +159,9 @@
  *   carries the host's sum. The reduction order is fixed by the topology (within a host in local
  *   rank order, then across hosts in host order): every rank gets the same bits on every run of
  *   the same layout, but not the flat rank-order bits, unless topology_independent is 1, which
- *   reduces flat over MPI in rank order instead (flat MPI's speed). A broadcast above 16 KiB
+ *   reduces flat over MPI in rank order instead (flat MPI's speed). With three or more hosts the
+ *   hosts' sums combine through the MPI transport's allreduce: in host order with deterministic
+ *   1, in MPI's order with 0 (every rank still gets MPI's one result). A broadcast above 16 KiB
  *   runs in levels too (the root's host spreads it over shared memory, then each local rank
  *   carries its slice across hosts and each host all-gathers; with hosts of different sizes,
  *   local rank 0 carries it all), with the flat broadcast's bits on any layout.
@@ -169,16 +171,15 @@
  *   different sizes, local rank 0) through shared memory, those ranks reduce the parts across
  *   hosts over MPI, each part crossing each pair of hosts once (local rank 0 then hands its
  *   host's ranks their parts). Same order as the allreduce in levels, so each rank's part equals
- *   its slice of that allreduce of the same buffers, bit for bit, on every layout; with
+ *   its slice of that allreduce of the same buffers, bit for bit, on every layout (with three or
+ *   more hosts, under deterministic 1); with
  *   topology_independent 1 they run flat, with the flat rank-order bits. allgather and
  *   allgatherv above 16 KiB, any dtype, run in levels on every layout: with the same number of
  *   ranks on every host each rank sends its own part to the ranks of its local rank on the other
  *   hosts (each part crosses to each other host once, no leader), then each host's ranks share
  *   what they hold through shared memory; otherwise local rank 0 gathers its host's parts, all-
  *   gathers them with the other hosts' local ranks 0 and broadcasts the whole through shared
- *   memory. They move bits unchanged: the flat result on any layout. The shared-memory level of
- *   both takes one round where ranks alternate over the hosts in order, one per host where each
- *   host's ranks are consecutive, at most one per rank on other layouts. Across hosts, smaller
+ *   memory. They move bits unchanged: the flat result on any layout. Across hosts, smaller
  *   payloads, bf16, f16, the integer mean, the rooted reduce (gradsync_comm_reduce), and every
  *   other collective run flat over MPI in rank order, with the MPI transport's semantics.
  * - Errors: as for MPI and shm, per level; a level that fails makes every rank's call fail, a
