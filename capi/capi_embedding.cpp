@@ -179,12 +179,12 @@ GRADSYNC_API int gradsync_embedding_reshard(gradsync_embedding* table, gradsync_
   return guard(__func__, [&] {
     auto* t = check(table);
     const std::shared_ptr<CommLink>& next = check(new_comm)->link;
-    GS_REQUIRE(sharding == GRADSYNC_EMBEDDING_KEEP_SHARDING || sharding == GRADSYNC_EMBEDDING_CONTIGUOUS ||
-                   sharding == GRADSYNC_EMBEDDING_HASH,
-               GRADSYNC_E_INVALID_ARG, "unknown sharding {} (-1 keep, 0 contiguous, 1 hash)", sharding);
-    const auto rule = sharding == GRADSYNC_EMBEDDING_KEEP_SHARDING
-                          ? t->impl.options().sharding
-                          : static_cast<gradsync::embedding::Sharding>(sharding);
+    // An unknown rule is judged inside the collective, so that every rank fails alike.
+    std::optional<gradsync::embedding::Sharding> rule;
+    if (sharding == GRADSYNC_EMBEDDING_KEEP_SHARDING) rule = t->impl.options().sharding;
+    if (sharding == GRADSYNC_EMBEDDING_CONTIGUOUS || sharding == GRADSYNC_EMBEDDING_HASH) {
+      rule = static_cast<gradsync::embedding::Sharding>(sharding);
+    }
     const bool on_next = t->link == next;
     if (!on_next) {
       // The lookup and push buffers in the old group's memory go back to it while it lives and is

@@ -157,7 +157,8 @@
  *   reduce-scatters through shared memory, each local rank all-reduces its own slice across hosts
  *   over MPI, each host all-gathers); with hosts of different sizes, local rank 0 of each host
  *   carries the host's sum. The reduction order is fixed by the topology (within a host in local
- *   rank order, then across hosts in host order): every rank gets the same bits on every run of
+ *   rank order, then across hosts in host order, with two hosts or under deterministic 1, see
+ *   below): every rank gets the same bits on every run of
  *   the same layout, but not the flat rank-order bits, unless topology_independent is 1, which
  *   reduces flat over MPI in rank order instead (flat MPI's speed). With three or more hosts the
  *   hosts' sums combine through the MPI transport's allreduce: in host order with deterministic

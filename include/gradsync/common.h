@@ -41,8 +41,9 @@ GRADSYNC_API size_t gradsync_dtype_size(int32_t dtype);
 /**
  * The optimizers, one enum for every component; each takes the ones it supports:
  * gradsync_accum_apply and the sharded embedding table SGD, ROW_ADAGRAD and ADAM (sparse Adam on the
- * touched rows, accumulator.h), a sharded parameter SGD, MOMENTUM, ADAM and ADAMW (others give
- * GRADSYNC_E_UNSUPPORTED). wd is the weight decay of the sharded parameter.
+ * touched rows, accumulator.h), a sharded parameter SGD, MOMENTUM, ADAM and ADAMW (others:
+ * gradsync_accum_apply and the sharded parameter give GRADSYNC_E_UNSUPPORTED,
+ * gradsync_embedding_create GRADSYNC_E_INVALID_ARG). wd is the weight decay of the sharded parameter.
  */
 typedef enum gradsync_optimizer_kind {
   GRADSYNC_OPTIM_SGD = 0,         /**< w -= lr·(g + wd·w) */

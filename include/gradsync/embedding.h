@@ -28,7 +28,8 @@
  * gradient is the sum of its contributions in global batch order, starting from zero
  * (((0 + g_first) + g_second) + ...), in f32; then SGD (w -= lr*g), row-wise Adagrad
  * (s += mean(g^2); w -= lr*g/(sqrt(s)+eps)) or Adam updates each row that appears in the batch,
- * once. Adam is sparse ("lazy") Adam as torch.optim.SparseAdam computes it, applied to the rows
+ * once. Adam is sparse ("lazy") Adam, torch.optim.SparseAdam's formula (not its bits: the order of
+ * its arithmetic differs), applied to the rows
  * the batch touches only (the others' moments do not decay): each row keeps its first and second
  * moments m and v (dim floats each) and its own update count t, which counts the pushes that
  * touched that row, so a row's bias correction uses the number of times it was updated (torch's
@@ -279,9 +280,10 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  *        new_comm calls it, joiners included.
  *
  * A joiner takes part with a table it created on new_comm with the members' rows, dim, optimizer,
- * learning rate and eps (its own rows are discarded): it sends nothing, and receives its rows and
+ * learning rate, eps and betas (its own rows are discarded): it sends nothing, and receives its rows and
  * the step count. A member brings its table from the old communicator (every table on new_comm, and
- * none from another, is a change of rule in place).
+ * none from another, is a change of rule in place: tables that every rank made afresh on new_comm
+ * are taken as such, so they keep their own rows).
  *
  * In memory (every old rank's rows live on a member): each row's new owner is computed for
  * new_comm's size and `sharding`; the rows that change owner travel with their optimizer state in
@@ -312,12 +314,15 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * @param[out] restored 1 when the rows came from checkpoint_dir, else 0 (may be NULL)
  * @retval GRADSYNC_E_LOST rows lived only on lost ranks and no checkpoint_dir was given (every rank;
  *         the message names the rows)
- * @retval GRADSYNC_E_MISMATCH the ranks hold different tables (shape, optimizer, learning rate, eps),
- *         ask for different rules, are at different steps or come from different groups; or the
- *         checkpoint holds another shape or optimizer
+ * @retval GRADSYNC_E_MISMATCH the ranks hold different tables (shape, optimizer, learning rate, eps,
+ *         betas), ask for different rules, are at different steps (judged only when no rows were
+ *         lost: the checkpoint then gives the step) or come from different groups; or the checkpoint
+ *         holds another shape or optimizer
  * @retval GRADSYNC_E_INVALID_ARG an unknown sharding, or checkpoint_dir given on some ranks only
  * @retval GRADSYNC_E_UNSUPPORTED a table whose shard is in files
- * @retval GRADSYNC_E_MISUSE no rank holds the table (every one is a joiner), or a bad handle
+ * @retval GRADSYNC_E_NOMEM a rank could not allocate its new shard, the rows it reads or the
+ *         exchange's buffers (every rank fails with it)
+ * @retval GRADSYNC_E_MISUSE a bad handle
  * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO as for
  *         gradsync_embedding_load
  * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,8 +105,10 @@ class ShardedTable {
   // contract): moves the table onto next under `sharding`, in memory when every old rank's rows
   // survive on a member, else from `checkpoint` (every row; empty: E_LOST naming the rows).
   // on_next: the table already runs on next (a joiner's, or a change of rule in place); otherwise
-  // its old communicator is not touched (it may have been freed).
-  ReshardReport reshard(comm::Communicator& next, bool on_next, Sharding sharding, const std::string& checkpoint);
+  // its old communicator is not touched (it may have been freed). sharding empty: the caller passed
+  // an unknown rule, judged in the call's one agreement so that every rank fails alike.
+  ReshardReport reshard(comm::Communicator& next, bool on_next, std::optional<Sharding> sharding,
+                        const std::string& checkpoint);
 
   // Gives the buffers of lookup and push in the communicator's memory back to it (call it
   // holding the communicator, which must still be alive; a table freed without it leaves them

@@ -30,8 +30,10 @@ std::string rows_of(const Layout& old, int j) {
 }
 }  // namespace
 
-ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool on_next, Sharding sharding,
+ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool on_next, std::optional<Sharding> rule,
                                                   const std::string& checkpoint) {
+  const Sharding sharding = rule.value_or(options_.sharding);
+  constexpr int64_t kUnknownRule = -2;
   const int np = next.size(), me = next.rank();
   const auto n = static_cast<size_t>(np);
   const Layout fresh_layout(options_.rows, np, sharding);
@@ -58,7 +60,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   mine[kOldRank] = rank_;
   mine[kOldSize] = layout_.ranks();
   mine[kOldRule] = static_cast<int64_t>(options_.sharding);
-  mine[kNewRule] = static_cast<int64_t>(sharding);
+  mine[kNewRule] = rule ? static_cast<int64_t>(sharding) : kUnknownRule;
   mine[kRows] = options_.rows;
   mine[kDim] = options_.dim;
   mine[kWidth] = state_width();
@@ -72,13 +74,18 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * width + w]; };
 
   // Every rank judges the same table, so all reach the same verdict and the same message.
+  for (int r = 0; r < np; ++r) {
+    GS_REQUIRE(word(r, kNewRule) != kUnknownRule, GRADSYNC_E_INVALID_ARG,
+               "reshard: rank {} passed an unknown sharding (-1 keep, 0 contiguous, 1 hash)", r);
+  }
   for (int r = 1; r < np; ++r) {
     GS_REQUIRE(
         word(r, kRows) == word(0, kRows) && word(r, kDim) == word(0, kDim) && word(r, kWidth) == word(0, kWidth) &&
             word(r, kConfig) == word(0, kConfig),
         GRADSYNC_E_MISMATCH,
-        "reshard: rank {}'s table is {} x {} (or has another optimizer, learning rate or eps) and rank 0's {} x {}", r,
-        word(r, kRows), word(r, kDim), word(0, kRows), word(0, kDim));
+        "reshard: rank {}'s table is {} x {} (or has another optimizer, learning rate, eps or betas) and rank 0's {} "
+        "x {}",
+        r, word(r, kRows), word(r, kDim), word(0, kRows), word(0, kDim));
     GS_REQUIRE(word(r, kNewRule) == word(0, kNewRule), GRADSYNC_E_MISMATCH,
                "reshard: rank {} asks for {} sharding, rank 0 for {}", r, rule_name(word(r, kNewRule)),
                rule_name(word(0, kNewRule)));
@@ -108,9 +115,6 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     GS_REQUIRE(word(r, kOldSize) == old_size && word(r, kOldRule) == word(held_by, kOldRule), GRADSYNC_E_MISMATCH,
                "reshard: member {} was in a group of {} ({} sharding), member {} in one of {} ({} sharding)", r,
                word(r, kOldSize), rule_name(word(r, kOldRule)), held_by, old_size, rule_name(word(held_by, kOldRule)));
-    GS_REQUIRE(word(r, kSteps) == word(held_by, kSteps), GRADSYNC_E_MISMATCH,
-               "reshard: member {} has applied {} pushes, member {} {}: they are at different steps", r,
-               word(r, kSteps), held_by, word(held_by, kSteps));
     const auto j = static_cast<size_t>(word(r, kOldRank));
     GS_REQUIRE(holder[j] < 0, GRADSYNC_E_MISMATCH, "reshard: members {} and {} both held old rank {}", holder[j], r, j);
     holder[j] = r;
@@ -121,6 +125,13 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     if (holder[static_cast<size_t>(j)] >= 0) continue;
     report.lost_old_ranks.push_back(j);
     lost.push_back(rows_of(old_layout, j));
+  }
+  // Members at different steps cannot move their rows as one table; after a loss they may be
+  // (a rank whose last push failed alone), and the checkpoint then gives every row and the step.
+  for (int r = 0; r < np; ++r) {
+    GS_REQUIRE(!lost.empty() || is_joiner(r) || word(r, kSteps) == word(held_by, kSteps), GRADSYNC_E_MISMATCH,
+               "reshard: member {} has applied {} pushes, member {} {}: they are at different steps", r,
+               word(r, kSteps), held_by, word(held_by, kSteps));
   }
   const int64_t steps = word(held_by, kSteps);
 

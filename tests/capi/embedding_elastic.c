@@ -4,7 +4,8 @@
  * table and save a checkpoint after CKPT_AT steps; rank `lost` goes after LOSS_AT (a SIGKILL on
  * shm, a thread that frees its communicator on threads). The survivors' next push fails, they
  * shrink 4 -> 3, and reshard:
- *   - with a checkpoint directory on some ranks only: GRADSYNC_E_INVALID_ARG on every survivor;
+ *   - with a checkpoint directory on some ranks only, or an unknown rule on one rank:
+ *     GRADSYNC_E_INVALID_ARG on every survivor;
  *   - with the directory of a checkpoint of another shape: GRADSYNC_E_MISMATCH on every survivor;
  *   - without a directory: GRADSYNC_E_LOST naming the lost rank's rows, on every survivor;
  *   - with the last checkpoint: every row comes from it, the step count is CKPT_AT,
@@ -153,6 +154,11 @@ static void survivor_part(job* j, gradsync_comm* c, gradsync_embedding* t) {
   CHECK_STATUS_MSG(
       gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_KEEP_SHARDING, r == 1 ? NULL : g_checkpoint, NULL, NULL),
       GRADSYNC_E_INVALID_ARG, "checkpoint directory");
+  /* An unknown rule on one rank: judged in the call's agreement, so its peers fail with it at once
+   * instead of waiting out their deadline. */
+  CHECK_STATUS_MSG(
+      gradsync_embedding_reshard(t, shrunk, r == 2 ? 7 : GRADSYNC_EMBEDDING_KEEP_SHARDING, g_checkpoint, NULL, NULL),
+      GRADSYNC_E_INVALID_ARG, "rank 2 passed an unknown sharding");
   CHECK_STATUS_MSG(
       gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_KEEP_SHARDING, g_wrong_checkpoint, NULL, NULL),
       GRADSYNC_E_MISMATCH, " has 1000 x 8, the table 1000 x 7");

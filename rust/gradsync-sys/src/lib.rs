@@ -432,7 +432,7 @@ pub const GRADSYNC_ACCUM_OPTIONS_INIT: gradsync_accum_options = gradsync_accum_o
 
 pub const GRADSYNC_OPTIMIZER_VERSION: u32 = 2;
 
-/// An optimizer step for [`gradsync_accum_apply`] (accumulator.h, version 1).
+/// An optimizer step for [`gradsync_accum_apply`] (accumulator.h, version 2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct gradsync_optimizer {

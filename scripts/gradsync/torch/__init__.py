@@ -92,7 +92,10 @@ class _Bucket:
             self.flat = torch.zeros(at, dtype=dtype)
         # Made once: each step's hooks and copies back use them, and the collectives take the array.
         self.views = [self.flat[o:o + p.numel()].view_as(p) for p, o in zip(params, self.offsets)]
-        self.array = self.flat.numpy()
+        try:
+            self.array = self.flat.numpy()
+        except TypeError:  # bf16 and the like: the collective takes the tensor and names its dtype
+            self.array = self.flat
         self.arrived = [False] * len(params)
         self.pending = len(params)
         self.request = None
