@@ -303,9 +303,11 @@ void s_weighted_mean(Ctx& x) {
   std::vector<int> zero_ranks{-1};
   if (x.size > 1) zero_ranks = {-1, x.size - 1, 0};
   // 2100003: past a window of the weighted mean's staging on every transport (2^19 elements on
-  // shared memory, 2^21 - 1 on MPI), so that windows meet mid-buffer.
+  // shared memory, 2^21 - 1 on MPI), so that windows meet mid-buffer; the weightless ranks have
+  // been covered by then, and this size is most of the suite's time.
   for (const size_t count : {size_t{1}, size_t{10}, size_t{4099}, size_t{100003}, size_t{2100003}}) {
     for (int zero_rank : zero_ranks) {
+      if (count > 1000000 && zero_rank != -1) continue;
       for (int path = 0; path < 4; ++path) {
         if (count > 5000 && (path == 1 || path == 2)) continue;  // the large ones: two paths suffice
         weighted_case<F32>(x, count, zero_rank, path, ++seed);

@@ -417,17 +417,37 @@ TEST_CASE("AdaptiveWait: a short sleep grows the spin budget, a long one does no
   gradsync::AdaptiveWait wait(1);  // one rank: never oversubscribed, so it may spin
   // Wake the waiter only once it sleeps on the futex: the wait then ends in the sleep phase, after
   // about one futex wake-up, well within the spin budget's ceiling (50 us) on an idle machine, and
-  // anyway far below a millisecond.
-  auto wake_when_asleep = [&](std::chrono::microseconds extra) {
-    flag.store(0);
-    std::thread setter([&] {
-      while (word.sleepers.load(std::memory_order_seq_cst) == 0) std::this_thread::yield();
-      std::this_thread::sleep_for(extra);
+  // anyway far below a millisecond. The waking thread is started once and already polling when a
+  // wait begins: starting a thread per wait can take longer than the ceiling (a millisecond under
+  // AddressSanitizer), which no wake-up could then beat.
+  std::atomic<uint64_t> round{0};
+  std::atomic<int64_t> extra_us{0};
+  std::atomic<bool> done{false};
+  std::thread setter([&] {
+    uint64_t seen = 0;
+    for (;;) {
+      while (round.load(std::memory_order_seq_cst) == seen && !done.load()) std::this_thread::yield();
+      if (done.load()) return;
+      seen = round.load(std::memory_order_seq_cst);
+      while (word.sleepers.load(std::memory_order_seq_cst) == 0 && !done.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(extra_us.load()));
       flag.store(1, std::memory_order_seq_cst);
       gradsync::notify(word);
-    });
+    }
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done.store(true);
+      t.join();
+    }
+  } join{done, setter};
+  auto wake_when_asleep = [&](std::chrono::microseconds extra) {
+    flag.store(0);
+    extra_us.store(extra.count());
+    round.fetch_add(1, std::memory_order_seq_cst);
     REQUIRE(wait(word, ready, gradsync::WaitClock::now() + 30s) == gradsync::WaitResult::Ready);
-    setter.join();
   };
   // Drive the spin budget to nothing with long sleeps first (each halves it).
   for (int i = 0; i < 20 && wait.spin_budget() > 0ns; ++i) wake_when_asleep(std::chrono::microseconds(2000));
