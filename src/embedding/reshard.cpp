@@ -176,9 +176,13 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     base_nonce_ = last;
     steps_ = seen[1];
   } else {
-    // Each member sends a new owner its rows for it in ascending id order (its shard's order). The
-    // receiver knows which of its rows come from whom (the old rule and the members' old ranks), so
-    // ids need not travel: it takes each source's rows in the order of its own.
+    // Each member sends a new owner its rows for it in ascending id order (its shard's order), the
+    // values of them all and then their states. The receiver knows which of its rows come from whom
+    // (the old rule and the members' old ranks), so ids need not travel. Under the contiguous rule
+    // on both sides the rows a member sends an owner are a run of its new shard too: the exchange
+    // lands them in place, and a moved row is copied twice in all (packed, then received into its
+    // row). Otherwise a source's rows interleave with others' in the new shard, and each goes from
+    // the receive buffer to its row: one copy more.
     std::vector<uint64_t> counts(n * n, 0);
     for (int s = 0; s < np; ++s) {
       if (is_joiner(s)) continue;
@@ -186,15 +190,40 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
         if (s != t)
           counts[static_cast<size_t>(s) * n + static_cast<size_t>(t)] = word(s, kHead + static_cast<size_t>(t));
     }
+    const bool in_place = old_layout.sharding() == Sharding::Contiguous && sharding == Sharding::Contiguous;
     const bool member = !is_joiner(me);
-    std::vector<uint64_t> at(n, 0);  // where each destination's part begins in the send buffer
-    uint64_t sending = 0;
-    for (size_t t = 0; t < n; ++t) {
-      at[t] = sending * row_floats;
-      sending += counts[static_cast<size_t>(me) * n + t];
+    // Where member s's rows for t begin: in s's send buffer, and in t's new shard (in place) or
+    // receive buffer, in rows; every rank computes every part, as the exchange compares them.
+    std::vector<uint64_t> send_at(n * n, 0), recv_at(n * n, 0);
+    std::vector<uint64_t> sent(n, 0), received(n, 0);
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t t = 0; t < n; ++t) {
+        const uint64_t c = counts[s * n + t];
+        if (c == 0) continue;
+        send_at[s * n + t] = sent[s];
+        recv_at[s * n + t] = received[t];
+        if (in_place) {
+          const Part was = partition(static_cast<uint64_t>(options_.rows), static_cast<uint64_t>(old_size),
+                                     static_cast<uint64_t>(word(static_cast<int>(s), kOldRank)));
+          const Part is = partition(static_cast<uint64_t>(options_.rows), n, t);
+          recv_at[s * n + t] = std::max(was.start, is.start) - is.start;
+        }
+        sent[s] += c;
+        received[t] += c;
+      }
     }
+    auto routes = [&](uint64_t w) {
+      comm::Routes r(comm::Collective::Alltoall, -1, n);
+      for (size_t i = 0; i < n * n; ++i) {
+        r.count[i] = counts[i] * w;
+        r.send_displ[i] = send_at[i] * w;
+        r.recv_displ[i] = recv_at[i] * w;
+      }
+      return r;
+    };
+    const uint64_t sending = sent[static_cast<size_t>(me)], incoming = received[static_cast<size_t>(me)];
     // The send buffer in the group's memory when it has room, where shared-memory peers read it
-    // directly; the receive buffer is this process's.
+    // directly; the receive buffers (when not in place) are this process's.
     struct GroupMemory {
       comm::Communicator& c;
       void* p = nullptr;
@@ -205,17 +234,14 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
         }
       }
     } group{next};
-    std::vector<float> own_send, recv;
+    std::vector<float> own_send, recv_values, recv_state;
     float* send = nullptr;
-    uint64_t incoming = 0;
-    std::vector<uint64_t> from(n, 0);  // where each source's rows begin in recv
-    for (size_t s = 0; s < n; ++s) {
-      from[s] = incoming * row_floats;
-      incoming += counts[s * n + static_cast<size_t>(me)];
-    }
     const Outcome made = capture([&] {
       fresh = build(me, fresh_layout, false);
-      recv.resize(std::max<uint64_t>(incoming * row_floats, 1));
+      if (!in_place) {
+        recv_values.resize(std::max<uint64_t>(incoming * d, 1));
+        recv_state.resize(std::max<uint64_t>(incoming * sw, 1));
+      }
       if (sending == 0) return;
       try {
         group.p = next.alloc(sending * row_floats * sizeof(float));
@@ -226,34 +252,50 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       }
     });
     agree_over(next, made.status, made.message, 0, 0);
+    float* const send_state = send == nullptr ? nullptr : send + sending * d;
     if (member) {
+      std::vector<uint64_t> at(send_at.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(me) * n),
+                               send_at.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(me + 1) * n));
       for (size_t l = 0; l < owned_.size(); ++l) {
         const auto t = static_cast<size_t>(fresh_layout.owner(owned_[l]));
         if (t == static_cast<size_t>(me)) continue;
-        float* row = send + at[t];
-        std::memcpy(row, params_->row_ptr(static_cast<int64_t>(l)), d * sizeof(float));
-        if (sw != 0) std::memcpy(row + d, state_->row_ptr(static_cast<int64_t>(l)), sw * sizeof(float));
-        at[t] += row_floats;
+        const uint64_t k = at[t]++;
+        std::memcpy(send + k * d, params_->row_ptr(static_cast<int64_t>(l)), d * sizeof(float));
+        if (sw != 0) std::memcpy(send_state + k * sw, state_->row_ptr(static_cast<int64_t>(l)), sw * sizeof(float));
       }
     }
-    if (np > 1) next.exchange(send, recv.data(), routes_of(counts, n, row_floats, false), DType::F32);
-    for (size_t l = 0; l < fresh.owned.size(); ++l) {
+    if (np > 1) {
+      next.exchange(send, in_place ? fresh.params->data() : recv_values.data(), routes(d), DType::F32);
+      if (sw != 0)
+        next.exchange(send_state, in_place ? fresh.state->data() : recv_state.data(), routes(sw), DType::F32);
+    }
+    // A member whose rows are the same keeps its tables: nothing arrived, and nothing is copied.
+    const bool keeps = member && fresh.owned == owned_;
+    std::vector<uint64_t> from(recv_at.begin(), recv_at.end());  // each source's next row, when not in place
+    for (size_t l = 0; l < fresh.owned.size() && !keeps; ++l) {
       const int64_t g = fresh.owned[l];
-      const int s = holder[static_cast<size_t>(old_layout.owner(g))];
-      float* value = fresh.params->row_ptr(static_cast<int64_t>(l));
-      float* state = sw != 0 ? fresh.state->row_ptr(static_cast<int64_t>(l)) : nullptr;
-      if (s == me) {
+      const auto s = static_cast<size_t>(holder[static_cast<size_t>(old_layout.owner(g))]);
+      const float* value = nullptr;
+      const float* state = nullptr;
+      if (s == static_cast<size_t>(me)) {
         const int64_t k = local_of(g);
-        std::memcpy(value, params_->row_ptr(k), d * sizeof(float));
-        if (sw != 0) std::memcpy(state, state_->row_ptr(k), sw * sizeof(float));
+        value = params_->row_ptr(k);
+        state = sw != 0 ? state_->row_ptr(k) : nullptr;
+      } else if (in_place) {
         continue;
+      } else {
+        const uint64_t k = from[s * n + static_cast<size_t>(me)]++;
+        value = recv_values.data() + k * d;
+        state = recv_state.data() + k * sw;
       }
-      const float* row = recv.data() + from[static_cast<size_t>(s)];
-      from[static_cast<size_t>(s)] += row_floats;
-      std::memcpy(value, row, d * sizeof(float));
-      if (sw != 0) std::memcpy(state, row + d, sw * sizeof(float));
+      std::memcpy(fresh.params->row_ptr(static_cast<int64_t>(l)), value, d * sizeof(float));
+      if (sw != 0) std::memcpy(fresh.state->row_ptr(static_cast<int64_t>(l)), state, sw * sizeof(float));
     }
     if (member) params_->check_mapping();
+    if (keeps) {
+      fresh.params = std::move(params_);
+      fresh.state = std::move(state_);
+    }
     report.moved_rows = incoming;
     // The rows pushed since the last checkpoint are not tracked across the move: the next save is
     // a full one.
