@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -366,6 +367,118 @@ static void episode_shm(int lost, int run, board* b) {
   }
 }
 
+/* A rank SIGKILLed during a change of rule in place (contiguous -> hash, 4 shm ranks): a thread of
+ * the victim kills its own process `delay_us` after the four enter the call, so that across delays
+ * the kill lands in the call's agreement, the exchange, or after the call. Whichever it hits, every
+ * survivor's call returns (an error from the communicator, or success when the call completed
+ * first), its rows are then still the table's as of LOSS_AT, bit for bit, and the documented
+ * recovery (shrink, reshard from the last checkpoint, replay) ends equal to one process. */
+#define KILLED 2
+static snapshot g_at_loss;
+
+typedef struct {
+  volatile int32_t ready[N], go;
+  int32_t failed[N]; /* survivor r's reshard returned an error */
+  int64_t returned_ns[N];
+  char message[N][200]; /* its error: names the collective the kill interrupted */
+} kill_board;
+
+static void* kill_self(void* p) {
+  const long us = *(const long*)p;
+  struct timespec t;
+  t.tv_sec = us / 1000000;
+  t.tv_nsec = (us % 1000000) * 1000L;
+  if (us > 0) nanosleep(&t, NULL);
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+
+static void kill_rank(kill_board* kb, const char* name, const char* ckpt, int rank, long delay_us) {
+  gradsync_comm_options o = comm_options(GRADSYNC_TRANSPORT_SHM, name, rank, N);
+  gradsync_embedding_options eo = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
+  gradsync_comm *c = NULL, *shrunk = NULL;
+  gradsync_embedding* t = NULL;
+  int32_t failed[N], r = -1, restored = -1;
+  int64_t steps = -1, t0;
+  int st;
+  pthread_t killer;
+  o.timeout_ms = 5000;
+  CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
+  if (c == NULL) return;
+  CHECK_STATUS(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_OK);
+  train(t, rank, N, 0, CKPT_AT);
+  CHECK_STATUS(gradsync_embedding_save(t, ckpt), GRADSYNC_OK);
+  train(t, rank, N, CKPT_AT, LOSS_AT);
+  __atomic_store_n(&kb->ready[rank], 1, __ATOMIC_SEQ_CST);
+  while (!__atomic_load_n(&kb->go, __ATOMIC_SEQ_CST)) sched_yield(); /* the four start together */
+  if (rank == KILLED && pthread_create(&killer, NULL, kill_self, &delay_us) != 0) kill(getpid(), SIGKILL);
+  t0 = now_ns();
+  st = gradsync_embedding_reshard(t, c, GRADSYNC_EMBEDDING_HASH, NULL, NULL, NULL);
+  kb->returned_ns[rank] = now_ns() - t0;
+  if (rank == KILLED) {
+    for (;;) pause_ms(1000); /* its thread kills it */
+  }
+  kb->failed[rank] = st != GRADSYNC_OK;
+  if (st != GRADSYNC_OK) snprintf(kb->message[rank], sizeof kb->message[rank], "%s", gradsync_last_error_message());
+  if (st != GRADSYNC_OK && st != GRADSYNC_E_REMOTE && st != GRADSYNC_E_TIMEOUT && st != GRADSYNC_E_ABORTED) {
+    fprintf(stderr, "kill after %ld us: rank %d's reshard returned %d (%s)\n", delay_us, rank, st,
+            gradsync_last_error_message());
+    check_failed();
+  }
+  /* Failed or not, the rows are the table's as of LOSS_AT (on the old or the new layout). */
+  CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+  CHECK(steps == LOSS_AT);
+  CHECK(compare_local(t, &g_at_loss, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the interrupted reshard") == 0);
+  CHECK_STATUS(gradsync_comm_shrink(c, &shrunk, failed, N, NULL), GRADSYNC_OK);
+  if (shrunk != NULL) {
+    gradsync_comm_rank(shrunk, &r);
+    CHECK_STATUS(gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_HASH, ckpt, NULL, &restored), GRADSYNC_OK);
+    CHECK(restored == 1);
+    CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+    CHECK(steps == CKPT_AT);
+    train(t, r, N - 1, CKPT_AT, ALL_STEPS);
+    CHECK(compare_local(t, &g_reference, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the kill, restore and replay") == 0);
+  }
+  gradsync_embedding_free(t);
+  gradsync_comm_free(c);
+  gradsync_comm_free(shrunk);
+}
+
+static void episode_kill(long delay_us, const char* dir, kill_board* kb) {
+  pid_t pids[N];
+  char name[64], ckpt[300];
+  int i, failed = 0;
+  int64_t slowest = 0;
+  snprintf(name, sizeof name, "capi-emb-elastic-kill-%ld-%ld", (long)getpid(), delay_us);
+  snprintf(ckpt, sizeof ckpt, "%s/kill-%ld", dir, delay_us);
+  memset(kb, 0, sizeof *kb);
+  for (i = 0; i < N; ++i) {
+    pids[i] = fork();
+    if (pids[i] == 0) {
+      kill_rank(kb, name, ckpt, i, delay_us);
+      _exit(child_exit());
+    }
+  }
+  for (i = 0; i < N; ++i)
+    while (!__atomic_load_n(&kb->ready[i], __ATOMIC_SEQ_CST)) pause_ms(1);
+  __atomic_store_n(&kb->go, 1, __ATOMIC_SEQ_CST);
+  for (i = 0; i < N; ++i) reap(pids[i], i == KILLED, "a survivor");
+  for (i = 0; i < N; ++i) {
+    if (i == KILLED) continue;
+    failed += kb->failed[i];
+    if (kb->returned_ns[i] > slowest) slowest = kb->returned_ns[i];
+  }
+  fprintf(stderr,
+          "shm: rank %d killed %ld us into the reshard: %d of %d survivors failed (%s), the slowest returned after "
+          "%.2f ms\n",
+          KILLED, delay_us, failed, N - 1, kb->message[0], slowest / 1e6);
+  {
+    const int left = shm_sweep(name, 0);
+    if (left != 0) fprintf(stderr, "shm: %d segment(s) left behind\n", left);
+    CHECK(left == 0);
+  }
+}
+
 static int by_value(const void* a, const void* b) {
   const int64_t x = *(const int64_t*)a, y = *(const int64_t*)b;
   return (x > y) - (x < y);
@@ -390,6 +503,15 @@ int main(void) {
   wrong_shape_checkpoint();
   episode_threads(2, b);
   episode_threads(0, b);
+  {
+    static const long delays_us[] = {0, 300, 1000, 1500, 2000, 2500, 3000};
+    kill_board* kb = mmap(NULL, sizeof(kill_board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(kb != MAP_FAILED);
+    reference(GRADSYNC_OPTIM_ROW_ADAGRAD, LOSS_AT, 0, &g_at_loss);
+    for (i = 0; kb != MAP_FAILED && i < (int)(sizeof delays_us / sizeof delays_us[0]); ++i)
+      episode_kill(delays_us[i], tmp, kb);
+    if (kb != MAP_FAILED) munmap(kb, sizeof *kb);
+  }
   for (run = 0; run < runs; ++run) {
     const int lost = run % 2 == 0 ? 1 : 0; /* rank 0 (whose push merges its ids) too */
     episode_shm(lost, run, b);
