@@ -325,7 +325,9 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * @retval GRADSYNC_E_MISUSE a bad handle
  * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO as for
  *         gradsync_embedding_load
- * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (shrink again)
+ * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (a rank died during the
+ *         call): shrink new_comm and reshard onto its survivors with checkpoint_dir (a joiner, which
+ *         never held the table, creates it anew on them), then replay
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_embedding_reshard(gradsync_embedding* table, gradsync_comm* new_comm, int32_t sharding,

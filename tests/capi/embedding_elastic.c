@@ -15,6 +15,10 @@
  * (nothing lost: no checkpoint read); then all four change the rule to hash in place and train to
  * the end. Every rank's rows and Adagrad state must then equal, bit for bit, those one process
  * computes from the same global batches (the table's result does not depend on the world size).
+ * Then a rank is SIGKILLed during the reshard itself (a change of rule in place on 4 ranks, and a
+ * grow 3 -> 4 whose moved rows land in place), at delays that land in the call or after it: every
+ * survivor's call returns, its rows are still the table's, and the documented recovery (shrink
+ * new_comm, reshard from the checkpoint, replay) ends equal to one process.
  * Each phase of the recovery is timed (detect: from the loss to the failed push; shrink;
  * restore: the reshard that loads the checkpoint; replay) and printed; GRADSYNC_EMB_ELASTIC_RUNS
  * repeats the shm episode (default 1) and prints min / median / max. No time is asserted. */
@@ -393,27 +397,47 @@ static void* kill_self(void* p) {
   return NULL;
 }
 
-static void kill_rank(kill_board* kb, const char* name, const char* ckpt, int rank, long delay_us) {
-  gradsync_comm_options o = comm_options(GRADSYNC_TRANSPORT_SHM, name, rank, N);
+/* Rank `rank` of a kill episode. Rule change: 4 ranks of one group, contiguous -> hash in place.
+ * Grow: ranks 0-2 form a group of 3, grow it by rank 3, a joiner, and all four reshard onto the
+ * grown group (contiguous: the moved rows land in place). */
+static void kill_rank(kill_board* kb, const char* name, const char* ckpt, int rank, long delay_us, int grow) {
+  const int members = grow ? N - 1 : N, joiner = grow && rank == N - 1;
+  char join_name[64];
+  gradsync_comm_options o = comm_options(GRADSYNC_TRANSPORT_SHM, name, rank, members);
   gradsync_embedding_options eo = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_CONTIGUOUS);
-  gradsync_comm *c = NULL, *shrunk = NULL;
+  gradsync_comm *c = NULL, *next = NULL, *shrunk = NULL;
   gradsync_embedding* t = NULL;
   int32_t failed[N], r = -1, restored = -1;
   int64_t steps = -1, t0;
   int st;
   pthread_t killer;
+  snprintf(join_name, sizeof join_name, "%.40s-join", name);
+  if (joiner) o = comm_options(GRADSYNC_TRANSPORT_SHM, join_name, 0, 1);
   o.timeout_ms = 5000;
-  CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
-  if (c == NULL) return;
-  CHECK_STATUS(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_OK);
-  train(t, rank, N, 0, CKPT_AT);
-  CHECK_STATUS(gradsync_embedding_save(t, ckpt), GRADSYNC_OK);
-  train(t, rank, N, CKPT_AT, LOSS_AT);
+  if (joiner) {
+    CHECK_STATUS(gradsync_comm_join(&next, &o, NULL), GRADSYNC_OK);
+    if (next == NULL) return;
+    CHECK_STATUS(gradsync_embedding_create(&t, next, NULL, &eo), GRADSYNC_OK);
+  } else {
+    CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
+    if (c == NULL) return;
+    CHECK_STATUS(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_OK);
+    train(t, rank, members, 0, CKPT_AT);
+    CHECK_STATUS(gradsync_embedding_save(t, ckpt), GRADSYNC_OK);
+    train(t, rank, members, CKPT_AT, LOSS_AT);
+    if (grow) {
+      CHECK_STATUS(gradsync_comm_grow(c, join_name, 1, &next, NULL), GRADSYNC_OK);
+      if (next == NULL) return;
+    } else {
+      next = c;
+    }
+  }
   __atomic_store_n(&kb->ready[rank], 1, __ATOMIC_SEQ_CST);
   while (!__atomic_load_n(&kb->go, __ATOMIC_SEQ_CST)) sched_yield(); /* the four start together */
   if (rank == KILLED && pthread_create(&killer, NULL, kill_self, &delay_us) != 0) kill(getpid(), SIGKILL);
   t0 = now_ns();
-  st = gradsync_embedding_reshard(t, c, GRADSYNC_EMBEDDING_HASH, NULL, NULL, NULL);
+  st = gradsync_embedding_reshard(t, next, grow ? GRADSYNC_EMBEDDING_KEEP_SHARDING : GRADSYNC_EMBEDDING_HASH, NULL,
+                                  NULL, NULL);
   kb->returned_ns[rank] = now_ns() - t0;
   if (rank == KILLED) {
     for (;;) pause_ms(1000); /* its thread kills it */
@@ -425,13 +449,22 @@ static void kill_rank(kill_board* kb, const char* name, const char* ckpt, int ra
             gradsync_last_error_message());
     check_failed();
   }
-  /* Failed or not, the rows are the table's as of LOSS_AT (on the old or the new layout). */
-  CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
-  CHECK(steps == LOSS_AT);
-  CHECK(compare_local(t, &g_at_loss, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the interrupted reshard") == 0);
-  CHECK_STATUS(gradsync_comm_shrink(c, &shrunk, failed, N, NULL), GRADSYNC_OK);
+  /* Failed or not, a member's rows are the table's as of LOSS_AT (on the old or the new layout); a
+   * joiner's only once the call succeeded. */
+  if (!joiner || st == GRADSYNC_OK) {
+    CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+    CHECK(steps == LOSS_AT);
+    CHECK(compare_local(t, &g_at_loss, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the interrupted reshard") == 0);
+  }
+  /* The documented recovery: shrink new_comm, every row from the checkpoint, replay. */
+  CHECK_STATUS(gradsync_comm_shrink(next, &shrunk, failed, N, NULL), GRADSYNC_OK);
   if (shrunk != NULL) {
     gradsync_comm_rank(shrunk, &r);
+    if (joiner && st != GRADSYNC_OK) { /* it never held the table: it joins the shrunk group afresh */
+      gradsync_embedding_free(t);
+      t = NULL;
+      CHECK_STATUS(gradsync_embedding_create(&t, shrunk, NULL, &eo), GRADSYNC_OK);
+    }
     CHECK_STATUS(gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_HASH, ckpt, NULL, &restored), GRADSYNC_OK);
     CHECK(restored == 1);
     CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
@@ -440,22 +473,23 @@ static void kill_rank(kill_board* kb, const char* name, const char* ckpt, int ra
     CHECK(compare_local(t, &g_reference, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the kill, restore and replay") == 0);
   }
   gradsync_embedding_free(t);
-  gradsync_comm_free(c);
   gradsync_comm_free(shrunk);
+  if (next != c) gradsync_comm_free(next);
+  gradsync_comm_free(c);
 }
 
-static void episode_kill(long delay_us, const char* dir, kill_board* kb) {
+static void episode_kill(long delay_us, int grow, const char* dir, kill_board* kb) {
   pid_t pids[N];
   char name[64], ckpt[300];
   int i, failed = 0;
   int64_t slowest = 0;
-  snprintf(name, sizeof name, "capi-emb-elastic-kill-%ld-%ld", (long)getpid(), delay_us);
-  snprintf(ckpt, sizeof ckpt, "%s/kill-%ld", dir, delay_us);
+  snprintf(name, sizeof name, "capi-emb-elastic-kill-%ld-%d-%ld", (long)getpid(), grow, delay_us);
+  snprintf(ckpt, sizeof ckpt, "%s/kill-%d-%ld", dir, grow, delay_us);
   memset(kb, 0, sizeof *kb);
   for (i = 0; i < N; ++i) {
     pids[i] = fork();
     if (pids[i] == 0) {
-      kill_rank(kb, name, ckpt, i, delay_us);
+      kill_rank(kb, name, ckpt, i, delay_us, grow);
       _exit(child_exit());
     }
   }
@@ -468,10 +502,11 @@ static void episode_kill(long delay_us, const char* dir, kill_board* kb) {
     failed += kb->failed[i];
     if (kb->returned_ns[i] > slowest) slowest = kb->returned_ns[i];
   }
-  fprintf(stderr,
-          "shm: rank %d killed %ld us into the reshard: %d of %d survivors failed (%s), the slowest returned after "
-          "%.2f ms\n",
-          KILLED, delay_us, failed, N - 1, kb->message[0], slowest / 1e6);
+  fprintf(
+      stderr,
+      "shm: rank %d killed %ld us into the reshard (%s): %d of %d survivors failed (%s), the slowest returned after "
+      "%.2f ms\n",
+      KILLED, delay_us, grow ? "grow 3 -> 4" : "contiguous -> hash", failed, N - 1, kb->message[0], slowest / 1e6);
   {
     const int left = shm_sweep(name, 0);
     if (left != 0) fprintf(stderr, "shm: %d segment(s) left behind\n", left);
@@ -508,8 +543,10 @@ int main(void) {
     kill_board* kb = mmap(NULL, sizeof(kill_board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(kb != MAP_FAILED);
     reference(GRADSYNC_OPTIM_ROW_ADAGRAD, LOSS_AT, 0, &g_at_loss);
-    for (i = 0; kb != MAP_FAILED && i < (int)(sizeof delays_us / sizeof delays_us[0]); ++i)
-      episode_kill(delays_us[i], tmp, kb);
+    for (i = 0; kb != MAP_FAILED && i < (int)(sizeof delays_us / sizeof delays_us[0]); ++i) {
+      episode_kill(delays_us[i], 0, tmp, kb);
+      episode_kill(delays_us[i], 1, tmp, kb);
+    }
     if (kb != MAP_FAILED) munmap(kb, sizeof *kb);
   }
   for (run = 0; run < runs; ++run) {
