@@ -286,9 +286,10 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * are taken as such, so they keep their own rows).
  *
  * In memory (every old rank's rows live on a member): each row's new owner is computed for
- * new_comm's size and `sharding`; the rows that change owner travel with their optimizer state in
- * one all-to-all-v, and every row and its state continue bit for bit (the table stays equal to
- * what one process computes, see "Determinism"). checkpoint_dir is then not read.
+ * new_comm's size and `sharding`; the rows that change owner travel with their optimizer state (an
+ * all-to-all-v of the values, then one of the states when the optimizer keeps any), and every row
+ * and its state continue bit for bit (the table stays equal to what one process computes, see
+ * "Determinism"). checkpoint_dir is then not read.
  *
  * After a lost rank (a member of the old group that is not in new_comm): its rows' live state is
  * gone, and the survivors' rows have moved on from any copy of them, so no consistent table exists

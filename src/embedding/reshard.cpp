@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Moving a live sharded embedding onto another communicator (gradsync_embedding_reshard): the
 // members of a shrunk, grown or re-ruled group exchange the rows that change owner, each with its
-// optimizer state, in one all-to-all-v; when an old rank's rows are gone, every row comes from the
-// last checkpoint instead, or nothing changes.
+// optimizer state, in an all-to-all-v of the values and one of the states; when an old rank's rows
+// are gone, every row comes from the last checkpoint instead, or nothing changes.
 #include <algorithm>
 #include <cstring>
 #include <string>
