@@ -20,7 +20,9 @@ runs="${FUZZ_RUNS:-200000}"
 segment_runs="${FUZZ_SEGMENT_RUNS:-20000}"
 # Each checkpoint input is a directory of files in /dev/shm (about 3000 runs a second unloaded).
 checkpoint_runs="${FUZZ_CHECKPOINT_RUNS:-30000}"
+# -O1 with line tables: what a crash report needs, in a third of -O2 -g's build time.
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DGRADSYNC_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay table_shared_fuzzer segment_fuzzer \
   checkpoint_fuzzer
