@@ -493,8 +493,22 @@ static void episode_kill(long delay_us, int grow, const char* dir, kill_board* k
       _exit(child_exit());
     }
   }
-  for (i = 0; i < N; ++i)
-    while (!__atomic_load_n(&kb->ready[i], __ATOMIC_SEQ_CST)) pause_ms(1);
+  /* Bounded: a child that died before it was ready would leave the others waiting for go forever. */
+  {
+    const int64_t give_up = now_ns() + 60 * 1000000000LL;
+    for (i = 0; i < N; ++i) {
+      while (!__atomic_load_n(&kb->ready[i], __ATOMIC_SEQ_CST) && now_ns() < give_up) pause_ms(1);
+      if (!__atomic_load_n(&kb->ready[i], __ATOMIC_SEQ_CST)) {
+        int j;
+        fprintf(stderr, "shm: rank %d was not ready within 60 s; ending the episode\n", i);
+        for (j = 0; j < N; ++j) kill(pids[j], SIGKILL);
+        for (j = 0; j < N; ++j) waitpid(pids[j], NULL, 0);
+        shm_sweep(name, 0);
+        check_failed();
+        return;
+      }
+    }
+  }
   __atomic_store_n(&kb->go, 1, __ATOMIC_SEQ_CST);
   for (i = 0; i < N; ++i) reap(pids[i], i == KILLED, "a survivor");
   for (i = 0; i < N; ++i) {
