@@ -9,8 +9,9 @@ benchmark already prints a median per row).
 
   bench/spread.py --runs 10 --cols 0 -- old=/tmp/base/build/bench/allreduce_bench new=build/bench/allreduce_bench
 
-A row is a line with '|' whose first field starts with a digit (its key, e.g. " 2    16M");
---cols picks numbers after the first '|', counted from 0 (e.g. 0 = the first figure).
+A row is a line with '|' whose first field starts with a digit (its key, e.g. " 2    16M"), or a
+Markdown table row ("| 16777216 | ... |", the key its first cell); --cols picks numbers after the
+key, counted from 0 (e.g. 0 = the first figure).
 """
 import argparse
 import re
@@ -26,7 +27,8 @@ def rows(text):
     for line in text.splitlines():
         if "|" not in line:
             continue
-        key, _, rest = line.partition("|")
+        # A Markdown row starts with the separator: its key is the first cell.
+        key, _, rest = line.lstrip()[1:].partition("|") if line.lstrip().startswith("|") else line.partition("|")
         key = " ".join(key.split())
         if not key or not key[0].isdigit():
             continue
