@@ -6,13 +6,13 @@
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.
 # About four minutes and 4 GB of memory (the MPI model: half a minute; the shrink's membership
 # model, shrink and grow: two minutes).
-# check.sh MODEL (round, mpi_round or membership) checks that model alone; ctest runs one each.
+# check.sh MODEL (round, mpi_round, membership or mpi_shrink) checks that model alone; ctest runs one each.
 set -euo pipefail
 only="${1:-}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$work/"
+cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$here/mpi_shrink.pml" "$work/"
 cd "$work"
 
 failed=0
@@ -95,4 +95,19 @@ check violated "grow mutant: no commit barrier on the grown group" -DGROW -DN=2 
 check violated "grow mutant: a member that fails does not stop the old group" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_GROW_NO_STOP
 check violated "grow mutant: a member that fails leaves the forming group before it stops the old group" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_GROW_LEAVE_FIRST
 check violated "grow mutant: the lobby freed after the offer (member 0 and the joiner stop watching each other)" -DGROW -DN=2 -DDEATHS=1 -DMUTANT_LOBBY_FREED
+
+# The MPI transport's shrink (mpi_shrink.pml): agreement over point-to-point messages with
+# deadlines, a confirmation round, then the blocking MPI_Comm_create_group under a watchdog.
+# About a minute and a half of CPU.
+model=mpi_shrink.pml
+check holds "MPI shrink: 2 ranks, a death" -DN=2 -DDEATHS=1
+check holds "MPI shrink: 3 ranks, a death" -DN=3 -DDEATHS=1
+check holds "MPI shrink: 3 ranks, two deaths (a second during the shrink)" -DN=3 -DDEATHS=2
+check holds "MPI shrink: 3 ranks, a death, rank 2 on another host (no PID liveness)" -DN=3 -DDEATHS=1 -DCROSS=1
+check holds "MPI shrink: 3 ranks, a death, rank 0 comes after the deadline" -DN=3 -DDEATHS=1 -DLATE=1
+check violated "MPI shrink mutant: create_group right after the agreement, no confirmation round" -DN=3 -DDEATHS=1 -DMUTANT_NO_CONFIRM
+check violated "MPI shrink mutant: a rank keeps its own suspicions, no union of the proposals" -DN=3 -DDEATHS=1 -DCROSS=1 -DMUTANT_NO_UNION
+check violated "MPI shrink mutant: a rank named failed by a peer drops itself from the set and goes on" -DN=3 -DDEATHS=0 -DLATE=1 -DMUTANT_NO_SELF_CHECK
+check violated "MPI shrink mutant (the assumption): a deadline passes while a live rank's answer is on its way" -DN=2 -DDEATHS=0 -DMUTANT_DEADLINE_ANYTIME
+check violated "MPI shrink mutant: create_group without the watchdog" -DN=3 -DDEATHS=1 -DMUTANT_NO_WATCHDOG
 exit $failed
