@@ -301,7 +301,7 @@ void Communicator::dealloc(void* p) {
 void Communicator::establish(const Options& options) {
   group_options_ = options;
   group_options_.forming_abandoned = nullptr;
-  member_id_ = options.rank;
+  member_id_ = rank();  // options.rank where the caller gives it; on MPI the rank comes from MPI
   next_member_id_ = size();
   topology_ = detect_topology(
       rank(), size(), [this](const void* mine, void* all, size_t total) { allgather(mine, all, total, DType::I64); },

@@ -62,15 +62,6 @@ std::string mpi_error_string(int rc) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-// Memory that an abandoned MPI request may still write (or read) if the late rank ever arrives:
-// kept alive until the process ends, since MPI cannot cancel a collective.
-void bury(std::shared_ptr<void> memory) {
-  static std::mutex mutex;
-  static auto* graveyard = new std::vector<std::shared_ptr<void>>();  // never freed, on purpose
-  std::lock_guard lock(mutex);
-  graveyard->push_back(std::move(memory));
-}
-
 // Processes of one kernel and one PID namespace can see each other's PIDs: a key for that.
 uint64_t pid_namespace_key() {
   std::string boot_id;
@@ -163,6 +154,13 @@ Doubling plan_doubling(int rank, int size, bool one_host) {
 }
 
 }  // namespace
+
+void bury(std::shared_ptr<void> memory) {
+  static std::mutex mutex;
+  static auto* graveyard = new std::vector<std::shared_ptr<void>>();  // never freed, on purpose
+  std::lock_guard lock(mutex);
+  graveyard->push_back(std::move(memory));
+}
 
 MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     : options_(options), max_count_(max_mpi_count()) {
@@ -408,14 +406,16 @@ void MpiCommunicator::fail_on_notice(const std::shared_ptr<void>& keepalive, con
   fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
 
-int MpiCommunicator::dead_peer() const noexcept {
+bool MpiCommunicator::peer_dead(int r) const noexcept {
   const uint64_t mine = peers_.empty() ? 0 : peers_[static_cast<size_t>(rank_)].ns_key;
-  if (mine == 0) return -1;
-  for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
-    const PeerInfo& p = peers_[static_cast<size_t>(r)];
-    if (r == rank_ || p.ns_key != mine || p.pid <= 0) continue;
-    if (peer_gone({static_cast<pid_t>(p.pid)})) return r;
-  }
+  if (mine == 0 || r == rank_ || r < 0 || r >= static_cast<int>(peers_.size())) return false;
+  const PeerInfo& p = peers_[static_cast<size_t>(r)];
+  return p.ns_key == mine && p.pid > 0 && peer_gone({static_cast<pid_t>(p.pid)});
+}
+
+int MpiCommunicator::dead_peer() const noexcept {
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r)
+    if (peer_dead(r)) return r;
   return -1;
 }
 
@@ -807,8 +807,14 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
   const int rc_part = rc_all == MPI_SUCCESS
                           ? m.Group_incl(all, static_cast<int>(sub.members.size()), sub.members.data(), &part)
                           : rc_all;
-  // Blocking, as the data transfers are: split()'s exchange has shown that every member is here.
-  const int rc = rc_part == MPI_SUCCESS ? m.Comm_create_group(base_, part, kSplitTag, &made) : rc_part;
+  // Blocking, as the data transfers are: split()'s exchange has shown that every member is here,
+  // a shrink's confirmation round that every member will enter it (its watchdog covers the rest).
+  int rc = rc_part;
+  if (rc_part == MPI_SUCCESS) {
+    std::optional<Watchdog> watchdog;
+    if (create_deadline_) watchdog.emplace(*create_deadline_, rank_, options_.timeout);
+    rc = m.Comm_create_group(base_, part, kSplitTag, &made);
+  }
   if (rc_part == MPI_SUCCESS) m.Group_free(&part);
   if (rc_all == MPI_SUCCESS) m.Group_free(&all);
   check(rc, "MPI_Comm_create_group");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -126,6 +128,27 @@ struct Notice {
   int source = -1;
 };
 
+// Memory that an abandoned MPI request may still write (or read) if the late rank ever arrives:
+// kept alive until the process ends, since MPI cannot cancel a collective.
+void bury(std::shared_ptr<void> memory);
+
+// Ends the job with MPI_Abort, saying why, unless destroyed before `deadline`: a shrink's blocking
+// MPI_Comm_create_group, which a member lost inside it (or a whole host lost, its daemon too)
+// leaves waiting forever, and nothing else can end.
+class Watchdog {
+ public:
+  Watchdog(Clock::time_point deadline, int rank, std::chrono::milliseconds timeout);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 struct FreshComms {
   MPI_Comm comm = mpi::lib().comm_null;
   MPI_Comm ctl = mpi::lib().comm_null;
@@ -151,6 +174,8 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
   void abort() noexcept override;
   void reset() override;
+  // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
+  ShrinkResult shrink() override;
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override;
   // The progress thread calls MPI while the host's threads may too (other communicators, its own
@@ -222,6 +247,11 @@ class MpiCommunicator final : public Communicator {
   std::string notice_reason() const;
   void retire_control() noexcept;
   int dead_peer() const noexcept;
+  // Whether peer r is seen dead: a process of this host (and PID namespace) that is gone.
+  bool peer_dead(int r) const noexcept;
+  // Set by a shrink while it forms the survivors' group: make_subgroup's blocking
+  // MPI_Comm_create_group then runs under a watchdog that ends the job with MPI_Abort at this time.
+  std::optional<Clock::time_point> create_deadline_;
   bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
   // The system clock's time at steady time `now`, in ns, from an offset read again every 100 ms
   // (one clock read per call instead of two; the stamps only compare arrivals).

@@ -1,0 +1,425 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MPI transport's shrink, under mpirun --enable-recovery (Open MPI 4.1 keeps the survivors of a
+// lost process alive, and reports nothing about it: docs/mpi.md, "Surviving a lost process across
+// hosts"). Open MPI gives no agreement, so the survivors make one over point-to-point messages on
+// the group's base communicator, with deadlines; tests/model/mpi_shrink.pml checks it.
+//
+// Per attempt (epoch e), each rank holds a set F of ranks it takes as failed:
+// 1. Propose: it sends PROP(e, F) to every rank, again whenever F grows. F starts with the peers it
+//    sees dead (a process of its host that is gone) and grows by the union of every set that a
+//    rank outside F proposes (a rank on another host learns a death it could only time out on),
+//    by a peer seen dead, and at the deadline (the timeout since F last grew) by the ranks outside F
+//    whose latest proposal is not F: they did not answer. Older epochs are stale; a later one (its
+//    sender gave an attempt up) is followed; ranks in F are not heard.
+// 2. Decide: once every rank outside F has proposed exactly F in epoch e. A rank that finds itself
+//    in F is out (E_REMOTE). Every rank that decides in an epoch decides the same F.
+// 3. Confirm: CONF(e, F) to every member of the new group, and CONF(e, F) from every one of them,
+//    before anyone enters MPI_Comm_create_group, which cannot be abandoned: a member that grew its
+//    set after proposing F never confirms, so nobody enters a group that a member will not enter.
+//    A member seen dead, a member's other proposal or later epoch, or the deadline gives the
+//    attempt up (epoch e + 1; the deadline excludes nobody here: a member that proposed F is alive,
+//    and may be waiting on a third rank).
+// 4. Form: MPI_Comm_create_group over the members (make_subgroup) under a watchdog that ends the
+//    job with MPI_Abort at the timeout: a member lost after it began to confirm, or inside the call,
+//    leaves the others there forever. Then the new communicator's own setup and a barrier, bounded
+//    as every call is; if they fail (a member lost meanwhile), the next epoch, on the old group.
+// A decided set that holds every rank of another host is refused (E_UNSUPPORTED) before anyone
+// enters create_group: with a host's ranks its Open MPI daemon may be lost, and create_group then
+// never returns (measured: docs/mpi.md).
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/transport/mpi/mpi_internal.hpp"
+#include "comm/transport/mpi/mpi_runtime.hpp"
+#include "common/bounded_wait.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm::mpi {
+namespace {
+
+constexpr int kShrinkTag = 7005;
+constexpr uint64_t kPropose = 1;
+constexpr uint64_t kConfirm = 2;
+// How often a wait of the shrink looks at its peers' liveness (as the shm shrink does).
+constexpr auto kLookEvery = std::chrono::milliseconds(10);
+
+// The path is built and tested, but not yet in the public contract: GRADSYNC_MPI_SHRINK=1 turns it
+// on (docs/mpi.md, "Shrink on the MPI transport: status").
+bool shrink_enabled() {
+  const char* v = std::getenv("GRADSYNC_MPI_SHRINK");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+using Set = std::vector<uint64_t>;  // a bit per rank of the old group
+bool has(const Set& s, int r) { return ((s[static_cast<size_t>(r) / 64] >> (r % 64)) & 1) != 0; }
+void add(Set& s, int r) { s[static_cast<size_t>(r) / 64] |= uint64_t{1} << (r % 64); }
+bool unite(Set& s, const uint64_t* t) {
+  bool grew = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    grew |= (t[i] & ~s[i]) != 0;
+    s[i] |= t[i];
+  }
+  return grew;
+}
+std::vector<int> ranks_of(const Set& s, int size) {
+  std::vector<int> out;
+  for (int r = 0; r < size; ++r)
+    if (has(s, r)) out.push_back(r);
+  return out;
+}
+
+// The protocol's messages and requests: buried when the shrink ends, since its receives stay
+// posted (a peer may still send) and its sends to a dead peer never complete.
+struct Wire {
+  size_t words = 0;          // kind, epoch, then the set
+  std::vector<uint64_t> in;  // by peer
+  std::vector<MPI_Request> receives;
+  std::vector<std::shared_ptr<std::vector<uint64_t>>> out;
+  std::vector<MPI_Request> sends;
+};
+
+}  // namespace
+
+Watchdog::Watchdog(Clock::time_point deadline, int rank, std::chrono::milliseconds timeout)
+    : thread_([this, deadline, rank, timeout] {
+        std::unique_lock lock(mutex_);
+        if (cv_.wait_until(lock, deadline, [this] { return done_; })) return;
+        GS_LOG_ERROR(
+            "MPI transport: rank {}: MPI_Comm_create_group over the shrink's survivors did not return within the "
+            "timeout ({} ms): a member was lost inside it, or after it confirmed the group (or its host was lost "
+            "with its Open MPI daemon). Nothing can end that call: calling MPI_Abort(MPI_COMM_WORLD, 1) to end the "
+            "job rather than hang",
+            rank, timeout.count());
+        mpi::lib().Abort(mpi::lib().comm_world, 1);
+      }) {}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+ShrinkResult MpiCommunicator::shrink() {
+  if (!shrink_enabled()) return Communicator::shrink();
+  const mpi::Api& m = mpi::lib();
+  const auto start = Clock::now();
+  const auto timeout = options_.timeout;
+  // The old group is stopped for good: calls in other threads return, and peers still waiting in a
+  // call hear of it (the notices) and come to the shrink. Its requests, and the shrink's own
+  // receives on base_, may stay posted: its communicators are never freed, and the job ends with
+  // MPI_Abort (MPI_Finalize would wait for the lost rank).
+  abort();
+  if (!aborted_) {
+    aborted_ = true;
+    aborted_reason_ = "the group was shrunk: use the survivors' communicator";
+  }
+  comm_pending_ = true;
+  base_pending_ = true;
+  if (!holds_abandoned_) {
+    holds_abandoned_ = true;
+    mpi::mark_abandoned();
+  }
+  const std::string group = fmt::format("MPI group '{}'", options_.name);
+  ShrinkResult result;
+  if (size_ == 1) {
+    fail(GRADSYNC_E_INVALID_ARG, "shrink of {}: a group of one rank has nobody to lose", group);
+  }
+
+  auto wire = std::make_shared<Wire>();
+  struct Bury {
+    std::shared_ptr<Wire>& w;
+    ~Bury() { bury(w); }
+  } bury_wire{wire};
+  const size_t set_words = (static_cast<size_t>(size_) + 63) / 64;
+  wire->words = 2 + set_words;
+  const int bytes = static_cast<int>(wire->words * sizeof(uint64_t));
+  wire->in.assign(wire->words * static_cast<size_t>(size_), 0);
+  wire->receives.assign(static_cast<size_t>(size_), m.request_null);
+  std::vector<char> broken(static_cast<size_t>(size_), 0);  // a receive from that peer failed: its connection broke
+  auto post = [&](int q) {
+    if (m.Irecv(&wire->in[wire->words * static_cast<size_t>(q)], bytes, m.byte, q, kShrinkTag, base_,
+                &wire->receives[static_cast<size_t>(q)]) != MPI_SUCCESS) {
+      broken[static_cast<size_t>(q)] = 1;
+      wire->receives[static_cast<size_t>(q)] = m.request_null;
+    }
+  };
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) post(q);
+
+  uint64_t e = 1;
+  Set failed(set_words, 0);
+  bool confirming = false;
+  std::vector<Set> latest(static_cast<size_t>(size_)), confirmed(static_cast<size_t>(size_));
+  Clock::time_point deadline{};
+  auto reset_views = [&] {
+    for (Set& s : latest) s.clear();
+    for (Set& s : confirmed) s.clear();
+  };
+  auto send = [&](uint64_t kind) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || (kind == kConfirm && has(failed, q))) continue;
+      auto message = std::make_shared<std::vector<uint64_t>>(wire->words);
+      (*message)[0] = kind;
+      (*message)[1] = e;
+      std::copy(failed.begin(), failed.end(), message->begin() + 2);
+      MPI_Request r = m.request_null;
+      if (m.Isend(message->data(), bytes, m.byte, q, kShrinkTag, base_, &r) == MPI_SUCCESS) {
+        wire->out.push_back(std::move(message));
+        wire->sends.push_back(r);
+      }
+    }
+  };
+  auto propose = [&] {
+    send(kPropose);
+    deadline = deadline_after(timeout);
+  };
+  // Gives the attempt up: the next epoch, keeping what the peer that moved there first said.
+  auto give_up = [&](int from, uint64_t kind, const uint64_t* set) {
+    confirming = false;
+    ++e;
+    reset_views();
+    if (from >= 0) {
+      latest[static_cast<size_t>(from)].assign(set, set + set_words);
+      if (kind == kConfirm) confirmed[static_cast<size_t>(from)].assign(set, set + set_words);
+    }
+    propose();
+  };
+  auto lost = [&](int q) { return peer_dead(q) || broken[static_cast<size_t>(q)] != 0; };
+  // Adds the peers seen lost; whether any was new.
+  auto see_lost = [&] {
+    bool grew = false;
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_ && !has(failed, q) && lost(q)) {
+        add(failed, q);
+        grew = true;
+      }
+    }
+    return grew;
+  };
+  auto equal = [&](const Set& s) { return !s.empty() && std::equal(s.begin(), s.end(), failed.begin()); };
+  auto handle = [&](int q, const uint64_t* msg) {
+    const uint64_t kind = msg[0], ep = msg[1];
+    const uint64_t* set = msg + 2;
+    if (has(failed, q) || ep < e || (kind != kPropose && kind != kConfirm)) return;
+    const auto qs = static_cast<size_t>(q);
+    if (!confirming) {
+      const bool moved = ep > e;
+      if (moved) {
+        e = ep;
+        reset_views();
+      }
+      latest[qs].assign(set, set + set_words);
+      if (kind == kConfirm) confirmed[qs].assign(set, set + set_words);
+      if (unite(failed, set) || moved) propose();
+      return;
+    }
+    if (ep == e && kind == kConfirm) {
+      confirmed[qs].assign(set, set + set_words);
+      if (!equal(confirmed[qs])) {
+        unite(failed, set);
+        give_up(-1, 0, nullptr);
+      }
+    } else if (ep == e) {
+      // Its proposal after the one this rank decided on: it grew, and will not confirm.
+      if (!std::equal(failed.begin(), failed.end(), set)) {
+        unite(failed, set);
+        give_up(-1, 0, nullptr);
+      }
+    } else {
+      unite(failed, set);
+      e = ep - 1;
+      give_up(q, kind, set);
+    }
+  };
+  // Takes in every message that has come; whether any did.
+  auto poll = [&] {
+    bool any = false;
+    for (int q = 0; q < size_; ++q) {
+      MPI_Request& r = wire->receives[static_cast<size_t>(q)];
+      while (r != m.request_null) {
+        int arrived = 0;
+        if (m.Test(&r, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          broken[static_cast<size_t>(q)] = 1;
+          r = m.request_null;
+          any = true;
+          break;
+        }
+        if (!arrived) break;
+        std::vector<uint64_t> msg(wire->in.begin() + static_cast<ptrdiff_t>(wire->words * static_cast<size_t>(q)),
+                                  wire->in.begin() + static_cast<ptrdiff_t>(wire->words * static_cast<size_t>(q + 1)));
+        post(q);
+        handle(q, msg.data());
+        any = true;
+      }
+    }
+    // Completed sends free their requests (MPI_Test sets them to null).
+    for (MPI_Request& r : wire->sends) {
+      int done = 0;
+      if (r != m.request_null) m.Test(&r, &done, MPI_STATUS_IGNORE);
+    }
+    return any;
+  };
+  auto agreed = [&] {
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) return false;
+    return true;
+  };
+  auto all_confirmed = [&] {
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !has(failed, q) && !equal(confirmed[static_cast<size_t>(q)])) return false;
+    return true;
+  };
+  // Every wait is bounded by the timeout; the epochs by the losses (each attempt given up lost a
+  // member or found one silent): the whole shrink by this.
+  const auto give_up_at = start + timeout * (size_ + 2);
+  see_lost();
+  propose();
+  for (;;) {
+    Clock::time_point decided_at{};
+    for (;;) {
+      if (has(failed, rank_)) {
+        fail(GRADSYNC_E_REMOTE,
+             "shrink of {}: the other members decided without rank {} (it answered after their deadline of {} ms, "
+             "or a peer could not hear it); it is out of the group",
+             group, rank_, timeout.count());
+      }
+      if (!confirming && agreed()) {
+        // Every survivor that decides decides this set: refuse alike where create_group would hang.
+        const uint64_t mine = peers_[static_cast<size_t>(rank_)].host_key;
+        for (int q : ranks_of(failed, size_)) {
+          const uint64_t host = peers_[static_cast<size_t>(q)].host_key;
+          if (host == mine) continue;
+          bool survivor = false;
+          std::vector<int> on_host;
+          for (int r = 0; r < size_; ++r) {
+            if (peers_[static_cast<size_t>(r)].host_key != host) continue;
+            on_host.push_back(r);
+            survivor |= !has(failed, r);
+          }
+          GS_REQUIRE(survivor, GRADSYNC_E_UNSUPPORTED,
+                     "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
+                     "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
+                     "mpirun --enable-recovery, docs/mpi.md): the survivors refuse to form a group rather than hang. "
+                     "End the job and restart it from a checkpoint",
+                     group, fmt::join(on_host, ", "));
+        }
+        confirming = true;
+        decided_at = Clock::now();
+        send(kConfirm);
+        deadline = deadline_after(timeout);
+        continue;
+      }
+      if (confirming && all_confirmed()) break;
+      GS_REQUIRE(Clock::now() < give_up_at, GRADSYNC_E_TIMEOUT,
+                 "shrink of {}: rank {} could not agree on the lost ranks within {} attempt(s) of {} ms each", group,
+                 rank_, e, timeout.count());
+      auto slice = [&](Clock::time_point until) {
+        for (int polls = 0;; ++polls) {
+          if (poll()) return WaitResult::Ready;
+          const auto now = Clock::now();
+          if (now >= until) return WaitResult::Timeout;
+          if (polls < 64) {
+            sched_yield();
+          } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+          }
+        }
+      };
+      auto gone = [&] {
+        for (int q = 0; q < size_; ++q)
+          if (q != rank_ && !has(failed, q) && lost(q)) return true;
+        return false;
+      };
+      auto report = [&](Clock::duration waited) {
+        GS_LOG_WARN("shrink of {}: rank {} waiting {} s for the others to {} (epoch {}, lost so far: {})", group, rank_,
+                    std::chrono::duration_cast<std::chrono::seconds>(waited).count(), confirming ? "confirm" : "agree",
+                    e, fmt::join(ranks_of(failed, size_), ", "));
+      };
+      switch (bounded_wait(slice, wait_never, gone, report, wait_ends, deadline, kLookEvery)) {
+        case WaitEnd::Ready: break;
+        case WaitEnd::PeerGone:
+          see_lost();
+          if (confirming) {
+            give_up(-1, 0, nullptr);  // a member is lost: it may not enter create_group
+          } else {
+            propose();
+          }
+          break;
+        case WaitEnd::Deadline:
+          if (confirming) {
+            give_up(-1, 0, nullptr);
+          } else {
+            bool grew = false;
+            for (int q = 0; q < size_; ++q) {
+              if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) {
+                add(failed, q);
+                grew = true;
+              }
+            }
+            if (grew) {
+              propose();
+            } else {
+              deadline = deadline_after(timeout);
+            }
+          }
+          break;
+        case WaitEnd::Stopped:
+        case WaitEnd::Interrupted: break;
+      }
+    }
+    result.attempts = static_cast<int>(e);
+    const auto formed_start = Clock::now();
+    result.agree = formed_start - start;
+    Subgroup sub;
+    for (int r = 0; r < size_; ++r)
+      if (!has(failed, r)) sub.members.push_back(r);
+    sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank_) - sub.members.begin());
+    sub.name = fmt::format("{}.shrunk{}", options_.name.substr(0, 40), e);
+    try {
+      create_deadline_ = deadline_after(timeout, formed_start);
+      std::unique_ptr<Communicator> formed = form_subgroup(sub);
+      create_deadline_.reset();
+      const auto committed_start = Clock::now();
+      formed->barrier();  // the commit: every member has its communicator
+      const auto end = Clock::now();
+      result.form = end - formed_start;
+      result.comm = std::move(formed);
+      result.failed = ranks_of(failed, size_);
+      GS_LOG_INFO(
+          "shrink of {}: rank {} is rank {} of {} (lost rank(s) {}; epoch {}; agree {} us, of which confirm {} us; "
+          "create_group and setup {} us; commit {} us)",
+          group, rank_, sub.rank, sub.members.size(), fmt::join(result.failed, ", "), e,
+          std::chrono::duration_cast<std::chrono::microseconds>(formed_start - start).count(),
+          std::chrono::duration_cast<std::chrono::microseconds>(formed_start - decided_at).count(),
+          std::chrono::duration_cast<std::chrono::microseconds>(committed_start - formed_start).count(),
+          std::chrono::duration_cast<std::chrono::microseconds>(end - committed_start).count());
+      return result;
+    } catch (const Error& err) {
+      create_deadline_.reset();
+      result.form += Clock::now() - formed_start;
+      const int s = err.status();
+      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      GS_REQUIRE(Clock::now() < give_up_at, GRADSYNC_E_TIMEOUT,
+                 "shrink of {}: rank {} could not form the survivors' group ({} attempt(s)): {}", group, rank_, e,
+                 err.what());
+      GS_LOG_INFO("shrink of {}: rank {}: forming the survivors' group failed ({}); agreeing again", group, rank_,
+                  err.what());
+      see_lost();
+      give_up(-1, 0, nullptr);
+    }
+  }
+}
+
+}  // namespace gradsync::comm::mpi

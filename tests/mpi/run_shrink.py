@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Runs mpi_shrink_program under mpirun --enable-recovery with 4 ranks and checks every survivor.
+
+usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
+
+MODE between|small|large|second (RUNS runs each, default 3) or stress (RUNS seeds). Each launch is
+bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
+every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
+The phases' times of every run are printed (min / median / max) for docs/mpi.md.
+"""
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+mpirun, program, mode = sys.argv[1:4]
+runs = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+bound = 120
+base = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--enable-recovery",
+        "-x", "GRADSYNC_MPI_SHRINK", "-np", "4", program]
+env = dict(os.environ, GRADSYNC_MPI_SHRINK="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+figures = {}
+
+
+def fail(what, out=""):
+    sys.exit(f"FAIL: {what}\n{out}")
+
+
+def run(args):
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(base + args, capture_output=True, text=True, timeout=bound, env=env)
+    except subprocess.TimeoutExpired as exc:
+        fail(f"mpirun did not exit within {bound} s (a rank hung)", f"{exc.stdout}\n{exc.stderr}")
+    out = proc.stdout + proc.stderr
+    print(f"--- {' '.join(args)}: mpirun exited {proc.returncode} after {time.monotonic() - start:.1f} s\n{out}")
+    return out
+
+
+def check(out, lost):
+    """Every rank not in `lost` shrank to `lost` (in the order of its shrinks), verified and finished."""
+    if "WRONG" in out:
+        fail("a collective gave a wrong result", out)
+    for r in sorted(set(range(4)) - set(lost)):
+        shrunk = re.findall(rf"^rank {r}: shrunk failed \[([\d,]*)\] size (\d+) attempts (\d+) detect_us (\d+) "
+                            rf"shrink_us (\d+) agree_us (\d+) form_us (\d+)", out, re.M)
+        if not shrunk:
+            fail(f"rank {r} did not shrink", out)
+        got = sorted(int(x) for s in shrunk for x in s[0].split(",") if x)
+        if got != sorted(lost):
+            fail(f"rank {r} lost {got}, expected {sorted(lost)}", out)
+        if f"rank {r}: done" not in out:
+            fail(f"rank {r} did not finish", out)
+        if not re.search(rf"^rank {r}: verified \d+ on {4 - len(lost)} ranks", out, re.M):
+            fail(f"rank {r} did not verify its collectives on {4 - len(lost)} ranks", out)
+        for s in shrunk:
+            for name, value in zip(("detect", "shrink", "agree", "form"), s[3:7]):
+                figures.setdefault(name, []).append(int(value) / 1000)
+    for v in lost:
+        if f"rank {v}: done" in out:
+            fail(f"rank {v} was to die but finished", out)
+
+
+for i in range(runs):
+    if mode == "stress":
+        seed = 1000 + i + int(time.time()) % 1000
+        out = run(["stress", str(seed)])
+        lost = sorted({int(m) for m in re.findall(r"^rank 0: round \d+ lost rank (\d+)", out, re.M)})
+        if len(lost) != 2:
+            fail(f"seed {seed}: rank 0 did not get through two losses", out)
+        check(out, lost)
+    elif mode == "second":
+        out = run(["second"])
+        # Rank 2 dies during the shrink or just after it: either way, the others end with {1, 2} lost.
+        check(out, [1, 2])
+    else:
+        out = run([mode])
+        check(out, [1])
+
+for name, values in figures.items():
+    print(f"{name} ms: min {min(values):.1f} / median {statistics.median(values):.1f} / max {max(values):.1f} "
+          f"over {len(values)} survivor(s)")
+print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+print("ok")

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gradsync_comm_shrink on the MPI transport under mpirun --enable-recovery, run by run_shrink.py
+ * (one host) and tests/multihost/shrink_hosts.py (separate hosts), which check what each rank
+ * printed. A rank SIGKILLs itself; the survivors see their collective fail, shrink, and run
+ * collectives on the new group whose every result is checked. Modes:
+ *   between   rank 1 dies between two calls (after a barrier);
+ *   small     rank 1 dies at a random point of a loop of 1-float allreduces (the small path);
+ *   large     rank 1 dies while the others wait for it in an allreduce of 256K floats (the large
+ *             path), before it enters it;
+ *   second    as between, and rank 2 dies at a random point of the shrink (or just after it): the
+ *             survivors shrink again where their checked collectives fail;
+ *   stress S  S rounds of: a random rank other than 0 dies at a random point (between calls, in a
+ *             small or a large call); the survivors shrink and check (seed S);
+ *   victim V  as between, rank V dies (tests/multihost: a rank of another host);
+ *   loop      every rank runs allreduces until one fails, saying "looping" once under way; a host
+ *             is killed from outside; then every survivor shrinks (whole host: refused, bounded).
+ * Every survivor prints "rank R: shrunk ..." with its new place, the failed ranks and the phases'
+ * times, "rank R: verified N" after checking N collectives, and "rank R: done"; a failure prints
+ * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id). */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gradsync/gradsync.h"
+
+static int me = -1;
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static void say(const char* what, int status) {
+  printf("rank %d: %s %s %s\n", me, what, gradsync_status_string(status), gradsync_last_error_message());
+  fflush(stdout);
+}
+
+static void* killer(void* arg) {
+  const long us = (long)(intptr_t)arg;
+  struct timespec t = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&t, NULL);
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+
+static void die_after(long us) {
+  pthread_t t;
+  pthread_create(&t, NULL, killer, (void*)(intptr_t)us);
+  pthread_detach(t);
+}
+
+static void die_now(void) {
+  printf("rank %d: dies\n", me);
+  fflush(stdout);
+  kill(getpid(), SIGKILL);
+}
+
+#define LARGE (256 * 1024)
+static float big[LARGE];
+
+/* Checked collectives on c, whose members are the old ranks in `alive` (ascending): returns the
+ * status of the first that failed, after checking every result bit for bit. */
+static int verify(gradsync_comm* c, const int* alive, int n, int rounds) {
+  int32_t rank = -1, size = -1;
+  int64_t id = -1;
+  int i, k, rc;
+  gradsync_comm_rank(c, &rank);
+  gradsync_comm_size(c, &size);
+  gradsync_comm_member_id(c, &id);
+  if (size != n || id != me || alive[rank] != me) {
+    printf("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d)\n", me, (int)rank, (int)size,
+           (long long)id, n);
+    return GRADSYNC_E_INTERNAL;
+  }
+  for (k = 0; k < rounds; ++k) {
+    float one = (float)(me + 1 + k), sum = 0;
+    float gathered[64];
+    float root_data[4] = {0, 0, 0, 0};
+    for (i = 0; i < n; ++i) sum += (float)(alive[i] + 1 + k);
+    if ((rc = gradsync_comm_allreduce(c, &one, &one, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK) return rc;
+    if (one != sum) {
+      printf("rank %d: WRONG small allreduce %g, expected %g\n", me, one, sum);
+      return GRADSYNC_E_INTERNAL;
+    }
+    for (i = 0; i < LARGE; ++i) big[i] = (float)((me + 1) * (i % 97 + k));
+    if ((rc = gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK) return rc;
+    for (i = 0; i < LARGE; ++i) {
+      float want = 0;
+      int j;
+      for (j = 0; j < n; ++j) want += (float)((alive[j] + 1) * (i % 97 + k));
+      if (big[i] != want) {
+        printf("rank %d: WRONG large allreduce at %d: %g, expected %g\n", me, i, big[i], want);
+        return GRADSYNC_E_INTERNAL;
+      }
+    }
+    if (rank == n - 1)
+      for (i = 0; i < 4; ++i) root_data[i] = (float)(me * 10 + i + k);
+    if ((rc = gradsync_comm_broadcast(c, root_data, 4, GRADSYNC_F32, n - 1)) != GRADSYNC_OK) return rc;
+    for (i = 0; i < 4; ++i)
+      if (root_data[i] != (float)(alive[n - 1] * 10 + i + k)) {
+        printf("rank %d: WRONG broadcast\n", me);
+        return GRADSYNC_E_INTERNAL;
+      }
+    one = (float)(me * 100 + k);
+    if ((rc = gradsync_comm_allgather(c, &one, gathered, (size_t)n, GRADSYNC_F32)) != GRADSYNC_OK) return rc;
+    for (i = 0; i < n; ++i)
+      if (gathered[i] != (float)(alive[i] * 100 + k)) {
+        printf("rank %d: WRONG allgather\n", me);
+        return GRADSYNC_E_INTERNAL;
+      }
+  }
+  return GRADSYNC_OK;
+}
+
+/* Shrinks *c (after a failure), prints the outcome, updates alive/n to the survivors. */
+static int shrink(gradsync_comm** c, int* alive, int* n, double failed_at) {
+  int32_t failed[64];
+  gradsync_shrink_result r;
+  gradsync_comm* next = NULL;
+  int i, j, kept = 0, rc;
+  const double start = now_us();
+  char list[256] = "";
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.version = GRADSYNC_SHRINK_RESULT_VERSION;
+  rc = gradsync_comm_shrink(*c, &next, failed, 64, &r);
+  if (rc != GRADSYNC_OK) {
+    say("shrink", rc);
+    return rc;
+  }
+  for (i = 0; i < r.failed_count; ++i)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", alive[failed[i]]);
+  for (i = 0, j = 0; i < *n; ++i) {
+    if (j < r.failed_count && failed[j] == i) {
+      ++j;
+      continue;
+    }
+    alive[kept++] = alive[i];
+  }
+  *n = kept;
+  printf("rank %d: shrunk failed [%s] size %d attempts %d detect_us %.0f shrink_us %.0f agree_us %.0f form_us %.0f\n",
+         me, list, kept, (int)r.attempts, start - failed_at, now_us() - start, (double)r.agree_ns / 1e3,
+         (double)r.form_ns / 1e3);
+  fflush(stdout);
+  gradsync_comm_free(*c);
+  *c = next;
+  return GRADSYNC_OK;
+}
+
+/* Verified collectives on c, shrinking again (at most `more` times) when a member is lost. */
+static int survive(gradsync_comm** c, int* alive, int* n, int more) {
+  for (;;) {
+    const double t = now_us();
+    const int rc = verify(*c, alive, *n, 3);
+    if (rc == GRADSYNC_OK) {
+      printf("rank %d: verified %d on %d ranks\n", me, 3 * 4, *n);
+      fflush(stdout);
+      return rc;
+    }
+    say("verify", rc);
+    if (rc == GRADSYNC_E_INTERNAL || more-- <= 0) return rc;
+    if (shrink(c, alive, n, t) != GRADSYNC_OK) return GRADSYNC_E_REMOTE;
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "";
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* c = NULL;
+  int alive[64], n = 0, i, rc, victim = 1;
+  float x = 1.0f;
+  double t = 0;
+  o.transport = GRADSYNC_TRANSPORT_MPI;
+  o.timeout_ms = 5000;
+  snprintf(o.name, sizeof o.name, "shrink-%s", mode);
+  if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
+    say("create", rc);
+    return 1;
+  }
+  {
+    int32_t r, s;
+    gradsync_comm_rank(c, &r);
+    gradsync_comm_size(c, &s);
+    me = r;
+    n = s;
+    for (i = 0; i < n; ++i) alive[i] = i;
+  }
+  srand((unsigned)(time(NULL) ^ (me * 7919)));
+  if (strcmp(mode, "victim") == 0 && argc > 2) victim = atoi(argv[2]);
+  if (strcmp(mode, "stress") == 0) {
+    const unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1u;
+    int round;
+    /* Every rank draws the same sequence: who dies, and how. */
+    srand(seed);
+    for (round = 0; n > 2; ++round) {
+      const int who = alive[1 + rand() % (n - 1)], how = rand() % 3;
+      const long delay = 1000 + rand() % 100000;
+      int k;
+      if (me == who) {
+        if (how == 0) {
+          gradsync_comm_barrier(c);
+          die_now();
+        }
+        if (how == 1) die_after(delay);
+      }
+      t = now_us();
+      for (k = 0;; ++k) {
+        if (how == 2 && k == 3 && me == who) {
+          die_after(20000);
+          sleep(5);
+        }
+        if (how == 0 && k == 0) {
+          if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) break;
+          t = now_us();
+        }
+        x = (float)me;
+        rc = how == 2 ? gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)
+                      : gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM);
+        if (rc != GRADSYNC_OK) break;
+        t = now_us();
+      }
+      say("call", rc);
+      if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+      if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
+      printf("rank %d: round %d lost rank %d (how %d)\n", me, round, who, how);
+    }
+  } else if (strcmp(mode, "loop") == 0) {
+    for (i = 0;; ++i) {
+      t = now_us();
+      if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK) break;
+      x = 1.0f;
+      if (i == 10) {
+        printf("rank %d: looping\n", me);
+        fflush(stdout);
+      }
+    }
+    say("call", rc);
+    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) {
+      gradsync_comm_free(c);
+      printf("rank %d: done\n", me);
+      return 0;
+    }
+    if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
+  } else {
+    const int large = strcmp(mode, "large") == 0, small = strcmp(mode, "small") == 0;
+    if (!large && !small && strcmp(mode, "between") && strcmp(mode, "second") && strcmp(mode, "victim")) {
+      fprintf(stderr, "usage: %s between|small|large|second|victim V|stress SEED|loop\n", argv[0]);
+      return 2;
+    }
+    if (gradsync_comm_barrier(c) != GRADSYNC_OK) return 1;
+    if (me == victim) {
+      if (small) die_after(20000 + rand() % 200000);
+      if (large) die_after(150000);
+    }
+    t = now_us();
+    for (i = 0;; ++i) {
+      if (!small && !large && i == 3 && me == victim) die_now();
+      if (large && me == victim) sleep(5); /* killed while the others wait for it in the call */
+      x = 1.0f;
+      rc = large ? gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)
+                 : gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM);
+      if (rc != GRADSYNC_OK) break;
+      if (!large && x != (float)n) {
+        printf("rank %d: WRONG allreduce before the death\n", me);
+        return 1;
+      }
+      t = now_us();
+    }
+    say("call", rc);
+    if (strcmp(mode, "second") == 0 && me == 2) die_after(rand() % 30000);
+    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+    if (survive(&c, alive, &n, strcmp(mode, "second") == 0 ? 1 : 0) != GRADSYNC_OK) return 1;
+  }
+  gradsync_comm_free(c);
+  printf("rank %d: done\n", me);
+  fflush(stdout);
+  return 0;
+}
