@@ -131,7 +131,8 @@ ShrinkResult MpiCommunicator::shrink() {
     holds_abandoned_ = true;
     mpi::mark_abandoned();
   }
-  const std::string group = fmt::format("MPI group '{}'", options_.name);
+  const std::string group =
+      options_.name.empty() ? std::string("the MPI group") : fmt::format("MPI group '{}'", options_.name);
   ShrinkResult result;
   if (size_ == 1) {
     fail(GRADSYNC_E_INVALID_ARG, "shrink of {}: a group of one rank has nobody to lose", group);
