@@ -253,8 +253,8 @@ int main(int argc, char** argv) {
     if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
   } else {
     const int large = strcmp(mode, "large") == 0, small = strcmp(mode, "small") == 0;
-    if (!large && !small && strcmp(mode, "between") && strcmp(mode, "second") &&
-        strcmp(mode, "second-random") && strcmp(mode, "victim")) {
+    if (!large && !small && strcmp(mode, "between") && strcmp(mode, "second") && strcmp(mode, "second-random") &&
+        strcmp(mode, "victim")) {
       fprintf(stderr, "usage: %s between|small|large|second|victim V|stress SEED|loop\n", argv[0]);
       return 2;
     }
