@@ -410,9 +410,21 @@ typedef struct gradsync_shrink_result {
  * Calls still waiting on comm in other threads return (GRADSYNC_E_ABORTED); comm is stopped for
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
- * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 aborts the
- * whole job when one process dies, and Debian 12's MPICH 4.0.2 does not implement ULFM's shrink
- * (docs/mpi.md, "Surviving a lost process across hosts").
+ * Transports: THREAD, SHM and MPI. HIER returns GRADSYNC_E_UNSUPPORTED (its shared-memory and MPI
+ * levels would have to agree together, which is not built).
+ * MPI: only under mpirun --enable-recovery (by default Open MPI 4.1 ends the whole job when one
+ * process dies; nothing is left to shrink). Open MPI reports no death, so the survivors agree over
+ * point-to-point messages: a member is lost when its process is seen gone (same kernel, by its PID)
+ * or it does not answer within the timeout. Every survivor then enters MPI_Comm_create_group over
+ * the new group, which is blocking: it runs under a watchdog that, if the call has not returned
+ * within half of comm's timeout (a member lost inside it, or after it confirmed the group), logs why and
+ * calls MPI_Abort(MPI_COMM_WORLD, 1), ending the job rather than hanging. When the failed set holds
+ * every rank of another host, the survivors refuse (GRADSYNC_E_UNSUPPORTED, the message saying so)
+ * instead of entering that call, which never returns once a host's Open MPI daemon is lost. The old
+ * group holds requests that MPI cannot cancel, so the job ends with MPI_Abort at exit (as after any
+ * abandoned collective). Not covered: a rank lost inside MPI's blocking data transfer of a large
+ * collective (above the small path's 16 KiB per rank) leaves the others waiting in that transfer,
+ * which only an MPI_Abort ends (docs/mpi.md, "Shrink on the MPI transport: status").
  * @param comm the group that lost a member
  * @param[out] out the survivors' communicator; NULL on failure
  * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
@@ -423,7 +435,8 @@ typedef struct gradsync_shrink_result {
  * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
  * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
  * @retval GRADSYNC_E_TIMEOUT a step of the shrink did not finish within comm's timeout
- * @retval GRADSYNC_E_UNSUPPORTED the transport cannot survive a lost member (MPI, HIER)
+ * @retval GRADSYNC_E_UNSUPPORTED the transport cannot survive a lost member (HIER), or (MPI) every rank of
+ *         another host is lost (see above)
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed, size_t failed_capacity,

@@ -352,18 +352,13 @@ std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
 }
 
 ShrinkResult Communicator::shrink() {
-  if (transport() == Transport::Mpi || transport() == Transport::Hier) {
-    // What each engine on Debian 12 does with a SIGKILLed peer is measured in docs/mpi.md
-    // ("Surviving a lost process across hosts").
+  if (transport() == Transport::Hier) {
+    // The MPI transport shrinks under mpirun --enable-recovery (mpi_shrink.cpp); the hierarchical
+    // one would need both levels to agree at once, which is not built (docs/mpi.md).
     fail(GRADSYNC_E_UNSUPPORTED,
-         "shrink is not supported on the {} transport: Open MPI 4.1, which it runs on, aborts the whole job when a "
-         "process is lost. Under mpirun --enable-recovery the survivors live on and MPI_Comm_create_group over them "
-         "works, but this transport does not yet agree on who was lost, and once a whole host is lost that call "
-         "hangs. ULFM (MPIX_Comm_revoke/agree/shrink) is not an option: Debian 12's MPICH 4.0.2 (ch4:ucx) only "
-         "declares it. Each of those calls fails an internal assertion, a killed peer leaves the survivors' "
-         "collectives waiting with no error, and the launcher's failure notice (SIGUSR1) ends them. Gloo's TCP "
-         "transport survives a lost process or host, but this build has no transport on it; shrink across "
-         "processes runs on the shm transport",
+         "shrink is not supported on the {} transport: its shared-memory level and its MPI level would have to "
+         "agree on one failed set together, which this build does not do (the MPI transport alone shrinks under "
+         "mpirun --enable-recovery, the shm transport alone on one host)",
          transport_name(transport()));
   }
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
@@ -373,8 +368,7 @@ void fail_cannot_take_in(const char* operation, Transport transport) {
   if (transport == Transport::Mpi || transport == Transport::Hier) {
     fail(GRADSYNC_E_UNSUPPORTED,
          "{} is not supported on the {} transport: a running job's MPI communicators cannot take in new "
-         "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use (and Open MPI "
-         "4.1 cannot shrink back after a lost process either)",
+         "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
          operation, transport_name(transport));
   }
   fail(GRADSYNC_E_UNSUPPORTED, "{} is not supported on the {} transport", operation, transport_name(transport));

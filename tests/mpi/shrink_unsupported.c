@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gradsync_comm_shrink, gradsync_comm_grow and gradsync_comm_join on the MPI and hierarchical
- * transports, under mpirun: GRADSYNC_E_UNSUPPORTED at once on every rank, with a message that says
- * why (Open MPI aborts the job on a lost process, ULFM is the route and Debian's MPICH lacks it;
- * taking in processes needs MPI_Comm_spawn or connect/accept), and the communicators keep working
- * afterwards: a refusal, never a hang. */
+ * transports, under mpirun. On MPI a shrink with nobody lost gives the whole group again (same
+ * ranks, member ids, nothing failed) and works; on hier it is refused (GRADSYNC_E_UNSUPPORTED, the
+ * message saying why). Grow and join are refused on both (taking in processes needs MPI_Comm_spawn
+ * or connect/accept), and the communicators keep working afterwards: a refusal, never a hang. (A
+ * shrink after a lost process: shrink_program.c under mpirun --enable-recovery.) */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
@@ -31,10 +32,32 @@ static void refused(int32_t transport, int size) {
   snprintf(o.name, sizeof o.name, "shrink-unsupported-%d", (int)transport);
   EXPECT(gradsync_comm_create(&c, &o) == GRADSYNC_OK);
   if (c == NULL) return;
-  EXPECT(gradsync_comm_shrink(c, &next, failed, 64, NULL) == GRADSYNC_E_UNSUPPORTED && next == NULL);
-  EXPECT(strstr(gradsync_last_error_message(), "aborts the whole job") != NULL);
-  EXPECT(strstr(gradsync_last_error_message(), "ULFM") != NULL);
-  EXPECT(strstr(gradsync_last_error_message(), "MPICH 4.0.2") != NULL);
+  if (transport == GRADSYNC_TRANSPORT_MPI) {
+    gradsync_shrink_result r;
+    int32_t rank = -1, n = -1;
+    int64_t id = -1;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.version = GRADSYNC_SHRINK_RESULT_VERSION;
+    EXPECT(gradsync_comm_rank(c, &rank) == GRADSYNC_OK);
+    EXPECT(gradsync_comm_shrink(c, &next, failed, 64, &r) == GRADSYNC_OK && next != NULL);
+    EXPECT(r.failed_count == 0 && r.attempts == 1 && r.agree_ns > 0 && r.form_ns > 0);
+    if (next != NULL) {
+      EXPECT(gradsync_comm_size(next, &n) == GRADSYNC_OK && n == size);
+      EXPECT(gradsync_comm_member_id(next, &id) == GRADSYNC_OK && id == rank);
+      v = 1.0f;
+      EXPECT(gradsync_comm_allreduce(next, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
+      /* the old group is stopped for good */
+      EXPECT(gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_E_ABORTED);
+      gradsync_comm_free(c);
+      c = next;
+      next = NULL;
+    }
+  } else {
+    EXPECT(gradsync_comm_shrink(c, &next, failed, 64, NULL) == GRADSYNC_E_UNSUPPORTED && next == NULL);
+    EXPECT(strstr(gradsync_last_error_message(), "agree on one failed set together") != NULL);
+    EXPECT(strstr(gradsync_last_error_message(), "--enable-recovery") != NULL);
+  }
   EXPECT(gradsync_comm_grow(c, "grow-unsupported", 1, &next, NULL) == GRADSYNC_E_UNSUPPORTED && next == NULL);
   EXPECT(strstr(gradsync_last_error_message(), "MPI_Comm_spawn") != NULL);
   {
@@ -46,6 +69,7 @@ static void refused(int32_t transport, int size) {
     EXPECT(gradsync_comm_join(&next, &j, NULL) == GRADSYNC_E_UNSUPPORTED && next == NULL);
     EXPECT(strstr(gradsync_last_error_message(), "MPI_Comm_spawn") != NULL);
   }
+  v = 1.0f;
   EXPECT(gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && v == (float)size);
   gradsync_comm_free(c);
 }

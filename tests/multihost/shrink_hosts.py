@@ -44,14 +44,13 @@ def main():
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    env = dict(os.environ, GRADSYNC_MPI_SHRINK="1")
     with hosts.signals_raise():
         with hosts.Hosts([2, 2], mpirun=args.mpirun) as h:
             if args.what == "rank":
-                job = h.start(program + ["victim", "3"], mpirun_args=["--enable-recovery"], env=env)
+                job = h.start(program + ["victim", "3"], mpirun_args=["--enable-recovery"])
                 survivors = 3
             else:
-                job = h.start(program + ["loop"], mpirun_args=["--enable-recovery"], env=env)
+                job = h.start(program + ["loop"], mpirun_args=["--enable-recovery"])
                 if not job.wait_for(r"rank \d: looping", count=4, timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(1)

@@ -812,7 +812,7 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
   int rc = rc_part;
   if (rc_part == MPI_SUCCESS) {
     std::optional<Watchdog> watchdog;
-    if (create_deadline_) watchdog.emplace(*create_deadline_, rank_, options_.timeout);
+    if (create_deadline_) watchdog.emplace(*create_deadline_, rank_, options_.timeout / 2);
     rc = m.Comm_create_group(base_, part, kSplitTag, &made);
   }
   if (rc_part == MPI_SUCCESS) m.Group_free(&part);
