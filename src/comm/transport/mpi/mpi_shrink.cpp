@@ -277,160 +277,160 @@ ShrinkResult MpiCommunicator::shrink() {
   const auto give_up_at = start + timeout * (size_ + 2);
   see_lost();
   propose();
+  Clock::time_point decided_at{};
   for (;;) {
-    Clock::time_point decided_at{};
-    for (;;) {
-      if (has(failed, rank_)) {
-        fail(GRADSYNC_E_REMOTE,
-             "shrink of {}: the other members decided without rank {} (it answered after their deadline of {} ms, "
-             "or a peer could not hear it); it is out of the group",
-             group, rank_, timeout.count());
-      }
-      if (!confirming && agreed()) {
-        // Every survivor that decides decides this set: refuse alike where create_group would hang.
-        const uint64_t mine = peers_[static_cast<size_t>(rank_)].host_key;
-        for (int q : ranks_of(failed, size_)) {
-          const uint64_t host = peers_[static_cast<size_t>(q)].host_key;
-          if (host == mine) continue;
-          bool survivor = false;
-          std::vector<int> on_host;
-          for (int r = 0; r < size_; ++r) {
-            if (peers_[static_cast<size_t>(r)].host_key != host) continue;
-            on_host.push_back(r);
-            survivor |= !has(failed, r);
-          }
-          GS_REQUIRE(survivor, GRADSYNC_E_UNSUPPORTED,
-                     "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
-                     "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
-                     "mpirun --enable-recovery, docs/mpi.md): the survivors refuse to form a group rather than hang. "
-                     "End the job and restart it from a checkpoint",
-                     group, fmt::join(on_host, ", "));
-        }
-        confirming = true;
-        decided_at = Clock::now();
-        send(kConfirm);
-        deadline = deadline_after(timeout);
-        continue;
-      }
-      if (confirming && all_confirmed()) break;
-      GS_REQUIRE(Clock::now() < give_up_at, GRADSYNC_E_TIMEOUT,
-                 "shrink of {}: rank {} could not agree on the lost ranks within {} attempt(s) of {} ms each", group,
-                 rank_, e, timeout.count());
-      auto slice = [&](Clock::time_point until) {
-        for (int polls = 0;; ++polls) {
-          if (poll()) return WaitResult::Ready;
-          const auto now = Clock::now();
-          if (now >= until) return WaitResult::Timeout;
-          if (polls < 64) {
-            sched_yield();
-          } else {
-            std::this_thread::sleep_for(std::chrono::microseconds(100));
-          }
-        }
-      };
-      auto gone = [&] {
-        for (int q = 0; q < size_; ++q)
-          if (q != rank_ && !has(failed, q) && lost(q)) return true;
-        return false;
-      };
-      auto report = [&](Clock::duration waited) {
-        GS_LOG_WARN("shrink of {}: rank {} waiting {} s for the others to {} (epoch {}, lost so far: {})", group, rank_,
-                    std::chrono::duration_cast<std::chrono::seconds>(waited).count(), confirming ? "confirm" : "agree",
-                    e, fmt::join(ranks_of(failed, size_), ", "));
-      };
-      switch (bounded_wait(slice, wait_never, gone, report, wait_ends, deadline, kLookEvery)) {
-        case WaitEnd::Ready: break;
-        case WaitEnd::PeerGone:
-          see_lost();
-          if (confirming) {
-            give_up(-1, 0, nullptr);  // a member is lost: it may not enter create_group
-          } else {
-            propose();
-          }
-          break;
-        case WaitEnd::Deadline:
-          if (confirming) {
-            give_up(-1, 0, nullptr);
-          } else {
-            bool grew = false;
-            for (int q = 0; q < size_; ++q) {
-              if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) {
-                add(failed, q);
-                grew = true;
-              }
-            }
-            if (grew) {
-              propose();
-            } else {
-              deadline = deadline_after(timeout);
-            }
-          }
-          break;
-        case WaitEnd::Stopped:
-        case WaitEnd::Interrupted: break;
-      }
-    }
-    result.attempts = static_cast<int>(e);
-    const auto formed_start = Clock::now();
-    result.agree = formed_start - start;
-    Subgroup sub;
-    for (int r = 0; r < size_; ++r)
-      if (!has(failed, r)) sub.members.push_back(r);
-    sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank_) - sub.members.begin());
-    sub.name = fmt::format("{}.shrunk{}", options_.name.substr(0, 40), e);
-    try {
-      // Half the timeout: a member that gave the attempt up after this rank entered (a death in the
-      // window) excludes this rank only after a whole timeout of silence, so the watchdog's
-      // MPI_Abort comes first, and no survivor goes on alone in a group of its own meanwhile.
-      create_deadline_ = deadline_after(timeout / 2, formed_start);
-      std::unique_ptr<Communicator> formed = form_subgroup(sub);
-      create_deadline_.reset();
-      const auto committed_start = Clock::now();
-      result.failed = ranks_of(failed, size_);
-      try {
-        formed->barrier();  // the commit: every member has its communicator
-      } catch (const Error& err) {
-        const int s = err.status();
-        if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
-        // A member lost once the group existed on every member: the new group lost it. Its members
-        // shrink it (those whose commit completed fail their next call there, and shrink it too),
-        // on its own messages: nothing of this group's epochs can mix in.
-        GS_LOG_INFO("shrink of {}: rank {}: the survivors' group lost a member as it committed ({}); shrinking it",
-                    group, rank_, err.what());
-        ShrinkResult again = formed->shrink();
-        for (int f : again.failed) add(failed, sub.members[static_cast<size_t>(f)]);
-        again.failed = ranks_of(failed, size_);
-        again.attempts += static_cast<int>(e);
-        again.agree += result.agree;
-        again.form += Clock::now() - formed_start - again.agree + result.agree;
-        return again;
-      }
-      const auto end = Clock::now();
-      result.form = end - formed_start;
-      result.comm = std::move(formed);
-      GS_LOG_INFO(
-          "shrink of {}: rank {} is rank {} of {} (lost rank(s) {}; epoch {}; agree {} us, of which confirm {} us; "
-          "create_group and setup {} us; commit {} us)",
-          group, rank_, sub.rank, sub.members.size(), fmt::join(result.failed, ", "), e,
-          std::chrono::duration_cast<std::chrono::microseconds>(formed_start - start).count(),
-          std::chrono::duration_cast<std::chrono::microseconds>(formed_start - decided_at).count(),
-          std::chrono::duration_cast<std::chrono::microseconds>(committed_start - formed_start).count(),
-          std::chrono::duration_cast<std::chrono::microseconds>(end - committed_start).count());
-      return result;
-    } catch (const Error& err) {
-      // The survivors' group did not get set up (a member lost inside MPI_Comm_create_group's
-      // aftermath: the new communicator's duplication or its exchange of process ids). Another
-      // create_group over the old group was tried here, and Open MPI 4.1 then crashed (a
-      // segmentation fault in mca_pml_ob1_add_comm, 2 runs in 25): the shrink fails instead.
-      create_deadline_.reset();
-      const int s = err.status();
-      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+    if (has(failed, rank_)) {
       fail(GRADSYNC_E_REMOTE,
-           "shrink of {}: rank {}: a member was lost while the survivors' group (rank(s) {}) was being set up ({}); "
-           "Open MPI 4.1 cannot be trusted with another MPI_Comm_create_group after that: end the job",
-           group, rank_, fmt::join(sub.members, ", "), err.what());
+           "shrink of {}: the other members decided without rank {} (it answered after their deadline of {} ms, "
+           "or a peer could not hear it); it is out of the group",
+           group, rank_, timeout.count());
+    }
+    if (!confirming && agreed()) {
+      // Every survivor that decides decides this set: refuse alike where create_group would hang.
+      const uint64_t mine = peers_[static_cast<size_t>(rank_)].host_key;
+      for (int q : ranks_of(failed, size_)) {
+        const uint64_t host = peers_[static_cast<size_t>(q)].host_key;
+        if (host == mine) continue;
+        bool survivor = false;
+        std::vector<int> on_host;
+        for (int r = 0; r < size_; ++r) {
+          if (peers_[static_cast<size_t>(r)].host_key != host) continue;
+          on_host.push_back(r);
+          survivor |= !has(failed, r);
+        }
+        GS_REQUIRE(survivor, GRADSYNC_E_UNSUPPORTED,
+                   "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
+                   "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
+                   "mpirun --enable-recovery, docs/mpi.md): the survivors refuse to form a group rather than hang. "
+                   "End the job and restart it from a checkpoint",
+                   group, fmt::join(on_host, ", "));
+      }
+      confirming = true;
+      decided_at = Clock::now();
+      send(kConfirm);
+      deadline = deadline_after(timeout);
+      continue;
+    }
+    if (confirming && all_confirmed()) break;
+    GS_REQUIRE(Clock::now() < give_up_at, GRADSYNC_E_TIMEOUT,
+               "shrink of {}: rank {} could not agree on the lost ranks within {} attempt(s) of {} ms each", group,
+               rank_, e, timeout.count());
+    auto slice = [&](Clock::time_point until) {
+      for (int polls = 0;; ++polls) {
+        if (poll()) return WaitResult::Ready;
+        const auto now = Clock::now();
+        if (now >= until) return WaitResult::Timeout;
+        if (polls < 64) {
+          sched_yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      }
+    };
+    auto gone = [&] {
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && !has(failed, q) && lost(q)) return true;
+      return false;
+    };
+    auto report = [&](Clock::duration waited) {
+      GS_LOG_WARN("shrink of {}: rank {} waiting {} s for the others to {} (epoch {}, lost so far: {})", group, rank_,
+                  std::chrono::duration_cast<std::chrono::seconds>(waited).count(), confirming ? "confirm" : "agree", e,
+                  fmt::join(ranks_of(failed, size_), ", "));
+    };
+    switch (bounded_wait(slice, wait_never, gone, report, wait_ends, deadline, kLookEvery)) {
+      case WaitEnd::Ready: break;
+      case WaitEnd::PeerGone:
+        see_lost();
+        if (confirming) {
+          give_up(-1, 0, nullptr);  // a member is lost: it may not enter create_group
+        } else {
+          propose();
+        }
+        break;
+      case WaitEnd::Deadline:
+        if (confirming) {
+          give_up(-1, 0, nullptr);
+        } else {
+          bool grew = false;
+          for (int q = 0; q < size_; ++q) {
+            if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) {
+              add(failed, q);
+              grew = true;
+            }
+          }
+          if (grew) {
+            propose();
+          } else {
+            deadline = deadline_after(timeout);
+          }
+        }
+        break;
+      case WaitEnd::Stopped:
+      case WaitEnd::Interrupted: break;
     }
   }
+  result.attempts = static_cast<int>(e);
+  const auto formed_start = Clock::now();
+  result.agree = formed_start - start;
+  Subgroup sub;
+  for (int r = 0; r < size_; ++r)
+    if (!has(failed, r)) sub.members.push_back(r);
+  sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank_) - sub.members.begin());
+  sub.name = fmt::format("{}.shrunk{}", options_.name.substr(0, 40), e);
+  std::unique_ptr<Communicator> formed;
+  try {
+    // Half the timeout: a member that gave the attempt up after this rank entered (a death in the
+    // window) excludes this rank only after a whole timeout of silence, so the watchdog's
+    // MPI_Abort comes first, and no survivor goes on alone in a group of its own meanwhile.
+    create_deadline_ = deadline_after(timeout / 2, formed_start);
+    formed = form_subgroup(sub);
+    create_deadline_.reset();
+  } catch (const Error& err) {
+    // The survivors' group did not get set up (a member lost inside MPI_Comm_create_group's
+    // aftermath: the new communicator's duplication or its exchange of process ids). Another
+    // create_group over the old group was tried here, and Open MPI 4.1 then crashed (a
+    // segmentation fault in mca_pml_ob1_add_comm, 2 runs in 25): the shrink fails instead.
+    create_deadline_.reset();
+    const int s = err.status();
+    if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+    fail(GRADSYNC_E_REMOTE,
+         "shrink of {}: rank {}: a member was lost while the survivors' group (rank(s) {}) was being set up ({}); "
+         "Open MPI 4.1 cannot be trusted with another MPI_Comm_create_group after that: end the job",
+         group, rank_, fmt::join(sub.members, ", "), err.what());
+  }
+  const auto committed_start = Clock::now();
+  result.failed = ranks_of(failed, size_);
+  try {
+    formed->barrier();  // the commit: every member has its communicator
+  } catch (const Error& err) {
+    const int s = err.status();
+    if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+    // A member lost once the group existed on every member: the new group lost it. Its members
+    // shrink it (those whose commit completed fail their next call there, and shrink it too), on
+    // its own messages: nothing of this group's epochs can mix in.
+    GS_LOG_INFO("shrink of {}: rank {}: the survivors' group lost a member as it committed ({}); shrinking it", group,
+                rank_, err.what());
+    ShrinkResult again = formed->shrink();
+    for (int f : again.failed) add(failed, sub.members[static_cast<size_t>(f)]);
+    again.failed = ranks_of(failed, size_);
+    again.attempts += static_cast<int>(e);
+    // Forming: this group's create_group and commit, and the new group's shrink but its agreement.
+    again.form = Clock::now() - formed_start - again.agree;
+    again.agree += result.agree;
+    return again;
+  }
+  const auto end = Clock::now();
+  result.form = end - formed_start;
+  result.comm = std::move(formed);
+  GS_LOG_INFO(
+      "shrink of {}: rank {} is rank {} of {} (lost rank(s) {}; epoch {}; agree {} us, of which confirm {} us; "
+      "create_group and setup {} us; commit {} us)",
+      group, rank_, sub.rank, sub.members.size(), fmt::join(result.failed, ", "), e,
+      std::chrono::duration_cast<std::chrono::microseconds>(formed_start - start).count(),
+      std::chrono::duration_cast<std::chrono::microseconds>(formed_start - decided_at).count(),
+      std::chrono::duration_cast<std::chrono::microseconds>(committed_start - formed_start).count(),
+      std::chrono::duration_cast<std::chrono::microseconds>(end - committed_start).count());
+  return result;
 }
 
 }  // namespace gradsync::comm::mpi
