@@ -410,21 +410,14 @@ typedef struct gradsync_shrink_result {
  * Calls still waiting on comm in other threads return (GRADSYNC_E_ABORTED); comm is stopped for
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
- * Transports: THREAD, SHM and MPI. HIER returns GRADSYNC_E_UNSUPPORTED (its shared-memory and MPI
- * levels would have to agree together, which is not built).
- * MPI: only under mpirun --enable-recovery (by default Open MPI 4.1 ends the whole job when one
- * process dies; nothing is left to shrink). Open MPI reports no death, so the survivors agree over
- * point-to-point messages: a member is lost when its process is seen gone (same kernel, by its PID)
- * or it does not answer within the timeout. Every survivor then enters MPI_Comm_create_group over
- * the new group, which is blocking: it runs under a watchdog that, if the call has not returned
- * within half of comm's timeout (a member lost inside it, or after it confirmed the group), logs why and
- * calls MPI_Abort(MPI_COMM_WORLD, 1), ending the job rather than hanging. When the failed set holds
- * every rank of another host, the survivors refuse (GRADSYNC_E_UNSUPPORTED, the message saying so)
- * instead of entering that call, which never returns once a host's Open MPI daemon is lost. The old
- * group holds requests that MPI cannot cancel, so the job ends with MPI_Abort at exit (as after any
- * abandoned collective). Not covered: a rank lost inside MPI's blocking data transfer of a large
- * collective (above the small path's 16 KiB per rank) leaves the others waiting in that transfer,
- * which only an MPI_Abort ends (docs/mpi.md, "Shrink on the MPI transport: status").
+ * Transports: THREAD, SHM and MPI. HIER returns GRADSYNC_E_UNSUPPORTED.
+ * MPI: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a process
+ * dies). A member is lost when its process is seen gone or it does not answer within comm's
+ * timeout. A member lost while the survivors' group is being formed ends the job with
+ * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. A failed set holding
+ * every rank of another host returns GRADSYNC_E_UNSUPPORTED. A rank lost inside the data transfer
+ * of a collective above 16 KiB per rank leaves the others waiting in MPI until the job is ended;
+ * the job ends with MPI_Abort at exit, as after any abandoned collective (docs/mpi.md).
  * @param comm the group that lost a member
  * @param[out] out the survivors' communicator; NULL on failure
  * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
