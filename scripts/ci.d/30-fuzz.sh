@@ -11,7 +11,8 @@
 #    manifest and its parts), read as a load reads it (seeds: real checkpoints, checkpoint_seeds).
 # The last three start from their kept corpora (tests/fuzz/corpus/<target>/, copied: the runs never
 # write into the source tree). Any crash, hang (> 10 s per input), or unexpected status fails the
-# stage. Builds only the fuzz targets in build-fuzz; a few minutes on 2 cores.
+# stage. Builds only the fuzz targets in build-fuzz (each source they reach compiled once); the
+# damaged files come from the README stage's build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -24,12 +25,12 @@ checkpoint_runs="${FUZZ_CHECKPOINT_RUNS:-30000}"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DGRADSYNC_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_fuzz_replay table_shared_fuzzer segment_fuzzer \
-  checkpoint_fuzzer
+cmake --build "$build" -j "$(nproc)" --target table_fuzzer table_shared_fuzzer segment_fuzzer checkpoint_fuzzer
+replay="$root/build/tests/fuzz/table_fuzz_replay"
 corpus="$build/fuzz-corpus/table"
 rm -rf "$corpus" && mkdir -p "$corpus"
-"$build/tests/fuzz/table_fuzz_replay"                   # the damaged files give their clear errors
-"$build/tests/fuzz/table_fuzz_replay" --write-corpus "$corpus"
+"$replay"                              # the damaged files give their clear errors
+"$replay" --write-corpus "$corpus"
 # Each input is written to a memfd and opened through /proc/self/fd: no disk traffic.
 "$build/tests/fuzz/table_fuzzer" "$corpus" -runs="$runs" -max_len=20480 -timeout=10 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix="$build/fuzz-" 2>&1 | tail -n 25
