@@ -27,6 +27,8 @@ packages=(
   libopenblas0-pthread
   cargo
   doxygen
+  # CI's builds run through it (.ci/run): its second Release build of the same sources is cached.
+  ccache
 )
 
 missing=()

@@ -4,7 +4,7 @@
 # unpacked in a directory without .git and with git hidden from PATH: building and testing need
 # neither a checkout nor git. The tarball is made of the working tree's tracked files (git stash
 # create: uncommitted changes included), so this stage tests the sources the others test. A second
-# full build and a test run. The suites that run groups of processes (labels model, multihost,
+# full build (under CI, its compilations come from the README stage's through ccache) and a test run. The suites that run groups of processes (labels model, multihost,
 # conformance, stress, mpi) are left out here: they test the protocols and transports, which neither
 # a checkout nor git touches, and the README stage ran them on these same sources; what can depend
 # on the tree (the build, the Python package and its backend, the file checks) runs.
@@ -42,5 +42,7 @@ if PATH="$bin" command -v git >/dev/null; then echo "80-tarball: git is still on
 
 echo "80-tarball: $(basename "$tarball") ($(tar -tzf "$tarball" | grep -vc '/$') files) unpacked in $tree:" \
      "no .git, no git on PATH; running scripts/test.sh there"
-(cd "$tree" && env -u BUILD_DIR -u BUILD_TYPE -u CMAKE_ARGS CTEST_ARGS="-LE model|multihost|conformance|stress|mpi" PATH="$bin" scripts/test.sh)
+# CCACHE_BASEDIR: paths under the tree are hashed relative to the build, as the README stage's
+# are, so its compilations of the same sources are reused (when .ci/run set ccache up).
+(cd "$tree" && CCACHE_BASEDIR="$tree" env -u BUILD_DIR -u BUILD_TYPE -u CMAKE_ARGS CTEST_ARGS="-LE model|multihost|conformance|stress|mpi" PATH="$bin" scripts/test.sh)
 echo "80-tarball: ok: the tarball builds and passes scripts/test.sh without .git or git ($((SECONDS - start)) s)"
