@@ -352,16 +352,15 @@ std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {
 }
 
 ShrinkResult Communicator::shrink() {
-  if (transport() == Transport::Hier) {
-    // The MPI transport shrinks under mpirun --enable-recovery (mpi_shrink.cpp); the hierarchical
-    // one would need both levels to agree at once, which is not built (docs/mpi.md).
-    fail(GRADSYNC_E_UNSUPPORTED,
-         "shrink is not supported on the {} transport: its shared-memory level and its MPI level would have to "
-         "agree on one failed set together, which this build does not do (the MPI transport alone shrinks under "
-         "mpirun --enable-recovery, the shm transport alone on one host)",
-         transport_name(transport()));
-  }
   fail(GRADSYNC_E_UNSUPPORTED, "shrink is not supported on the {} transport", transport_name(transport()));
+}
+
+void Communicator::pass_identity(Communicator& successor, const Options& options, const Topology& topology) const {
+  successor.group_options_ = options;
+  successor.group_options_.forming_abandoned = nullptr;
+  successor.topology_ = topology;
+  successor.member_id_ = member_id_;
+  successor.next_member_id_ = next_member_id_;
 }
 
 void fail_cannot_take_in(const char* operation, Transport transport) {

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "comm/telemetry.hpp"
@@ -183,6 +184,17 @@ class Communicator {
   // Statistics and timeline of this communicator's calls (comm/telemetry.hpp).
   Telemetry& telemetry() noexcept { return telemetry_; }
 
+  // Why a peer stopped this group (it aborted it, or announced a lost member), as a status and a
+  // message; status 0 while none has, or where the transport does not hear of it between calls.
+  // On the calling thread, between or inside this group's calls.
+  using Stop = std::pair<int, std::string>;
+  virtual Stop stopped_by_peer() noexcept { return {0, {}}; }
+  // Asked while a call of this group waits for its peers, by a group built over it (the
+  // hierarchical transport's levels, whose peers may be stopped in another level): a status other
+  // than 0 ends the wait, even a committed one, as a peer's loss would. Transports whose own abort
+  // already releases every waiting peer (shm) do not ask it. Set while no call runs.
+  virtual void set_stop_check(std::function<Stop()> check) { stop_check_ = std::move(check); }
+
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);
   friend class Membership;  // a grown group takes its ids and options from the group it grew from
@@ -218,7 +230,11 @@ class Communicator {
   static constexpr size_t kWeightedWindow = size_t{1} << 19;
 
   InterruptCheck interrupt_;
+  std::function<Stop()> stop_check_;
   Telemetry telemetry_;
+  // A group made of this one's members (the hierarchical transport's over a shrunk MPI group)
+  // takes this member's id, the ids in use and the options, with its own name and topology.
+  void pass_identity(Communicator& successor, const Options& options, const Topology& topology) const;
 
  private:
   int64_t member_id_ = 0;

@@ -60,12 +60,10 @@ std::unique_ptr<Communicator> create(const Options& options) {
   c->establish(options);
   if (options.transport != Transport::Hier) return c;
   // The MPI group with its topology, then the levels over it (collective over the group).
-  const Topology topology = c->topology();
+  // Its identity is the MPI group's: options.rank is not set over MPI, where the rank comes from MPI.
+  const Communicator* world = c.get();  // kept by the hierarchical group as its MPI level
   std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
-  hier->group_options_ = options;
-  hier->member_id_ = options.rank;
-  hier->next_member_id_ = hier->size();
-  hier->topology_ = topology;
+  world->pass_identity(*hier, options, world->topology());
   return hier;
 }
 

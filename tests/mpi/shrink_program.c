@@ -19,7 +19,11 @@
  *             is killed from outside; then every survivor shrinks (whole host: refused, bounded).
  * Every survivor prints "rank R: shrunk ..." with its new place, the failed ranks and the phases'
  * times, "rank R: verified N" after checking N collectives, and "rank R: done"; a failure prints
- * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id). */
+ * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id).
+ * With SHRINK_TRANSPORT=hier in the environment the group is on the hierarchical transport; its
+ * `large` mode then skips the call check (check_mismatch 0), so that the survivors wait for the
+ * victim inside the levels (shm, cross-host MPI) rather than in the check's MPI allreduce, and
+ * `large V` makes rank V the victim. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -180,8 +184,11 @@ int main(int argc, char** argv) {
   int alive[64], n = 0, i, rc, victim = 1;
   float x = 1.0f;
   double t = 0;
-  o.transport = GRADSYNC_TRANSPORT_MPI;
+  const char* transport = getenv("SHRINK_TRANSPORT");
+  const int hier = transport != NULL && strcmp(transport, "hier") == 0;
+  o.transport = hier ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
   o.timeout_ms = 5000;
+  if (hier && strcmp(mode, "large") == 0) o.check_mismatch = 0;
   snprintf(o.name, sizeof o.name, "shrink-%s", mode);
   if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
     say("create", rc);
@@ -196,7 +203,7 @@ int main(int argc, char** argv) {
     for (i = 0; i < n; ++i) alive[i] = i;
   }
   srand((unsigned)(time(NULL) ^ (me * 7919)));
-  if (strcmp(mode, "victim") == 0 && argc > 2) victim = atoi(argv[2]);
+  if ((strcmp(mode, "victim") == 0 || strcmp(mode, "large") == 0) && argc > 2) victim = atoi(argv[2]);
   if (strcmp(mode, "stress") == 0) {
     const unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1u;
     int round;

@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""gradsync_comm_shrink on the MPI transport across 2 hosts x 2 ranks, under mpirun --enable-recovery.
+"""gradsync_comm_shrink on the MPI or the hierarchical transport across 2 hosts x 2 ranks, under
+mpirun --enable-recovery.
 
-    shrink_hosts.py [--mpirun PATH] --what rank|host -- PROGRAM
+    shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] --what rank|large|host -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
   ranks 0 and 1 (h0) cannot, and learn it from rank 2's proposal: every survivor must shrink to
   {3}, check every collective on the 3 ranks left and finish.
+- large: as rank, but rank 3 is killed while the others wait for it inside a 256K-float allreduce
+  (on hier: in its levels, rank 2 in the shared-memory level, rank 1 in the cross-host one).
 - host: once every rank is under way, every process of h1 (its ranks and its Open MPI daemon) is
   SIGKILLed. Ranks 0 and 1 time out, agree that ranks 2 and 3 are lost, and must refuse the shrink
   (E_UNSUPPORTED, saying that a whole host is lost) instead of entering MPI_Comm_create_group,
@@ -40,17 +43,21 @@ def fail(what, output=""):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "host"), required=True)
+    ap.add_argument("--what", choices=("rank", "large", "host"), required=True)
+    ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     with hosts.signals_raise():
         with hosts.Hosts([2, 2], mpirun=args.mpirun) as h:
-            if args.what == "rank":
-                job = h.start(program + ["victim", "3"], mpirun_args=["--enable-recovery"])
+            env = dict(os.environ, SHRINK_TRANSPORT=args.transport)
+            mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT"]
+            if args.what != "host":
+                mode = ["victim", "3"] if args.what == "rank" else ["large", "3"]
+                job = h.start(program + mode, mpirun_args=mpirun_args, env=env)
                 survivors = 3
             else:
-                job = h.start(program + ["loop"], mpirun_args=["--enable-recovery"])
+                job = h.start(program + ["loop"], mpirun_args=mpirun_args, env=env)
                 if not job.wait_for(r"rank \d: looping", count=4, timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(1)
@@ -78,7 +85,7 @@ def main():
                 fail(f"ranks still running 30 s after the survivors finished: {ranks_left}")
     if "WRONG" in out:
         fail("a collective gave a wrong result")
-    if args.what == "rank":
+    if args.what != "host":
         for r in (0, 1, 2):
             m = re.search(rf"^rank {r}: shrunk failed \[3\] size 3 attempts (\d+)", out, re.M)
             if not m:

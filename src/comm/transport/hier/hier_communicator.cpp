@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -82,6 +83,10 @@ class HierCommunicator final : public Communicator {
     // The cross-host level: the ranks of one local rank (leaderless), or the hosts' local rank 0.
     const int color = even_ ? t.local_rank : (t.local_rank == 0 ? 0 : kNoColor);
     cross_ = world_->split(color, t.host);
+    // A cross-host peer lost on another host shows nowhere in this rank's cross group (only
+    // across that host's shared memory); whoever sees it aborts the whole group (run_levels), and
+    // the MPI level's notices end the cross level's waits too, as a loss would.
+    if (cross_ != nullptr) cross_->set_stop_check([w = world_.get()] { return w->stopped_by_peer(); });
     plan_parts();
     GS_LOG_DEBUG("hierarchical transport: rank {} of {}: local rank {} of {} on host {} of {} ({})", world_->rank(),
                  world_->size(), t.local_rank, t.local_size, t.host, t.num_hosts,
@@ -156,11 +161,28 @@ class HierCommunicator final : public Communicator {
     local_->abort();
     if (cross_ != nullptr) cross_->abort();
   }
-  // Collective over every level, in one order on every rank.
+  // Collective over every level, in one order on every rank: the MPI level first, so that the
+  // cross level's reset is not stopped by the notices of the abort being recovered from.
   void reset() override {
+    world_->reset();
     local_->reset();
     if (cross_ != nullptr) cross_->reset();
-    world_->reset();
+  }
+  // The levels are stopped (calls blocked in them return), the MPI level agrees on the lost ranks
+  // and forms the survivors' MPI group (mpi_shrink.cpp: bounded, a whole host lost refused), and
+  // the levels are built over it as for a new group: a fresh shared-memory segment per host (the
+  // old one is left by its survivors when the old group is freed; the last removes its name).
+  ShrinkResult shrink() override {
+    local_->abort();
+    if (cross_ != nullptr) cross_->abort();
+    ShrinkResult result = world_->shrink();
+    const auto levels_start = std::chrono::steady_clock::now();
+    const Topology topology = result.comm->topology();
+    auto shrunk = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
+    pass_identity(*shrunk, group_options(), topology);
+    result.comm = std::move(shrunk);
+    result.form += std::chrono::steady_clock::now() - levels_start;
+    return result;
   }
   const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
   // The host's shared-memory level is the one with a mapping of the child's own.

@@ -337,6 +337,16 @@ void MpiCommunicator::abort() noexcept {
   if (mpi::thread_level() == MPI_THREAD_MULTIPLE) send_notices(GRADSYNC_E_ABORTED, rank_, (before >> 1) + 1);
 }
 
+Communicator::Stop MpiCommunicator::stopped_by_peer() noexcept {
+  try {
+    poll_notices();
+  } catch (const Error&) {
+    // A broken notice channel says nothing here: the calls' own waits report it.
+  }
+  if (!notice_) return {0, {}};
+  return {static_cast<int>(notice_->status), notice_reason()};
+}
+
 void MpiCommunicator::throw_if_aborted(uint64_t call, Clock::time_point now) {
   // Notices are taken in by the waits. A rank that comes back after a while (a millisecond: calls
   // in a loop come sooner) looks for them first, so that a notice sent meanwhile fails this call
@@ -454,13 +464,18 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
     }
   };
   int dead = -1;
+  Stop stopped{0, {}};
   const WaitEnd end = bounded_wait(
       slice,
       [&] {
         if (interrupt_()) abort();  // acted on as an abort: at the next poll, as its mode says
         return false;
       },
-      [&] { return (dead = dead_peer()) >= 0; },
+      [&] {
+        if ((dead = dead_peer()) >= 0) return true;
+        if (mode == Mode::Round && stop_check_) stopped = stop_check_();
+        return stopped.first != 0;
+      },
       [&](Clock::duration waited) {
         // MPI does not say which ranks have not posted their part: the late rank is the one not
         // logging this.
@@ -478,6 +493,11 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
               GRADSYNC_E_ABORTED, rank_, call);
       fail(GRADSYNC_E_ABORTED, "{} on rank {}: aborted by gradsync_comm_abort", what(), rank_);
     case WaitEnd::PeerGone:
+      if (dead < 0) {
+        // Stopped from the group built over this one: its peers here hear of it as an abort.
+        abandon(keepalive, fmt::format("{} was stopped: {}", what(), stopped.second), GRADSYNC_E_ABORTED, rank_, call);
+        fail(stopped.first, "{} on rank {}: {}", what(), rank_, stopped.second);
+      }
       abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead, call);
       fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
            peers_[static_cast<size_t>(dead)].pid);

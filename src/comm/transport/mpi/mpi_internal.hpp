@@ -173,6 +173,7 @@ class MpiCommunicator final : public Communicator {
   void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override;
   void barrier() override;
   void abort() noexcept override;
+  Stop stopped_by_peer() noexcept override;
   void reset() override;
   // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
   ShrinkResult shrink() override;
