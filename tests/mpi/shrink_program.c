@@ -37,6 +37,7 @@
 #include "gradsync/gradsync.h"
 
 static int me = -1;
+static int32_t want_transport = GRADSYNC_TRANSPORT_MPI; /* the shrunk group's too */
 
 static double now_us(void) {
   struct timespec t;
@@ -80,10 +81,12 @@ static int verify(gradsync_comm* c, const int* alive, int n, int rounds) {
   int i, k, rc;
   gradsync_comm_rank(c, &rank);
   gradsync_comm_size(c, &size);
+  int32_t transport = -1;
   gradsync_comm_member_id(c, &id);
-  if (size != n || id != me || alive[rank] != me) {
-    printf("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d)\n", me, (int)rank, (int)size,
-           (long long)id, n);
+  gradsync_comm_transport(c, &transport);
+  if (size != n || id != me || alive[rank] != me || transport != want_transport) {
+    printf("rank %d: WRONG group: rank %d size %d member id %lld transport %d (expected size %d, transport %d)\n", me,
+           (int)rank, (int)size, (long long)id, (int)transport, n, (int)want_transport);
     return GRADSYNC_E_INTERNAL;
   }
   for (k = 0; k < rounds; ++k) {
@@ -186,7 +189,7 @@ int main(int argc, char** argv) {
   double t = 0;
   const char* transport = getenv("SHRINK_TRANSPORT");
   const int hier = transport != NULL && strcmp(transport, "hier") == 0;
-  o.transport = hier ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
+  want_transport = o.transport = hier ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
   o.timeout_ms = 5000;
   if (hier && strcmp(mode, "large") == 0) o.check_mismatch = 0;
   snprintf(o.name, sizeof o.name, "shrink-%s", mode);

@@ -173,10 +173,10 @@ case "$host" in
 @CASES@
   *) echo "launch agent: $host is not a host of this run" >&2; exit 2 ;;
 esac
-exec ip netns exec "$ns" unshare --ipc --mount --uts --propagation private sh -c '
+exec ip netns exec "$ns" unshare --ipc --mount --uts @PID@--propagation private sh -c '
   mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs @SESSIONS@ && hostname "$0" ||
     exit 1
-  exec sh -c "$*"' "$name" "$@"
+  @EXEC@sh -c "$*"@REAP@' "$name" "$@"
 """
 
 
@@ -248,7 +248,10 @@ class Job:
 class Hosts:
     """Makes the hosts on entry and removes them, and every process in them, on exit."""
 
-    def __init__(self, layout, mpirun="mpirun", mca=(), echo=False):
+    def __init__(self, layout, mpirun="mpirun", mca=(), echo=False, pid_namespaces=False):
+        # pid_namespaces: each host's processes in a PID namespace of their own too, so that no
+        # rank sees another host's processes (their deaths) by PID, as on separate machines.
+        self.pid_namespaces = pid_namespaces
         self.layout = [int(n) for n in layout]
         if not self.layout or any(n < 1 for n in self.layout) or len(self.layout) > MAX_HOSTS:
             raise HarnessError(f"a layout is 1 to {MAX_HOSTS} hosts of at least 1 rank each, not {layout}")
@@ -351,7 +354,14 @@ class Hosts:
         self.sessions = os.path.join(self.tmpdir, "sessions")
         os.makedirs(self.sessions, exist_ok=True)
         with open(self.agent, "w") as f:
-            f.write(AGENT.replace("@CASES@", cases).replace("@SESSIONS@", self.sessions))
+            f.write(AGENT.replace("@CASES@", cases).replace("@SESSIONS@", self.sessions)
+                    .replace("@PID@", "--pid --fork --mount-proc " if self.pid_namespaces else "")
+                    # The shell stays the namespace's init, and lives while anything else in it
+                    # does: the daemon (orted --daemonize) leaves the command, and the init's end
+                    # would kill it.
+                    .replace("@EXEC@", "" if self.pid_namespaces else "exec ")
+                    .replace("@REAP@", "; while kill -0 -1 2>/dev/null; do sleep 0.2; done" if self.pid_namespaces
+                             else ""))
         os.chmod(self.agent, 0o755)
 
     def close(self):

@@ -45,11 +45,13 @@ def main():
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--what", choices=("rank", "large", "host"), required=True)
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
+    ap.add_argument("--pid-namespaces", action="store_true",
+                    help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     with hosts.signals_raise():
-        with hosts.Hosts([2, 2], mpirun=args.mpirun) as h:
+        with hosts.Hosts([2, 2], mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport)
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT"]
             if args.what != "host":
