@@ -194,6 +194,10 @@ class Communicator {
   // than 0 ends the wait, even a committed one, as a peer's loss would. Transports whose own abort
   // already releases every waiting peer (shm) do not ask it. Set while no call runs.
   virtual void set_stop_check(std::function<Stop()> check) { stop_check_ = std::move(check); }
+  // While on, this group's subgroups form under a watchdog where their forming cannot be
+  // abandoned (MPI_Comm_create_group), as a shrink's survivors' group does: the job ends rather
+  // than hang on a member lost meanwhile. Where forming is bounded anyway, nothing changes.
+  virtual void guard_forming(bool on) noexcept { (void)on; }
 
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);

@@ -178,7 +178,19 @@ class HierCommunicator final : public Communicator {
     ShrinkResult result = world_->shrink();
     const auto levels_start = std::chrono::steady_clock::now();
     const Topology topology = result.comm->topology();
-    auto shrunk = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
+    // Every wait of building the levels is bounded but the cross level's MPI_Comm_create_group: a
+    // survivor lost there would leave the others in it for good, so it runs under the watchdog.
+    result.comm->guard_forming(true);
+    std::unique_ptr<HierCommunicator> shrunk;
+    try {
+      shrunk = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
+    } catch (const Error& err) {
+      fail(err.status(),
+           "shrink of the hier group: rank {}: the survivors' MPI group was formed (lost rank(s) {}), but its "
+           "shared-memory and cross-host levels could not be built (a survivor lost meanwhile?): {}",
+           rank(), fmt::join(result.failed, ", "), err.what());
+    }
+    shrunk->world_->guard_forming(false);
     pass_identity(*shrunk, group_options(), topology);
     result.comm = std::move(shrunk);
     result.form += std::chrono::steady_clock::now() - levels_start;

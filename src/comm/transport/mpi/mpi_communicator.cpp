@@ -832,7 +832,12 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
   int rc = rc_part;
   if (rc_part == MPI_SUCCESS) {
     std::optional<Watchdog> watchdog;
-    if (create_deadline_) watchdog.emplace(*create_deadline_, rank_, options_.timeout / 2);
+    if (create_deadline_) {
+      watchdog.emplace(*create_deadline_, rank_, options_.timeout / 2);
+    } else if (guard_forming_) {
+      // Its members passed the split's exchange together: one not here within the timeout is lost.
+      watchdog.emplace(deadline_after(options_.timeout), rank_, options_.timeout);
+    }
     rc = m.Comm_create_group(base_, part, kSplitTag, &made);
   }
   if (rc_part == MPI_SUCCESS) m.Group_free(&part);

@@ -174,6 +174,7 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
   void abort() noexcept override;
   Stop stopped_by_peer() noexcept override;
+  void guard_forming(bool on) noexcept override { guard_forming_ = on; }
   void reset() override;
   // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
   ShrinkResult shrink() override;
@@ -253,6 +254,7 @@ class MpiCommunicator final : public Communicator {
   // Set by a shrink while it forms the survivors' group: make_subgroup's blocking
   // MPI_Comm_create_group then runs under a watchdog that ends the job with MPI_Abort at this time.
   std::optional<Clock::time_point> create_deadline_;
+  bool guard_forming_ = false;  // guard_forming(): the watchdog at the timeout from the call's start
   bool deterministic_for(DType dtype, ReduceOp op) const noexcept;
   // The system clock's time at steady time `now`, in ns, from an offset read again every 100 ms
   // (one clock read per call instead of two; the stamps only compare arrivals).
