@@ -22,8 +22,8 @@
  * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id).
  * With SHRINK_TRANSPORT=hier in the environment the group is on the hierarchical transport; its
  * `large` mode then skips the call check (check_mismatch 0), so that the survivors wait for the
- * victim inside the levels (shm, cross-host MPI) rather than in the check's MPI allreduce, and
- * `large V` makes rank V the victim. */
+ * victim inside the levels (shm, cross-host MPI) rather than in the check's MPI allreduce. `large V`
+ * and `small V` make rank V the victim. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
     for (i = 0; i < n; ++i) alive[i] = i;
   }
   srand((unsigned)(time(NULL) ^ (me * 7919)));
-  if ((strcmp(mode, "victim") == 0 || strcmp(mode, "large") == 0) && argc > 2) victim = atoi(argv[2]);
+  if ((strcmp(mode, "victim") == 0 || strcmp(mode, "large") == 0 || strcmp(mode, "small") == 0) && argc > 2)
+    victim = atoi(argv[2]);
   if (strcmp(mode, "stress") == 0) {
     const unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1u;
     int round;

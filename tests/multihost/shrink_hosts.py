@@ -9,6 +9,7 @@ PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
   ranks 0 and 1 (h0) cannot, and learn it from rank 2's proposal: every survivor must shrink to
   {3}, check every collective on the 3 ranks left and finish.
+- small: as rank, but rank 3 is killed at a random point of a loop of 1-float allreduces.
 - large: as rank, but rank 3 is killed while the others wait for it inside a 256K-float allreduce
   (on hier: in its levels, rank 2 in the shared-memory level, rank 1 in the cross-host one).
 - host: once every rank is under way, every process of h1 (its ranks and its Open MPI daemon) is
@@ -43,7 +44,7 @@ def fail(what, output=""):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "large", "host"), required=True)
+    ap.add_argument("--what", choices=("rank", "small", "large", "host"), required=True)
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
     ap.add_argument("--pid-namespaces", action="store_true",
                     help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
@@ -55,7 +56,7 @@ def main():
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport)
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT"]
             if args.what != "host":
-                mode = ["victim", "3"] if args.what == "rank" else ["large", "3"]
+                mode = ["victim" if args.what == "rank" else args.what, "3"]
                 job = h.start(program + mode, mpirun_args=mpirun_args, env=env)
                 survivors = 3
             else:
