@@ -176,7 +176,7 @@ esac
 exec ip netns exec "$ns" unshare --ipc --mount --uts @PID@--propagation private sh -c '
   mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs @SESSIONS@ && hostname "$0" ||
     exit 1
-  @EXEC@sh -c "$*"@REAP@' "$name" "$@"
+  @EXEC@sh -c "$*"@REAP@' "$name" "$@"@DETACH@
 """
 
 
@@ -361,7 +361,11 @@ class Hosts:
                     # would kill it.
                     .replace("@EXEC@", "" if self.pid_namespaces else "exec ")
                     .replace("@REAP@", "; while kill -0 -1 2>/dev/null; do sleep 0.2; done" if self.pid_namespaces
-                             else ""))
+                             else "")
+                    # and the agent returns at once, as ssh does once the daemon is up: mpirun
+                    # takes a launch agent's death (in a host's loss) for a failed launch.
+                    .replace("@DETACH@", " </dev/null >/dev/null 2>&1 &" if self.pid_namespaces else "")
+                    .replace("exec ip netns", "ip netns" if self.pid_namespaces else "exec ip netns"))
         os.chmod(self.agent, 0o755)
 
     def close(self):
