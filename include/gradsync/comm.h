@@ -411,14 +411,15 @@ typedef struct gradsync_shrink_result {
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
  * Transports: THREAD, SHM, MPI and HIER.
- * MPI and HIER: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a process
- * dies). A member is lost when its process is seen gone or it does not answer within comm's
+ * MPI and HIER: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a
+ * process dies). A member is lost when its process is seen gone or it does not answer within comm's
  * timeout. A member lost while the survivors' group is being formed ends the job with
  * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. A failed set holding
  * every rank of another host returns GRADSYNC_E_UNSUPPORTED. A rank lost inside the data transfer
  * of a collective above 16 KiB per rank leaves the others waiting in MPI until the job is ended;
  * the job ends with MPI_Abort at exit, as after any abandoned collective (docs/mpi.md). HIER
- * shrinks its MPI group so and builds its shared-memory and cross-host levels over the survivors.
+ * shrinks its MPI group the same way, then builds its shared-memory and cross-host levels over the
+ * survivors.
  * @param comm the group that lost a member
  * @param[out] out the survivors' communicator; NULL on failure
  * @param[out] failed receives the failed ranks of comm, ascending (may be NULL)
