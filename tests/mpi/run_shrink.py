@@ -3,7 +3,7 @@
 
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
-MODE between|small|large|second|second-random (RUNS runs each, default 3) or stress (RUNS seeds, default 8). Each launch is
+MODE between|small|large|second|second-random|host (RUNS runs each, default 3) or stress (RUNS seeds, default 8). Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
 The phases' times of every run are printed (min / median / max) for docs/mpi.md.
@@ -93,6 +93,9 @@ for i in range(runs):
         else:
             check(out, [1, 2])
             outcomes["shrunk"] = outcomes.get("shrunk", 0) + 1
+    elif mode == "host":
+        out = run(["host"])
+        check(out, [2, 3])
     else:
         out = run([mode])
         check(out, [1])

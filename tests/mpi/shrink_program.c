@@ -15,8 +15,12 @@
  *   stress S  S rounds of: a random rank other than 0 dies at a random point (between calls, in a
  *             small or a large call); the survivors shrink and check (seed S);
  *   victim V  as between, rank V dies (tests/multihost: a rank of another host);
+ *   host      ranks labelled onto two hosts (0, 1 on h0; 2, 3 on h1, by OMPI_COMM_WORLD_RANK), and
+ *             both ranks of h1 die between two calls: the survivors, all on h0, shrink into a
+ *             shared-memory group;
  *   loop      every rank runs allreduces until one fails, saying "looping" once under way; a host
- *             is killed from outside; then every survivor shrinks (whole host: refused, bounded).
+ *             is killed from outside; then every survivor shrinks, the survivors (all on one host)
+ *             into a shared-memory group, and checks its collectives.
  * Every survivor prints "rank R: shrunk ..." with its new place, the failed ranks and the phases'
  * times, "rank R: verified N" after checking N collectives, and "rank R: done"; a failure prints
  * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id).
@@ -193,6 +197,10 @@ int main(int argc, char** argv) {
   o.timeout_ms = 5000;
   if (hier && strcmp(mode, "large") == 0) o.check_mismatch = 0;
   snprintf(o.name, sizeof o.name, "shrink-%s", mode);
+  if (strcmp(mode, "host") == 0) {
+    const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
+    snprintf(o.host, sizeof o.host, "h%d", world_rank != NULL && atoi(world_rank) >= 2);
+  }
   if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
     say("create", rc);
     return 1;
@@ -256,17 +264,16 @@ int main(int argc, char** argv) {
       }
     }
     say("call", rc);
-    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) {
-      gradsync_comm_free(c);
-      printf("rank %d: done\n", me);
-      return 0;
-    }
+    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+    /* A whole host lost: the survivors, all on one host, form a shared-memory group. */
+    want_transport = GRADSYNC_TRANSPORT_SHM;
     if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
   } else {
     const int large = strcmp(mode, "large") == 0, small = strcmp(mode, "small") == 0;
-    if (!large && !small && strcmp(mode, "between") && strcmp(mode, "second") && strcmp(mode, "second-random") &&
-        strcmp(mode, "victim")) {
-      fprintf(stderr, "usage: %s between|small|large|second|victim V|stress SEED|loop\n", argv[0]);
+    const int host = strcmp(mode, "host") == 0;
+    if (!large && !small && !host && strcmp(mode, "between") && strcmp(mode, "second") &&
+        strcmp(mode, "second-random") && strcmp(mode, "victim")) {
+      fprintf(stderr, "usage: %s between|small|large|second|victim V|host|stress SEED|loop\n", argv[0]);
       return 2;
     }
     if (gradsync_comm_barrier(c) != GRADSYNC_OK) return 1;
@@ -276,7 +283,7 @@ int main(int argc, char** argv) {
     }
     t = now_us();
     for (i = 0;; ++i) {
-      if (!small && !large && i == 3 && me == victim) die_now();
+      if (!small && !large && i == 3 && (host ? me >= 2 : me == victim)) die_now();
       if (large && me == victim) sleep(5); /* killed while the others wait for it in the call */
       x = 1.0f;
       rc = large ? gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)
@@ -295,6 +302,7 @@ int main(int argc, char** argv) {
     }
     if (me == 2 && strcmp(mode, "second-random") == 0) die_after(rand() % 8000);
     if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+    if (host) want_transport = GRADSYNC_TRANSPORT_SHM;
     /* Its shrink done first: it dies while the others wait for it in their first (small) call, never
      * inside MPI's blocking transfer of a large one (which nothing ends: docs/mpi.md). */
     if (me == 2 && strcmp(mode, "second-random") == 0) sleep(5);

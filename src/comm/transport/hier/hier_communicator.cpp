@@ -169,13 +169,17 @@ class HierCommunicator final : public Communicator {
     if (cross_ != nullptr) cross_->reset();
   }
   // The levels are stopped (calls blocked in them return), the MPI level agrees on the lost ranks
-  // and forms the survivors' MPI group (mpi_shrink.cpp: bounded, a whole host lost refused), and
-  // the levels are built over it as for a new group: a fresh shared-memory segment per host (the
-  // old one is left by its survivors when the old group is freed; the last removes its name).
+  // and forms the survivors' MPI group (mpi_shrink.cpp: bounded), and the levels are built over it
+  // as for a new group: a fresh shared-memory segment per host (the old one is left by its
+  // survivors when the old group is freed; the last removes its name). Where a whole host was lost
+  // and the survivors share this one, the MPI level formed them a shared-memory group, which is
+  // what the levels would make of a one-host group: it is the result (its identity is the MPI
+  // level's, which is this group's).
   ShrinkResult shrink() override {
     local_->abort();
     if (cross_ != nullptr) cross_->abort();
     ShrinkResult result = world_->shrink();
+    if (result.comm->transport() != Transport::Mpi) return result;
     const auto levels_start = std::chrono::steady_clock::now();
     const Topology topology = result.comm->topology();
     // Every wait of building the levels is bounded but the cross level's MPI_Comm_create_group: a

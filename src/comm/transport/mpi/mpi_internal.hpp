@@ -178,6 +178,9 @@ class MpiCommunicator final : public Communicator {
   void reset() override;
   // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
   ShrinkResult shrink() override;
+  // The shrink's survivors' group where a whole host was lost and every survivor is on this one: a
+  // shared-memory group named from `nonce`, formed without MPI (collective over sub's members).
+  std::unique_ptr<Communicator> form_on_host(const Subgroup& sub, uint64_t nonce);
   void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
                      uint64_t* total_weight) override;
   // The progress thread calls MPI while the host's threads may too (other communicators, its own

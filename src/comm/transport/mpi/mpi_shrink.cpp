@@ -24,9 +24,11 @@
 //    leaves the others there forever. Then the new communicator's own setup, bounded as every wait
 //    is (if it fails, a member was lost meanwhile: the shrink fails, E_REMOTE, see below), and a
 //    commit barrier on it (if that fails, the new group lost a member: its members shrink it).
-// A decided set that holds every rank of another host is refused (E_UNSUPPORTED) before anyone
-// enters create_group: with a host's ranks its Open MPI daemon may be lost, and create_group then
-// never returns (measured: docs/mpi.md).
+// A decided set that holds every rank of another host: with a host's ranks its Open MPI daemon may
+// be lost, and create_group then never returns (measured: docs/mpi.md). Where every survivor is on
+// this host, step 4 forms a shared-memory group over them instead (by a name from the lowest
+// survivor's nonce, which its messages carry), bounded as any shm group's forming, with no MPI call;
+// otherwise every survivor alike refuses (E_UNSUPPORTED) before anyone enters create_group.
 #include <sched.h>
 
 #include <algorithm>
@@ -40,9 +42,11 @@
 
 #include "comm/transport/mpi/mpi_internal.hpp"
 #include "comm/transport/mpi/mpi_runtime.hpp"
+#include "comm/transport/shm/shm_communicator.hpp"
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm::mpi {
 namespace {
@@ -74,7 +78,7 @@ std::vector<int> ranks_of(const Set& s, int size) {
 // The protocol's messages and requests: buried when the shrink ends, since its receives stay
 // posted (a peer may still send) and its sends to a dead peer never complete.
 struct Wire {
-  size_t words = 0;          // kind, epoch, then the set
+  size_t words = 0;          // kind, epoch, the sender's nonce, then the set
   std::vector<uint64_t> in;  // by peer
   std::vector<MPI_Request> receives;
   std::vector<std::shared_ptr<std::vector<uint64_t>>> out;
@@ -134,7 +138,10 @@ ShrinkResult MpiCommunicator::shrink() {
     ~Bury() { bury(w); }
   } bury_wire{wire};
   const size_t set_words = (static_cast<size_t>(size_) + 63) / 64;
-  wire->words = 2 + set_words;
+  wire->words = 3 + set_words;
+  // Names the survivors' shared-memory group when they are left on one host (the lowest's).
+  std::vector<uint64_t> nonce(static_cast<size_t>(size_), 0);
+  nonce[static_cast<size_t>(rank_)] = random_nonce();
   const int bytes = static_cast<int>(wire->words * sizeof(uint64_t));
   wire->in.assign(wire->words * static_cast<size_t>(size_), 0);
   wire->receives.assign(static_cast<size_t>(size_), m.request_null);
@@ -164,7 +171,8 @@ ShrinkResult MpiCommunicator::shrink() {
       auto message = std::make_shared<std::vector<uint64_t>>(wire->words);
       (*message)[0] = kind;
       (*message)[1] = e;
-      std::copy(failed.begin(), failed.end(), message->begin() + 2);
+      (*message)[2] = nonce[static_cast<size_t>(rank_)];
+      std::copy(failed.begin(), failed.end(), message->begin() + 3);
       MPI_Request r = m.request_null;
       if (m.Isend(message->data(), bytes, m.byte, q, kShrinkTag, base_, &r) == MPI_SUCCESS) {
         wire->out.push_back(std::move(message));
@@ -202,9 +210,10 @@ ShrinkResult MpiCommunicator::shrink() {
   auto equal = [&](const Set& s) { return !s.empty() && std::equal(s.begin(), s.end(), failed.begin()); };
   auto handle = [&](int q, const uint64_t* msg) {
     const uint64_t kind = msg[0], ep = msg[1];
-    const uint64_t* set = msg + 2;
+    const uint64_t* set = msg + 3;
     if (has(failed, q) || ep < e || (kind != kPropose && kind != kConfirm)) return;
     const auto qs = static_cast<size_t>(q);
+    nonce[qs] = msg[2];
     if (!confirming) {
       const bool moved = ep > e;
       if (moved) {
@@ -278,6 +287,7 @@ ShrinkResult MpiCommunicator::shrink() {
   see_lost();
   propose();
   Clock::time_point decided_at{};
+  bool on_host = false;  // the decided set holds a whole host, and every survivor is on this one
   for (;;) {
     if (has(failed, rank_)) {
       fail(GRADSYNC_E_REMOTE,
@@ -286,25 +296,31 @@ ShrinkResult MpiCommunicator::shrink() {
            group, rank_, timeout.count());
     }
     if (!confirming && agreed()) {
-      // Every survivor that decides decides this set: refuse alike where create_group would hang.
+      // Every survivor that decides decides this set: all form on one host, or all refuse, alike.
       const uint64_t mine = peers_[static_cast<size_t>(rank_)].host_key;
-      for (int q : ranks_of(failed, size_)) {
-        const uint64_t host = peers_[static_cast<size_t>(q)].host_key;
-        if (host == mine) continue;
+      std::vector<int> lost_host;  // every rank of a host all lost
+      bool survivors_here = true;
+      for (int r = 0; r < size_; ++r) {
+        const uint64_t host = peers_[static_cast<size_t>(r)].host_key;
+        if (!has(failed, r)) survivors_here &= host == mine;
+        if (host == mine || !lost_host.empty() || !has(failed, r)) continue;
         bool survivor = false;
-        std::vector<int> on_host;
-        for (int r = 0; r < size_; ++r) {
-          if (peers_[static_cast<size_t>(r)].host_key != host) continue;
-          on_host.push_back(r);
-          survivor |= !has(failed, r);
+        std::vector<int> on_host_r;
+        for (int q = 0; q < size_; ++q) {
+          if (peers_[static_cast<size_t>(q)].host_key != host) continue;
+          on_host_r.push_back(q);
+          survivor |= !has(failed, q);
         }
-        GS_REQUIRE(survivor, GRADSYNC_E_UNSUPPORTED,
-                   "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
-                   "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
-                   "mpirun --enable-recovery, docs/mpi.md): the survivors refuse to form a group rather than hang. "
-                   "End the job and restart it from a checkpoint",
-                   group, fmt::join(on_host, ", "));
+        if (!survivor) lost_host = std::move(on_host_r);
       }
+      GS_REQUIRE(lost_host.empty() || survivors_here, GRADSYNC_E_UNSUPPORTED,
+                 "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
+                 "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
+                 "mpirun --enable-recovery, docs/mpi.md); the survivors are on more than one host, so they cannot "
+                 "form a shared-memory group instead: they refuse to form a group rather than hang. End the job "
+                 "and restart it from a checkpoint",
+                 group, fmt::join(lost_host, ", "));
+      on_host = !lost_host.empty();
       confirming = true;
       decided_at = Clock::now();
       send(kConfirm);
@@ -378,25 +394,38 @@ ShrinkResult MpiCommunicator::shrink() {
   sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank_) - sub.members.begin());
   sub.name = fmt::format("{}.shrunk{}", options_.name.substr(0, 40), e);
   std::unique_ptr<Communicator> formed;
-  try {
-    // Half the timeout: a member that gave the attempt up after this rank entered (a death in the
-    // window) excludes this rank only after a whole timeout of silence, so the watchdog's
-    // MPI_Abort comes first, and no survivor goes on alone in a group of its own meanwhile.
-    create_deadline_ = deadline_after(timeout / 2, formed_start);
-    formed = form_subgroup(sub);
-    create_deadline_.reset();
-  } catch (const Error& err) {
-    // The survivors' group did not get set up (a member lost inside MPI_Comm_create_group's
-    // aftermath: the new communicator's duplication or its exchange of process ids). Another
-    // create_group over the old group was tried here, and Open MPI 4.1 then crashed (a
-    // segmentation fault in mca_pml_ob1_add_comm, 2 runs in 25): the shrink fails instead.
-    create_deadline_.reset();
-    const int s = err.status();
-    if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
-    fail(GRADSYNC_E_REMOTE,
-         "shrink of {}: rank {}: a member was lost while the survivors' group (rank(s) {}) was being set up ({}); "
-         "Open MPI 4.1 cannot be trusted with another MPI_Comm_create_group after that: end the job",
-         group, rank_, fmt::join(sub.members, ", "), err.what());
+  if (on_host) {
+    try {
+      formed = form_on_host(sub, nonce[static_cast<size_t>(sub.members[0])]);
+    } catch (const Error& err) {
+      const int s = err.status();
+      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      fail(GRADSYNC_E_REMOTE,
+           "shrink of {}: rank {}: a whole host was lost, and a member was lost while the survivors' "
+           "shared-memory group (rank(s) {}) was being formed ({})",
+           group, rank_, fmt::join(sub.members, ", "), err.what());
+    }
+  } else {
+    try {
+      // Half the timeout: a member that gave the attempt up after this rank entered (a death in the
+      // window) excludes this rank only after a whole timeout of silence, so the watchdog's
+      // MPI_Abort comes first, and no survivor goes on alone in a group of its own meanwhile.
+      create_deadline_ = deadline_after(timeout / 2, formed_start);
+      formed = form_subgroup(sub);
+      create_deadline_.reset();
+    } catch (const Error& err) {
+      // The survivors' group did not get set up (a member lost inside MPI_Comm_create_group's
+      // aftermath: the new communicator's duplication or its exchange of process ids). Another
+      // create_group over the old group was tried here, and Open MPI 4.1 then crashed (a
+      // segmentation fault in mca_pml_ob1_add_comm, 2 runs in 25): the shrink fails instead.
+      create_deadline_.reset();
+      const int s = err.status();
+      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      fail(GRADSYNC_E_REMOTE,
+           "shrink of {}: rank {}: a member was lost while the survivors' group (rank(s) {}) was being set up ({}); "
+           "Open MPI 4.1 cannot be trusted with another MPI_Comm_create_group after that: end the job",
+           group, rank_, fmt::join(sub.members, ", "), err.what());
+    }
   }
   const auto committed_start = Clock::now();
   result.failed = ranks_of(failed, size_);
@@ -431,6 +460,15 @@ ShrinkResult MpiCommunicator::shrink() {
       std::chrono::duration_cast<std::chrono::microseconds>(committed_start - formed_start).count(),
       std::chrono::duration_cast<std::chrono::microseconds>(end - committed_start).count());
   return result;
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::form_on_host(const Subgroup& sub, uint64_t nonce) {
+  Options o = subgroup_options(sub);
+  o.transport = Transport::Shm;
+  o.name = fmt::format("gs-s{:016x}", nonce);
+  std::unique_ptr<Communicator> formed = create_shm_communicator(o);
+  pass_identity(*formed, o, topology().restricted(sub.members, sub.rank));
+  return formed;
 }
 
 }  // namespace gradsync::comm::mpi
