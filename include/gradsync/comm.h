@@ -414,8 +414,10 @@ typedef struct gradsync_shrink_result {
  * MPI and HIER: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a
  * process dies). A member is lost when its process is seen gone or it does not answer within comm's
  * timeout. A member lost while the survivors' group is being formed ends the job with
- * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. A failed set holding
- * every rank of another host returns GRADSYNC_E_UNSUPPORTED. A rank lost inside the data transfer
+ * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. Where a failed set holds
+ * every rank of another host (its Open MPI daemon may be lost, and MPI can then form no group): if
+ * every survivor is on one host, the new group is a shared-memory one (gradsync_comm_transport
+ * gives SHM), formed without MPI; otherwise GRADSYNC_E_UNSUPPORTED. A rank lost inside the data transfer
  * of a collective above 16 KiB per rank leaves the others waiting in MPI until the job is ended;
  * the job ends with MPI_Abort at exit, as after any abandoned collective (docs/mpi.md). HIER
  * shrinks its MPI group the same way, then builds its shared-memory and cross-host levels over the
@@ -430,7 +432,8 @@ typedef struct gradsync_shrink_result {
  * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
  * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
  * @retval GRADSYNC_E_TIMEOUT a step of the shrink did not finish within comm's timeout
- * @retval GRADSYNC_E_UNSUPPORTED (MPI, HIER) every rank of another host is lost (see above)
+ * @retval GRADSYNC_E_UNSUPPORTED (MPI, HIER) every rank of another host is lost, and the survivors
+ *         are on more than one host (see above)
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed, size_t failed_capacity,

@@ -22,6 +22,8 @@
  *   message of a later epoch from a member, or the deadline (the members that did not confirm).
  * - Form: only then r enters MPI_Comm_create_group over G. It completes once every member of G
  *   has entered. Nothing can end it but a watchdog, which calls MPI_Abort and ends the whole job.
+ *   (Where F holds a whole host and G is on one host, G forms a shared-memory group instead, which
+ *   its timeout bounds: the same decision, and a forming easier than the one modelled here.)
  * Deaths strike at every step (also between the sends of one broadcast), a second death during the
  * shrink, messages arrive late (every send is a FIFO channel, read whenever its reader chooses), a
  * rank on another host (CROSS) sees no death by PID, only by its deadline, and a rank may come

@@ -27,7 +27,7 @@
  * With SHRINK_TRANSPORT=hier in the environment the group is on the hierarchical transport; its
  * `large` mode then skips the call check (check_mismatch 0), so that the survivors wait for the
  * victim inside the levels (shm, cross-host MPI) rather than in the check's MPI allreduce. `large V`
- * and `small V` make rank V the victim. */
+ * and `small V` make rank V the victim. SHRINK_TIMEOUT_MS sets the group's timeout (default 5000). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
   const char* transport = getenv("SHRINK_TRANSPORT");
   const int hier = transport != NULL && strcmp(transport, "hier") == 0;
   want_transport = o.transport = hier ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
-  o.timeout_ms = 5000;
+  o.timeout_ms = getenv("SHRINK_TIMEOUT_MS") != NULL ? atoi(getenv("SHRINK_TIMEOUT_MS")) : 5000;
   if (hier && strcmp(mode, "large") == 0) o.check_mismatch = 0;
   snprintf(o.name, sizeof o.name, "shrink-%s", mode);
   if (strcmp(mode, "host") == 0) {

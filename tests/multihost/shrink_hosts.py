@@ -48,13 +48,14 @@ def main():
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
     ap.add_argument("--pid-namespaces", action="store_true",
                     help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
+    ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     with hosts.signals_raise():
         with hosts.Hosts([2, 2], mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
-            env = dict(os.environ, SHRINK_TRANSPORT=args.transport)
-            mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT"]
+            env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
+            mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT", "-x", "SHRINK_TIMEOUT_MS"]
             if args.what != "host":
                 mode = ["victim" if args.what == "rank" else args.what, "3"]
                 job = h.start(program + mode, mpirun_args=mpirun_args, env=env)
