@@ -305,7 +305,11 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * On any error every rank fails, and the table stays on its old communicator unchanged. On success
  * it runs on new_comm (which must outlive it), and the next gradsync_embedding_save_incremental
  * needs a full save first (unless the rows came from checkpoint_dir, which is then its base).
- * Only tables in anonymous memory reshard (created with dir NULL).
+ * A shard in files (created with dir) gets the new layout's files in the same directory: they are
+ * built under staging names (shard-\<rank\>-of-\<size\>.resharding.*), written back on every rank,
+ * then renamed into place; a failure removes them and leaves the old files as they were. The old
+ * layout's files are then removed when the group's size changed (a lost rank's by the new rank 0);
+ * at the same size they are the new files' names.
  * @param table the table, on its old communicator (a joiner's: on new_comm)
  * @param new_comm the survivors', grown or same communicator
  * @param sharding a gradsync_embedding_sharding for the new group, or GRADSYNC_EMBEDDING_KEEP_SHARDING
@@ -320,7 +324,7 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  *         lost: the checkpoint then gives the step) or come from different groups; or the checkpoint
  *         holds another shape or optimizer
  * @retval GRADSYNC_E_INVALID_ARG an unknown sharding, or checkpoint_dir given on some ranks only
- * @retval GRADSYNC_E_UNSUPPORTED a table whose shard is in files
+ * @retval GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE a rank could not write its new shard's files (every rank fails with it)
  * @retval GRADSYNC_E_NOMEM a rank could not allocate its new shard, the rows it reads or the
  *         exchange's buffers (every rank fails with it)
  * @retval GRADSYNC_E_MISUSE a bad handle

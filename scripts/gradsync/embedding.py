@@ -210,7 +210,9 @@ class ShardedEmbeddingTable(Handle):
         gone: without `checkpoint` this raises E_LOST naming the rows, and nothing changes; with
         the last checkpoint's directory EVERY row and the step count come from it, so the table is
         as of that checkpoint and the caller replays its pushes since (`steps` says from where).
-        Returns (rows received from others, whether the rows came from the checkpoint)."""
+        A table in files (`directory`) moves to the new layout's files there, and the old
+        layout's go. Returns (rows received from others, whether the rows came from the
+        checkpoint)."""
         rule = _KEEP_SHARDING if sharding is None else _choice(sharding, SHARDINGS, "sharding")
         moved, restored = c_uint64(), c_int32()
         check(lib.gradsync_embedding_reshard(self.ptr, comm.ptr, rule, _path(checkpoint), ctypes.byref(moved),

@@ -16,6 +16,7 @@
 #include <system_error>
 #include <vector>
 
+#include "common/durable.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "optim/optim.hpp"
@@ -69,8 +70,6 @@ uint64_t Checksum::value() const noexcept {
 namespace {
 
 using namespace checkpoint;
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 class Fd {
  public:
@@ -134,12 +133,6 @@ uint64_t regular_file_size(int fd, const std::string& path) {
   if (::fstat(fd, &st) != 0) fail(GRADSYNC_E_IO, "cannot stat '{}': {}", path, errno_text(errno));
   GS_REQUIRE(S_ISREG(st.st_mode), GRADSYNC_E_CORRUPT, "'{}' is not a regular file", path);
   return static_cast<uint64_t>(st.st_size);
-}
-
-void fsync_directory(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) fail(GRADSYNC_E_IO, "cannot open the directory '{}': {}", dir, errno_text(errno));
-  if (::fsync(fd.get()) != 0) fail(GRADSYNC_E_IO, "cannot sync the directory '{}': {}", dir, errno_text(errno));
 }
 
 // Writes pieces at their offsets into a new temporary file beside path, syncs it, renames it over

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "embedding/embedding.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -113,7 +115,11 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
   adopt(build(comm_->rank(), layout_, true));
 }
 
-ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool init) const {
+std::string shard_stem(const std::string& dir, int rank, int ranks) {
+  return fmt::format("{}/shard-{}-of-{}", dir, rank, ranks);
+}
+
+ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool init, bool staging) const {
   Storage s;
   s.owned = layout.owned(rank);
   if (layout.sharding() == Sharding::Hash) {
@@ -132,10 +138,15 @@ ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool i
     std::error_code ec;
     std::filesystem::create_directories(options_.dir, ec);
     GS_REQUIRE(!ec, GRADSYNC_E_IO, "cannot create the directory '{}': {}", options_.dir, ec.message());
-    stem = fmt::format("{}/shard-{}-of-{}", options_.dir, rank, layout.ranks());
+    stem = shard_stem(options_.dir, rank, layout.ranks());
+    if (staging) {
+      // What a reshard that failed on the way left (the rank's own names: nobody else's).
+      stem += kStaging;
+      for (const char* ext : kShardFiles) ::unlink((stem + ext).c_str());
+    }
   }
   table::OpenSpec spec;
-  spec.mode = files ? table::OpenMode::CreateOrOpen : table::OpenMode::Anonymous;
+  spec.mode = !files ? table::OpenMode::Anonymous : staging ? table::OpenMode::Create : table::OpenMode::CreateOrOpen;
   spec.rows = local;
   spec.dim = options_.dim;
   spec.path = files ? stem + ".params" : "";

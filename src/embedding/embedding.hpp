@@ -63,6 +63,11 @@ class Layout {
   Sharding sharding_;
 };
 
+// Where rank `rank` of a `ranks`-rank layout keeps its shard in `dir`: this stem plus each of
+// kShardFiles (include/gradsync/embedding.h names them).
+std::string shard_stem(const std::string& dir, int rank, int ranks);
+inline constexpr const char* kShardFiles[] = {".params", ".state", ".grad"};
+
 // Routes of a plan's counts (counts[s * p + d]: items s sends d), each item carrying `width`
 // elements: forward (sources to owners) or back. A rank's part for itself does not travel.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
@@ -147,9 +152,14 @@ class ShardedTable {
   struct Bucket;
   struct Storage;
   // This rank's shard of `layout` (rank `rank` of it): fresh tables, initialised from the seed when
-  // `init` (a reshard fills them itself).
-  Storage build(int rank, const Layout& layout, bool init) const;
+  // `init` (a reshard fills them itself). In files, `staging` creates them anew under the stem
+  // plus kStaging (a reshard's, which renames them into place once filled: place_files).
+  Storage build(int rank, const Layout& layout, bool init, bool staging = false) const;
   void adopt(Storage&& s) noexcept;
+  static constexpr const char* kStaging = ".resharding";
+  // A reshard's new shard, written back, from its staging names to those of rank `rank` of
+  // `ranks` (a name that cannot be renamed stays the shard's, with a warning).
+  void place_files(Storage& fresh, int rank, int ranks) const;
 
   comm::Communicator* comm_;
   int rank_;  // in comm_, kept so that a reshard need not ask a communicator that may be gone

@@ -2,14 +2,20 @@
 // Moving a live sharded embedding onto another communicator (gradsync_embedding_reshard): the
 // members of a shrunk, grown or re-ruled group exchange the rows that change owner, each with its
 // optimizer state, in an all-to-all-v of the values and one of the states; when an old rank's rows
-// are gone, every row comes from the last checkpoint instead, or nothing changes.
+// are gone, every row comes from the last checkpoint instead, or nothing changes. A shard in files
+// is built under staging names beside the old one and renamed into place only once every rank has
+// it filled and written back, so that a failure leaves the old files as they were.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm/types.hpp"
+#include "common/durable.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "embedding/checkpoint.hpp"
 #include "embedding/embedding.hpp"
 
@@ -50,7 +56,6 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     kConfig,
     kSteps,
     kOnNext,
-    kFiles,
     kHasDir,
     kHead
   };
@@ -67,7 +72,6 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   mine[kConfig] = config_word();
   mine[kSteps] = steps_;
   mine[kOnNext] = on_next ? 1 : 0;
-  mine[kFiles] = options_.dir.empty() ? 0 : 1;
   mine[kHasDir] = checkpoint.empty() ? 0 : 1;
   for (int64_t g : owned_) ++mine[kHead + static_cast<size_t>(fresh_layout.owner(g))];
   if (np > 1) next.allgather(nullptr, all.data(), all.size(), DType::I64);
@@ -92,12 +96,6 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     GS_REQUIRE(word(r, kHasDir) == word(0, kHasDir), GRADSYNC_E_INVALID_ARG,
                "reshard: rank {} passes {} checkpoint directory, rank 0 {}", r, word(r, kHasDir) ? "a" : "no",
                word(0, kHasDir) ? "one" : "none");
-  }
-  for (int r = 0; r < np; ++r) {
-    GS_REQUIRE(word(r, kFiles) == 0, GRADSYNC_E_UNSUPPORTED,
-               "reshard: rank {}'s table keeps its shard in files; only a table in anonymous memory (dir NULL) "
-               "reshards (save, then create and load one on the new group)",
-               r);
   }
   // Joiners: tables made on next, beside members that bring theirs from an old group. When every
   // table is on next (a change of rule on the same group) every rank is a member.
@@ -140,6 +138,15 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   // alone: each path agrees on that before any row moves, so its peers fail with it instead of
   // waiting for it.
   Storage fresh;
+  const bool files = !options_.dir.empty();
+  struct Unstage {  // the staging files of a reshard that did not get them into place
+    std::string stem;
+    ~Unstage() {
+      if (!stem.empty())
+        for (const char* ext : kShardFiles) ::unlink((stem + ext).c_str());
+    }
+  } unstage;
+  if (files) unstage.stem = shard_stem(options_.dir, me, np) + kStaging;
   const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width());
   const size_t row_floats = d + sw;
   if (!lost.empty()) {
@@ -156,7 +163,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     shape.optimizer = static_cast<int32_t>(options_.optimizer);
     checkpoint::Staged staged;
     const Outcome read = capture([&] {
-      fresh = build(me, fresh_layout, false);
+      fresh = build(me, fresh_layout, false, true);
       staged = checkpoint::read_rows(checkpoint, shape, fresh.owned);
     });
     const uint64_t last = read.status == GRADSYNC_OK ? staged.manifest.layers.back().nonce : 0;
@@ -237,7 +244,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     std::vector<float> own_send, recv_values, recv_state;
     float* send = nullptr;
     const Outcome made = capture([&] {
-      fresh = build(me, fresh_layout, false);
+      fresh = build(me, fresh_layout, false, true);
       if (!in_place) {
         recv_values.resize(std::max<uint64_t>(incoming * d, 1));
         recv_state.resize(std::max<uint64_t>(incoming * sw, 1));
@@ -269,8 +276,9 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       if (sw != 0)
         next.exchange(send_state, in_place ? fresh.state->data() : recv_state.data(), routes(sw), DType::F32);
     }
-    // A member whose rows are the same keeps its tables: nothing arrived, and nothing is copied.
-    const bool keeps = member && fresh.owned == owned_;
+    // A member whose rows are the same keeps its tables: nothing arrived, and nothing is copied
+    // (in files, the new shard's names differ, and its staging files are filled instead).
+    const bool keeps = member && fresh.owned == owned_ && !files;
     std::vector<uint64_t> from(recv_at.begin(), recv_at.end());  // each source's next row, when not in place
     for (size_t l = 0; l < fresh.owned.size() && !keeps; ++l) {
       const int64_t g = fresh.owned[l];
@@ -303,6 +311,35 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     base_nonce_ = 0;
     steps_ = steps;
   }
+  // Files: written back on every rank before any takes its new names.
+  const Outcome written = capture([&] {
+    if (!files) return;
+    fresh.params->flush();
+    if (fresh.state != nullptr) fresh.state->flush();
+    fresh.accum->flush();
+  });
+  agree_over(next, written.status, written.message, 0, 0);
+  if (files) {
+    place_files(fresh, me, np);
+    unstage.stem.clear();
+    // The old shard's names: another member's new ones in a shared directory when the sizes are
+    // equal (a rule change, whose same rank renamed over them); otherwise nobody's, removed (with
+    // the lost ranks' by the new rank 0, should they share its directory) so that a later create
+    // of the old layout does not reopen rows that moved on.
+    auto remove = [&](int r) {
+      for (const char* ext : kShardFiles) ::unlink((shard_stem(options_.dir, r, old_size) + ext).c_str());
+    };
+    if (old_size != np) {
+      if (!is_joiner(me)) remove(rank_);
+      if (me == 0)
+        for (int j : report.lost_old_ranks) remove(j);
+    }
+    try {
+      fsync_directory(options_.dir);
+    } catch (const Error& e) {
+      GS_LOG_WARN("reshard: {}", e.what());
+    }
+  }
   // Everything arrived: switch to the new group. The lookup and push buffers were the old group's
   // memory; when that is not next (which this thread holds), they stay with it until its end.
   if (on_next) {
@@ -320,6 +357,21 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   options_.sharding = sharding;
   adopt(std::move(fresh));
   return report;
+}
+
+void ShardedTable::place_files(Storage& fresh, int rank, int ranks) const {
+  const std::string stem = shard_stem(options_.dir, rank, ranks);
+  table::Table* const tables[] = {fresh.params.get(), fresh.state.get(), &fresh.accum->table()};
+  for (size_t i = 0; i < std::size(tables); ++i) {
+    if (tables[i] == nullptr) continue;
+    const std::string from = stem + kStaging + kShardFiles[i], to = stem + kShardFiles[i];
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      GS_LOG_WARN("reshard: cannot rename '{}' to '{}' ({}): the shard keeps it under the first name", from, to,
+                  errno_text(errno));
+      continue;
+    }
+    tables[i]->renamed(to);
+  }
 }
 
 }  // namespace gradsync::embedding

@@ -20,6 +20,7 @@
 
 #include "common/bounded_wait.hpp"
 #include "common/dtype.hpp"
+#include "common/durable.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 
@@ -27,8 +28,6 @@ namespace gradsync::table {
 namespace bip = boost::interprocess;
 
 namespace {
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 // Lets Boost.Interprocess map the descriptor we opened and validated, rather than reopening the
 // path (which another process could have replaced in between).
@@ -173,13 +172,7 @@ void flock_shared_within(int fd, std::chrono::milliseconds timeout, const std::s
 
 void fsync_directory_of(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail(GRADSYNC_E_IO, "cannot open directory '{}' to sync it: {}", dir, errno_text(errno));
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (rc != 0 && err != EINVAL) fail(GRADSYNC_E_IO, "cannot sync directory '{}': {}", dir, errno_text(err));
+  fsync_directory(parent.empty() ? std::string(".") : parent.string());
 }
 
 uint64_t aux_bytes_of(const OpenSpec& spec, int64_t rows) {

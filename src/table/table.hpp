@@ -78,6 +78,8 @@ class Table {
   void release_exclusive();
   uint64_t generation() const noexcept { return generation_.load(); }
   const std::string& path() const noexcept { return path_; }
+  // Its owner renamed the file (the descriptor and mapping stay valid): messages name `path` now.
+  void renamed(std::string path) { path_ = std::move(path); }
 
   float* data() noexcept { return data_; }
   const float* data() const noexcept { return data_; }

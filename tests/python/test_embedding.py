@@ -383,28 +383,44 @@ def test_adam_checkpoint_refused_by_another_optimizer(tmp_path):
     run_ranks(2, body)
 
 
-def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_memory(tmp_path):
+@pytest.mark.parametrize("in_files", [False, True], ids=["memory", "files"])
+def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_memory(tmp_path, in_files):
     # 4 ranks, checkpoint at step 2, rank 1 goes after step 4. The survivors shrink; without the
     # checkpoint the reshard names the lost rows (E_LOST, on every survivor, nothing changed); with
     # it every row comes from the checkpoint (step 2) and they replay. Grown back to 4 with a
     # joiner whose rows come in memory, then changed to the hash rule in place, the table ends
-    # bitwise equal to one process's.
+    # bitwise equal to one process's. In files (one directory for every rank): each reshard leaves
+    # exactly the new layout's shard files, which a table created again reopens with their rows.
     import threading
     import uuid
 
     ckpt, steps, loss_at, grow_at = tmp_path / "ckpt", 9, 4, 6
+    shards = tmp_path / "shards" if in_files else None
     join_name = f"py-emb-grow-{uuid.uuid4().hex[:8]}"
     ref_values, ref_state = reference("row_adagrad", steps)
     finals = {}
+    listings = {}
+
+    def layout_files(size):
+        return sorted(f"shard-{r}-of-{size}{ext}" for r in range(size) for ext in (".params", ".state", ".grad"))
 
     def finish(table, comm):
         moved, restored = table.reshard(comm, sharding="hash")
         assert not restored
         train(table, comm.rank, 4, steps, 8)
         finals[comm.member_id] = table.local_state()
+        if in_files:
+            table.close()
+            comm.barrier()  # every rank's files closed, and the listing final
+            with make(comm, sharding="hash", directory=shards) as again:
+                reopened = again.local_state()
+            assert all(np.array_equal(a.view(np.uint32) if a.dtype != np.int64 else a,
+                                      b.view(np.uint32) if b.dtype != np.int64 else b)
+                       for a, b in zip(reopened, finals[comm.member_id]))
+            listings["end"] = sorted(p.name for p in shards.iterdir())
 
     def member(comm, rank):
-        table = make(comm)
+        table = make(comm, directory=shards)
         train(table, rank, 4, 2)
         table.save(ckpt)
         train(table, rank, 4, loss_at, 2)
@@ -421,6 +437,9 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
         assert lost.value.status == -19 and table.steps == loss_at  # GRADSYNC_E_LOST
         moved, restored = table.reshard(shrunk, checkpoint=ckpt)
         assert restored and moved == 0 and table.steps == 2
+        if in_files:
+            shrunk.barrier()
+            listings["shrunk"] = sorted(p.name for p in shards.iterdir())
         train(table, shrunk.rank, 3, grow_at, 2)  # the replay, then on
         grown, _ = shrunk.grow(join_name, 1)
         moved, restored = table.reshard(grown)
@@ -435,7 +454,7 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
     def joiner():
         comm, _ = gs.Communicator.join(join_name, 0, 1, timeout_ms=60000)
         with comm:
-            table = make(comm)
+            table = make(comm, directory=shards)
             moved, restored = table.reshard(comm)
             assert moved > 0 and not restored and table.steps == grow_at
             train(table, comm.rank, 4, 8, grow_at)
@@ -450,6 +469,48 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
     values, state = gather_rows(list(finals.values()))
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
+    if in_files:
+        assert listings == {"shrunk": layout_files(3), "end": layout_files(4)}
+
+
+def test_a_failed_reshard_in_files_leaves_the_old_shard_files_alone(tmp_path):
+    # 3 ranks in files, rank 2 lost after a checkpoint. A reshard from a checkpoint of another shape
+    # fails on every survivor after building its new shard's files: those go, the old ones stay
+    # byte for byte, and so do the rows; the reshard from the right checkpoint then succeeds.
+    shards, ckpt, other = tmp_path / "shards", tmp_path / "ckpt", tmp_path / "other"
+
+    def member(comm, rank):
+        table = make(comm, directory=shards)
+        train(table, rank, 3, 2)
+        table.save(ckpt)
+        with gs.ShardedEmbeddingTable(comm, ROWS, DIM + 1, optimizer="row_adagrad", lr=0.05) as wider:
+            wider.save(other)
+        if rank == 2:
+            table.close()
+            return None
+        with pytest.raises(gs.GradsyncError):
+            table.push(*[a[:0] for a in global_batch(2)])
+        shrunk, failed, _ = comm.shrink()
+        with shrunk:
+            assert failed == [2]
+            shrunk.barrier()
+            before = {p.name: p.read_bytes() for p in shards.iterdir()}
+            held = table.local_state()
+            with pytest.raises(gs.GradsyncError) as info:
+                table.reshard(shrunk, checkpoint=other)
+            assert info.value.status == gs.E_MISMATCH
+            shrunk.barrier()
+            assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+            assert all(np.array_equal(a, b) for a, b in zip(table.local_state(), held))
+            moved, restored = table.reshard(shrunk, checkpoint=ckpt)
+            assert restored and table.steps == 2
+            shrunk.barrier()
+            names = sorted(p.name for p in shards.iterdir())
+            assert names == sorted(f"shard-{r}-of-2{e}" for r in range(2) for e in (".params", ".state", ".grad"))
+            table.close()
+        return True
+
+    assert run_ranks(3, member) == [True, True, None]
 
 
 def test_planned_shrink_goes_through_a_fresh_checkpoint(tmp_path):
