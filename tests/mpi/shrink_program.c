@@ -141,7 +141,9 @@ static int shrink(gradsync_comm** c, int* alive, int* n, double failed_at) {
   int i, j, kept = 0, rc;
   const double start = now_us();
   char list[256] = "";
+  int32_t hosts[64], num_hosts = 0, one_host = 1, first = -1;
   memset(&r, 0, sizeof r);
+  gradsync_comm_topology(*c, NULL, NULL, NULL, &num_hosts, hosts, 64);
   r.struct_size = sizeof r;
   r.version = GRADSYNC_SHRINK_RESULT_VERSION;
   rc = gradsync_comm_shrink(*c, &next, failed, 64, &r);
@@ -156,9 +158,13 @@ static int shrink(gradsync_comm** c, int* alive, int* n, double failed_at) {
       ++j;
       continue;
     }
+    if (first < 0) first = hosts[i];
+    one_host &= hosts[i] == first;
     alive[kept++] = alive[i];
   }
   *n = kept;
+  /* A whole host lost, and every survivor on one host: a shared-memory group (comm.h). */
+  if (num_hosts > 1 && one_host) want_transport = GRADSYNC_TRANSPORT_SHM;
   printf("rank %d: shrunk failed [%s] size %d attempts %d detect_us %.0f shrink_us %.0f agree_us %.0f form_us %.0f\n",
          me, list, kept, (int)r.attempts, start - failed_at, now_us() - start, (double)r.agree_ns / 1e3,
          (double)r.form_ns / 1e3);
@@ -265,8 +271,6 @@ int main(int argc, char** argv) {
     }
     say("call", rc);
     if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
-    /* A whole host lost: the survivors, all on one host, form a shared-memory group. */
-    want_transport = GRADSYNC_TRANSPORT_SHM;
     if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
   } else {
     const int large = strcmp(mode, "large") == 0, small = strcmp(mode, "small") == 0;
@@ -302,7 +306,6 @@ int main(int argc, char** argv) {
     }
     if (me == 2 && strcmp(mode, "second-random") == 0) die_after(rand() % 8000);
     if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
-    if (host) want_transport = GRADSYNC_TRANSPORT_SHM;
     /* Its shrink done first: it dies while the others wait for it in their first (small) call, never
      * inside MPI's blocking transfer of a large one (which nothing ends: docs/mpi.md). */
     if (me == 2 && strcmp(mode, "second-random") == 0) sleep(5);

@@ -3,7 +3,8 @@
 """gradsync_comm_shrink on the MPI or the hierarchical transport across 2 hosts x 2 ranks, under
 mpirun --enable-recovery.
 
-    shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] --what rank|large|host -- PROGRAM
+    shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
+                    [--seeds N] --what rank|small|large|host|stress -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
@@ -16,6 +17,10 @@ PROGRAM is tests/mpi/mpi_shrink_program.
   SIGKILLed. Ranks 0 and 1 agree that ranks 2 and 3 are lost and, both on h0, form a shared-memory
   group (never MPI_Comm_create_group, which does not return once a host's daemon is lost), check
   every collective on it and finish; the job must end within the bound.
+- stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
+  random rank other than 0 dies at a random point (between calls, in a small call or in a large
+  one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
+  collective on each new group and finish.
 """
 import argparse
 import os
@@ -41,31 +46,24 @@ def fail(what, output=""):
     sys.exit(f"FAIL: {what}\n{output}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "small", "large", "host"), required=True)
-    ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
-    ap.add_argument("--pid-namespaces", action="store_true",
-                    help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
-    ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
-    ap.add_argument("program", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+def launch(args, program, what, seed=0):
+    """One job on 2 namespace hosts; returns its output once every rank has ended (or fails)."""
     with hosts.signals_raise():
         with hosts.Hosts([2, 2], mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT", "-x", "SHRINK_TIMEOUT_MS"]
-            if args.what != "host":
-                mode = ["victim" if args.what == "rank" else args.what, "3"]
-                job = h.start(program + mode, mpirun_args=mpirun_args, env=env)
-                survivors = 3
-            else:
+            if what == "host":
                 job = h.start(program + ["loop"], mpirun_args=mpirun_args, env=env)
                 if not job.wait_for(r"rank \d: looping", count=4, timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(1)
                 survivors = 2
+            elif what == "stress":
+                job = h.start(program + ["stress", str(seed)], mpirun_args=mpirun_args, env=env)
+                survivors = 2
+            else:
+                job = h.start(program + ["victim" if what == "rank" else what, "3"], mpirun_args=mpirun_args, env=env)
+                survivors = 3
             start = time.monotonic()
             finished = job.wait_for(r"^rank \d: done", count=survivors, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit: the old group holds abandoned requests); mpirun
@@ -89,7 +87,11 @@ def main():
                 fail(f"ranks still running 30 s after the survivors finished: {ranks_left}")
     if "WRONG" in out:
         fail("a collective gave a wrong result")
-    if args.what != "host":
+    return out
+
+
+def check(what, out):
+    if what != "host":
         for r in (0, 1, 2):
             m = re.search(rf"^rank {r}: shrunk failed \[3\] size 3 attempts (\d+)", out, re.M)
             if not m:
@@ -102,6 +104,37 @@ def main():
                 fail(f"rank {r} did not shrink to the 2 ranks of h0 after the loss of host h1")
             if not re.search(rf"^rank {r}: verified \d+ on 2 ranks", out, re.M) or f"rank {r}: done" not in out:
                 fail(f"rank {r} did not check its collectives on the shared-memory group and finish")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--what", choices=("rank", "small", "large", "host", "stress"), required=True)
+    ap.add_argument("--seeds", type=int, default=3, help="stress: the launches")
+    ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
+    ap.add_argument("--pid-namespaces", action="store_true",
+                    help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
+    ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
+    ap.add_argument("program", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if args.what != "stress":
+        check(args.what, launch(args, program, args.what))
+    else:
+        seed0 = int(time.time()) % 100000
+        for k in range(args.seeds):
+            out = launch(args, program, "stress", seed0 + k)
+            lost = [int(x) for x in re.findall(r"^rank 0: round \d+ lost rank (\d+)", out, re.M)]
+            if len(lost) != 2:
+                fail(f"seed {seed0 + k}: rank 0 did not get through two losses", out)
+            survivor = next(r for r in (1, 2, 3) if r not in lost)
+            for r in (0, survivor):
+                got = re.findall(rf"^rank {r}: shrunk failed \[([\d,]*)\] size (\d+)", out, re.M)
+                if [int(x) for g in got for x in g[0].split(",")] != lost:
+                    fail(f"seed {seed0 + k}: rank {r} shrank by {got}, expected {lost} in turn", out)
+                if not re.search(rf"^rank {r}: verified \d+ on 2 ranks", out, re.M) or f"rank {r}: done" not in out:
+                    fail(f"seed {seed0 + k}: rank {r} did not check its collectives on 2 ranks and finish", out)
+            print(f"seed {seed0 + k}: lost {lost}: ok")
     print("ok")
 
 
