@@ -133,6 +133,9 @@ class ShardedEmbeddingTable(Handle):
         super().__init__(out)
         self._comm = comm  # the C table borrows the communicator: keep it alive
         self.rows, self.dim = int(rows), int(dim)
+        # What a like table on another group needs (gradsync.torch.elastic); lr as set_lr leaves it.
+        self._options = dict(sharding=sharding, optimizer=optimizer, lr=float(lr), eps=eps, betas=tuple(betas),
+                             threads=threads, directory=directory)
         kind = opts.optimizer
         self.state_width = 2 * self.dim + 1 if kind == EMBEDDING_OPTIMIZERS["adam"] else 1
 
@@ -161,6 +164,7 @@ class ShardedEmbeddingTable(Handle):
     def set_lr(self, lr):
         """Learning rate of later pushes (set the same on every rank)."""
         check(lib.gradsync_embedding_set_lr(self.ptr, float(lr)))
+        self._options["lr"] = float(lr)
 
     def local_state(self):
         """(ids, values, state) of this rank's rows, ascending by id: copies. state is (n,) for
@@ -218,6 +222,8 @@ class ShardedEmbeddingTable(Handle):
         check(lib.gradsync_embedding_reshard(self.ptr, comm.ptr, rule, _path(checkpoint), ctypes.byref(moved),
                                              ctypes.byref(restored)))
         self._comm = comm
+        if sharding is not None:
+            self._options["sharding"] = sharding
         return moved.value, bool(restored.value)
 
     def __repr__(self):

@@ -61,7 +61,8 @@ import numpy as np
 import torch
 
 from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, GradsyncError
-from . import DistributedDataParallel, ZeroRedundancyOptimizer, _check_same_model
+from ..embedding import ShardedEmbeddingTable
+from . import DistributedDataParallel, ShardedEmbedding, ZeroRedundancyOptimizer, _check_same_model
 
 __all__ = ["State", "run", "join", "RECOVERABLE"]
 
@@ -71,6 +72,18 @@ RECOVERABLE = (E_REMOTE, E_TIMEOUT, E_ABORTED)
 
 def _module_of(model):
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class _Table:
+    """A ShardedEmbedding of the state, and where and how its commits are saved."""
+
+    def __init__(self, module, directory):
+        self.module = module
+        self.dir = directory
+        self.full = True  # the next save must be a full one (the first; after an in-memory reshard)
+        self.layers = 0  # incremental layers on the last full save
+        self.saved = None  # table.steps at the last save, load or restore that succeeded
+        self.unsure = False  # a save failed: the directory may hold it or the one before
 
 
 def _broadcast_blob(comm, blob, root):
@@ -96,7 +109,20 @@ class State:
     did and how long each phase took (see recover), state.grows each grow (see grow).
     """
 
-    def __init__(self, comm, model=None, optimizer=None, **fields):
+    def __init__(self, comm, model=None, optimizer=None, *, embeddings=(), checkpoint_dir=None, full_every=64,
+                 **fields):
+        self._setup(comm, model, optimizer, embeddings, checkpoint_dir, full_every, fields)
+        self.commit()
+
+    @classmethod
+    def _joiner(cls, comm, model, optimizer, embeddings, checkpoint_dir=None, full_every=64, **fields):
+        """A joiner's State: its first commit stays local (its tables have nothing to save yet)."""
+        self = cls.__new__(cls)
+        self._setup(comm, model, optimizer, embeddings, checkpoint_dir, full_every, fields)
+        self._commit = self._snapshot()
+        return self
+
+    def _setup(self, comm, model, optimizer, embeddings, checkpoint_dir, full_every, fields):
         self.comm = comm
         self.model = model
         self.optimizer = optimizer
@@ -107,8 +133,27 @@ class State:
         self.recoveries = []
         self.grows = []
         self._commit = None
+        self._pending = None  # the commit being saved: the tables' directories may hold it
         self._pending_first_step = None
-        self.commit()
+        found = list(_module_of(model).modules()) if model is not None else []
+        modules = []
+        for m in found + list(embeddings):
+            if isinstance(m, ShardedEmbedding) and all(m is not n for n in modules):
+                modules.append(m)
+        if modules and checkpoint_dir is None:
+            raise ValueError(f"State: the model holds {len(modules)} ShardedEmbedding table(s): pass checkpoint_dir=, "
+                             "a directory every rank sees, where each commit saves them (after a lost rank every "
+                             "row comes back from there)")
+        for m in modules:
+            if m.table._options["directory"] is not None:
+                raise ValueError("State: a ShardedEmbedding whose shard lives in files (directory=) cannot move to "
+                                 "another group; make it in memory")
+        if int(full_every) < 1:
+            raise ValueError(f"State: full_every must be >= 1, got {full_every}")
+        self.checkpoint_dir = checkpoint_dir
+        self.full_every = int(full_every)
+        self._tables = [_Table(m, os.path.join(os.fspath(checkpoint_dir), f"embedding{i}"))
+                        for i, m in enumerate(modules)]
 
     @property
     def sharded(self):
@@ -118,8 +163,26 @@ class State:
     # ---- commit and restore (local)
 
     def commit(self):
-        """Local: remember the fields and the state they describe (see the module docstring); the
-        first commit after a recovery also completes that recovery's figures (first_step_s)."""
+        """Remember the fields and the state they describe (see the module docstring). Local, except
+        with ShardedEmbedding tables: then collective, as it saves every table into checkpoint_dir
+        (GradsyncError as a collective's when that fails: elastic.run recovers). The first commit
+        after a recovery also completes that recovery's figures (first_step_s)."""
+        c = self._snapshot()
+        if self._tables:
+            self._pending = c
+            for t in self._tables:
+                self._save(t)
+            self._pending = None
+        self._commit = c
+        if self._pending_first_step is not None:
+            r, started = self._pending_first_step
+            now = time.monotonic_ns()
+            r["first_step_s"] = (now - started) / 1e9
+            r["first_step_done_ns"] = now
+            self._pending_first_step = None
+
+    def _snapshot(self):
+        """Local copies of what a commit holds."""
         module = _module_of(self.model)
         c = {"fields": copy.deepcopy({k: getattr(self, k) for k in self._names})}
         if module is not None:
@@ -131,13 +194,20 @@ class State:
             c["updates"] = self.optimizer.shard.updates
         elif self.optimizer is not None:
             c["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
-        self._commit = c
-        if self._pending_first_step is not None:
-            r, started = self._pending_first_step
-            now = time.monotonic_ns()
-            r["first_step_s"] = (now - started) / 1e9
-            r["first_step_done_ns"] = now
-            self._pending_first_step = None
+        c["table_steps"] = [t.module.table.steps for t in self._tables]
+        return c
+
+    def _save(self, t):
+        """Collective: table t into its directory, in full or as a layer on the last save."""
+        table = t.module.table
+        full = t.full or t.layers + 1 >= self.full_every
+        t.unsure = True
+        if full:
+            table.save(t.dir)
+        else:
+            table.save_incremental(t.dir)
+        t.layers = 0 if full else t.layers + 1
+        t.full, t.unsure, t.saved = False, False, table.steps
 
     def restore(self):
         """Local: back to the last commit (the fields, and the parameters, buffers and optimizer
@@ -171,7 +241,8 @@ class State:
             raise error
         record = {"error": None if error is None else str(error), "error_ns": started, "failed": [],
                   "attempts": 0, "agree_s": 0.0, "form_s": 0.0, "shrink_s": 0.0, "reshard_s": 0.0,
-                  "rebuild_s": 0.0, "sync_s": 0.0, "moved_floats": 0}
+                  "rebuild_s": 0.0, "sync_s": 0.0, "moved_floats": 0,
+                  "table_moved_rows": 0, "tables_restored": 0, "tables_loaded": 0}
         old = [self.comm]  # every group left behind; closed once the state has moved off them
         while True:
             t = time.perf_counter()
@@ -210,6 +281,10 @@ class State:
             # The failed step's gather may have left the weights half written.
             self.optimizer.shard.gather(self.optimizer._weights.numpy())
             record["reshard_s"] += time.perf_counter() - t
+        if self._tables:
+            t = time.perf_counter()
+            self._recover_tables(comm, record)
+            record["reshard_s"] += time.perf_counter() - t
         if isinstance(self.model, DistributedDataParallel):
             t = time.perf_counter()
             self.model._attach(comm)
@@ -219,14 +294,82 @@ class State:
         record["sync_s"] += time.perf_counter() - t
         self.comm = comm
 
+    def _recover_tables(self, comm, record):
+        """Collective over comm: every table onto comm as its directory holds it (the last commit
+        whose save went through). Rows lost: all come from there (reshard). Nobody's rows lost: they
+        move in memory, then are read back from there if any rank's table moved on since (pushes of
+        the failed step, a save that failed); ranks at different steps (a push that failed on some
+        only) cannot move as one table: each makes a like one on comm and reads it."""
+        n = len(self._tables)
+        mine = np.array([[t.module.table.steps, int(t.unsure or t.module.table.steps != t.saved)]
+                         for t in self._tables], dtype=np.int64).reshape(-1)
+        every = comm.allgatherv(mine, [2 * n] * comm.size).reshape(comm.size, n, 2)
+        for i, t in enumerate(self._tables):
+            table = t.module.table
+            steps, dirty = every[:, i, 0], bool(every[:, i, 1].any())
+            if (steps == steps[0]).all():
+                moved, restored = table.reshard(comm, checkpoint=t.dir)
+                record["table_moved_rows"] += moved
+                if restored:
+                    record["tables_restored"] += 1
+                else:
+                    t.full = True  # the in-memory reshard's rule: the next save is a full one
+                    if dirty:
+                        table.load(t.dir)
+                        t.full = False
+                        record["tables_loaded"] += 1
+            else:
+                fresh = ShardedEmbeddingTable(comm, table.rows, table.dim, **table._options)
+                try:
+                    fresh.load(t.dir)
+                except BaseException:
+                    fresh.close()
+                    raise
+                t.module.table = fresh
+                table.close()
+                t.full = False
+                record["tables_loaded"] += 1
+            t.saved, t.unsure = t.module.table.steps, False
+            # The layers of a load or restore may be one more than counted (a save that landed).
+            t.layers += 1
+
+    def _admit_tables(self, comm, joining):
+        """Collective over a grown comm: the members' tables move in memory onto it, a joiner's (made
+        on comm by its build) take their rows; the members' learning rates first, as a joiner made
+        its tables with the starting ones."""
+        if not joining and not self._tables:
+            return
+        lrs = pickle.loads(_broadcast_blob(comm, pickle.dumps([t.module.table._options["lr"]
+                                                                for t in self._tables]), 0))
+        if len(lrs) != len(self._tables):
+            raise ValueError(f"join: the members keep {len(lrs)} ShardedEmbedding table(s), this joiner's build "
+                             f"made {len(self._tables)}")
+        for t, lr in zip(self._tables, lrs):
+            if lr != t.module.table._options["lr"]:
+                t.module.table.set_lr(lr)
+            t.module.table.reshard(comm)
+            t.full = True  # a joiner never saved; a member's in-memory reshard needs a full save next
+            t.saved, t.unsure = t.module.table.steps, False
+
     def _sync(self, comm):
         """Collective: every member takes the commit of the member that committed last (the lowest
-        rank among equals), and a ZeroRedundancyOptimizer's step count decides state.step."""
+        rank among equals), and a ZeroRedundancyOptimizer's step count decides state.step. With
+        tables, only a commit whose tables' steps are theirs now (the directories') qualifies: a
+        survivor's last commit, or the one it was saving when the loss showed, if that save landed."""
+        steps = [t.module.table.steps for t in self._tables]
+        for c in (self._commit, self._pending):
+            if c is not None and c["table_steps"] == steps:
+                self._commit = c
+                break
+        self._pending = None
         self.restore()
         c = self._commit
-        mine = np.array([c["fields"]["step"], c.get("updates", 0)], dtype=np.int64)
-        every = comm.allgatherv(mine, [2] * comm.size).reshape(comm.size, 2)
-        source = int(np.lexsort((np.arange(comm.size), -every[:, 0]))[0])
+        mine = np.array([c["fields"]["step"], c.get("updates", 0), int(c["table_steps"] == steps)], dtype=np.int64)
+        every = comm.allgatherv(mine, [3] * comm.size).reshape(comm.size, 3)
+        if not every[:, 2].any():
+            raise RuntimeError(f"elastic: the tables in the checkpoint are at steps {steps}, which no member's "
+                               "commit describes (a loss during a commit's saves of several tables?)")
+        source = int(np.lexsort((np.arange(comm.size), -every[:, 0], -every[:, 2]))[0])
         blob = pickle.dumps({k: v for k, v in c.items() if k not in ("module", "buffers")})
         theirs = pickle.loads(_broadcast_blob(comm, blob, source))
         module = _module_of(self.model)
@@ -245,7 +388,10 @@ class State:
         if self.sharded:
             # The optimizer's steps cannot go back: the count the survivors share goes on.
             self.step = theirs["fields"]["step"] + self.optimizer.shard.updates - theirs["updates"]
-        self.commit()
+            if self._tables and self.step != theirs["fields"]["step"]:
+                raise RuntimeError(f"elastic: the optimizer applied step {theirs['fields']['step']} on every "
+                                   "survivor, which the tables, back at the commit, cannot follow")
+        self._commit = self._snapshot()
 
     def grow(self, join_name, joiners=1):
         """Collective over the members, at a step boundary (after a commit): let `joiners` new ranks
@@ -270,6 +416,7 @@ class State:
                 opt.shard.reshard(new)
             if isinstance(self.model, DistributedDataParallel):
                 self.model._attach(new)  # the members' side of the joiners' DistributedDataParallel
+            self._admit_tables(new, joining=False)
             self._sync(new)
         except BaseException:
             new.close()
@@ -301,7 +448,9 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
         timeout_ms = int(os.environ["GRADSYNC_TIMEOUT_MS"])
     comm, info = Communicator.join(join_name, index, joiners, timeout_ms=timeout_ms, transport=transport)
     try:
-        model, optimizer = build(comm, joining=True)
+        built = build(comm, joining=True)
+        model, optimizer = built[0], built[1]
+        embeddings = built[2] if len(built) > 2 else ()
         if isinstance(optimizer, ZeroRedundancyOptimizer):
             lr = np.zeros(2, dtype=np.float64)
             comm.broadcast(lr, root=0)  # State.grow's: the members' learning rate
@@ -310,7 +459,8 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
                 optimizer._lr = float(lr[0])
             optimizer.param_groups[0]["lr"] = float(lr[1])
             optimizer.shard.reshard(comm)
-        state = State(comm, model, optimizer, **fields)
+        state = State._joiner(comm, model, optimizer, embeddings, **fields)
+        state._admit_tables(comm, joining=True)
         state._sync(comm)
     except BaseException:
         comm.close()
