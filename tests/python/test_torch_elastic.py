@@ -355,3 +355,188 @@ def test_train_elastic_rank_main_without_replace_finishes_on_3_ranks(tmp_path):
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank.*.json"))]
     assert [r["member_id"] for r in results] == [0, 1, 3]
     assert all(r["size"] == 3 and r["grows"] == [] and len(r["recoveries"]) == 1 for r in results)
+
+
+# ---------------------------------------------------------------- sharded embedding tables
+
+EMB_ROWS, EMB_DIM = 40, 4
+
+
+def emb_batch(step, rank, size):
+    """The global batch of a step (24 ids and labels), rank's share."""
+    g = torch.Generator().manual_seed(2000 + step)
+    ids = torch.randint(0, EMB_ROWS, (24,), generator=g)
+    y = torch.randint(0, 3, (24,), generator=g)
+    return ids[rank::size], y[rank::size]
+
+
+def emb_build(comm, joining=False, start=None):
+    """A row_adagrad ShardedEmbedding beside a DistributedDataParallel dense part (Adam), from
+    `start` (dense state dicts and the table's checkpoint directory) or from scratch."""
+    from gradsync.torch import DistributedDataParallel, ShardedEmbedding
+
+    emb = ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3)
+    dense = torch.nn.Linear(EMB_DIM, 3)
+    with torch.no_grad():
+        rng = np.random.default_rng(1)
+        for p in dense.parameters():
+            p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.5).astype(np.float32)))
+    opt = torch.optim.Adam(dense.parameters(), lr=0.01)
+    if start is not None:
+        dense.load_state_dict(start["module"])
+        opt.load_state_dict(start["optimizer"])
+        emb.table.load(start["table"])
+    return DistributedDataParallel(dense, comm, bucket_cap_mb=1e-4), opt, [emb]
+
+
+def emb_loop(state, until, victim=None, kill_at=None, after=None):
+    """Train to step `until`; the victim SIGKILLs itself at kill_at after its optimizer step (its
+    pushes applied on every rank), before the commit. after: (state.step, table.steps) at the
+    start of each call that follows a recovery."""
+    emb = state.embeddings[0]
+    if after is not None and len(after) < len(state.recoveries):
+        after.append((state.step, emb.table.steps))
+    while state.step < until:
+        ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
+        state.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(state.model(emb(ids)), y).backward()
+        state.optimizer.step()
+        if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.step += 1
+        state.commit()
+
+
+def emb_rows(parts):
+    """Every rank's (ids, values, state) of a table: values and state by global id."""
+    ids = np.concatenate([p[0] for p in parts])
+    order = np.argsort(ids, kind="stable")
+    assert np.array_equal(ids[order], np.arange(EMB_ROWS))  # each row on exactly one rank
+    return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
+
+
+def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None):
+    """emb_loop from emb_build(start) at `step` (the table's learning rate then lr if given); this
+    rank's table rows, dense weights, recoveries, (step, table steps) after each recovery and the
+    dense state dicts."""
+    from gradsync.torch import elastic
+
+    model, opt, embeddings = emb_build(comm, start=start)
+    if lr is not None:
+        embeddings[0].table.set_lr(lr)
+    state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step)
+    after = []
+    elastic.run(emb_loop)(state, until, victim, kill_at, after)
+    assert embeddings[0].table.steps == state.step
+    weights = [p.detach().numpy().copy() for p in model.module.parameters()]
+    dicts = pickle.dumps({"module": model.module.state_dict(), "optimizer": opt.state_dict()})
+    return embeddings[0].table.local_state(), weights, state.recoveries, after, dicts
+
+
+def _emb_rank(rank, size, q, group, ckpt):
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        rows, weights, recoveries, after, _ = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT)
+        q.put((rank, (rows, weights, recoveries, after)))
+
+
+def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_for_bit(tmp_path):
+    results, codes = _run(_emb_rank, 4, _group("emb"), str(tmp_path / "run"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    # The reference: 4 ranks (threads) to the commit, then 3 from it, with the same global
+    # batches; the table's state after a sequence of pushes does not depend on the ranks' count,
+    # and DDP's means over 4, then 3 ranks are those of the survivors.
+    first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), KILL_AT))
+    start = pickle.loads(first[0][4])
+    start["table"] = str(tmp_path / "ref1" / "embedding0")
+    ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=KILL_AT))
+    ref_values, ref_state = emb_rows([r[0] for r in ref])
+    values, state = emb_rows([results[r][0] for r in (0, 1, 3)])
+    for r in (0, 1, 3):
+        _, weights, recoveries, after = results[r]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
+        assert recoveries[0]["tables_restored"] == 1 and recoveries[0]["reshard_s"] > 0
+        # Back to the commit: the survivors had applied step KILL_AT's pushes, the table forgot them.
+        assert after == [(KILL_AT, KILL_AT)], after
+        for got, want in zip(weights, ref[0][1]):
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32)), np.abs(values - ref_values).max()
+    assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
+
+
+def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
+    import threading
+
+    from gradsync.torch import elastic
+
+    join_name, ckpt = f"py-el-embgrow-{uuid.uuid4().hex[:8]}", str(tmp_path / "grow")
+    before, after = {}, {}
+
+    def member(comm, rank):
+        model, opt, embeddings = emb_build(comm)
+        state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt)
+        emb_loop(state, GROW_AT)
+        embeddings[0].table.set_lr(0.05)  # the joiner made its table with 0.1: it takes the members'
+        before[rank] = embeddings[0].table.local_state()
+        record = state.grow(join_name, 1)
+        assert record["size"] == 4
+        after[state.comm.rank] = embeddings[0].table.local_state()
+        emb_loop(state, GROWN_STEPS)
+        out = embeddings[0].table.local_state(), state.step, embeddings[0].table.steps
+        state.comm.close()
+        return out
+
+    joined = {}
+
+    def joiner():
+        try:
+            state = elastic.join(join_name, emb_build, transport="threads", timeout_ms=60000, checkpoint_dir=ckpt)
+            table = state.embeddings[0].table
+            joined["at"] = state.step, table.steps
+            after[state.comm.rank] = table.local_state()
+            emb_loop(state, GROWN_STEPS)
+            joined["out"] = table.local_state(), state.step, table.steps
+            state.comm.close()
+        except BaseException as e:  # reported below
+            joined["error"] = e
+
+    t = threading.Thread(target=joiner)
+    t.start()
+    got = run_ranks(3, member)
+    t.join(timeout=60)
+    assert "error" not in joined, joined.get("error")
+    assert joined["at"] == (GROW_AT, GROW_AT)
+    assert sorted(after) == [0, 1, 2, 3] and len(after[3][0]) > 0  # the joiner owns rows now
+    was, now = emb_rows(list(before.values())), emb_rows(list(after.values()))
+    for a, b in zip(was, now):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    # Training went on over 4 ranks: the same as 3 ranks to GROW_AT, then 4 from there.
+    first = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), GROW_AT))
+    start = pickle.loads(first[0][4])
+    start["table"] = str(tmp_path / "ref1" / "embedding0")
+
+    def second_part(comm, rank):
+        return emb_run(comm, str(tmp_path / "ref2"), GROWN_STEPS, start=start, step=GROW_AT, lr=0.05)
+    ref = emb_rows([r[0] for r in run_ranks(4, second_part)])
+    final = emb_rows([g[0] for g in got] + [joined["out"][0]])
+    for g in got + [joined["out"]]:
+        assert g[1:] == (GROWN_STEPS, GROWN_STEPS)
+    for a, b in zip(final, ref):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_embedding_without_a_checkpoint_dir_is_refused():
+    from gradsync.torch import elastic
+
+    def body(comm, rank):
+        model, opt, embeddings = emb_build(comm)
+        with pytest.raises(ValueError, match="ShardedEmbedding table.*checkpoint_dir="):
+            elastic.State(comm, model, opt, embeddings=embeddings)
+        # Found in the model as well as named: a module that holds the table.
+        holder = torch.nn.ModuleDict({"emb": embeddings[0], "dense": model.module})
+        with pytest.raises(ValueError, match="checkpoint_dir="):
+            elastic.State(comm, holder, opt)
+        return True
+
+    assert run_ranks(2, body) == [True, True]

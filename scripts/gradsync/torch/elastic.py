@@ -156,6 +156,12 @@ class State:
                         for i, m in enumerate(modules)]
 
     @property
+    def embeddings(self):
+        """The ShardedEmbedding modules whose tables this state commits and moves (found in the
+        model, and those passed as embeddings=), in that order."""
+        return [t.module for t in self._tables]
+
+    @property
     def sharded(self):
         """Whether the optimizer keeps its state sliced over the ranks (a ZeroRedundancyOptimizer)."""
         return isinstance(self.optimizer, ZeroRedundancyOptimizer)
