@@ -540,3 +540,53 @@ def test_embedding_without_a_checkpoint_dir_is_refused():
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit(tmp_path):
+    # Nobody is lost (a grow nobody joins times out), but the tables moved on since the commit (a
+    # step's pushes, uncommitted): they move in memory, then are read back from the commit's save.
+    # A rank whose table is at another step (here: made afresh) makes the group build like ones.
+    from gradsync.torch import ShardedEmbedding, elastic
+
+    nobody, ckpt = f"py-el-embnobody-{uuid.uuid4().hex[:8]}", str(tmp_path / "nobody")
+
+    def step_uncommitted(state):
+        emb = state.embeddings[0]
+        ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
+        state.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(state.model(emb(ids)), y).backward()
+        state.optimizer.step()
+        state.step += 1
+
+    def body(comm, rank):
+        model, opt, embeddings = emb_build(comm)
+        state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt)
+        emb_loop(state, 2)
+        committed = embeddings[0].table.local_state()
+        weights = [p.detach().clone() for p in model.module.parameters()]
+        records = []
+        for fresh in (False, True):
+            step_uncommitted(state)
+            assert embeddings[0].table.steps == 3
+            if fresh and rank == 1:
+                old = embeddings[0].table
+                embeddings[0].table = ShardedEmbedding(state.comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad",
+                                                       lr=0.1).table
+                old.close()
+            with pytest.raises(gs.GradsyncError) as err:
+                elastic.run(lambda s: s.grow(nobody, 1))(state)
+            assert err.value.status in elastic.RECOVERABLE  # the grow's, raised again by run
+            records.append(state.recoveries[-1])
+            assert state.step == 2 and embeddings[0].table.steps == 2
+            for a, b in zip(embeddings[0].table.local_state(), committed):
+                assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+            for a, b in zip(model.module.parameters(), weights):
+                assert torch.equal(a, b)
+        emb_loop(state, 4)  # and on, saving incrementally on the loaded checkpoint
+        assert embeddings[0].table.steps == 4
+        state.comm.close()
+        return records
+
+    for records in run_ranks(2, body, timeout_ms=500):
+        assert [r["failed"] for r in records] == [[[]], [[]]]
+        assert [(r["tables_restored"], r["tables_loaded"]) for r in records] == [(0, 1), (0, 1)]
