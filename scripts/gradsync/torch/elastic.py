@@ -42,13 +42,26 @@ What a commit holds, and so what a recovery goes back to:
     the step's final gather, that step is applied on every survivor, and state.step then resumes
     one past the commit (fields other than step are the commit's). So with this optimizer,
     commit after every optimizer.step() and derive what a step needs from state.step.
+  - with ShardedEmbedding / ShardedEmbeddingBag tables (found in the model, or passed as
+    embeddings=, as beside a DistributedDataParallel): every row and its optimizer state, saved by
+    each commit into checkpoint_dir (required then; a directory every rank sees, one subdirectory
+    per table), the first save in full, the next ones as incremental layers (a full one every
+    full_every commits, and after the tables moved in memory). So a commit with tables, and
+    State() which commits, is collective. recover brings each table back to the commit: after a
+    lost rank every row comes from that save (a lost rank's rows exist nowhere else); when nobody
+    was lost the rows move in memory and, if they moved on since (the failed step's pushes), are
+    read back from it. table.steps then agrees with the step of the commit. With a
+    ZeroRedundancyOptimizer whose failed step went through (above), recover raises RuntimeError
+    instead, as the tables cannot follow it; so does a loss during a commit's saves of several
+    tables that left them at different commits.
 Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
 GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
 
 Growing back: a replacement rank calls join(join_name, build), which returns its State, while
 the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
-and, from the members, the parameters by broadcast and its optimizer slices by reshard (THREAD
-and SHM groups: see Communicator.grow). `python3 -m gradsync.run --elastic --replace` starts a
+and, from the members, the parameters by broadcast, its optimizer slices and its tables' rows by
+reshard, in memory (THREAD and SHM groups: see Communicator.grow); the next commit saves the
+tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """
 import copy
@@ -104,7 +117,10 @@ class State:
     trained (a DistributedDataParallel, or the plain module a ZeroRedundancyOptimizer steps).
     optimizer: a ZeroRedundancyOptimizer, a torch optimizer, or None. fields: the counters to
     commit with it (step=0 unless given), read and written as attributes (state.step).
-    The state is committed once here. state.comm, state.model and state.optimizer are the current
+    embeddings: ShardedEmbedding modules outside the model (beside a DistributedDataParallel);
+    those inside it are found. checkpoint_dir: required with any table (ValueError otherwise): a
+    directory every rank sees, where commits save the tables; full_every: commits per full save
+    (the others are incremental). The state is committed once here (collective with tables). state.comm, state.model and state.optimizer are the current
     ones (the communicator changes at each recovery). state.recoveries lists what each recovery
     did and how long each phase took (see recover), state.grows each grow (see grow).
     """
@@ -217,7 +233,8 @@ class State:
 
     def restore(self):
         """Local: back to the last commit (the fields, and the parameters, buffers and optimizer
-        state a commit copies; a ZeroRedundancyOptimizer's sliced state stays where it is)."""
+        state a commit copies; a ZeroRedundancyOptimizer's sliced state and the tables stay where
+        they are: only recover, collective, brings tables back)."""
         c = self._commit
         for k, v in copy.deepcopy(c["fields"]).items():
             setattr(self, k, v)
@@ -239,7 +256,8 @@ class State:
         lost members' ranks in each group shrunk, a list per shrink), size (the new group's),
         attempts, and the phases' times in seconds: shrink_s (agree_s + form_s of it: agreeing on the
         failed set, forming the group), reshard_s, rebuild_s (DDP's buckets), sync_s (the commit to
-        every survivor), total_s; error_ns (time.monotonic_ns() when recover began) and, after the
+        every survivor), total_s; table_moved_rows, tables_restored (from the save, after a loss)
+        and tables_loaded (read back after moving in memory), whose time is in reshard_s; error_ns (time.monotonic_ns() when recover began) and, after the
         next commit, first_step_s. Raises GradsyncError E_LOST (naming the ranges) when optimizer
         state lived only on lost ranks, and any error that is not a lost member's."""
         started = time.monotonic_ns()
@@ -402,7 +420,8 @@ class State:
     def grow(self, join_name, joiners=1):
         """Collective over the members, at a step boundary (after a commit): let `joiners` new ranks
         in, which call join() with the same join_name; they take the parameters and the commit by
-        broadcast and a ZeroRedundancyOptimizer's slices by reshard (Communicator.grow).
+        broadcast, and a ZeroRedundancyOptimizer's slices and the tables' rows (with the members'
+        learning rates) by reshard, in memory (Communicator.grow).
         Returns this grow's record, also appended to state.grows: size,
         first_member_id, and the phases' times in seconds: grow_s (agree_s + form_s of it, and
         waiting for the joiners to come), admit_s (state onto the grown group), total_s.
@@ -442,7 +461,9 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
     State, at the members' latest commit. build(comm, joining=True) makes the model and optimizer
     on the grown group as every rank made them at the start (the same calls, in the same order:
     a DistributedDataParallel, or a ZeroRedundancyOptimizer(..., joining=joining)) and returns
-    (model, optimizer). fields: as State's. Waits up to timeout_ms (default: GRADSYNC_TIMEOUT_MS,
+    (model, optimizer), or (model, optimizer, embeddings) with ShardedEmbedding modules outside the
+    model, made on comm as the members made theirs (their rows then come from the members).
+    fields: as State's, checkpoint_dir and full_every included. Waits up to timeout_ms (default: GRADSYNC_TIMEOUT_MS,
     else the library's) for the members to grow (Communicator.join: index among the joiners, their
     count, transport)."""
     from .. import Communicator
