@@ -357,12 +357,11 @@ class State:
             # The layers of a load or restore may be one more than counted (a save that landed).
             t.layers += 1
 
-    def _admit_tables(self, comm, joining):
+    def _admit_tables(self, comm):
         """Collective over a grown comm: the members' tables move in memory onto it, a joiner's (made
         on comm by its build) take their rows; the members' learning rates first, as a joiner made
         its tables with the starting ones."""
-        if not joining and not self._tables:
-            return
+        # Even with none: a joiner cannot tell whether the members keep tables.
         lrs = pickle.loads(_broadcast_blob(comm, pickle.dumps([t.module.table._options["lr"]
                                                                 for t in self._tables]), 0))
         if len(lrs) != len(self._tables):
@@ -441,7 +440,7 @@ class State:
                 opt.shard.reshard(new)
             if isinstance(self.model, DistributedDataParallel):
                 self.model._attach(new)  # the members' side of the joiners' DistributedDataParallel
-            self._admit_tables(new, joining=False)
+            self._admit_tables(new)
             self._sync(new)
         except BaseException:
             new.close()
@@ -487,7 +486,7 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
             optimizer.param_groups[0]["lr"] = float(lr[1])
             optimizer.shard.reshard(comm)
         state = State._joiner(comm, model, optimizer, embeddings, **fields)
-        state._admit_tables(comm, joining=True)
+        state._admit_tables(comm)
         state._sync(comm)
     except BaseException:
         comm.close()
