@@ -120,8 +120,9 @@ class State:
     embeddings: ShardedEmbedding modules outside the model (beside a DistributedDataParallel);
     those inside it are found. checkpoint_dir: required with any table (ValueError otherwise): a
     directory every rank sees, where commits save the tables; full_every: commits per full save
-    (the others are incremental). The state is committed once here (collective with tables). state.comm, state.model and state.optimizer are the current
-    ones (the communicator changes at each recovery). state.recoveries lists what each recovery
+    (the others are incremental). The state is committed once here (collective with tables).
+    state.comm, state.model and state.optimizer are the current ones (the communicator changes at
+    each recovery); state.embeddings the tables' modules. state.recoveries lists what each recovery
     did and how long each phase took (see recover), state.grows each grow (see grow).
     """
 
@@ -252,13 +253,14 @@ class State:
     def recover(self, error=None):
         """Collective over the survivors, after `error` (a GradsyncError whose status is in
         RECOVERABLE) showed that a member may be gone: shrink, reshard or rebuild, go back to the
-        latest commit (when nobody was lost, failed holds only empty lists: see run). Returns this recovery's record, also appended to state.recoveries: failed (the
-        lost members' ranks in each group shrunk, a list per shrink), size (the new group's),
-        attempts, and the phases' times in seconds: shrink_s (agree_s + form_s of it: agreeing on the
-        failed set, forming the group), reshard_s, rebuild_s (DDP's buckets), sync_s (the commit to
-        every survivor), total_s; table_moved_rows, tables_restored (from the save, after a loss)
-        and tables_loaded (read back after moving in memory), whose time is in reshard_s; error_ns (time.monotonic_ns() when recover began) and, after the
-        next commit, first_step_s. Raises GradsyncError E_LOST (naming the ranges) when optimizer
+        latest commit (when nobody was lost, failed holds only empty lists: see run). Returns this
+        recovery's record, also appended to state.recoveries: failed (the lost members' ranks in
+        each group shrunk, a list per shrink), size (the new group's), attempts, and the phases'
+        times in seconds: shrink_s (agree_s + form_s of it: agreeing on the failed set, forming the
+        group), reshard_s (the optimizer's slices and the tables), rebuild_s (DDP's buckets),
+        sync_s (the commit to every survivor), total_s; table_moved_rows, tables_restored (from
+        their save, after a loss) and tables_loaded (read back after moving in memory); error_ns
+        (time.monotonic_ns() when recover began) and, after the next commit, first_step_s. Raises GradsyncError E_LOST (naming the ranges) when optimizer
         state lived only on lost ranks, and any error that is not a lost member's."""
         started = time.monotonic_ns()
         if error is not None and not (isinstance(error, GradsyncError) and error.status in RECOVERABLE):
