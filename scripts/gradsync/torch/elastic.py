@@ -260,8 +260,10 @@ class State:
         group), reshard_s (the optimizer's slices and the tables), rebuild_s (DDP's buckets),
         sync_s (the commit to every survivor), total_s; table_moved_rows, tables_restored (from
         their save, after a loss) and tables_loaded (read back after moving in memory); error_ns
-        (time.monotonic_ns() when recover began) and, after the next commit, first_step_s. Raises GradsyncError E_LOST (naming the ranges) when optimizer
-        state lived only on lost ranks, and any error that is not a lost member's."""
+        (time.monotonic_ns() when recover began) and, after the next commit, first_step_s.
+        Raises GradsyncError E_LOST (naming the ranges) when optimizer state lived only on lost
+        ranks, RuntimeError when the tables cannot go back with the rest (see the module
+        docstring), and any error that is not a lost member's."""
         started = time.monotonic_ns()
         if error is not None and not (isinstance(error, GradsyncError) and error.status in RECOVERABLE):
             raise error
