@@ -370,12 +370,14 @@ def emb_batch(step, rank, size):
     return ids[rank::size], y[rank::size]
 
 
-def emb_build(comm, joining=False, start=None):
-    """A row_adagrad ShardedEmbedding beside a DistributedDataParallel dense part (Adam), from
-    `start` (dense state dicts and the table's checkpoint directory) or from scratch."""
+def emb_build(comm, joining=False, start=None, directory=None):
+    """A row_adagrad ShardedEmbedding (its shard in files under `directory` if given) beside a
+    DistributedDataParallel dense part (Adam), from `start` (dense state dicts and the table's
+    checkpoint directory) or from scratch."""
     from gradsync.torch import DistributedDataParallel, ShardedEmbedding
 
-    emb = ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3)
+    emb = ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3,
+                           directory=directory)
     dense = torch.nn.Linear(EMB_DIM, 3)
     with torch.no_grad():
         rng = np.random.default_rng(1)
@@ -415,13 +417,13 @@ def emb_rows(parts):
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None):
+def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None):
     """emb_loop from emb_build(start) at `step` (the table's learning rate then lr if given); this
     rank's table rows, dense weights, recoveries, (step, table steps) after each recovery and the
     dense state dicts."""
     from gradsync.torch import elastic
 
-    model, opt, embeddings = emb_build(comm, start=start)
+    model, opt, embeddings = emb_build(comm, start=start, directory=directory)
     if lr is not None:
         embeddings[0].table.set_lr(lr)
     state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step)
@@ -433,15 +435,18 @@ def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr
     return embeddings[0].table.local_state(), weights, state.recoveries, after, dicts
 
 
-def _emb_rank(rank, size, q, group, ckpt):
+def _emb_rank(rank, size, q, group, ckpt, directory=None):
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
-        rows, weights, recoveries, after, _ = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT)
+        rows, weights, recoveries, after, _ = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT,
+                                                      directory=directory)
         q.put((rank, (rows, weights, recoveries, after)))
 
 
-def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_for_bit(tmp_path):
-    results, codes = _run(_emb_rank, 4, _group("emb"), str(tmp_path / "run"))
+@pytest.mark.parametrize("in_files", [False, True], ids=["memory", "files"])
+def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_for_bit(tmp_path, in_files):
+    shards = str(tmp_path / "shards") if in_files else None
+    results, codes = _run(_emb_rank, 4, _group("emb"), str(tmp_path / "run"), shards)
     assert codes[VICTIM] == -signal.SIGKILL
     assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
     # The reference: 4 ranks (threads) to the commit, then 3 from it, with the same global
@@ -463,6 +468,9 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32)), np.abs(values - ref_values).max()
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
+    if in_files:  # the survivors' layout only: the old one's files went with the reshard
+        names = sorted(os.listdir(shards))
+        assert names and all("-of-3." in n for n in names), names
 
 
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
@@ -542,7 +550,8 @@ def test_embedding_without_a_checkpoint_dir_is_refused():
     assert run_ranks(2, body) == [True, True]
 
 
-def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit(tmp_path):
+@pytest.mark.parametrize("in_files", [False, True], ids=["memory", "files"])
+def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit(tmp_path, in_files):
     # Nobody is lost (a grow nobody joins times out), but the tables moved on since the commit (a
     # step's pushes, uncommitted): they move in memory, then are read back from the commit's save.
     # A rank whose table is at another step (here: made afresh) makes the group build like ones.
@@ -559,7 +568,7 @@ def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit
         state.step += 1
 
     def body(comm, rank):
-        model, opt, embeddings = emb_build(comm)
+        model, opt, embeddings = emb_build(comm, directory=str(tmp_path / "shards") if in_files else None)
         state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt)
         emb_loop(state, 2)
         committed = embeddings[0].table.local_state()
@@ -571,7 +580,7 @@ def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit
             if fresh and rank == 1:
                 old = embeddings[0].table
                 embeddings[0].table = ShardedEmbedding(state.comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad",
-                                                       lr=0.1).table
+                                                       lr=0.1, directory=old._options["directory"]).table
                 old.close()
             with pytest.raises(gs.GradsyncError) as err:
                 elastic.run(lambda s: s.grow(nobody, 1))(state)

@@ -161,10 +161,6 @@ class State:
             raise ValueError(f"State: the model holds {len(modules)} ShardedEmbedding table(s): pass checkpoint_dir=, "
                              "a directory every rank sees, where each commit saves them (after a lost rank every "
                              "row comes back from there)")
-        for m in modules:
-            if m.table._options["directory"] is not None:
-                raise ValueError("State: a ShardedEmbedding whose shard lives in files (directory=) cannot move to "
-                                 "another group; make it in memory")
         if int(full_every) < 1:
             raise ValueError(f"State: full_every must be >= 1, got {full_every}")
         self.checkpoint_dir = checkpoint_dir
@@ -347,11 +343,21 @@ class State:
                         t.full = False
                         record["tables_loaded"] += 1
             else:
-                fresh = ShardedEmbeddingTable(comm, table.rows, table.dim, **table._options)
+                if table._options["directory"] is not None:
+                    table.close()  # its files may be the like table's (same rank and size): let go of them first
+                try:
+                    fresh = ShardedEmbeddingTable(comm, table.rows, table.dim, **table._options)
+                except BaseException:
+                    if table._options["directory"] is not None:
+                        t.module.table = None  # closed: a failure here leaves no table to use
+                    raise
                 try:
                     fresh.load(t.dir)
                 except BaseException:
-                    fresh.close()
+                    if table._options["directory"] is None:
+                        fresh.close()
+                        raise
+                    t.module.table = fresh  # closed the old one: this one, on comm, reads it again
                     raise
                 t.module.table = fresh
                 table.close()
