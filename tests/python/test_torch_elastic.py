@@ -228,8 +228,28 @@ def test_ddp_after_a_sigkill_goes_on_as_the_survivors_alone_from_the_commit():
 GROW_AT, GROWN_STEPS = 5, 8
 
 
-def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
+def grow_with_a_joiner(members, member, join_body):
+    """member(comm, rank) on `members` threads, join_body() on a thread of its own (which joins
+    them); returns the members' results and the joiner's, or raises the joiner's error."""
     import threading
+
+    joined = {}
+
+    def joiner():
+        try:
+            joined["out"] = join_body()
+        except BaseException as e:  # reported below
+            joined["error"] = e
+
+    t = threading.Thread(target=joiner)
+    t.start()
+    got = run_ranks(members, member)
+    t.join(timeout=60)
+    assert "error" not in joined, joined.get("error")
+    return got, joined["out"]
+
+
+def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
     from gradsync.torch import ZeroRedundancyOptimizer, elastic
 
     join_name = f"py-el-grow-{uuid.uuid4().hex[:8]}"
@@ -268,31 +288,23 @@ def test_shrink_then_grow_back_on_threads_matches_an_undisturbed_run():
             state.comm.close()
         return out
 
-    joined = {}
-
     def joiner():
-        try:
-            state = elastic.join(join_name, build, transport="threads", timeout_ms=60000)
-            joined["step"] = state.step
-            elastic.run(loop)(state, GROWN_STEPS)
-            joined["out"] = [p.detach().numpy().copy() for p in state.model.parameters()], state.comm.rank
-            state.comm.close()
-        except BaseException as e:  # reported below
-            joined["error"] = e
+        state = elastic.join(join_name, build, transport="threads", timeout_ms=60000)
+        step = state.step
+        elastic.run(loop)(state, GROWN_STEPS)
+        out = [p.detach().numpy().copy() for p in state.model.parameters()], state.comm.rank
+        state.comm.close()
+        return step, out
 
-    t = threading.Thread(target=joiner)
-    t.start()
-    got = run_ranks(4, member)
-    t.join(timeout=60)
-    assert "error" not in joined, joined.get("error")
+    got, (joined_step, joined_out) = grow_with_a_joiner(4, member, joiner)
     def undisturbed(comm, rank):
         model, opt = build(comm)
         loop(elastic.State(comm, model, opt), GROWN_STEPS)
         return [p.detach().numpy().copy() for p in model.parameters()]
 
     ref = run_ranks(4, undisturbed)[0]
-    assert got[VICTIM] is None and joined["step"] == GROW_AT and joined["out"][1] == 3
-    for weights in [got[r][0] for r in (0, 1, 3)] + [joined["out"][0]]:
+    assert got[VICTIM] is None and joined_step == GROW_AT and joined_out[1] == 3
+    for weights in [got[r][0] for r in (0, 1, 3)] + [joined_out[0]]:
         for a, b in zip(weights, ref):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
@@ -474,8 +486,6 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
 
 
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
-    import threading
-
     from gradsync.torch import elastic
 
     join_name, ckpt = f"py-el-embgrow-{uuid.uuid4().hex[:8]}", str(tmp_path / "grow")
@@ -495,26 +505,18 @@ def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path
         state.comm.close()
         return out
 
-    joined = {}
-
     def joiner():
-        try:
-            state = elastic.join(join_name, emb_build, transport="threads", timeout_ms=60000, checkpoint_dir=ckpt)
-            table = state.embeddings[0].table
-            joined["at"] = state.step, table.steps
-            after[state.comm.rank] = table.local_state()
-            emb_loop(state, GROWN_STEPS)
-            joined["out"] = table.local_state(), state.step, table.steps
-            state.comm.close()
-        except BaseException as e:  # reported below
-            joined["error"] = e
+        state = elastic.join(join_name, emb_build, transport="threads", timeout_ms=60000, checkpoint_dir=ckpt)
+        table = state.embeddings[0].table
+        at = state.step, table.steps
+        after[state.comm.rank] = table.local_state()
+        emb_loop(state, GROWN_STEPS)
+        out = table.local_state(), state.step, table.steps
+        state.comm.close()
+        return at, out
 
-    t = threading.Thread(target=joiner)
-    t.start()
-    got = run_ranks(3, member)
-    t.join(timeout=60)
-    assert "error" not in joined, joined.get("error")
-    assert joined["at"] == (GROW_AT, GROW_AT)
+    got, (joined_at, joined_out) = grow_with_a_joiner(3, member, joiner)
+    assert joined_at == (GROW_AT, GROW_AT)
     assert sorted(after) == [0, 1, 2, 3] and len(after[3][0]) > 0  # the joiner owns rows now
     was, now = emb_rows(list(before.values())), emb_rows(list(after.values()))
     for a, b in zip(was, now):
@@ -527,8 +529,8 @@ def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path
     def second_part(comm, rank):
         return emb_run(comm, str(tmp_path / "ref2"), GROWN_STEPS, start=start, step=GROW_AT, lr=0.05)
     ref = emb_rows([r[0] for r in run_ranks(4, second_part)])
-    final = emb_rows([g[0] for g in got] + [joined["out"][0]])
-    for g in got + [joined["out"]]:
+    final = emb_rows([g[0] for g in got] + [joined_out[0]])
+    for g in got + [joined_out]:
         assert g[1:] == (GROWN_STEPS, GROWN_STEPS)
     for a, b in zip(final, ref):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
