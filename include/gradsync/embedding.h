@@ -324,12 +324,12 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  *         lost: the checkpoint then gives the step) or come from different groups; or the checkpoint
  *         holds another shape or optimizer
  * @retval GRADSYNC_E_INVALID_ARG an unknown sharding, or checkpoint_dir given on some ranks only
- * @retval GRADSYNC_E_IO, GRADSYNC_E_NO_SPACE a rank could not write its new shard's files (every rank fails with it)
+ * @retval GRADSYNC_E_NO_SPACE a rank could not write its new shard's files (every rank fails with it)
  * @retval GRADSYNC_E_NOMEM a rank could not allocate its new shard, the rows it reads or the
  *         exchange's buffers (every rank fails with it)
  * @retval GRADSYNC_E_MISUSE a bad handle
  * @retval GRADSYNC_E_CORRUPT, GRADSYNC_E_VERSION_MISMATCH, GRADSYNC_E_IO as for
- *         gradsync_embedding_load
+ *         gradsync_embedding_load; E_IO also when a rank could not write its new shard's files
  * @retval GRADSYNC_E_REMOTE, GRADSYNC_E_TIMEOUT, GRADSYNC_E_ABORTED from new_comm (a rank died during the
  *         call): shrink new_comm and reshard onto its survivors with checkpoint_dir (a joiner, which
  *         never held the table, creates it anew on them), then replay
