@@ -176,8 +176,7 @@ ShrinkResult Membership::shrink(Communicator& group) {
       return result;
     } catch (const Error& e) {
       result.form += WaitClock::now() - formed_start;
-      const int s = e.status();
-      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      if (!lost_peer(e.status())) throw;
       // Every failed attempt lost a member, or ran out of time: the attempts are bounded.
       if (WaitClock::now() >= deadline || result.attempts > size_) {
         fail(GRADSYNC_E_TIMEOUT, "shrink of {}: rank {} could not form the new group ({} attempt(s), {} ms each): {}",

@@ -58,6 +58,12 @@ Outcome capture(F&& body) noexcept {
   }
 }
 
+// The statuses a lost peer gives a group's call (seen dead, stopped by a peer that saw it, or
+// silent past the timeout): what a shrink recovers from.
+inline bool lost_peer(int status) noexcept {
+  return status == GRADSYNC_E_REMOTE || status == GRADSYNC_E_ABORTED || status == GRADSYNC_E_TIMEOUT;
+}
+
 }  // namespace gradsync
 
 // Argument checks that read as the rule they enforce: GS_REQUIRE(n > 0, GRADSYNC_E_INVALID_ARG, "n is {}", n).

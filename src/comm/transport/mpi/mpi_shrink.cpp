@@ -398,8 +398,7 @@ ShrinkResult MpiCommunicator::shrink() {
     try {
       formed = form_on_host(sub, nonce[static_cast<size_t>(sub.members[0])]);
     } catch (const Error& err) {
-      const int s = err.status();
-      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      if (!lost_peer(err.status())) throw;
       fail(GRADSYNC_E_REMOTE,
            "shrink of {}: rank {}: a whole host was lost, and a member was lost while the survivors' "
            "shared-memory group (rank(s) {}) was being formed ({})",
@@ -419,8 +418,7 @@ ShrinkResult MpiCommunicator::shrink() {
       // create_group over the old group was tried here, and Open MPI 4.1 then crashed (a
       // segmentation fault in mca_pml_ob1_add_comm, 2 runs in 25): the shrink fails instead.
       create_deadline_.reset();
-      const int s = err.status();
-      if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+      if (!lost_peer(err.status())) throw;
       fail(GRADSYNC_E_REMOTE,
            "shrink of {}: rank {}: a member was lost while the survivors' group (rank(s) {}) was being set up ({}); "
            "Open MPI 4.1 cannot be trusted with another MPI_Comm_create_group after that: end the job",
@@ -432,8 +430,7 @@ ShrinkResult MpiCommunicator::shrink() {
   try {
     formed->barrier();  // the commit: every member has its communicator
   } catch (const Error& err) {
-    const int s = err.status();
-    if (s != GRADSYNC_E_REMOTE && s != GRADSYNC_E_ABORTED && s != GRADSYNC_E_TIMEOUT) throw;
+    if (!lost_peer(err.status())) throw;
     // A member lost once the group existed on every member: the new group lost it. Its members
     // shrink it (those whose commit completed fail their next call there, and shrink it too), on
     // its own messages: nothing of this group's epochs can mix in.
