@@ -14,6 +14,7 @@
 
 #include "comm/call_signature.hpp"
 #include "comm/reduce.hpp"
+#include "comm/transport/shm/segment.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
@@ -70,13 +71,12 @@ class HierCommunicator final : public Communicator {
     one_host_ = t.num_hosts == 1;
     even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(),
                         [&](int h) { return std::count(t.rank_host.begin(), t.rank_host.end(), h) == t.local_size; });
-    // One name per host for the shared-memory level, the same on that host's ranks: world rank
-    // 0's nonce, and the host index (hosts that a label makes distinct may share one /dev/shm).
-    uint64_t nonce = world_->rank() == 0 ? random_nonce() : 0;
-    world_->broadcast(&nonce, 1, DType::I64, 0);
+    // One name per host for the shared-memory level, the same on that host's ranks (level_name).
+    nonce_ = world_->rank() == 0 ? random_nonce() : 0;
+    world_->broadcast(&nonce_, 1, DType::I64, 0);
     Options local = options;
     local.transport = Transport::Shm;
-    local.name = fmt::format("gs-h{:016x}.{}", nonce, t.host);
+    local.name = level_name(t.host);
     local.rank = t.local_rank;
     local.size = t.local_size;
     local_ = create_shm_communicator(local);
@@ -179,6 +179,16 @@ class HierCommunicator final : public Communicator {
     local_->abort();
     if (cross_ != nullptr) cross_->abort();
     ShrinkResult result = world_->shrink();
+    // A host whose ranks are all lost has nobody left to remove its level's segment name; where
+    // that host shares this one's /dev/shm (hosts made by labels), the survivors do.
+    const Topology& was = world_->topology();
+    for (int h = 0; h < was.num_hosts; ++h) {
+      bool all_lost = true;
+      for (size_t r = 0; r < was.rank_host.size(); ++r)
+        if (was.rank_host[r] == h)
+          all_lost &= std::binary_search(result.failed.begin(), result.failed.end(), static_cast<int>(r));
+      if (all_lost) shm::remove_segment_name(level_name(h));
+    }
     if (result.comm->transport() != Transport::Mpi) return result;
     const auto levels_start = std::chrono::steady_clock::now();
     const Topology topology = result.comm->topology();
@@ -487,6 +497,10 @@ class HierCommunicator final : public Communicator {
     if (dtype == DType::F64) divide<double>(data, count, n);
   }
 
+  // Host h's shared-memory level: rank 0's nonce and the host (hosts that labels make distinct
+  // may share one /dev/shm).
+  std::string level_name(int h) const { return fmt::format("gs-h{:016x}.{}", nonce_, h); }
+  uint64_t nonce_ = 0;
   std::unique_ptr<Communicator> world_, local_, cross_;
   bool even_ = true;
   bool one_host_ = false;

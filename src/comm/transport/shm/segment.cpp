@@ -132,6 +132,13 @@ Layout compute_layout(int size, uint64_t heap_bytes_per_rank) {
   return l;
 }
 
+void remove_segment_name(const std::string& name) noexcept {
+  try {
+    bip::shared_memory_object::remove(segment_name(name).c_str());
+  } catch (...) {  // out of memory for the name: the segment stays, as a crash would leave it
+  }
+}
+
 std::string segment_name(const std::string& group) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out = "gradsync.";

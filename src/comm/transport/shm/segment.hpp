@@ -80,6 +80,9 @@ Layout compute_layout(int size, uint64_t heap_bytes_per_rank);
 
 // "gradsync." + the group name, with bytes outside [A-Za-z0-9._-] escaped as %XX.
 std::string segment_name(const std::string& group);
+// Removes group `name`'s segment name, for a group whose members are all gone with nobody left to
+// leave it (its mappings stay valid); nothing when there is none.
+void remove_segment_name(const std::string& name) noexcept;
 
 class Segment {
  public:
