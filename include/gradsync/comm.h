@@ -126,7 +126,13 @@
  * - Deadlines and what happens after a timeout: every wait for the peers is polled against
  *   timeout_ms, so a rank that never arrives gives GRADSYNC_E_TIMEOUT; the timed-out rank tells the
  *   others (they get GRADSYNC_E_TIMEOUT too if waiting, GRADSYNC_E_ABORTED on their next call).
- *   A peer process on the same host that dies while others wait gives GRADSYNC_E_REMOTE. MPI cannot
+ *   A peer process that dies while others wait gives GRADSYNC_E_REMOTE within about 100 ms: seen
+ *   by PID on its host, and from other hosts (or PID namespaces) through a TCP connection between
+ *   the two processes that carries nothing and ends with either (the kernel closes it however
+ *   the process ends). Each rank holds about one such connection per other host, made as the
+ *   group forms; where none can be made (no IPv4 route between the hosts), a warning names the
+ *   peers, whose death then shows at the deadline. A host that loses power or its network (no
+ *   connection end is sent) shows at the deadline too. MPI cannot
  *   cancel a collective: the abandoned exchange stays posted (on library-owned memory that is kept
  *   until exit, never on caller buffers) and that MPI communicator is never used again. Every call
  *   then fails with GRADSYNC_E_ABORTED until every rank calls gradsync_comm_reset, which
@@ -601,7 +607,7 @@ GRADSYNC_API int gradsync_comm_topology(const gradsync_comm* comm, int32_t* host
  * @param op a gradsync_op
  * @retval GRADSYNC_E_MISMATCH ranks disagree on count, dtype or op (every rank gets it)
  * @retval GRADSYNC_E_TIMEOUT a rank did not arrive in time; GRADSYNC_E_ABORTED the group is aborted
- * @retval GRADSYNC_E_REMOTE a peer process died (SHM, MPI on one host)
+ * @retval GRADSYNC_E_REMOTE a peer process died (SHM, MPI, HIER)
  * @retval GRADSYNC_E_MISUSE another thread is inside a call on this handle (this call did nothing),
  *         or a NULL, freed or wrong kind of handle; the same for every collective below
  * @threadsafety handle

@@ -18,6 +18,13 @@ namespace gradsync {
 // Changes in the child of every fork(), never in the process that forked.
 uint64_t fork_generation() noexcept;
 
+// fd is closed in the child of every later fork(), before the child runs code of its own, until
+// keep_in_forked_children(fd) (before this process closes it): for a descriptor whose holding
+// means something to a peer (a liveness link, whose end tells the peer this process is gone; a
+// child that kept it open would hide that). False when out of memory (then fd is not registered).
+bool close_in_forked_children(int fd) noexcept;
+void keep_in_forked_children(int fd) noexcept;
+
 class OwnerProcess {
  public:
   OwnerProcess() noexcept;

@@ -14,7 +14,9 @@ PROGRAM is tests/mpi/mpi_shrink_program.
 - large: as rank, but rank 3 is killed while the others wait for it inside a 256K-float allreduce
   (on hier: in its levels, rank 2 in the shared-memory level, rank 1 in the cross-host one).
 - host: once every rank is under way, every process of h1 (its ranks and its Open MPI daemon) is
-  SIGKILLed. Ranks 0 and 1 agree that ranks 2 and 3 are lost and, both on h0, form a shared-memory
+  SIGKILLed. Ranks 0 and 1 see the loss as a death (E_REMOTE), never as a timeout: by PID, or
+  with --pid-namespaces by their liveness links to h1's ranks (run with a timeout longer than the
+  bound, so that waiting it out fails). They agree that ranks 2 and 3 are lost and, both on h0, form a shared-memory
   group (never MPI_Comm_create_group, which does not return once a host's daemon is lost), check
   every collective on it and finish; the job must end within the bound.
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
@@ -31,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts  # noqa: E402
 
-BOUND = 90  # seconds; the ranks' timeout is 5 s
+BOUND = 90  # seconds; the ranks' timeout is 5 s unless --timeout-ms says otherwise
 
 
 def _runs(pid, program):
@@ -100,6 +102,12 @@ def check(what, out):
                 fail(f"rank {r} did not check its collectives on the new group and finish")
     else:
         for r in (0, 1):
+            # Seen as a death (by PID, a liveness link or a peer's notice of either), never by
+            # waiting out the deadline, with or without the hosts' PIDs in view.
+            m = re.search(rf"^rank {r}: call (GRADSYNC_E_\w+)", out, re.M)
+            if not m or m.group(1) != "GRADSYNC_E_REMOTE":
+                fail(f"rank {r}'s call ended with {m.group(1) if m else 'nothing'}, not GRADSYNC_E_REMOTE: the loss "
+                     "of host h1 was not seen before the deadline")
             if not re.search(rf"^rank {r}: shrunk failed \[2,3\] size 2 attempts (\d+)", out, re.M):
                 fail(f"rank {r} did not shrink to the 2 ranks of h0 after the loss of host h1")
             if not re.search(rf"^rank {r}: verified \d+ on 2 ranks", out, re.M) or f"rank {r}: done" not in out:

@@ -30,6 +30,7 @@
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/liveness.hpp"
+#include "common/liveness_links.hpp"
 #include "common/log.hpp"
 #include "common/wait.hpp"
 
@@ -51,6 +52,10 @@ constexpr int kAbortTag = 7001;
 constexpr int kSplitTag = 7002;
 // How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// How long the ranks of a new group may take to set their liveness links up (a few round trips
+// between ranks that have just met in an allgather): past it, a peer without one is seen dead only
+// at the deadline.
+constexpr auto kLinkSetup = std::chrono::seconds(10);
 constexpr auto kSpinPhase = std::chrono::milliseconds(2);
 
 std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", describe(f.call), f.seq); }
@@ -211,6 +216,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
                  "GRADSYNC_MPI_MAX_COUNT differs between ranks: rank 0 has {}, rank {} has {}", peers_[0].max_count, r,
                  peers_[static_cast<size_t>(r)].max_count);
     }
+    link_peers(deadline);
     pack_capacity_ = std::min(kPackBytes, kPackBudget / static_cast<size_t>(size_)) / 64 * 64;
     pieces_.resize(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r)
@@ -416,16 +422,55 @@ void MpiCommunicator::fail_on_notice(const std::shared_ptr<void>& keepalive, con
   fail(GRADSYNC_E_ABORTED, "{} on rank {}: rank {} aborted the group", what, rank_, subject);
 }
 
-bool MpiCommunicator::peer_dead(int r) const noexcept {
+void MpiCommunicator::link_peers(Clock::time_point deadline) {
+  // Ranks whose PIDs this one cannot see get liveness links (common/liveness_links.hpp): their
+  // deaths then show at once rather than at the deadline. Every rank decides alike from peers_.
+  std::vector<uint64_t> group(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t key = peers_[static_cast<size_t>(r)].ns_key;
+    group[static_cast<size_t>(r)] = key != 0 ? key : ~static_cast<uint64_t>(r);  // unknown: its own
+  }
+  if (std::all_of(group.begin(), group.end(), [&](uint64_t g) { return g == group[0]; })) return;
+  links_ = std::make_unique<LivenessLinks>();
+  auto all = std::make_shared<std::vector<LinkAddress>>(static_cast<size_t>(size_) + 1);
+  (*all)[static_cast<size_t>(size_)] = links_->address();
+  MPI_Request request = mpi::lib().request_null;
+  check(mpi::lib().Iallgather(&(*all)[static_cast<size_t>(size_)], sizeof(LinkAddress), mpi::lib().byte, all->data(),
+                              sizeof(LinkAddress), mpi::lib().byte, comm_, &request),
+        "MPI_Iallgather");
+  wait(&request, 1, deadline, "joining the MPI group (exchange of liveness addresses)", nullptr, all, Mode::Setup);
+  std::vector<int> dial, accept;
+  for (int p : linked_peers(rank_, group)) (p < rank_ ? dial : accept).push_back(p);
+  const std::vector<int> missing =
+      links_->connect(rank_, std::span<const LinkAddress>(all->data(), static_cast<size_t>(size_)), dial, accept,
+                      std::min(deadline, Clock::now() + kLinkSetup));
+  GS_LOG_DEBUG("MPI transport: rank {} has liveness links with rank(s) [{}] (dialled) and [{}]", rank_, fmt::join(dial, ", "),
+               fmt::join(accept, ", "));
+  if (!missing.empty())
+    GS_LOG_WARN(
+        "MPI transport: rank {} has no liveness link with rank(s) {} (no TCP connection between them came up within "
+        "{} s): their death shows here only at the timeout",
+        rank_, fmt::join(missing, ", "), std::chrono::duration_cast<std::chrono::seconds>(kLinkSetup).count());
+}
+
+bool MpiCommunicator::pid_dead(int r) const noexcept {
   const uint64_t mine = peers_.empty() ? 0 : peers_[static_cast<size_t>(rank_)].ns_key;
   if (mine == 0 || r == rank_ || r < 0 || r >= static_cast<int>(peers_.size())) return false;
   const PeerInfo& p = peers_[static_cast<size_t>(r)];
   return p.ns_key == mine && p.pid > 0 && peer_gone({static_cast<pid_t>(p.pid)});
 }
 
+bool MpiCommunicator::peer_dead(int r) const noexcept {
+  if (pid_dead(r)) return true;
+  if (links_ == nullptr) return false;
+  links_->poll();
+  return links_->gone(r);
+}
+
 int MpiCommunicator::dead_peer() const noexcept {
+  const int linked = links_ != nullptr ? links_->poll() : -1;
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r)
-    if (peer_dead(r)) return r;
+    if (r == linked || pid_dead(r)) return r;
   return -1;
 }
 

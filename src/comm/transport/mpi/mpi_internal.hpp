@@ -26,6 +26,7 @@
 #include "comm/transport/mpi/mpi_runtime.hpp"
 #include "comm/types.hpp"
 #include "common/dtype.hpp"
+#include "common/liveness_links.hpp"
 
 namespace gradsync::comm::mpi {
 
@@ -252,8 +253,11 @@ class MpiCommunicator final : public Communicator {
   std::string notice_reason() const;
   void retire_control() noexcept;
   int dead_peer() const noexcept;
-  // Whether peer r is seen dead: a process of this host (and PID namespace) that is gone.
+  // Whether peer r is seen dead: a process of this host (and PID namespace) that is gone, or a
+  // peer elsewhere whose liveness link ended.
   bool peer_dead(int r) const noexcept;
+  bool pid_dead(int r) const noexcept;
+  void link_peers(Clock::time_point deadline);
   // Set by a shrink while it forms the survivors' group: make_subgroup's blocking
   // MPI_Comm_create_group then runs under a watchdog that ends the job with MPI_Abort at this time.
   std::optional<Clock::time_point> create_deadline_;
@@ -296,6 +300,7 @@ class MpiCommunicator final : public Communicator {
   CallSignature keyed_{0, 0, 0, static_cast<Collective>(-1)};  // the last call, and its hash for its key
   uint64_t keyed_hash_ = 0;
   std::vector<PeerInfo> peers_;
+  std::unique_ptr<LivenessLinks> links_;  // with the peers of other PID namespaces (link_peers)
   // By rank: whether messages of the exchange between this rank and that one may go in two pieces
   // (the same host: a peer over shared memory), the same on both sides.
   std::vector<uint8_t> pieces_;
