@@ -258,7 +258,8 @@ std::vector<int> LivenessLinks::connect(int rank, std::span<const LinkAddress> a
   std::vector<int> missing;
   for (Link& l : links_) {
     // A dial whose answer is still to come stays: poll() reads it (the listener may have answered).
-    if (l.state == Link::State::Connecting || (!l.dials && l.state != Link::State::Up && l.state != Link::State::Gone)) {
+    if (l.state == Link::State::Connecting ||
+        (!l.dials && l.state != Link::State::Up && l.state != Link::State::Gone)) {
       close_fd(l.fd);
       l.state = Link::State::None;
     }

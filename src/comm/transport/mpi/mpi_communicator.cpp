@@ -444,8 +444,8 @@ void MpiCommunicator::link_peers(Clock::time_point deadline) {
   const std::vector<int> missing =
       links_->connect(rank_, std::span<const LinkAddress>(all->data(), static_cast<size_t>(size_)), dial, accept,
                       std::min(deadline, Clock::now() + kLinkSetup));
-  GS_LOG_DEBUG("MPI transport: rank {} has liveness links with rank(s) [{}] (dialled) and [{}]", rank_, fmt::join(dial, ", "),
-               fmt::join(accept, ", "));
+  GS_LOG_DEBUG("MPI transport: rank {} has liveness links with rank(s) [{}] (dialled) and [{}]", rank_,
+               fmt::join(dial, ", "), fmt::join(accept, ", "));
   if (!missing.empty())
     GS_LOG_WARN(
         "MPI transport: rank {} has no liveness link with rank(s) {} (no TCP connection between them came up within "
