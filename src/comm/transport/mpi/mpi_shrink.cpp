@@ -167,7 +167,9 @@ ShrinkResult MpiCommunicator::shrink() {
   };
   auto send = [&](uint64_t kind) {
     for (int q = 0; q < size_; ++q) {
-      if (q == rank_ || (kind == kConfirm && has(failed, q))) continue;
+      // Never to a peer seen dead: Open MPI's TCP path may end this process on writing to a
+      // connection that the peer's death closed, and the dead hear nothing anyway.
+      if (q == rank_ || (kind == kConfirm && has(failed, q)) || peer_dead(q)) continue;
       auto message = std::make_shared<std::vector<uint64_t>>(wire->words);
       (*message)[0] = kind;
       (*message)[1] = e;
