@@ -142,7 +142,8 @@
  *   missing rank), ending the job; if the host initialised MPI, the host should call MPI_Abort.
  *   gradsync_comm_abort sets a flag the polling loop sees and notifies the peers.
  * - Limits: once every rank has arrived the data moves through MPI's blocking collectives, which
- *   MPI cannot interrupt: a rank that dies inside one is handled by mpirun (it ends the job). A
+ *   MPI cannot interrupt: a rank that dies inside one is handled by mpirun (it ends the job), and
+ *   under --enable-recovery by the library (see gradsync_comm_shrink: MPI_Abort). A
  *   rank arriving at the very instant the others time out can enter that transfer alone; it is
  *   released when the timed-out ranks' exit handler calls MPI_Abort. Counts have no limit below
  *   SIZE_MAX: transfers that MPI's int counts cannot describe go in pieces (allgather, alltoall
@@ -423,9 +424,12 @@ typedef struct gradsync_shrink_result {
  * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. Where a failed set holds
  * every rank of another host (its Open MPI daemon may be lost, and MPI can then form no group): if
  * every survivor is on one host, the new group is a shared-memory one (gradsync_comm_transport
- * gives SHM), formed without MPI; otherwise GRADSYNC_E_UNSUPPORTED. A rank lost inside the data transfer
- * of a collective above 16 KiB per rank leaves the others waiting in MPI until the job is ended;
- * the job ends with MPI_Abort at exit, as after any abandoned collective (docs/mpi.md). HIER
+ * gives SHM), formed without MPI; otherwise GRADSYNC_E_UNSUPPORTED. A rank lost inside MPI's
+ * blocking data transfer of a collective (whose data did not travel with the call's exchange:
+ * above 16 KiB per rank for an allreduce) leaves the others in a call that MPI cannot interrupt:
+ * once a rank has been in that transfer for 1 s after a peer of it was seen dead, it ends the
+ * job with MPI_Abort(MPI_COMM_WORLD, 1), logging why, rather than hang (no shrink is possible
+ * then; a job restarted from its checkpoint goes on). HIER
  * shrinks its MPI group the same way, then builds its shared-memory and cross-host levels over the
  * survivors.
  * @param comm the group that lost a member

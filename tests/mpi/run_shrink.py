@@ -3,7 +3,7 @@
 
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
-MODE between|small|large|second|second-random|host (RUNS runs each, default 3) or stress (RUNS seeds, default 8). Each launch is
+MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8). Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
 The phases' times of every run are printed (min / median / max) for docs/mpi.md.
@@ -96,6 +96,20 @@ for i in range(runs):
     elif mode == "host":
         out = run(["host"])
         check(out, [2, 3])
+    elif mode == "transfer":
+        out = run(["transfer"])
+        # Rank 1 dies at a random point of a loop of large calls. Inside MPI's blocking transfer
+        # (the likely case) nothing can interrupt the others: the transfer watch must end the job
+        # (mpirun bounded above); otherwise the others shrink without it as in `large`.
+        if "died while this rank was inside MPI's blocking transfer" in out and "calling MPI_Abort" in out:
+            if "WRONG" in out:
+                fail("a collective gave a wrong result", out)
+            if not re.search(r"rank \d+: rank 1 died while this rank was inside", out):
+                fail("the transfer watch did not name rank 1 as the dead one", out)
+            outcomes["ended by the transfer watch"] = outcomes.get("ended by the transfer watch", 0) + 1
+        else:
+            check(out, [1])
+            outcomes["shrunk"] = outcomes.get("shrunk", 0) + 1
     else:
         out = run([mode])
         check(out, [1])

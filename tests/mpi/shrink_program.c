@@ -76,6 +76,8 @@ static void die_now(void) {
 
 #define LARGE (256 * 1024)
 static float big[LARGE];
+#define HUGE_CALL (4 * 1024 * 1024) /* transfer: a call whose blocking transfer takes most of its time */
+static float huge[HUGE_CALL];
 
 /* Checked collectives on c, whose members are the old ranks in `alive` (ascending): returns the
  * status of the first that failed, after checking every result bit for bit. */
@@ -220,7 +222,9 @@ int main(int argc, char** argv) {
     for (i = 0; i < n; ++i) alive[i] = i;
   }
   srand((unsigned)(time(NULL) ^ (me * 7919)));
-  if ((strcmp(mode, "victim") == 0 || strcmp(mode, "large") == 0 || strcmp(mode, "small") == 0) && argc > 2)
+  if ((strcmp(mode, "victim") == 0 || strcmp(mode, "large") == 0 || strcmp(mode, "small") == 0 ||
+       strcmp(mode, "transfer") == 0) &&
+      argc > 2)
     victim = atoi(argv[2]);
   if (strcmp(mode, "stress") == 0) {
     const unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1u;
@@ -275,25 +279,30 @@ int main(int argc, char** argv) {
   } else {
     const int large = strcmp(mode, "large") == 0, small = strcmp(mode, "small") == 0;
     const int host = strcmp(mode, "host") == 0;
-    if (!large && !small && !host && strcmp(mode, "between") && strcmp(mode, "second") &&
+    /* transfer: killed at a random point of a loop of large calls, most often inside MPI's
+     * blocking transfer, which nothing can interrupt: the job must end rather than hang. */
+    const int transfer = strcmp(mode, "transfer") == 0;
+    if (!large && !small && !host && !transfer && strcmp(mode, "between") && strcmp(mode, "second") &&
         strcmp(mode, "second-random") && strcmp(mode, "victim")) {
-      fprintf(stderr, "usage: %s between|small|large|second|victim V|host|stress SEED|loop\n", argv[0]);
+      fprintf(stderr, "usage: %s between|small|large|second|victim V|host|transfer|stress SEED|loop\n", argv[0]);
       return 2;
     }
     if (gradsync_comm_barrier(c) != GRADSYNC_OK) return 1;
     if (me == victim) {
       if (small) die_after(20000 + rand() % 200000);
       if (large) die_after(150000);
+      if (transfer) die_after(50000 + rand() % 250000);
     }
     t = now_us();
     for (i = 0;; ++i) {
       if (!small && !large && i == 3 && (host ? me >= 2 : me == victim)) die_now();
       if (large && me == victim) sleep(5); /* killed while the others wait for it in the call */
       x = 1.0f;
-      rc = large ? gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)
-                 : gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM);
+      rc = large      ? gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM)
+           : transfer ? gradsync_comm_allreduce(c, huge, huge, HUGE_CALL, GRADSYNC_F32, GRADSYNC_SUM)
+                      : gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM);
       if (rc != GRADSYNC_OK) break;
-      if (!large && x != (float)n) {
+      if (!large && !transfer && x != (float)n) {
         printf("rank %d: WRONG allreduce before the death\n", me);
         return 1;
       }

@@ -4,7 +4,7 @@
 mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
-                    [--seeds N] --what rank|small|large|host|stress -- PROGRAM
+                    [--seeds N] --what rank|small|large|transfer|host|stress -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
@@ -13,6 +13,9 @@ PROGRAM is tests/mpi/mpi_shrink_program.
 - small: as rank, but rank 3 is killed at a random point of a loop of 1-float allreduces.
 - large: as rank, but rank 3 is killed while the others wait for it inside a 256K-float allreduce
   (on hier: in its levels, rank 2 in the shared-memory level, rank 1 in the cross-host one).
+- transfer: rank 3 is killed at a random point of a loop of 4M-float allreduces, most often inside
+  MPI's blocking transfer, which nothing interrupts: the survivors' transfer watch must end the job
+  (naming rank 3), or, the death outside the transfer, they shrink as in large.
 - host: once every rank is under way, every process of h1 (its ranks and its Open MPI daemon) is
   SIGKILLed. Ranks 0 and 1 see the loss as a death (E_REMOTE), never as a timeout: by PID, or
   with --pid-namespaces by their liveness links to h1's ranks (run with a timeout longer than the
@@ -33,6 +36,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts  # noqa: E402
 
+WATCH = "died while this rank was inside MPI's blocking transfer"
 BOUND = 90  # seconds; the ranks' timeout is 5 s unless --timeout-ms says otherwise
 
 
@@ -67,7 +71,18 @@ def launch(args, program, what, seed=0):
                 job = h.start(program + ["victim" if what == "rank" else what, "3"], mpirun_args=mpirun_args, env=env)
                 survivors = 3
             start = time.monotonic()
-            finished = job.wait_for(r"^rank \d: done", count=survivors, timeout=BOUND)
+            if what == "transfer":
+                # The survivors shrink as in `large`, or, the death inside MPI's blocking transfer,
+                # the transfer watch ends the job: either, within the bound.
+                end = start + BOUND
+                finished = False
+                while not finished and time.monotonic() < end:
+                    out = job.output()
+                    finished = len(re.findall(r"^rank \d: done", out, re.M)) >= survivors or (
+                        WATCH in out and "calling MPI_Abort" in out)
+                    time.sleep(0.2)
+            else:
+                finished = job.wait_for(r"^rank \d: done", count=survivors, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit: the old group holds abandoned requests); mpirun
             # itself, under --enable-recovery across hosts, was seen to stay with its daemons after
             # every rank had ended (Open MPI 4.1): the ranks' end is what is required here.
@@ -93,6 +108,11 @@ def launch(args, program, what, seed=0):
 
 
 def check(what, out):
+    if what == "transfer" and WATCH in out:
+        if not re.search(r"rank \d+: rank 3 died while this rank was inside", out):
+            fail("the transfer watch ended the job without naming rank 3 as the dead one", out)
+        print("ended by the transfer watch")
+        return
     if what != "host":
         for r in (0, 1, 2):
             m = re.search(rf"^rank {r}: shrunk failed \[3\] size 3 attempts (\d+)", out, re.M)
@@ -117,7 +137,7 @@ def check(what, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "small", "large", "host", "stress"), required=True)
+    ap.add_argument("--what", choices=("rank", "small", "large", "transfer", "host", "stress"), required=True)
     ap.add_argument("--seeds", type=int, default=3, help="stress: the launches")
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
     ap.add_argument("--pid-namespaces", action="store_true",

@@ -155,7 +155,7 @@ TEST_CASE("a SIGKILLed member's link ends", "[links]") {
   ::waitpid(pid, nullptr, 0);
 }
 
-TEST_CASE("strangers at a listener are closed; the members' links still come up", "[links]") {
+TEST_CASE("strangers at a listener are closed, and the members' links still come up", "[links]") {
   std::vector<std::unique_ptr<LivenessLinks>> m;
   for (int r = 0; r < 2; ++r) m.push_back(std::make_unique<LivenessLinks>());
   // Before the members dial: one that says nothing, one with garbage, one that names member 0

@@ -187,6 +187,7 @@ void MpiCommunicator::allreduce(std::span<const BufferRef> buffers, DType dtype,
       for (const BufferRef& b : buffers) copy(dtype, b.send, b.recv, 0, b.count);
       return;
     }
+    const InTransfer transfer(*this);
     const bool det = deterministic_for(dtype, op);
     if (buffers.size() == 1) return allreduce_one(buffers[0].send, buffers[0].recv, buffers[0].count, dtype, op, det);
 
@@ -233,6 +234,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
                                     uint64_t* total_weight) {
   telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
     arrive(weighted_mean_call(count, dtype), {}, weight);
+    const InTransfer transfer(*this);
     // Windows of one rank-order window each (its f64 products and the weight after them).
     windowed_weighted_mean(send, recv, count, dtype, weight, total_weight, kWindowBytes / sizeof(double) - 1,
                            [&](double* data, size_t n) {
@@ -244,6 +246,7 @@ void MpiCommunicator::weighted_mean(const void* send, void* recv, size_t count, 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype), [&] {
     arrive(broadcast_call(count, dtype, root));
+    const InTransfer transfer(*this);
     if (size_ == 1) return;
     const size_t elem = dtype_size(dtype);
     for (size_t lo = 0; lo < count; lo += max_count_) {
@@ -260,6 +263,7 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
   const size_t elem = dtype_size(dtype);
   telemetry_.measure(Collective::Allgather, total * elem, [&] {
     arrive(allgather_call(counts, dtype));
+    const InTransfer transfer(*this);
     const Part mine = parts[static_cast<size_t>(rank_)];
     if (size_ == 1) {
       if (send != nullptr && total > 0) std::memmove(recv, send, total * elem);
@@ -292,6 +296,7 @@ void MpiCommunicator::exchange(const void* send, void* recv, const Routes& route
   for (size_t d = 0; d < n; ++d) sent += routes.count[routes.at(me, d)];
   telemetry_.measure(Collective::Alltoall, sent * elem, [&] {
     arrive(exchange_call(routes, dtype));
+    const InTransfer transfer(*this);
     // Every rank holds the same routes (the fingerprints matched), so all take the same path.
     bool fits = true;
     for (size_t i = 0; i < n * n; ++i)
@@ -325,6 +330,7 @@ void MpiCommunicator::reduce_scatterv(const void* send, void* recv, std::span<co
   const size_t elem = dtype_size(dtype);
   telemetry_.measure(Collective::ReduceScatter, total * elem, [&] {
     arrive(reduce_scatter_call(counts, dtype, op, root));
+    const InTransfer transfer(*this);
     const Part mine = parts[static_cast<size_t>(rank_)];
     if (size_ == 1) {
       if (recv != send && total > 0) std::memmove(recv, send, total * elem);

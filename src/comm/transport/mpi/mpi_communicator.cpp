@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -52,6 +53,10 @@ constexpr int kAbortTag = 7001;
 constexpr int kSplitTag = 7002;
 // How often the polling loop looks at peers' liveness, and when it starts sleeping between polls.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// The transfer watch (TransferWatch): how long a blocking transfer may go on once a peer of it is
+// seen dead, and how many looks without a transfer before the watch sleeps.
+constexpr auto kStuckGrace = std::chrono::seconds(1);
+constexpr int kQuietLooks = 10;
 // How long the ranks of a new group may take to set their liveness links up (a few round trips
 // between ranks that have just met in an allgather): past it, a peer without one is seen dead only
 // at the deadline.
@@ -160,6 +165,102 @@ Doubling plan_doubling(int rank, int size, bool one_host) {
 
 }  // namespace
 
+// Ends the job when a rank is stuck in MPI's blocking transfer of a call and a peer of that call
+// is seen dead (by PID or liveness link): MPI cannot interrupt the transfer, and under
+// --enable-recovery nothing else would end it (measured: docs/mpi.md). One thread per process,
+// started by the first transfer; it looks every liveness period while transfers run and sleeps
+// once none has for a second. A transfer is looked into once it has lasted a whole period (the
+// same odd count at two looks), so the calls themselves pay two atomic increments and a load; the
+// job ends when the same transfer is still running kStuckGrace after a peer was first seen dead
+// (a rank whose remaining steps did not need the dead one finishes within it).
+class TransferWatch {
+ public:
+  static TransferWatch& get() {
+    static auto* watch = new TransferWatch();  // never destroyed: its thread may outlive exit's destructors
+    return *watch;
+  }
+  void add(MpiCommunicator* c) {
+    std::lock_guard lock(mutex_);
+    comms_.push_back({c, 0});
+  }
+  void remove(MpiCommunicator* c) noexcept {
+    std::lock_guard lock(mutex_);
+    std::erase_if(comms_, [c](const Entry& e) { return e.comm == c; });
+  }
+  // After a transfer's count turned odd (seq_cst, as awake_ is read): either the watch sees the
+  // odd count, or this sees it asleep and wakes it.
+  void started() noexcept {
+    if (awake_.load()) return;
+    try {
+      std::lock_guard lock(mutex_);
+      if (!thread_started_) {
+        std::thread([this] { run(); }).detach();
+        thread_started_ = true;
+      }
+      awake_ = true;
+    } catch (...) {
+      return;  // no thread: this transfer goes unwatched, as every one did before
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  struct Entry {
+    MpiCommunicator* comm;
+    uint64_t seen;                   // the odd count of the last look, or 0
+    Clock::time_point dead_since{};  // when a peer was first seen dead during that transfer
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    int quiet = 0;
+    for (;;) {
+      wake_.wait(lock, [this] { return awake_.load(); });
+      wake_.wait_for(lock, kLivenessPeriod);
+      bool any = false;
+      for (Entry& e : comms_) {
+        const uint64_t t = e.comm->transfer_.load();
+        if ((t & 1) == 0 || e.seen != t) {
+          e.seen = t & 1 ? t : 0;
+          e.dead_since = {};
+          any |= (t & 1) != 0;
+          continue;
+        }
+        any = true;
+        const int dead = e.comm->dead_peer();
+        if (dead < 0) continue;
+        const auto now = Clock::now();
+        if (e.dead_since == Clock::time_point{}) e.dead_since = now;
+        if (now - e.dead_since < kStuckGrace) continue;
+        GS_LOG_ERROR(
+            "MPI transport: rank {}: rank {} died while this rank was inside MPI's blocking transfer of a call, "
+            "which nothing can interrupt (the survivors would wait in it forever): calling MPI_Abort(MPI_COMM_WORLD, "
+            "1) to end the job rather than hang",
+            e.comm->rank_, dead);
+        mpi::lib().Abort(mpi::lib().comm_world, 1);
+      }
+      quiet = any ? 0 : quiet + 1;
+      if (quiet < kQuietLooks) continue;
+      awake_ = false;
+      // A transfer that started as the watch decided to sleep saw it awake: look once more.
+      for (const Entry& e : comms_)
+        if (e.comm->transfer_.load() & 1) awake_ = true;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Entry> comms_;
+  std::atomic<bool> awake_{false};
+  bool thread_started_ = false;
+};
+
+InTransfer::InTransfer(MpiCommunicator& c) noexcept : c_(c) {
+  c_.transfer_.fetch_add(1);
+  TransferWatch::get().started();
+}
+
+InTransfer::~InTransfer() { c_.transfer_.fetch_add(1, std::memory_order_release); }
+
 void bury(std::shared_ptr<void> memory) {
   static std::mutex mutex;
   static auto* graveyard = new std::vector<std::shared_ptr<void>>();  // never freed, on purpose
@@ -228,6 +329,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
+    TransferWatch::get().add(this);
     GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
                  size_, options_.deterministic, options_.check_mismatch, options_.timeout.count());
   } catch (...) {
@@ -243,6 +345,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  TransferWatch::get().remove(this);
   if (!mpi::finalized()) {
     retire_control();
     // A communicator with an abandoned collective stays allocated: the request still refers to it.

@@ -156,6 +156,22 @@ struct FreshComms {
   MPI_Request requests[2] = {mpi::lib().request_null, mpi::lib().request_null};
 };
 
+class MpiCommunicator;
+
+// Marks its scope as this rank's blocking MPI transfer of a committed call, which nothing can
+// interrupt: a peer seen dead meanwhile ends the job (TransferWatch) rather than leave the
+// survivors in MPI forever. For the calls whose data did not come with the exchange.
+class InTransfer {
+ public:
+  explicit InTransfer(MpiCommunicator& c) noexcept;
+  ~InTransfer();
+  InTransfer(const InTransfer&) = delete;
+  InTransfer& operator=(const InTransfer&) = delete;
+
+ private:
+  MpiCommunicator& c_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // parent: the MPI communicator to duplicate; comm_null for the one options name.
@@ -311,6 +327,11 @@ class MpiCommunicator final : public Communicator {
   // (calls posted << 1) | aborted: abort() learns atomically whether this rank has posted the call
   // in progress (it is committed to it) or not (its notices say it will not post it).
   std::atomic<uint64_t> state_{0};
+  // Odd while this rank is inside MPI's blocking transfer of a call (InTransfer): the transfer
+  // watch reads it (mpi_communicator.cpp).
+  std::atomic<uint64_t> transfer_{0};
+  friend class InTransfer;
+  friend class TransferWatch;
   bool aborted_ = false;
   std::string aborted_reason_;
   bool holds_abandoned_ = false;  // counted in the runtime's abandoned total
