@@ -421,6 +421,13 @@ def emb_loop(state, until, victim=None, kill_at=None, after=None):
         state.commit()
 
 
+def committed_table(ckpt, i=0):
+    """The directory of table i at the last complete commit of a State's checkpoint_dir."""
+    from gradsync.torch import elastic
+
+    return elastic.committed(ckpt)["directories"][i]
+
+
 def emb_rows(parts):
     """Every rank's (ids, values, state) of a table: values and state by global id."""
     ids = np.concatenate([p[0] for p in parts])
@@ -466,7 +473,7 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
     # and DDP's means over 4, then 3 ranks are those of the survivors.
     first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), KILL_AT))
     start = pickle.loads(first[0][4])
-    start["table"] = str(tmp_path / "ref1" / "embedding0")
+    start["table"] = committed_table(tmp_path / "ref1")
     ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=KILL_AT))
     ref_values, ref_state = emb_rows([r[0] for r in ref])
     values, state = emb_rows([results[r][0] for r in (0, 1, 3)])
@@ -524,7 +531,7 @@ def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path
     # Training went on over 4 ranks: the same as 3 ranks to GROW_AT, then 4 from there.
     first = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), GROW_AT))
     start = pickle.loads(first[0][4])
-    start["table"] = str(tmp_path / "ref1" / "embedding0")
+    start["table"] = committed_table(tmp_path / "ref1")
 
     def second_part(comm, rank):
         return emb_run(comm, str(tmp_path / "ref2"), GROWN_STEPS, start=start, step=GROW_AT, lr=0.05)
