@@ -382,14 +382,21 @@ def emb_batch(step, rank, size):
     return ids[rank::size], y[rank::size]
 
 
-def emb_build(comm, joining=False, start=None, directory=None):
-    """A row_adagrad ShardedEmbedding (its shard in files under `directory` if given) beside a
-    DistributedDataParallel dense part (Adam), from `start` (dense state dicts and the table's
-    checkpoint directory) or from scratch."""
-    from gradsync.torch import DistributedDataParallel, ShardedEmbedding
+def emb_tables(comm, tables=1, directory=None):
+    """`tables` row_adagrad ShardedEmbeddings (their shards in files under `directory` if given)."""
+    from gradsync.torch import ShardedEmbedding
 
-    emb = ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3,
-                           directory=directory)
+    return [ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3 + i,
+                             directory=None if directory is None else os.path.join(directory, f"t{i}"))
+            for i in range(tables)]
+
+
+def emb_build(comm, joining=False, start=None, directory=None, tables=1):
+    """emb_tables beside a DistributedDataParallel dense part (Adam), from `start` (dense state
+    dicts and the tables' checkpoint directories) or from scratch."""
+    from gradsync.torch import DistributedDataParallel
+
+    embeddings = emb_tables(comm, tables, directory)
     dense = torch.nn.Linear(EMB_DIM, 3)
     with torch.no_grad():
         rng = np.random.default_rng(1)
@@ -399,21 +406,22 @@ def emb_build(comm, joining=False, start=None, directory=None):
     if start is not None:
         dense.load_state_dict(start["module"])
         opt.load_state_dict(start["optimizer"])
-        emb.table.load(start["table"])
-    return DistributedDataParallel(dense, comm, bucket_cap_mb=1e-4), opt, [emb]
+        for emb, d in zip(embeddings, start["tables"]):
+            emb.table.load(d)
+    return DistributedDataParallel(dense, comm, bucket_cap_mb=1e-4), opt, embeddings
 
 
 def emb_loop(state, until, victim=None, kill_at=None, after=None):
     """Train to step `until`; the victim SIGKILLs itself at kill_at after its optimizer step (its
-    pushes applied on every rank), before the commit. after: (state.step, table.steps) at the
-    start of each call that follows a recovery."""
-    emb = state.embeddings[0]
+    pushes applied on every rank), before the commit. after: (state.step, the first table's steps)
+    at the start of each call that follows a recovery. The features are the sum of the tables' rows."""
     if after is not None and len(after) < len(state.recoveries):
-        after.append((state.step, emb.table.steps))
+        after.append((state.step, state.embeddings[0].table.steps))
     while state.step < until:
         ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
         state.optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(state.model(emb(ids)), y).backward()
+        x = sum(emb(ids) for emb in state.embeddings)
+        torch.nn.functional.cross_entropy(state.model(x), y).backward()
         state.optimizer.step()
         if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -421,11 +429,11 @@ def emb_loop(state, until, victim=None, kill_at=None, after=None):
         state.commit()
 
 
-def committed_table(ckpt, i=0):
-    """The directory of table i at the last complete commit of a State's checkpoint_dir."""
+def committed_tables(ckpt):
+    """The directories of the tables at the last complete commit of a State's checkpoint_dir."""
     from gradsync.torch import elastic
 
-    return elastic.committed(ckpt)["directories"][i]
+    return elastic.committed(ckpt)["directories"]
 
 
 def emb_rows(parts):
@@ -436,28 +444,34 @@ def emb_rows(parts):
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None):
-    """emb_loop from emb_build(start) at `step` (the table's learning rate then lr if given); this
-    rank's table rows, dense weights, recoveries, (step, table steps) after each recovery and the
-    dense state dicts."""
+def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None, tables=1,
+            full_every=64):
+    """emb_loop from emb_build(start) at `step` (the tables' learning rate then lr if given); this
+    rank's rows of each table, dense weights, recoveries, (step, table steps) after each recovery
+    and the dense state dicts."""
     from gradsync.torch import elastic
 
-    model, opt, embeddings = emb_build(comm, start=start, directory=directory)
-    if lr is not None:
-        embeddings[0].table.set_lr(lr)
-    state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step)
+    model, opt, embeddings = emb_build(comm, start=start, directory=directory, tables=tables)
+    for emb in embeddings if lr is not None else ():
+        emb.table.set_lr(lr)
+    state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step,
+                          full_every=full_every)
     after = []
     elastic.run(emb_loop)(state, until, victim, kill_at, after)
-    assert embeddings[0].table.steps == state.step
+    assert all(emb.table.steps == state.step for emb in embeddings)
+    return [emb.table.local_state() for emb in embeddings], *emb_dense(model, opt), state.recoveries, after
+
+
+def emb_dense(model, opt):
+    """The dense part's weights, and its state dicts pickled (they share tensors' memory otherwise)."""
     weights = [p.detach().numpy().copy() for p in model.module.parameters()]
-    dicts = pickle.dumps({"module": model.module.state_dict(), "optimizer": opt.state_dict()})
-    return embeddings[0].table.local_state(), weights, state.recoveries, after, dicts
+    return weights, pickle.dumps({"module": model.module.state_dict(), "optimizer": opt.state_dict()})
 
 
 def _emb_rank(rank, size, q, group, ckpt, directory=None):
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
-        rows, weights, recoveries, after, _ = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT,
+        rows, weights, _, recoveries, after = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT,
                                                       directory=directory)
         q.put((rank, (rows, weights, recoveries, after)))
 
@@ -472,11 +486,11 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
     # batches; the table's state after a sequence of pushes does not depend on the ranks' count,
     # and DDP's means over 4, then 3 ranks are those of the survivors.
     first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), KILL_AT))
-    start = pickle.loads(first[0][4])
-    start["table"] = committed_table(tmp_path / "ref1")
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
     ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=KILL_AT))
-    ref_values, ref_state = emb_rows([r[0] for r in ref])
-    values, state = emb_rows([results[r][0] for r in (0, 1, 3)])
+    ref_values, ref_state = emb_rows([r[0][0] for r in ref])
+    values, state = emb_rows([results[r][0][0] for r in (0, 1, 3)])
     for r in (0, 1, 3):
         _, weights, recoveries, after = results[r]
         assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
@@ -488,8 +502,96 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32)), np.abs(values - ref_values).max()
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
     if in_files:  # the survivors' layout only: the old one's files went with the reshard
-        names = sorted(os.listdir(shards))
+        names = sorted(os.listdir(os.path.join(shards, "t0")))
         assert names and all("-of-3." in n for n in names), names
+
+
+def same_bits(a, b):
+    """Bit for bit: arrays, tensors, and dicts, lists and tuples of them (an optimizer's state dict)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        a, b = a.detach().numpy(), b.detach().numpy()
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return a == b
+
+
+def tables_of(states):
+    """Each table's (values, state) by global id from every rank's emb_run rows."""
+    return [emb_rows([s[i] for s in states]) for i in range(len(states[0]))]
+
+
+FULL_EVERY = 2  # commits into gen0 / gen1 in turn: c0 full, c1 full, c2 layer on c0, c3 layer on c1, c4 full...
+
+
+def _between_saves_rank(rank, size, q, group, ckpt, kill_step, directory):
+    """emb_run with two tables; the victim dies in the commit of step kill_step, after the first
+    table's save (on every rank: each save ends in an agreement) and before the second's."""
+    from gradsync.torch import elastic
+
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        model, opt, embeddings = emb_build(comm, directory=directory, tables=2)
+        second = embeddings[1].table
+        if rank == VICTIM:
+            def dying(save):
+                def wrapper(d):
+                    if second.steps == kill_step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return save(d)
+                return wrapper
+            second.save, second.save_incremental = dying(second.save), dying(second.save_incremental)
+        state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, full_every=FULL_EVERY)
+        at = []
+
+        @elastic.run
+        def train(state):
+            if state.recoveries and not at:  # what the recovery went back to
+                at.append((state.step, [e.table.steps for e in embeddings], [e.table.local_state() for e in embeddings],
+                           *emb_dense(model, opt)))
+            emb_loop(state, STEPS)
+
+        train(state)
+        q.put((rank, (at[0], [e.table.local_state() for e in embeddings], emb_dense(model, opt)[0],
+                      state.recoveries)))
+
+
+@pytest.mark.parametrize("kill_step", [3, 4], ids=["incremental", "full"])
+def test_embedding_loss_between_two_tables_saves_goes_back_to_the_last_complete_commit(tmp_path, kill_step):
+    # Commit n goes into gen(n % 2). The commit of step 3 stacks layers on gen1's step-1 save, that
+    # of step 4 saves gen0 in full (FULL_EVERY): either way the other generation holds the last
+    # complete commit, step kill_step - 1, whole, though one table of the dying commit is saved.
+    ckpt = str(tmp_path / "run")
+    results, codes = _run(_between_saves_rank, 4, _group("between"), ckpt, kill_step, str(tmp_path / "shards"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    back = kill_step - 1
+    # The reference: 4 ranks (threads) to the last complete commit; then 3 from it.
+    first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), back, tables=2,
+                                                    full_every=FULL_EVERY))
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
+    ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=back,
+                                                  tables=2))
+    for r in (0, 1, 3):
+        (step, steps, _, weights, dicts), _, final_weights, recoveries = results[r]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
+        assert recoveries[0]["tables_restored"] == 2 and recoveries[0]["generation"] == back % 2
+        assert (step, steps) == (back, [back, back])
+        assert same_bits(weights, first[0][1]) and same_bits(pickle.loads(dicts), pickle.loads(first[0][2]))
+        assert same_bits(final_weights, ref[0][1])
+    at = tables_of([results[r][0][2] for r in (0, 1, 3)])
+    assert same_bits(at, tables_of([f[0] for f in first]))
+    assert same_bits(tables_of([results[r][1] for r in (0, 1, 3)]), tables_of([f[0] for f in ref]))
+    # The reference's last commit was a layer on its generation's full save: the next commit into
+    # the other one was a layer on its full save (kill 3) or, FULL_EVERY reached, a full save (kill 4).
+    from gradsync.torch import elastic
+
+    marker = elastic.committed(tmp_path / "ref1")
+    assert (marker["step"], marker["generation"], marker["layers"]) == (back, back % 2, [1, 1])
 
 
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
@@ -530,12 +632,12 @@ def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     # Training went on over 4 ranks: the same as 3 ranks to GROW_AT, then 4 from there.
     first = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), GROW_AT))
-    start = pickle.loads(first[0][4])
-    start["table"] = committed_table(tmp_path / "ref1")
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
 
     def second_part(comm, rank):
         return emb_run(comm, str(tmp_path / "ref2"), GROWN_STEPS, start=start, step=GROW_AT, lr=0.05)
-    ref = emb_rows([r[0] for r in run_ranks(4, second_part)])
+    ref = emb_rows([r[0][0] for r in run_ranks(4, second_part)])
     final = emb_rows([g[0] for g in got] + [joined_out[0]])
     for g in got + [joined_out]:
         assert g[1:] == (GROWN_STEPS, GROWN_STEPS)
