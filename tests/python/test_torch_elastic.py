@@ -594,6 +594,104 @@ def test_embedding_loss_between_two_tables_saves_goes_back_to_the_last_complete_
     assert (marker["step"], marker["generation"], marker["layers"]) == (back, back % 2, [1, 1])
 
 
+class ZeroEmbNet(torch.nn.Module):
+    """A ShardedEmbedding in the model, a dense layer on it: what a ZeroRedundancyOptimizer steps."""
+
+    def __init__(self, comm, directory=None):
+        super().__init__()
+        self.emb = emb_tables(comm, 1, directory)[0]
+        self.dense = torch.nn.Linear(EMB_DIM, 3)
+        with torch.no_grad():
+            rng = np.random.default_rng(1)
+            for p in self.dense.parameters():
+                p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.5).astype(np.float32)))
+
+    def forward(self, ids):
+        return self.dense(self.emb(ids))
+
+
+def zero_emb_build(comm, joining=False, start=None):
+    """ZeroEmbNet and a ZeroRedundancyOptimizer (Adam, replicas=1) over its dense part, from `start`
+    (the dense weights, the optimizer's consolidated state dict, the table's checkpoint) or scratch."""
+    from gradsync.torch import ZeroRedundancyOptimizer
+
+    model = ZeroEmbNet(comm)
+    if start is not None:
+        model.dense.load_state_dict(start["dense"])
+        model.emb.table.load(start["table"])
+    opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=1, joining=joining)
+    if start is not None:
+        opt.load_state_dict(start["optimizer"])
+    return model, opt
+
+
+def zero_emb_state(state):
+    """Collective: the step, the table's steps and this rank's rows, the dense weights and the
+    optimizer's consolidated state dict, pickled."""
+    state.optimizer.consolidate_state_dict(to=None)
+    model = state.model
+    return pickle.dumps((state.step, model.emb.table.steps, model.emb.table.local_state(),
+                         {k: v.clone() for k, v in model.dense.state_dict().items()}, state.optimizer.state_dict()))
+
+
+def zero_emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None):
+    """Train to `until`; the victim SIGKILLs itself at kill_at after its backward (its table's pushes
+    applied on every rank), before the optimizer's step. Returns zero_emb_state at the start of the
+    call after the recovery (None without one) and at the end."""
+    from gradsync.torch import elastic
+
+    model, opt = zero_emb_build(comm, start=start)
+    state = elastic.State(comm, model, opt, checkpoint_dir=ckpt, step=step)
+    at = []
+
+    @elastic.run
+    def train(state):
+        if state.recoveries and not at:
+            at.append(zero_emb_state(state))
+        while state.step < until:
+            ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
+            state.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(state.model(ids), y).backward()
+            if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
+                os.kill(os.getpid(), signal.SIGKILL)
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return (at[0] if at else None), zero_emb_state(state), state.recoveries
+
+
+def _zero_emb_rank(rank, size, q, group, ckpt):
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        q.put((rank, zero_emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT)))
+
+
+def test_zero_optimizer_with_a_table_after_a_sigkill_goes_back_to_the_commit_bit_for_bit(tmp_path):
+    results, codes = _run(_zero_emb_rank, 4, _group("zeroemb"), str(tmp_path / "run"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    # The reference: 4 ranks (threads) to the commit; then 3 from its consolidated state.
+    first = [pickle.loads(f[1]) for f in run_ranks(4, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r1"),
+                                                                                      KILL_AT))]
+    start = {"dense": first[0][3], "optimizer": first[0][4], "table": committed_tables(tmp_path / "r1")[0]}
+    ref = [pickle.loads(f[1]) for f in run_ranks(3, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r2"),
+                                                                                    STEPS, start=start, step=KILL_AT))]
+    back = [pickle.loads(results[r][0]) for r in (0, 1, 3)]
+    final = [pickle.loads(results[r][1]) for r in (0, 1, 3)]
+    for r, b, f in zip((0, 1, 3), back, final):
+        recoveries = results[r][2]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
+        assert recoveries[0]["tables_restored"] == 1 and recoveries[0]["moved_floats"] > 0
+        # Back at the commit: the table forgot the pushes of step KILL_AT, which the optimizer never took.
+        assert b[:2] == (KILL_AT, KILL_AT) and f[:2] == (STEPS, STEPS)
+        assert same_bits(b[3], first[0][3]) and same_bits(b[4], first[0][4])
+        assert same_bits(f[3], ref[0][3]) and same_bits(f[4], ref[0][4])
+    assert same_bits(emb_rows([b[2] for b in back]), emb_rows([f[2] for f in first]))
+    assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
+
+
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
     from gradsync.torch import elastic
 
