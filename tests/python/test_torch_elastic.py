@@ -610,12 +610,12 @@ class ZeroEmbNet(torch.nn.Module):
         return self.dense(self.emb(ids))
 
 
-def zero_emb_build(comm, joining=False, start=None):
+def zero_emb_build(comm, joining=False, start=None, directory=None):
     """ZeroEmbNet and a ZeroRedundancyOptimizer (Adam, replicas=1) over its dense part, from `start`
     (the dense weights, the optimizer's consolidated state dict, the table's checkpoint) or scratch."""
     from gradsync.torch import ZeroRedundancyOptimizer
 
-    model = ZeroEmbNet(comm)
+    model = ZeroEmbNet(comm, directory)
     if start is not None:
         model.dense.load_state_dict(start["dense"])
         model.emb.table.load(start["table"])
@@ -648,18 +648,22 @@ def zero_emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=Non
     def train(state):
         if state.recoveries and not at:
             at.append(zero_emb_state(state))
-        while state.step < until:
-            ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
-            state.optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(state.model(ids), y).backward()
-            if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
-                os.kill(os.getpid(), signal.SIGKILL)
-            state.optimizer.step()
-            state.step += 1
-            state.commit()
+        zero_emb_loop(state, until, victim, kill_at)
 
     train(state)
     return (at[0] if at else None), zero_emb_state(state), state.recoveries
+
+
+def zero_emb_loop(state, until, victim=None, kill_at=None):
+    while state.step < until:
+        ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
+        state.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(state.model(ids), y).backward()
+        if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.optimizer.step()
+        state.step += 1
+        state.commit()
 
 
 def _zero_emb_rank(rank, size, q, group, ckpt):
@@ -690,6 +694,72 @@ def test_zero_optimizer_with_a_table_after_a_sigkill_goes_back_to_the_commit_bit
         assert same_bits(f[3], ref[0][3]) and same_bits(f[4], ref[0][4])
     assert same_bits(emb_rows([b[2] for b in back]), emb_rows([f[2] for f in first]))
     assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
+
+
+SHM_GROW_AT = 4  # the last commit before the grow in gen0: a joiner must take the next one's gen1 from the members
+
+
+def _grow_rank(rank, size, q, group, join_name, ckpt, shards):
+    """Ranks 0..size-2 train a ZeroEmbNet (its table in files) to SHM_GROW_AT and grow; the last one
+    joins them; all train to GROWN_STEPS."""
+    from gradsync.torch import elastic
+
+    torch.set_num_threads(1)
+
+    def build(comm, joining=False):
+        return zero_emb_build(comm, joining, directory=shards)
+
+    if rank == size - 1:
+        state = elastic.join(join_name, build, transport="shm", timeout_ms=60000, checkpoint_dir=ckpt)
+        before, record = None, None
+    else:
+        comm = gs.Communicator(group, rank, size - 1, timeout_ms=20000, transport="shm")
+        state = elastic.State(comm, *build(comm), checkpoint_dir=ckpt)
+        zero_emb_loop(state, SHM_GROW_AT)
+        before = state.model.emb.table.local_state()
+        record = state.grow(join_name, 1)
+        comm.close()
+    moved = state.step, state.model.emb.table.steps, state.model.emb.table.local_state()
+    zero_emb_loop(state, GROWN_STEPS)
+    out = zero_emb_state(state)
+    state.comm.close()
+    q.put((rank, (before, record, moved, out)))
+
+
+def test_grow_on_shm_processes_with_a_table_in_files_moves_the_rows_and_goes_on_bit_for_bit(tmp_path):
+    shards, ckpt = str(tmp_path / "shards"), str(tmp_path / "run")
+    results, codes = _run(_grow_rank, 4, _group("grow"), f"py-el-shmgrow-{uuid.uuid4().hex[:8]}", ckpt, shards)
+    assert codes == [0, 0, 0, 0], (codes, results)
+    assert [results[r][1]["size"] for r in range(3)] == [4, 4, 4] and results[0][1]["first_member_id"] == 3
+    # The rows moved in memory, bit for bit, and the joiner owns some.
+    assert all(results[r][2][:2] == (SHM_GROW_AT, SHM_GROW_AT) for r in range(4)) and len(results[3][2][2][0]) > 0
+    assert same_bits(emb_rows([results[r][0] for r in range(3)]), emb_rows([results[r][2][2] for r in range(4)]))
+    names = os.listdir(os.path.join(shards, "t0"))
+    assert names and all("-of-4." in n for n in names), names  # the old layout's files went
+    # The reference: 3 ranks (threads) to SHM_GROW_AT, then 4 from its consolidated state.
+    first = [pickle.loads(f[1]) for f in run_ranks(3, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r1"),
+                                                                                      SHM_GROW_AT))]
+    start = {"dense": first[0][3], "optimizer": first[0][4], "table": committed_tables(tmp_path / "r1")[0]}
+    ref = [pickle.loads(f[1]) for f in run_ranks(4, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r2"),
+                                                                                    GROWN_STEPS, start=start,
+                                                                                    step=SHM_GROW_AT))]
+    final = [pickle.loads(results[r][3]) for r in range(4)]
+    for f in final:
+        assert f[:2] == (GROWN_STEPS, GROWN_STEPS)
+        assert same_bits(f[3], ref[0][3]) and same_bits(f[4], ref[0][4])
+    assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
+    # The grown group's commits saved the table in full, then in layers: the last is whole there.
+    from gradsync.torch import elastic
+
+    marker = elastic.committed(ckpt)
+    assert marker["step"] == GROWN_STEPS and marker["table_steps"] == [GROWN_STEPS]
+
+    def load(comm, rank):
+        with gs.ShardedEmbeddingTable(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad") as t:
+            t.load(marker["directories"][0])
+            return t.local_state()
+
+    assert same_bits(emb_rows(run_ranks(2, load)), emb_rows([f[2] for f in final]))
 
 
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
