@@ -527,16 +527,17 @@ def tables_of(states):
 FULL_EVERY = 2  # commits into gen0 / gen1 in turn: c0 full, c1 full, c2 layer on c0, c3 layer on c1, c4 full...
 
 
-def _between_saves_rank(rank, size, q, group, ckpt, kill_step, directory):
-    """emb_run with two tables; the victim dies in the commit of step kill_step, after the first
-    table's save (on every rank: each save ends in an agreement) and before the second's."""
+def _in_commit_rank(rank, size, q, group, ckpt, kill_step, where, victim, directory):
+    """emb_run with two tables; the victim dies in the commit of step kill_step: where="second_save":
+    after the first table's save (on every rank: each save ends in an agreement), before the
+    second's; "after_marker" (rank 0): once it wrote the marker, before the others learn it."""
     from gradsync.torch import elastic
 
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
         model, opt, embeddings = emb_build(comm, directory=directory, tables=2)
         second = embeddings[1].table
-        if rank == VICTIM:
+        if rank == victim and where == "second_save":
             def dying(save):
                 def wrapper(d):
                     if second.steps == kill_step:
@@ -544,6 +545,14 @@ def _between_saves_rank(rank, size, q, group, ckpt, kill_step, directory):
                     return save(d)
                 return wrapper
             second.save, second.save_incremental = dying(second.save), dying(second.save_incremental)
+        if rank == victim and where == "after_marker":
+            write = elastic._write_marker_file
+
+            def write_and_die(root, doc):
+                write(root, doc)
+                if doc["step"] == kill_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            elastic._write_marker_file = write_and_die
         state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, full_every=FULL_EVERY)
         at = []
 
@@ -559,16 +568,21 @@ def _between_saves_rank(rank, size, q, group, ckpt, kill_step, directory):
                       state.recoveries)))
 
 
-@pytest.mark.parametrize("kill_step", [3, 4], ids=["incremental", "full"])
-def test_embedding_loss_between_two_tables_saves_goes_back_to_the_last_complete_commit(tmp_path, kill_step):
+@pytest.mark.parametrize("kill_step,where,victim,back", [(3, "second_save", VICTIM, 2), (4, "second_save", VICTIM, 3),
+                                                        (3, "after_marker", 0, 3)],
+                         ids=["incremental", "full", "rank0_after_marker"])
+def test_embedding_loss_in_a_commit_goes_back_to_the_last_complete_commit(tmp_path, kill_step, where, victim, back):
     # Commit n goes into gen(n % 2). The commit of step 3 stacks layers on gen1's step-1 save, that
     # of step 4 saves gen0 in full (FULL_EVERY): either way the other generation holds the last
     # complete commit, step kill_step - 1, whole, though one table of the dying commit is saved.
+    # Rank 0 lost once the marker names the commit: the survivors, who hold it as the one they were
+    # saving, take it.
     ckpt = str(tmp_path / "run")
-    results, codes = _run(_between_saves_rank, 4, _group("between"), ckpt, kill_step, str(tmp_path / "shards"))
-    assert codes[VICTIM] == -signal.SIGKILL
-    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
-    back = kill_step - 1
+    results, codes = _run(_in_commit_rank, 4, _group("commit"), ckpt, kill_step, where, victim,
+                          str(tmp_path / "shards"))
+    survivors = [r for r in range(4) if r != victim]
+    assert codes[victim] == -signal.SIGKILL
+    assert [codes[r] for r in survivors] == [0, 0, 0], (codes, results)
     # The reference: 4 ranks (threads) to the last complete commit; then 3 from it.
     first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), back, tables=2,
                                                     full_every=FULL_EVERY))
@@ -576,22 +590,22 @@ def test_embedding_loss_between_two_tables_saves_goes_back_to_the_last_complete_
     start["tables"] = committed_tables(tmp_path / "ref1")
     ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=back,
                                                   tables=2))
-    for r in (0, 1, 3):
+    for r in survivors:
         (step, steps, _, weights, dicts), _, final_weights, recoveries = results[r]
-        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[victim]] and recoveries[0]["size"] == 3
         assert recoveries[0]["tables_restored"] == 2 and recoveries[0]["generation"] == back % 2
         assert (step, steps) == (back, [back, back])
         assert same_bits(weights, first[0][1]) and same_bits(pickle.loads(dicts), pickle.loads(first[0][2]))
         assert same_bits(final_weights, ref[0][1])
-    at = tables_of([results[r][0][2] for r in (0, 1, 3)])
+    at = tables_of([results[r][0][2] for r in survivors])
     assert same_bits(at, tables_of([f[0] for f in first]))
-    assert same_bits(tables_of([results[r][1] for r in (0, 1, 3)]), tables_of([f[0] for f in ref]))
+    assert same_bits(tables_of([results[r][1] for r in survivors]), tables_of([f[0] for f in ref]))
     # The reference's last commit was a layer on its generation's full save: the next commit into
     # the other one was a layer on its full save (kill 3) or, FULL_EVERY reached, a full save (kill 4).
     from gradsync.torch import elastic
 
     marker = elastic.committed(tmp_path / "ref1")
-    assert (marker["step"], marker["generation"], marker["layers"]) == (back, back % 2, [1, 1])
+    assert (marker["step"], marker["generation"], marker["layers"]) == (back, back % 2, [1, 1] if back > 1 else [0, 0])
 
 
 class ZeroEmbNet(torch.nn.Module):

@@ -279,8 +279,10 @@ class State:
                 t.module.table.save(t.dirs[g])
                 t.chain[g] = 0
         c["layers"] = [t.chain[g] for t in self._tables]
-        self._pending = None
+        # Still pending: rank 0 may write the marker and be lost before the others learn it, who
+        # then find this commit named there (see _choose_commit).
         self._write_marker(self.comm, c)
+        self._pending = None
 
     def _write_marker(self, comm, c):
         """Collective over comm: rank 0 writes the marker naming commit c; every rank raises rank 0's
