@@ -44,24 +44,34 @@ What a commit holds, and so what a recovery goes back to:
     commit after every optimizer.step() and derive what a step needs from state.step.
   - with ShardedEmbedding / ShardedEmbeddingBag tables (found in the model, or passed as
     embeddings=, as beside a DistributedDataParallel): every row and its optimizer state, saved by
-    each commit into checkpoint_dir (required then; a directory every rank sees, one subdirectory
-    per table), the first save in full, the next ones as incremental layers (a full one every
-    full_every commits, and after the tables moved in memory). So a commit with tables, and
-    State() which commits, is collective. recover brings each table back to the commit: after a
-    lost rank every row comes from that save (a lost rank's rows exist nowhere else); when nobody
-    was lost the rows move in memory and, if they moved on since (the failed step's pushes), are
-    read back from it. table.steps then agrees with the step of the commit. With a
-    ZeroRedundancyOptimizer whose failed step went through (above), recover raises RuntimeError
-    instead, as the tables cannot follow it; so does a loss during a commit's saves of several
-    tables that left them at different commits.
+    each commit into checkpoint_dir (required then; a directory every rank sees). So a commit with
+    tables, and State() which commits, is collective. Commits go into two generations in turn,
+    checkpoint_dir/gen0 and gen1 (a subdirectory per table in each): a commit saves every table
+    into the generation the last complete commit is not in, then rank 0 writes the marker
+    checkpoint_dir/committed.json (atomically: a temporary file, fsync, rename, fsync of the
+    directory), which names the commit, its step, its generation and the tables' steps; every rank
+    learns that it was written (committed() reads it). Each generation keeps its own chain: its
+    first save of a table is full, the next ones incremental layers on it (a full one every
+    full_every of the generation's saves, and after the tables moved in memory). A loss at any
+    point of a commit, between two tables' saves or before the marker, leaves the last complete
+    commit whole in the other generation. recover goes back to the newest complete commit (one a
+    survivor saw complete, or the one the marker names: every survivor holds it, as its last
+    commit or as the one it was saving) and brings each table back to it: after a lost rank every
+    row comes from its generation (a lost rank's rows exist nowhere else); when nobody was lost
+    the rows move in memory and, if they moved on since (the failed step's pushes, a commit that
+    did not complete), are read back from it. table.steps then agrees with the step of the commit;
+    the tables, the fields and a DistributedDataParallel's weights and optimizer state are all
+    that commit's, never a mix. With a ZeroRedundancyOptimizer whose failed step went through
+    (above: a loss in the step's final gather, or during the commit that follows it), recover
+    raises RuntimeError instead, as the tables cannot follow it.
 Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
 GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
 
 Growing back: a replacement rank calls join(join_name, build), which returns its State, while
 the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
 and, from the members, the parameters by broadcast, its optimizer slices and its tables' rows by
-reshard, in memory (THREAD and SHM groups: see Communicator.grow); the next commit saves the
-tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
+reshard, in memory (THREAD and SHM groups: see Communicator.grow); the next two commits (one per
+generation) save the tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """
 import copy
@@ -161,8 +171,9 @@ class State:
     commit with it (step=0 unless given), read and written as attributes (state.step).
     embeddings: ShardedEmbedding modules outside the model (beside a DistributedDataParallel);
     those inside it are found. checkpoint_dir: required with any table (ValueError otherwise): a
-    directory every rank sees, where commits save the tables; full_every: commits per full save
-    (the others are incremental). The state is committed once here (collective with tables).
+    directory every rank sees, where commits save the tables (two generations and a marker: see
+    the module docstring); full_every: a generation's saves of a table per full one (the others
+    are incremental layers on it). The state is committed once here (collective with tables).
     state.comm, state.model and state.optimizer are the current ones (the communicator changes at
     each recovery); state.embeddings the tables' modules. state.recoveries lists what each recovery
     did and how long each phase took (see recover), state.grows each grow (see grow).
@@ -329,7 +340,8 @@ class State:
         times in seconds: shrink_s (agree_s + form_s of it: agreeing on the failed set, forming the
         group), reshard_s (the optimizer's slices and the tables), rebuild_s (DDP's buckets),
         sync_s (the commit to every survivor), total_s; table_moved_rows, tables_restored (from
-        their save, after a loss) and tables_loaded (read back after moving in memory); error_ns
+        their save, after a loss) and tables_loaded (read back after moving in memory), generation
+        (the one the tables came back from; with tables only); error_ns
         (time.monotonic_ns() when recover began) and, after the next commit, first_step_s.
         Raises GradsyncError E_LOST (naming the ranges) when optimizer state lived only on lost
         ranks, RuntimeError when the tables cannot go back with the rest (see the module
