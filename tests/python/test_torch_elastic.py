@@ -843,6 +843,34 @@ def test_embedding_without_a_checkpoint_dir_is_refused():
     assert run_ranks(2, body) == [True, True]
 
 
+def test_embedding_recovery_takes_no_marker_of_another_run_and_rewrites_it(tmp_path):
+    # Another run's marker in checkpoint_dir names a newer commit (4) than this run's last (2): a
+    # recovery (nobody lost: a grow nobody joins) goes back to this run's, and the marker says so.
+    import shutil
+
+    from gradsync.torch import elastic
+
+    nobody, other, ckpt = f"py-el-embother-{uuid.uuid4().hex[:8]}", tmp_path / "other", tmp_path / "ckpt"
+
+    def body(comm, rank):
+        for d, steps in ((other, 4), (ckpt, 2)):
+            model, opt, embeddings = emb_build(comm)
+            state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=str(d))
+            emb_loop(state, steps)
+        comm.barrier()
+        if rank == 0:
+            shutil.copy(other / elastic.MARKER, ckpt / elastic.MARKER)
+        comm.barrier()
+        with pytest.raises(gs.GradsyncError):
+            elastic.run(lambda s: s.grow(nobody, 1))(state)
+        assert state.step == 2 and embeddings[0].table.steps == 2
+        state.comm.close()
+        return elastic.committed(ckpt)
+
+    marker = run_ranks(2, body, timeout_ms=500)[0]
+    assert marker["step"] == 2 and marker["run"] != elastic.committed(other)["run"]
+
+
 @pytest.mark.parametrize("in_files", [False, True], ids=["memory", "files"])
 def test_embedding_recovery_without_a_loss_reads_the_tables_back_from_the_commit(tmp_path, in_files):
     # Nobody is lost (a grow nobody joins times out), but the tables moved on since the commit (a

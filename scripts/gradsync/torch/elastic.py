@@ -46,32 +46,32 @@ What a commit holds, and so what a recovery goes back to:
     embeddings=, as beside a DistributedDataParallel): every row and its optimizer state, saved by
     each commit into checkpoint_dir (required then; a directory every rank sees). So a commit with
     tables, and State() which commits, is collective. Commits go into two generations in turn,
-    checkpoint_dir/gen0 and gen1 (a subdirectory per table in each): a commit saves every table
-    into the generation the last complete commit is not in, then rank 0 writes the marker
+    checkpoint_dir/gen0 and gen1 (a subdirectory per table in each): a commit saves every table into
+    the generation the last complete commit is not in, then rank 0 writes the marker
     checkpoint_dir/committed.json (atomically: a temporary file, fsync, rename, fsync of the
-    directory), which names the commit, its step, its generation and the tables' steps; every rank
-    learns that it was written (committed() reads it). Each generation keeps its own chain: its
-    first save of a table is full, the next ones incremental layers on it (a full one every
-    full_every of the generation's saves, and after the tables moved in memory). A loss at any
-    point of a commit, between two tables' saves or before the marker, leaves the last complete
-    commit whole in the other generation. recover goes back to the newest complete commit (one a
-    survivor saw complete, or the one the marker names: every survivor holds it, as its last
-    commit or as the one it was saving) and brings each table back to it: after a lost rank every
-    row comes from its generation (a lost rank's rows exist nowhere else); when nobody was lost
-    the rows move in memory and, if they moved on since (the failed step's pushes, a commit that
-    did not complete), are read back from it. table.steps then agrees with the step of the commit;
-    the tables, the fields and a DistributedDataParallel's weights and optimizer state are all
-    that commit's, never a mix. With a ZeroRedundancyOptimizer whose failed step went through
-    (above: a loss in the step's final gather, or during the commit that follows it), recover
-    raises RuntimeError instead, as the tables cannot follow it.
+    directory), which names the run, the commit, its step, its generation and the tables' steps;
+    every rank learns that it was written (committed() reads it; a recovery takes no other run's).
+    Each generation keeps its own chain: its first save of a table is full, the next ones
+    incremental layers on it (a full one every full_every of the generation's saves, and after the
+    tables moved in memory). A loss at any point of a commit, between two tables' saves or before
+    the marker, leaves the last complete commit whole in the other generation. recover goes back to
+    the newest complete commit (one a survivor saw complete, or the one the marker names: every
+    survivor holds it, as its last commit or as the one it was saving) and brings each table back to
+    it: after a lost rank every row comes from its generation (a lost rank's rows exist nowhere
+    else); when nobody was lost the rows move in memory and, if they moved on since (the failed
+    step's pushes, a commit that did not complete), are read back from it. table.steps then agrees
+    with the step of the commit; the tables, the fields and a DistributedDataParallel's weights and
+    optimizer state are all that commit's, never a mix. With a ZeroRedundancyOptimizer whose failed
+    step went through (above: a loss in the step's final gather, or during the commit that follows
+    it), recover raises RuntimeError instead, as the tables cannot follow it.
 Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
 GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
 
-Growing back: a replacement rank calls join(join_name, build), which returns its State, while
-the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
-and, from the members, the parameters by broadcast, its optimizer slices and its tables' rows by
-reshard, in memory (THREAD and SHM groups: see Communicator.grow); the next two commits (one per
-generation) save the tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
+Growing back: a replacement rank calls join(join_name, build), which returns its State, while the
+members call state.grow(join_name) at a step boundary; the joiner takes the latest commit and, from
+the members, the parameters by broadcast, its optimizer slices and its tables' rows by reshard, in
+memory (THREAD and SHM groups: see Communicator.grow); the next two commits (one per generation)
+save the tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """
 import copy
@@ -80,6 +80,7 @@ import json
 import os
 import pickle
 import time
+import uuid
 
 import numpy as np
 import torch
@@ -142,9 +143,9 @@ def _write_marker_file(checkpoint_dir, doc):
 
 def committed(checkpoint_dir):
     """The last complete commit of the tables a State saves into checkpoint_dir, as its marker
-    says: {"commit" (its number), "step", "table_steps", "generation", "layers", "directories" (one
-    per table, in the order of State.embeddings: each a checkpoint ShardedEmbeddingTable.load
-    reads)}, or None when there is none. Local: reads the marker only."""
+    says: {"run" (the State's name), "commit" (its number), "step", "table_steps", "generation",
+    "layers", "directories" (one per table, in the order of State.embeddings: each a checkpoint
+    ShardedEmbeddingTable.load reads)}, or None when there is none. Local: reads the marker only."""
     doc = _marker_doc(os.fspath(checkpoint_dir))
     if doc is None:
         return None
@@ -277,7 +278,11 @@ class State:
         and rank 0 every manifest (each save ends in an agreement of all ranks). Each generation
         keeps its own chain: a full save, then incremental layers, each on the table's save there
         two commits before (save_incremental knows the rows pushed since either of the last two)."""
-        g = 0 if self._commit is None or "generation" not in self._commit else 1 - self._commit["generation"]
+        first = self._commit is None or "generation" not in self._commit
+        g = 0 if first else 1 - self._commit["generation"]
+        # The run's name, in the marker: one a State of an earlier run left in checkpoint_dir is not ours.
+        run = uuid.uuid4().hex.encode() if first and self.comm.rank == 0 else b""
+        c["run"] = _broadcast_blob(self.comm, run, 0).decode() if first else self._commit["run"]
         c["commit"], c["generation"] = self._seq, g
         self._seq += 1
         self._pending = c
@@ -302,7 +307,8 @@ class State:
         error = b""
         if comm.rank == 0:
             g = c["generation"]
-            doc = {"format": 1, "commit": c["commit"], "generation": g, "step": int(c["fields"]["step"]),
+            doc = {"format": 1, "run": c["run"], "commit": c["commit"], "generation": g,
+                   "step": int(c["fields"]["step"]),
                    "table_steps": c["table_steps"], "layers": c["layers"],
                    "directories": [os.path.relpath(t.dirs[g], root) for t in self._tables]}
             try:
@@ -409,13 +415,15 @@ class State:
         a member saw complete (its last commit) or that the marker names (rank 0 writes it last, and
         may be lost after). Every member holds it, as its last commit or as the one it was saving.
         The marker is brought in line, as the next commit goes into the other generation."""
+        held = [self._commit, self._pending]
         marked = -1
         if comm.rank == 0:
             try:
-                marked = int(_marker_doc(os.fspath(self.checkpoint_dir))["commit"])
+                doc = _marker_doc(os.fspath(self.checkpoint_dir))
+                if doc["run"] in [c.get("run") for c in held if c is not None]:
+                    marked = int(doc["commit"])
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # none (TypeError), or unreadable: the members know a complete commit, and rewrite it
-        held = [self._commit, self._pending]
         mine = np.array([-1 if c is None else c.get("commit", -1) for c in held] + [marked], dtype=np.int64)
         every = comm.allgatherv(mine, [3] * comm.size).reshape(comm.size, 3)
         chosen = int(max(every[:, 0].max(), every[0, 2]))
@@ -530,7 +538,7 @@ class State:
                                    "survivor, which the tables, back at the commit, cannot follow")
         self._commit = self._snapshot()
         # Where the tables' commit is (a joiner's generation, commit number and layers are the members').
-        for k in ("commit", "generation", "layers"):
+        for k in ("run", "commit", "generation", "layers"):
             if k in theirs:
                 self._commit[k] = theirs[k]
         if "commit" in theirs:
