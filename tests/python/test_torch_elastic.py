@@ -447,8 +447,8 @@ def emb_rows(parts):
 def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None, tables=1,
             full_every=64):
     """emb_loop from emb_build(start) at `step` (the tables' learning rate then lr if given); this
-    rank's rows of each table, dense weights, recoveries, (step, table steps) after each recovery
-    and the dense state dicts."""
+    rank's rows of each table, the dense weights and state dicts (emb_dense), the recoveries and
+    (step, table steps) after each recovery."""
     from gradsync.torch import elastic
 
     model, opt, embeddings = emb_build(comm, start=start, directory=directory, tables=tables)
