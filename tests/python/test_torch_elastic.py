@@ -843,6 +843,22 @@ def test_embedding_without_a_checkpoint_dir_is_refused():
     assert run_ranks(2, body) == [True, True]
 
 
+def test_embedding_commit_whose_marker_cannot_be_written_fails_on_every_rank(tmp_path):
+    from gradsync.torch import elastic
+
+    ckpt = tmp_path / "ckpt"
+    (ckpt / (elastic.MARKER + ".tmp")).mkdir(parents=True)  # rank 0's temporary file cannot be made
+
+    def body(comm, rank):
+        model, opt, embeddings = emb_build(comm)
+        with pytest.raises(OSError, match="rank 0 could not write the commit marker.*IsADirectoryError"):
+            elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=str(ckpt))
+        return True
+
+    assert run_ranks(2, body) == [True, True]
+    assert elastic.committed(ckpt) is None
+
+
 def test_embedding_recovery_takes_no_marker_of_another_run_and_rewrites_it(tmp_path):
     # Another run's marker in checkpoint_dir names a newer commit (4) than this run's last (2): a
     # recovery (nobody lost: a grow nobody joins) goes back to this run's, and the marker says so.

@@ -307,13 +307,12 @@ class State:
         error = b""
         if comm.rank == 0:
             g = c["generation"]
-            doc = {"format": 1, "run": c["run"], "commit": c["commit"], "generation": g,
-                   "step": int(c["fields"]["step"]),
-                   "table_steps": c["table_steps"], "layers": c["layers"],
-                   "directories": [os.path.relpath(t.dirs[g], root) for t in self._tables]}
-            try:
+            try:  # rank 0's failure, whatever it is, must reach the others waiting below
+                doc = {"format": 1, "run": c["run"], "commit": c["commit"], "generation": g,
+                       "step": int(c["fields"]["step"]), "table_steps": c["table_steps"], "layers": c["layers"],
+                       "directories": [os.path.relpath(t.dirs[g], root) for t in self._tables]}
                 _write_marker_file(root, doc)
-            except OSError as e:
+            except (OSError, TypeError, ValueError) as e:
                 error = f"{type(e).__name__}: {e}".encode()
         error = _broadcast_blob(comm, b"ok" + error, 0)[2:]
         if error:
