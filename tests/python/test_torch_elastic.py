@@ -710,6 +710,39 @@ def test_zero_optimizer_with_a_table_after_a_sigkill_goes_back_to_the_commit_bit
     assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
 
 
+def _zero_emb_commit_rank(rank, size, q, group, ckpt):
+    """zero_emb_run's victim dies in the commit after its step KILL_AT instead (the optimizer's step
+    went through on every rank, the table's save had begun); the survivors report their error."""
+    torch.set_num_threads(1)
+    if rank == VICTIM:
+        from gradsync.embedding import ShardedEmbeddingTable
+
+        def dying(save):
+            def wrapper(self, d):
+                if self.steps == KILL_AT + 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return save(self, d)
+            return wrapper
+        ShardedEmbeddingTable.save = dying(ShardedEmbeddingTable.save)
+        ShardedEmbeddingTable.save_incremental = dying(ShardedEmbeddingTable.save_incremental)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        try:
+            zero_emb_run(comm, ckpt, STEPS)
+            q.put((rank, None))
+        except RuntimeError as e:
+            q.put((rank, str(e)))
+
+
+def test_zero_optimizer_with_a_table_lost_in_the_commit_after_its_step_is_a_clear_error(tmp_path):
+    # The optimizer's step cannot go back, the table cannot go forward (the lost rank's rows of
+    # step KILL_AT + 1 exist nowhere): every survivor raises RuntimeError, none hangs or goes on.
+    results, codes = _run(_zero_emb_commit_rank, 4, _group("zerocommit"), str(tmp_path / "run"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    for r in (0, 1, 3):
+        assert results[r] is not None and "the optimizer applied step" in results[r] and "cannot follow" in results[r]
+
+
 SHM_GROW_AT = 4  # the last commit before the grow in gen0: a joiner must take the next one's gen1 from the members
 
 
