@@ -56,10 +56,12 @@
  * names the parts, their row counts and checksums, the shape, the optimizer and the step count),
  * then removes the parts of earlier checkpoints in the directory. A crash before the manifest is
  * renamed leaves the previous checkpoint whole. An incremental save writes only the rows pushed
- * since the table's last save or load, as a layer on that checkpoint (same directory), committed
- * the same way; a load applies the layers in order. Loading reads the manifest and, on each rank, the
- * parts that hold its rows: the world size and the sharding rule may differ from the saver's, and
- * every row and its optimizer state come back bitwise. Files are checked before use (magic,
+ * since the checkpoint in its directory, as a layer on it, committed the same way: that checkpoint
+ * is the table's last save or load, or its save before that in another directory (so two
+ * directories saved in turn each keep a chain of their own); a load applies the layers in order.
+ * Loading reads the manifest and, on each rank, the parts that hold its rows: the world size and
+ * the sharding rule may differ from the saver's, and every row and its optimizer state come back
+ * bitwise. Files are checked before use (magic,
  * version, sizes, checksums, ids sorted, in range, each present once): a damaged or hostile file
  * gives GRADSYNC_E_CORRUPT on every rank, never a crash, and leaves the table as it was.
  *
@@ -242,12 +244,16 @@ GRADSYNC_API int gradsync_embedding_push(gradsync_embedding* table, const int64_
 GRADSYNC_API int gradsync_embedding_save(gradsync_embedding* table, const char* dir);
 
 /**
- * @brief Write only the rows pushed since this table's last save or load (collective), with their
- *        optimizer state and the step count, as a layer on that checkpoint, which must still be
- *        the one in dir. Crash-safe as gradsync_embedding_save; loads the same way.
+ * @brief Write only the rows pushed since the checkpoint in dir (collective), with their optimizer
+ *        state and the step count, as a layer on it, which must still be there: the checkpoint of
+ *        this table's last save or load, or of the save before that when it was into another
+ *        directory (two directories saved in turn). Crash-safe as gradsync_embedding_save; loads
+ *        the same way.
  * @param table the table
- * @param[in] dir the directory of the table's last save or load (the same on every rank)
- * @retval GRADSYNC_E_MISUSE the table has saved or loaded no checkpoint in dir, or another save
+ * @param[in] dir the directory of the table's last save or load, or of its save before (the same
+ *        on every rank)
+ * @retval GRADSYNC_E_MISUSE the table has neither saved nor loaded that checkpoint in dir (a load
+ *         forgets the saves before it, a reshard all but a restore's checkpoint), or another save
  *         replaced it since (every rank fails; save in full)
  * @return or an error as gradsync_embedding_save
  * @threadsafety handle

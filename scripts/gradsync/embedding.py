@@ -197,8 +197,9 @@ class ShardedEmbeddingTable(Handle):
         check(lib.gradsync_embedding_save(self.ptr, _path(directory)))
 
     def save_incremental(self, directory):
-        """Only the rows pushed since the last save or load, as a layer on that checkpoint (in
-        `directory`); E_MISUSE when that checkpoint is not there."""
+        """Only the rows pushed since the checkpoint in `directory`, as a layer on it: the table's
+        last save or load, or its save before that into another directory (two directories saved
+        in turn each keep a chain of their own); E_MISUSE when it is neither, or no longer there."""
         check(lib.gradsync_embedding_save_incremental(self.ptr, _path(directory)))
 
     def load(self, directory):

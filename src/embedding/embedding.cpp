@@ -533,7 +533,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
       int64_t id;
       std::memcpy(&id, part + k * kIdFloats, sizeof id);
       local[k] = local_of(id);
-      dirty_[static_cast<size_t>(local[k])] = 1;
+      dirty_[static_cast<size_t>(local[k])] = 3;  // pushed since either base
     }
     accum_->add_batch(local, c, part + c * kIdFloats, c * d);
     if (s != me) from += c;

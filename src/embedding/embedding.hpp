@@ -96,7 +96,8 @@ class ShardedTable {
   // Collective calls.
   void lookup(const int64_t* ids, size_t n, float* out, size_t count);
   void push(const int64_t* ids, size_t n, const float* grads, size_t count);
-  // incremental: only the rows pushed since the last save or load, as a layer on that checkpoint.
+  // incremental: only the rows pushed since the checkpoint in dir, as a layer on it: dir is where this
+  // table last saved or loaded, or where it saved before that (two alternating generations).
   void save(const std::string& dir, bool incremental);
   void load(const std::string& dir);
 
@@ -189,8 +190,9 @@ class ShardedTable {
   std::unique_ptr<table::Table> state_;
   std::unique_ptr<accumulator::Accumulator> accum_;
   int64_t steps_ = 0;
-  // Rows pushed since the last save or load (per local row), and that checkpoint: an incremental
-  // save writes the former as a layer on the latter.
+  // Per local row, bit k: pushed since bases_[k], the checkpoint this table last saved or loaded (0)
+  // and the one it saved before that, in another directory (1); an incremental save into a base's
+  // directory writes the rows of its bit as a layer on it.
   std::vector<uint8_t> dirty_;
   // A send buffer of the exchanges, kept between calls and only grown: in the group's memory
   // (Communicator::alloc) when it has room, where shared-memory peers read it directly (one copy
@@ -224,8 +226,11 @@ class ShardedTable {
   std::vector<uint32_t> scratch_slots_;
   std::vector<size_t> scratch_order_;
   std::vector<float> scratch_recv_;
-  std::string base_dir_;
-  uint64_t base_nonce_ = 0;
+  struct Base {
+    std::string dir;     // empty: none
+    uint64_t nonce = 0;  // its top layer's
+  };
+  Base bases_[2];
 };
 
 }  // namespace gradsync::embedding

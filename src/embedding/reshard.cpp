@@ -179,8 +179,8 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       if (sw != 0) std::memcpy(fresh.state->data(), staged.state.data(), staged.state.size() * sizeof(float));
     }
     report.from_checkpoint = true;
-    base_dir_ = checkpoint;
-    base_nonce_ = last;
+    bases_[0] = Base{checkpoint, last};
+    bases_[1] = Base{};
     steps_ = seen[1];
   } else {
     // Each member sends a new owner its rows for it in ascending id order (its shard's order), the
@@ -307,8 +307,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     report.moved_rows = incoming;
     // The rows pushed since the last checkpoint are not tracked across the move: the next save is
     // a full one.
-    base_dir_.clear();
-    base_nonce_ = 0;
+    bases_[0] = bases_[1] = Base{};
     steps_ = steps;
   }
   // Files: written back on every rank before any takes its new names.

@@ -22,19 +22,24 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
   const auto d = static_cast<uint64_t>(options_.dim);
   const auto sw = static_cast<uint64_t>(state_width());
 
-  // An incremental save stacks a layer on the checkpoint this table last saved or loaded, so that
-  // checkpoint must still be the one in dir; every rank checks, and all refuse alike.
+  // An incremental save stacks a layer on the checkpoint in dir, which must be one this table knows
+  // the pushed rows since (bases_) and still be there; every rank checks, and all refuse alike.
   Manifest base;
+  int from = -1;  // the base the layer builds on
   if (incremental) {
     const Outcome checked = capture([&] {
-      GS_REQUIRE(
-          base_dir_ == dir, GRADSYNC_E_MISUSE,
-          "an incremental save needs the checkpoint this table last saved or loaded in '{}'{}", dir,
-          base_dir_.empty() ? " (it has none: save in full first)" : fmt::format(" (its last is in '{}')", base_dir_));
+      for (int k = 0; k < 2 && from < 0; ++k)
+        if (!bases_[k].dir.empty() && bases_[k].dir == dir) from = k;
+      GS_REQUIRE(from >= 0, GRADSYNC_E_MISUSE,
+                 "an incremental save needs the checkpoint this table last saved or loaded, or saved before "
+                 "that, in '{}'{}",
+                 dir,
+                 bases_[0].dir.empty() ? " (it has none: save in full first)"
+                                       : fmt::format(" (its last is in '{}')", bases_[0].dir));
       base = read_manifest(dir);
-      GS_REQUIRE(base.layers.back().nonce == base_nonce_, GRADSYNC_E_MISUSE,
-                 "the checkpoint in '{}' is not the one this table last saved or loaded (another save replaced it): "
-                 "save in full",
+      GS_REQUIRE(base.layers.back().nonce == bases_[from].nonce, GRADSYNC_E_MISUSE,
+                 "the checkpoint in '{}' is not the one this table saved or loaded there (another save replaced "
+                 "it): save in full",
                  dir);
       GS_REQUIRE(base.layers.size() < static_cast<size_t>(kMaxLayers), GRADSYNC_E_MISUSE,
                  "'{}' holds {} layers already: save in full", dir, base.layers.size());
@@ -54,7 +59,7 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
   uint64_t count = owned_.size();
   if (incremental) {
     for (size_t l = 0; l < owned_.size(); ++l) {
-      if (!dirty_[l]) continue;
+      if (!(dirty_[l] & (1u << from))) continue;
       ids.push_back(owned_[l]);
       rows.insert(rows.end(), params_->row_ptr(static_cast<int64_t>(l)), params_->row_ptr(static_cast<int64_t>(l)) + d);
       if (sw != 0)
@@ -116,9 +121,15 @@ void ShardedTable::save(const std::string& dir, bool incremental) {
     });
   }
   agree(committed.status, committed.message);
-  std::fill(dirty_.begin(), dirty_.end(), 0);
-  base_dir_ = dir;
-  base_nonce_ = nonce;
+  // Saved into another directory than the last: that one becomes the base before, and the rows
+  // pushed since it are those pushed since the last save. Into the same one: the base before stays.
+  if (bases_[0].dir != dir) {
+    bases_[1] = bases_[0];
+    for (uint8_t& b : dirty_) b = static_cast<uint8_t>((b & 1u) << 1);
+  } else {
+    for (uint8_t& b : dirty_) b &= 2u;
+  }
+  bases_[0] = Base{dir, nonce};
 }
 
 void ShardedTable::load(const std::string& dir) {
@@ -146,8 +157,8 @@ void ShardedTable::load(const std::string& dir) {
   }
   steps_ = m.steps;
   std::fill(dirty_.begin(), dirty_.end(), 0);
-  base_dir_ = dir;
-  base_nonce_ = last;
+  bases_[0] = Base{dir, last};
+  bases_[1] = Base{};
 }
 
 }  // namespace gradsync::embedding

@@ -298,6 +298,50 @@ def test_incremental_save_writes_only_pushed_rows_and_loads_in_layers(tmp_path):
     assert [r[1] for r in results] == [4, 4, 4]
 
 
+def test_incremental_saves_alternate_between_two_directories_each_its_own_chain(tmp_path):
+    """Two generations, as gradsync.torch.elastic keeps them: a layer on the save before the last
+    holds the rows pushed since that one, not only since the last."""
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    refs = {n: reference("row_adagrad", n) for n in (4, 5, 6)}
+
+    def saver(comm, rank):
+        with make(comm) as t:
+            train(t, rank, comm.size, 2)
+            t.save(a)
+            train(t, rank, comm.size, 3, first=2)
+            t.save(b)
+            train(t, rank, comm.size, 4, first=3)
+            t.save_incremental(a)  # steps 2 and 3's rows
+            train(t, rank, comm.size, 5, first=4)
+            t.save_incremental(b)  # steps 3 and 4's
+            train(t, rank, comm.size, 6, first=5)
+            t.save(c)
+            with pytest.raises(gs.GradsyncError) as info:
+                t.save_incremental(a)  # three saves back: its pushed rows are not known
+            assert info.value.status == gs.E_MISUSE and "saved before that" in str(info.value)
+            t.save_incremental(b)  # steps 5's rows
+            t.load(c)
+            with pytest.raises(gs.GradsyncError) as info:
+                t.save_incremental(b)  # a load knows the rows pushed since it only
+            assert info.value.status == gs.E_MISUSE
+
+    run_ranks(2, saver)
+
+    def loader(comm, rank):
+        with make(comm, "hash") as t:
+            out = []
+            for d in (a, b):
+                t.load(d)
+                out.append((t.local_state(), t.steps))
+            return out
+
+    results = run_ranks(3, loader)
+    for i, want in enumerate((4, 6)):
+        values, state = gather_rows([r[i][0] for r in results])
+        assert [r[i][1] for r in results] == [want] * 3
+        assert values.tobytes() == refs[want][0].tobytes() and state.tobytes() == refs[want][1].tobytes()
+
+
 def _torch_sparse_adam_rows(torch, w0, steps, lr, betas, eps, per_row):
     """torch.optim.SparseAdam on the rows of w0 after the gradients of `steps` ((ids, grads) in
     global batch order). per_row: each row a parameter of its own with its own SparseAdam, stepped

@@ -382,14 +382,21 @@ def emb_batch(step, rank, size):
     return ids[rank::size], y[rank::size]
 
 
-def emb_build(comm, joining=False, start=None, directory=None):
-    """A row_adagrad ShardedEmbedding (its shard in files under `directory` if given) beside a
-    DistributedDataParallel dense part (Adam), from `start` (dense state dicts and the table's
-    checkpoint directory) or from scratch."""
-    from gradsync.torch import DistributedDataParallel, ShardedEmbedding
+def emb_tables(comm, tables=1, directory=None):
+    """`tables` row_adagrad ShardedEmbeddings (their shards in files under `directory` if given)."""
+    from gradsync.torch import ShardedEmbedding
 
-    emb = ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3,
-                           directory=directory)
+    return [ShardedEmbedding(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad", lr=0.1, init="uniform", seed=3 + i,
+                             directory=None if directory is None else os.path.join(directory, f"t{i}"))
+            for i in range(tables)]
+
+
+def emb_build(comm, joining=False, start=None, directory=None, tables=1):
+    """emb_tables beside a DistributedDataParallel dense part (Adam), from `start` (dense state
+    dicts and the tables' checkpoint directories) or from scratch."""
+    from gradsync.torch import DistributedDataParallel
+
+    embeddings = emb_tables(comm, tables, directory)
     dense = torch.nn.Linear(EMB_DIM, 3)
     with torch.no_grad():
         rng = np.random.default_rng(1)
@@ -399,26 +406,34 @@ def emb_build(comm, joining=False, start=None, directory=None):
     if start is not None:
         dense.load_state_dict(start["module"])
         opt.load_state_dict(start["optimizer"])
-        emb.table.load(start["table"])
-    return DistributedDataParallel(dense, comm, bucket_cap_mb=1e-4), opt, [emb]
+        for emb, d in zip(embeddings, start["tables"]):
+            emb.table.load(d)
+    return DistributedDataParallel(dense, comm, bucket_cap_mb=1e-4), opt, embeddings
 
 
 def emb_loop(state, until, victim=None, kill_at=None, after=None):
     """Train to step `until`; the victim SIGKILLs itself at kill_at after its optimizer step (its
-    pushes applied on every rank), before the commit. after: (state.step, table.steps) at the
-    start of each call that follows a recovery."""
-    emb = state.embeddings[0]
+    pushes applied on every rank), before the commit. after: (state.step, the first table's steps)
+    at the start of each call that follows a recovery. The features are the sum of the tables' rows."""
     if after is not None and len(after) < len(state.recoveries):
-        after.append((state.step, emb.table.steps))
+        after.append((state.step, state.embeddings[0].table.steps))
     while state.step < until:
         ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
         state.optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(state.model(emb(ids)), y).backward()
+        x = sum(emb(ids) for emb in state.embeddings)
+        torch.nn.functional.cross_entropy(state.model(x), y).backward()
         state.optimizer.step()
         if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
             os.kill(os.getpid(), signal.SIGKILL)
         state.step += 1
         state.commit()
+
+
+def committed_tables(ckpt):
+    """The directories of the tables at the last complete commit of a State's checkpoint_dir."""
+    from gradsync.torch import elastic
+
+    return elastic.committed(ckpt)["directories"]
 
 
 def emb_rows(parts):
@@ -429,28 +444,34 @@ def emb_rows(parts):
     return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
-def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None):
-    """emb_loop from emb_build(start) at `step` (the table's learning rate then lr if given); this
-    rank's table rows, dense weights, recoveries, (step, table steps) after each recovery and the
-    dense state dicts."""
+def emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None, lr=None, directory=None, tables=1,
+            full_every=64):
+    """emb_loop from emb_build(start) at `step` (the tables' learning rate then lr if given); this
+    rank's rows of each table, the dense weights and state dicts (emb_dense), the recoveries and
+    (step, table steps) after each recovery."""
     from gradsync.torch import elastic
 
-    model, opt, embeddings = emb_build(comm, start=start, directory=directory)
-    if lr is not None:
-        embeddings[0].table.set_lr(lr)
-    state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step)
+    model, opt, embeddings = emb_build(comm, start=start, directory=directory, tables=tables)
+    for emb in embeddings if lr is not None else ():
+        emb.table.set_lr(lr)
+    state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, step=step,
+                          full_every=full_every)
     after = []
     elastic.run(emb_loop)(state, until, victim, kill_at, after)
-    assert embeddings[0].table.steps == state.step
+    assert all(emb.table.steps == state.step for emb in embeddings)
+    return [emb.table.local_state() for emb in embeddings], *emb_dense(model, opt), state.recoveries, after
+
+
+def emb_dense(model, opt):
+    """The dense part's weights, and its state dicts pickled (they share tensors' memory otherwise)."""
     weights = [p.detach().numpy().copy() for p in model.module.parameters()]
-    dicts = pickle.dumps({"module": model.module.state_dict(), "optimizer": opt.state_dict()})
-    return embeddings[0].table.local_state(), weights, state.recoveries, after, dicts
+    return weights, pickle.dumps({"module": model.module.state_dict(), "optimizer": opt.state_dict()})
 
 
 def _emb_rank(rank, size, q, group, ckpt, directory=None):
     torch.set_num_threads(1)
     with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
-        rows, weights, recoveries, after, _ = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT,
+        rows, weights, _, recoveries, after = emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT,
                                                       directory=directory)
         q.put((rank, (rows, weights, recoveries, after)))
 
@@ -465,11 +486,11 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
     # batches; the table's state after a sequence of pushes does not depend on the ranks' count,
     # and DDP's means over 4, then 3 ranks are those of the survivors.
     first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), KILL_AT))
-    start = pickle.loads(first[0][4])
-    start["table"] = str(tmp_path / "ref1" / "embedding0")
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
     ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=KILL_AT))
-    ref_values, ref_state = emb_rows([r[0] for r in ref])
-    values, state = emb_rows([results[r][0] for r in (0, 1, 3)])
+    ref_values, ref_state = emb_rows([r[0][0] for r in ref])
+    values, state = emb_rows([results[r][0][0] for r in (0, 1, 3)])
     for r in (0, 1, 3):
         _, weights, recoveries, after = results[r]
         assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
@@ -481,8 +502,311 @@ def test_embedding_after_a_sigkill_comes_back_from_the_commit_and_goes_on_bit_fo
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32)), np.abs(values - ref_values).max()
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
     if in_files:  # the survivors' layout only: the old one's files went with the reshard
-        names = sorted(os.listdir(shards))
+        names = sorted(os.listdir(os.path.join(shards, "t0")))
         assert names and all("-of-3." in n for n in names), names
+
+
+def same_bits(a, b):
+    """Bit for bit: arrays, tensors, and dicts, lists and tuples of them (an optimizer's state dict)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        a, b = a.detach().numpy(), b.detach().numpy()
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return a == b
+
+
+def tables_of(states):
+    """Each table's (values, state) by global id from every rank's emb_run rows."""
+    return [emb_rows([s[i] for s in states]) for i in range(len(states[0]))]
+
+
+FULL_EVERY = 2  # commits into gen0 / gen1 in turn: c0 full, c1 full, c2 layer on c0, c3 layer on c1, c4 full...
+
+
+def _in_commit_rank(rank, size, q, group, ckpt, kill_step, where, victim, directory):
+    """emb_run with two tables; the victim dies in the commit of step kill_step: where="second_save":
+    after the first table's save (on every rank: each save ends in an agreement), before the
+    second's; "after_marker" (rank 0): once it wrote the marker, before the others learn it."""
+    from gradsync.torch import elastic
+
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        model, opt, embeddings = emb_build(comm, directory=directory, tables=2)
+        second = embeddings[1].table
+        if rank == victim and where == "second_save":
+            def dying(save):
+                def wrapper(d):
+                    if second.steps == kill_step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return save(d)
+                return wrapper
+            second.save, second.save_incremental = dying(second.save), dying(second.save_incremental)
+        if rank == victim and where == "after_marker":
+            write = elastic._write_marker_file
+
+            def write_and_die(root, doc):
+                write(root, doc)
+                if doc["step"] == kill_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            elastic._write_marker_file = write_and_die
+        state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=ckpt, full_every=FULL_EVERY)
+        at = []
+
+        @elastic.run
+        def train(state):
+            if state.recoveries and not at:  # what the recovery went back to
+                at.append((state.step, [e.table.steps for e in embeddings], [e.table.local_state() for e in embeddings],
+                           *emb_dense(model, opt)))
+            emb_loop(state, STEPS)
+
+        train(state)
+        q.put((rank, (at[0], [e.table.local_state() for e in embeddings], emb_dense(model, opt)[0],
+                      state.recoveries)))
+
+
+@pytest.mark.parametrize("kill_step,where,victim,back", [(3, "second_save", VICTIM, 2), (4, "second_save", VICTIM, 3),
+                                                        (3, "after_marker", 0, 3)],
+                         ids=["incremental", "full", "rank0_after_marker"])
+def test_embedding_loss_in_a_commit_goes_back_to_the_last_complete_commit(tmp_path, kill_step, where, victim, back):
+    # Commit n goes into gen(n % 2). The commit of step 3 stacks layers on gen1's step-1 save, that
+    # of step 4 saves gen0 in full (FULL_EVERY): either way the other generation holds the last
+    # complete commit, step kill_step - 1, whole, though one table of the dying commit is saved.
+    # Rank 0 lost once the marker names the commit: the survivors, who hold it as the one they were
+    # saving, take it.
+    ckpt = str(tmp_path / "run")
+    results, codes = _run(_in_commit_rank, 4, _group("commit"), ckpt, kill_step, where, victim,
+                          str(tmp_path / "shards"))
+    survivors = [r for r in range(4) if r != victim]
+    assert codes[victim] == -signal.SIGKILL
+    assert [codes[r] for r in survivors] == [0, 0, 0], (codes, results)
+    # The reference: 4 ranks (threads) to the last complete commit; then 3 from it.
+    first = run_ranks(4, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), back, tables=2,
+                                                    full_every=FULL_EVERY))
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
+    ref = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref2"), STEPS, start=start, step=back,
+                                                  tables=2))
+    for r in survivors:
+        (step, steps, _, weights, dicts), _, final_weights, recoveries = results[r]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[victim]] and recoveries[0]["size"] == 3
+        assert recoveries[0]["tables_restored"] == 2 and recoveries[0]["generation"] == back % 2
+        assert (step, steps) == (back, [back, back])
+        assert same_bits(weights, first[0][1]) and same_bits(pickle.loads(dicts), pickle.loads(first[0][2]))
+        assert same_bits(final_weights, ref[0][1])
+    at = tables_of([results[r][0][2] for r in survivors])
+    assert same_bits(at, tables_of([f[0] for f in first]))
+    assert same_bits(tables_of([results[r][1] for r in survivors]), tables_of([f[0] for f in ref]))
+    # The reference's last commit was a layer on its generation's full save: the next commit into
+    # the other one was a layer on its full save (kill 3) or, FULL_EVERY reached, a full save (kill 4).
+    from gradsync.torch import elastic
+
+    marker = elastic.committed(tmp_path / "ref1")
+    assert (marker["step"], marker["generation"], marker["layers"]) == (back, back % 2, [1, 1] if back > 1 else [0, 0])
+
+
+class ZeroEmbNet(torch.nn.Module):
+    """A ShardedEmbedding in the model, a dense layer on it: what a ZeroRedundancyOptimizer steps."""
+
+    def __init__(self, comm, directory=None):
+        super().__init__()
+        self.emb = emb_tables(comm, 1, directory)[0]
+        self.dense = torch.nn.Linear(EMB_DIM, 3)
+        with torch.no_grad():
+            rng = np.random.default_rng(1)
+            for p in self.dense.parameters():
+                p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.5).astype(np.float32)))
+
+    def forward(self, ids):
+        return self.dense(self.emb(ids))
+
+
+def zero_emb_build(comm, joining=False, start=None, directory=None):
+    """ZeroEmbNet and a ZeroRedundancyOptimizer (Adam, replicas=1) over its dense part, from `start`
+    (the dense weights, the optimizer's consolidated state dict, the table's checkpoint) or scratch."""
+    from gradsync.torch import ZeroRedundancyOptimizer
+
+    model = ZeroEmbNet(comm, directory)
+    if start is not None:
+        model.dense.load_state_dict(start["dense"])
+        model.emb.table.load(start["table"])
+    opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=1, joining=joining)
+    if start is not None:
+        opt.load_state_dict(start["optimizer"])
+    return model, opt
+
+
+def zero_emb_state(state):
+    """Collective: the step, the table's steps and this rank's rows, the dense weights and the
+    optimizer's consolidated state dict, pickled."""
+    state.optimizer.consolidate_state_dict(to=None)
+    model = state.model
+    return pickle.dumps((state.step, model.emb.table.steps, model.emb.table.local_state(),
+                         {k: v.clone() for k, v in model.dense.state_dict().items()}, state.optimizer.state_dict()))
+
+
+def zero_emb_run(comm, ckpt, until, start=None, step=0, victim=None, kill_at=None):
+    """Train to `until`; the victim SIGKILLs itself at kill_at after its backward (its table's pushes
+    applied on every rank), before the optimizer's step. Returns zero_emb_state at the start of the
+    call after the recovery (None without one) and at the end."""
+    from gradsync.torch import elastic
+
+    model, opt = zero_emb_build(comm, start=start)
+    state = elastic.State(comm, model, opt, checkpoint_dir=ckpt, step=step)
+    at = []
+
+    @elastic.run
+    def train(state):
+        if state.recoveries and not at:
+            at.append(zero_emb_state(state))
+        zero_emb_loop(state, until, victim, kill_at)
+
+    train(state)
+    return (at[0] if at else None), zero_emb_state(state), state.recoveries
+
+
+def zero_emb_loop(state, until, victim=None, kill_at=None):
+    while state.step < until:
+        ids, y = emb_batch(state.step, state.comm.rank, state.comm.size)
+        state.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(state.model(ids), y).backward()
+        if state.comm.rank == victim and state.step == kill_at and not state.recoveries:
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.optimizer.step()
+        state.step += 1
+        state.commit()
+
+
+def _zero_emb_rank(rank, size, q, group, ckpt):
+    torch.set_num_threads(1)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        q.put((rank, zero_emb_run(comm, ckpt, STEPS, victim=VICTIM, kill_at=KILL_AT)))
+
+
+def test_zero_optimizer_with_a_table_after_a_sigkill_goes_back_to_the_commit_bit_for_bit(tmp_path):
+    results, codes = _run(_zero_emb_rank, 4, _group("zeroemb"), str(tmp_path / "run"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    # The reference: 4 ranks (threads) to the commit; then 3 from its consolidated state.
+    first = [pickle.loads(f[1]) for f in run_ranks(4, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r1"),
+                                                                                      KILL_AT))]
+    start = {"dense": first[0][3], "optimizer": first[0][4], "table": committed_tables(tmp_path / "r1")[0]}
+    ref = [pickle.loads(f[1]) for f in run_ranks(3, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r2"),
+                                                                                    STEPS, start=start, step=KILL_AT))]
+    back = [pickle.loads(results[r][0]) for r in (0, 1, 3)]
+    final = [pickle.loads(results[r][1]) for r in (0, 1, 3)]
+    for r, b, f in zip((0, 1, 3), back, final):
+        recoveries = results[r][2]
+        assert len(recoveries) == 1 and recoveries[0]["failed"] == [[VICTIM]] and recoveries[0]["size"] == 3
+        assert recoveries[0]["tables_restored"] == 1 and recoveries[0]["moved_floats"] > 0
+        # Back at the commit: the table forgot the pushes of step KILL_AT, which the optimizer never took.
+        assert b[:2] == (KILL_AT, KILL_AT) and f[:2] == (STEPS, STEPS)
+        assert same_bits(b[3], first[0][3]) and same_bits(b[4], first[0][4])
+        assert same_bits(f[3], ref[0][3]) and same_bits(f[4], ref[0][4])
+    assert same_bits(emb_rows([b[2] for b in back]), emb_rows([f[2] for f in first]))
+    assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
+
+
+def _zero_emb_commit_rank(rank, size, q, group, ckpt):
+    """zero_emb_run's victim dies in the commit after its step KILL_AT instead (the optimizer's step
+    went through on every rank, the table's save had begun); the survivors report their error."""
+    torch.set_num_threads(1)
+    if rank == VICTIM:
+        from gradsync.embedding import ShardedEmbeddingTable
+
+        def dying(save):
+            def wrapper(self, d):
+                if self.steps == KILL_AT + 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return save(self, d)
+            return wrapper
+        ShardedEmbeddingTable.save = dying(ShardedEmbeddingTable.save)
+        ShardedEmbeddingTable.save_incremental = dying(ShardedEmbeddingTable.save_incremental)
+    with gs.Communicator(group, rank, size, timeout_ms=20000, transport="shm") as comm:
+        try:
+            zero_emb_run(comm, ckpt, STEPS)
+            q.put((rank, None))
+        except RuntimeError as e:
+            q.put((rank, str(e)))
+
+
+def test_zero_optimizer_with_a_table_lost_in_the_commit_after_its_step_is_a_clear_error(tmp_path):
+    # The optimizer's step cannot go back, the table cannot go forward (the lost rank's rows of
+    # step KILL_AT + 1 exist nowhere): every survivor raises RuntimeError, none hangs or goes on.
+    results, codes = _run(_zero_emb_commit_rank, 4, _group("zerocommit"), str(tmp_path / "run"))
+    assert codes[VICTIM] == -signal.SIGKILL
+    assert [codes[r] for r in (0, 1, 3)] == [0, 0, 0], (codes, results)
+    for r in (0, 1, 3):
+        assert results[r] is not None and "the optimizer applied step" in results[r] and "cannot follow" in results[r]
+
+
+SHM_GROW_AT = 4  # the last commit before the grow in gen0: a joiner must take the next one's gen1 from the members
+
+
+def _grow_rank(rank, size, q, group, join_name, ckpt, shards):
+    """Ranks 0..size-2 train a ZeroEmbNet (its table in files) to SHM_GROW_AT and grow; the last one
+    joins them; all train to GROWN_STEPS."""
+    from gradsync.torch import elastic
+
+    torch.set_num_threads(1)
+
+    def build(comm, joining=False):
+        return zero_emb_build(comm, joining, directory=shards)
+
+    if rank == size - 1:
+        state = elastic.join(join_name, build, transport="shm", timeout_ms=60000, checkpoint_dir=ckpt)
+        before, record = None, None
+    else:
+        comm = gs.Communicator(group, rank, size - 1, timeout_ms=20000, transport="shm")
+        state = elastic.State(comm, *build(comm), checkpoint_dir=ckpt)
+        zero_emb_loop(state, SHM_GROW_AT)
+        before = state.model.emb.table.local_state()
+        record = state.grow(join_name, 1)
+        comm.close()
+    moved = state.step, state.model.emb.table.steps, state.model.emb.table.local_state()
+    zero_emb_loop(state, GROWN_STEPS)
+    out = zero_emb_state(state)
+    state.comm.close()
+    q.put((rank, (before, record, moved, out)))
+
+
+def test_grow_on_shm_processes_with_a_table_in_files_moves_the_rows_and_goes_on_bit_for_bit(tmp_path):
+    shards, ckpt = str(tmp_path / "shards"), str(tmp_path / "run")
+    results, codes = _run(_grow_rank, 4, _group("grow"), f"py-el-shmgrow-{uuid.uuid4().hex[:8]}", ckpt, shards)
+    assert codes == [0, 0, 0, 0], (codes, results)
+    assert [results[r][1]["size"] for r in range(3)] == [4, 4, 4] and results[0][1]["first_member_id"] == 3
+    # The rows moved in memory, bit for bit, and the joiner owns some.
+    assert all(results[r][2][:2] == (SHM_GROW_AT, SHM_GROW_AT) for r in range(4)) and len(results[3][2][2][0]) > 0
+    assert same_bits(emb_rows([results[r][0] for r in range(3)]), emb_rows([results[r][2][2] for r in range(4)]))
+    names = os.listdir(os.path.join(shards, "t0"))
+    assert names and all("-of-4." in n for n in names), names  # the old layout's files went
+    # The reference: 3 ranks (threads) to SHM_GROW_AT, then 4 from its consolidated state.
+    first = [pickle.loads(f[1]) for f in run_ranks(3, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r1"),
+                                                                                      SHM_GROW_AT))]
+    start = {"dense": first[0][3], "optimizer": first[0][4], "table": committed_tables(tmp_path / "r1")[0]}
+    ref = [pickle.loads(f[1]) for f in run_ranks(4, lambda comm, rank: zero_emb_run(comm, str(tmp_path / "r2"),
+                                                                                    GROWN_STEPS, start=start,
+                                                                                    step=SHM_GROW_AT))]
+    final = [pickle.loads(results[r][3]) for r in range(4)]
+    for f in final:
+        assert f[:2] == (GROWN_STEPS, GROWN_STEPS)
+        assert same_bits(f[3], ref[0][3]) and same_bits(f[4], ref[0][4])
+    assert same_bits(emb_rows([f[2] for f in final]), emb_rows([r[2] for r in ref]))
+    # The grown group's commits saved the table in full, then in layers: the last is whole there.
+    from gradsync.torch import elastic
+
+    marker = elastic.committed(ckpt)
+    assert marker["step"] == GROWN_STEPS and marker["table_steps"] == [GROWN_STEPS]
+
+    def load(comm, rank):
+        with gs.ShardedEmbeddingTable(comm, EMB_ROWS, EMB_DIM, optimizer="row_adagrad") as t:
+            t.load(marker["directories"][0])
+            return t.local_state()
+
+    assert same_bits(emb_rows(run_ranks(2, load)), emb_rows([f[2] for f in final]))
 
 
 def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path):
@@ -523,12 +847,12 @@ def test_embedding_grow_moves_the_rows_bit_for_bit_and_training_goes_on(tmp_path
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     # Training went on over 4 ranks: the same as 3 ranks to GROW_AT, then 4 from there.
     first = run_ranks(3, lambda comm, rank: emb_run(comm, str(tmp_path / "ref1"), GROW_AT))
-    start = pickle.loads(first[0][4])
-    start["table"] = str(tmp_path / "ref1" / "embedding0")
+    start = pickle.loads(first[0][2])
+    start["tables"] = committed_tables(tmp_path / "ref1")
 
     def second_part(comm, rank):
         return emb_run(comm, str(tmp_path / "ref2"), GROWN_STEPS, start=start, step=GROW_AT, lr=0.05)
-    ref = emb_rows([r[0] for r in run_ranks(4, second_part)])
+    ref = emb_rows([r[0][0] for r in run_ranks(4, second_part)])
     final = emb_rows([g[0] for g in got] + [joined_out[0]])
     for g in got + [joined_out]:
         assert g[1:] == (GROWN_STEPS, GROWN_STEPS)
@@ -550,6 +874,50 @@ def test_embedding_without_a_checkpoint_dir_is_refused():
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+def test_embedding_commit_whose_marker_cannot_be_written_fails_on_every_rank(tmp_path):
+    from gradsync.torch import elastic
+
+    ckpt = tmp_path / "ckpt"
+    (ckpt / (elastic.MARKER + ".tmp")).mkdir(parents=True)  # rank 0's temporary file cannot be made
+
+    def body(comm, rank):
+        model, opt, embeddings = emb_build(comm)
+        with pytest.raises(OSError, match="rank 0 could not write the commit marker.*IsADirectoryError"):
+            elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=str(ckpt))
+        return True
+
+    assert run_ranks(2, body) == [True, True]
+    assert elastic.committed(ckpt) is None
+
+
+def test_embedding_recovery_takes_no_marker_of_another_run_and_rewrites_it(tmp_path):
+    # Another run's marker in checkpoint_dir names a newer commit (4) than this run's last (2): a
+    # recovery (nobody lost: a grow nobody joins) goes back to this run's, and the marker says so.
+    import shutil
+
+    from gradsync.torch import elastic
+
+    nobody, other, ckpt = f"py-el-embother-{uuid.uuid4().hex[:8]}", tmp_path / "other", tmp_path / "ckpt"
+
+    def body(comm, rank):
+        for d, steps in ((other, 4), (ckpt, 2)):
+            model, opt, embeddings = emb_build(comm)
+            state = elastic.State(comm, model, opt, embeddings=embeddings, checkpoint_dir=str(d))
+            emb_loop(state, steps)
+        comm.barrier()
+        if rank == 0:
+            shutil.copy(other / elastic.MARKER, ckpt / elastic.MARKER)
+        comm.barrier()
+        with pytest.raises(gs.GradsyncError):
+            elastic.run(lambda s: s.grow(nobody, 1))(state)
+        assert state.step == 2 and embeddings[0].table.steps == 2
+        state.comm.close()
+        return elastic.committed(ckpt)
+
+    marker = run_ranks(2, body, timeout_ms=500)[0]
+    assert marker["step"] == 2 and marker["run"] != elastic.committed(other)["run"]
 
 
 @pytest.mark.parametrize("in_files", [False, True], ids=["memory", "files"])

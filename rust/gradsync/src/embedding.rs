@@ -189,8 +189,9 @@ impl ShardedEmbedding {
         check(unsafe { sys::gradsync_embedding_save(self.raw.as_ptr(), d.as_ptr()) })
     }
 
-    /// Collective: only the rows pushed since the last save or load, as a layer on that
-    /// checkpoint in `dir` (`gradsync_embedding_save_incremental`).
+    /// Collective: only the rows pushed since the checkpoint in `dir`, as a layer on it: the
+    /// table's last save or load, or its save before that into another directory
+    /// (`gradsync_embedding_save_incremental`).
     pub fn save_incremental(&mut self, dir: &Path) -> Result<()> {
         let d = path_to_cstring("gradsync::ShardedEmbedding::save_incremental", dir)?;
         check(unsafe { sys::gradsync_embedding_save_incremental(self.raw.as_ptr(), d.as_ptr()) })

@@ -44,31 +44,43 @@ What a commit holds, and so what a recovery goes back to:
     commit after every optimizer.step() and derive what a step needs from state.step.
   - with ShardedEmbedding / ShardedEmbeddingBag tables (found in the model, or passed as
     embeddings=, as beside a DistributedDataParallel): every row and its optimizer state, saved by
-    each commit into checkpoint_dir (required then; a directory every rank sees, one subdirectory
-    per table), the first save in full, the next ones as incremental layers (a full one every
-    full_every commits, and after the tables moved in memory). So a commit with tables, and
-    State() which commits, is collective. recover brings each table back to the commit: after a
-    lost rank every row comes from that save (a lost rank's rows exist nowhere else); when nobody
-    was lost the rows move in memory and, if they moved on since (the failed step's pushes), are
-    read back from it. table.steps then agrees with the step of the commit. With a
-    ZeroRedundancyOptimizer whose failed step went through (above), recover raises RuntimeError
-    instead, as the tables cannot follow it; so does a loss during a commit's saves of several
-    tables that left them at different commits.
+    each commit into checkpoint_dir (required then; a directory every rank sees). So a commit with
+    tables, and State() which commits, is collective. Commits go into two generations in turn,
+    checkpoint_dir/gen0 and gen1 (a subdirectory per table in each): a commit saves every table into
+    the generation the last complete commit is not in, then rank 0 writes the marker
+    checkpoint_dir/committed.json (atomically: a temporary file, fsync, rename, fsync of the
+    directory), which names the run, the commit, its step, its generation and the tables' steps;
+    every rank learns that it was written (committed() reads it; a recovery takes no other run's).
+    Each generation keeps its own chain: its first save of a table is full, the next ones
+    incremental layers on it (a full one every full_every of the generation's saves, and after the
+    tables moved in memory). A loss at any point of a commit, between two tables' saves or before
+    the marker, leaves the last complete commit whole in the other generation. recover goes back to
+    the newest complete commit (one a survivor saw complete, or the one the marker names: every
+    survivor holds it, as its last commit or as the one it was saving) and brings each table back to
+    it: after a lost rank every row comes from its generation (a lost rank's rows exist nowhere
+    else); when nobody was lost the rows move in memory and, if they moved on since (the failed
+    step's pushes, a commit that did not complete), are read back from it. table.steps then agrees
+    with the step of the commit; the tables, the fields and a DistributedDataParallel's weights and
+    optimizer state are all that commit's, never a mix. With a ZeroRedundancyOptimizer whose failed
+    step went through (above: a loss in the step's final gather, or during the commit that follows
+    it), recover raises RuntimeError instead, as the tables cannot follow it.
 Without replicas (and no checkpoint), the lost slices exist nowhere: recover raises the
 GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is zeroed.
 
-Growing back: a replacement rank calls join(join_name, build), which returns its State, while
-the members call state.grow(join_name) at a step boundary; the joiner takes the latest commit
-and, from the members, the parameters by broadcast, its optimizer slices and its tables' rows by
-reshard, in memory (THREAD and SHM groups: see Communicator.grow); the next commit saves the
-tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
+Growing back: a replacement rank calls join(join_name, build), which returns its State, while the
+members call state.grow(join_name) at a step boundary; the joiner takes the latest commit and, from
+the members, the parameters by broadcast, its optimizer slices and its tables' rows by reshard, in
+memory (THREAD and SHM groups: see Communicator.grow); the next two commits (one per generation)
+save the tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """
 import copy
 import functools
+import json
 import os
 import pickle
 import time
+import uuid
 
 import numpy as np
 import torch
@@ -77,7 +89,7 @@ from .._lib import E_ABORTED, E_REMOTE, E_TIMEOUT, GradsyncError
 from ..embedding import ShardedEmbeddingTable
 from . import DistributedDataParallel, ShardedEmbedding, ZeroRedundancyOptimizer, _check_same_model
 
-__all__ = ["State", "run", "join", "RECOVERABLE"]
+__all__ = ["State", "run", "join", "committed", "RECOVERABLE"]
 
 # The statuses of a collective that a lost member causes: recover() handles them.
 RECOVERABLE = (E_REMOTE, E_TIMEOUT, E_ABORTED)
@@ -88,15 +100,56 @@ def _module_of(model):
 
 
 class _Table:
-    """A ShardedEmbedding of the state, and where and how its commits are saved."""
+    """A ShardedEmbedding of the state, and where its commits are saved."""
 
-    def __init__(self, module, directory):
+    def __init__(self, module, dirs):
         self.module = module
-        self.dir = directory
-        self.full = True  # the next save must be a full one (the first; after an in-memory reshard)
-        self.layers = 0  # incremental layers on the last full save
-        self.saved = None  # table.steps at the last save, load or restore that succeeded
-        self.unsure = False  # a save failed: the directory may hold it or the one before
+        self.dirs = dirs  # per generation: the directory its saves go to
+        # Per generation: the incremental layers on the full save in its directory, when the table
+        # can stack one more there (the directory holds one of its last two saves, or its last load,
+        # and the table knows the rows pushed since: ShardedEmbeddingTable.save_incremental); None:
+        # its next save there is a full one.
+        self.chain = [None, None]
+
+
+MARKER = "committed.json"  # in checkpoint_dir: the last commit whose tables were all saved, and where
+
+
+def _marker_doc(checkpoint_dir):
+    """The marker's contents (a dict), None when there is none."""
+    try:
+        with open(os.path.join(checkpoint_dir, MARKER), "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def _write_marker_file(checkpoint_dir, doc):
+    """Atomically, and durably on return: a reader finds the old marker or the new one, whole."""
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    path = os.path.join(checkpoint_dir, MARKER)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(doc, indent=1).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(checkpoint_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
+
+
+def committed(checkpoint_dir):
+    """The last complete commit of the tables a State saves into checkpoint_dir, as its marker
+    says: {"run" (the State's name), "commit" (its number), "step", "table_steps", "generation",
+    "layers", "directories" (one per table, in the order of State.embeddings: each a checkpoint
+    ShardedEmbeddingTable.load reads)}, or None when there is none. Local: reads the marker only."""
+    doc = _marker_doc(os.fspath(checkpoint_dir))
+    if doc is None:
+        return None
+    return dict(doc, directories=[os.path.join(os.fspath(checkpoint_dir), d) for d in doc["directories"]])
 
 
 def _broadcast_blob(comm, blob, root):
@@ -119,8 +172,9 @@ class State:
     commit with it (step=0 unless given), read and written as attributes (state.step).
     embeddings: ShardedEmbedding modules outside the model (beside a DistributedDataParallel);
     those inside it are found. checkpoint_dir: required with any table (ValueError otherwise): a
-    directory every rank sees, where commits save the tables; full_every: commits per full save
-    (the others are incremental). The state is committed once here (collective with tables).
+    directory every rank sees, where commits save the tables (two generations and a marker: see
+    the module docstring); full_every: a generation's saves of a table per full one (the others
+    are incremental layers on it). The state is committed once here (collective with tables).
     state.comm, state.model and state.optimizer are the current ones (the communicator changes at
     each recovery); state.embeddings the tables' modules. state.recoveries lists what each recovery
     did and how long each phase took (see recover), state.grows each grow (see grow).
@@ -150,8 +204,12 @@ class State:
         self.recoveries = []
         self.grows = []
         self._commit = None
-        self._pending = None  # the commit being saved: the tables' directories may hold it
         self._pending_first_step = None
+        # With tables, a commit is numbered (the same on every rank) and saved into one of two
+        # generations of directories, the other one than the last commit's (see _save_tables); its
+        # snapshot then holds "commit", "generation" and, once saved, each table's "layers" there.
+        self._seq = 0
+        self._pending = None  # the commit whose tables are being saved
         found = list(_module_of(model).modules()) if model is not None else []
         modules = []
         for m in found + list(embeddings):
@@ -165,7 +223,7 @@ class State:
             raise ValueError(f"State: full_every must be >= 1, got {full_every}")
         self.checkpoint_dir = checkpoint_dir
         self.full_every = int(full_every)
-        self._tables = [_Table(m, os.path.join(os.fspath(checkpoint_dir), f"embedding{i}"))
+        self._tables = [_Table(m, [os.path.join(os.fspath(checkpoint_dir), f"gen{g}", f"embedding{i}") for g in (0, 1)])
                         for i, m in enumerate(modules)]
 
     @property
@@ -188,10 +246,7 @@ class State:
         after a recovery also completes that recovery's figures (first_step_s)."""
         c = self._snapshot()
         if self._tables:
-            self._pending = c
-            for t in self._tables:
-                self._save(t)
-            self._pending = None
+            self._save_tables(c)
         self._commit = c
         if self._pending_first_step is not None:
             r, started = self._pending_first_step
@@ -216,17 +271,52 @@ class State:
         c["table_steps"] = [t.module.table.steps for t in self._tables]
         return c
 
-    def _save(self, t):
-        """Collective: table t into its directory, in full or as a layer on the last save."""
-        table = t.module.table
-        full = t.full or t.layers + 1 >= self.full_every
-        t.unsure = True
-        if full:
-            table.save(t.dir)
-        else:
-            table.save_incremental(t.dir)
-        t.layers = 0 if full else t.layers + 1
-        t.full, t.unsure, t.saved = False, False, table.steps
+    def _save_tables(self, c):
+        """Collective: every table into the generation the last complete commit is not in, then the
+        marker names this commit. A loss before the marker's rename leaves the last commit's
+        generation whole; once every table's save returned on rank 0, every rank wrote every part
+        and rank 0 every manifest (each save ends in an agreement of all ranks). Each generation
+        keeps its own chain: a full save, then incremental layers, each on the table's save there
+        two commits before (save_incremental knows the rows pushed since either of the last two)."""
+        first = self._commit is None or "generation" not in self._commit
+        g = 0 if first else 1 - self._commit["generation"]
+        # The run's name, in the marker: one a State of an earlier run left in checkpoint_dir is not ours.
+        run = uuid.uuid4().hex.encode() if first and self.comm.rank == 0 else b""
+        c["run"] = _broadcast_blob(self.comm, run, 0).decode() if first else self._commit["run"]
+        c["commit"], c["generation"] = self._seq, g
+        self._seq += 1
+        self._pending = c
+        for t in self._tables:
+            layers, t.chain[g] = t.chain[g], None
+            if layers is not None and layers + 1 < self.full_every:
+                t.module.table.save_incremental(t.dirs[g])
+                t.chain[g] = layers + 1
+            else:
+                t.module.table.save(t.dirs[g])
+                t.chain[g] = 0
+        c["layers"] = [t.chain[g] for t in self._tables]
+        # Still pending: rank 0 may write the marker and be lost before the others learn it, who
+        # then find this commit named there (see _choose_commit).
+        self._write_marker(self.comm, c)
+        self._pending = None
+
+    def _write_marker(self, comm, c):
+        """Collective over comm: rank 0 writes the marker naming commit c; every rank raises rank 0's
+        error if that fails."""
+        root = os.fspath(self.checkpoint_dir)
+        error = b""
+        if comm.rank == 0:
+            g = c["generation"]
+            try:  # rank 0's failure, whatever it is, must reach the others waiting below
+                doc = {"format": 1, "run": c["run"], "commit": c["commit"], "generation": g,
+                       "step": int(c["fields"]["step"]), "table_steps": c["table_steps"], "layers": c["layers"],
+                       "directories": [os.path.relpath(t.dirs[g], root) for t in self._tables]}
+                _write_marker_file(root, doc)
+            except (OSError, TypeError, ValueError) as e:
+                error = f"{type(e).__name__}: {e}".encode()
+        error = _broadcast_blob(comm, b"ok" + error, 0)[2:]
+        if error:
+            raise OSError(f"elastic: rank 0 could not write the commit marker in {root}: {error.decode()}")
 
     def restore(self):
         """Local: back to the last commit (the fields, and the parameters, buffers and optimizer
@@ -255,7 +345,8 @@ class State:
         times in seconds: shrink_s (agree_s + form_s of it: agreeing on the failed set, forming the
         group), reshard_s (the optimizer's slices and the tables), rebuild_s (DDP's buckets),
         sync_s (the commit to every survivor), total_s; table_moved_rows, tables_restored (from
-        their save, after a loss) and tables_loaded (read back after moving in memory); error_ns
+        their save, after a loss) and tables_loaded (read back after moving in memory), generation
+        (the one the tables came back from; with tables only); error_ns
         (time.monotonic_ns() when recover began) and, after the next commit, first_step_s.
         Raises GradsyncError E_LOST (naming the ranges) when optimizer state lived only on lost
         ranks, RuntimeError when the tables cannot go back with the rest (see the module
@@ -318,30 +409,60 @@ class State:
         record["sync_s"] += time.perf_counter() - t
         self.comm = comm
 
+    def _choose_commit(self, comm):
+        """Collective over comm: the last complete commit, which becomes self._commit: the newest that
+        a member saw complete (its last commit) or that the marker names (rank 0 writes it last, and
+        may be lost after). Every member holds it, as its last commit or as the one it was saving.
+        The marker is brought in line, as the next commit goes into the other generation."""
+        held = [self._commit, self._pending]
+        marked = -1
+        if comm.rank == 0:
+            try:
+                doc = _marker_doc(os.fspath(self.checkpoint_dir))
+                if doc["run"] in [c.get("run") for c in held if c is not None]:
+                    marked = int(doc["commit"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # none (TypeError), or unreadable: the members know a complete commit, and rewrite it
+        mine = np.array([-1 if c is None else c.get("commit", -1) for c in held] + [marked], dtype=np.int64)
+        every = comm.allgatherv(mine, [3] * comm.size).reshape(comm.size, 3)
+        chosen = int(max(every[:, 0].max(), every[0, 2]))
+        if chosen < 0:
+            raise RuntimeError("elastic: no commit of the tables is complete (a loss during the first commit's saves)")
+        lacking = [r for r in range(comm.size) if chosen not in every[r, :2]]
+        if lacking:
+            raise RuntimeError(f"elastic: commit {chosen} of the tables is complete, but members {lacking} do not "
+                               "hold it")
+        self._commit = next(c for c in held if c is not None and c.get("commit") == chosen)
+        self._pending = None
+        if every[0, 2] != chosen:
+            self._write_marker(comm, self._commit)
+        return self._commit
+
     def _recover_tables(self, comm, record):
-        """Collective over comm: every table onto comm as its directory holds it (the last commit
-        whose save went through). Rows lost: all come from there (reshard). Nobody's rows lost: they
-        move in memory, then are read back from there if any rank's table moved on since (pushes of
-        the failed step, a save that failed); ranks at different steps (a push that failed on some
-        only) cannot move as one table: each makes a like one on comm and reads it."""
+        """Collective over comm: every table onto comm as the last complete commit's generation holds
+        it. Rows lost: all come from there (reshard). Nobody's rows lost: they move in memory, then
+        are read back from there if the table is at another step (pushes of the failed step, a
+        commit that did not complete); ranks at different steps (a push that failed on some only)
+        cannot move as one table: each makes a like one on comm and reads it."""
+        entry = self._choose_commit(comm)
+        g = record["generation"] = entry["generation"]
         n = len(self._tables)
-        mine = np.array([[t.module.table.steps, int(t.unsure or t.module.table.steps != t.saved)]
-                         for t in self._tables], dtype=np.int64).reshape(-1)
-        every = comm.allgatherv(mine, [2 * n] * comm.size).reshape(comm.size, n, 2)
+        mine = np.array([t.module.table.steps for t in self._tables], dtype=np.int64)
+        every = comm.allgatherv(mine, [n] * comm.size).reshape(comm.size, n)
         for i, t in enumerate(self._tables):
-            table = t.module.table
-            steps, dirty = every[:, i, 0], bool(every[:, i, 1].any())
+            table, d, want = t.module.table, t.dirs[g], entry["table_steps"][i]
+            steps = every[:, i]
+            t.chain = [None, None]
             if (steps == steps[0]).all():
-                moved, restored = table.reshard(comm, checkpoint=t.dir)
+                moved, restored = table.reshard(comm, checkpoint=d)
                 record["table_moved_rows"] += moved
                 if restored:
+                    t.chain[g] = entry["layers"][i]
                     record["tables_restored"] += 1
-                else:
-                    t.full = True  # the in-memory reshard's rule: the next save is a full one
-                    if dirty:
-                        table.load(t.dir)
-                        t.full = False
-                        record["tables_loaded"] += 1
+                elif steps[0] != want:  # no push since means the same rows; a push, other rows
+                    table.load(d)
+                    t.chain[g] = entry["layers"][i]
+                    record["tables_loaded"] += 1
             else:
                 if table._options["directory"] is not None:
                     table.close()  # its files may be the like table's (same rank and size): let go of them first
@@ -352,7 +473,7 @@ class State:
                         t.module.table = None  # closed: a failure here leaves no table to use
                     raise
                 try:
-                    fresh.load(t.dir)
+                    fresh.load(d)
                 except BaseException:
                     if table._options["directory"] is None:
                         fresh.close()
@@ -361,11 +482,11 @@ class State:
                     raise
                 t.module.table = fresh
                 table.close()
-                t.full = False
+                t.chain[g] = entry["layers"][i]
                 record["tables_loaded"] += 1
-            t.saved, t.unsure = t.module.table.steps, False
-            # The layers of a load or restore may be one more than counted (a save that landed).
-            t.layers += 1
+            if t.module.table.steps != want:
+                raise RuntimeError(f"elastic: table {i} in {d} is at step {t.module.table.steps}, the commit "
+                                   f"the marker names there at {want}")
 
     def _admit_tables(self, comm):
         """Collective over a grown comm: the members' tables move in memory onto it, a joiner's (made
@@ -381,28 +502,18 @@ class State:
             if lr != t.module.table._options["lr"]:
                 t.module.table.set_lr(lr)
             t.module.table.reshard(comm)
-            t.full = True  # a joiner never saved; a member's in-memory reshard needs a full save next
-            t.saved, t.unsure = t.module.table.steps, False
+            t.chain = [None, None]  # a joiner never saved; a member's in-memory reshard needs full saves next
 
     def _sync(self, comm):
         """Collective: every member takes the commit of the member that committed last (the lowest
         rank among equals), and a ZeroRedundancyOptimizer's step count decides state.step. With
-        tables, only a commit whose tables' steps are theirs now (the directories') qualifies: a
-        survivor's last commit, or the one it was saving when the loss showed, if that save landed."""
-        steps = [t.module.table.steps for t in self._tables]
-        for c in (self._commit, self._pending):
-            if c is not None and c["table_steps"] == steps:
-                self._commit = c
-                break
+        tables, every member holds the same, the one _choose_commit chose."""
         self._pending = None
         self.restore()
         c = self._commit
-        mine = np.array([c["fields"]["step"], c.get("updates", 0), int(c["table_steps"] == steps)], dtype=np.int64)
-        every = comm.allgatherv(mine, [3] * comm.size).reshape(comm.size, 3)
-        if not every[:, 2].any():
-            raise RuntimeError(f"elastic: the tables in the checkpoint are at steps {steps}, which no member's "
-                               "commit describes (a loss during a commit's saves of several tables?)")
-        source = int(np.lexsort((np.arange(comm.size), -every[:, 0], -every[:, 2]))[0])
+        mine = np.array([c["fields"]["step"], c.get("updates", 0)], dtype=np.int64)
+        every = comm.allgatherv(mine, [2] * comm.size).reshape(comm.size, 2)
+        source = int(np.lexsort((np.arange(comm.size), -every[:, 0]))[0])
         blob = pickle.dumps({k: v for k, v in c.items() if k not in ("module", "buffers")})
         theirs = pickle.loads(_broadcast_blob(comm, blob, source))
         module = _module_of(self.model)
@@ -425,6 +536,12 @@ class State:
                 raise RuntimeError(f"elastic: the optimizer applied step {theirs['fields']['step']} on every "
                                    "survivor, which the tables, back at the commit, cannot follow")
         self._commit = self._snapshot()
+        # Where the tables' commit is (a joiner's generation, commit number and layers are the members').
+        for k in ("run", "commit", "generation", "layers"):
+            if k in theirs:
+                self._commit[k] = theirs[k]
+        if "commit" in theirs:
+            self._seq = theirs["commit"] + 1
 
     def grow(self, join_name, joiners=1):
         """Collective over the members, at a step boundary (after a commit): let `joiners` new ranks
