@@ -329,9 +329,9 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     renew_exchange();
     stamps_.resize(static_cast<size_t>(size_));
     post_notice_receive();
-    TransferWatch::get().add(this);
     GS_LOG_DEBUG("MPI transport: rank {} of {} joined (deterministic {}, check_mismatch {}, timeout {} ms)", rank_,
                  size_, options_.deterministic, options_.check_mismatch, options_.timeout.count());
+    TransferWatch::get().add(this);  // last: a constructor that throws has no destructor to remove it
   } catch (...) {
     retire_control();
     if (!mpi::finalized()) {
