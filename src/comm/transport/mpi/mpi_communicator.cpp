@@ -430,8 +430,9 @@ void MpiCommunicator::send_notices(int status, int subject, uint64_t stop_at) no
   notice_out_[1] = subject;
   notice_out_[2] = static_cast<int64_t>(stop_at);
   for (int peer = 0; peer < size_; ++peer) {
-    // Not to a peer seen dead (as the shrink's messages: mpi_shrink.cpp).
-    if (peer == rank_ || peer_dead(peer)) continue;
+    // Not to a peer seen dead, nor to the dead one a forwarded notice names (as the shrink's
+    // messages: mpi_shrink.cpp).
+    if (peer == rank_ || peer_dead(peer) || (status == GRADSYNC_E_REMOTE && peer == subject)) continue;
     MPI_Request r = mpi::lib().request_null;
     if (mpi::lib().Isend(notice_out_, 3, mpi::lib().int64, peer, kAbortTag, ctl_, &r) == MPI_SUCCESS)
       notice_sends_.push_back(r);
