@@ -72,6 +72,12 @@ std::string mpi_error_string(int rc) {
   return std::string(text, static_cast<size_t>(len));
 }
 
+int64_t world_rank() {
+  int r = -1;
+  mpi::lib().Comm_rank(mpi::lib().comm_world, &r);
+  return r;
+}
+
 // Processes of one kernel and one PID namespace can see each other's PIDs: a key for that.
 uint64_t pid_namespace_key() {
   std::string boot_id;
@@ -231,11 +237,13 @@ class TransferWatch {
         const auto now = Clock::now();
         if (e.dead_since == Clock::time_point{}) e.dead_since = now;
         if (now - e.dead_since < kStuckGrace) continue;
+        const auto& peers = e.comm->peers_;
         GS_LOG_ERROR(
-            "MPI transport: rank {}: rank {} died while this rank was inside MPI's blocking transfer of a call, "
-            "which nothing can interrupt (the survivors would wait in it forever): calling MPI_Abort(MPI_COMM_WORLD, "
-            "1) to end the job rather than hang",
-            e.comm->rank_, dead);
+            "MPI transport: rank {} (world rank {}): rank {} (world rank {}) died while this rank was inside MPI's "
+            "blocking transfer of a call, which nothing can interrupt (the survivors would wait in it forever): "
+            "calling MPI_Abort(MPI_COMM_WORLD, 1) to end the job rather than hang",
+            e.comm->rank_, peers[static_cast<size_t>(e.comm->rank_)].world_rank, dead,
+            peers[static_cast<size_t>(dead)].world_rank);
         mpi::lib().Abort(mpi::lib().comm_world, 1);
       }
       quiet = any ? 0 : quiet + 1;
@@ -304,7 +312,7 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
     (*info)[static_cast<size_t>(size_)] =
         PeerInfo{pid_namespace_key(), static_cast<int64_t>(::getpid()), static_cast<uint64_t>(max_count_),
-                 std::hash<std::string>{}(host_identity(options_.host_label))};
+                 std::hash<std::string>{}(host_identity(options_.host_label)), world_rank()};
     MPI_Request request = mpi::lib().request_null;
     check(mpi::lib().Iallgather(&(*info)[static_cast<size_t>(size_)], sizeof(PeerInfo), mpi::lib().byte, info->data(),
                                 sizeof(PeerInfo), mpi::lib().byte, comm_, &request),

@@ -51,6 +51,7 @@ struct PeerInfo {
   int64_t pid;
   uint64_t max_count;  // GRADSYNC_MPI_MAX_COUNT as this rank read it
   uint64_t host_key;   // a hash of the rank's host identity (comm/topology.hpp)
+  int64_t world_rank;  // in MPI_COMM_WORLD: messages about a subgroup's ranks name it too
 };
 
 // What every rank contributes to the exchange that opens each call: a key of what it is about to
