@@ -6,8 +6,10 @@
 # create: uncommitted changes included), so this stage tests the sources the others test. A second
 # full build (under CI, its compilations come from the README stage's through ccache) and a test run. The suites that run groups of processes (labels model, multihost,
 # conformance, stress, mpi) are left out here: they test the protocols and transports, which neither
-# a checkout nor git touches, and the README stage ran them on these same sources; what can depend
-# on the tree (the build, the Python package and its backend, the file checks) runs.
+# a checkout nor git touches, and the README stage ran them on these same sources; so are the Python
+# tests that train models or launch jobs through the package (demos, torch, torch_elastic, launcher),
+# whose package import the other Python tests make too. What can depend on the tree (the build, the
+# Python package and its backend, the file checks) runs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 start=$SECONDS
@@ -44,5 +46,5 @@ echo "80-tarball: $(basename "$tarball") ($(tar -tzf "$tarball" | grep -vc '/$')
      "no .git, no git on PATH; running scripts/test.sh there"
 # CCACHE_BASEDIR: paths under the tree are hashed relative to the build, as the README stage's
 # are, so its compilations of the same sources are reused (when .ci/run set ccache up).
-(cd "$tree" && CCACHE_BASEDIR="$tree" env -u BUILD_DIR -u BUILD_TYPE -u CMAKE_ARGS CTEST_ARGS="-LE model|multihost|conformance|stress|mpi" PATH="$bin" scripts/test.sh)
+(cd "$tree" && CCACHE_BASEDIR="$tree" env -u BUILD_DIR -u BUILD_TYPE -u CMAKE_ARGS CTEST_ARGS="-LE model|multihost|conformance|stress|mpi -E ^python:(demos|torch|torch_elastic|launcher)$" PATH="$bin" scripts/test.sh)
 echo "80-tarball: ok: the tarball builds and passes scripts/test.sh without .git or git ($((SECONDS - start)) s)"
