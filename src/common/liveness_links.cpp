@@ -181,22 +181,26 @@ std::vector<int> LivenessLinks::connect(int rank, std::span<const LinkAddress> a
     });
   };
   std::vector<pollfd> fds;
+  std::vector<int> slot;  // by link: its entry in fds, or -1
   while (!done()) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) break;
     fds.clear();
-    for (const Link& l : links_)
-      if (l.state == Link::State::Connecting || l.state == Link::State::Awaiting)
-        fds.push_back({l.fd, static_cast<short>(l.state == Link::State::Connecting ? POLLOUT : POLLIN), 0});
+    slot.assign(links_.size(), -1);
+    for (size_t k = 0; k < links_.size(); ++k) {
+      const Link& l = links_[k];
+      if (l.state != Link::State::Connecting && l.state != Link::State::Awaiting) continue;
+      slot[k] = static_cast<int>(fds.size());
+      fds.push_back({l.fd, static_cast<short>(l.state == Link::State::Connecting ? POLLOUT : POLLIN), 0});
+    }
     for (const Unknown& u : unknown) fds.push_back({u.fd, POLLIN, 0});
     if (listener_ >= 0) fds.push_back({listener_, POLLIN, 0});
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
     if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100))) < 0 && errno != EINTR) break;
 
-    for (Link& l : links_) {
-      if (l.state == Link::State::Connecting) {
-        pollfd p{l.fd, POLLOUT, 0};
-        if (::poll(&p, 1, 0) != 1) continue;
+    for (size_t k = 0; k < links_.size(); ++k) {
+      Link& l = links_[k];
+      if (l.state == Link::State::Connecting && slot[k] >= 0 && fds[static_cast<size_t>(slot[k])].revents != 0) {
         int err = 0;
         socklen_t len = sizeof(err);
         const Hello h = hello_for(l);

@@ -29,10 +29,8 @@
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <span>
-#include <string>
 #include <vector>
 
 namespace gradsync {
