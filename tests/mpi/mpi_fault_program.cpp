@@ -76,14 +76,19 @@ int main(int argc, char** argv) {
       report(e);
     }
   } else if (mode == "abandon") {
+    // The first rank to exit ends the job with MPI_Abort, which kills the others. Exactly one rank
+    // should get there: rank 0, seconds after its timeout, so that rank 2, however late the load
+    // makes it, has reported its own. Rank 1 never arrives and is killed while it sleeps: a rank
+    // inside MPI_Finalize, or two ranks aborting at once, can leave Open MPI 4.1's mpirun hanging.
     if (rank == 1) {
-      std::this_thread::sleep_for(2500ms);
+      std::this_thread::sleep_for(15000ms);
     } else {
       try {
         c->allreduce(std::span<const BufferRef>(&b, 1), DType::F32, ReduceOp::Sum);
       } catch (const Error& e) {
         report(e);
       }
+      std::this_thread::sleep_for(rank == 0 ? 3000ms : 10000ms);
     }
   } else {
     std::fprintf(stderr, "usage: %s kill|kill-before|kill-small|abandon|loop\n", argv[0]);
