@@ -542,19 +542,24 @@ TEST_CASE("weighted mean sums the products in rank order on every rank", "[mpi]"
 
 TEST_CASE("abort from another thread unblocks the waiting rank, reaches every rank, and reset recovers", "[mpi]") {
   auto c = make(true, true, 20000ms);
+  int level = 0;
+  MPI_Query_thread(&level);
+  REQUIRE(level == MPI_THREAD_MULTIPLE);  // the watchdog below calls MPI beside a waiting thread
   std::string message;
   int st;
   if (c->rank() == 0) {
-    // Rank 0 waits in a barrier the others have not reached yet; a watchdog thread aborts.
+    // Rank 0 waits in a barrier the others have not reached yet; a watchdog thread aborts, then
+    // lets the others in (however late the load makes it, the barrier cannot complete first).
     std::thread watchdog([&] {
       std::this_thread::sleep_for(100ms);
       c->abort();
+      for (int r = 1; r < c->size(); ++r) MPI_Send(nullptr, 0, MPI_BYTE, r, 0, MPI_COMM_WORLD);
     });
     st = status_of([&] { c->barrier(); }, &message);
     watchdog.join();
     CHECK(message.find("gradsync_comm_abort") != std::string::npos);
   } else {
-    std::this_thread::sleep_for(600ms);
+    MPI_Recv(nullptr, 0, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     st = status_of([&] { c->barrier(); }, &message);
     CHECK(message.find("rank 0 aborted the group") != std::string::npos);
   }
@@ -584,9 +589,10 @@ TEST_CASE("many communicators, created and freed in turn, do not disturb each ot
 
 TEST_CASE("a wait that lasts is logged at warning level on the ranks that wait", "[mpi]") {
   auto c = make();
+  MPI_Barrier(MPI_COMM_WORLD);  // the ranks that wait start their clocks together with the sleeper
   LogLines lines(GRADSYNC_LOG_WARN);
   const int last = c->size() - 1;
-  if (c->rank() == last) std::this_thread::sleep_for(std::chrono::milliseconds(5500));  // past the first report
+  if (c->rank() == last) std::this_thread::sleep_for(std::chrono::milliseconds(6500));  // past the first report
   c->barrier();
   if (c->rank() != last) CHECK(lines.contains("waiting 5 s for the other ranks"));
 }
