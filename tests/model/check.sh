@@ -23,9 +23,13 @@ check() {
   local expect=$1 name=$2
   shift 2
   spin -a "$@" "$model" >/dev/null
-  gcc -O2 -DSAFETY -DCOLLAPSE -DVECTORSZ=2048 -w -o pan pan.c
+  # A mutant's search stops at its first violation, within a few thousand states: compiling pan
+  # with -O2 (2.4 s of CPU) and clearing a 2^26-slot hash table would cost more than it.
+  local opt=-O2 slots=26
+  if [ "$expect" = violated ]; then opt=-O0 slots=20; fi
+  gcc "$opt" -DSAFETY -DCOLLAPSE -DVECTORSZ=2048 -w -o pan pan.c
   local out errors states
-  out="$(./pan -m1000000 -w26 2>&1 || true)"
+  out="$(./pan -m1000000 -w"$slots" 2>&1 || true)"
   errors="$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' <<<"$out")"
   states="$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' <<<"$out")"
   if grep -q "max search depth too small\|out of memory" <<<"$out"; then
