@@ -4,8 +4,9 @@
 # below, and checks that each wrong rule (the MUTANT_* switches) is caught: round.pml, the round
 # engine's (threads, shared memory), and mpi_round.pml, the MPI transport's.
 # Exhaustive searches (no bitstate); COLLAPSE only compresses the stored states, losing none.
-# About four minutes and 4 GB of memory (the MPI model: half a minute; the shrink's membership
-# model, shrink and grow: two minutes).
+# About five and a half minutes of CPU on a quiet machine and 4 GB of memory: round.pml two and a
+# half, mpi_round.pml half a minute, membership.pml (shrink and grow) one, mpi_shrink.pml one and a
+# half.
 # check.sh MODEL (round, mpi_round, membership or mpi_shrink) checks that model alone; ctest runs one each.
 set -euo pipefail
 only="${1:-}"
