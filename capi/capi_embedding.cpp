@@ -86,6 +86,9 @@ gradsync::embedding::Options parse_options(const gradsync_embedding_options* use
              "uniform bounds must be finite floats, got [{}, {}]", o.lo, o.hi);
   out.lo = static_cast<float>(o.lo);
   out.hi = static_cast<float>(o.hi);
+  out.replicas = o.version >= 3 ? o.replicas : 0;
+  // Checked now, so that a later version may give the field a meaning.
+  GS_REQUIRE(o.version < 3 || o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
   if (dir != nullptr) {
     GS_REQUIRE(dir[0] != '\0', GRADSYNC_E_INVALID_ARG, "dir is empty (NULL for anonymous memory)");
     out.dir = dir;

@@ -65,6 +65,19 @@
  * version, sizes, checksums, ids sorted, in range, each present once): a damaged or hostile file
  * gives GRADSYNC_E_CORRUPT on every rank, never a crash, and leaves the table as it was.
  *
+ * Replicas (option replicas = k). Rank r's rows and their optimizer state also live on ranks r+1 ..
+ * r+k (mod the group's size; k is capped at size - 1), in this process's memory (also for a table
+ * in files). Each push sends every owner's batch (the ids it adds, in its order, and their
+ * gradients) on to the k ranks that hold its replicas before anyone applies it, and each applies it
+ * as the owner does, so that a replica equals its owner's rows bit for bit after every push, and a
+ * push that fails leaves both as they were. gradsync_embedding_reshard after losing ranks then takes
+ * a lost rank's rows from a surviving replica, in memory, without a checkpoint: losing up to k
+ * ranks that were neighbours, or any number of which no k + 1 were neighbours, loses nothing.
+ * Costs: k shards of memory per rank (values, optimizer state and gradient accumulator), and per
+ * push k more transfers of each owner's batch (ids and gradients) and k more optimizer updates of
+ * it. A table in files refills its replicas from the owners at its first push (an owner may have
+ * reopened its rows); so do load and reshard (a reshard fills the new group's replicas).
+ *
  * Thread safety: one thread at a time per handle; the table holds its communicator for the
  * duration of each collective call (a call on the communicator from another thread meanwhile gets
  * GRADSYNC_E_MISUSE). A table outlives its communicator safely: its collective calls then fail with
@@ -90,7 +103,7 @@ typedef enum gradsync_embedding_sharding {
   GRADSYNC_EMBEDDING_HASH = 1        /**< rank r owns the rows g with splitmix64(g) % P == r */
 } gradsync_embedding_sharding;
 
-#define GRADSYNC_EMBEDDING_OPTIONS_VERSION 2
+#define GRADSYNC_EMBEDDING_OPTIONS_VERSION 3
 
 /** Options of gradsync_embedding_create. Fill with GRADSYNC_EMBEDDING_OPTIONS_INIT or gradsync_embedding_options_init.
  */
@@ -114,13 +127,18 @@ typedef struct gradsync_embedding_options {
   /* version 2 */
   double beta1; /**< ADAM: decay of m, in [0, 1); default 0.9 (torch's) */
   double beta2; /**< ADAM: decay of v, in [0, 1); default 0.999 (torch's) */
+  /* version 3 */
+  int32_t replicas;  /**< each rank's rows and their optimizer state also live on the next `replicas`
+                          ranks (fewer in a smaller group), in [0, 64]; default 0. See "Replicas" */
+  int32_t reserved0; /**< must be 0 */
   /* append only */
 } gradsync_embedding_options;
 
 #define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                          \
   {                                                                                                              \
     sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0, GRADSYNC_EMBEDDING_CONTIGUOUS, \
-        GRADSYNC_OPTIM_SGD, 0.01, 0.0, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5, 0.9, 0.999   \
+        GRADSYNC_OPTIM_SGD, 0.01, 0.0, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5, 0.9, 0.999,  \
+        0, 0                                                                                                     \
   }
 
 /**
@@ -297,7 +315,12 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * and its state continue bit for bit (the table stays equal to what one process computes, see
  * "Determinism"). checkpoint_dir is then not read.
  *
- * After a lost rank (a member of the old group that is not in new_comm): its rows' live state is
+ * After a lost rank (a member of the old group that is not in new_comm) with replicas (option
+ * replicas): when one of the next `replicas` old ranks is a member, holds a valid replica (no push
+ * failed on it after the owners applied) and every member is at the same step, that member sends
+ * the lost rank's rows and state from its replica, and the reshard is in memory as above (nothing
+ * to replay; restored = 0; checkpoint_dir is not read).
+ * After a lost rank otherwise: its rows' live state is
  * gone, and the survivors' rows have moved on from any copy of them, so no consistent table exists
  * except as of the last checkpoint. Without checkpoint_dir the call fails on every rank with
  * GRADSYNC_E_LOST naming the lost rows ("old rank 2's rows [500, 750)") and changes nothing.

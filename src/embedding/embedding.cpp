@@ -23,7 +23,7 @@ namespace {
 // Fields of a rank's row of the plan round (int64 words): its verdict, what it believes the table
 // is (ranks that disagree fail alike), what it is calling, then one count per owner, then the text
 // of its error.
-enum PlanField : size_t { kStatus, kRows, kDim, kSharding, kOp, kOptimizer, kHead };
+enum PlanField : size_t { kStatus, kRows, kDim, kSharding, kOp, kOptimizer, kReplicas, kRefill, kHead };
 constexpr size_t kMessageWords = 32;  // 256 bytes of message, NUL-terminated
 constexpr const char* kOpNames[] = {"", "lookup", "push"};
 
@@ -59,6 +59,7 @@ struct ShardedTable::Plan {
   // counts[s * P + d]: ids rank s sends owner d.
   std::vector<uint64_t> counts;
   uint64_t ranks = 0;
+  bool refill = false;  // some rank's mirrors or shard changed outside a push: refill every mirror
   uint64_t at(uint64_t s, uint64_t d) const noexcept { return counts[s * ranks + d]; }
 };
 
@@ -84,6 +85,8 @@ void validate(const Options& o) {
              "unknown init {} (0 zeros, 1 uniform)", static_cast<int32_t>(o.init));
   GS_REQUIRE(std::isfinite(o.lo) && std::isfinite(o.hi) && o.lo <= o.hi, GRADSYNC_E_INVALID_ARG,
              "uniform init needs finite lo <= hi, got [{}, {}]", o.lo, o.hi);
+  GS_REQUIRE(o.replicas >= 0 && o.replicas <= 64, GRADSYNC_E_INVALID_ARG, "replicas must be in [0, 64], got {}",
+             o.replicas);
 }
 
 int Layout::owner(int64_t id) const noexcept {
@@ -93,6 +96,18 @@ int Layout::owner(int64_t id) const noexcept {
   const uint64_t n = static_cast<uint64_t>(rows_), base = n / p, extra = n % p;
   const uint64_t big = extra * (base + 1);
   return static_cast<int>(g < big ? g / (base + 1) : extra + (g - big) / base);
+}
+
+std::vector<uint64_t> Layout::counts() const {
+  std::vector<uint64_t> n(static_cast<size_t>(ranks_), 0);
+  if (sharding_ == Sharding::Contiguous) {
+    for (int r = 0; r < ranks_; ++r)
+      n[static_cast<size_t>(r)] =
+          partition(static_cast<uint64_t>(rows_), static_cast<uint64_t>(ranks_), static_cast<uint64_t>(r)).len;
+    return n;
+  }
+  for (int64_t g = 0; g < rows_; ++g) ++n[static_cast<size_t>(owner(g))];
+  return n;
 }
 
 std::vector<int64_t> Layout::owned(int r) const {
@@ -113,13 +128,19 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
     : comm_(&comm), rank_(comm.rank()), options_(options), layout_(options.rows, comm.size(), options.sharding) {
   validate(options_);
   adopt(build(comm_->rank(), layout_, true));
+  // The mirrors start as their owners' shards do when created, from the seed. In files some owner
+  // may have reopened its shard instead, which its holders cannot know: the first push refills them.
+  const int p = layout_.ranks();
+  for (int j = 1; j <= mirror_count(layout_); ++j)
+    mirrors_.push_back(build((rank_ - j + p) % p, layout_, true, Place::Mirror));
+  mirrors_valid_ = options_.dir.empty();
 }
 
 std::string shard_stem(const std::string& dir, int rank, int ranks) {
   return fmt::format("{}/shard-{}-of-{}", dir, rank, ranks);
 }
 
-ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool init, bool staging) const {
+ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool init, Place place) const {
   Storage s;
   s.owned = layout.owned(rank);
   if (layout.sharding() == Sharding::Hash) {
@@ -132,7 +153,8 @@ ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool i
   }
   // A table has at least one row: an owner of none keeps one that no id ever reaches.
   const int64_t local = std::max<int64_t>(1, static_cast<int64_t>(s.owned.size()));
-  const bool files = !options_.dir.empty();
+  const bool files = !options_.dir.empty() && place != Place::Mirror;
+  const bool staging = place == Place::Staging;
   std::string stem;
   if (files) {
     std::error_code ec;
@@ -172,7 +194,8 @@ ShardedTable::Storage ShardedTable::build(int rank, const Layout& layout, bool i
   aspec.rows = local;
   aspec.dim = options_.dim;
   aspec.concurrency = static_cast<int32_t>(accumulator::Concurrency::Owner);
-  aspec.threads = options_.threads;
+  // A mirror adds its owner's batch as the owner does, on one thread: the sum does not depend on it.
+  aspec.threads = place == Place::Mirror ? 1 : options_.threads;
   s.accum = accumulator::Accumulator::open(aspec);
   s.dirty.assign(s.owned.size(), 0);
   return s;
@@ -194,9 +217,10 @@ void ShardedTable::set_lr(double lr) {
   options_.lr = static_cast<float>(lr);
 }
 
-int64_t ShardedTable::local_of(int64_t id) const noexcept {
-  if (options_.sharding == Sharding::Contiguous) return owned_.empty() ? 0 : id - owned_.front();
-  const Bucket& bk = buckets_[static_cast<size_t>(id >> kBucketShift)];
+int64_t ShardedTable::local_in(const std::vector<int64_t>& owned, const std::vector<Bucket>& buckets,
+                               Sharding sharding, int64_t id) noexcept {
+  if (sharding == Sharding::Contiguous) return owned.empty() ? 0 : id - owned.front();
+  const Bucket& bk = buckets[static_cast<size_t>(id >> kBucketShift)];
   const uint32_t below = (uint32_t{1} << (id & ((int64_t{1} << kBucketShift) - 1))) - 1;
   return bk.base + std::popcount(bk.mine & below);
 }
@@ -311,6 +335,8 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
   mine[kSharding] = static_cast<int64_t>(options_.sharding);
   mine[kOp] = op;
   mine[kOptimizer] = config_word();
+  mine[kReplicas] = options_.replicas;
+  mine[kRefill] = op == 2 && mirror_count(layout_) > 0 && !mirrors_valid_ ? 1 : 0;
   // This rank's verdict travels with its counts per owner, so a bad id fails every rank in this
   // round, before any id or row moves.
   if (status == GRADSYNC_OK) {
@@ -331,6 +357,8 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
                row(0)[kSharding] == 0 ? "contiguous" : "hash");
     GS_REQUIRE(row(r)[kOptimizer] == row(0)[kOptimizer], GRADSYNC_E_MISMATCH,
                "rank {}'s optimizer, learning rate, eps or betas differ from rank 0's", r);
+    GS_REQUIRE(row(r)[kReplicas] == row(0)[kReplicas], GRADSYNC_E_MISMATCH,
+               "rank {}'s table keeps {} replicas, rank 0's {}", r, row(r)[kReplicas], row(0)[kReplicas]);
   }
   for (size_t r = 0; r < p; ++r) {
     if (row(r)[kStatus] != GRADSYNC_OK)
@@ -338,6 +366,7 @@ ShardedTable::Plan ShardedTable::plan(int op, int status, const std::string& pro
   }
   Plan plan;
   plan.ranks = p;
+  for (size_t r = 0; r < p; ++r) plan.refill = plan.refill || row(r)[kRefill] != 0;
   plan.counts.resize(p * p);
   for (size_t s = 0; s < p; ++s)
     for (size_t d2 = 0; d2 < p; ++d2) plan.counts[s * p + d2] = static_cast<uint64_t>(row(s)[kHead + d2]);
@@ -488,6 +517,12 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   const int64_t* routed = merge ? scratch_unique_.data() : ids;
   const Plan pl = plan(2, status, problem, routed, m);
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_->rank());
+  if (pl.refill) {
+    std::vector<Storage> fresh;
+    fill_mirrors(*comm_, rank_, layout_, params_->data(), state_ != nullptr ? state_->data() : nullptr, fresh);
+    mirrors_ = std::move(fresh);
+    mirrors_valid_ = true;
+  }
   const auto d = static_cast<size_t>(options_.dim);
   const size_t width = kIdFloats + d;
   // The part for owner o: its c ids (kIdFloats floats each), then their c gradients, each in the
@@ -517,6 +552,10 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   for (uint64_t s = 0; s < p; ++s) incoming += s == me ? 0 : pl.at(s, me);
   float* recv = grow(scratch_recv_, incoming * width);
   comm_->exchange(send, recv, routes_of(pl.counts, p, width, false), DType::F32);
+  // The mirrors get what their owners got before anyone applies anything, so that a push that
+  // fails leaves owners and mirrors alike at the last step.
+  const float* mirrored = replicate(pl, send + base[me], recv);
+  mirrors_valid_ = false;  // until both updates are done
 
   // Sender after sender, each in its own order: the global batch's order. Owner-mode add_batch
   // calls enter one sequence in call order, so each row's sum keeps that order.
@@ -545,7 +584,117 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   opt.beta1 = options_.beta1;
   opt.beta2 = options_.beta2;
   accum_->apply(*params_, opt, state_.get());
+  // Mirror j took owner (me - j)'s batch as one add_batch: the sequence the owner's calls form.
+  for (size_t j = 0; j < mirrors_.size(); ++j) {
+    const uint64_t o = (me + p - (j + 1)) % p;
+    uint64_t c = 0;
+    for (uint64_t s2 = 0; s2 < p; ++s2) c += pl.at(s2, o);
+    if (c != 0) {
+      int64_t* ids_here = grow(scratch_asked_, c);
+      std::memcpy(ids_here, mirrored, c * sizeof(int64_t));
+      Storage& mirror = mirrors_[j];
+      mirror.accum->add_batch(ids_here, c, mirrored + c * kIdFloats, c * d);
+      mirror.accum->apply(*mirror.params, opt, mirror.state.get());
+    }
+    mirrored += c * width;
+  }
   ++steps_;
+  mirrors_valid_ = true;
+}
+
+void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const float* values,
+                                const float* state, std::vector<Storage>& mirrors) const {
+  const int k = mirror_count(layout);
+  const int p = layout.ranks();
+  std::vector<Storage> fresh;
+  fresh.reserve(static_cast<size_t>(k));
+  for (int j = 1; j <= k; ++j) fresh.push_back(build((rank - j + p) % p, layout, false, Place::Mirror));
+  if (k > 0) {
+    // Row after row, its values then its state; owner o's rows go to o + 1 .. o + k, and holder h
+    // keeps mirror j's after those of its mirrors before it.
+    const std::vector<uint64_t> count = layout.counts();
+    const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width()), w = d + sw;
+    const auto n = static_cast<uint64_t>(p), me = static_cast<uint64_t>(rank);
+    comm::Routes routes(comm::Collective::Alltoall, -1, n);
+    uint64_t incoming = 0;
+    for (uint64_t h = 0; h < n; ++h) {
+      uint64_t at = 0;
+      for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
+        const uint64_t o = (h + n - j) % n;
+        const size_t i = routes.at(o, h);
+        routes.count[i] = count[o] * w;
+        routes.recv_displ[i] = at;
+        at += count[o] * w;
+      }
+      if (h == me) incoming = at;
+    }
+    const uint64_t mine = count[me];
+    std::vector<float> send(std::max<uint64_t>(mine * w, 1)), recv(std::max<uint64_t>(incoming, 1));
+    for (uint64_t l = 0; l < mine; ++l) {
+      std::memcpy(&send[l * w], values + l * d, d * sizeof(float));
+      if (sw != 0) std::memcpy(&send[l * w + d], state + l * sw, sw * sizeof(float));
+    }
+    c.exchange(send.data(), recv.data(), routes, DType::F32);
+    const float* at = recv.data();
+    for (Storage& m : fresh) {
+      for (size_t l = 0; l < m.owned.size(); ++l, at += w) {
+        std::memcpy(m.params->row_ptr(static_cast<int64_t>(l)), at, d * sizeof(float));
+        if (sw != 0) std::memcpy(m.state->row_ptr(static_cast<int64_t>(l)), at + d, sw * sizeof(float));
+      }
+    }
+  }
+  mirrors = std::move(fresh);
+}
+
+// Every owner's batch of a push (what it adds: each sender's part in rank order, its own from
+// `own`, the others' from `recv`) to the ranks that hold its mirrors, as local rows and their
+// gradients; returns where this rank received its mirrors' batches, mirror after mirror, each as
+// its c local ids (kIdFloats floats each) then their c gradients.
+const float* ShardedTable::replicate(const Plan& pl, const float* own, const float* recv) {
+  const int k = mirror_count(layout_);
+  if (k == 0) return nullptr;
+  const uint64_t p = pl.ranks, me = static_cast<uint64_t>(rank_);
+  const auto d = static_cast<size_t>(options_.dim);
+  const size_t width = kIdFloats + d;
+  std::vector<uint64_t> total(p, 0);  // what owner o adds
+  for (uint64_t o = 0; o < p; ++o)
+    for (uint64_t s = 0; s < p; ++s) total[o] += pl.at(s, o);
+  const uint64_t c = total[me];
+  float* forward = grow(scratch_forward_, c * width);
+  uint64_t k_at = 0, from = 0;
+  for (uint64_t s = 0; s < p; ++s) {
+    const uint64_t n = pl.at(s, me);
+    if (n == 0) continue;
+    const float* part = s == me ? own : recv + from * width;
+    for (uint64_t i = 0; i < n; ++i) {
+      int64_t id;
+      std::memcpy(&id, part + i * kIdFloats, sizeof id);
+      const int64_t local = local_of(id);
+      std::memcpy(forward + (k_at + i) * kIdFloats, &local, sizeof local);
+    }
+    std::memcpy(forward + c * kIdFloats + k_at * d, part + n * kIdFloats, n * d * sizeof(float));
+    k_at += n;
+    if (s != me) from += n;
+  }
+  // Owner o's one batch goes to o + 1 .. o + k; holder h keeps mirror j's at the sum of the
+  // batches of its mirrors before it.
+  comm::Routes routes(comm::Collective::Alltoall, -1, p);
+  uint64_t incoming = 0;
+  for (uint64_t h = 0; h < p; ++h) {
+    uint64_t at = 0;
+    for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
+      const uint64_t o = (h + p - j) % p;
+      const size_t i = routes.at(o, h);
+      routes.count[i] = total[o] * width;
+      routes.send_displ[i] = 0;
+      routes.recv_displ[i] = at;
+      at += total[o] * width;
+    }
+    if (h == me) incoming = at;
+  }
+  float* got = grow(scratch_mirrored_, incoming);
+  comm_->exchange(forward, got, routes, DType::F32);
+  return got;
 }
 
 void ShardedTable::local_rows(int64_t* ids, float* values, float* state) const {

@@ -12,6 +12,7 @@
 // it packed it, the others' from the exchange), and owner-mode add_batch calls enter one sequence in
 // call order, so every row's sum has the order a single process gives the global batch. Rank 0's
 // part may arrive summed per distinct id (ShardedTable::push says why that is the same sum).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,9 @@ struct Options {
   int threads = 1;
   uint64_t seed = 0;
   float lo = -0.5f, hi = 0.5f;
+  // Each rank's rows and their optimizer state also live on the next `replicas` ranks (capped at
+  // the group's size - 1), so that a reshard after losing them needs no checkpoint.
+  int replicas = 0;
   std::string dir;  // empty: anonymous memory
 };
 
@@ -53,6 +57,8 @@ class Layout {
   int owner(int64_t id) const noexcept;
   // The ids rank r owns, ascending.
   std::vector<int64_t> owned(int r) const;
+  // How many rows each rank owns.
+  std::vector<uint64_t> counts() const;
   int64_t rows() const noexcept { return rows_; }
   int ranks() const noexcept { return ranks_; }
   Sharding sharding() const noexcept { return sharding_; }
@@ -105,11 +111,13 @@ class ShardedTable {
   struct ReshardReport {
     uint64_t moved_rows = 0;       // rows this rank received from others (in-memory reshard)
     bool from_checkpoint = false;  // rows were lost, and every row came from the checkpoint
+    bool from_mirrors = false;     // rows of lost ranks came from the replicas of them
     std::vector<int> lost_old_ranks;
   };
   // Collective over next (include/gradsync/embedding.h, gradsync_embedding_reshard, is the
   // contract): moves the table onto next under `sharding`, in memory when every old rank's rows
-  // survive on a member, else from `checkpoint` (every row; empty: E_LOST naming the rows).
+  // survive on a member (its own, or a mirror of a lost rank's), else from `checkpoint` (every
+  // row; empty: E_LOST naming the rows).
   // on_next: the table already runs on next (a joiner's, or a change of rule in place); otherwise
   // its old communicator is not touched (it may have been freed). sharding empty: the caller passed
   // an unknown rule, judged in the call's one agreement so that every rank fails alike.
@@ -126,6 +134,10 @@ class ShardedTable {
 
  private:
   struct Plan;
+  // Where this rank's shard lives and what it holds, built apart from the table's so that a reshard
+  // can fill a new one while the old one is read, and adopt it only once everything arrived.
+  struct Bucket;
+  struct Storage;
   // This rank's check of a call's arguments: GRADSYNC_OK, or the first problem's status and text.
   int check_call(int op, const int64_t* ids, size_t n, const void* buf, size_t count, std::string& problem) const;
   // The round every lookup and push starts with: each rank's verdict of check_call and its count
@@ -136,31 +148,43 @@ class ShardedTable {
   // appearance, and for each position the index of its id there into scratch_which_; returns
   // their number.
   size_t distinct(const int64_t* ids, size_t n);
+  // The mirrors' part of a push (embedding.cpp says what it moves).
+  const float* replicate(const Plan& pl, const float* own, const float* recv);
   // distinct, its failure to allocate turned into a verdict for plan (E_NOMEM and problem).
   int distinct_before_plan(const int64_t* ids, size_t n, size_t& u, std::string& problem);
   // The optimizer and its hyperparameters as one word, which ranks compare.
   int64_t config_word() const noexcept;
   // Position of a global id among this rank's rows (the id must be owned here).
-  int64_t local_of(int64_t id) const noexcept;
+  int64_t local_of(int64_t id) const noexcept { return local_in(owned_, buckets_, options_.sharding, id); }
+  static int64_t local_in(const std::vector<int64_t>& owned, const std::vector<Bucket>& buckets, Sharding sharding,
+                          int64_t id) noexcept;
   // Collective verdict of a step with a local outcome: throws the first failing rank's error on
   // every rank (naming it), or returns each rank's two payload words.
   std::vector<int64_t> agree(int status, const std::string& message, int64_t word0 = 0, int64_t word1 = 0);
   static std::vector<int64_t> agree_over(comm::Communicator& c, int status, const std::string& message, int64_t word0,
                                          int64_t word1);
 
-  // Where this rank's shard lives and what it holds, built apart from the table's so that a reshard
-  // can fill a new one while the old one is read, and adopt it only once everything arrived.
-  struct Bucket;
-  struct Storage;
-  // This rank's shard of `layout` (rank `rank` of it): fresh tables, initialised from the seed when
-  // `init` (a reshard fills them itself). In files, `staging` creates them anew under the stem
-  // plus kStaging (a reshard's, which renames them into place once filled: place_files).
-  Storage build(int rank, const Layout& layout, bool init, bool staging = false) const;
+  // Rank `rank`'s shard of `layout`: fresh tables, initialised from the seed when `init` (a reshard
+  // fills them itself). In files, Staging creates them anew under the stem plus kStaging (a
+  // reshard's, which renames them into place once filled: place_files). A Mirror, another rank's
+  // replica, lives in this process's memory whatever the table's place.
+  enum class Place { Shard, Staging, Mirror };
+  Storage build(int rank, const Layout& layout, bool init, Place place = Place::Shard) const;
   void adopt(Storage&& s) noexcept;
   static constexpr const char* kStaging = ".resharding";
   // A reshard's new shard, written back, from its staging names to those of rank `rank` of
   // `ranks` (a name that cannot be renamed stays the shard's, with a warning).
   void place_files(Storage& fresh, int rank, int ranks) const;
+  // Replicas held here under `layout`: min(replicas, ranks - 1). Mirror j - 1 holds the rows of
+  // rank (this rank - j) mod ranks.
+  int mirror_count(const Layout& layout) const noexcept {
+    return std::min(options_.replicas, layout.ranks() - 1);
+  }
+  // Collective over c: every rank's rows (rank `rank` of `layout`: its `values` and `state`, row
+  // after row) copied into the mirrors its next mirror_count ranks hold, built afresh into
+  // `mirrors` (this rank's, of the ranks before it), which change only when every row arrived.
+  void fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const float* values, const float* state,
+                    std::vector<Storage>& mirrors) const;
 
   comm::Communicator* comm_;
   int rank_;  // in comm_, kept so that a reshard need not ask a communicator that may be gone
@@ -189,6 +213,12 @@ class ShardedTable {
   std::unique_ptr<table::Table> params_;
   std::unique_ptr<table::Table> state_;
   std::unique_ptr<accumulator::Accumulator> accum_;
+  // The replicas of other ranks' shards this rank holds (mirror_count), which every push updates as
+  // their owners update theirs. mirrors_valid_: they equal their owners' rows; false from the
+  // creation of a table in files (an owner may have reopened its shard) until the next push
+  // refills them, and when a push failed between the owners' update and theirs.
+  std::vector<Storage> mirrors_;
+  bool mirrors_valid_ = false;
   int64_t steps_ = 0;
   // Per local row, bit k: pushed since bases_[k], the checkpoint this table last saved or loaded (0)
   // and the one it saved before that, in another directory (1); an incremental save into a base's
@@ -226,6 +256,7 @@ class ShardedTable {
   std::vector<uint32_t> scratch_slots_;
   std::vector<size_t> scratch_order_;
   std::vector<float> scratch_recv_;
+  std::vector<float> scratch_forward_, scratch_mirrored_;  // replicate's
   struct Base {
     std::string dir;     // empty: none
     uint64_t nonce = 0;  // its top layer's

@@ -57,6 +57,8 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     kSteps,
     kOnNext,
     kHasDir,
+    kReplicas,
+    kMirrorsValid,
     kHead
   };
   const size_t width = kHead + n;
@@ -73,6 +75,8 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   mine[kSteps] = steps_;
   mine[kOnNext] = on_next ? 1 : 0;
   mine[kHasDir] = checkpoint.empty() ? 0 : 1;
+  mine[kReplicas] = options_.replicas;
+  mine[kMirrorsValid] = mirrors_valid_ ? 1 : 0;
   for (int64_t g : owned_) ++mine[kHead + static_cast<size_t>(fresh_layout.owner(g))];
   if (np > 1) next.allgather(nullptr, all.data(), all.size(), DType::I64);
   auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * width + w]; };
@@ -85,10 +89,10 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   for (int r = 1; r < np; ++r) {
     GS_REQUIRE(
         word(r, kRows) == word(0, kRows) && word(r, kDim) == word(0, kDim) && word(r, kWidth) == word(0, kWidth) &&
-            word(r, kConfig) == word(0, kConfig),
+            word(r, kConfig) == word(0, kConfig) && word(r, kReplicas) == word(0, kReplicas),
         GRADSYNC_E_MISMATCH,
-        "reshard: rank {}'s table is {} x {} (or has another optimizer, learning rate, eps or betas) and rank 0's {} "
-        "x {}",
+        "reshard: rank {}'s table is {} x {} (or has another optimizer, learning rate, eps, betas or replicas) and "
+        "rank 0's {} x {}",
         r, word(r, kRows), word(r, kDim), word(0, kRows), word(0, kDim));
     GS_REQUIRE(word(r, kNewRule) == word(0, kNewRule), GRADSYNC_E_MISMATCH,
                "reshard: rank {} asks for {} sharding, rank 0 for {}", r, rule_name(word(r, kNewRule)),
@@ -126,12 +130,40 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   }
   // Members at different steps cannot move their rows as one table; after a loss they may be
   // (a rank whose last push failed alone), and the checkpoint then gives every row and the step.
+  bool same_steps = true;
+  for (int r = 0; r < np; ++r) same_steps = same_steps && (is_joiner(r) || word(r, kSteps) == word(held_by, kSteps));
   for (int r = 0; r < np; ++r) {
     GS_REQUIRE(!lost.empty() || is_joiner(r) || word(r, kSteps) == word(held_by, kSteps), GRADSYNC_E_MISMATCH,
                "reshard: member {} has applied {} pushes, member {} {}: they are at different steps", r,
                word(r, kSteps), held_by, word(held_by, kSteps));
   }
   const int64_t steps = word(held_by, kSteps);
+  // A lost rank's rows live on in a mirror when one of the next `replicas` old ranks survived with
+  // valid mirrors at the members' common step: that member supplies them (supplier[j]: its mirror
+  // of old rank j, 1 the rank just before it), and nothing is lost.
+  const int old_k = std::min(static_cast<int>(word(held_by, kReplicas)), old_size - 1);
+  std::vector<int> supplier(static_cast<size_t>(old_size), 0);
+  const std::vector<int> members = holder;  // the old ranks that are members (holder gains the lost ones')
+  bool mirrored = !lost.empty() && same_steps;
+  for (int j : report.lost_old_ranks) {
+    if (!mirrored) break;
+    int i = 1;
+    while (i <= old_k) {
+      const int h = members[static_cast<size_t>((j + i) % old_size)];
+      if (h >= 0 && word(h, kMirrorsValid) == 1) break;
+      ++i;
+    }
+    if (i > old_k) {
+      mirrored = false;
+      break;
+    }
+    supplier[static_cast<size_t>(j)] = i;
+    holder[static_cast<size_t>(j)] = members[static_cast<size_t>((j + i) % old_size)];
+  }
+  if (mirrored) {
+    lost.clear();
+    report.from_mirrors = true;
+  }
 
   // The new shard, filled before anything of the table changes: a failure leaves it as it was.
   // What a rank allocates (the shard, the rows it reads or the exchange's buffers) may fail on it
@@ -163,7 +195,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     shape.optimizer = static_cast<int32_t>(options_.optimizer);
     checkpoint::Staged staged;
     const Outcome read = capture([&] {
-      fresh = build(me, fresh_layout, false, true);
+      fresh = build(me, fresh_layout, false, Place::Staging);
       staged = checkpoint::read_rows(checkpoint, shape, fresh.owned);
     });
     const uint64_t last = read.status == GRADSYNC_OK ? staged.manifest.layers.back().nonce : 0;
@@ -190,15 +222,56 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     // lands them in place, and a moved row is copied twice in all (packed, then received into its
     // row). Otherwise a source's rows interleave with others' in the new shard, and each goes from
     // the receive buffer to its row: one copy more.
-    std::vector<uint64_t> counts(n * n, 0);
-    for (int s = 0; s < np; ++s) {
-      if (is_joiner(s)) continue;
-      for (int t = 0; t < np; ++t)
-        if (s != t)
-          counts[static_cast<size_t>(s) * n + static_cast<size_t>(t)] = word(s, kHead + static_cast<size_t>(t));
-    }
-    const bool in_place = old_layout.sharding() == Sharding::Contiguous && sharding == Sharding::Contiguous;
     const bool member = !is_joiner(me);
+    // A row this member holds: its own, or one of a mirror it supplies.
+    auto held = [&](int64_t g, const float*& value, const float*& state) {
+      const int o = old_layout.owner(g);
+      const table::Table* values = params_.get();
+      const table::Table* states = state_.get();
+      int64_t k = 0;
+      if (o == rank_) {
+        k = local_of(g);
+      } else {
+        const Storage& m = mirrors_[static_cast<size_t>((rank_ - o + old_size) % old_size - 1)];
+        k = local_in(m.owned, m.buckets, old_layout.sharding(), g);
+        values = m.params.get();
+        states = m.state.get();
+      }
+      value = values->row_ptr(k);
+      state = sw != 0 ? states->row_ptr(k) : nullptr;
+    };
+    // What this member sends, in ascending id order: its rows, and the lost ranks' it supplies.
+    std::vector<int64_t> supplied;
+    const std::vector<int64_t>* sending_rows = &owned_;
+    if (report.from_mirrors && member) {
+      supplied = owned_;
+      for (int j : report.lost_old_ranks) {
+        if (holder[static_cast<size_t>(j)] != me) continue;
+        const Storage& m = mirrors_[static_cast<size_t>(supplier[static_cast<size_t>(j)] - 1)];
+        supplied.insert(supplied.end(), m.owned.begin(), m.owned.end());
+      }
+      std::sort(supplied.begin(), supplied.end());
+      sending_rows = &supplied;
+    }
+    std::vector<uint64_t> counts(n * n, 0);
+    if (report.from_mirrors) {  // the suppliers send more than their own rows: count again
+      std::vector<int64_t> sends(n * n, 0);
+      for (int64_t g : *sending_rows)
+        if (member) ++sends[static_cast<size_t>(me) * n + static_cast<size_t>(fresh_layout.owner(g))];
+      next.allgather(nullptr, sends.data(), sends.size(), DType::I64);
+      for (size_t i = 0; i < n * n; ++i) counts[i] = i / n == i % n ? 0 : static_cast<uint64_t>(sends[i]);
+    } else {
+      for (int s = 0; s < np; ++s) {
+        if (is_joiner(s)) continue;
+        for (int t = 0; t < np; ++t)
+          if (s != t)
+            counts[static_cast<size_t>(s) * n + static_cast<size_t>(t)] = word(s, kHead + static_cast<size_t>(t));
+      }
+    }
+    // In place: each member's rows for an owner are one run of the owner's new shard, which holds
+    // only while every member sends just its own contiguous range.
+    const bool in_place =
+        old_layout.sharding() == Sharding::Contiguous && sharding == Sharding::Contiguous && !report.from_mirrors;
     // Where member s's rows for t begin: in s's send buffer, and in t's new shard (in place) or
     // receive buffer, in rows; every rank computes every part, as the exchange compares them.
     std::vector<uint64_t> send_at(n * n, 0), recv_at(n * n, 0);
@@ -244,7 +317,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     std::vector<float> own_send, recv_values, recv_state;
     float* send = nullptr;
     const Outcome made = capture([&] {
-      fresh = build(me, fresh_layout, false, true);
+      fresh = build(me, fresh_layout, false, Place::Staging);
       if (!in_place) {
         recv_values.resize(std::max<uint64_t>(incoming * d, 1));
         recv_state.resize(std::max<uint64_t>(incoming * sw, 1));
@@ -263,12 +336,14 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     if (member) {
       std::vector<uint64_t> at(send_at.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(me) * n),
                                send_at.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(me + 1) * n));
-      for (size_t l = 0; l < owned_.size(); ++l) {
-        const auto t = static_cast<size_t>(fresh_layout.owner(owned_[l]));
+      for (const int64_t g : *sending_rows) {
+        const auto t = static_cast<size_t>(fresh_layout.owner(g));
         if (t == static_cast<size_t>(me)) continue;
         const uint64_t k = at[t]++;
-        std::memcpy(send + k * d, params_->row_ptr(static_cast<int64_t>(l)), d * sizeof(float));
-        if (sw != 0) std::memcpy(send_state + k * sw, state_->row_ptr(static_cast<int64_t>(l)), sw * sizeof(float));
+        const float *value = nullptr, *state = nullptr;
+        held(g, value, state);
+        std::memcpy(send + k * d, value, d * sizeof(float));
+        if (sw != 0) std::memcpy(send_state + k * sw, state, sw * sizeof(float));
       }
     }
     if (np > 1) {
@@ -286,9 +361,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       const float* value = nullptr;
       const float* state = nullptr;
       if (s == static_cast<size_t>(me)) {
-        const int64_t k = local_of(g);
-        value = params_->row_ptr(k);
-        state = sw != 0 ? state_->row_ptr(k) : nullptr;
+        held(g, value, state);
       } else if (in_place) {
         continue;
       } else {
@@ -310,6 +383,10 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     bases_[0] = bases_[1] = Base{};
     steps_ = steps;
   }
+  // The new layout's mirrors, from the new shards, before anything is renamed or adopted.
+  std::vector<Storage> mirrors;
+  fill_mirrors(next, me, fresh_layout, fresh.params->data(), fresh.state != nullptr ? fresh.state->data() : nullptr,
+               mirrors);
   // Files: written back on every rank before any takes its new names.
   const Outcome written = capture([&] {
     if (!files) return;
@@ -355,6 +432,8 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   layout_ = fresh_layout;
   options_.sharding = sharding;
   adopt(std::move(fresh));
+  mirrors_ = std::move(mirrors);
+  mirrors_valid_ = true;
   return report;
 }
 

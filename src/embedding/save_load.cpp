@@ -150,12 +150,21 @@ void ShardedTable::load(const std::string& dir) {
     GS_REQUIRE(nonces[2 * r] == nonces[0], GRADSYNC_E_MISMATCH,
                "rank {} read another checkpoint than rank 0 in '{}' (was it being saved meanwhile?)", r, dir);
   }
+  // The mirrors take the loaded rows before the shard does, so that a failure changes nothing.
+  std::vector<Storage> mirrors;
+  if (mirror_count(layout_) > 0)
+    fill_mirrors(*comm_, rank_, layout_, staged.values.get(), staged.state.empty() ? nullptr : staged.state.data(),
+                 mirrors);
   if (local > 0) {
     std::memcpy(params_->data(), staged.values.get(), local * d * 4);
     if (!staged.state.empty()) std::memcpy(state_->data(), staged.state.data(), staged.state.size() * 4);
     params_->check_mapping();
   }
   steps_ = m.steps;
+  if (mirror_count(layout_) > 0) {
+    mirrors_ = std::move(mirrors);
+    mirrors_valid_ = true;
+  }
   std::fill(dirty_.begin(), dirty_.end(), 0);
   bases_[0] = Base{dir, last};
   bases_[1] = Base{};

@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A sharded embedding with replicas (option replicas) survives lost ranks without a checkpoint:
+ * four ranks push the global batches of embedding_scenario.h; some go (a thread that frees its
+ * communicator, or a process that SIGKILLs itself on shm); the survivors' next push fails, they
+ * shrink and reshard with no checkpoint directory, and the lost rows come from the replicas, in
+ * memory (restored = 0, the step count kept). They push on, lose a rank again (the reshard filled
+ * the new group's replicas), reshard again, and push to the end: every survivor's rows and
+ * optimizer state must then equal, bit for bit, what one process computes from the same batches.
+ * Losing more neighbours than the replicas cover fails with GRADSYNC_E_LOST naming the rows and
+ * changes nothing. A table in files, freed and reopened from its files, refills its replicas at
+ * its first push (the holders could not know the reopened rows otherwise). */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "embedding_scenario.h"
+#include "gradsync/gradsync.h"
+#include "shm_sweep.h"
+
+#define N 4
+#define FIRST 3  /* steps before the first loss */
+#define SECOND 6 /* ... before the second */
+#define LAST 9
+
+typedef struct {
+  int32_t transport;
+  int32_t replicas, optimizer, sharding;
+  int lost_mask;     /* old ranks lost first */
+  int second;        /* the rank of the shrunk group lost next, or -1 */
+  int expect_lost;   /* the first loss is more than the replicas cover */
+  const char* dir;   /* the table in files, freed and reopened before the first loss */
+  const char* label;
+} scenario;
+
+typedef struct {
+  volatile int32_t ready[N], ready2[N];
+  int32_t bad[N], done[N];
+} board;
+
+typedef struct {
+  const scenario* sc;
+  board* b;
+  char name[64];
+  int rank;
+} job;
+
+static snapshot g_second, g_last;
+
+static void pause_ms(long ms) {
+  struct timespec t;
+  t.tv_sec = ms / 1000;
+  t.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&t, NULL);
+}
+
+static void wait_all(volatile int32_t* flags, int n) {
+  int i, waited;
+  for (waited = 0; waited < 120000; ++waited) {
+    int all = 1;
+    for (i = 0; i < n; ++i) all &= __atomic_load_n(&flags[i], __ATOMIC_SEQ_CST) == 1;
+    if (all) return;
+    pause_ms(1);
+  }
+}
+
+static int popcount(int m) {
+  int c = 0;
+  for (; m != 0; m >>= 1) c += m & 1;
+  return c;
+}
+
+/* A lost rank goes once every rank of its group is ready: its process is SIGKILLed on shm, its
+ * communicator freed on threads. */
+static void go(const job* j, gradsync_embedding* t, gradsync_comm* c, volatile int32_t* flags, int n) {
+  wait_all(flags, n);
+  if (j->sc->transport == GRADSYNC_TRANSPORT_SHM) kill(getpid(), SIGKILL);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(c);
+}
+
+/* The push of `step` fails (a rank is gone); the survivors shrink and reshard without a
+ * checkpoint. Returns the shrunk group (NULL when the reshard was expected to fail). */
+static gradsync_comm* recover(gradsync_embedding* t, gradsync_comm* c, int rank, int size, int step, int reopened,
+                              int expect_lost) {
+  static __thread int64_t ids[GLOBAL];
+  static __thread float grads[GLOBAL * DIM];
+  gradsync_comm* shrunk = NULL;
+  int32_t failed[N], restored = -1;
+  int64_t steps = -1;
+  int lo, hi, st;
+  global_batch(step, ids, grads);
+  slice_of(step, rank, size, &lo, &hi);
+  st = gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM);
+  CHECK(st != GRADSYNC_OK);
+  CHECK_STATUS(gradsync_comm_shrink(c, &shrunk, failed, N, NULL), GRADSYNC_OK);
+  if (shrunk == NULL) return NULL;
+  st = gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_KEEP_SHARDING, NULL, NULL, &restored);
+  CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+  CHECK(steps == step - reopened); /* a table reopened from its files counts its pushes anew */
+  if (expect_lost) {
+    CHECK_STATUS_MSG(st, GRADSYNC_E_LOST, "lived only on lost ranks");
+    gradsync_comm_free(shrunk);
+    return NULL;
+  }
+  CHECK_STATUS(st, GRADSYNC_OK);
+  CHECK(restored == 0);
+  return shrunk;
+}
+
+static void* member(void* p) {
+  job* j = (job*)p;
+  const scenario* sc = j->sc;
+  board* b = j->b;
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_embedding_options eo = table_options(sc->optimizer, sc->sharding);
+  gradsync_comm *c = NULL, *shrunk = NULL, *again = NULL;
+  gradsync_embedding* t = NULL;
+  int32_t r = -1;
+  const int left = N - popcount(sc->lost_mask);
+  o.transport = sc->transport;
+  o.rank = j->rank;
+  o.size = N;
+  o.timeout_ms = 30000;
+  snprintf(o.name, sizeof o.name, "%s", j->name);
+  eo.replicas = sc->replicas;
+  CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
+  if (c == NULL) return NULL;
+  CHECK_STATUS(gradsync_embedding_create(&t, c, sc->dir, &eo), GRADSYNC_OK);
+  if (sc->dir != NULL) {
+    /* The first push refills the replicas from every owner; a table reopened from its files
+     * (its rows are no longer the seed's) then needs the same. */
+    train(t, j->rank, N, 0, 1);
+    gradsync_embedding_free(t);
+    t = NULL;
+    CHECK_STATUS(gradsync_embedding_create(&t, c, sc->dir, &eo), GRADSYNC_OK);
+    train(t, j->rank, N, 1, FIRST);
+  } else {
+    train(t, j->rank, N, 0, FIRST);
+  }
+  __atomic_store_n(&b->ready[j->rank], 1, __ATOMIC_SEQ_CST);
+  if (sc->lost_mask & (1 << j->rank)) {
+    go(j, t, c, b->ready, N);
+    return NULL;
+  }
+  shrunk = recover(t, c, j->rank, N, FIRST, sc->dir != NULL, sc->expect_lost);
+  if (shrunk == NULL) goto out;
+  gradsync_comm_rank(shrunk, &r);
+  train(t, r, left, FIRST, SECOND);
+  if (sc->second >= 0) {
+    __atomic_store_n(&b->ready2[r], 1, __ATOMIC_SEQ_CST);
+    if (r == sc->second) {
+      go(j, t, shrunk, b->ready2, left);
+      gradsync_comm_free(c);
+      return NULL;
+    }
+    again = recover(t, shrunk, r, left, SECOND, sc->dir != NULL, 0);
+    if (again == NULL) goto out;
+    gradsync_comm_rank(again, &r);
+    train(t, r, left - 1, SECOND, LAST);
+    b->bad[j->rank] = compare_local(t, &g_last, sc->optimizer, sc->label);
+  } else {
+    b->bad[j->rank] = compare_local(t, &g_second, sc->optimizer, sc->label);
+  }
+  b->done[j->rank] = 1;
+out:
+  gradsync_embedding_free(t);
+  gradsync_comm_free(again);
+  gradsync_comm_free(shrunk);
+  gradsync_comm_free(c);
+  return NULL;
+}
+
+/* Ranks that must reach the end: the survivors of both losses (none when the first is fatal). */
+static int finisher(const scenario* sc, int rank) {
+  int r = 0, i;
+  if (sc->expect_lost || (sc->lost_mask & (1 << rank))) return 0;
+  for (i = 0; i < rank; ++i) r += !(sc->lost_mask & (1 << i));
+  return r != sc->second;
+}
+
+static void run(const scenario* sc, board* b) {
+  job jobs[N];
+  pthread_t threads[N];
+  pid_t pids[N];
+  int i;
+  memset(b, 0, sizeof *b);
+  reference(sc->optimizer, SECOND, 0, &g_second);
+  reference(sc->optimizer, LAST, 0, &g_last);
+  for (i = 0; i < N; ++i) {
+    jobs[i].sc = sc;
+    jobs[i].b = b;
+    jobs[i].rank = i;
+    snprintf(jobs[i].name, sizeof jobs[i].name, "capi-emb-replicas-%ld", (long)getpid());
+  }
+  if (sc->transport == GRADSYNC_TRANSPORT_THREAD) {
+    for (i = 0; i < N; ++i) pthread_create(&threads[i], NULL, member, &jobs[i]);
+    for (i = 0; i < N; ++i) pthread_join(threads[i], NULL);
+  } else {
+    for (i = 0; i < N; ++i) {
+      pids[i] = fork();
+      if (pids[i] == 0) {
+        check_failures = 0; /* the parent's count is not this rank's */
+        member(&jobs[i]);
+        _exit(check_failures == 0 ? 0 : 1);
+      }
+    }
+    for (i = 0; i < N; ++i) {
+      int status = 0;
+      waitpid(pids[i], &status, 0);
+      if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        fprintf(stderr, "%s: rank %d ended with status %#x\n", sc->label, i, (unsigned)status);
+        check_failed();
+      }
+    }
+    CHECK(shm_sweep(jobs[0].name, 0) == 0);
+  }
+  for (i = 0; i < N; ++i) {
+    if (!finisher(sc, i)) continue;
+    if (!b->done[i] || b->bad[i] != 0) {
+      fprintf(stderr, "%s: rank %d %s\n", sc->label, i, b->done[i] ? "differs from one process" : "did not finish");
+      check_failed();
+    }
+  }
+  fprintf(stderr, "%s: ok\n", sc->label);
+}
+
+int main(void) {
+  board* b = mmap(NULL, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  char tmp[] = "/tmp/gradsync-emb-replicas-XXXXXX", dir[300];
+  const int32_t T = GRADSYNC_TRANSPORT_THREAD, S = GRADSYNC_TRANSPORT_SHM;
+  const int32_t ADAM = GRADSYNC_OPTIM_ADAM, ADAGRAD = GRADSYNC_OPTIM_ROW_ADAGRAD, SGD = GRADSYNC_OPTIM_SGD;
+  const int32_t CONT = GRADSYNC_EMBEDDING_CONTIGUOUS, HASH = GRADSYNC_EMBEDDING_HASH;
+  size_t i;
+  if (b == MAP_FAILED || mkdtemp(tmp) == NULL) {
+    CHECK(0 && "no shared board or temporary directory");
+    return check_report("capi:embedding_replicas");
+  }
+  snprintf(dir, sizeof dir, "%s/table", tmp);
+  {
+    const scenario cases[] = {
+        {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, "threads, replicas 1: rank 1 lost, then new rank 1"},
+        {T, 1, ADAGRAD, HASH, 1 << 0, 2, 0, NULL, "threads, replicas 1, hash: rank 0 lost, then new rank 2"},
+        {T, 1, SGD, CONT, (1 << 0) | (1 << 2), -1, 0, NULL, "threads, replicas 1: ranks 0 and 2 lost"},
+        {T, 1, ADAM, CONT, (1 << 1) | (1 << 2), -1, 1, NULL, "threads, replicas 1: neighbours 1 and 2 lost"},
+        {T, 2, ADAM, HASH, (1 << 3) | (1 << 0), 0, 0, NULL, "threads, replicas 2, hash: neighbours 3 and 0 lost"},
+        {T, 1, ADAGRAD, CONT, 1 << 3, 0, 0, dir, "threads, replicas 1, in files reopened: rank 3 lost"},
+        {S, 1, ADAM, CONT, 1 << 2, 0, 0, NULL, "shm, replicas 1: rank 2 SIGKILLed, then new rank 0"},
+        {S, 1, ADAGRAD, HASH, 1 << 0, -1, 0, NULL, "shm, replicas 1, hash: rank 0 SIGKILLed"},
+    };
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) run(&cases[i], b);
+  }
+  munmap(b, sizeof *b);
+  {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+  }
+  return check_report("capi:embedding_replicas");
+}
