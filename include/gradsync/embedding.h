@@ -134,11 +134,10 @@ typedef struct gradsync_embedding_options {
   /* append only */
 } gradsync_embedding_options;
 
-#define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                          \
-  {                                                                                                              \
-    sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0, GRADSYNC_EMBEDDING_CONTIGUOUS, \
-        GRADSYNC_OPTIM_SGD, 0.01, 0.0, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5, 0.9, 0.999,  \
-        0, 0                                                                                                     \
+#define GRADSYNC_EMBEDDING_OPTIONS_INIT                                                                              \
+  {                                                                                                                  \
+    sizeof(gradsync_embedding_options), GRADSYNC_EMBEDDING_OPTIONS_VERSION, 0, 0, GRADSYNC_EMBEDDING_CONTIGUOUS,     \
+        GRADSYNC_OPTIM_SGD, 0.01, 0.0, GRADSYNC_TABLE_INIT_ZEROS, GRADSYNC_UNSET_I32, 0, -0.5, 0.5, 0.9, 0.999, 0, 0 \
   }
 
 /**

@@ -54,6 +54,8 @@ class EmbeddingOptions(ctypes.Structure):
         ("hi", c_double),
         ("beta1", c_double),
         ("beta2", c_double),
+        ("replicas", c_int32),
+        ("reserved0", c_int32),
     ]
 
 
@@ -108,6 +110,10 @@ class ShardedEmbeddingTable(Handle):
     init: "zeros" or "uniform" in [lo, hi] from seed (the same values whatever the sharding).
     threads: owner threads adding this rank's received gradients (the result does not depend on it).
     directory: None (anonymous memory) or where this rank keeps its shard's table files.
+    replicas: k >= 1 keeps each rank's rows and optimizer state also on the next k ranks (in
+    memory), updated by every push, so that reshard after losing up to k neighbouring ranks takes
+    their rows from the replicas without a checkpoint; costs k shards of memory and k more
+    transfers and updates of each owner's batch per push.
     The communicator is borrowed and kept alive by this object; every rank creates its table with
     the same rows, dim, sharding and optimizer.
     """
@@ -115,7 +121,7 @@ class ShardedEmbeddingTable(Handle):
     _free = lib.gradsync_embedding_free
 
     def __init__(self, comm, rows, dim, sharding="contiguous", optimizer="sgd", lr=0.01, eps=None, init="zeros",
-                 seed=0, lo=-0.5, hi=0.5, threads=None, directory=None, betas=(0.9, 0.999)):
+                 seed=0, lo=-0.5, hi=0.5, threads=None, directory=None, betas=(0.9, 0.999), replicas=0):
         opts = EmbeddingOptions()
         check(lib.gradsync_embedding_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.rows, opts.dim = int(rows), int(dim)
@@ -128,6 +134,7 @@ class ShardedEmbeddingTable(Handle):
         opts.seed = int(seed)
         opts.lo, opts.hi = float(lo), float(hi)
         opts.threads = _UNSET_I32 if threads is None else int(threads)
+        opts.replicas = int(replicas)
         out = c_void_p()
         check(lib.gradsync_embedding_create(ctypes.byref(out), comm.ptr, _path(directory), ctypes.byref(opts)))
         super().__init__(out)
@@ -135,7 +142,7 @@ class ShardedEmbeddingTable(Handle):
         self.rows, self.dim = int(rows), int(dim)
         # What a like table on another group needs (gradsync.torch.elastic); lr as set_lr leaves it.
         self._options = dict(sharding=sharding, optimizer=optimizer, lr=float(lr), eps=eps, betas=tuple(betas),
-                             threads=threads, directory=directory)
+                             threads=threads, directory=directory, replicas=int(replicas))
         kind = opts.optimizer
         self.state_width = 2 * self.dim + 1 if kind == EMBEDDING_OPTIMIZERS["adam"] else 1
 
@@ -211,7 +218,8 @@ class ShardedEmbeddingTable(Handle):
         (Communicator.grow, every joiner taking part with a table it made on comm with the members'
         options) or this table's own communicator with another `sharding` ("contiguous", "hash";
         None keeps the rule). When every old rank's rows live on a member, they move in memory,
-        with their optimizer state, bit for bit. When a rank was lost, its rows' live state is
+        with their optimizer state, bit for bit, and so do a lost rank's when a member holds a
+        replica of them (`replicas`). When a rank was lost otherwise, its rows' live state is
         gone: without `checkpoint` this raises E_LOST naming the rows, and nothing changes; with
         the last checkpoint's directory EVERY row and the step count come from it, so the table is
         as of that checkpoint and the caller replays its pushes since (`steps` says from where).

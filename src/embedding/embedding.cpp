@@ -217,8 +217,8 @@ void ShardedTable::set_lr(double lr) {
   options_.lr = static_cast<float>(lr);
 }
 
-int64_t ShardedTable::local_in(const std::vector<int64_t>& owned, const std::vector<Bucket>& buckets,
-                               Sharding sharding, int64_t id) noexcept {
+int64_t ShardedTable::local_in(const std::vector<int64_t>& owned, const std::vector<Bucket>& buckets, Sharding sharding,
+                               int64_t id) noexcept {
   if (sharding == Sharding::Contiguous) return owned.empty() ? 0 : id - owned.front();
   const Bucket& bk = buckets[static_cast<size_t>(id >> kBucketShift)];
   const uint32_t below = (uint32_t{1} << (id & ((int64_t{1} << kBucketShift) - 1))) - 1;

@@ -177,9 +177,7 @@ class ShardedTable {
   void place_files(Storage& fresh, int rank, int ranks) const;
   // Replicas held here under `layout`: min(replicas, ranks - 1). Mirror j - 1 holds the rows of
   // rank (this rank - j) mod ranks.
-  int mirror_count(const Layout& layout) const noexcept {
-    return std::min(options_.replicas, layout.ranks() - 1);
-  }
+  int mirror_count(const Layout& layout) const noexcept { return std::min(options_.replicas, layout.ranks() - 1); }
   // Collective over c: every rank's rows (rank `rank` of `layout`: its `values` and `state`, row
   // after row) copied into the mirrors its next mirror_count ranks hold, built afresh into
   // `mirrors` (this rank's, of the ranks before it), which change only when every row arrived.

@@ -35,10 +35,10 @@
 typedef struct {
   int32_t transport;
   int32_t replicas, optimizer, sharding;
-  int lost_mask;     /* old ranks lost first */
-  int second;        /* the rank of the shrunk group lost next, or -1 */
-  int expect_lost;   /* the first loss is more than the replicas cover */
-  const char* dir;   /* the table in files, freed and reopened before the first loss */
+  int lost_mask;   /* old ranks lost first */
+  int second;      /* the rank of the shrunk group lost next, or -1 */
+  int expect_lost; /* the first loss is more than the replicas cover */
+  const char* dir; /* the table in files, freed and reopened before the first loss */
   const char* label;
 } scenario;
 

@@ -585,3 +585,39 @@ def test_planned_shrink_goes_through_a_fresh_checkpoint(tmp_path):
     values, state = gather_rows(parts)
     assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
     assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
+
+
+def test_replicas_carry_a_lost_ranks_rows_through_a_reshard_without_a_checkpoint():
+    # replicas=1, 4 ranks, Adam: rank 2 goes after step 3; the survivors' reshard with no checkpoint
+    # takes its rows from rank 3's replica, in memory, at the same step, and the table ends
+    # bitwise equal to one process's. A bad replicas count is refused at creation.
+    steps, loss_at = 6, 3
+    ref_values, ref_state = reference("adam", steps)
+    finals = {}
+
+    def member(comm, rank):
+        with pytest.raises(gs.GradsyncError, match=r"replicas must be in \[0, 64\], got 65"):
+            make(comm, optimizer="adam", replicas=65)
+        table = make(comm, optimizer="adam", replicas=1)
+        train(table, rank, 4, loss_at)
+        if rank == 2:
+            table.close()
+            return None
+        ids, grads = global_batch(loss_at)
+        with pytest.raises(gs.GradsyncError):
+            table.push(ids[:0], grads[:0])
+        shrunk, failed, _ = comm.shrink()
+        assert failed == [2]
+        moved, restored = table.reshard(shrunk)
+        assert not restored and table.steps == loss_at
+        train(table, shrunk.rank, 3, steps, loss_at)
+        finals[shrunk.rank] = table.local_state()
+        table.close()
+        shrunk.close()
+        return True
+
+    run_ranks(4, member)
+    assert len(finals) == 3
+    values, state = gather_rows(list(finals.values()))
+    assert np.array_equal(values.view(np.uint32), ref_values.view(np.uint32))
+    assert np.array_equal(state.view(np.uint32), ref_state.view(np.uint32))
