@@ -894,7 +894,7 @@ pub const GRADSYNC_EMBEDDING_CONTIGUOUS: i32 = 0;
 pub const GRADSYNC_EMBEDDING_HASH: i32 = 1;
 pub const GRADSYNC_EMBEDDING_KEEP_SHARDING: i32 = -1;
 
-pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 2;
+pub const GRADSYNC_EMBEDDING_OPTIONS_VERSION: u32 = 3;
 
 /// Options of [`gradsync_embedding_create`] (embedding.h, version 2).
 #[repr(C)]
@@ -915,6 +915,8 @@ pub struct gradsync_embedding_options {
     pub hi: f64,
     pub beta1: f64,
     pub beta2: f64,
+    pub replicas: i32,
+    pub reserved0: i32,
 }
 
 /// GRADSYNC_EMBEDDING_OPTIONS_INIT.
@@ -934,6 +936,8 @@ pub const GRADSYNC_EMBEDDING_OPTIONS_INIT: gradsync_embedding_options = gradsync
     hi: 0.5,
     beta1: 0.9,
     beta2: 0.999,
+    replicas: 0,
+    reserved0: 0,
 };
 
 

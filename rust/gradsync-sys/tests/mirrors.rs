@@ -98,7 +98,7 @@ fn mirrored_layouts() -> Vec<Layout> {
         }
         gradsync_embedding_options {
             struct_size, version, rows, dim, sharding, optimizer, lr, eps, init, threads, seed, lo, hi, beta1,
-            beta2,
+            beta2, replicas, reserved0,
         }
     }
 }

@@ -60,6 +60,10 @@ pub struct EmbeddingOptions {
     pub init: TableInit,
     /// Owner threads adding a rank's received gradients; `None`: 1. The result does not depend on it.
     pub threads: Option<i32>,
+    /// Each rank's rows and optimizer state also live on the next `replicas` ranks, so that
+    /// [`reshard`](ShardedEmbedding::reshard) after losing up to that many neighbours needs no
+    /// checkpoint; default 0.
+    pub replicas: i32,
 }
 
 impl Default for EmbeddingOptions {
@@ -75,6 +79,7 @@ impl Default for EmbeddingOptions {
             betas: (d.beta1, d.beta2),
             init: TableInit::Zeros,
             threads: None,
+            replicas: d.replicas,
         }
     }
 }
@@ -96,6 +101,7 @@ impl EmbeddingOptions {
             raw.hi = hi;
         }
         raw.threads = self.threads.unwrap_or(sys::GRADSYNC_UNSET_I32);
+        raw.replicas = self.replicas;
         raw
     }
 }
