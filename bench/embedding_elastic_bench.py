@@ -13,6 +13,11 @@ restore costs without the reshard around it), and one push on 3 ranks (a step). 
 phase's min / median / max over the runs (each run's slowest rank), the ratios to the baselines,
 and the load average.
 
+With --replicas K the table keeps K replicas of each rank's rows: restore is then the reshard
+without a checkpoint (rank 1's rows from rank 2's replica, in memory), and nothing is replayed; the
+added baseline step_plain is one push of a table without replicas on the same 3 ranks, so that
+step_baseline / step_plain is what the replicas cost a push.
+
   PYTHONPATH=scripts GRADSYNC_LIBRARY=build/libgradsync.so python3 bench/embedding_elastic_bench.py --runs 5
 """
 import argparse
@@ -26,7 +31,7 @@ import uuid
 
 import numpy as np
 
-PHASES = ["detect", "shrink", "restore", "replay", "grow", "reshard", "load_baseline", "step_baseline"]
+PHASES = ["detect", "shrink", "restore", "replay", "grow", "reshard", "load_baseline", "step_baseline", "step_plain"]
 
 
 def now():
@@ -41,9 +46,9 @@ def batch(args, step, rank, size):
     return ids[lo:hi], grads[lo:hi]
 
 
-def make(gs, comm, args):
+def make(gs, comm, args, replicas=None):
     return gs.ShardedEmbeddingTable(comm, args.rows, args.dim, optimizer="row_adagrad", lr=0.05, init="uniform",
-                                    seed=1)
+                                    seed=1, replicas=args.replicas if replicas is None else replicas)
 
 
 def member(args, name, ckpt, rank, board, ready, go_grow):
@@ -71,14 +76,25 @@ def member(args, name, ckpt, rank, board, ready, go_grow):
     shrunk, _, _ = comm.shrink()
     phase("shrink", now() - t)
     t = now()
-    _, restored = table.reshard(shrunk, checkpoint=ckpt)
-    phase("restore", now() - t)
-    assert restored and table.steps == 2
+    if args.replicas:
+        _, restored = table.reshard(shrunk)
+        phase("restore", now() - t)
+        assert not restored and table.steps == 2 + args.replay
+        phase("replay", 0)
+    else:
+        _, restored = table.reshard(shrunk, checkpoint=ckpt)
+        phase("restore", now() - t)
+        assert restored and table.steps == 2
+        t = now()
+        for s in range(2, 2 + args.replay):
+            table.push(*batch(args, s, shrunk.rank, 3))
+        phase("replay", now() - t)
+    unreplicated = make(gs, shrunk, args, replicas=0)
     t = now()
-    for s in range(2, 2 + args.replay):
-        table.push(*batch(args, s, shrunk.rank, 3))
-    phase("replay", now() - t)
-    plain = make(gs, shrunk, args)
+    unreplicated.push(*batch(args, 2 + args.replay, shrunk.rank, 3))
+    phase("step_plain", now() - t)
+    unreplicated.close()
+    plain = make(gs, shrunk, args, replicas=0)
     t = now()
     plain.load(ckpt)
     phase("load_baseline", now() - t)
@@ -153,6 +169,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16384, help="ids per rank and step (4 ranks)")
     ap.add_argument("--replay", type=int, default=2, help="pushes between the checkpoint and the loss")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--replicas", type=int, default=0, help="replicas of each rank's rows (0: restore from the checkpoint)")
     args = ap.parse_args()
     ctx = mp.get_context("fork")
     runs = []
@@ -164,9 +181,10 @@ def main():
     mb = args.rows * (args.dim + 1) * 4 / 1e6
     print(f"sharded embedding recovery, 4 shm ranks, rank 1 SIGKILLed, {args.rows} x {args.dim} row-wise Adagrad "
           f"({mb:.0f} MB of rows and state), {args.batch} ids per rank a step, {args.replay} steps replayed, "
-          f"{args.runs} runs; load average {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
+          f"replicas {args.replicas}, {args.runs} runs; load average {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
     print(f"{'phase':<16}| min ms | median ms | max ms | median / baseline")
-    base = {"restore": "load_baseline", "replay": "step_baseline", "reshard": "load_baseline"}
+    base = {"restore": "load_baseline", "replay": "step_baseline", "reshard": "load_baseline",
+            "step_baseline": "step_plain"}
     for ph in PHASES:
         v = sorted(r[ph] for r in runs)
         ratio = ""

@@ -246,6 +246,27 @@ int main(void) {
     return check_report("capi:embedding_replicas");
   }
   snprintf(dir, sizeof dir, "%s/table", tmp);
+  { /* bad counts, and a field reserved for later versions, are refused at creation */
+    gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+    gradsync_embedding_options eo = table_options(SGD, CONT);
+    gradsync_comm* c = NULL;
+    gradsync_embedding* t = NULL;
+    o.transport = T;
+    o.rank = 0;
+    o.size = 1;
+    snprintf(o.name, sizeof o.name, "capi-emb-replicas-bad-%ld", (long)getpid());
+    CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
+    eo.replicas = -1;
+    CHECK_STATUS_MSG(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_E_INVALID_ARG,
+                     "replicas must be in [0, 64]");
+    eo.replicas = 65;
+    CHECK_STATUS_MSG(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_E_INVALID_ARG, "got 65");
+    eo.replicas = 1;
+    eo.reserved0 = 7;
+    CHECK_STATUS_MSG(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_E_INVALID_ARG, "reserved0 must be 0");
+    CHECK(t == NULL);
+    gradsync_comm_free(c);
+  }
   {
     const scenario cases[] = {
         {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, "threads, replicas 1: rank 1 lost, then new rank 1"},
