@@ -602,6 +602,27 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   mirrors_valid_ = true;
 }
 
+// Owner o's items (per_owner[o] of `width` elements, one run from the start of its send buffer)
+// to each of o + 1 .. o + k; holder h receives mirror j's (owner h - j) after those of its mirrors
+// before it, `incoming` elements in all for holder `me`.
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int k, uint64_t width, uint64_t me,
+                           uint64_t& incoming) {
+  const uint64_t p = per_owner.size();
+  comm::Routes routes(comm::Collective::Alltoall, -1, p);
+  for (uint64_t h = 0; h < p; ++h) {
+    uint64_t at = 0;
+    for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
+      const uint64_t o = (h + p - j) % p;
+      const size_t i = routes.at(o, h);
+      routes.count[i] = per_owner[o] * width;
+      routes.recv_displ[i] = at;
+      at += per_owner[o] * width;
+    }
+    if (h == me) incoming = at;
+  }
+  return routes;
+}
+
 void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const float* values,
                                 const float* state, std::vector<Storage>& mirrors) const {
   const int k = mirror_count(layout);
@@ -610,24 +631,12 @@ void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& l
   fresh.reserve(static_cast<size_t>(k));
   for (int j = 1; j <= k; ++j) fresh.push_back(build((rank - j + p) % p, layout, false, Place::Mirror));
   if (k > 0) {
-    // Row after row, its values then its state; owner o's rows go to o + 1 .. o + k, and holder h
-    // keeps mirror j's after those of its mirrors before it.
+    // Row after row, its values then its state.
     const std::vector<uint64_t> count = layout.counts();
     const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width()), w = d + sw;
-    const auto n = static_cast<uint64_t>(p), me = static_cast<uint64_t>(rank);
-    comm::Routes routes(comm::Collective::Alltoall, -1, n);
+    const auto me = static_cast<uint64_t>(rank);
     uint64_t incoming = 0;
-    for (uint64_t h = 0; h < n; ++h) {
-      uint64_t at = 0;
-      for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
-        const uint64_t o = (h + n - j) % n;
-        const size_t i = routes.at(o, h);
-        routes.count[i] = count[o] * w;
-        routes.recv_displ[i] = at;
-        at += count[o] * w;
-      }
-      if (h == me) incoming = at;
-    }
+    const comm::Routes routes = mirror_routes(count, k, w, me, incoming);
     const uint64_t mine = count[me];
     std::vector<float> send(std::max<uint64_t>(mine * w, 1)), recv(std::max<uint64_t>(incoming, 1));
     for (uint64_t l = 0; l < mine; ++l) {
@@ -676,22 +685,8 @@ const float* ShardedTable::replicate(const Plan& pl, const float* own, const flo
     k_at += n;
     if (s != me) from += n;
   }
-  // Owner o's one batch goes to o + 1 .. o + k; holder h keeps mirror j's at the sum of the
-  // batches of its mirrors before it.
-  comm::Routes routes(comm::Collective::Alltoall, -1, p);
   uint64_t incoming = 0;
-  for (uint64_t h = 0; h < p; ++h) {
-    uint64_t at = 0;
-    for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
-      const uint64_t o = (h + p - j) % p;
-      const size_t i = routes.at(o, h);
-      routes.count[i] = total[o] * width;
-      routes.send_displ[i] = 0;
-      routes.recv_displ[i] = at;
-      at += total[o] * width;
-    }
-    if (h == me) incoming = at;
-  }
+  const comm::Routes routes = mirror_routes(total, k, width, me, incoming);
   float* got = grow(scratch_mirrored_, incoming);
   comm_->exchange(forward, got, routes, DType::F32);
   return got;

@@ -77,6 +77,9 @@ inline constexpr const char* kShardFiles[] = {".params", ".state", ".grad"};
 // Routes of a plan's counts (counts[s * p + d]: items s sends d), each item carrying `width`
 // elements: forward (sources to owners) or back. A rank's part for itself does not travel.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
+// The routes of the replicas' exchanges (embedding.cpp): every owner's items to its k holders.
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int k, uint64_t width, uint64_t me,
+                           uint64_t& incoming);
 
 class ShardedTable {
  public:

@@ -59,6 +59,20 @@ def train(table, rank, size, steps, first=0):
         table.push(ids[lo:hi], grads[lo:hi])
 
 
+def leave_or_shrink(table, comm, rank, lost, step):
+    """Rank `lost` leaves (its table closed here, its communicator as its body returns); the others'
+    push of `step` fails, and they shrink: the survivors' group, or None on the lost rank."""
+    if rank == lost:
+        table.close()
+        return None
+    ids, grads = global_batch(step)
+    with pytest.raises(gs.GradsyncError):
+        table.push(ids[:0], grads[:0])
+    shrunk, failed, _ = comm.shrink()
+    assert failed == [lost]
+    return shrunk
+
+
 def gather_rows(parts):
     values = np.full((ROWS, DIM), np.nan, dtype=np.float32)
     state = np.full((ROWS,) + parts[0][2].shape[1:], np.nan, dtype=np.float32)
@@ -468,14 +482,9 @@ def test_reshard_after_a_loss_restores_from_the_checkpoint_then_grows_back_in_me
         train(table, rank, 4, 2)
         table.save(ckpt)
         train(table, rank, 4, loss_at, 2)
-        if rank == 1:
-            table.close()
+        shrunk = leave_or_shrink(table, comm, rank, 1, loss_at)
+        if shrunk is None:
             return None
-        ids, grads = global_batch(loss_at)
-        with pytest.raises(gs.GradsyncError):
-            table.push(ids[:0], grads[:0])
-        shrunk, failed, _ = comm.shrink()
-        assert failed == [1]
         with pytest.raises(gs.GradsyncError, match=r"old rank 1's rows \[75, 150\)") as lost:
             table.reshard(shrunk)
         assert lost.value.status == -19 and table.steps == loss_at  # GRADSYNC_E_LOST
@@ -600,14 +609,9 @@ def test_replicas_carry_a_lost_ranks_rows_through_a_reshard_without_a_checkpoint
             make(comm, optimizer="adam", replicas=65)
         table = make(comm, optimizer="adam", replicas=1)
         train(table, rank, 4, loss_at)
-        if rank == 2:
-            table.close()
+        shrunk = leave_or_shrink(table, comm, rank, 2, loss_at)
+        if shrunk is None:
             return None
-        ids, grads = global_batch(loss_at)
-        with pytest.raises(gs.GradsyncError):
-            table.push(ids[:0], grads[:0])
-        shrunk, failed, _ = comm.shrink()
-        assert failed == [2]
         moved, restored = table.reshard(shrunk)
         assert not restored and table.steps == loss_at
         train(table, shrunk.rank, 3, steps, loss_at)
