@@ -603,15 +603,15 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
 }
 
 // Owner o's items (per_owner[o] of `width` elements, one run from the start of its send buffer)
-// to each of o + 1 .. o + k; holder h receives mirror j's (owner h - j) after those of its mirrors
-// before it, `incoming` elements in all for holder `me`.
-comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int k, uint64_t width, uint64_t me,
+// to each of o + first .. o + last; holder h receives mirror j's (owner h - j) after those of its
+// mirrors before it, `incoming` elements in all for holder `me`.
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int first, int last, uint64_t width, uint64_t me,
                            uint64_t& incoming) {
   const uint64_t p = per_owner.size();
   comm::Routes routes(comm::Collective::Alltoall, -1, p);
   for (uint64_t h = 0; h < p; ++h) {
     uint64_t at = 0;
-    for (uint64_t j = 1; j <= static_cast<uint64_t>(k); ++j) {
+    for (auto j = static_cast<uint64_t>(first); j <= static_cast<uint64_t>(last); ++j) {
       const uint64_t o = (h + p - j) % p;
       const size_t i = routes.at(o, h);
       routes.count[i] = per_owner[o] * width;
@@ -630,27 +630,16 @@ void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& l
   std::vector<Storage> fresh;
   fresh.reserve(static_cast<size_t>(k));
   for (int j = 1; j <= k; ++j) fresh.push_back(build((rank - j + p) % p, layout, false, Place::Mirror));
-  if (k > 0) {
-    // Row after row, its values then its state.
-    const std::vector<uint64_t> count = layout.counts();
-    const auto d = static_cast<size_t>(options_.dim), sw = static_cast<size_t>(state_width()), w = d + sw;
-    const auto me = static_cast<uint64_t>(rank);
+  // Mirror after mirror, the owners' values and then their states, straight from the owners'
+  // tables into the mirrors' (no staging copy: a refill moves whole shards).
+  const std::vector<uint64_t> count = k > 0 ? layout.counts() : std::vector<uint64_t>{};
+  const auto d = static_cast<uint64_t>(options_.dim), sw = static_cast<uint64_t>(state_width());
+  const auto me = static_cast<uint64_t>(rank);
+  for (int j = 1; j <= k; ++j) {
+    Storage& m = fresh[static_cast<size_t>(j - 1)];
     uint64_t incoming = 0;
-    const comm::Routes routes = mirror_routes(count, k, w, me, incoming);
-    const uint64_t mine = count[me];
-    std::vector<float> send(std::max<uint64_t>(mine * w, 1)), recv(std::max<uint64_t>(incoming, 1));
-    for (uint64_t l = 0; l < mine; ++l) {
-      std::memcpy(&send[l * w], values + l * d, d * sizeof(float));
-      if (sw != 0) std::memcpy(&send[l * w + d], state + l * sw, sw * sizeof(float));
-    }
-    c.exchange(send.data(), recv.data(), routes, DType::F32);
-    const float* at = recv.data();
-    for (Storage& m : fresh) {
-      for (size_t l = 0; l < m.owned.size(); ++l, at += w) {
-        std::memcpy(m.params->row_ptr(static_cast<int64_t>(l)), at, d * sizeof(float));
-        if (sw != 0) std::memcpy(m.state->row_ptr(static_cast<int64_t>(l)), at + d, sw * sizeof(float));
-      }
-    }
+    c.exchange(values, m.params->data(), mirror_routes(count, j, j, d, me, incoming), DType::F32);
+    if (sw != 0) c.exchange(state, m.state->data(), mirror_routes(count, j, j, sw, me, incoming), DType::F32);
   }
   mirrors = std::move(fresh);
 }
@@ -686,7 +675,7 @@ const float* ShardedTable::replicate(const Plan& pl, const float* own, const flo
     if (s != me) from += n;
   }
   uint64_t incoming = 0;
-  const comm::Routes routes = mirror_routes(total, k, width, me, incoming);
+  const comm::Routes routes = mirror_routes(total, 1, k, width, me, incoming);
   float* got = grow(scratch_mirrored_, incoming);
   comm_->exchange(forward, got, routes, DType::F32);
   return got;

@@ -78,7 +78,7 @@ inline constexpr const char* kShardFiles[] = {".params", ".state", ".grad"};
 // elements: forward (sources to owners) or back. A rank's part for itself does not travel.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
 // The routes of the replicas' exchanges (embedding.cpp): every owner's items to its k holders.
-comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int k, uint64_t width, uint64_t me,
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int first, int last, uint64_t width, uint64_t me,
                            uint64_t& incoming);
 
 class ShardedTable {
