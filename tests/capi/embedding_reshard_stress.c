@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Randomized gradsync_embedding_reshard on threads, every result verified. Each episode draws a
- * world of 1 to 5 ranks, a sharding rule, an optimizer (SGD or row-wise Adagrad), the step of a
- * checkpoint and of the change, and one change:
+ * world of 1 to 5 ranks, a sharding rule, an optimizer (SGD, row-wise Adagrad or Adam), a number
+ * of replicas (0 to 2), the step of a checkpoint and of the change, and one change:
  *   - a change of rule in place (the same group, possibly the same rule);
  *   - a grow by 1 or 2 joiners, under a drawn rule;
- *   - the loss of a drawn set of ranks (not all): the survivors' push fails, they shrink, their
- *     reshard without a checkpoint fails on every survivor with GRADSYNC_E_LOST naming each lost
- *     rank's rows and changes nothing (the step count is checked), and with the checkpoint
- *     restores every row as of it, under a drawn rule; they replay the steps since.
+ *   - the loss of a drawn set of ranks (not all): the survivors' push fails and they shrink. When
+ *     the replicas cover the loss (each lost rank has a survivor among the next `replicas` ranks),
+ *     their reshard without a checkpoint moves every row in memory under a drawn rule, at the same
+ *     step. Otherwise it fails on every survivor with GRADSYNC_E_LOST naming each lost rank's rows
+ *     and changes nothing (the step count is checked), and with the checkpoint restores every row
+ *     as of it, under a drawn rule; they replay the steps since.
  * Then two more steps, and every final rank's rows and optimizer state must equal, bit for bit,
  * what one process computes from the same global batches, and the final ranks must own every row
  * between them. Usage: capi_embedding_reshard_stress [episodes [seed]] (default 24, seed 1). */
@@ -31,8 +33,9 @@ enum { K_RULE, K_GROW, K_LOSS, KINDS };
 static const char* const kind_names[KINDS] = {"rule change in place", "grow", "loss and restore"};
 
 typedef struct {
-  int size, joiners, kind, optimizer, rule0, rule1, ckpt_at, change_at;
+  int size, joiners, kind, optimizer, rule0, rule1, ckpt_at, change_at, replicas;
   int lost[MAXP];
+  int covered; /* the replicas hold every lost rank's rows */
   char name[64], join_name[64], dir[160];
   snapshot ref;
   pthread_mutex_t lock;
@@ -76,6 +79,7 @@ static void* member(void* p) {
   gradsync_comm_options o = comm_options(e->name, j->rank, e->size);
   gradsync_embedding_options eo = table_options(e->optimizer, e->rule0);
   gradsync_comm *c = NULL, *next = NULL;
+  eo.replicas = e->replicas;
   gradsync_embedding* t = NULL;
   int32_t restored = -1, failed[MAXP];
   int64_t steps = -1;
@@ -108,6 +112,14 @@ static void* member(void* p) {
       }
       CHECK_STATUS(gradsync_comm_shrink(c, &next, failed, MAXP, NULL), GRADSYNC_OK);
       if (next == NULL) break;
+      if (e->covered) {
+        CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_OK);
+        CHECK(restored == 0);
+        CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+        CHECK(steps == e->change_at);
+        finish(e, t, next);
+        break;
+      }
       CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_E_LOST);
       for (i = 0; i < e->size; ++i) {
         char named[32];
@@ -141,6 +153,7 @@ static void* joiner(void* p) {
   gradsync_comm_options o = comm_options(e->join_name, j->rank, e->joiners);
   gradsync_embedding_options eo = table_options(e->optimizer, e->rule0);
   gradsync_comm* grown = NULL;
+  eo.replicas = e->replicas;
   gradsync_embedding* t = NULL;
   int32_t restored = -1;
   uint64_t moved = 0;
@@ -166,7 +179,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
   static episode e;
   char tmp[] = "/tmp/gradsync-emb-stress-XXXXXX";
-  int n, i, counts[KINDS] = {0, 0, 0}, wrong = 0;
+  int n, i, counts[KINDS] = {0, 0, 0}, wrong = 0, covered = 0;
   if (mkdtemp(tmp) == NULL) {
     CHECK(0 && "no temporary directory");
     return check_report("capi:embedding_reshard_stress");
@@ -181,7 +194,11 @@ int main(int argc, char** argv) {
     e.kind = draw(KINDS);
     if (e.kind == K_LOSS && e.size == 1) e.kind = K_GROW;
     e.joiners = e.kind == K_GROW ? 1 + draw(MAXJ) : 0;
-    e.optimizer = draw(2) ? GRADSYNC_OPTIM_ROW_ADAGRAD : GRADSYNC_OPTIM_SGD;
+    {
+      static const int32_t optimizers[] = {GRADSYNC_OPTIM_SGD, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_OPTIM_ADAM};
+      e.optimizer = optimizers[draw(3)];
+    }
+    e.replicas = draw(3);
     e.rule0 = draw(2);
     e.rule1 = draw(2);
     e.change_at = 1 + draw(3);
@@ -193,6 +210,14 @@ int main(int argc, char** argv) {
         for (i = 0; i < e.size; ++i) survivors += !(e.lost[i] = draw(3) == 0);
       }
     }
+    e.covered = e.kind == K_LOSS;
+    for (i = 0; i < e.size && e.covered; ++i) {
+      const int k = e.replicas < e.size - 1 ? e.replicas : e.size - 1;
+      int d, held = !e.lost[i];
+      for (d = 1; d <= k && !held; ++d) held = !e.lost[(i + d) % e.size];
+      e.covered = held;
+    }
+    covered += e.covered;
     e.rows_owned = 0;
     e.finished = 0;
     snprintf(e.name, sizeof e.name, "emb-stress-%ld-%d", (long)getpid(), n);
@@ -221,14 +246,16 @@ int main(int argc, char** argv) {
     if (check_failures != failures_before) {
       ++wrong;
       fprintf(stderr,
-              "episode %d (seed %llu): %s, %d ranks, %d joiners, rule %d -> %d, optimizer %d, checkpoint at %d, "
-              "change at %d: failed\n",
+              "episode %d (seed %llu): %s, %d ranks, %d joiners, rule %d -> %d, optimizer %d, replicas %d, "
+              "checkpoint at %d, change at %d: failed\n",
               n, (unsigned long long)seed, kind_names[e.kind], e.size, e.joiners, e.rule0, e.rule1, e.optimizer,
-              e.ckpt_at, e.change_at);
+              e.replicas, e.ckpt_at, e.change_at);
     }
   }
-  fprintf(stderr, "capi:embedding_reshard_stress: %d episodes (%d rule changes, %d grows, %d losses), %d wrong\n",
-          episodes, counts[K_RULE], counts[K_GROW], counts[K_LOSS], wrong);
+  fprintf(stderr,
+          "capi:embedding_reshard_stress: %d episodes (%d rule changes, %d grows, %d losses, %d of them carried by "
+          "replicas), %d wrong\n",
+          episodes, counts[K_RULE], counts[K_GROW], counts[K_LOSS], covered, wrong);
   {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
