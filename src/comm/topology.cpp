@@ -102,6 +102,19 @@ Topology topology_from_hosts(const std::vector<int>& rank_host, int my_rank) {
   return t;
 }
 
+std::vector<int> Topology::replica_ring() const {
+  const size_t n = rank_host.size();
+  std::vector<int> local(n, 0), ring(n);
+  std::vector<int> seen(static_cast<size_t>(num_hosts), 0);
+  for (size_t r = 0; r < n; ++r) local[r] = seen[static_cast<size_t>(rank_host[r])]++;
+  for (size_t r = 0; r < n; ++r) ring[r] = static_cast<int>(r);
+  std::stable_sort(ring.begin(), ring.end(), [&](int a, int b) {
+    const auto x = static_cast<size_t>(a), y = static_cast<size_t>(b);
+    return local[x] != local[y] ? local[x] < local[y] : rank_host[x] < rank_host[y];
+  });
+  return ring;
+}
+
 Topology Topology::restricted(const std::vector<int>& members, int my_rank) const {
   // Renumbered by lowest rank, as detection numbers them.
   std::vector<int> renumber(static_cast<size_t>(num_hosts), -1);

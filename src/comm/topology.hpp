@@ -33,6 +33,11 @@ struct Topology {
   // The topology of a subgroup: members[i] is the parent rank of the subgroup's rank i;
   // my_rank is this rank's place in the subgroup. Hosts are renumbered, as detection does.
   Topology restricted(const std::vector<int>& members, int my_rank) const;
+
+  // Every rank once, by local rank and then host: the ring where state is replicated, so that a
+  // rank's successors are on other hosts (on each while the hosts hold as many ranks) and a copy
+  // outlives the loss of its owner's host. On one host, rank order.
+  std::vector<int> replica_ring() const;
 };
 
 // This process's host identity (hostname, boot id, /dev/shm device), or label when not empty.

@@ -130,9 +130,9 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
   adopt(build(comm_->rank(), layout_, true));
   // The mirrors start as their owners' shards do when created, from the seed. In files some owner
   // may have reopened its shard instead, which its holders cannot know: the first push refills them.
-  const int p = layout_.ranks();
+  ring_ = Ring::of(comm);
   for (int j = 1; j <= mirror_count(layout_); ++j)
-    mirrors_.push_back(build((rank_ - j + p) % p, layout_, true, Place::Mirror));
+    mirrors_.push_back(build(ring_.behind(rank_, j), layout_, true, Place::Mirror));
   mirrors_valid_ = options_.dir.empty();
 }
 
@@ -519,7 +519,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   const uint64_t p = pl.ranks, me = static_cast<uint64_t>(comm_->rank());
   if (pl.refill) {
     std::vector<Storage> fresh;
-    fill_mirrors(*comm_, rank_, layout_, params_->data(), state_ != nullptr ? state_->data() : nullptr, fresh);
+    fill_mirrors(*comm_, rank_, layout_, ring_, params_->data(), state_ != nullptr ? state_->data() : nullptr, fresh);
     mirrors_ = std::move(fresh);
     mirrors_valid_ = true;
   }
@@ -586,7 +586,7 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   accum_->apply(*params_, opt, state_.get());
   // Mirror j took owner (me - j)'s batch as one add_batch: the sequence the owner's calls form.
   for (size_t j = 0; j < mirrors_.size(); ++j) {
-    const uint64_t o = (me + p - (j + 1)) % p;
+    const auto o = static_cast<uint64_t>(ring_.behind(rank_, static_cast<int>(j) + 1));
     uint64_t c = 0;
     for (uint64_t s2 = 0; s2 < p; ++s2) c += pl.at(s2, o);
     if (c != 0) {
@@ -602,17 +602,26 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   mirrors_valid_ = true;
 }
 
-// Owner o's items (per_owner[o] of `width` elements, one run from the start of its send buffer)
-// to each of o + first .. o + last; holder h receives mirror j's (owner h - j) after those of its
-// mirrors before it, `incoming` elements in all for holder `me`.
-comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int first, int last, uint64_t width, uint64_t me,
-                           uint64_t& incoming) {
+Ring Ring::of(const comm::Communicator& c) {
+  Ring r;
+  r.order = c.topology().replica_ring();
+  if (r.order.size() != static_cast<size_t>(c.size())) {  // no topology: rank order
+    r.order.resize(static_cast<size_t>(c.size()));
+    for (size_t i = 0; i < r.order.size(); ++i) r.order[i] = static_cast<int>(i);
+  }
+  r.pos.assign(r.order.size(), 0);
+  for (size_t i = 0; i < r.order.size(); ++i) r.pos[static_cast<size_t>(r.order[i])] = static_cast<int>(i);
+  return r;
+}
+
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, const Ring& ring, int first, int last,
+                           uint64_t width, uint64_t me, uint64_t& incoming) {
   const uint64_t p = per_owner.size();
   comm::Routes routes(comm::Collective::Alltoall, -1, p);
   for (uint64_t h = 0; h < p; ++h) {
     uint64_t at = 0;
-    for (auto j = static_cast<uint64_t>(first); j <= static_cast<uint64_t>(last); ++j) {
-      const uint64_t o = (h + p - j) % p;
+    for (int j = first; j <= last; ++j) {
+      const auto o = static_cast<uint64_t>(ring.behind(static_cast<int>(h), j));
       const size_t i = routes.at(o, h);
       routes.count[i] = per_owner[o] * width;
       routes.recv_displ[i] = at;
@@ -623,13 +632,12 @@ comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int first, in
   return routes;
 }
 
-void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const float* values,
-                                const float* state, std::vector<Storage>& mirrors) const {
+void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const Ring& ring,
+                                const float* values, const float* state, std::vector<Storage>& mirrors) const {
   const int k = mirror_count(layout);
-  const int p = layout.ranks();
   std::vector<Storage> fresh;
   fresh.reserve(static_cast<size_t>(k));
-  for (int j = 1; j <= k; ++j) fresh.push_back(build((rank - j + p) % p, layout, false, Place::Mirror));
+  for (int j = 1; j <= k; ++j) fresh.push_back(build(ring.behind(rank, j), layout, false, Place::Mirror));
   // Mirror after mirror, the owners' values and then their states, straight from the owners'
   // tables into the mirrors' (no staging copy: a refill moves whole shards).
   const std::vector<uint64_t> count = k > 0 ? layout.counts() : std::vector<uint64_t>{};
@@ -638,8 +646,8 @@ void ShardedTable::fill_mirrors(comm::Communicator& c, int rank, const Layout& l
   for (int j = 1; j <= k; ++j) {
     Storage& m = fresh[static_cast<size_t>(j - 1)];
     uint64_t incoming = 0;
-    c.exchange(values, m.params->data(), mirror_routes(count, j, j, d, me, incoming), DType::F32);
-    if (sw != 0) c.exchange(state, m.state->data(), mirror_routes(count, j, j, sw, me, incoming), DType::F32);
+    c.exchange(values, m.params->data(), mirror_routes(count, ring, j, j, d, me, incoming), DType::F32);
+    if (sw != 0) c.exchange(state, m.state->data(), mirror_routes(count, ring, j, j, sw, me, incoming), DType::F32);
   }
   mirrors = std::move(fresh);
 }
@@ -675,7 +683,7 @@ const float* ShardedTable::replicate(const Plan& pl, const float* own, const flo
     if (s != me) from += n;
   }
   uint64_t incoming = 0;
-  const comm::Routes routes = mirror_routes(total, 1, k, width, me, incoming);
+  const comm::Routes routes = mirror_routes(total, ring_, 1, k, width, me, incoming);
   float* got = grow(scratch_mirrored_, incoming);
   comm_->exchange(forward, got, routes, DType::F32);
   return got;

@@ -77,9 +77,33 @@ inline constexpr const char* kShardFiles[] = {".params", ".state", ".grad"};
 // Routes of a plan's counts (counts[s * p + d]: items s sends d), each item carrying `width`
 // elements: forward (sources to owners) or back. A rank's part for itself does not travel.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
-// The routes of the replicas' exchanges (embedding.cpp): every owner's items to its k holders.
-comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, int first, int last, uint64_t width, uint64_t me,
-                           uint64_t& incoming);
+// Where replicas live: the group's ranks in the order of its topology's replica_ring (on one host,
+// rank order). Rank r's j-th replica is on ahead(r, j); the j-th mirror rank h holds is
+// behind(h, j)'s rows.
+struct Ring {
+  std::vector<int> order, pos;  // pos[order[i]] == i
+  static Ring of(const comm::Communicator& c);
+  int ahead(int r, int j) const noexcept { return at(pos[static_cast<size_t>(r)] + j); }
+  int behind(int r, int j) const noexcept { return at(pos[static_cast<size_t>(r)] - j); }
+  // j such that behind(h, j) == o.
+  int distance(int h, int o) const noexcept {
+    const auto n = static_cast<int>(order.size());
+    return ((pos[static_cast<size_t>(h)] - pos[static_cast<size_t>(o)]) % n + n) % n;
+  }
+
+ private:
+  int at(int i) const noexcept {
+    const auto n = static_cast<int>(order.size());
+    return order[static_cast<size_t>((i % n + n) % n)];
+  }
+};
+
+// The routes of the replicas' exchanges (embedding.cpp): every owner's items (per_owner[o] of
+// `width` elements, one run from the start of its send buffer) to its holders at distances first
+// .. last on the ring; a holder receives them mirror after mirror, `incoming` elements in all for
+// holder `me`.
+comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, const Ring& ring, int first, int last,
+                           uint64_t width, uint64_t me, uint64_t& incoming);
 
 class ShardedTable {
  public:
@@ -179,13 +203,13 @@ class ShardedTable {
   // `ranks` (a name that cannot be renamed stays the shard's, with a warning).
   void place_files(Storage& fresh, int rank, int ranks) const;
   // Replicas held here under `layout`: min(replicas, ranks - 1). Mirror j - 1 holds the rows of
-  // rank (this rank - j) mod ranks.
+  // ring_.behind(this rank, j).
   int mirror_count(const Layout& layout) const noexcept { return std::min(options_.replicas, layout.ranks() - 1); }
   // Collective over c: every rank's rows (rank `rank` of `layout`: its `values` and `state`, row
-  // after row) copied into the mirrors its next mirror_count ranks hold, built afresh into
-  // `mirrors` (this rank's, of the ranks before it), which change only when every row arrived.
-  void fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const float* values, const float* state,
-                    std::vector<Storage>& mirrors) const;
+  // after row) copied into the mirrors the next mirror_count ranks of `ring` hold, built afresh
+  // into `mirrors` (this rank's, of the ranks behind it), which change only when every row arrived.
+  void fill_mirrors(comm::Communicator& c, int rank, const Layout& layout, const Ring& ring, const float* values,
+                    const float* state, std::vector<Storage>& mirrors) const;
 
   comm::Communicator* comm_;
   int rank_;  // in comm_, kept so that a reshard need not ask a communicator that may be gone
@@ -220,6 +244,7 @@ class ShardedTable {
   // refills them, and when a push failed between the owners' update and theirs.
   std::vector<Storage> mirrors_;
   bool mirrors_valid_ = false;
+  Ring ring_;  // of comm_, kept as layout_ is
   int64_t steps_ = 0;
   // Per local row, bit k: pushed since bases_[k], the checkpoint this table last saved or loaded (0)
   // and the one it saved before that, in another directory (1); an incremental save into a base's

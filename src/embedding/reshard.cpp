@@ -15,6 +15,7 @@
 #include "comm/types.hpp"
 #include "common/durable.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/log.hpp"
 #include "embedding/checkpoint.hpp"
 #include "embedding/embedding.hpp"
@@ -59,6 +60,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     kHasDir,
     kReplicas,
     kMirrorsValid,
+    kRing,
     kHead
   };
   const size_t width = kHead + n;
@@ -77,6 +79,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   mine[kHasDir] = checkpoint.empty() ? 0 : 1;
   mine[kReplicas] = options_.replicas;
   mine[kMirrorsValid] = mirrors_valid_ ? 1 : 0;
+  mine[kRing] = static_cast<int64_t>(fnv1a64(ring_.order.data(), ring_.order.size() * sizeof(int), 0));
   for (int64_t g : owned_) ++mine[kHead + static_cast<size_t>(fresh_layout.owner(g))];
   if (np > 1) next.allgather(nullptr, all.data(), all.size(), DType::I64);
   auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * width + w]; };
@@ -138,31 +141,38 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
                word(r, kSteps), held_by, word(held_by, kSteps));
   }
   const int64_t steps = word(held_by, kSteps);
-  // A lost rank's rows live on in a mirror when one of the next `replicas` old ranks survived with
-  // valid mirrors at the members' common step: that member supplies them (supplier[j]: its mirror
-  // of old rank j, 1 the rank just before it), and nothing is lost.
+  // A lost rank's rows live on in a mirror when one of the `replicas` old ranks after it on the
+  // old group's ring survived with valid mirrors at the members' common step: that member supplies
+  // them (supplier[j]: its mirror of old rank j, 1 the rank just behind it), and nothing is lost.
+  // Only members know the old ring, which they hold alike (the same group made it).
   const int old_k = std::min(static_cast<int>(word(held_by, kReplicas)), old_size - 1);
   std::vector<int> supplier(static_cast<size_t>(old_size), 0);
   const std::vector<int> members = holder;  // the old ranks that are members (holder gains the lost ones')
-  bool mirrored = !lost.empty() && same_steps;
+  bool eligible = !lost.empty() && same_steps && old_k > 0;
+  for (int r = 0; r < np && eligible; ++r) eligible = !is_joiner(r) && word(r, kRing) == word(held_by, kRing);
+  std::vector<std::string> uncovered;  // the lost rows no surviving replica holds
+  std::vector<int> supplied_by = holder;
   for (int j : report.lost_old_ranks) {
-    if (!mirrored) break;
+    if (!eligible) break;
     int i = 1;
     while (i <= old_k) {
-      const int h = members[static_cast<size_t>((j + i) % old_size)];
+      const int h = members[static_cast<size_t>(ring_.ahead(j, i))];
       if (h >= 0 && word(h, kMirrorsValid) == 1) break;
       ++i;
     }
     if (i > old_k) {
-      mirrored = false;
-      break;
+      uncovered.push_back(rows_of(old_layout, j));
+      continue;
     }
     supplier[static_cast<size_t>(j)] = i;
-    holder[static_cast<size_t>(j)] = members[static_cast<size_t>((j + i) % old_size)];
+    supplied_by[static_cast<size_t>(j)] = members[static_cast<size_t>(ring_.ahead(j, i))];
   }
-  if (mirrored) {
+  if (eligible && uncovered.empty()) {
     lost.clear();
+    holder = supplied_by;
     report.from_mirrors = true;
+  } else if (eligible) {
+    lost = uncovered;
   }
 
   // The new shard, filled before anything of the table changes: a failure leaves it as it was.
@@ -185,9 +195,9 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     // The lost rows' live state is gone, and the survivors' rows are ahead of any copy of them:
     // one consistent table exists only as of the last checkpoint, so every row comes from there.
     GS_REQUIRE(!checkpoint.empty(), GRADSYNC_E_LOST,
-               "reshard: {} lived only on lost ranks; nothing was changed: pass the directory of the last checkpoint "
-               "to restore every row from it (then replay the pushes since)",
-               fmt::join(lost, ", "));
+               "reshard: {} lived only on lost ranks{}; nothing was changed: pass the directory of the last "
+               "checkpoint to restore every row from it (then replay the pushes since)",
+               fmt::join(lost, ", "), old_k > 0 ? fmt::format(" (replicas = {})", old_k) : std::string());
     checkpoint::Shape shape;
     shape.rows = options_.rows;
     shape.dim = options_.dim;
@@ -232,7 +242,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       if (o == rank_) {
         k = local_of(g);
       } else {
-        const Storage& m = mirrors_[static_cast<size_t>((rank_ - o + old_size) % old_size - 1)];
+        const Storage& m = mirrors_[static_cast<size_t>(ring_.distance(rank_, o) - 1)];
         k = local_in(m.owned, m.buckets, old_layout.sharding(), g);
         values = m.params.get();
         states = m.state.get();
@@ -385,8 +395,9 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   }
   // The new layout's mirrors, from the new shards, before anything is renamed or adopted.
   std::vector<Storage> mirrors;
-  fill_mirrors(next, me, fresh_layout, fresh.params->data(), fresh.state != nullptr ? fresh.state->data() : nullptr,
-               mirrors);
+  const Ring fresh_ring = Ring::of(next);
+  fill_mirrors(next, me, fresh_layout, fresh_ring, fresh.params->data(),
+               fresh.state != nullptr ? fresh.state->data() : nullptr, mirrors);
   // Files: written back on every rank before any takes its new names.
   const Outcome written = capture([&] {
     if (!files) return;
@@ -434,6 +445,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   adopt(std::move(fresh));
   mirrors_ = std::move(mirrors);
   mirrors_valid_ = true;
+  ring_ = fresh_ring;
   return report;
 }
 

@@ -153,8 +153,8 @@ void ShardedTable::load(const std::string& dir) {
   // The mirrors take the loaded rows before the shard does, so that a failure changes nothing.
   std::vector<Storage> mirrors;
   if (mirror_count(layout_) > 0)
-    fill_mirrors(*comm_, rank_, layout_, staged.values.get(), staged.state.empty() ? nullptr : staged.state.data(),
-                 mirrors);
+    fill_mirrors(*comm_, rank_, layout_, ring_, staged.values.get(),
+                 staged.state.empty() ? nullptr : staged.state.data(), mirrors);
   if (local > 0) {
     std::memcpy(params_->data(), staged.values.get(), local * d * 4);
     if (!staged.state.empty()) std::memcpy(state_->data(), staged.state.data(), staged.state.size() * 4);

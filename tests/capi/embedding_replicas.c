@@ -39,6 +39,7 @@ typedef struct {
   int second;      /* the rank of the shrunk group lost next, or -1 */
   int expect_lost; /* the first loss is more than the replicas cover */
   const char* dir; /* the table in files, freed and reopened before the first loss */
+  int two_hosts;   /* ranks 0, 1 labelled host "ha", 2, 3 "hb": the replicas go to the other host */
   const char* label;
 } scenario;
 
@@ -132,6 +133,7 @@ static void* member(void* p) {
   o.size = N;
   o.timeout_ms = 30000;
   snprintf(o.name, sizeof o.name, "%s", j->name);
+  if (sc->two_hosts) snprintf(o.host, sizeof o.host, "%s", j->rank < 2 ? "ha" : "hb");
   eo.replicas = sc->replicas;
   CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
   if (c == NULL) return NULL;
@@ -269,14 +271,19 @@ int main(void) {
   }
   {
     const scenario cases[] = {
-        {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, "threads, replicas 1: rank 1 lost, then new rank 1"},
-        {T, 1, ADAGRAD, HASH, 1 << 0, 2, 0, NULL, "threads, replicas 1, hash: rank 0 lost, then new rank 2"},
-        {T, 1, SGD, CONT, (1 << 0) | (1 << 2), -1, 0, NULL, "threads, replicas 1: ranks 0 and 2 lost"},
-        {T, 1, ADAM, CONT, (1 << 1) | (1 << 2), -1, 1, NULL, "threads, replicas 1: neighbours 1 and 2 lost"},
-        {T, 2, ADAM, HASH, (1 << 3) | (1 << 0), 0, 0, NULL, "threads, replicas 2, hash: neighbours 3 and 0 lost"},
-        {T, 1, ADAGRAD, CONT, 1 << 3, 0, 0, dir, "threads, replicas 1, in files reopened: rank 3 lost"},
-        {S, 1, ADAM, CONT, 1 << 2, 0, 0, NULL, "shm, replicas 1: rank 2 SIGKILLed, then new rank 0"},
-        {S, 1, ADAGRAD, HASH, 1 << 0, -1, 0, NULL, "shm, replicas 1, hash: rank 0 SIGKILLed"},
+        {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, 0, "threads, replicas 1: rank 1 lost, then new rank 1"},
+        {T, 1, ADAGRAD, HASH, 1 << 0, 2, 0, NULL, 0, "threads, replicas 1, hash: rank 0 lost, then new rank 2"},
+        {T, 1, SGD, CONT, (1 << 0) | (1 << 2), -1, 0, NULL, 0, "threads, replicas 1: ranks 0 and 2 lost"},
+        {T, 1, ADAM, CONT, (1 << 1) | (1 << 2), -1, 1, NULL, 0, "threads, replicas 1: neighbours 1 and 2 lost"},
+        {T, 2, ADAM, HASH, (1 << 3) | (1 << 0), 0, 0, NULL, 0, "threads, replicas 2, hash: neighbours 3 and 0 lost"},
+        {T, 1, ADAGRAD, CONT, 1 << 3, 0, 0, dir, 0, "threads, replicas 1, in files reopened: rank 3 lost"},
+        {S, 1, ADAM, CONT, 1 << 2, 0, 0, NULL, 0, "shm, replicas 1: rank 2 SIGKILLed, then new rank 0"},
+        {S, 1, ADAGRAD, HASH, 1 << 0, -1, 0, NULL, 0, "shm, replicas 1, hash: rank 0 SIGKILLed"},
+        /* The replica ring interleaves the hosts (0, 2, 1, 3): each rank's replica is on the other
+         * host, so losing a whole host loses nothing, where rank order would lose rank 2's rows. */
+        {T, 1, ADAM, HASH, (1 << 2) | (1 << 3), -1, 0, NULL, 1,
+         "threads on 2 labelled hosts, replicas 1: host hb lost"},
+        {T, 1, SGD, CONT, (1 << 0) | (1 << 1), 0, 0, NULL, 1, "threads on 2 labelled hosts, replicas 1: host ha lost"},
     };
     for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) run(&cases[i], b);
   }
