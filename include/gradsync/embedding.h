@@ -65,18 +65,20 @@
  * version, sizes, checksums, ids sorted, in range, each present once): a damaged or hostile file
  * gives GRADSYNC_E_CORRUPT on every rank, never a crash, and leaves the table as it was.
  *
- * Replicas (option replicas = k). Rank r's rows and their optimizer state also live on ranks r+1 ..
- * r+k (mod the group's size; k is capped at size - 1), in this process's memory (also for a table
- * in files). Each push sends every owner's batch (the ids it adds, in its order, and their
- * gradients) on to the k ranks that hold its replicas before anyone applies it, and each applies it
- * as the owner does, so that a replica equals its owner's rows bit for bit after every push, and a
- * push that fails leaves both as they were. gradsync_embedding_reshard after losing ranks then takes
- * a lost rank's rows from a surviving replica, in memory, without a checkpoint: losing up to k
- * ranks that were neighbours, or any number of which no k + 1 were neighbours, loses nothing.
- * Costs: k shards of memory per rank (values, optimizer state and gradient accumulator), and per
- * push k more transfers of each owner's batch (ids and gradients) and k more optimizer updates of
- * it. A table in files refills its replicas from the owners at its first push (an owner may have
- * reopened its rows); so do load and reshard (a reshard fills the new group's replicas).
+ * Replicas (option replicas = k). Rank r's rows and their optimizer state also live on the k ranks
+ * after r on the group's replica ring (k is capped at size - 1), in this process's memory (also for
+ * a table in files). The ring orders the ranks by local rank, then host (gradsync_comm_topology):
+ * on one host it is rank order; on hosts that hold as many ranks each, a rank's next k ranks are on
+ * other hosts (k < the number of hosts), so a replica outlives its owner's host. Each push sends every owner's batch
+ * (the ids it adds, in its order, and their gradients) on to the k ranks that hold its replicas before anyone applies
+ * it, and each applies it as the owner does, so that a replica equals its owner's rows bit for bit after every push,
+ * and a push that fails leaves both as they were. gradsync_embedding_reshard after losing ranks then takes a lost
+ * rank's rows from a surviving replica, in memory, without a checkpoint: losing up to k ranks that were neighbours on
+ * the ring, or any number of which no k + 1 were, loses nothing (with one replica on two or more even hosts: a whole
+ * host). Costs: k shards of memory per rank (values, optimizer state and gradient accumulator), and per push k more
+ * transfers of each owner's batch (ids and gradients) and k more optimizer updates of it. A table in files refills its
+ * replicas from the owners at its first push (an owner may have reopened its rows); so do load and reshard (a reshard
+ * fills the new group's replicas).
  *
  * Thread safety: one thread at a time per handle; the table holds its communicator for the
  * duration of each collective call (a call on the communicator from another thread meanwhile gets
@@ -315,7 +317,7 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  * "Determinism"). checkpoint_dir is then not read.
  *
  * After a lost rank (a member of the old group that is not in new_comm) with replicas (option
- * replicas): when one of the next `replicas` old ranks is a member, holds a valid replica (no push
+ * replicas): when one of the `replicas` old ranks after it on the ring is a member, holds a valid replica (no push
  * failed on it after the owners applied) and every member is at the same step, that member sends
  * the lost rank's rows and state from its replica, and the reshard is in memory as above (nothing
  * to replay; restored = 0; checkpoint_dir is not read).

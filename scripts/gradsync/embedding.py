@@ -110,10 +110,11 @@ class ShardedEmbeddingTable(Handle):
     init: "zeros" or "uniform" in [lo, hi] from seed (the same values whatever the sharding).
     threads: owner threads adding this rank's received gradients (the result does not depend on it).
     directory: None (anonymous memory) or where this rank keeps its shard's table files.
-    replicas: k >= 1 keeps each rank's rows and optimizer state also on the next k ranks (in
-    memory), updated by every push, so that reshard after losing up to k neighbouring ranks takes
-    their rows from the replicas without a checkpoint; costs k shards of memory and k more
-    transfers and updates of each owner's batch per push.
+    replicas: k >= 1 keeps each rank's rows and optimizer state also on the next k ranks of the
+    group's replica ring (local rank, then host: on other hosts where it can; in memory), updated
+    by every push, so that reshard after losing up to k neighbouring ranks of the ring (with one
+    replica on even hosts, a whole host) takes their rows from the replicas without a checkpoint;
+    costs k shards of memory and k more transfers and updates of each owner's batch per push.
     The communicator is borrowed and kept alive by this object; every rank creates its table with
     the same rows, dim, sharding and optimizer.
     """

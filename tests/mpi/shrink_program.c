@@ -21,6 +21,14 @@
  *   loop      every rank runs allreduces until one fails, saying "looping" once under way; a host
  *             is killed from outside; then every survivor shrinks, the survivors (all on one host)
  *             into a shared-memory group, and checks its collectives.
+ *   embedding every rank pushes into a sharded embedding table (row-wise Adagrad, hash rule) with
+ *             one replica of each rank's rows (on the replica ring: on the other host); after step
+ *             5 and a barrier it says "looping", and ranks 2 and 3 (h1) SIGKILL themselves, their
+ *             host then killed from outside; the survivors' next push fails, they shrink (into a
+ *             shared-memory group on h0) and reshard without a checkpoint, which must take h1's
+ *             rows from the replicas at the failed push's step; they push 2 more steps and must
+ *             hold, bit for bit, the rows one process computes (tests/capi's scenario); "verified
+ *             N" then counts the rows checked.
  * Every survivor prints "rank R: shrunk ..." with its new place, the failed ranks and the phases'
  * times, "rank R: verified N" after checking N collectives, and "rank R: done"; a failure prints
  * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id).
@@ -38,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../capi/embedding_scenario.h"
 #include "gradsync/gradsync.h"
 
 static int me = -1;
@@ -263,6 +272,59 @@ int main(int argc, char** argv) {
       if (survive(&c, alive, &n, 0) != GRADSYNC_OK) return 1;
       printf("rank %d: round %d lost rank %d (how %d)\n", me, round, who, how);
     }
+  } else if (strcmp(mode, "embedding") == 0) {
+    static snapshot ref;
+    static int64_t ids[GLOBAL];
+    static float grads[GLOBAL * DIM];
+    gradsync_embedding_options eo = table_options(GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_EMBEDDING_HASH);
+    gradsync_embedding* table = NULL;
+    int32_t r = -1, restored = -1;
+    int64_t steps = -1, local = 0;
+    int lo, hi, step;
+    eo.replicas = 1;
+    if ((rc = gradsync_embedding_create(&table, c, NULL, &eo)) != GRADSYNC_OK) {
+      say("create", rc);
+      return 1;
+    }
+    for (step = 0;; ++step) {
+      t = now_us();
+      global_batch(step, ids, grads);
+      slice_of(step, me, n, &lo, &hi);
+      rc = gradsync_embedding_push(table, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM);
+      if (rc != GRADSYNC_OK) break;
+      /* h1's ranks go between two pushes, once every rank is past step 5's transfers (a death
+       * inside MPI's blocking transfer ends the job instead: the loop mode's kill covers that). */
+      if (step == 5) {
+        if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) break;
+        printf("rank %d: looping\n", me);
+        fflush(stdout);
+        if (me >= 2) die_now();
+      }
+    }
+    say("call", rc);
+    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+    if ((rc = gradsync_embedding_reshard(table, c, GRADSYNC_EMBEDDING_KEEP_SHARDING, NULL, NULL, &restored)) !=
+        GRADSYNC_OK) {
+      say("reshard", rc);
+      return 1;
+    }
+    gradsync_embedding_steps(table, &steps);
+    if (restored != 0 || steps != step) {
+      printf("rank %d: WRONG reshard: restored %d, at step %lld, the failed push was step %d\n", me, (int)restored,
+             (long long)steps, step);
+      return 1;
+    }
+    gradsync_comm_rank(c, &r);
+    train(table, r, n, step, step + 2);
+    reference(GRADSYNC_OPTIM_ROW_ADAGRAD, step + 2, 0, &ref);
+    if (check_failures != 0 || compare_local(table, &ref, GRADSYNC_OPTIM_ROW_ADAGRAD, "after the host loss") != 0) {
+      printf("rank %d: WRONG rows after the host loss and the reshard from replicas\n", me);
+      return 1;
+    }
+    gradsync_embedding_shape(table, NULL, NULL, &local);
+    printf("rank %d: verified %lld on %d ranks\n", me, (long long)local, n);
+    fflush(stdout);
+    gradsync_embedding_free(table);
   } else if (strcmp(mode, "loop") == 0) {
     for (i = 0;; ++i) {
       t = now_us();

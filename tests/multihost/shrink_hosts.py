@@ -4,7 +4,7 @@
 mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
-                    [--seeds N] --what rank|small|large|transfer|host|stress -- PROGRAM
+                    [--seeds N] [--mode loop|embedding] --what rank|small|large|transfer|host|stress -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
@@ -21,7 +21,10 @@ PROGRAM is tests/mpi/mpi_shrink_program.
   with --pid-namespaces by their liveness links to h1's ranks (run with a timeout longer than the
   bound, so that waiting it out fails). They agree that ranks 2 and 3 are lost and, both on h0, form a shared-memory
   group (never MPI_Comm_create_group, which does not return once a host's daemon is lost), check
-  every collective on it and finish; the job must end within the bound.
+  every collective on it and finish; the job must end within the bound. With --mode embedding the
+  ranks push into a sharded embedding table with one replica of each rank's rows instead, and
+  after the shrink its reshard must take h1's rows from their replicas on h0 (no checkpoint) and
+  the survivors' rows must then be bitwise one process's ("verified" counts them).
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -63,7 +66,7 @@ def launch(args, program, what, seed=0):
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT", "-x", "SHRINK_TIMEOUT_MS"]
             if what == "host":
-                job = h.start(program + ["loop"], mpirun_args=mpirun_args, env=env)
+                job = h.start(program + [args.mode], mpirun_args=mpirun_args, env=env)
                 if not job.wait_for(r"rank \d: looping", count=4, timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(1)
@@ -188,6 +191,8 @@ def main():
     ap.add_argument("--pid-namespaces", action="store_true",
                     help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
     ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
+    ap.add_argument("--mode", choices=("loop", "embedding"), default="loop",
+                    help="host: what the ranks run until h1 is lost (PROGRAM's mode)")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program

@@ -60,7 +60,8 @@ pub struct EmbeddingOptions {
     pub init: TableInit,
     /// Owner threads adding a rank's received gradients; `None`: 1. The result does not depend on it.
     pub threads: Option<i32>,
-    /// Each rank's rows and optimizer state also live on the next `replicas` ranks, so that
+    /// Each rank's rows and optimizer state also live on the next `replicas` ranks of the group's
+    /// replica ring (local rank, then host: on other hosts where it can), so that
     /// [`reshard`](ShardedEmbedding::reshard) after losing up to that many neighbours needs no
     /// checkpoint; default 0.
     pub replicas: i32,
