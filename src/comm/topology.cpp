@@ -15,6 +15,7 @@
 #include <functional>
 
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
 
@@ -102,18 +103,28 @@ Topology topology_from_hosts(const std::vector<int>& rank_host, int my_rank) {
   return t;
 }
 
-std::vector<int> Topology::replica_ring() const {
-  const size_t n = rank_host.size();
-  std::vector<int> local(n, 0), ring(n);
-  std::vector<int> seen(static_cast<size_t>(num_hosts), 0);
-  for (size_t r = 0; r < n; ++r) local[r] = seen[static_cast<size_t>(rank_host[r])]++;
-  for (size_t r = 0; r < n; ++r) ring[r] = static_cast<int>(r);
-  std::stable_sort(ring.begin(), ring.end(), [&](int a, int b) {
-    const auto x = static_cast<size_t>(a), y = static_cast<size_t>(b);
-    return local[x] != local[y] ? local[x] < local[y] : rank_host[x] < rank_host[y];
-  });
-  return ring;
+ReplicaRing::ReplicaRing(const Topology& topology, int size) : order_(static_cast<size_t>(size)) {
+  const auto n = static_cast<size_t>(size);
+  for (size_t r = 0; r < n; ++r) order_[r] = static_cast<int>(r);
+  if (topology.rank_host.size() == n) {
+    const std::vector<int>& host = topology.rank_host;
+    std::vector<int> local(n, 0), seen(static_cast<size_t>(topology.num_hosts), 0);
+    for (size_t r = 0; r < n; ++r) local[r] = seen[static_cast<size_t>(host[r])]++;
+    std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
+      const auto x = static_cast<size_t>(a), y = static_cast<size_t>(b);
+      return local[x] != local[y] ? local[x] < local[y] : host[x] < host[y];
+    });
+  }
+  pos_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) pos_[static_cast<size_t>(order_[i])] = static_cast<int>(i);
 }
+
+int ReplicaRing::distance(int h, int o) const noexcept {
+  const auto n = static_cast<int>(order_.size());
+  return ((pos_[static_cast<size_t>(h)] - pos_[static_cast<size_t>(o)]) % n + n) % n;
+}
+
+uint64_t ReplicaRing::fingerprint() const noexcept { return fnv1a64(order_.data(), order_.size() * sizeof(int), 0); }
 
 Topology Topology::restricted(const std::vector<int>& members, int my_rank) const {
   // Renumbered by lowest rank, as detection numbers them.

@@ -33,11 +33,30 @@ struct Topology {
   // The topology of a subgroup: members[i] is the parent rank of the subgroup's rank i;
   // my_rank is this rank's place in the subgroup. Hosts are renumbered, as detection does.
   Topology restricted(const std::vector<int>& members, int my_rank) const;
+};
 
-  // Every rank once, by local rank and then host: the ring where state is replicated, so that a
-  // rank's successors are on other hosts (on each while the hosts hold as many ranks) and a copy
-  // outlives the loss of its owner's host. On one host, rank order.
-  std::vector<int> replica_ring() const;
+// Where replicated state lives (a ZeRO slice's replicas, an embedding shard's): every rank once,
+// by local rank and then host, so that a rank's next ranks are on other hosts (on each of them
+// while the hosts hold as many ranks) and a copy outlives its owner's host. On one host (or with
+// no topology) it is rank order. Rank r's j-th copy is on ahead(r, j); the j-th copy rank h keeps
+// is behind(h, j)'s.
+class ReplicaRing {
+ public:
+  ReplicaRing() = default;
+  ReplicaRing(const Topology& topology, int size);
+  int ahead(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] + j); }
+  int behind(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] - j); }
+  // j in [0, size) such that behind(h, j) == o.
+  int distance(int h, int o) const noexcept;
+  // Equal on ranks that hold the same ring.
+  uint64_t fingerprint() const noexcept;
+
+ private:
+  int at(int i) const noexcept {
+    const auto n = static_cast<int>(order_.size());
+    return order_[static_cast<size_t>((i % n + n) % n)];
+  }
+  std::vector<int> order_, pos_;  // pos_[order_[i]] == i
 };
 
 // This process's host identity (hostname, boot id, /dev/shm device), or label when not empty.

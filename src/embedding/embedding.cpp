@@ -130,7 +130,7 @@ ShardedTable::ShardedTable(comm::Communicator& comm, const Options& options)
   adopt(build(comm_->rank(), layout_, true));
   // The mirrors start as their owners' shards do when created, from the seed. In files some owner
   // may have reopened its shard instead, which its holders cannot know: the first push refills them.
-  ring_ = Ring::of(comm);
+  ring_ = Ring(comm.topology(), comm.size());
   for (int j = 1; j <= mirror_count(layout_); ++j)
     mirrors_.push_back(build(ring_.behind(rank_, j), layout_, true, Place::Mirror));
   mirrors_valid_ = options_.dir.empty();
@@ -600,18 +600,6 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   }
   ++steps_;
   mirrors_valid_ = true;
-}
-
-Ring Ring::of(const comm::Communicator& c) {
-  Ring r;
-  r.order = c.topology().replica_ring();
-  if (r.order.size() != static_cast<size_t>(c.size())) {  // no topology: rank order
-    r.order.resize(static_cast<size_t>(c.size()));
-    for (size_t i = 0; i < r.order.size(); ++i) r.order[i] = static_cast<int>(i);
-  }
-  r.pos.assign(r.order.size(), 0);
-  for (size_t i = 0; i < r.order.size(); ++i) r.pos[static_cast<size_t>(r.order[i])] = static_cast<int>(i);
-  return r;
 }
 
 comm::Routes mirror_routes(const std::vector<uint64_t>& per_owner, const Ring& ring, int first, int last,

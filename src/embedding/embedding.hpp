@@ -77,26 +77,7 @@ inline constexpr const char* kShardFiles[] = {".params", ".state", ".grad"};
 // Routes of a plan's counts (counts[s * p + d]: items s sends d), each item carrying `width`
 // elements: forward (sources to owners) or back. A rank's part for itself does not travel.
 comm::Routes routes_of(const std::vector<uint64_t>& counts, uint64_t p, uint64_t width, bool back);
-// Where replicas live: the group's ranks in the order of its topology's replica_ring (on one host,
-// rank order). Rank r's j-th replica is on ahead(r, j); the j-th mirror rank h holds is
-// behind(h, j)'s rows.
-struct Ring {
-  std::vector<int> order, pos;  // pos[order[i]] == i
-  static Ring of(const comm::Communicator& c);
-  int ahead(int r, int j) const noexcept { return at(pos[static_cast<size_t>(r)] + j); }
-  int behind(int r, int j) const noexcept { return at(pos[static_cast<size_t>(r)] - j); }
-  // j such that behind(h, j) == o.
-  int distance(int h, int o) const noexcept {
-    const auto n = static_cast<int>(order.size());
-    return ((pos[static_cast<size_t>(h)] - pos[static_cast<size_t>(o)]) % n + n) % n;
-  }
-
- private:
-  int at(int i) const noexcept {
-    const auto n = static_cast<int>(order.size());
-    return order[static_cast<size_t>((i % n + n) % n)];
-  }
-};
+using Ring = comm::ReplicaRing;
 
 // The routes of the replicas' exchanges (embedding.cpp): every owner's items (per_owner[o] of
 // `width` elements, one run from the start of its send buffer) to its holders at distances first

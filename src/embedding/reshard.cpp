@@ -15,7 +15,6 @@
 #include "comm/types.hpp"
 #include "common/durable.hpp"
 #include "common/error.hpp"
-#include "common/fnv.hpp"
 #include "common/log.hpp"
 #include "embedding/checkpoint.hpp"
 #include "embedding/embedding.hpp"
@@ -79,7 +78,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   mine[kHasDir] = checkpoint.empty() ? 0 : 1;
   mine[kReplicas] = options_.replicas;
   mine[kMirrorsValid] = mirrors_valid_ ? 1 : 0;
-  mine[kRing] = static_cast<int64_t>(fnv1a64(ring_.order.data(), ring_.order.size() * sizeof(int), 0));
+  mine[kRing] = static_cast<int64_t>(ring_.fingerprint());
   for (int64_t g : owned_) ++mine[kHead + static_cast<size_t>(fresh_layout.owner(g))];
   if (np > 1) next.allgather(nullptr, all.data(), all.size(), DType::I64);
   auto word = [&](int r, size_t w) { return all[static_cast<size_t>(r) * width + w]; };
@@ -395,7 +394,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   }
   // The new layout's mirrors, from the new shards, before anything is renamed or adopted.
   std::vector<Storage> mirrors;
-  const Ring fresh_ring = Ring::of(next);
+  const Ring fresh_ring(next.topology(), next.size());
   fill_mirrors(next, me, fresh_layout, fresh_ring, fresh.params->data(),
                fresh.state != nullptr ? fresh.state->data() : nullptr, mirrors);
   // Files: written back on every rank before any takes its new names.
