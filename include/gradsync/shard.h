@@ -74,9 +74,11 @@ typedef struct gradsync_shard_options {
   double clamp_max;       /**< upper bound when clamp is 1 (>= clamp_min) */
   double clip_norm;  /**< > 0: scale the gradient by clip_norm/‖g‖ when its global L2 norm exceeds it; 0: off */
   int32_t replicas;  /**< version 3: each rank's slice (weights and optimizer state) also lives on the next
-                          `replicas` ranks, in [0, 64]; default 0. gradsync_shard_reshard after losing up to
-                          that many ranks then loses nothing. Costs `replicas` slices of memory per rank
-                          and, each step, an exchange of `replicas` gradient slices */
+                          `replicas` ranks of the replica ring (ranks by local rank, then host: on one host
+                          rank order; across even hosts each next rank on another host), in [0, 64];
+                          default 0. gradsync_shard_reshard after losing up to that many neighbours on the
+                          ring (with 1 across even hosts: a whole host) then loses nothing. Costs `replicas` slices of
+                        memory per rank  and, each step, an exchange of `replicas` gradient slices */
   int32_t reserved0; /**< 0 */
   /* append only */
 } gradsync_shard_options;
@@ -282,10 +284,10 @@ GRADSYNC_API int gradsync_shard_gather(gradsync_shard* shard, float* weights, si
  * Every member's slice is recomputed for new_comm's size (the partition rule), and what moves goes
  * among the survivors in all-to-all-v exchanges, one per array kept (weights, each optimizer
  * state, of the slice and of each replica), straight into it. The slices of lost ranks come from their replicas
- * (option replicas): losing up to `replicas` ranks that were neighbours, or any number that were
- * not, loses nothing, and the weights and optimizer state continue bit for bit from the last
- * completed step. A slice that lived only on lost ranks fails every member with GRADSYNC_E_LOST
- * naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_restore). On
+ * (option replicas): losing up to `replicas` ranks that were neighbours on the replica ring, or
+ * any number that were not (one replica across even hosts: a whole host), loses nothing, and the weights and optimizer
+ * state continue bit for bit from the last completed step. A slice that lived only on lost ranks fails every member
+ * with GRADSYNC_E_LOST naming its range, and nothing changes (restore from a checkpoint: gradsync_shard_restore). On
  * success the shard runs on new_comm (which must outlive it) and its parts are new_comm's.
  * The step that failed may have been applied everywhere before the loss showed (its gather failed)
  * and may have left the caller's weights half gathered: continue from gradsync_shard_updates, and

@@ -119,6 +119,20 @@ ReplicaRing::ReplicaRing(const Topology& topology, int size) : order_(static_cas
   for (size_t i = 0; i < n; ++i) pos_[static_cast<size_t>(order_[i])] = static_cast<int>(i);
 }
 
+ReplicaRing ReplicaRing::of_order(const std::vector<int64_t>& order) {
+  ReplicaRing ring;
+  const size_t n = order.size();
+  ring.pos_.assign(n, -1);
+  ring.order_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    GS_REQUIRE(order[i] >= 0 && static_cast<size_t>(order[i]) < n && ring.pos_[static_cast<size_t>(order[i])] < 0,
+               GRADSYNC_E_MISMATCH, "a replica ring of {} ranks that is not a permutation of them", n);
+    ring.order_[i] = static_cast<int>(order[i]);
+    ring.pos_[static_cast<size_t>(order[i])] = static_cast<int>(i);
+  }
+  return ring;
+}
+
 int ReplicaRing::distance(int h, int o) const noexcept {
   const auto n = static_cast<int>(order_.size());
   return ((pos_[static_cast<size_t>(h)] - pos_[static_cast<size_t>(o)]) % n + n) % n;

@@ -44,6 +44,9 @@ class ReplicaRing {
  public:
   ReplicaRing() = default;
   ReplicaRing(const Topology& topology, int size);
+  // The ring of another rank's order() (a permutation of [0, size)); throws E_MISMATCH otherwise.
+  static ReplicaRing of_order(const std::vector<int64_t>& order);
+  const std::vector<int>& order() const noexcept { return order_; }
   int ahead(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] + j); }
   int behind(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] - j); }
   // j in [0, size) such that behind(h, j) == o.

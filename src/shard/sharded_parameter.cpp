@@ -107,7 +107,12 @@ void validate(const Options& o) {
 }
 
 ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, const Options& options)
-    : comm_(&comm), total_(total), options_(options), rank_(comm.rank()), size_(comm.size()) {
+    : comm_(&comm),
+      total_(total),
+      options_(options),
+      rank_(comm.rank()),
+      size_(comm.size()),
+      ring_(comm.topology(), comm.size()) {
   GS_REQUIRE(total > 0, GRADSYNC_E_INVALID_ARG, "total parameter count is 0");
   GS_REQUIRE(total <= (uint64_t{1} << 60) / static_cast<uint64_t>(size_), GRADSYNC_E_INVALID_ARG,
              "total parameter count {} is too large", total);
@@ -123,7 +128,7 @@ ShardedParameter::ShardedParameter(comm::Communicator& comm, uint64_t total, con
   if (options_.compress != codec::Codec::None && options_.error_feedback) residual_.assign(total, 0.0f);
   replicas_.resize(static_cast<size_t>(replica_count()));
   for (int j = 1; j <= replica_count(); ++j) {
-    const size_t n = part_of((rank_ - j + size_) % size_).len;
+    const size_t n = part_of(ring_.behind(rank_, j)).len;
     Replica& r = replicas_[static_cast<size_t>(j - 1)];
     r.weights.assign(n, 0.0f);
     r.grad.assign(n, 0.0f);
@@ -265,7 +270,7 @@ void ShardedParameter::adopt(const float* weights, const float* state1, const fl
   take(state2, part_, state2_);
   for (int j = 1; j <= replica_count(); ++j) {
     Replica& r = replicas_[static_cast<size_t>(j - 1)];
-    const Part owner = part_of((rank_ - j + size_) % size_);
+    const Part owner = part_of(ring_.behind(rank_, j));
     take(weights, owner, r.weights);
     take(state1, owner, r.state1);
     take(state2, owner, r.state2);
@@ -456,13 +461,14 @@ void ShardedParameter::replicate_gradient() {
   const int k = replica_count();
   if (k == 0) return;
   const auto n = static_cast<uint64_t>(size_);
-  // Every rank knows every rank's routes (rank s sends its slice to s+1..s+k, each keeping them in
-  // that order): the exchange needs no round to agree on them (its own round checks they match).
+  // Every rank knows every rank's routes (rank s sends its slice to the k ranks ahead of it on the
+  // ring, each keeping them in that order): the exchange needs no round to agree on them (its own
+  // round checks they match).
   comm::Routes routes(comm::Collective::Alltoall, -1, n);
   for (int d = 0; d < size_; ++d) {
     uint64_t at = 0;
     for (int j = 1; j <= k; ++j) {
-      const int s = (d - j + size_) % size_;
+      const int s = ring_.behind(d, j);
       const size_t route = routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(d));
       routes.count[route] = part_of(s).len;
       routes.recv_displ[route] = at;
@@ -473,7 +479,7 @@ void ShardedParameter::replicate_gradient() {
   // Taken only once the exchange succeeded on every rank (the round is decided for all): a failed
   // one leaves every replica as it was, at the owners' last completed step.
   for (int j = 1; j <= k; ++j) {
-    const int from = (rank_ - j + size_) % size_;
+    const int from = ring_.behind(rank_, j);
     const size_t route = routes.at(static_cast<uint64_t>(from), static_cast<uint64_t>(rank_));
     std::copy_n(replica_recv_.begin() + static_cast<std::ptrdiff_t>(routes.recv_displ[route]), routes.count[route],
                 replicas_[static_cast<size_t>(j - 1)].grad.begin());
@@ -588,7 +594,7 @@ void ShardedParameter::step(const float* gradient, size_t gradient_count, uint64
 namespace {
 // One stretch of elements that moves in a reshard: [start, start + len) of the flat parameter,
 // from old slice `slice` (held by member src) to member dst, into the range dst keeps as its
-// `range`-th (0: its new slice, j: its replica of new rank dst - j).
+// `range`-th (0: its new slice, j: its replica of the new ring's behind(dst, j)).
 struct Piece {
   int src, dst, range, slice;
   uint64_t start, len;
@@ -596,15 +602,16 @@ struct Piece {
 }  // namespace
 
 ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& next) {
-  enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kOnNext, kWords };
+  enum : size_t { kOldRank, kOldSize, kTotal, kConfig, kUpdates, kReady, kOnNext, kRing, kWords };
   const int np = next.size(), me = next.rank();
   const auto n = static_cast<size_t>(np);
   // A joiner of a grown group: made on next and never initialised. It holds no old rank, and
   // takes the old group's size and step from the members.
   const bool joiner = comm_ == &next && !initialised_;
-  const int64_t mine[kWords] = {joiner ? -1 : rank_,   joiner ? 0 : size_,     static_cast<int64_t>(total_),
-                                config_word(),         joiner ? -1 : updates_, initialised_ ? 1 : 0,
-                                comm_ == &next ? 1 : 0};
+  const int64_t mine[kWords] = {joiner ? -1 : rank_,          joiner ? 0 : size_,
+                                static_cast<int64_t>(total_), config_word(),
+                                joiner ? -1 : updates_,       initialised_ ? 1 : 0,
+                                comm_ == &next ? 1 : 0,       static_cast<int64_t>(ring_.fingerprint())};
   std::vector<int64_t> all(kWords * n);
   if (np == 1)
     std::copy_n(mine, kWords, all.begin());
@@ -663,6 +670,9 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
                word(r, kUpdates), joiner ? held_by : me, updates_);
     GS_REQUIRE(word(r, kOldRank) >= 0 && word(r, kOldRank) < size_, GRADSYNC_E_MISMATCH,
                "reshard: member {} was rank {} of a group of {}", r, word(r, kOldRank), size_);
+    GS_REQUIRE(word(r, kRing) == word(held_by, kRing), GRADSYNC_E_MISMATCH,
+               "reshard: members {} and {} placed their replicas on different rings (different old groups)", r,
+               held_by);
     for (int q = 0; q < r; ++q) {
       GS_REQUIRE(is_joiner(q) || word(q, kOldRank) != word(r, kOldRank), GRADSYNC_E_MISMATCH,
                  "reshard: members {} and {} both held old rank {}", q, r, word(r, kOldRank));
@@ -677,12 +687,25 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
     if (!is_joiner(r)) source[static_cast<size_t>(old_rank_of(r))] = r;
   }
   ReshardReport report;
+  // Where the lost slices' replicas are: on the old group's ring, which only members hold; joiners
+  // get it from the first member when they need it (every rank sees the same words, so all or none
+  // take part in the broadcast).
+  bool joiners = false, gaps = false;
+  for (int r = 0; r < np; ++r) joiners = joiners || is_joiner(r);
+  for (int j = 0; j < size_; ++j) gaps = gaps || source[static_cast<size_t>(j)] < 0;
+  comm::ReplicaRing old_ring = ring_;
+  if (joiners && gaps) {
+    std::vector<int64_t> order(static_cast<size_t>(size_), 0);
+    if (me == held_by) std::copy(ring_.order().begin(), ring_.order().end(), order.begin());
+    next.broadcast(order.data(), order.size(), DType::I64, held_by);
+    old_ring = comm::ReplicaRing::of_order(order);
+  }
   for (int j = 0; j < size_; ++j) {
     if (source[static_cast<size_t>(j)] >= 0) continue;
     report.lost_old_ranks.push_back(j);
     for (int r = 0; r < np && source[static_cast<size_t>(j)] < 0; ++r) {
       if (is_joiner(r)) continue;
-      const int behind = (old_rank_of(r) - j + size_) % size_;
+      const int behind = old_ring.distance(old_rank_of(r), j);
       if (behind >= 1 && behind <= old_k) source[static_cast<size_t>(j)] = r;
     }
   }
@@ -702,7 +725,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   // What every member keeps in the new group, and where each stretch of it comes from.
   const int new_k = std::min(options_.replicas, np - 1);
   auto new_part = [&](int r) { return partition(total_, n, static_cast<uint64_t>(r)); };
-  auto kept = [&](int d, int range) { return new_part((d - range + np) % np); };
+  const comm::ReplicaRing next_ring(next.topology(), np);
+  auto kept = [&](int d, int range) { return new_part(next_ring.behind(d, range)); };
   std::vector<Piece> pieces;
   for (int d = 0; d < np; ++d) {
     for (int range = 0; range <= new_k; ++range) {
@@ -769,7 +793,7 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   const size_t send_total = send_len[static_cast<size_t>(me)];
   // The arrays of old slice j here: this rank's own, or its replica of j.
   auto held = [&](int j, size_t a) -> const float* {
-    const int behind = (rank_ - j + size_) % size_;
+    const int behind = ring_.distance(rank_, j);
     if (behind == 0) return a == 0 ? weights_.data() : a == 1 ? state1_.data() : state2_.data();
     const Replica& r = replicas_[static_cast<size_t>(behind - 1)];
     return a == 0 ? r.weights.data() : a == 1 ? r.state1.data() : r.state2.data();
@@ -848,6 +872,7 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   comm_ = &next;
   rank_ = me;
   size_ = np;
+  ring_ = next_ring;
   part_ = part_of(rank_);
   auto take = [&](int range, size_t a) { return std::move(fresh[static_cast<size_t>(range) * f + a]); };
   weights_ = take(0, 0);

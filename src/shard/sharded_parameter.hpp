@@ -182,6 +182,7 @@ class ShardedParameter {
   uint64_t total_;
   Options options_;
   int rank_, size_;
+  comm::ReplicaRing ring_;  // where the replicas live (comm/topology.hpp), of comm_, as rank_ and size_
   Part part_;
 
   SliceVector weights_;             // this rank's slice
@@ -193,7 +194,7 @@ class ShardedParameter {
   std::vector<uint16_t> wire_out_;  // compressed: the encoded gradient, N halves (own part unused)
   std::vector<uint16_t> wire_in_;   // compressed: every rank's encoded copy of this rank's part
   std::vector<Header> headers_;
-  // Replica j (1..replica_count()) holds rank (rank - j) mod P's slice: weights, state1, state2
+  // Replica j (1..replica_count()) holds ring_.behind(rank, j)'s slice: weights, state1, state2
   // (each that slice's length), and the aggregated gradient that rank sent for its next update.
   struct Replica {
     SliceVector weights, state1, state2;

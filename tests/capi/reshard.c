@@ -7,7 +7,9 @@
  * nothing; two neighbours lost with replicas = 1 fail alike, with replicas = 2 they do not. Five
  * ranks with replicas = 3 that lose ranks 0 and 3: old rank 4 then holds old slices 0 and 4, which
  * are not neighbours, so a range that spans both arrives through a receive buffer rather than in
- * place. */
+ * place. On two labelled hosts (0, 1 on "ha", 2, 3 on "hb") the replicas go round the replica ring
+ * 0, 2, 1, 3, each on the other host: losing the whole of hb with replicas = 1 loses nothing (in
+ * rank order, rank 2's slice would have had its only replica on rank 3). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -40,6 +42,7 @@ typedef struct {
   int expect_lost; /* the survivors' reshard fails with GRADSYNC_E_LOST */
   const char* name;
   float* final_weights; /* rank 0's (or the first survivor's) weights after STEPS */
+  int two_hosts;        /* the first half of the ranks labelled host "ha", the rest "hb" */
 } job;
 
 static int goes(const job* j) { return j->rank == j->lost[0] || j->rank == j->lost[1]; }
@@ -56,6 +59,7 @@ static void* member(void* p) {
   copts.size = j->size;
   copts.timeout_ms = 20000;
   snprintf(copts.name, sizeof copts.name, "%s", j->name);
+  if (j->two_hosts) snprintf(copts.host, sizeof copts.host, "%s", j->rank < j->size / 2 ? "ha" : "hb");
   sopts.optimizer = GRADSYNC_OPTIM_ADAM;
   sopts.lr = 0.01;
   sopts.replicas = j->replicas;
@@ -105,8 +109,8 @@ static void* member(void* p) {
   return NULL;
 }
 
-static void run_sized(const char* name, int size, int replicas, int lost0, int lost1, int expect_lost,
-                      float* final_weights) {
+static void run_hosts(const char* name, int size, int replicas, int lost0, int lost1, int expect_lost,
+                      float* final_weights, int two_hosts) {
   pthread_t t[N];
   job jobs[N];
   int i;
@@ -119,9 +123,15 @@ static void run_sized(const char* name, int size, int replicas, int lost0, int l
     jobs[i].expect_lost = expect_lost;
     jobs[i].name = name;
     jobs[i].final_weights = final_weights;
+    jobs[i].two_hosts = two_hosts;
     pthread_create(&t[i], NULL, member, &jobs[i]);
   }
   for (i = 0; i < size; ++i) pthread_join(t[i], NULL);
+}
+
+static void run_sized(const char* name, int size, int replicas, int lost0, int lost1, int expect_lost,
+                      float* final_weights) {
+  run_hosts(name, size, replicas, lost0, lost1, expect_lost, final_weights, 0);
 }
 
 static void run(const char* name, int replicas, int lost0, int lost1, int expect_lost, float* final_weights) {
@@ -156,6 +166,12 @@ int main(void) {
   differ = 0;
   for (i = 0; i < TOTAL; ++i) differ += memcmp(&got[i], &g_reference[i], sizeof(float)) != 0;
   if (differ != 0) fprintf(stderr, "5 ranks, replicas=3, ranks 0 and 3 lost: %d weights differ\n", differ);
+  CHECK(differ == 0);
+  memset(got, 0xff, sizeof got);
+  run_hosts("capi-reshard-r1-host", 4, 1, 2, 3, 0, got, 1);
+  differ = 0;
+  for (i = 0; i < TOTAL; ++i) differ += memcmp(&got[i], &g_reference[i], sizeof(float)) != 0;
+  if (differ != 0) fprintf(stderr, "2 hosts, replicas=1, host hb lost: %d weights differ\n", differ);
   CHECK(differ == 0);
   return check_report("capi:reshard");
 }
