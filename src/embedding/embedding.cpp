@@ -584,7 +584,8 @@ void ShardedTable::push(const int64_t* ids, size_t n, const float* grads, size_t
   opt.beta1 = options_.beta1;
   opt.beta2 = options_.beta2;
   accum_->apply(*params_, opt, state_.get());
-  // Mirror j took owner (me - j)'s batch as one add_batch: the sequence the owner's calls form.
+  // Mirror j took the batch of ring_.behind(rank, j) as one add_batch: the sequence its owner's
+  // calls form.
   for (size_t j = 0; j < mirrors_.size(); ++j) {
     const auto o = static_cast<uint64_t>(ring_.behind(rank_, static_cast<int>(j) + 1));
     uint64_t c = 0;

@@ -40,8 +40,9 @@ struct Options {
   int threads = 1;
   uint64_t seed = 0;
   float lo = -0.5f, hi = 0.5f;
-  // Each rank's rows and their optimizer state also live on the next `replicas` ranks (capped at
-  // the group's size - 1), so that a reshard after losing them needs no checkpoint.
+  // Each rank's rows and their optimizer state also live on the next `replicas` ranks of the
+  // replica ring (capped at the group's size - 1), so that a reshard after losing them needs no
+  // checkpoint.
   int replicas = 0;
   std::string dir;  // empty: anonymous memory
 };

@@ -142,8 +142,9 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   const int64_t steps = word(held_by, kSteps);
   // A lost rank's rows live on in a mirror when one of the `replicas` old ranks after it on the
   // old group's ring survived with valid mirrors at the members' common step: that member supplies
-  // them (supplier[j]: its mirror of old rank j, 1 the rank just behind it), and nothing is lost.
-  // Only members know the old ring, which they hold alike (the same group made it).
+  // them from its mirror supplier[j] (1 when old rank j was just behind it on the ring), and
+  // nothing is lost. Only members know the old ring, which they hold alike (the same group made
+  // it): with joiners, as without replicas, a loss goes to the checkpoint.
   const int old_k = std::min(static_cast<int>(word(held_by, kReplicas)), old_size - 1);
   std::vector<int> supplier(static_cast<size_t>(old_size), 0);
   const std::vector<int> members = holder;  // the old ranks that are members (holder gains the lost ones')
