@@ -155,17 +155,20 @@ static int compare_local(gradsync_embedding* t, const snapshot* ref, int32_t opt
   return bad;
 }
 
-/* Pushes steps [from, to) of the global batches, this rank's slice of each. */
-static void train(gradsync_embedding* t, int rank, int size, int from, int to) {
+/* Pushes step s of the global batches, this rank's slice of it; returns the push's status. */
+static inline int push_step(gradsync_embedding* t, int rank, int size, int s) {
   static __thread int64_t ids[GLOBAL];
   static __thread float grads[GLOBAL * DIM];
-  int s, lo, hi;
-  for (s = from; s < to; ++s) {
-    global_batch(s, ids, grads);
-    slice_of(s, rank, size, &lo, &hi);
-    CHECK_STATUS(gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM),
-                 GRADSYNC_OK);
-  }
+  int lo, hi;
+  global_batch(s, ids, grads);
+  slice_of(s, rank, size, &lo, &hi);
+  return gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM);
+}
+
+/* Pushes steps [from, to) of the global batches, this rank's slice of each. */
+static inline void train(gradsync_embedding* t, int rank, int size, int from, int to) {
+  int s;
+  for (s = from; s < to; ++s) CHECK_STATUS(push_step(t, rank, size, s), GRADSYNC_OK);
 }
 
 #endif
