@@ -16,7 +16,10 @@ and the load average.
 With --replicas K the table keeps K replicas of each rank's rows: restore is then the reshard
 without a checkpoint (rank 1's rows from rank 2's replica, in memory), and nothing is replayed; the
 added baseline step_plain is one push (its second) of a table without replicas on the same 3
-ranks, so that step_baseline / step_plain is what the replicas cost a push.
+ranks, so that step_baseline / step_plain is what the replicas cost a push; and each run is paired
+with one without replicas (restore from the checkpoint, then replay), run right after it, whose
+phases are printed too, with each pair's ratios of the whole recovery (restore + replay) and of
+the grow back.
 
   PYTHONPATH=scripts GRADSYNC_LIBRARY=build/libgradsync.so python3 bench/embedding_elastic_bench.py --runs 5
 """
@@ -175,21 +178,38 @@ def main():
     ctx = mp.get_context("fork")
     runs = []
     load = []
+    plain_args = argparse.Namespace(**{**vars(args), "replicas": 0})
+    paired = []  # the run without replicas beside each run with them
     with tempfile.TemporaryDirectory(prefix="gradsync-emb-elastic-bench-") as tmp:
         for _ in range(args.runs):
             load.append(os.getloadavg()[0])
             runs.append(run_once(args, ctx, tmp))
+            if args.replicas:
+                paired.append(run_once(plain_args, ctx, tmp))
     mb = args.rows * (args.dim + 1) * 4 / 1e6
     print(f"sharded embedding recovery, 4 shm ranks, rank 1 SIGKILLed, {args.rows} x {args.dim} row-wise Adagrad "
           f"({mb:.0f} MB of rows and state), {args.batch} ids per rank a step, {args.replay} steps replayed, "
           f"replicas {args.replicas}, {args.runs} runs; load average {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
-    print(f"{'phase':<16}| min ms | median ms | max ms | median / baseline")
+    table(f"replicas {args.replicas}", runs)
+    if paired:
+        table("replicas 0, the paired runs", paired)
+
+        def ratios(f):
+            v = sorted(f(a) / f(b) for a, b in zip(runs, paired))
+            return f"{v[0]:.2f} / {statistics.median(v):.2f} / {v[-1]:.2f}"
+
+        print(f"with / without replicas, each pair, min / median / max: recovery (restore + replay) "
+              f"{ratios(lambda r: r['restore'] + r['replay'])}; grow back (reshard) {ratios(lambda r: r['reshard'])}")
+
+
+def table(title, runs):
+    print(f"{title}\n{'phase':<16}| min ms | median ms | max ms | median / baseline")
     base = {"restore": "load_baseline", "replay": "step_baseline", "reshard": "load_baseline",
             "step_baseline": "step_plain"}
     for ph in PHASES:
         v = sorted(r[ph] for r in runs)
         ratio = ""
-        if ph in base:
+        if ph in base and all(r[base[ph]] > 0 for r in runs):
             ratio = f"{statistics.median(r[ph] / r[base[ph]] for r in runs):.2f}x {base[ph]}"
         print(f"{ph:<16}| {v[0]:8.1f} | {statistics.median(v):9.1f} | {v[-1]:8.1f} | {ratio}")
 
