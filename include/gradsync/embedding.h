@@ -318,10 +318,10 @@ GRADSYNC_API int gradsync_embedding_load(gradsync_embedding* table, const char* 
  *
  * After a lost rank (a member of the old group that is not in new_comm) with replicas (option
  * replicas): when one of the `replicas` old ranks after it on the ring is a member, holds a valid
- * replica (no push failed on it after the owners applied), every member is at the same step and no
- * joiner takes part (a joiner does not know the old group's ring), that member sends the lost
- * rank's rows and state from its replica, and the reshard is in memory as above (nothing to
- * replay; restored = 0; checkpoint_dir is not read).
+ * replica (no push failed on it after the owners applied) and every member is at the same step,
+ * that member sends the lost rank's rows and state from its replica, and the reshard is in memory
+ * as above (nothing to replay; restored = 0; checkpoint_dir is not read). This holds with joiners
+ * too: a group that shrank and grew back to its size reshards onto the grown group in one call.
  * After a lost rank otherwise: its rows' live state is
  * gone, and the survivors' rows have moved on from any copy of them, so no consistent table exists
  * except as of the last checkpoint. Without checkpoint_dir the call fails on every rank with

@@ -23,6 +23,8 @@
 
 namespace gradsync::comm {
 
+class Communicator;
+
 struct Topology {
   int host = 0;        // this rank's host
   int local_rank = 0;  // this rank's place among its host's ranks
@@ -44,8 +46,10 @@ class ReplicaRing {
  public:
   ReplicaRing() = default;
   ReplicaRing(const Topology& topology, int size);
-  // The ring of another rank's order() (a permutation of [0, size)); throws E_MISMATCH otherwise.
-  static ReplicaRing of_order(const std::vector<int64_t>& order);
+  // The ring that rank `root` of `group` holds, on every rank of it: for ranks that do not hold it
+  // (a reshard's joiners). `size` is the ring's, which every rank passes alike; the others' `mine`
+  // is not read. Collective; throws E_MISMATCH if what arrives is not a permutation of [0, size).
+  static ReplicaRing broadcast(Communicator& group, const ReplicaRing& mine, int size, int root);
   const std::vector<int>& order() const noexcept { return order_; }
   int ahead(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] + j); }
   int behind(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] - j); }

@@ -143,20 +143,24 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
   // A lost rank's rows live on in a mirror when one of the `replicas` old ranks after it on the
   // old group's ring survived with valid mirrors at the members' common step: that member supplies
   // them from its mirror supplier[j] (1 when old rank j was just behind it on the ring), and
-  // nothing is lost. Only members know the old ring, which they hold alike (the same group made
-  // it): with joiners, as without replicas, a loss goes to the checkpoint.
+  // nothing is lost. Members hold the old ring alike (the same group made it); joiners get it from
+  // the first member (every rank sees the same words, so all or none take part in the broadcast).
   const int old_k = std::min(static_cast<int>(word(held_by, kReplicas)), old_size - 1);
   std::vector<int> supplier(static_cast<size_t>(old_size), 0);
   const std::vector<int> members = holder;  // the old ranks that are members (holder gains the lost ones')
-  bool eligible = !lost.empty() && same_steps && old_k > 0;
-  for (int r = 0; r < np && eligible; ++r) eligible = !is_joiner(r) && word(r, kRing) == word(held_by, kRing);
+  bool eligible = !lost.empty() && same_steps && old_k > 0, joiners = false;
+  for (int r = 0; r < np; ++r) {
+    joiners = joiners || is_joiner(r);
+    eligible = eligible && (is_joiner(r) || word(r, kRing) == word(held_by, kRing));
+  }
+  const Ring old_ring = eligible && joiners ? Ring::broadcast(next, ring_, old_size, held_by) : ring_;
   std::vector<std::string> uncovered;  // the lost rows no surviving replica holds
   std::vector<int> supplied_by = holder;
   for (int j : report.lost_old_ranks) {
     if (!eligible) break;
     int i = 1;
     while (i <= old_k) {
-      const int h = members[static_cast<size_t>(ring_.ahead(j, i))];
+      const int h = members[static_cast<size_t>(old_ring.ahead(j, i))];
       if (h >= 0 && word(h, kMirrorsValid) == 1) break;
       ++i;
     }
@@ -165,7 +169,7 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
       continue;
     }
     supplier[static_cast<size_t>(j)] = i;
-    supplied_by[static_cast<size_t>(j)] = members[static_cast<size_t>(ring_.ahead(j, i))];
+    supplied_by[static_cast<size_t>(j)] = members[static_cast<size_t>(old_ring.ahead(j, i))];
   }
   if (eligible && uncovered.empty()) {
     lost.clear();
@@ -376,6 +380,11 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
         continue;
       } else {
         const uint64_t k = from[s * n + static_cast<size_t>(me)]++;
+        // Every rank derives the sources from the same words; a row from a source that sent fewer
+        // would be another's row, so a disagreement must never pass unseen.
+        GS_REQUIRE(k < recv_at[s * n + static_cast<size_t>(me)] + counts[s * n + static_cast<size_t>(me)],
+                   GRADSYNC_E_INTERNAL, "reshard: rank {} takes row {} from rank {}, which sent it fewer rows", me, g,
+                   s);
         value = recv_values.data() + k * d;
         state = recv_state.data() + k * sw;
       }

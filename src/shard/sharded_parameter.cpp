@@ -693,13 +693,8 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   bool joiners = false, gaps = false;
   for (int r = 0; r < np; ++r) joiners = joiners || is_joiner(r);
   for (int j = 0; j < size_; ++j) gaps = gaps || source[static_cast<size_t>(j)] < 0;
-  comm::ReplicaRing old_ring = ring_;
-  if (joiners && gaps) {
-    std::vector<int64_t> order(static_cast<size_t>(size_), 0);
-    if (me == held_by) std::copy(ring_.order().begin(), ring_.order().end(), order.begin());
-    next.broadcast(order.data(), order.size(), DType::I64, held_by);
-    old_ring = comm::ReplicaRing::of_order(order);
-  }
+  const comm::ReplicaRing old_ring =
+      joiners && gaps ? comm::ReplicaRing::broadcast(next, ring_, size_, held_by) : ring_;
   for (int j = 0; j < size_; ++j) {
     if (source[static_cast<size_t>(j)] >= 0) continue;
     report.lost_old_ranks.push_back(j);

@@ -8,7 +8,10 @@
  * optimizer state must then equal, bit for bit, what one process computes from the same batches.
  * Losing more neighbours than the replicas cover fails with GRADSYNC_E_LOST naming the rows and
  * changes nothing. A table in files, freed and reopened from its files, refills its replicas at
- * its first push (the holders could not know the reopened rows otherwise). */
+ * its first push (the holders could not know the reopened rows otherwise). Survivors that grow back
+ * to 4 reshard straight onto the grown group, the joiners taking part: the lost rows still come
+ * from the replicas, which the joiners find on the old group's ring, not on their own (a joiner
+ * labelled on another host makes the two differ). */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <pthread.h>
@@ -41,10 +44,11 @@ typedef struct {
   const char* dir; /* the table in files, freed and reopened before the first loss */
   int two_hosts;   /* ranks 0, 1 labelled host "ha", 2, 3 "hb": the replicas go to the other host */
   const char* label;
+  const char* joiner_host; /* not NULL: the survivors grow back to N, joiners labelled so ("" none) */
 } scenario;
 
 typedef struct {
-  volatile int32_t ready[N], ready2[N];
+  volatile int32_t ready[N], ready2[N], shrunk[N], may_grow;
   int32_t bad[N], done[N];
 } board;
 
@@ -89,33 +93,85 @@ static void go(const job* j, gradsync_embedding* t, gradsync_comm* c, volatile i
   gradsync_comm_free(c);
 }
 
-/* The push of `step` fails (a rank is gone); the survivors shrink and reshard without a
- * checkpoint. Returns the shrunk group (NULL when the reshard was expected to fail). */
-static gradsync_comm* recover(gradsync_embedding* t, gradsync_comm* c, int rank, int size, int step, int reopened,
-                              int expect_lost) {
+/* The push of `step` fails (a rank is gone); the survivors shrink. */
+static gradsync_comm* shrink_after(gradsync_embedding* t, gradsync_comm* c, int rank, int size, int step) {
   static __thread int64_t ids[GLOBAL];
   static __thread float grads[GLOBAL * DIM];
   gradsync_comm* shrunk = NULL;
-  int32_t failed[N], restored = -1;
-  int64_t steps = -1;
-  int lo, hi, st;
+  int32_t failed[N];
+  int lo, hi;
   global_batch(step, ids, grads);
   slice_of(step, rank, size, &lo, &hi);
-  st = gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM);
-  CHECK(st != GRADSYNC_OK);
+  CHECK(gradsync_embedding_push(t, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM) !=
+        GRADSYNC_OK);
   CHECK_STATUS(gradsync_comm_shrink(c, &shrunk, failed, N, NULL), GRADSYNC_OK);
-  if (shrunk == NULL) return NULL;
-  st = gradsync_embedding_reshard(t, shrunk, GRADSYNC_EMBEDDING_KEEP_SHARDING, NULL, NULL, &restored);
+  return shrunk;
+}
+
+/* Reshards onto next (the survivors, or a group grown from them) without a checkpoint; every row
+ * must come from the old group's ranks and replicas, the step count kept. */
+static int reshard_in_memory(gradsync_embedding* t, gradsync_comm* next, int64_t step) {
+  int32_t restored = -1;
+  int64_t steps = -1;
+  const int st = gradsync_embedding_reshard(t, next, GRADSYNC_EMBEDDING_KEEP_SHARDING, NULL, NULL, &restored);
   CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
-  CHECK(steps == step - reopened); /* a table reopened from its files counts its pushes anew */
+  CHECK(steps == step);
+  CHECK(st != GRADSYNC_OK || restored == 0);
+  return st;
+}
+
+/* Shrinks after the failed push of `step` and reshards without a checkpoint. Returns the shrunk
+ * group (NULL when the reshard was expected to fail). */
+static gradsync_comm* recover(gradsync_embedding* t, gradsync_comm* c, int rank, int size, int step, int reopened,
+                              int expect_lost) {
+  gradsync_comm* shrunk = shrink_after(t, c, rank, size, step);
+  int st;
+  if (shrunk == NULL) return NULL;
+  /* a table reopened from its files counts its pushes anew */
+  st = reshard_in_memory(t, shrunk, step - reopened);
   if (expect_lost) {
     CHECK_STATUS_MSG(st, GRADSYNC_E_LOST, "lived only on lost ranks");
     gradsync_comm_free(shrunk);
     return NULL;
   }
   CHECK_STATUS(st, GRADSYNC_OK);
-  CHECK(restored == 0);
   return shrunk;
+}
+
+static void join_name(char* out, size_t n, const char* name) { snprintf(out, n, "%.40s-join", name); }
+
+/* The grown group's part, members and joiners alike: one reshard from the old group (a joiner's
+ * table is new), then on to SECOND, compared by the grown group's rank. */
+static void grown_part(board* b, gradsync_embedding* t, gradsync_comm* grown, const scenario* sc) {
+  int32_t r = -1;
+  gradsync_comm_rank(grown, &r);
+  CHECK_STATUS(reshard_in_memory(t, grown, FIRST), GRADSYNC_OK);
+  train(t, r, N, FIRST, SECOND);
+  b->bad[r] = compare_local(t, &g_second, sc->optimizer, sc->label);
+  b->done[r] = 1;
+}
+
+static void* joiner(void* p) {
+  job* j = (job*)p;
+  const scenario* sc = j->sc;
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_embedding_options eo = table_options(sc->optimizer, sc->sharding);
+  gradsync_comm* grown = NULL;
+  gradsync_embedding* t = NULL;
+  o.transport = sc->transport;
+  o.rank = j->rank;
+  o.size = popcount(sc->lost_mask);
+  o.timeout_ms = 30000;
+  join_name(o.name, sizeof o.name, j->name);
+  snprintf(o.host, sizeof o.host, "%s", sc->joiner_host);
+  eo.replicas = sc->replicas;
+  CHECK_STATUS(gradsync_comm_join(&grown, &o, NULL), GRADSYNC_OK);
+  if (grown == NULL) return NULL;
+  CHECK_STATUS(gradsync_embedding_create(&t, grown, NULL, &eo), GRADSYNC_OK);
+  if (t != NULL) grown_part(j->b, t, grown, sc);
+  gradsync_embedding_free(t);
+  gradsync_comm_free(grown);
+  return NULL;
 }
 
 static void* member(void* p) {
@@ -154,6 +210,17 @@ static void* member(void* p) {
     go(j, t, c, b->ready, N);
     return NULL;
   }
+  if (sc->joiner_host != NULL) {
+    char name[64];
+    shrunk = shrink_after(t, c, j->rank, N, FIRST);
+    if (shrunk == NULL) goto out;
+    __atomic_store_n(&b->shrunk[j->rank], 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&b->may_grow, __ATOMIC_SEQ_CST)) pause_ms(1);
+    join_name(name, sizeof name, j->name);
+    CHECK_STATUS(gradsync_comm_grow(shrunk, name, popcount(sc->lost_mask), &again, NULL), GRADSYNC_OK);
+    if (again != NULL) grown_part(b, t, again, sc);
+    goto out;
+  }
   shrunk = recover(t, c, j->rank, N, FIRST, sc->dir != NULL, sc->expect_lost);
   if (shrunk == NULL) goto out;
   gradsync_comm_rank(shrunk, &r);
@@ -182,23 +249,50 @@ out:
   return NULL;
 }
 
-/* Ranks that must reach the end: the survivors of both losses (none when the first is fatal). */
+/* Slots that must reach the end: the survivors of both losses (none when the first is fatal), by
+ * their first rank; or every rank of a group grown back, by its rank there. */
 static int finisher(const scenario* sc, int rank) {
   int r = 0, i;
+  if (sc->joiner_host != NULL) return 1;
   if (sc->expect_lost || (sc->lost_mask & (1 << rank))) return 0;
   for (i = 0; i < rank; ++i) r += !(sc->lost_mask & (1 << i));
   return r != sc->second;
 }
 
+/* Once the survivors shrank, the joiners come (threads, or processes on shm). */
+static void start_joiners(const scenario* sc, board* b, const job* like, job* jobs, pthread_t* threads, pid_t* pids) {
+  int i, waited;
+  const int joiners = popcount(sc->lost_mask);
+  for (waited = 0; waited < 120000; ++waited) {
+    int all = 1;
+    for (i = 0; i < N; ++i) all &= (sc->lost_mask & (1 << i)) || __atomic_load_n(&b->shrunk[i], __ATOMIC_SEQ_CST) == 1;
+    if (all) break;
+    pause_ms(1);
+  }
+  for (i = 0; i < joiners; ++i) {
+    jobs[i] = *like;
+    jobs[i].rank = i;
+    if (sc->transport == GRADSYNC_TRANSPORT_THREAD) {
+      pthread_create(&threads[i], NULL, joiner, &jobs[i]);
+    } else if ((pids[i] = fork()) == 0) {
+      check_failures = 0;
+      joiner(&jobs[i]);
+      _exit(check_failures == 0 ? 0 : 1);
+    }
+  }
+  __atomic_store_n(&b->may_grow, 1, __ATOMIC_SEQ_CST);
+}
+
 static void run(const scenario* sc, board* b) {
-  job jobs[N];
-  pthread_t threads[N];
-  pid_t pids[N];
+  job jobs[2 * N + 1];
+  pthread_t threads[N], joiner_threads[N];
+  pid_t pids[N], joiner_pids[N];
+  const int joiners = sc->joiner_host != NULL ? popcount(sc->lost_mask) : 0;
   int i;
   memset(b, 0, sizeof *b);
   reference(sc->optimizer, SECOND, 0, &g_second);
   reference(sc->optimizer, LAST, 0, &g_last);
-  for (i = 0; i < N; ++i) {
+  for (i = 0; i <= N; ++i) {
     jobs[i].sc = sc;
     jobs[i].b = b;
     jobs[i].rank = i;
@@ -206,7 +300,9 @@ static void run(const scenario* sc, board* b) {
   }
   if (sc->transport == GRADSYNC_TRANSPORT_THREAD) {
     for (i = 0; i < N; ++i) pthread_create(&threads[i], NULL, member, &jobs[i]);
+    if (joiners > 0) start_joiners(sc, b, &jobs[N], jobs + N + 1, joiner_threads, NULL);
     for (i = 0; i < N; ++i) pthread_join(threads[i], NULL);
+    for (i = 0; i < joiners; ++i) pthread_join(joiner_threads[i], NULL);
   } else {
     for (i = 0; i < N; ++i) {
       pids[i] = fork();
@@ -216,11 +312,13 @@ static void run(const scenario* sc, board* b) {
         _exit(check_failures == 0 ? 0 : 1);
       }
     }
-    for (i = 0; i < N; ++i) {
+    if (joiners > 0) start_joiners(sc, b, &jobs[N], jobs + N + 1, NULL, joiner_pids);
+    for (i = 0; i < N + joiners; ++i) {
       int status = 0;
-      waitpid(pids[i], &status, 0);
+      waitpid(i < N ? pids[i] : joiner_pids[i - N], &status, 0);
       if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        fprintf(stderr, "%s: rank %d ended with status %#x\n", sc->label, i, (unsigned)status);
+        fprintf(stderr, "%s: %s %d ended with status %#x\n", sc->label, i < N ? "rank" : "joiner", i < N ? i : i - N,
+                (unsigned)status);
         check_failed();
       }
     }
@@ -271,19 +369,29 @@ int main(void) {
   }
   {
     const scenario cases[] = {
-        {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, 0, "threads, replicas 1: rank 1 lost, then new rank 1"},
-        {T, 1, ADAGRAD, HASH, 1 << 0, 2, 0, NULL, 0, "threads, replicas 1, hash: rank 0 lost, then new rank 2"},
-        {T, 1, SGD, CONT, (1 << 0) | (1 << 2), -1, 0, NULL, 0, "threads, replicas 1: ranks 0 and 2 lost"},
-        {T, 1, ADAM, CONT, (1 << 1) | (1 << 2), -1, 1, NULL, 0, "threads, replicas 1: neighbours 1 and 2 lost"},
-        {T, 2, ADAM, HASH, (1 << 3) | (1 << 0), 0, 0, NULL, 0, "threads, replicas 2, hash: neighbours 3 and 0 lost"},
-        {T, 1, ADAGRAD, CONT, 1 << 3, 0, 0, dir, 0, "threads, replicas 1, in files reopened: rank 3 lost"},
-        {S, 1, ADAM, CONT, 1 << 2, 0, 0, NULL, 0, "shm, replicas 1: rank 2 SIGKILLed, then new rank 0"},
-        {S, 1, ADAGRAD, HASH, 1 << 0, -1, 0, NULL, 0, "shm, replicas 1, hash: rank 0 SIGKILLed"},
+        {T, 1, ADAM, CONT, 1 << 1, 1, 0, NULL, 0, "threads, replicas 1: rank 1 lost, then new rank 1", NULL},
+        {T, 1, ADAGRAD, HASH, 1 << 0, 2, 0, NULL, 0, "threads, replicas 1, hash: rank 0 lost, then new rank 2", NULL},
+        {T, 1, SGD, CONT, (1 << 0) | (1 << 2), -1, 0, NULL, 0, "threads, replicas 1: ranks 0 and 2 lost", NULL},
+        {T, 1, ADAM, CONT, (1 << 1) | (1 << 2), -1, 1, NULL, 0, "threads, replicas 1: neighbours 1 and 2 lost", NULL},
+        {T, 2, ADAM, HASH, (1 << 3) | (1 << 0), 0, 0, NULL, 0, "threads, replicas 2, hash: neighbours 3 and 0 lost",
+         NULL},
+        {T, 1, ADAGRAD, CONT, 1 << 3, 0, 0, dir, 0, "threads, replicas 1, in files reopened: rank 3 lost", NULL},
+        {S, 1, ADAM, CONT, 1 << 2, 0, 0, NULL, 0, "shm, replicas 1: rank 2 SIGKILLed, then new rank 0", NULL},
+        {S, 1, ADAGRAD, HASH, 1 << 0, -1, 0, NULL, 0, "shm, replicas 1, hash: rank 0 SIGKILLed", NULL},
         /* The replica ring interleaves the hosts (0, 2, 1, 3): each rank's replica is on the other
          * host, so losing a whole host loses nothing, where rank order would lose rank 2's rows. */
-        {T, 1, ADAM, HASH, (1 << 2) | (1 << 3), -1, 0, NULL, 1,
-         "threads on 2 labelled hosts, replicas 1: host hb lost"},
-        {T, 1, SGD, CONT, (1 << 0) | (1 << 1), 0, 0, NULL, 1, "threads on 2 labelled hosts, replicas 1: host ha lost"},
+        {T, 1, ADAM, HASH, (1 << 2) | (1 << 3), -1, 0, NULL, 1, "threads on 2 labelled hosts, replicas 1: host hb lost",
+         NULL},
+        {T, 1, SGD, CONT, (1 << 0) | (1 << 1), 0, 0, NULL, 1, "threads on 2 labelled hosts, replicas 1: host ha lost",
+         NULL},
+        /* Grown back: the joiner (new rank 3) receives lost rank 3's rows. Its own ring (0, 3, 1, 2:
+         * it is on another host) would expect them from old rank 1, which holds rank 0's; the old
+         * ring (rank order) has them on old rank 0. */
+        {T, 1, ADAGRAD, CONT, 1 << 3, -1, 0, NULL, 0, "threads, replicas 1: rank 3 lost, a joiner from another host",
+         "elsewhere"},
+        {T, 2, ADAM, HASH, (1 << 1) | (1 << 2), -1, 0, NULL, 0,
+         "threads, replicas 2, hash: neighbours 1 and 2 lost, two joiners", ""},
+        {S, 1, ADAM, CONT, 1 << 2, -1, 0, NULL, 0, "shm, replicas 1: rank 2 SIGKILLed, a joiner process", ""},
     };
     for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) run(&cases[i], b);
   }

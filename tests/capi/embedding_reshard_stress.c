@@ -9,7 +9,10 @@
  *     their reshard without a checkpoint moves every row in memory under a drawn rule, at the same
  *     step. Otherwise it fails on every survivor with GRADSYNC_E_LOST naming each lost rank's rows
  *     and changes nothing (the step count is checked), and with the checkpoint restores every row
- *     as of it, under a drawn rule; they replay the steps since.
+ *     as of it, under a drawn rule; they replay the steps since. In half of the losses the
+ *     survivors first grow by 1 or 2 joiners, and reshard onto that group in one call: the joiners
+ *     take part alike (the replicas' rows reach them on the old group's ring, which they get from
+ *     the members).
  * Then two more steps, and every final rank's rows and optimizer state must equal, bit for bit,
  * what one process computes from the same global batches, and the final ranks must own every row
  * between them. Usage: capi_embedding_reshard_stress [episodes [seed]] (default 100, seed 1). */
@@ -34,6 +37,7 @@ static const char* const kind_names[KINDS] = {"rule change in place", "grow", "l
 
 typedef struct {
   int size, joiners, kind, optimizer, rule0, rule1, ckpt_at, change_at, replicas;
+  int replace; /* a loss whose survivors grow by `joiners` before they reshard */
   int lost[MAXP];
   int covered; /* the replicas hold every lost rank's rows */
   char name[64], join_name[64], dir[160];
@@ -82,17 +86,51 @@ static int held_by_replica(const episode* e, int i) {
   return 0;
 }
 
+/* After a loss, every rank of next (the survivors, or the group they grew): the reshard from the
+ * replicas when they cover the loss; otherwise E_LOST, then the checkpoint and the replay. */
+static void after_loss(episode* e, gradsync_embedding* t, gradsync_comm* next) {
+  int32_t restored = -1, r = -1, size = 0;
+  int64_t steps = -1;
+  int i;
+  if (e->covered) {
+    CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_OK);
+    CHECK(restored == 0);
+    CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+    CHECK(steps == e->change_at);
+    finish(e, t, next);
+    return;
+  }
+  CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_E_LOST);
+  /* It names each lost rank whose rows no surviving replica holds, and only those. */
+  for (i = 0; i < e->size; ++i) {
+    char named[32];
+    if (!e->lost[i]) continue;
+    snprintf(named, sizeof named, "old rank %d's ", i);
+    if (held_by_replica(e, i)) {
+      CHECK(strstr(gradsync_last_error_message(), named) == NULL);
+    } else {
+      CHECK_MESSAGE(named);
+    }
+  }
+  CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, e->dir, NULL, &restored), GRADSYNC_OK);
+  CHECK(restored == 1);
+  CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
+  CHECK(steps == e->ckpt_at);
+  gradsync_comm_rank(next, &r);
+  gradsync_comm_size(next, &size);
+  train(t, r, size, e->ckpt_at, e->change_at); /* the replay */
+  finish(e, t, next);
+}
+
 static void* member(void* p) {
   job* j = (job*)p;
   episode* e = j->e;
   gradsync_comm_options o = comm_options(e->name, j->rank, e->size);
   gradsync_embedding_options eo = table_options(e->optimizer, e->rule0);
-  gradsync_comm *c = NULL, *next = NULL;
+  gradsync_comm *c = NULL, *next = NULL, *grown = NULL;
   eo.replicas = e->replicas;
   gradsync_embedding* t = NULL;
   int32_t restored = -1, failed[MAXP];
-  int64_t steps = -1;
-  int i;
   CHECK_STATUS(gradsync_comm_create(&c, &o), GRADSYNC_OK);
   if (c == NULL) return NULL;
   CHECK_STATUS(gradsync_embedding_create(&t, c, NULL, &eo), GRADSYNC_OK);
@@ -112,8 +150,7 @@ static void* member(void* p) {
       CHECK(restored == 0);
       finish(e, t, next);
       break;
-    case K_LOSS: {
-      int32_t r = -1, size = 0;
+    case K_LOSS:
       if (e->lost[j->rank]) break; /* goes: its communicator ends below */
       {
         int64_t none = 0;
@@ -121,43 +158,19 @@ static void* member(void* p) {
       }
       CHECK_STATUS(gradsync_comm_shrink(c, &next, failed, MAXP, NULL), GRADSYNC_OK);
       if (next == NULL) break;
-      if (e->covered) {
-        CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_OK);
-        CHECK(restored == 0);
-        CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
-        CHECK(steps == e->change_at);
-        finish(e, t, next);
-        break;
+      if (e->replace) {
+        CHECK_STATUS(gradsync_comm_grow(next, e->join_name, e->joiners, &grown, NULL), GRADSYNC_OK);
+        if (grown != NULL) after_loss(e, t, grown);
+      } else {
+        after_loss(e, t, next);
       }
-      CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, NULL, NULL, &restored), GRADSYNC_E_LOST);
-      /* It names each lost rank whose rows no surviving replica holds, and only those. */
-      for (i = 0; i < e->size; ++i) {
-        char named[32];
-        if (!e->lost[i]) continue;
-        snprintf(named, sizeof named, "old rank %d's ", i);
-        if (held_by_replica(e, i)) {
-          CHECK(strstr(gradsync_last_error_message(), named) == NULL);
-        } else {
-          CHECK_MESSAGE(named);
-        }
-      }
-      CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
-      CHECK(steps == e->change_at);
-      CHECK_STATUS(gradsync_embedding_reshard(t, next, e->rule1, e->dir, NULL, &restored), GRADSYNC_OK);
-      CHECK(restored == 1);
-      CHECK_STATUS(gradsync_embedding_steps(t, &steps), GRADSYNC_OK);
-      CHECK(steps == e->ckpt_at);
-      gradsync_comm_rank(next, &r);
-      gradsync_comm_size(next, &size);
-      train(t, r, size, e->ckpt_at, e->change_at); /* the replay */
-      finish(e, t, next);
       break;
-    }
     default: break;
   }
   gradsync_embedding_free(t);
   gradsync_comm_free(c);
   gradsync_comm_free(next);
+  gradsync_comm_free(grown);
   return NULL;
 }
 
@@ -174,9 +187,13 @@ static void* joiner(void* p) {
   CHECK_STATUS(gradsync_comm_join(&grown, &o, NULL), GRADSYNC_OK);
   if (grown == NULL) return NULL;
   CHECK_STATUS(gradsync_embedding_create(&t, grown, NULL, &eo), GRADSYNC_OK);
-  CHECK_STATUS(gradsync_embedding_reshard(t, grown, e->rule1, NULL, &moved, &restored), GRADSYNC_OK);
-  CHECK(restored == 0 && moved > 0);
-  finish(e, t, grown);
+  if (e->kind == K_LOSS) {
+    after_loss(e, t, grown);
+  } else {
+    CHECK_STATUS(gradsync_embedding_reshard(t, grown, e->rule1, NULL, &moved, &restored), GRADSYNC_OK);
+    CHECK(restored == 0 && moved > 0);
+    finish(e, t, grown);
+  }
   gradsync_embedding_free(t);
   gradsync_comm_free(grown);
   return NULL;
@@ -193,7 +210,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
   static episode e;
   char tmp[] = "/tmp/gradsync-emb-stress-XXXXXX";
-  int n, i, counts[KINDS] = {0, 0, 0}, wrong = 0, covered = 0;
+  int n, i, counts[KINDS] = {0, 0, 0}, wrong = 0, covered = 0, replaced = 0;
   if (mkdtemp(tmp) == NULL) {
     CHECK(0 && "no temporary directory");
     return check_report("capi:embedding_reshard_stress");
@@ -207,7 +224,8 @@ int main(int argc, char** argv) {
     e.size = 1 + draw(MAXP);
     e.kind = draw(KINDS);
     if (e.kind == K_LOSS && e.size == 1) e.kind = K_GROW;
-    e.joiners = e.kind == K_GROW ? 1 + draw(MAXJ) : 0;
+    e.replace = e.kind == K_LOSS && draw(2) == 0;
+    e.joiners = e.kind == K_GROW || e.replace ? 1 + draw(MAXJ) : 0;
     {
       static const int32_t optimizers[] = {GRADSYNC_OPTIM_SGD, GRADSYNC_OPTIM_ROW_ADAGRAD, GRADSYNC_OPTIM_ADAM};
       e.optimizer = optimizers[draw(3)];
@@ -227,6 +245,7 @@ int main(int argc, char** argv) {
     e.covered = e.kind == K_LOSS;
     for (i = 0; i < e.size && e.covered; ++i) e.covered = !e.lost[i] || held_by_replica(&e, i);
     covered += e.covered;
+    replaced += e.replace;
     e.rows_owned = 0;
     e.finished = 0;
     snprintf(e.name, sizeof e.name, "emb-stress-%ld-%d", (long)getpid(), n);
@@ -247,7 +266,7 @@ int main(int argc, char** argv) {
     }
     for (i = 0; i < threads; ++i) pthread_join(t[i], NULL);
     {
-      const int final_ranks = e.kind == K_LOSS ? survivors : e.size + e.joiners;
+      const int final_ranks = (e.kind == K_LOSS ? survivors : e.size) + e.joiners;
       CHECK(e.finished == final_ranks);
       CHECK(e.rows_owned == ROWS);
     }
@@ -263,8 +282,8 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr,
           "capi:embedding_reshard_stress: %d episodes (%d rule changes, %d grows, %d losses, %d of them carried by "
-          "replicas), %d wrong\n",
-          episodes, counts[K_RULE], counts[K_GROW], counts[K_LOSS], covered, wrong);
+          "replicas, %d with joiners), %d wrong\n",
+          episodes, counts[K_RULE], counts[K_GROW], counts[K_LOSS], covered, replaced, wrong);
   {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
