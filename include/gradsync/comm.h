@@ -421,10 +421,10 @@ typedef struct gradsync_shrink_result {
  * MPI and HIER: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a
  * process dies). A member is lost when its process is seen gone or it does not answer within comm's
  * timeout. A member lost while the survivors' group is being formed ends the job with
- * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. Where a failed set holds
- * every rank of another host (its Open MPI daemon may be lost, and MPI can then form no group): if
- * every survivor is on one host, the new group is a shared-memory one (gradsync_comm_transport
- * gives SHM), formed without MPI; otherwise GRADSYNC_E_UNSUPPORTED. A rank lost inside MPI's
+ * MPI_Abort(MPI_COMM_WORLD, 1) after half of comm's timeout, never a hang. A whole host lost (its
+ * Open MPI daemon too) is one more failed set: when every survivor is on one host, the new group is
+ * a shared-memory one (gradsync_comm_transport gives SHM, as auto gives ranks of one host), formed
+ * without MPI; survivors on several hosts get a group of comm's transport. A rank lost inside MPI's
  * blocking data transfer of a collective (whose data did not travel with the call's exchange:
  * above 16 KiB per rank for an allreduce) leaves the others in a call that MPI cannot interrupt:
  * once a rank has been in that transfer for 1 s after a peer of it was seen dead, it ends the
@@ -442,8 +442,6 @@ typedef struct gradsync_shrink_result {
  * @retval GRADSYNC_E_INVALID_ARG out is NULL, failed_capacity is too small, or result's header is wrong
  * @retval GRADSYNC_E_REMOTE this rank came after the others had decided without it: it is out
  * @retval GRADSYNC_E_TIMEOUT a step of the shrink did not finish within comm's timeout
- * @retval GRADSYNC_E_UNSUPPORTED (MPI, HIER) every rank of another host is lost, and the survivors
- *         are on more than one host (see above)
  * @threadsafety handle
  */
 GRADSYNC_API int gradsync_comm_shrink(gradsync_comm* comm, gradsync_comm** out, int32_t* failed, size_t failed_capacity,

@@ -590,8 +590,8 @@ class Communicator(Handle):
         survivors (call it once a collective raised E_REMOTE, E_TIMEOUT or E_ABORTED). Returns
         (new Communicator, failed ranks of this group, info dict with attempts, agree_s, form_s).
         Ranks are dense in the old order; member_id stays. This group is stopped: close it.
-        THREAD, SHM, and MPI or HIER under mpirun --enable-recovery (a whole host lost: the
-        survivors of one host get an SHM group; survivors on several hosts raise E_UNSUPPORTED)."""
+        THREAD, SHM, and MPI or HIER under mpirun --enable-recovery (a whole host lost: survivors
+        all on one host get an SHM group, survivors on several hosts one of this group's transport)."""
         out = _P()
         n = self.size
         failed = (c_int32 * n)()

@@ -4,7 +4,8 @@
 mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
-                    [--seeds N] [--mode loop|embedding] --what rank|small|large|transfer|host|stress -- PROGRAM
+                    [--seeds N] [--mode loop|embedding] [--layout 2,2 --lost-host 1]
+                    --what rank|small|large|transfer|host|stress -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program.
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
@@ -16,15 +17,18 @@ PROGRAM is tests/mpi/mpi_shrink_program.
 - transfer: rank 3 is killed at a random point of a loop of 4M-float allreduces, most often inside
   MPI's blocking transfer, which nothing interrupts: the survivors' transfer watch must end the job
   (naming rank 3), or, the death outside the transfer, they shrink as in large.
-- host: once every rank is under way, every process of h1 (its ranks and its Open MPI daemon) is
-  SIGKILLed. Ranks 0 and 1 see the loss as a death (E_REMOTE), never as a timeout: by PID, or
-  with --pid-namespaces by their liveness links to h1's ranks (run with a timeout longer than the
-  bound, so that waiting it out fails). They agree that ranks 2 and 3 are lost and, both on h0, form a shared-memory
-  group (never MPI_Comm_create_group, which does not return once a host's daemon is lost), check
-  every collective on it and finish; the job must end within the bound. With --mode embedding the
-  ranks push into a sharded embedding table with one replica of each rank's rows instead, and
-  after the shrink its reshard must take h1's rows from their replicas on h0 (no checkpoint) and
-  the survivors' rows must then be bitwise one process's ("verified" counts them).
+- host: once every rank is under way, every process of the lost host (--lost-host of --layout's
+  hosts, by default h1 of 2 x 2: its ranks and its Open MPI daemon) is SIGKILLed. Every survivor
+  sees the loss as a death (E_REMOTE), never as a timeout: by PID, or with --pid-namespaces by its
+  liveness links to the lost host's ranks (run with a timeout longer than the bound, so that
+  waiting it out fails). They agree that exactly that host's ranks are lost and form a group: a
+  shared-memory one when they are all on one host, otherwise the transport's own (on hier, with
+  survivors on two hosts, its levels again); they check every collective on it and finish; the
+  job must end within the bound. With --mode embedding the ranks push into a sharded embedding
+  table with one replica of each rank's rows instead (the program's ranks 2 and 3 die: the layout
+  must put them, and only them, on the lost host), and after the shrink its reshard must take
+  their rows from the replicas on other hosts (no checkpoint), and the survivors' rows must then
+  be bitwise one process's ("verified" counts them).
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -61,16 +65,17 @@ def fail(what, output=""):
 
 def launch(args, program, what, seed=0):
     """One job on 2 namespace hosts; returns its output once every rank has ended (or fails)."""
+    layout = args.layout if what == "host" else [2, 2]
     with hosts.signals_raise():
-        with hosts.Hosts([2, 2], mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
+        with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT", "-x", "SHRINK_TIMEOUT_MS"]
             if what == "host":
                 job = h.start(program + [args.mode], mpirun_args=mpirun_args, env=env)
-                if not job.wait_for(r"rank \d: looping", count=4, timeout=BOUND):
+                if not job.wait_for(r"rank \d: looping", count=sum(layout), timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
-                h.kill_host(1)
-                survivors = 2
+                h.kill_host(args.lost_host)
+                survivors = sum(layout) - layout[args.lost_host]
             elif what == "stress":
                 job = h.start(program + ["stress", str(seed)], mpirun_args=mpirun_args, env=env)
                 survivors = 2
@@ -97,7 +102,7 @@ def launch(args, program, what, seed=0):
             # every rank had ended (Open MPI 4.1): the ranks' end is what is required here.
             ranks_left = []
             for _ in range(300):
-                ranks_left = [p for i in range(2) for p in h.pids(i) if _runs(p, program[0])]
+                ranks_left = [p for i in range(len(layout)) for p in h.pids(i) if _runs(p, program[0])]
                 if not ranks_left:
                     break
                 time.sleep(0.1)
@@ -148,7 +153,7 @@ def check_finishers(out, drawn, what):
     return collateral
 
 
-def check(what, out):
+def check(what, out, args):
     if what == "transfer":
         if WATCH in out:
             # It names rank 3, or a survivor lost with it (COLLATERAL) before rank 3's death showed.
@@ -169,17 +174,23 @@ def check(what, out):
             if not re.search(rf"^rank {r}: verified \d+ on 3 ranks", out, re.M) or f"rank {r}: done" not in out:
                 fail(f"rank {r} did not check its collectives on the new group and finish")
     else:
-        for r in (0, 1):
+        first = sum(args.layout[:args.lost_host])
+        lost = list(range(first, first + args.layout[args.lost_host]))
+        survivors = [r for r in range(sum(args.layout)) if r not in lost]
+        gone = ",".join(map(str, lost))
+        for r in survivors:
             # Seen as a death (by PID, a liveness link or a peer's notice of either), never by
             # waiting out the deadline, with or without the hosts' PIDs in view.
             m = re.search(rf"^rank {r}: call (GRADSYNC_E_\w+)", out, re.M)
             if not m or m.group(1) != "GRADSYNC_E_REMOTE":
                 fail(f"rank {r}'s call ended with {m.group(1) if m else 'nothing'}, not GRADSYNC_E_REMOTE: the loss "
-                     "of host h1 was not seen before the deadline")
-            if not re.search(rf"^rank {r}: shrunk failed \[2,3\] size 2 attempts (\d+)", out, re.M):
-                fail(f"rank {r} did not shrink to the 2 ranks of h0 after the loss of host h1")
-            if not re.search(rf"^rank {r}: verified \d+ on 2 ranks", out, re.M) or f"rank {r}: done" not in out:
-                fail(f"rank {r} did not check its collectives on the shared-memory group and finish")
+                     f"of host h{args.lost_host} was not seen before the deadline")
+            if not re.search(rf"^rank {r}: shrunk failed \[{gone}\] size {len(survivors)} attempts (\d+)", out, re.M):
+                fail(f"rank {r} did not shrink to the {len(survivors)} ranks left after the loss of host "
+                     f"h{args.lost_host} (ranks {gone})")
+            if (not re.search(rf"^rank {r}: verified \d+ on {len(survivors)} ranks", out, re.M)
+                    or f"rank {r}: done" not in out):
+                fail(f"rank {r} did not check its collectives on the survivors' group and finish")
 
 
 def main():
@@ -193,11 +204,16 @@ def main():
     ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
     ap.add_argument("--mode", choices=("loop", "embedding"), default="loop",
                     help="host: what the ranks run until h1 is lost (PROGRAM's mode)")
+    ap.add_argument("--layout", default="2,2", help="host: ranks per host")
+    ap.add_argument("--lost-host", type=int, default=1, help="host: the host killed")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
+    args.layout = [int(n) for n in args.layout.split(",")]
+    if not 0 <= args.lost_host < len(args.layout) or len(args.layout) < 2:
+        ap.error("--lost-host must name one of two or more hosts")
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.what != "stress":
-        check(args.what, launch(args, program, args.what))
+        check(args.what, launch(args, program, args.what), args)
     else:
         seed0 = int(time.time()) % 100000
         for k in range(args.seeds):

@@ -24,11 +24,11 @@
 //    leaves the others there forever. Then the new communicator's own setup, bounded as every wait
 //    is (if it fails, a member was lost meanwhile: the shrink fails, E_REMOTE, see below), and a
 //    commit barrier on it (if that fails, the new group lost a member: its members shrink it).
-// A decided set that holds every rank of another host: with a host's ranks its Open MPI daemon may
-// be lost, and create_group then never returns (measured: docs/mpi.md). Where every survivor is on
-// this host, step 4 forms a shared-memory group over them instead (by a name from the lowest
-// survivor's nonce, which its messages carry), bounded as any shm group's forming, with no MPI call;
-// otherwise every survivor alike refuses (E_UNSUPPORTED) before anyone enters create_group.
+// A decided set that holds every rank of another host, with every survivor on this host: step 4
+// forms a shared-memory group over them instead (by a name from the lowest survivor's nonce, which
+// its messages carry), bounded as any shm group's forming, with no MPI call: the group `auto` gives
+// ranks of one host. Survivors on several hosts form theirs with create_group, as after any loss
+// (measured across namespace hosts whose lost host took its Open MPI daemon: docs/mpi.md).
 #include <sched.h>
 
 #include <algorithm>
@@ -289,7 +289,7 @@ ShrinkResult MpiCommunicator::shrink() {
   see_lost();
   propose();
   Clock::time_point decided_at{};
-  bool on_host = false;  // the decided set holds a whole host, and every survivor is on this one
+  bool on_host = false;  // the decided set holds a whole host of several, and every survivor is on this one
   for (;;) {
     if (has(failed, rank_)) {
       fail(GRADSYNC_E_REMOTE,
@@ -298,31 +298,15 @@ ShrinkResult MpiCommunicator::shrink() {
            group, rank_, timeout.count());
     }
     if (!confirming && agreed()) {
-      // Every survivor that decides decides this set: all form on one host, or all refuse, alike.
+      // Every survivor that decides decides this set, and so how all of them form the group.
       const uint64_t mine = peers_[static_cast<size_t>(rank_)].host_key;
-      std::vector<int> lost_host;  // every rank of a host all lost
-      bool survivors_here = true;
+      bool survivors_here = true, other_hosts = false;
       for (int r = 0; r < size_; ++r) {
-        const uint64_t host = peers_[static_cast<size_t>(r)].host_key;
-        if (!has(failed, r)) survivors_here &= host == mine;
-        if (host == mine || !lost_host.empty() || !has(failed, r)) continue;
-        bool survivor = false;
-        std::vector<int> on_host_r;
-        for (int q = 0; q < size_; ++q) {
-          if (peers_[static_cast<size_t>(q)].host_key != host) continue;
-          on_host_r.push_back(q);
-          survivor |= !has(failed, q);
-        }
-        if (!survivor) lost_host = std::move(on_host_r);
+        const bool here = peers_[static_cast<size_t>(r)].host_key == mine;
+        other_hosts |= !here;
+        if (!has(failed, r)) survivors_here &= here;
       }
-      GS_REQUIRE(lost_host.empty() || survivors_here, GRADSYNC_E_UNSUPPORTED,
-                 "shrink of {}: every rank of another host is lost (rank(s) {}), so its Open MPI daemon may be "
-                 "lost too, and then MPI_Comm_create_group over the survivors never returns (Open MPI 4.1 under "
-                 "mpirun --enable-recovery, docs/mpi.md); the survivors are on more than one host, so they cannot "
-                 "form a shared-memory group instead: they refuse to form a group rather than hang. End the job "
-                 "and restart it from a checkpoint",
-                 group, fmt::join(lost_host, ", "));
-      on_host = !lost_host.empty();
+      on_host = survivors_here && other_hosts;
       confirming = true;
       decided_at = Clock::now();
       send(kConfirm);
