@@ -173,6 +173,12 @@ def check(what, out, args):
                 fail(f"rank {r} did not shrink to the 3 ranks left without rank 3")
             if not re.search(rf"^rank {r}: verified \d+ on 3 ranks", out, re.M) or f"rank {r}: done" not in out:
                 fail(f"rank {r} did not check its collectives on the new group and finish")
+            # A level's message names the level's ranks; the group's own come with it.
+            if (what == "large" and args.transport == "hier"
+                    and not re.search(rf"^rank {r}: call GRADSYNC_E_\w+: .*\[in the levels of this hier group of 4: "
+                                      r"the shared-memory level's ranks 0, 1, \.\.\. are the group's \d, \d; "
+                                      r"the cross-host level's are the group's \d, \d\]$", out, re.M)):
+                fail(f"rank {r}'s failure inside the levels does not say which of the group's ranks the level's are")
     else:
         first = sum(args.layout[:args.lost_host])
         lost = list(range(first, first + args.layout[args.lost_host]))

@@ -480,14 +480,18 @@ class HierCommunicator final : public Communicator {
   }
 
   // A level that failed on this rank leaves peers waiting in another level: stop them all now
-  // rather than at their deadlines. The group then needs a reset, as after any failure.
+  // rather than at their deadlines. The group then needs a reset, as after any failure. The
+  // level's message names its own ranks: the caller gets them as this group's too.
   template <class Levels>
   void run_levels(const Levels& levels) {
     try {
       levels();
-    } catch (const Error&) {
+    } catch (const Error& e) {
       abort();
-      throw;
+      throw Error(e.status(),
+                  fmt::format("{} [in the levels of this hier group of {}: the shared-memory level's ranks "
+                              "0, 1, ... are the group's {}; the cross-host level's are the group's {}]",
+                              e.what(), size(), fmt::join(host_ranks_, ", "), fmt::join(cross_world_, ", ")));
     }
   }
 
