@@ -76,6 +76,10 @@ check violated "MPI mutant: abort() reads how far the rank posted apart from its
 check violated "MPI mutant: a rank that failed a call goes on in its epoch" -DN=2 -DK=2 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_STAY
 check violated "MPI mutant: a large call enters MPI's collective without a commit" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_NOCOMMIT
 check violated "MPI mutant (the assumption): a deadline in a commit every rank posted" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=1 -DMUTANT_COMMIT_DEADLINE
+# The stop check of hier's cross-host level (STOPS_EXT): the exchange's waits take it, the commit's not.
+check holds "MPI: 2 ranks, 2 calls, an abort and a stop from outside" -DN=2 -DK=2 -DABORTS=1 -DTIMEOUTS=0 -DSTOPS_EXT=1
+check holds "MPI: 3 ranks, 1 call, a stop from outside and a death" -DN=3 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DSTOPS_EXT=1 -DDEATHS=1
+check violated "MPI mutant: the stop check ends a commit wait" -DN=2 -DK=1 -DABORTS=0 -DTIMEOUTS=0 -DSTOPS_EXT=1 -DMUTANT_STOP_IN_COMMIT
 
 # The membership protocol of a shrink (membership.pml): deaths at every step, a second death, a
 # deadline passing, an abort racing the new group's commit. About 40 s of CPU.

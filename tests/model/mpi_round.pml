@@ -2,7 +2,7 @@
 /*
  * The MPI transport's round protocol (src/comm/transport/mpi/mpi_communicator.cpp, "The round
  * protocol" above MpiCommunicator::arrive), as a Promela model that spin checks over every
- * interleaving of its events: completion, abort, timeout, a dead peer and reset.
+ * interleaving of its events: completion, abort, timeout, a dead peer, a stop from outside and reset.
  *
  * Each call starts with its exchange: a rank posts its first message (it can never take it back: MPI
  * cannot cancel). With 2 ranks the exchange completes on a rank once the other has posted. With 3 it
@@ -27,6 +27,11 @@
  * commit wait only the latter: the guarantee assumes that a deadline does not pass in the
  * microseconds between every rank posting the commit and this rank seeing it complete (the mutant
  * MUTANT_COMMIT_DEADLINE shows what happens when it does: docs/mpi.md).
+ * A stop from outside (STOPS_EXT): the hierarchical transport's cross-host level is an MPI group
+ * whose exchange waits also end when the group built over it was stopped by a peer (the stop
+ * check: a notice on its MPI level), which says nothing of this group's own ranks; like a
+ * deadline, it may end an exchange at any moment. Its commit waits do not take it: there it would
+ * leave a rank whose commit completed inside MPI's collective forever (MUTANT_STOP_IN_COMMIT).
  *
  * The MUTANT_* switches put in rules that are wrong; tests/model/check.sh requires that spin finds
  * a violation for each, so the model is known to catch what it claims.
@@ -49,6 +54,9 @@
 #endif
 #ifndef DEATHS
 #define DEATHS 0
+#endif
+#ifndef STOPS_EXT
+#define STOPS_EXT 0
 #endif
 
 #define E (RESETS + 1)
@@ -97,6 +105,7 @@ byte finished;
 byte aborts = ABORTS;
 byte timeouts = TIMEOUTS;
 byte deaths = DEATHS;
+byte stops_ext = STOPS_EXT;
 
 #define XP(i) (xp[e * N + i] >= j)
 #define CP(i) (cp[e * N + i] >= j)
@@ -169,6 +178,8 @@ inline die_here() {
 #else
 #define LIVENESS :: false -> skip
 #endif
+/* The stop check: the group over this one was stopped, at any moment of the wait. */
+#define STOP_CHECK :: atomic { stops_ext > 0 -> stops_ext-- }; res = STOPPED; break
 
 proctype rank(byte me) {
   byte e = 0, j = 0, k = 1, resets = 0, res, i, st;
@@ -200,6 +211,7 @@ proctype rank(byte me) {
       HEAR
       STOPS
       LIVENESS
+      STOP_CHECK
 #ifdef MUTANT_ABANDON
       /* a wrong rule: this rank's own abort abandons the exchange it has posted */
       :: abit[me] -> res = STOPPED; break
@@ -226,6 +238,10 @@ proctype rank(byte me) {
       HEAR
       STOPS
       LIVENESS
+#ifdef MUTANT_STOP_IN_COMMIT
+      /* a wrong rule: the stop check ends a commit wait too */
+      STOP_CHECK
+#endif
 #ifdef MUTANT_COMMIT_DEADLINE
       /* a deadline passing in the commit even though every rank has posted it */
       :: atomic { timeouts > 0 -> timeouts-- }; res = TIMEDOUT; break
@@ -305,11 +321,12 @@ proctype aborter() {
   od
 }
 
-/* One outcome per call: with no deadline and no death, every rank ends every call alike. */
+/* One outcome per call: with no deadline, no death and no stop from outside, every rank ends every
+ * call alike. */
 proctype judge() {
   byte e, j, r;
   finished == N;
-#if TIMEOUTS == 0 && DEATHS == 0
+#if TIMEOUTS == 0 && DEATHS == 0 && STOPS_EXT == 0
   for (e : 0 .. E - 1) {
     for (j : 1 .. K) {
       for (r : 1 .. N - 1) {

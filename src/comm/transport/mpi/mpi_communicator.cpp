@@ -604,7 +604,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
       check(m.Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return WaitResult::Ready;
       if (mode == Mode::Setup && (state_.load() & 1)) return WaitResult::Aborted;
-      if (mode == Mode::Round) {
+      if (mode != Mode::Setup) {
         // Committed: this rank's own abort is only announced (without MPI_THREAD_MULTIPLE abort()
         // could not); the call goes on.
         if ((state_.load() & 1) && !notices_sent_) send_notices(GRADSYNC_E_ABORTED, rank_, call + 1);
@@ -644,7 +644,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
   switch (end) {
     case WaitEnd::Ready: return;
     case WaitEnd::Stopped:
-      if (mode == Mode::Round) fail_on_notice(keepalive, what(), call);
+      if (mode != Mode::Setup) fail_on_notice(keepalive, what(), call);
       [[fallthrough]];
     case WaitEnd::Interrupted:
       abandon(keepalive, fmt::format("gradsync_comm_abort was called on this rank during {}", what()),
@@ -688,7 +688,9 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 // only once its exchange has completed (every rank has posted it), and which is abandoned on the
 // same terms. The deadline and a death are the exceptions: a rank whose deadline passes (or whose
 // peer dies) just as the call completes elsewhere fails it while the others complete it; every
-// rank then fails its next call, since the failed rank posts nothing more until the reset.
+// rank then fails its next call, since the failed rank posts nothing more until the reset. The stop
+// check (a group built over this one was stopped) ends an exchange as the deadline may, and never
+// a commit, which a peer may have completed and left for MPI's collective.
 void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_t weight, bool commit) {
   const uint64_t k = seq_ + 1;  // calls are numbered from 1, as the other transports number their rounds
   // The statistics' clock: steady_clock's time at the price of a TSC read, where it can.
@@ -784,7 +786,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
   MPI_Request request = m.request_null;
   check(m.Ibarrier(comm_, &request), "MPI_Ibarrier");
   // An Ibarrier references no memory of ours.
-  wait(&request, 1, deadline, nullptr, &fp, nullptr, Mode::Round);
+  wait(&request, 1, deadline, nullptr, &fp, nullptr, Mode::Commit);
 }
 
 size_t MpiCommunicator::entry_bytes(uint32_t data_bytes) const noexcept {

@@ -236,10 +236,12 @@ class MpiCommunicator final : public Communicator {
   // that move their data through MPI's blocking collectives.
   void arrive(const CallSignature& call, Payload payload = {}, uint64_t weight = 0, bool commit = true);
   // How a wait treats an abort on this rank and its peers' notices: Setup (joining, reset) ends on
-  // a local abort and does not watch notices; Round (a call's exchange or commit, posted) is
-  // committed: a local abort takes effect at the next call, and only a notice that this call can
-  // complete nowhere, a dead peer or the deadline end it.
-  enum class Mode { Setup, Round };
+  // a local abort and does not watch notices; Round (a call's exchange) and Commit (its commit
+  // barrier), posted, are committed: a local abort takes effect at the next call, and only a
+  // notice that this call can complete nowhere, a dead peer or the deadline end them. Round also
+  // ends on the stop check (set_stop_check), Commit never: a peer whose commit completed may be in
+  // MPI's blocking collective already, waiting for this rank (tests/model/mpi_round.pml).
+  enum class Mode { Setup, Round, Commit };
   // Polls requests to completion. On the deadline, an abort, a notice or a dead peer (as `mode`
   // says): buries keepalive (the memory the requests use), aborts the communicator, tells the
   // peers, and throws. `label` names the wait when fp is null; otherwise the fingerprint does.
