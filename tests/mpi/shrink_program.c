@@ -30,6 +30,11 @@
  *             rows from the replicas at the failed push's step; they push 2 more steps and must
  *             hold, bit for bit, the rows one process computes (tests/capi's scenario); "verified
  *             N" then counts the rows checked.
+ *   zero      as embedding, with a ZeRO-1 Adam parameter of ZTOTAL floats (its steps run in hier's
+ *             levels) with one replica of each slice instead: the survivors' reshard must take the
+ *             lost slices from their replicas, and after 2 more steps every weight must equal, bit
+ *             for bit, a one-rank run's (every rank's gradient is the same exact value, so its mean
+ *             is too); "verified N" counts the weights checked.
  * Every survivor prints "rank R: shrunk ..." with its new place, the failed ranks and the phases'
  * times, "rank R: verified N" after checking N collectives, and "rank R: done"; a failure prints
  * "rank R: <status> <message>". The process's rank R is its rank in MPI_COMM_WORLD (= member id).
@@ -85,6 +90,57 @@ static void die_now(void) {
 }
 
 #define LARGE (256 * 1024)
+#define ZTOTAL 100003 /* not a multiple of the ranks: uneven slices */
+
+/* The zero mode's gradient of step s, the same on every rank: multiples of 1/256, so that the mean
+ * over any number of ranks is exact. */
+static void zero_gradient(int s, float* g) {
+  int i;
+  for (i = 0; i < ZTOTAL; ++i) g[i] = (float)(((i * 7 + s * 13) % 17) - 8) / 256.0f;
+}
+
+/* A ZeRO-1 Adam parameter with `replicas` on c, initialised alike on every rank. */
+static gradsync_shard* zero_parameter(gradsync_comm* c, int replicas, float* w) {
+  gradsync_shard_options so = GRADSYNC_SHARD_OPTIONS_INIT;
+  gradsync_shard* shard = NULL;
+  int i, rc;
+  so.optimizer = GRADSYNC_OPTIM_ADAM;
+  so.lr = 0.01;
+  so.replicas = replicas;
+  if ((rc = gradsync_shard_create(&shard, c, ZTOTAL, &so)) != GRADSYNC_OK) {
+    say("shard create", rc);
+    return NULL;
+  }
+  for (i = 0; i < ZTOTAL; ++i) w[i] = (float)i / ZTOTAL;
+  if ((rc = gradsync_shard_init(shard, w, ZTOTAL)) != GRADSYNC_OK) {
+    say("shard init", rc);
+    gradsync_shard_free(shard);
+    return NULL;
+  }
+  return shard;
+}
+
+/* The weights of a one-rank run of `steps` steps. */
+static int zero_reference(int steps, float* w) {
+  static float g[ZTOTAL];
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* c = NULL;
+  gradsync_shard* shard = NULL;
+  int s, rc = GRADSYNC_OK;
+  o.rank = 0;
+  o.size = 1;
+  snprintf(o.name, sizeof o.name, "shrink-zero-ref-%d", me);
+  if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) return rc;
+  shard = zero_parameter(c, 0, w);
+  for (s = 0; shard != NULL && s < steps && rc == GRADSYNC_OK; ++s) {
+    zero_gradient(s, g);
+    rc = gradsync_shard_step(shard, g, w, ZTOTAL, 1);
+  }
+  if (shard == NULL) rc = GRADSYNC_E_INTERNAL;
+  gradsync_shard_free(shard);
+  gradsync_comm_free(c);
+  return rc;
+}
 static float big[LARGE];
 #define HUGE_CALL (4 * 1024 * 1024) /* transfer: a call whose blocking transfer takes most of its time */
 static float huge[HUGE_CALL];
@@ -326,6 +382,55 @@ int main(int argc, char** argv) {
     printf("rank %d: verified %lld on %d ranks\n", me, (long long)local, n);
     fflush(stdout);
     gradsync_embedding_free(table);
+  } else if (strcmp(mode, "zero") == 0) {
+    static float w[ZTOTAL], g[ZTOTAL], ref[ZTOTAL];
+    gradsync_shard* shard = zero_parameter(c, 1, w);
+    int64_t updates = -1;
+    int step, differ = 0, end;
+    if (shard == NULL) return 1;
+    for (step = 0;; ++step) {
+      t = now_us();
+      zero_gradient(step, g);
+      if ((rc = gradsync_shard_step(shard, g, w, ZTOTAL, 1)) != GRADSYNC_OK) break;
+      /* Ranks 2 and 3 go between two steps, as in the embedding mode. */
+      if (step == 5) {
+        if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) break;
+        printf("rank %d: looping\n", me);
+        fflush(stdout);
+        if (me == 2 || me == 3) die_now();
+      }
+    }
+    say("call", rc);
+    if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
+    if ((rc = gradsync_shard_reshard(shard, c, NULL)) != GRADSYNC_OK) {
+      say("reshard", rc);
+      return 1;
+    }
+    gradsync_shard_updates(shard, &updates);
+    if (updates != step) {
+      printf("rank %d: WRONG reshard: %lld updates, the failed step was step %d\n", me, (long long)updates, step);
+      return 1;
+    }
+    for (end = step + 2; step < end; ++step) {
+      zero_gradient(step, g);
+      if ((rc = gradsync_shard_step(shard, g, w, ZTOTAL, 1)) != GRADSYNC_OK) {
+        say("step after the reshard", rc);
+        return 1;
+      }
+    }
+    if ((rc = zero_reference(end, ref)) != GRADSYNC_OK) {
+      say("reference", rc);
+      return 1;
+    }
+    for (i = 0; i < ZTOTAL; ++i) differ += memcmp(&w[i], &ref[i], sizeof(float)) != 0;
+    if (differ != 0) {
+      printf("rank %d: WRONG weights after the host loss and the reshard from replicas: %d of %d differ\n", me, differ,
+             ZTOTAL);
+      return 1;
+    }
+    printf("rank %d: verified %d on %d ranks\n", me, ZTOTAL, n);
+    fflush(stdout);
+    gradsync_shard_free(shard);
   } else if (strcmp(mode, "loop") == 0) {
     for (i = 0;; ++i) {
       t = now_us();
@@ -347,7 +452,8 @@ int main(int argc, char** argv) {
     const int transfer = strcmp(mode, "transfer") == 0;
     if (!large && !small && !host && !transfer && strcmp(mode, "between") && strcmp(mode, "second") &&
         strcmp(mode, "second-random") && strcmp(mode, "victim")) {
-      fprintf(stderr, "usage: %s between|small|large|second|victim V|host|transfer|stress SEED|loop\n", argv[0]);
+      fprintf(stderr, "usage: %s between|small|large|second|victim V|host|transfer|stress SEED|loop|embedding|zero\n",
+              argv[0]);
       return 2;
     }
     if (gradsync_comm_barrier(c) != GRADSYNC_OK) return 1;

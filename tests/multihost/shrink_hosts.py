@@ -28,7 +28,8 @@ PROGRAM is tests/mpi/mpi_shrink_program.
   table with one replica of each rank's rows instead (the program's ranks 2 and 3 die: the layout
   must put them, and only them, on the lost host), and after the shrink its reshard must take
   their rows from the replicas on other hosts (no checkpoint), and the survivors' rows must then
-  be bitwise one process's ("verified" counts them).
+  be bitwise one process's ("verified" counts them). --mode zero does the same with a ZeRO-1
+  Adam parameter with one replica of each slice: its weights must end bitwise a one-rank run's.
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -208,7 +209,7 @@ def main():
     ap.add_argument("--pid-namespaces", action="store_true",
                     help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
     ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
-    ap.add_argument("--mode", choices=("loop", "embedding"), default="loop",
+    ap.add_argument("--mode", choices=("loop", "embedding", "zero"), default="loop",
                     help="host: what the ranks run until h1 is lost (PROGRAM's mode)")
     ap.add_argument("--layout", default="2,2", help="host: ranks per host")
     ap.add_argument("--lost-host", type=int, default=1, help="host: the host killed")
