@@ -72,7 +72,12 @@ def launch(args, program, what, seed=0):
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
             mpirun_args = ["--enable-recovery", "-x", "SHRINK_TRANSPORT", "-x", "SHRINK_TIMEOUT_MS"]
             if what == "host":
-                job = h.start(program + [args.mode], mpirun_args=mpirun_args, env=env)
+                if args.mode == "torch":  # PROGRAM is tests/multihost/torch_elastic.py, which takes no mode
+                    env.update(GRADSYNC_TRANSPORT="hier", OMP_NUM_THREADS="1")
+                    for var in ("GRADSYNC_TRANSPORT", "OMP_NUM_THREADS", "PYTHONPATH", "GRADSYNC_LIBRARY"):
+                        if var in env:
+                            mpirun_args += ["-x", var]
+                job = h.start(program + ([] if args.mode == "torch" else [args.mode]), mpirun_args=mpirun_args, env=env)
                 if not job.wait_for(r"rank \d: looping", count=sum(layout), timeout=BOUND):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(args.lost_host)
@@ -209,7 +214,7 @@ def main():
     ap.add_argument("--pid-namespaces", action="store_true",
                     help="each host in a PID namespace of its own: no rank sees another host's deaths by PID")
     ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
-    ap.add_argument("--mode", choices=("loop", "embedding", "zero"), default="loop",
+    ap.add_argument("--mode", choices=("loop", "embedding", "zero", "torch"), default="loop",
                     help="host: what the ranks run until h1 is lost (PROGRAM's mode)")
     ap.add_argument("--layout", default="2,2", help="host: ranks per host")
     ap.add_argument("--lost-host", type=int, default=1, help="host: the host killed")

@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""gradsync.torch.elastic across hosts: a ZeroRedundancyOptimizer(replicas=1) on the hierarchical
+transport, started by mpirun (every rank `Communicator.from_env()` with GRADSYNC_TRANSPORT=hier).
+Once every rank is past step KILL_AT - 1, the ranks of one host (MPI_COMM_WORLD ranks 2 and 3:
+shrink_hosts.py --what host --mode torch puts exactly them on the lost host) SIGKILL themselves
+before their step; the harness then kills their host. The others, inside the step, see them gone
+(liveness links), and elastic.run recovers: shrink, reshard Adam's slices from their replicas
+(the replica ring put them on other hosts), go on from the last commit. Every weight must then
+equal, bit for bit, a one-rank run's: every rank's gradient is the same exact value (multiples of
+1/256), so its mean is the same on any number of ranks, and Adam is elementwise.
+
+It prints what shrink_hosts.py checks, in the words of tests/mpi/shrink_program.c: "rank R: call
+<status>: ..." (the error the recovery began with), "rank R: shrunk failed [..] size N attempts
+A", "rank R: verified W on N ranks" and "rank R: done", R being the MPI_COMM_WORLD rank.
+"""
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import re  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import gradsync as gs  # noqa: E402
+from gradsync.torch import ZeroRedundancyOptimizer, elastic  # noqa: E402
+
+STEPS = 12
+KILL_AT = 6
+VICTIMS = (2, 3)  # MPI_COMM_WORLD ranks: the lost host's
+
+
+def say(line):
+    # One write per line, newline included: mpirun passes on each process's output as it reads it,
+    # and a line written in two pieces can end up with another rank's line in between.
+    sys.stdout.flush()
+    os.write(1, f"rank {WORLD}: {line}\n".encode())
+
+
+WORLD = int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
+
+
+def net():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
+    return model
+
+
+def exact_grad(step, shape, salt):
+    n = int(np.prod(shape))
+    g = ((np.arange(n) * 7 + step * 13 + salt * 5) % 17 - 8) / 256
+    return torch.from_numpy(g.astype(np.float32)).reshape(shape)
+
+
+def train(comm, victims=()):
+    """STEPS steps of ZeRO-1 Adam under the elastic helper; the victims SIGKILL themselves before
+    step KILL_AT, once every rank is past the step before it (a barrier: a death inside MPI's
+    blocking transfer would end the job instead, by design)."""
+    model = net()
+    opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=1)
+    state = elastic.State(comm, model, opt)
+
+    @elastic.run
+    def loop(state):
+        while state.step < STEPS:
+            if victims and state.step == KILL_AT and not state.recoveries:
+                state.comm.barrier()
+                say("looping")
+                if WORLD in victims:
+                    say("dies")
+                    os.kill(os.getpid(), signal.SIGKILL)
+            for i, p in enumerate(model.parameters()):
+                p.grad = exact_grad(state.step, p.shape, i)
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+
+    loop(state)
+    return [p.detach().numpy().copy() for p in model.parameters()], state
+
+
+def main():
+    torch.set_num_threads(1)
+    comm = gs.Communicator.from_env(timeout_ms=int(os.environ.get("SHRINK_TIMEOUT_MS", "120000")))
+    weights, state = train(comm, VICTIMS)
+    for rec in state.recoveries:
+        status = re.match(r"\s*(GRADSYNC_E_\w+)", rec["error"] or "")
+        say(f"call {status.group(1) if status else 'unknown'}: {rec['error']}")
+        lost = [r for failed in rec["failed"] for r in failed]
+        say(f"shrunk failed [{','.join(map(str, lost))}] size {rec['size']} attempts {rec['attempts']} "
+            f"shrink_s {rec['shrink_s']:.3f} reshard_s {rec['reshard_s']:.3f} total_s {rec['total_s']:.3f}")
+    with gs.Communicator("torch-elastic-reference", 0, 1, transport="threads") as one:
+        reference, _ = train(one)
+    differ = sum(int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))) for a, b in zip(weights, reference))
+    total = sum(a.size for a in weights)
+    if differ or len(state.recoveries) != 1:
+        say(f"WRONG weights after the host loss: {differ} of {total} differ, {len(state.recoveries)} recoveries")
+        sys.exit(1)
+    say(f"verified {total} on {state.comm.size} ranks")
+    say("done")
+    # At exit the library ends the job with MPI_Abort: the lost ranks' requests stay abandoned.
+
+
+if __name__ == "__main__":
+    main()
