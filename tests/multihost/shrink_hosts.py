@@ -4,10 +4,11 @@
 mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
-                    [--seeds N] [--mode loop|embedding] [--layout 2,2 --lost-host 1]
+                    [--seeds N] [--mode loop|embedding|zero|torch] [--layout 2,2 --lost-host 1]
                     --what rank|small|large|transfer|host|stress -- PROGRAM
 
-PROGRAM is tests/mpi/mpi_shrink_program.
+PROGRAM is tests/mpi/mpi_shrink_program (with --mode torch: python3 tests/multihost/torch_elastic.py,
+on hier, which prints the same lines).
 - rank: rank 3 (on h1) SIGKILLs itself between calls. Rank 2 (h1) sees the death by its PID,
   ranks 0 and 1 (h0) cannot, and learn it from rank 2's proposal: every survivor must shrink to
   {3}, check every collective on the 3 ranks left and finish.
@@ -29,7 +30,8 @@ PROGRAM is tests/mpi/mpi_shrink_program.
   must put them, and only them, on the lost host), and after the shrink its reshard must take
   their rows from the replicas on other hosts (no checkpoint), and the survivors' rows must then
   be bitwise one process's ("verified" counts them). --mode zero does the same with a ZeRO-1
-  Adam parameter with one replica of each slice: its weights must end bitwise a one-rank run's.
+  Adam parameter with one replica of each slice: its weights must end bitwise a one-rank run's;
+  --mode torch with gradsync.torch.elastic and a ZeroRedundancyOptimizer(replicas=1) in Python.
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -65,7 +67,8 @@ def fail(what, output=""):
 
 
 def launch(args, program, what, seed=0):
-    """One job on 2 namespace hosts; returns its output once every rank has ended (or fails)."""
+    """One job on namespace hosts (2 x 2 but for --what host); returns its output once every rank
+    has ended (or fails)."""
     layout = args.layout if what == "host" else [2, 2]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
