@@ -89,6 +89,19 @@ static void die_now(void) {
   kill(getpid(), SIGKILL);
 }
 
+/* The embedding and zero modes: after step 5, once every rank is past its transfers (a barrier: a
+ * death inside MPI's blocking transfer ends the job instead, which the loop mode's kill covers),
+ * h1's ranks 2 and 3 go. Returns the barrier's status. */
+static int lose_h1_after(int step, gradsync_comm* c) {
+  int rc;
+  if (step != 5) return GRADSYNC_OK;
+  if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) return rc;
+  printf("rank %d: looping\n", me);
+  fflush(stdout);
+  if (me == 2 || me == 3) die_now();
+  return GRADSYNC_OK;
+}
+
 #define LARGE (256 * 1024)
 #define ZTOTAL 100003 /* not a multiple of the ranks: uneven slices */
 
@@ -349,14 +362,7 @@ int main(int argc, char** argv) {
       slice_of(step, me, n, &lo, &hi);
       rc = gradsync_embedding_push(table, ids + lo, (size_t)(hi - lo), grads + lo * DIM, (size_t)(hi - lo) * DIM);
       if (rc != GRADSYNC_OK) break;
-      /* h1's ranks go between two pushes, once every rank is past step 5's transfers (a death
-       * inside MPI's blocking transfer ends the job instead: the loop mode's kill covers that). */
-      if (step == 5) {
-        if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) break;
-        printf("rank %d: looping\n", me);
-        fflush(stdout);
-        if (me == 2 || me == 3) die_now();
-      }
+      if ((rc = lose_h1_after(step, c)) != GRADSYNC_OK) break;
     }
     say("call", rc);
     if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;
@@ -392,13 +398,7 @@ int main(int argc, char** argv) {
       t = now_us();
       zero_gradient(step, g);
       if ((rc = gradsync_shard_step(shard, g, w, ZTOTAL, 1)) != GRADSYNC_OK) break;
-      /* Ranks 2 and 3 go between two steps, as in the embedding mode. */
-      if (step == 5) {
-        if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) break;
-        printf("rank %d: looping\n", me);
-        fflush(stdout);
-        if (me == 2 || me == 3) die_now();
-      }
+      if ((rc = lose_h1_after(step, c)) != GRADSYNC_OK) break;
     }
     say("call", rc);
     if (shrink(&c, alive, &n, t) != GRADSYNC_OK) return 1;

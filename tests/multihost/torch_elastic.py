@@ -29,6 +29,9 @@ import torch  # noqa: E402
 import gradsync as gs  # noqa: E402
 from gradsync.torch import ZeroRedundancyOptimizer, elastic  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from elastic_model import exact_grad, net  # noqa: E402
+
 STEPS = 12
 KILL_AT = 6
 VICTIMS = (2, 3)  # MPI_COMM_WORLD ranks: the lost host's
@@ -42,21 +45,6 @@ def say(line):
 
 
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
-
-
-def net():
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    rng = np.random.default_rng(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
-    return model
-
-
-def exact_grad(step, shape, salt):
-    n = int(np.prod(shape))
-    g = ((np.arange(n) * 7 + step * 13 + salt * 5) % 17 - 8) / 256
-    return torch.from_numpy(g.astype(np.float32)).reshape(shape)
 
 
 def train(comm, victims=()):

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import gradsync as gs  # noqa: E402
 from conftest import run_ranks  # noqa: E402
+from elastic_model import exact_grad, net  # noqa: E402
 
 BOUND_S = 120  # a hang fails the test rather than blocking the suite
 STEPS, KILL_AT, VICTIM = 6, 3, 2
@@ -61,25 +62,6 @@ def _run(target, nranks, *args):
                 p.kill()
                 p.join()
     return results, [p.exitcode for p in procs]
-
-
-def net():
-    # Weights from a generator of its own: ranks that are threads would otherwise draw from torch's
-    # one global generator in turns, and rank 0's model (which every rank starts from) would vary.
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    rng = np.random.default_rng(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.from_numpy((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
-    return model
-
-
-def exact_grad(step, shape, salt):
-    # Multiples of 1/256, the same on every rank: their mean over any number of ranks is exact, so
-    # a run on 3 ranks and one on 4 step through the same bits.
-    n = int(np.prod(shape))
-    g = ((np.arange(n) * 7 + step * 13 + salt * 5) % 17 - 8) / 256
-    return torch.from_numpy(g.astype(np.float32)).reshape(shape)
 
 
 def zero_train(comm, replicas, victim=None, kill_at=None, steps=STEPS, seen=None):
