@@ -14,7 +14,6 @@
 #include <fstream>
 #include <functional>
 
-#include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "common/fnv.hpp"
 #include "common/log.hpp"
@@ -120,12 +119,12 @@ ReplicaRing::ReplicaRing(const Topology& topology, int size) : order_(static_cas
   for (size_t i = 0; i < n; ++i) pos_[static_cast<size_t>(order_[i])] = static_cast<int>(i);
 }
 
-ReplicaRing ReplicaRing::broadcast(Communicator& group, const ReplicaRing& mine, int size, int root) {
+ReplicaRing ReplicaRing::broadcast(const BroadcastWords& broadcast, const ReplicaRing& mine, int size, bool root) {
   const auto n = static_cast<size_t>(size);
   std::vector<int64_t> order(n, 0);
   // A root whose ring has another size sends what fits: no longer a permutation, every rank refuses it.
-  if (group.rank() == root) std::copy_n(mine.order_.begin(), std::min(n, mine.order_.size()), order.begin());
-  group.broadcast(order.data(), n, DType::I64, root);
+  if (root) std::copy_n(mine.order_.begin(), std::min(n, mine.order_.size()), order.begin());
+  broadcast(order.data(), n);
   ReplicaRing ring;
   ring.pos_.assign(n, -1);
   ring.order_.resize(n);

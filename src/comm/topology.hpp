@@ -23,8 +23,6 @@
 
 namespace gradsync::comm {
 
-class Communicator;
-
 struct Topology {
   int host = 0;        // this rank's host
   int local_rank = 0;  // this rank's place among its host's ranks
@@ -46,10 +44,13 @@ class ReplicaRing {
  public:
   ReplicaRing() = default;
   ReplicaRing(const Topology& topology, int size);
-  // The ring that rank `root` of `group` holds, on every rank of it: for ranks that do not hold it
-  // (a reshard's joiners). `size` is the ring's, which every rank passes alike; the others' `mine`
-  // is not read. Collective; throws E_MISMATCH if what arrives is not a permutation of [0, size).
-  static ReplicaRing broadcast(Communicator& group, const ReplicaRing& mine, int size, int root);
+  // The ring one rank of a group holds, on every rank of it: for ranks that do not hold it (a
+  // reshard's joiners). `broadcast` sends `count` words from that rank to every rank (the group's
+  // broadcast, as detect_topology takes its allgather); `size` is the ring's, which every rank
+  // passes alike; mine is read on the root only. Collective; throws E_MISMATCH if what arrives is
+  // not a permutation of [0, size).
+  using BroadcastWords = std::function<void(int64_t* words, size_t count)>;
+  static ReplicaRing broadcast(const BroadcastWords& broadcast, const ReplicaRing& mine, int size, bool root);
   const std::vector<int>& order() const noexcept { return order_; }
   int ahead(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] + j); }
   int behind(int r, int j) const noexcept { return at(pos_[static_cast<size_t>(r)] - j); }

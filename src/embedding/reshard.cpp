@@ -153,7 +153,11 @@ ShardedTable::ReshardReport ShardedTable::reshard(comm::Communicator& next, bool
     joiners = joiners || is_joiner(r);
     eligible = eligible && (is_joiner(r) || word(r, kRing) == word(held_by, kRing));
   }
-  const Ring old_ring = eligible && joiners ? Ring::broadcast(next, ring_, old_size, held_by) : ring_;
+  const auto from_first_member = [&](int64_t* words, size_t count) {
+    next.broadcast(words, count, DType::I64, held_by);
+  };
+  const Ring old_ring =
+      eligible && joiners ? Ring::broadcast(from_first_member, ring_, old_size, me == held_by) : ring_;
   std::vector<std::string> uncovered;  // the lost rows no surviving replica holds
   std::vector<int> supplied_by = holder;
   for (int j : report.lost_old_ranks) {

@@ -693,8 +693,11 @@ ShardedParameter::ReshardReport ShardedParameter::reshard(comm::Communicator& ne
   bool joiners = false, gaps = false;
   for (int r = 0; r < np; ++r) joiners = joiners || is_joiner(r);
   for (int j = 0; j < size_; ++j) gaps = gaps || source[static_cast<size_t>(j)] < 0;
+  const auto from_first_member = [&](int64_t* words, size_t count) {
+    next.broadcast(words, count, DType::I64, held_by);
+  };
   const comm::ReplicaRing old_ring =
-      joiners && gaps ? comm::ReplicaRing::broadcast(next, ring_, size_, held_by) : ring_;
+      joiners && gaps ? comm::ReplicaRing::broadcast(from_first_member, ring_, size_, me == held_by) : ring_;
   for (int j = 0; j < size_; ++j) {
     if (source[static_cast<size_t>(j)] >= 0) continue;
     report.lost_old_ranks.push_back(j);
