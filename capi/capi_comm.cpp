@@ -83,7 +83,8 @@ gradsync_comm_options default_options() {
 }
 
 // Copies what the caller's version of the struct has; later fields keep their defaults.
-gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
+// join: over MPI too the name is needed (the join name; a group over MPI is MPI's and has none).
+gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool join = false) {
   GS_REQUIRE(user != nullptr, GRADSYNC_E_INVALID_ARG, "options are NULL");
   const gradsync_comm_options o = gradsync::capi::read_options(user, default_options(), kOptionsV1Size, "options");
   GS_REQUIRE(o.reserved0 == 0, GRADSYNC_E_INVALID_ARG, "reserved0 must be 0, got {}", o.reserved0);
@@ -100,13 +101,15 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user) {
     GS_REQUIRE(o.size >= 1, GRADSYNC_E_INVALID_ARG, "size must be at least 1, got {}", o.size);
     GS_REQUIRE(o.rank != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG, "rank is not set");
     GS_REQUIRE(o.rank >= 0 && o.rank < o.size, GRADSYNC_E_OUT_OF_RANGE, "rank {} out of range [0, {})", o.rank, o.size);
+    out.rank = o.rank;
+    out.size = o.size;
+  }
+  if (needs_rank || join) {
     const size_t name_len = strnlen(o.name, GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
                "group name is not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len > 0, GRADSYNC_E_INVALID_ARG, "group name is empty");
     out.name.assign(o.name, name_len);
-    out.rank = o.rank;
-    out.size = o.size;
   }
   out.deterministic =
       o.deterministic == GRADSYNC_UNSET_I32 ? out.transport != gradsync::comm::Transport::Mpi : o.deterministic != 0;
@@ -278,7 +281,7 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
 GRADSYNC_API int gradsync_comm_join(gradsync_comm** out, const gradsync_comm_options* opts,
                                     gradsync_grow_result* result) {
   return gradsync::capi::create(__func__, out, [&] {
-    const auto options = parse_options(opts);
+    const auto options = parse_options(opts, true);
     require_grow_result(result);
     gradsync::comm::GrowResult grown = gradsync::comm::join(options);
     std::string description = describe(options, *grown.comm);

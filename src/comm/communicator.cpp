@@ -363,17 +363,9 @@ void Communicator::pass_identity(Communicator& successor, const Options& options
   successor.next_member_id_ = next_member_id_;
 }
 
-void fail_cannot_take_in(const char* operation, Transport transport) {
-  if (transport == Transport::Mpi || transport == Transport::Hier) {
-    fail(GRADSYNC_E_UNSUPPORTED,
-         "{} is not supported on the {} transport: a running job's MPI communicators cannot take in new "
-         "processes without MPI_Comm_spawn or MPI_Comm_connect/accept, which this build does not use",
-         operation, transport_name(transport));
-  }
-  fail(GRADSYNC_E_UNSUPPORTED, "{} is not supported on the {} transport", operation, transport_name(transport));
+GrowResult Communicator::grow(const std::string&, int) {
+  fail(GRADSYNC_E_UNSUPPORTED, "grow is not supported on the {} transport", transport_name(transport()));
 }
-
-GrowResult Communicator::grow(const std::string&, int) { fail_cannot_take_in("grow", transport()); }
 
 Options Communicator::subgroup_options(const Subgroup& sub) const {
   Options o = group_options_;

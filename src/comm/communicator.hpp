@@ -201,6 +201,8 @@ class Communicator {
 
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);
+  friend std::unique_ptr<Communicator> over_levels(std::unique_ptr<Communicator> world, const Options& options);
+  friend GrowResult join(const Options& options);
   friend class Membership;  // a grown group takes its ids and options from the group it grew from
 
   // Makes this rank's communicator of the subgroup; every member calls it at once.
@@ -239,6 +241,11 @@ class Communicator {
   // A group made of this one's members (the hierarchical transport's over a shrunk MPI group)
   // takes this member's id, the ids in use and the options, with its own name and topology.
   void pass_identity(Communicator& successor, const Options& options, const Topology& topology) const;
+  // A grown group's member: its id (a member's own, or a joiner's new one) and the ids in use.
+  void take_identity(int64_t member_id, int64_t next_member_id) noexcept {
+    member_id_ = member_id;
+    next_member_id_ = next_member_id;
+  }
 
  private:
   int64_t member_id_ = 0;
@@ -260,9 +267,5 @@ class Communicator {
 // How a transport forms a group of its own by the options' name (create_thread_communicator,
 // create_shm_communicator), before establish(): its groups form their subgroups so, and grow.
 using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);
-
-// Fails with GRADSYNC_E_UNSUPPORTED: `operation` (grow, join) on a transport that cannot take in
-// processes (MPI, HIER), saying why.
-[[noreturn]] void fail_cannot_take_in(const char* operation, Transport transport);
 
 }  // namespace gradsync::comm

@@ -43,6 +43,15 @@ std::unique_ptr<Communicator> create_transport(const Options& options) {
 }
 }  // namespace
 
+std::unique_ptr<Communicator> over_levels(std::unique_ptr<Communicator> world, const Options& options) {
+  // The levels over the MPI group (collective over it). Its identity is the MPI group's: options.rank
+  // is not set over MPI, where the rank comes from MPI.
+  const Communicator* mpi_level = world.get();  // kept by the hierarchical group
+  std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(world), options);
+  mpi_level->pass_identity(*hier, options, mpi_level->topology());
+  return hier;
+}
+
 GrowResult join(const Options& options) {
   switch (options.transport) {
     case Transport::Thread: return Membership::join(options, create_thread_communicator);
@@ -50,7 +59,19 @@ GrowResult join(const Options& options) {
     case Transport::Mpi:
     case Transport::Hier: break;
   }
-  fail_cannot_take_in("join", options.transport);
+#if GRADSYNC_HAVE_MPI
+  GrowResult grown = join_mpi_group(options);
+  if (options.transport == Transport::Hier) {
+    // The members build theirs so (HierCommunicator::grow), with the group's options.
+    Options o = grown.comm->group_options();
+    o.transport = Transport::Hier;
+    grown.comm->guard_forming(true);
+    grown.comm = over_levels(std::move(grown.comm), o);
+  }
+  return grown;
+#else
+  fail(GRADSYNC_E_UNSUPPORTED, "join over {}: libgradsync was built without MPI", transport_name(options.transport));
+#endif
 }
 
 std::unique_ptr<Communicator> create(const Options& options) {
@@ -59,12 +80,7 @@ std::unique_ptr<Communicator> create(const Options& options) {
   std::unique_ptr<Communicator> c = create_transport(options);
   c->establish(options);
   if (options.transport != Transport::Hier) return c;
-  // The MPI group with its topology, then the levels over it (collective over the group).
-  // Its identity is the MPI group's: options.rank is not set over MPI, where the rank comes from MPI.
-  const Communicator* world = c.get();  // kept by the hierarchical group as its MPI level
-  std::unique_ptr<Communicator> hier = make_hierarchical_communicator(std::move(c), options);
-  world->pass_identity(*hier, options, world->topology());
-  return hier;
+  return over_levels(std::move(c), options);
 }
 
 }  // namespace gradsync::comm

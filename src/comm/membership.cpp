@@ -310,8 +310,7 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
     o.forming_abandoned = watch(admit_and_form_deadline);
     grown = join_group(o);
     grown->establish(o);
-    grown->member_id_ = group.member_id();
-    grown->next_member_id_ = first_id + joiners;
+    grown->take_identity(group.member_id(), first_id + joiners);
     grown->barrier();
     result.form = WaitClock::now() - formed_start;
     result.comm = std::move(grown);
@@ -407,8 +406,7 @@ GrowResult Membership::join(const Options& options, JoinGroup join_group) {
     throw Error(GRADSYNC_E_REMOTE,
                 fmt::format("join '{}': the grow failed on the members' side ({}): {}", options.name, lost, e.what()));
   }
-  grown->member_id_ = first_id + options.rank;
-  grown->next_member_id_ = first_id + options.size;
+  grown->take_identity(first_id + options.rank, first_id + options.size);
   try {
     grown->barrier();
   } catch (const Error& e) {

@@ -210,6 +210,31 @@ class HierCommunicator final : public Communicator {
     result.form += std::chrono::steady_clock::now() - levels_start;
     return result;
   }
+  // The MPI level grows (mpi_grow.cpp: the joiners spawned, they build these levels too), and the
+  // levels are built over the grown MPI group as for a new group, their forming under the watchdog
+  // as a shrink's. The members' identities are the MPI level's.
+  GrowResult grow(const std::string& join_name, int joiners) override {
+    GrowResult result = world_->grow(join_name, joiners);
+    const auto levels_start = std::chrono::steady_clock::now();
+    const Topology topology = result.comm->topology();
+    const int64_t id = result.comm->member_id(), next_id = result.comm->next_member_id();
+    result.comm->guard_forming(true);
+    std::unique_ptr<HierCommunicator> grown;
+    try {
+      grown = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
+    } catch (const Error& err) {
+      fail(err.status(),
+           "grow of the hier group: rank {}: the grown MPI group was formed ({} joiner(s) by '{}'), but its "
+           "shared-memory and cross-host levels could not be built (a rank lost meanwhile?): {}",
+           rank(), joiners, join_name, err.what());
+    }
+    grown->world_->guard_forming(false);
+    pass_identity(*grown, group_options(), topology);
+    grown->take_identity(id, next_id);
+    result.comm = std::move(grown);
+    result.form += std::chrono::steady_clock::now() - levels_start;
+    return result;
+  }
   const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
   // The host's shared-memory level is the one with a mapping of the child's own.
   void release_after_fork() noexcept override {

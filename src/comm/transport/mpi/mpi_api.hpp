@@ -17,7 +17,7 @@
 namespace gradsync::comm::mpi {
 
 // Bumped whenever Api changes: a plugin of another build is refused, not misread.
-inline constexpr uint32_t kApiVersion = 3;
+inline constexpr uint32_t kApiVersion = 4;
 
 // The mpi.h a build was compiled against, as far as the transport depends on it: the standard's
 // version, the sizes of the types it passes by value or lays out (MPI_Status in MPI_Test's
@@ -77,6 +77,14 @@ struct Api {
   decltype(&MPI_Allgatherv) Allgatherv;
   decltype(&MPI_Alltoallv) Alltoallv;
   decltype(&MPI_Reduce_scatter) Reduce_scatter;
+  // A grow's (mpi_grow.cpp).
+  MPI_Info info_null;
+  decltype(&MPI_Info_create) Info_create;
+  decltype(&MPI_Info_set) Info_set;
+  decltype(&MPI_Info_free) Info_free;
+  decltype(&MPI_Comm_spawn) Comm_spawn;
+  decltype(&MPI_Comm_get_parent) Comm_get_parent;
+  decltype(&MPI_Intercomm_merge) Intercomm_merge;
 };
 
 // The table, loading the plugin on first use: beside the library that holds this code, then by

@@ -65,13 +65,6 @@ constexpr auto kSpinPhase = std::chrono::milliseconds(2);
 
 std::string describe(const Fingerprint& f) { return fmt::format("{} (call {})", describe(f.call), f.seq); }
 
-std::string mpi_error_string(int rc) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (mpi::lib().Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
-  return std::string(text, static_cast<size_t>(len));
-}
-
 int64_t world_rank() {
   int r = -1;
   mpi::lib().Comm_rank(mpi::lib().comm_world, &r);
@@ -268,6 +261,13 @@ InTransfer::InTransfer(MpiCommunicator& c) noexcept : c_(c) {
 }
 
 InTransfer::~InTransfer() { c_.transfer_.fetch_add(1, std::memory_order_release); }
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (mpi::lib().Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(text, static_cast<size_t>(len));
+}
 
 void bury(std::shared_ptr<void> memory) {
   static std::mutex mutex;
@@ -992,11 +992,17 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
   int rc = rc_part;
   if (rc_part == MPI_SUCCESS) {
     std::optional<Watchdog> watchdog;
+    auto why = [this](std::chrono::milliseconds waited) {
+      return fmt::format(
+          "rank {}: MPI_Comm_create_group over a shrink's survivors did not return within {} ms: a member was lost "
+          "inside it, or after it confirmed the group (or its host was lost with its Open MPI daemon)",
+          rank_, waited.count());
+    };
     if (create_deadline_) {
-      watchdog.emplace(*create_deadline_, rank_, options_.timeout / 2);
+      watchdog.emplace(*create_deadline_, why(options_.timeout / 2));
     } else if (guard_forming_) {
       // Its members passed the split's exchange together: one not here within the timeout is lost.
-      watchdog.emplace(deadline_after(options_.timeout), rank_, options_.timeout);
+      watchdog.emplace(deadline_after(options_.timeout), why(options_.timeout));
     }
     rc = m.Comm_create_group(base_, part, kSplitTag, &made);
   }
@@ -1015,6 +1021,11 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
 }  // namespace gradsync::comm::mpi
 
 namespace gradsync::comm {
+
+GrowResult join_mpi_group(const Options& options) {
+  (void)mpi::lib();
+  return mpi::MpiCommunicator::join(options);
+}
 
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options) {
   (void)mpi::lib();  // the plugin, or E_UNSUPPORTED saying what to install, before anything else

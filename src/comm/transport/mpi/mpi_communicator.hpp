@@ -27,6 +27,8 @@ namespace gradsync::comm {
 // Joins the group of MPI_COMM_WORLD, or of the communicator whose Fortran handle is
 // options.mpi_fcomm, initialising MPI if the host has not. Rank and size come from MPI.
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options);
+// A joiner's side of a grow over MPI, in a process that the members' grow spawned (mpi_grow.cpp).
+GrowResult join_mpi_group(const Options& options);
 // Whether MPI communicators can be created here: the MPI plugin and the MPI runtime load.
 bool mpi_transport_available() noexcept;
 

@@ -130,16 +130,19 @@ struct Notice {
   int source = -1;
 };
 
+// MPI's text for an error code.
+std::string mpi_error_string(int rc);
+
 // Memory that an abandoned MPI request may still write (or read) if the late rank ever arrives:
 // kept alive until the process ends, since MPI cannot cancel a collective.
 void bury(std::shared_ptr<void> memory);
 
-// Ends the job with MPI_Abort, saying why, unless destroyed before `deadline`: a shrink's blocking
-// MPI_Comm_create_group, which a member lost inside it (or a whole host lost, its daemon too)
-// leaves waiting forever, and nothing else can end.
+// Ends the job with MPI_Abort, logging `why`, unless destroyed before `deadline`: around a blocking
+// MPI call that a member lost inside it (or a whole host lost, its daemon too) leaves waiting
+// forever, and nothing else can end: a shrink's MPI_Comm_create_group, a grow's spawn and merge.
 class Watchdog {
  public:
-  Watchdog(Clock::time_point deadline, int rank, std::chrono::milliseconds timeout);
+  Watchdog(Clock::time_point deadline, std::string why);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -196,6 +199,10 @@ class MpiCommunicator final : public Communicator {
   void reset() override;
   // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
   ShrinkResult shrink() override;
+  // Spawns the joiners and merges them in (mpi_grow.cpp).
+  GrowResult grow(const std::string& join_name, int joiners) override;
+  // A joiner's side: in a process that a grow spawned (comm::join).
+  static GrowResult join(const Options& options);
   // The shrink's survivors' group where a whole host was lost and every survivor is on this one: a
   // shared-memory group named from `nonce`, formed without MPI (collective over sub's members).
   std::unique_ptr<Communicator> form_on_host(const Subgroup& sub, uint64_t nonce);

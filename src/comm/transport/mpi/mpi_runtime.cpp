@@ -18,6 +18,7 @@ bool g_we_initialised = false;
 bool g_exit_handler = false;
 std::atomic<int> g_thread_level{MPI_THREAD_SINGLE};
 std::atomic<int> g_abandoned{0};
+std::atomic<bool> g_host_lost{false};
 OwnerProcess g_initialiser;  // set as MPI is initialised
 
 void finalize_at_exit() {
@@ -88,5 +89,7 @@ bool finalized() noexcept {
 
 void mark_abandoned() noexcept { g_abandoned.fetch_add(1); }
 void clear_abandoned() noexcept { g_abandoned.fetch_sub(1); }
+void mark_host_lost() noexcept { g_host_lost.store(true); }
+bool host_lost() noexcept { return g_host_lost.load(); }
 
 }  // namespace gradsync::comm::mpi

@@ -32,5 +32,10 @@ bool finalized() noexcept;
 // Counts communicators holding an abandoned collective (marked by timeouts/aborts, cleared by reset).
 void mark_abandoned() noexcept;
 void clear_abandoned() noexcept;
+// Set once a shrink in this process decided that a whole host of the job was lost: Open MPI 4.1's
+// MPI_Comm_spawn then ends the whole job (its runtime relays through the lost host's daemon), so a
+// grow refuses (mpi_grow.cpp).
+void mark_host_lost() noexcept;
+bool host_lost() noexcept;
 
 }  // namespace gradsync::comm::mpi

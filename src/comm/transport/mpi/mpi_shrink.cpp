@@ -87,16 +87,14 @@ struct Wire {
 
 }  // namespace
 
-Watchdog::Watchdog(Clock::time_point deadline, int rank, std::chrono::milliseconds timeout)
-    : thread_([this, deadline, rank, timeout] {
+Watchdog::Watchdog(Clock::time_point deadline, std::string why)
+    : thread_([this, deadline, why = std::move(why)] {
         std::unique_lock lock(mutex_);
         if (cv_.wait_until(lock, deadline, [this] { return done_; })) return;
         GS_LOG_ERROR(
-            "MPI transport: rank {}: MPI_Comm_create_group over the shrink's survivors did not return within the "
-            "timeout ({} ms): a member was lost inside it, or after it confirmed the group (or its host was lost "
-            "with its Open MPI daemon). Nothing can end that call: calling MPI_Abort(MPI_COMM_WORLD, 1) to end the "
-            "job rather than hang",
-            rank, timeout.count());
+            "MPI transport: {}. Nothing can end that call: calling MPI_Abort(MPI_COMM_WORLD, 1) to end the job rather "
+            "than hang",
+            why);
         mpi::lib().Abort(mpi::lib().comm_world, 1);
       }) {}
 
@@ -307,6 +305,13 @@ ShrinkResult MpiCommunicator::shrink() {
         if (!has(failed, r)) survivors_here &= here;
       }
       on_host = survivors_here && other_hosts;
+      // A host none of whose ranks survive is taken as lost with its Open MPI daemon (a grow refuses).
+      for (int r = 0; r < size_; ++r) {
+        bool whole = has(failed, r);
+        for (int q = 0; q < size_ && whole; ++q)
+          whole = peers_[static_cast<size_t>(q)].host_key != peers_[static_cast<size_t>(r)].host_key || has(failed, q);
+        if (whole) mpi::mark_host_lost();
+      }
       confirming = true;
       decided_at = Clock::now();
       send(kConfirm);

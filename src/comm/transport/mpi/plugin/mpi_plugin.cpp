@@ -60,6 +60,13 @@ Api make() {
   a.Allgatherv = &MPI_Allgatherv;
   a.Alltoallv = &MPI_Alltoallv;
   a.Reduce_scatter = &MPI_Reduce_scatter;
+  a.info_null = MPI_INFO_NULL;
+  a.Info_create = &MPI_Info_create;
+  a.Info_set = &MPI_Info_set;
+  a.Info_free = &MPI_Info_free;
+  a.Comm_spawn = &MPI_Comm_spawn;
+  a.Comm_get_parent = &MPI_Comm_get_parent;
+  a.Intercomm_merge = &MPI_Intercomm_merge;
   return a;
 }
 

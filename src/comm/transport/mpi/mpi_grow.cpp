@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MPI transport's grow. Open MPI 4.1 takes new processes into a running job only through
+// MPI_Comm_spawn (connect/accept would need a name server the job does not have), so the members
+// start the joiners themselves: rank 0's program, with its arguments and working directory, and
+// GRADSYNC_JOIN=<join name> in the joiners' environment, which tells that program to join
+// (comm.h, gradsync_comm_join). Then:
+// 1. Agree: the members allgather (joiners, the join name's hash, the next member id, whether this
+//    process saw a whole host lost) over the group, a verified collective, and check it alike.
+// 2. Spawn: MPI_Comm_spawn over the members (blocking; the joiners' MPI_Init completes it).
+// 3. Merge: MPI_Intercomm_merge, members low, so they keep their ranks and joiner j is size + j.
+// 4. Offer: rank 0 broadcasts the group's options and ids over the merged communicator.
+// 5. Form: an MPI communicator of the transport's own over the merged one (its setup bounded as
+//    at creation), its topology detected; an allreduce over it of every joiner's verdict on the
+//    offer, so that a joiner that came with another join name fails every rank alike; then the
+//    commit, one barrier (a round of the transport's, decided once: tests/model/mpi_round.pml).
+// Steps 2-4 are MPI's blocking collectives, which nothing can interrupt: each runs under a
+// watchdog that ends the job with MPI_Abort at the group's timeout, so a joiner that never comes (a
+// program that does not call gradsync_comm_join) or a member lost inside them ends the job rather
+// than hang it. After a whole host was lost the members refuse in step 1: Open MPI's spawn would end
+// the job (docs/mpi.md).
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/engine/control.hpp"
+#include "comm/transport/mpi/mpi_internal.hpp"
+#include "comm/transport/mpi/mpi_runtime.hpp"
+#include "common/error.hpp"
+#include "common/fnv.hpp"
+#include "common/log.hpp"
+#include "common/wait.hpp"
+
+namespace gradsync::comm::mpi {
+namespace {
+
+constexpr const char* kJoinVariable = "GRADSYNC_JOIN";
+
+// Rank 0's broadcast to the joiners (step 4).
+enum : size_t {
+  kOldSize,
+  kJoiners,
+  kFirstId,
+  kNameHash,
+  kTransport,  // the members': MPI, or hier (whose levels the joiners then build too)
+  kTimeoutMs,
+  kCheckMismatch,
+  kDeterministic,
+  kTopologyIndependent,
+  kOfferWords
+};
+
+uint64_t name_hash(const std::string& name) { return fnv1a64(name.data(), name.size()); }
+
+// This process's program as MPI_Comm_spawn takes it: the executable (argv[0] may be relative, or
+// found on a PATH the joiners' daemon does not have), the arguments after argv[0], and the
+// working directory.
+struct Program {
+  std::string exe, wdir;
+  std::vector<std::string> args;
+};
+
+Program this_program() {
+  Program p;
+  std::array<char, PATH_MAX> path{};
+  const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+  GS_REQUIRE(n > 0, GRADSYNC_E_IO, "grow over MPI: cannot read /proc/self/exe, the program the joiners run: {}",
+             std::strerror(errno));
+  p.exe.assign(path.data(), static_cast<size_t>(n));
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  GS_REQUIRE(cmdline.good() || cmdline.eof(), GRADSYNC_E_IO, "grow over MPI: cannot read /proc/self/cmdline");
+  size_t at = all.find('\0');  // past argv[0]
+  while (at != std::string::npos && at + 1 < all.size()) {
+    const size_t end = all.find('\0', at + 1);
+    p.args.push_back(all.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1));
+    at = end;
+  }
+  GS_REQUIRE(::getcwd(path.data(), path.size()) != nullptr, GRADSYNC_E_IO,
+             "grow over MPI: cannot read the working directory the joiners start in: {}", std::strerror(errno));
+  p.wdir = path.data();
+  return p;
+}
+
+// Runs `call` (a blocking MPI collective) under a watchdog at the group's timeout.
+template <class Call>
+int guarded(std::chrono::milliseconds timeout, const std::string& why, Call call) {
+  Watchdog watchdog(deadline_after(timeout), why);
+  return call();
+}
+
+// Whether any rank of the grown group refused the offer (its verdict nonzero): every rank learns it
+// alike, from one verified collective.
+bool joiner_refused(Communicator& grown, int64_t verdict) {
+  std::vector<int64_t> all(static_cast<size_t>(grown.size()));
+  grown.allgather(&verdict, all.data(), all.size(), DType::I64);
+  return std::any_of(all.begin(), all.end(), [](int64_t v) { return v != 0; });
+}
+
+}  // namespace
+
+GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
+  const mpi::Api& m = mpi::lib();
+  const auto start = Clock::now();
+  const std::string group =
+      options_.name.empty() ? std::string("the MPI group") : fmt::format("MPI group '{}'", options_.name);
+  // 1. Agree.
+  enum : size_t { kJoinersWord, kName, kNext, kHostLost, kWords };
+  const int64_t mine[kWords] = {joiners, static_cast<int64_t>(name_hash(join_name)), next_member_id(),
+                                mpi::host_lost() ? 1 : 0};
+  std::vector<int64_t> all(kWords * static_cast<size_t>(size_));
+  allgather(mine, all.data(), all.size(), DType::I64);
+  int lost_host_seen_by = -1;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* w = &all[static_cast<size_t>(r) * kWords];
+    GS_REQUIRE(w[kJoinersWord] == all[kJoinersWord] && w[kName] == all[kName], GRADSYNC_E_MISMATCH,
+               "grow of {}: rank {} grows by {} joiner(s), rank 0 by {}{} (rank {} passed join name '{}')", group, r,
+               w[kJoinersWord], all[kJoinersWord],
+               w[kName] == all[kName] ? "" : ", and they passed different join names", rank_, join_name);
+    GS_REQUIRE(w[kNext] == all[kNext], GRADSYNC_E_MISMATCH,
+               "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members", group,
+               r, w[kNext], all[kNext]);
+    if (w[kHostLost] != 0 && lost_host_seen_by < 0) lost_host_seen_by = r;
+  }
+  GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
+             "grow of {}: {} joiner(s) for a group of {}: a grown group holds 2 to {} ranks", group, joiners, size_,
+             kMaxLocalRanks);
+  GS_REQUIRE(lost_host_seen_by < 0, GRADSYNC_E_UNSUPPORTED,
+             "grow of {}: rank {} saw a shrink lose every rank of a host. After a host is lost (its Open MPI daemon "
+             "with it), Open MPI 4.1's MPI_Comm_spawn ends the whole job, so this job cannot grow over MPI: go on with "
+             "the survivors, or restart the job from a checkpoint with the hosts it needs",
+             group, lost_host_seen_by);
+  const int64_t first_id = all[kNext];
+
+  // 2. Spawn: rank 0's program; its arguments matter at the root only.
+  const Program program = rank_ == 0 ? this_program() : Program{};
+  std::vector<char*> argv;
+  for (const std::string& a : program.args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  MPI_Info info = m.info_null;
+  const std::string env = fmt::format("{}={}", kJoinVariable, join_name);
+  if (rank_ == 0) {
+    check(m.Info_create(&info), "MPI_Info_create");
+    check(m.Info_set(info, "env", env.c_str()), "MPI_Info_set");
+    check(m.Info_set(info, "wdir", program.wdir.c_str()), "MPI_Info_set");
+  }
+  struct FreeInfo {
+    MPI_Info& i;
+    ~FreeInfo() {
+      if (i != mpi::lib().info_null) mpi::lib().Info_free(&i);
+    }
+  } free_info{info};
+  MPI_Comm inter = m.comm_null, merged = m.comm_null;
+  std::vector<int> errcodes(static_cast<size_t>(joiners), MPI_SUCCESS);
+  const int spawned = guarded(
+      options_.timeout,
+      fmt::format("rank {}: MPI_Comm_spawn of {} joiner(s) ('{}') did not return within {} "
+                  "ms: a joiner did not start MPI, or a member was lost inside the call",
+                  rank_, joiners, program.exe, options_.timeout.count()),
+      [&] { return m.Comm_spawn(program.exe.c_str(), argv.data(), joiners, info, 0, base_, &inter, errcodes.data()); });
+  GS_REQUIRE(spawned == MPI_SUCCESS, GRADSYNC_E_REMOTE,
+             "grow of {}: rank {}: MPI_Comm_spawn could not start the {} joiner(s) running {} (MPI error {}, first "
+             "joiner's {})",
+             group, rank_, joiners, rank_ == 0 ? program.exe : std::string("rank 0's program"), spawned, errcodes[0]);
+  // 3. Merge, 4. offer.
+  std::array<int64_t, kOfferWords> offer{};
+  offer[kOldSize] = size_;
+  offer[kJoiners] = joiners;
+  offer[kFirstId] = first_id;
+  offer[kNameHash] = static_cast<int64_t>(name_hash(join_name));
+  offer[kTimeoutMs] = options_.timeout.count();
+  offer[kCheckMismatch] = options_.check_mismatch ? 1 : 0;
+  offer[kDeterministic] = options_.deterministic ? 1 : 0;
+  offer[kTransport] = static_cast<int64_t>(options_.transport);
+  offer[kTopologyIndependent] = options_.topology_independent ? 1 : 0;
+  const int rc = guarded(options_.timeout,
+                         fmt::format("rank {}: merging the {} joiner(s) in (MPI_Intercomm_merge, then the offer's "
+                                     "MPI_Bcast) did not end within {} ms: a joiner or a member was lost inside it",
+                                     rank_, joiners, options_.timeout.count()),
+                         [&] {
+                           int r = m.Intercomm_merge(inter, 0, &merged);
+                           if (r == MPI_SUCCESS)
+                             r = m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, merged);
+                           return r;
+                         });
+  struct FreeComms {
+    MPI_Comm& a;
+    MPI_Comm& b;
+    ~FreeComms() {
+      if (a != mpi::lib().comm_null) mpi::lib().Comm_free(&a);
+      if (b != mpi::lib().comm_null) mpi::lib().Comm_free(&b);
+    }
+  } free_comms{merged, inter};
+  check(rc, "MPI_Intercomm_merge");
+  const auto formed_start = Clock::now();
+  // 5. Form and commit.
+  Options o = options_;
+  o.name = join_name;
+  auto grown = std::make_unique<MpiCommunicator>(o, merged);
+  grown->establish(o);
+  grown->take_identity(member_id(), first_id + joiners);
+  GS_REQUIRE(!joiner_refused(*grown, 0), GRADSYNC_E_MISMATCH,
+             "grow of {}: a joiner started for join name '{}' called gradsync_comm_join with another name or "
+             "transport",
+             group, join_name);
+  grown->barrier();
+  GrowResult result;
+  result.agree = formed_start - start;
+  result.form = Clock::now() - formed_start;
+  result.old_size = size_;
+  result.new_size = size_ + joiners;
+  result.first_member_id = first_id;
+  result.comm = std::move(grown);
+  GS_LOG_INFO("grow of {}: rank {} of {} by {} joiner(s) ('{}', member ids from {}; spawn and merge {} us)", group,
+              rank_, result.new_size, joiners, join_name, first_id,
+              std::chrono::duration_cast<std::chrono::microseconds>(result.agree).count());
+  return result;
+}
+
+GrowResult MpiCommunicator::join(const Options& options) {
+  const mpi::Api& m = mpi::lib();
+  const auto start = Clock::now();
+  mpi::acquire_runtime();
+  struct Release {
+    ~Release() { mpi::release_runtime(); }
+  } release;
+  MPI_Comm parent = m.comm_null;
+  m.Comm_get_parent(&parent);
+  const char* variable = std::getenv(kJoinVariable);
+  GS_REQUIRE(parent != m.comm_null, GRADSYNC_E_INVALID_ARG,
+             "join '{}' over MPI: this process was not started by a grow. A grow over MPI starts its joiners itself "
+             "(MPI_Comm_spawn of the members' program, with {} set to the join name{}); start the program "
+             "otherwise with gradsync_comm_create",
+             options.name, kJoinVariable, variable != nullptr ? fmt::format(": here it is '{}'", variable) : "");
+  int index = 0, joiners = 1;
+  m.Comm_rank(m.comm_world, &index);
+  m.Comm_size(m.comm_world, &joiners);
+  MPI_Comm merged = m.comm_null;
+  std::array<int64_t, kOfferWords> offer{};
+  const std::chrono::milliseconds timeout = options.timeout;
+  const int rc = guarded(timeout,
+                         fmt::format("joiner {} of '{}': merging into the members' group (MPI_Intercomm_merge, then "
+                                     "the offer's MPI_Bcast) did not end within {} ms: a member was lost inside it",
+                                     index, options.name, timeout.count()),
+                         [&] {
+                           int r = m.Intercomm_merge(parent, 1, &merged);
+                           if (r == MPI_SUCCESS)
+                             r = m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, merged);
+                           return r;
+                         });
+  struct FreeMerged {
+    MPI_Comm& c;
+    ~FreeMerged() {
+      if (c != mpi::lib().comm_null) mpi::lib().Comm_free(&c);
+    }
+  } free_merged{merged};
+  GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_REMOTE, "join '{}' over MPI: merging into the members' group failed: {}",
+             options.name, mpi_error_string(rc));
+  // Every word is checked before it sizes or times anything: the members run this program too, but
+  // a joiner trusts nothing it did not compute.
+  const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
+  auto flag = [&](size_t word) { return offer[word] == 0 || offer[word] == 1; };
+  const bool flags_ok = flag(kCheckMismatch) && flag(kDeterministic) && flag(kTopologyIndependent);
+  GS_REQUIRE(old_size >= 1 && offer[kJoiners] == joiners && old_size <= kMaxLocalRanks - joiners &&
+                 first_id >= old_size && first_id <= std::numeric_limits<int64_t>::max() - kMaxLocalRanks &&
+                 offer[kTimeoutMs] > 0 && flags_ok,
+             GRADSYNC_E_CORRUPT,
+             "join '{}' over MPI: the offer from the members' rank 0 is corrupt (group size {}, {} joiner(s) of {} "
+             "spawned, member ids from {}, timeout {} ms, flags {}/{})",
+             options.name, old_size, offer[kJoiners], joiners, first_id, offer[kTimeoutMs], offer[kCheckMismatch],
+             offer[kDeterministic]);
+  const auto formed_start = Clock::now();
+  Options o = options;
+  o.transport = Transport::Mpi;
+  o.timeout = std::chrono::milliseconds(offer[kTimeoutMs]);
+  o.check_mismatch = offer[kCheckMismatch] != 0;
+  o.deterministic = offer[kDeterministic] != 0;
+  o.topology_independent = offer[kTopologyIndependent] != 0;
+  auto grown = std::make_unique<MpiCommunicator>(o, merged);
+  grown->establish(o);
+  grown->take_identity(first_id + index, first_id + joiners);
+  const bool same_name = static_cast<uint64_t>(offer[kNameHash]) == name_hash(options.name);
+  const bool same_transport = offer[kTransport] == static_cast<int64_t>(options.transport);
+  GS_REQUIRE(!joiner_refused(*grown, same_name && same_transport ? 0 : 1), GRADSYNC_E_MISMATCH,
+             "join '{}' over MPI: the members grow {} (this joiner was started for '{}', on the {} transport)",
+             options.name,
+             same_name ? std::string("a group of the other transport over MPI") : std::string("by another join name"),
+             variable != nullptr ? variable : "", transport_name(options.transport));
+  grown->barrier();
+  GrowResult result;
+  result.agree = formed_start - start;
+  result.form = Clock::now() - formed_start;
+  result.old_size = static_cast<int>(old_size);
+  result.new_size = static_cast<int>(old_size) + joiners;
+  result.first_member_id = first_id;
+  result.comm = std::move(grown);
+  return result;
+}
+
+}  // namespace gradsync::comm::mpi

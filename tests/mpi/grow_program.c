@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gradsync_comm_grow and gradsync_comm_join on the MPI and hierarchical transports, under mpirun
+ * (--enable-recovery where a rank dies), run by tests/multihost/grow_hosts.py, which checks what
+ * each rank printed.
+ *
+ *   grow_program MODE TRANSPORT TIMEOUT_MS    (TRANSPORT mpi|hier)
+ *
+ * MODE:
+ *   plain       the group grows by 2 with nobody lost;
+ *   after-loss  the last rank SIGKILLs itself between two calls; the others' next call fails, they
+ *               shrink, and grow by 1: the joiner takes the lost rank's place, with a new member id;
+ *   host-lost   ranks labelled one host each (h<rank>); the last dies, which loses a whole host: the
+ *               survivors shrink (on two labelled hosts: an MPI group), and their grow must be
+ *               refused (E_UNSUPPORTED) on every one of them, after which their group still works.
+ * The members' grow spawns this program again with GRADSYNC_JOIN set: it then joins instead of
+ * creating (and takes the mode and transport from its arguments, as spawned). On the grown group
+ * every rank checks its rank and member id, a broadcast from rank 0, and allreduces whose every
+ * element is known (the members' ids summed: 64K doubles, which run in hier's levels, and one
+ * float), prints "rank R: grown N ranks id I" and "rank R: verified N on M ranks", then
+ * "rank R: done". R is the rank in the group the process first had (a joiner: "joiner J").
+ * Failures print "rank R: <what> <status> <message>"; a wrong value prints WRONG. */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gradsync/gradsync.h"
+
+#define LARGE (64 * 1024)
+#define PARAMS 1000
+
+static char who[32] = "?";
+
+static void say(const char* what, int status) {
+  printf("%s: %s %s %s\n", who, what, gradsync_status_string(status), gradsync_last_error_message());
+  fflush(stdout);
+}
+
+static int32_t transport_of(const char* name) {
+  return strcmp(name, "hier") == 0 ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
+}
+
+/* The checks on the grown group g: expect_rank and expect_id are this rank's. */
+static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64_t expect_id) {
+  static double big[LARGE];
+  int32_t size = -1, rank = -1;
+  int64_t id = -1, ids[1024], sum = 0;
+  float params[PARAMS], one = 1.0f;
+  int i, rc, checked = 0;
+  gradsync_comm_size(g, &size);
+  gradsync_comm_rank(g, &rank);
+  gradsync_comm_member_id(g, &id);
+  if (size != expect_size || rank != expect_rank || id != expect_id) {
+    printf("%s: WRONG grown group: size %d rank %d id %lld, expected %d, %d, %lld\n", who, size, rank, (long long)id,
+           expect_size, expect_rank, (long long)expect_id);
+    return 1;
+  }
+  printf("%s: grown %d ranks id %lld\n", who, size, (long long)id);
+  for (i = 0; i < PARAMS; ++i) params[i] = rank == 0 ? (float)i * 0.5f : -1.0f;
+  if ((rc = gradsync_comm_broadcast(g, params, PARAMS, GRADSYNC_F32, 0)) != GRADSYNC_OK) {
+    say("broadcast", rc);
+    return 1;
+  }
+  for (i = 0; i < PARAMS; ++i) {
+    if (params[i] != (float)i * 0.5f) {
+      printf("%s: WRONG broadcast at %d: %g\n", who, i, params[i]);
+      return 1;
+    }
+  }
+  ++checked;
+  if ((rc = gradsync_comm_allgather(g, &id, ids, (size_t)size, GRADSYNC_I64)) != GRADSYNC_OK) {
+    say("allgather", rc);
+    return 1;
+  }
+  for (i = 0; i < size; ++i) sum += ids[i];
+  ++checked;
+  for (i = 0; i < LARGE; ++i) big[i] = (double)id + (double)(i % 7);
+  if ((rc = gradsync_comm_allreduce(g, big, big, LARGE, GRADSYNC_F64, GRADSYNC_SUM)) != GRADSYNC_OK) {
+    say("allreduce", rc);
+    return 1;
+  }
+  for (i = 0; i < LARGE; ++i) {
+    if (big[i] != (double)sum + (double)size * (double)(i % 7)) {
+      printf("%s: WRONG allreduce at %d: %g\n", who, i, big[i]);
+      return 1;
+    }
+  }
+  ++checked;
+  if ((rc = gradsync_comm_allreduce(g, &one, &one, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK ||
+      one != (float)size) {
+    if (rc == GRADSYNC_OK) printf("%s: WRONG 1-float allreduce: %g\n", who, one);
+    say("small allreduce", rc);
+    return 1;
+  }
+  ++checked;
+  printf("%s: verified %d on %d ranks\n", who, checked, size);
+  fflush(stdout);
+  return 0;
+}
+
+static int joiner(const char* join_name, int32_t transport) {
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* g = NULL;
+  gradsync_grow_result r;
+  const char* index = getenv("OMPI_COMM_WORLD_RANK"); /* in the spawned job: the joiner's index */
+  int rc, j = index != NULL ? atoi(index) : 0;
+  snprintf(who, sizeof who, "joiner %d", j);
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.version = GRADSYNC_GROW_RESULT_VERSION;
+  o.transport = transport;
+  snprintf(o.name, sizeof o.name, "%s", join_name);
+  if ((rc = gradsync_comm_join(&g, &o, &r)) != GRADSYNC_OK) {
+    say("join", rc);
+    return 1;
+  }
+  printf("%s: joined old_size %d new_size %d first_id %lld agree_us %lld form_us %lld\n", who, r.old_size, r.new_size,
+         (long long)r.first_member_id, (long long)(r.agree_ns / 1000), (long long)(r.form_ns / 1000));
+  rc = check_grown(g, r.new_size, r.old_size + j, r.first_member_id + j);
+  gradsync_comm_free(g);
+  if (rc == 0) printf("%s: done\n", who);
+  fflush(stdout);
+  return rc;
+}
+
+/* A member's grow by `joiners` from c, then the checks; frees c on success. */
+static int grow(gradsync_comm** c, int joiners, const char* name) {
+  gradsync_grow_result r;
+  gradsync_comm* g = NULL;
+  int32_t rank = -1;
+  int64_t id = -1;
+  int rc;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.version = GRADSYNC_GROW_RESULT_VERSION;
+  gradsync_comm_rank(*c, &rank);
+  gradsync_comm_member_id(*c, &id);
+  if ((rc = gradsync_comm_grow(*c, name, joiners, &g, &r)) != GRADSYNC_OK) {
+    say("grow", rc);
+    return rc;
+  }
+  printf("%s: grew old_size %d new_size %d first_id %lld agree_us %lld form_us %lld\n", who, r.old_size, r.new_size,
+         (long long)r.first_member_id, (long long)(r.agree_ns / 1000), (long long)(r.form_ns / 1000));
+  gradsync_comm_free(*c);
+  *c = g;
+  return check_grown(g, r.new_size, rank, id);
+}
+
+int main(int argc, char** argv) {
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* c = NULL;
+  const char* mode = argc > 1 ? argv[1] : "";
+  const char* join_name = getenv("GRADSYNC_JOIN");
+  int32_t rank = -1, size = -1;
+  int rc;
+  float x = 1.0f;
+  if (argc < 4 || (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost"))) {
+    fprintf(stderr, "usage: %s plain|after-loss|host-lost mpi|hier TIMEOUT_MS\n", argv[0]);
+    return 2;
+  }
+  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]));
+  o.transport = transport_of(argv[2]);
+  o.timeout_ms = atoi(argv[3]);
+  if (strcmp(mode, "host-lost") == 0) {
+    const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
+    snprintf(o.host, sizeof o.host, "h%s", world_rank != NULL ? world_rank : "?");
+  }
+  if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
+    say("create", rc);
+    return 1;
+  }
+  gradsync_comm_rank(c, &rank);
+  gradsync_comm_size(c, &size);
+  snprintf(who, sizeof who, "rank %d", rank);
+  if (strcmp(mode, "plain") == 0) {
+    if (grow(&c, 2, "grow-plain") != GRADSYNC_OK) return 1;
+  } else {
+    gradsync_shrink_result s;
+    gradsync_comm* shrunk = NULL;
+    int32_t failed[64];
+    if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) {
+      say("barrier", rc);
+      return 1;
+    }
+    if (rank == size - 1) {
+      printf("%s: dies\n", who);
+      fflush(stdout);
+      kill(getpid(), SIGKILL);
+    }
+    while ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) == GRADSYNC_OK) x = 1.0f;
+    say("call", rc);
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.version = GRADSYNC_SHRINK_RESULT_VERSION;
+    if ((rc = gradsync_comm_shrink(c, &shrunk, failed, 64, &s)) != GRADSYNC_OK) {
+      say("shrink", rc);
+      return 1;
+    }
+    printf("%s: shrunk failed %d (rank %d) size %d\n", who, s.failed_count, failed[0], size - s.failed_count);
+    gradsync_comm_free(c);
+    c = shrunk;
+    if (strcmp(mode, "after-loss") == 0) {
+      if (grow(&c, 1, "grow-after-loss") != GRADSYNC_OK) return 1;
+    } else {
+      gradsync_comm* g = NULL;
+      rc = gradsync_comm_grow(c, "grow-host-lost", 1, &g, NULL);
+      say("grow", rc);
+      if (rc != GRADSYNC_E_UNSUPPORTED || g != NULL) {
+        printf("%s: WRONG: the grow after a whole host was lost was not refused\n", who);
+        return 1;
+      }
+      x = 1.0f;
+      if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK ||
+          x != (float)(size - 1)) {
+        printf("%s: WRONG: the group does not work after the refusal (%g)\n", who, x);
+        say("allreduce", rc);
+        return 1;
+      }
+      printf("%s: verified 1 on %d ranks\n", who, size - 1);
+    }
+  }
+  gradsync_comm_free(c);
+  printf("%s: done\n", who);
+  fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""gradsync_comm_grow on the MPI or the hierarchical transport, on namespace hosts (hosts.py),
+under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_program.c).
+
+    grow_hosts.py [--mpirun PATH] [--transport mpi|hier] [--layout 2,2] [--runs N]
+                  --mode plain|after-loss|host-lost -- PROGRAM
+
+- plain: the group grows by 2 with nobody lost; every member and both joiners must hold the grown
+  group (sizes, ranks, member ids: the joiners' are new) and check its collectives.
+- after-loss: the last rank dies; the survivors shrink, then grow by 1: the joiner is the last rank
+  again, with the member id after every id the group used (never the lost rank's).
+- host-lost: each rank its own labelled host; the last dies, a whole host: every survivor's grow
+  must be refused with E_UNSUPPORTED naming the lost host, and their group must still work.
+Each host is in a PID namespace of its own. A job is bounded: a hang fails the test. The phases'
+times (the members' agree: spawn and merge; form) are printed, min / median / max over the runs.
+"""
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hosts  # noqa: E402
+
+BOUND = 90  # seconds
+
+
+def _runs(pid, program):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return program.encode() in f.read()
+    except OSError:
+        return False
+
+
+def fail(what, output=""):
+    sys.exit(f"FAIL: {what}\n{output}")
+
+
+def run_once(args, program):
+    layout = args.layout
+    n = sum(layout)
+    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0)}[args.mode]
+    with hosts.signals_raise():
+        with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True) as h:
+            job = h.start(program + [args.mode, args.transport, str(args.timeout_ms)], mpirun_args=["--enable-recovery"])
+            finished = job.wait_for(r"^(rank|joiner) \d+: done", count=members + joiners, timeout=BOUND)
+            # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun under
+            # --enable-recovery may stay with its daemons after every rank has ended (Open MPI 4.1):
+            # the ranks' end is what is required.
+            ranks_left = []
+            for _ in range(300):
+                ranks_left = [p for i in range(len(layout)) for p in h.pids(i) if _runs(p, program[0])]
+                if not ranks_left:
+                    break
+                time.sleep(0.1)
+            result = job.wait(5)
+            out = result.output
+            print(f"--- {args.mode} on {args.transport}, layout {args.layout}: finished {finished}, mpirun "
+                  f"{'stayed and was killed' if result.timed_out else f'exited {result.status}'}\n{out}--- end")
+    if "WRONG" in out:
+        fail("a wrong result", out)
+    if not finished:
+        fail(f"the ranks did not all finish within {BOUND} s (a hang, or a failure above)", out)
+    if ranks_left:
+        fail(f"processes of the job still running 30 s after it finished: {ranks_left}", out)
+    new_size = members + joiners
+    survivors = range(members)
+    if args.mode != "plain":
+        for r in survivors:
+            if not re.search(rf"^rank {r}: shrunk failed 1 \(rank {n - 1}\) size {members}$", out, re.M):
+                fail(f"rank {r} did not shrink without rank {n - 1}", out)
+    if args.mode == "host-lost":
+        for r in survivors:
+            m = re.search(rf"^rank {r}: grow (GRADSYNC_E_\w+)(.*)$", out, re.M)
+            if not m or m.group(1) != "GRADSYNC_E_UNSUPPORTED" or "lose every rank of a host" not in m.group(2):
+                fail(f"rank {r}'s grow after the host loss was not refused as unsupported", out)
+            if not re.search(rf"^rank {r}: verified 1 on {members} ranks", out, re.M):
+                fail(f"rank {r}'s group did not work after the refusal", out)
+        return {}
+    # The ids the group used: 0..n-1 at its creation; the joiners' come after all of them.
+    figures = {}
+    for r in survivors:
+        m = re.search(rf"^rank {r}: grew old_size {members} new_size {new_size} first_id {n} agree_us (\d+) "
+                      rf"form_us (\d+)$", out, re.M)
+        if not m:
+            fail(f"rank {r} did not grow from {members} to {new_size} ranks with joiners' ids from {n}", out)
+        figures.setdefault("agree (spawn, merge) ms", []).append(int(m.group(1)) / 1000)
+        figures.setdefault("form ms", []).append(int(m.group(2)) / 1000)
+        if not re.search(rf"^rank {r}: grown {new_size} ranks id {r}$", out, re.M):
+            fail(f"rank {r} did not keep its rank and member id in the grown group", out)
+    for j in range(joiners):
+        if not re.search(rf"^joiner {j}: joined old_size {members} new_size {new_size} first_id {n} ", out, re.M):
+            fail(f"joiner {j} did not join the grown group", out)
+        if not re.search(rf"^joiner {j}: grown {new_size} ranks id {n + j}$", out, re.M):
+            fail(f"joiner {j} is not rank {members + j} with member id {n + j}", out)
+    for who in [f"rank {r}" for r in survivors] + [f"joiner {j}" for j in range(joiners)]:
+        if not re.search(rf"^{who}: verified 4 on {new_size} ranks$", out, re.M) or f"{who}: done" not in out:
+            fail(f"{who} did not check its collectives on the grown group and finish", out)
+    return figures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
+    ap.add_argument("--mode", choices=("plain", "after-loss", "host-lost"), required=True)
+    ap.add_argument("--layout", default="2,2")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--timeout-ms", type=int, default=20000)
+    ap.add_argument("program", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    args.layout = [int(x) for x in args.layout.split(",")]
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    figures = {}
+    for _ in range(args.runs):
+        start = time.monotonic()
+        for k, v in run_once(args, program).items():
+            figures.setdefault(k, []).extend(v)
+        print(f"run: {time.monotonic() - start:.1f} s")
+    for k, v in figures.items():
+        print(f"{k}: min {min(v):.1f} / median {statistics.median(v):.1f} / max {max(v):.1f} over {len(v)}")
+    print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
