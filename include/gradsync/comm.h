@@ -499,9 +499,16 @@ typedef struct gradsync_grow_result {
  * and committing is a collective of the new group. A joiner that does not come, or dies on the
  * way, costs the members at most that.
  *
- * Transports: THREAD and SHM. MPI and HIER return GRADSYNC_E_UNSUPPORTED: Open MPI 4.1 cannot add
- * processes to a running job's communicators without MPI_Comm_spawn/connect, which this build
- * does not use.
+ * Transports: THREAD and SHM as above. MPI and HIER: the members start the joiners themselves
+ * (MPI_Comm_spawn, under mpirun): `joiners` processes of rank 0's program, with its arguments and
+ * working directory, and GRADSYNC_JOIN=<join_name> in their environment, where the MPI runtime
+ * places them. Such a process calls gradsync_comm_join (below) instead of gradsync_comm_create.
+ * The members spawn, merge and offer through MPI's blocking calls, which nothing can interrupt: a
+ * joiner that never joins, or a member or joiner lost inside them, ends the job (MPI_Abort) after
+ * comm's timeout rather than hang it; a failure after them is returned as below. After a shrink
+ * that lost every rank of a host (seen by any member), the grow is refused on every member
+ * (GRADSYNC_E_UNSUPPORTED): Open MPI 4.1's spawn would then end the whole job. A HIER group
+ * builds its levels over the grown MPI group, as at creation.
  * @param comm the running group
  * @param join_name the name the joiners pass to gradsync_comm_join (NUL-terminated, 1 to
  *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name, and not comm's own name). Rank 0 and
@@ -520,13 +527,15 @@ typedef struct gradsync_grow_result {
  *         joiners < 1 or too many, or result's header is wrong (this member only: nothing was
  *         started)
  * @retval GRADSYNC_E_MISMATCH members passed different join names or joiner counts (every member,
- *         naming them), or (rank 0) the joiners' count (gradsync_comm_join's size) differs from the members'
+ *         naming them), or (rank 0) the joiners' count (gradsync_comm_join's size) differs from the members',
+ *         or (MPI, HIER: every rank alike) a joiner passed another join name or transport
  * @retval GRADSYNC_E_MISUSE (rank 0) two joiners claimed one index
  * @retval GRADSYNC_E_TIMEOUT a member or a joiner did not come within comm's timeout
  * @retval GRADSYNC_E_REMOTE a member or a joiner died during the grow
  * @retval GRADSYNC_E_ABORTED comm was aborted (gradsync_comm_abort) before the new group formed (an
  *         abort after that is comm's alone: the grow completes), or another member failed the grow
- * @retval GRADSYNC_E_UNSUPPORTED the transport cannot grow a running group (MPI, HIER)
+ * @retval GRADSYNC_E_UNSUPPORTED (MPI, HIER) a member saw a whole host lost in a shrink of this
+ *         job, as above
  * @retval GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_NOMEM forming the lobby (rank 0)
  *         or the new group fails as gradsync_comm_create's forming of a group does (SHM); comm then
  *         needs a reset as above
@@ -546,6 +555,12 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  * then take the group's timeout) and host (the topology's label, as at creation). The other fields are the group's: the
  * new communicator takes the members' timeout, check_mismatch and deterministic. Its rank is the members' count +
  * index, its member id result->first_member_id + index.
+ *
+ * MPI and HIER: only in a process that the members' grow started (GRADSYNC_JOIN is then set to
+ * the join name, which goes in name), with the members' transport; rank and size are ignored
+ * (MPI gives the index and the count), and so is host. timeout_ms bounds merging into the
+ * members' group (past it the job ends, as for the members); the new group takes the members'
+ * options, topology_independent too.
  * @param[out] out the new group's communicator; NULL on failure
  * @param opts as above (gradsync_comm_options_init, then the fields above)
  * @param[out] result as gradsync_comm_grow's (may be NULL)
@@ -560,7 +575,10 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  *         grow failed once they had admitted this joiner (naming the failure)
  * @retval GRADSYNC_E_CORRUPT the offer read from the members' rank 0 is out of range (a group
  *         size, member ids or timeout no grow makes): the message says which
- * @retval GRADSYNC_E_UNSUPPORTED MPI, HIER (see gradsync_comm_grow)
+ * @retval GRADSYNC_E_INVALID_ARG (MPI, HIER) no grow started this process
+ * @retval GRADSYNC_E_MISMATCH (MPI, HIER) name or transport differ from the members' (on every
+ *         rank of the grown group alike)
+ * @retval GRADSYNC_E_UNSUPPORTED MPI or HIER in a build without MPI
  * @retval GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_NOMEM forming the lobby or the new
  *         group fails as gradsync_comm_create's forming of a group does (SHM)
  * @threadsafety any

@@ -497,16 +497,17 @@ class Communicator(Handle):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.transport = _transport(transport)
-        if opts.transport in (TRANSPORT_MPI, TRANSPORT_HIER):
-            if mpi_comm is not None:
-                opts.mpi_fcomm = int(mpi_comm.py2f()) if hasattr(mpi_comm, "py2f") else int(mpi_comm)
-        else:
-            if name is None or rank is None or size is None:
-                raise TypeError("name, rank and size are required (except with transport='mpi')")
+        over_mpi = opts.transport in (TRANSPORT_MPI, TRANSPORT_HIER)
+        if over_mpi and mpi_comm is not None:
+            opts.mpi_fcomm = int(mpi_comm.py2f()) if hasattr(mpi_comm, "py2f") else int(mpi_comm)
+        if not over_mpi and (name is None or rank is None or size is None):
+            raise TypeError("name, rank and size are required (except with transport='mpi')")
+        if name is not None:  # over MPI only a join's (rank and size come from MPI)
             encoded = name.encode()
             if len(encoded) >= NAME_MAX:
                 raise ValueError(f"group name is {len(encoded)} bytes; at most {NAME_MAX - 1}")
             opts.name = encoded
+        if not over_mpi:
             opts.rank = rank
             opts.size = size
         if deterministic is not None:
@@ -613,7 +614,10 @@ class Communicator(Handle):
         as it was: move state onto the new one (broadcast the parameters, Shard.reshard the
         optimizer slices), then close it. On failure (GradsyncError) this group is stopped as
         after a failed collective: reset() it (or shrink() it if a member is lost) and grow again.
-        THREAD and SHM only (MPI and HIER raise E_UNSUPPORTED)."""
+        MPI and HIER (under mpirun): the members start the joiners themselves, rank 0's command
+        line again with GRADSYNC_JOIN=join_name in its environment, which then calls join(); a
+        joiner that never joins, or a rank lost inside the spawn, ends the job after the timeout.
+        Refused (E_UNSUPPORTED) once a shrink of the job lost a whole host."""
         out = _P()
         res = GrowResult()
         res.struct_size = ctypes.sizeof(res)
@@ -631,7 +635,9 @@ class Communicator(Handle):
         in [0, joiners). Returns (Communicator, info dict as grow's); the communicator takes the
         group's options (timeout, check_mismatch), its rank is info["old_size"] + index. Catch up
         from the members: the parameters by broadcast, a ZeRO-1 Shard by creating it on the new
-        communicator (not init) and calling Shard.reshard."""
+        communicator (not init) and calling Shard.reshard. transport "mpi" or "hier": only in a
+        process that the members' grow started (GRADSYNC_JOIN names the join); index and joiners
+        are then MPI's, and the arguments are ignored."""
         opts = cls._options(join_name, index, joiners, timeout_ms, transport, host=host)
         out = c_void_p()
         res = GrowResult()

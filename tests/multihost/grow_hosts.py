@@ -4,7 +4,7 @@
 under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_program.c).
 
     grow_hosts.py [--mpirun PATH] [--transport mpi|hier] [--layout 2,2] [--runs N]
-                  --mode plain|after-loss|host-lost -- PROGRAM
+                  --mode plain|after-loss|host-lost|torch -- PROGRAM
 
 - plain: the group grows by 2 with nobody lost; every member and both joiners must hold the grown
   group (sizes, ranks, member ids: the joiners' are new) and check its collectives.
@@ -12,6 +12,9 @@ under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_
   again, with the member id after every id the group used (never the lost rank's).
 - host-lost: each rank its own labelled host; the last dies, a whole host: every survivor's grow
   must be refused with E_UNSUPPORTED naming the lost host, and their group must still work.
+- torch: PROGRAM is python3 tests/multihost/torch_elastic.py (hier): rank 3 dies inside training,
+  gradsync.torch.elastic recovers on 3 ranks, then grows back to 4 (the joiner spawned, catching
+  up by broadcast and reshard), and every rank's weights end bitwise a one-rank run's.
 Each host is in a PID namespace of its own. A job is bounded: a hang fails the test. The phases'
 times (the members' agree: spawn and merge; form) are printed, min / median / max over the runs.
 """
@@ -43,10 +46,22 @@ def fail(what, output=""):
 def run_once(args, program):
     layout = args.layout
     n = sum(layout)
-    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0)}[args.mode]
+    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0), "torch": (n - 1, 1)}[
+        args.mode]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True) as h:
-            job = h.start(program + [args.mode, args.transport, str(args.timeout_ms)], mpirun_args=["--enable-recovery"])
+            env = dict(os.environ)
+            mpirun_args = ["--enable-recovery"]
+            if args.mode == "torch":  # PROGRAM is python3 tests/multihost/torch_elastic.py, on hier
+                env.update(GRADSYNC_TRANSPORT="hier", OMP_NUM_THREADS="1", SHRINK_TIMEOUT_MS=str(args.timeout_ms))
+                for var in ("GRADSYNC_TRANSPORT", "OMP_NUM_THREADS", "SHRINK_TIMEOUT_MS", "PYTHONPATH",
+                            "GRADSYNC_LIBRARY"):
+                    if var in env:
+                        mpirun_args += ["-x", var]
+                argv = program + ["grow"]
+            else:
+                argv = program + [args.mode, args.transport, str(args.timeout_ms)]
+            job = h.start(argv, mpirun_args=mpirun_args, env=env)
             finished = job.wait_for(r"^(rank|joiner) \d+: done", count=members + joiners, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun under
             # --enable-recovery may stay with its daemons after every rank has ended (Open MPI 4.1):
@@ -69,6 +84,23 @@ def run_once(args, program):
         fail(f"processes of the job still running 30 s after it finished: {ranks_left}", out)
     new_size = members + joiners
     survivors = range(members)
+    figures = {}
+    if args.mode == "torch":
+        # torch_elastic.py's lines: a recovery from rank 3's loss, a grow back to 4, and every
+        # rank's weights (the joiner's too) bitwise a one-rank run's.
+        for r in survivors:
+            if not re.search(rf"^rank {r}: shrunk failed \[{n - 1}\] size {members} ", out, re.M):
+                fail(f"rank {r} did not recover from the loss of rank {n - 1}", out)
+            m = re.search(rf"^rank {r}: grew to {new_size} first_member_id {n} grow_s ([\d.]+) admit_s ([\d.]+)$",
+                          out, re.M)
+            if not m:
+                fail(f"rank {r} did not grow back to {new_size} ranks", out)
+            figures.setdefault("state.grow ms", []).append(float(m.group(1)) * 1000)
+            figures.setdefault("admit (broadcast, reshard) ms", []).append(float(m.group(2)) * 1000)
+        for who in [f"rank {r}" for r in survivors] + ["joiner 0"]:
+            if not re.search(rf"^{who}: verified \d+ on {new_size} ranks$", out, re.M) or f"{who}: done" not in out:
+                fail(f"{who} did not end at the one-rank run's weights on {new_size} ranks", out)
+        return figures
     if args.mode != "plain":
         for r in survivors:
             if not re.search(rf"^rank {r}: shrunk failed 1 \(rank {n - 1}\) size {members}$", out, re.M):
@@ -82,7 +114,6 @@ def run_once(args, program):
                 fail(f"rank {r}'s group did not work after the refusal", out)
         return {}
     # The ids the group used: 0..n-1 at its creation; the joiners' come after all of them.
-    figures = {}
     for r in survivors:
         m = re.search(rf"^rank {r}: grew old_size {members} new_size {new_size} first_id {n} agree_us (\d+) "
                       rf"form_us (\d+)$", out, re.M)
@@ -107,7 +138,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
-    ap.add_argument("--mode", choices=("plain", "after-loss", "host-lost"), required=True)
+    ap.add_argument("--mode", choices=("plain", "after-loss", "host-lost", "torch"), required=True)
     ap.add_argument("--layout", default="2,2")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--timeout-ms", type=int, default=20000)

@@ -10,9 +10,16 @@ before their step; the harness then kills their host. The others, inside the ste
 equal, bit for bit, a one-rank run's: every rank's gradient is the same exact value (multiples of
 1/256), so its mean is the same on any number of ranks, and Adam is elementwise.
 
+With the argument `grow` (grow_hosts.py --mode torch) only rank 3 SIGKILLs itself (its host and
+Open MPI daemon live on); after the recovery, at step GROW_AT, the members grow back to 4 ranks
+(state.grow: MPI spawns this program again, with GRADSYNC_JOIN set, and it joins with
+elastic.join): the joiner takes the parameters by broadcast and its Adam slices by reshard, and
+every rank, the joiner too, must end bitwise at the one-rank run's weights.
+
 It prints what shrink_hosts.py checks, in the words of tests/mpi/shrink_program.c: "rank R: call
 <status>: ..." (the error the recovery began with), "rank R: shrunk failed [..] size N attempts
-A", "rank R: verified W on N ranks" and "rank R: done", R being the MPI_COMM_WORLD rank.
+A", "rank R: verified W on N ranks" and "rank R: done", R being the MPI_COMM_WORLD rank (the
+joiner's lines begin "joiner 0:").
 """
 import os
 
@@ -34,36 +41,50 @@ from elastic_model import exact_grad, net  # noqa: E402
 
 STEPS = 12
 KILL_AT = 6
-VICTIMS = (2, 3)  # MPI_COMM_WORLD ranks: the lost host's
+GROW_AT = 9
+GROW = sys.argv[1:] == ["grow"]
+VICTIMS = (3,) if GROW else (2, 3)  # MPI_COMM_WORLD ranks: the lost host's, or one rank of it
+JOIN = os.environ.get("GRADSYNC_JOIN")  # set in the process that the members' grow started
 
 
 def say(line):
     # One write per line, newline included: mpirun passes on each process's output as it reads it,
     # and a line written in two pieces can end up with another rank's line in between.
     sys.stdout.flush()
-    os.write(1, f"rank {WORLD}: {line}\n".encode())
+    os.write(1, f"{WHO}: {line}\n".encode())
 
 
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
+WHO = f"joiner {WORLD}" if JOIN else f"rank {WORLD}"
 
 
-def train(comm, victims=()):
+def train(comm, victims=(), grow_to=0):
     """STEPS steps of ZeRO-1 Adam under the elastic helper; the victims SIGKILL themselves before
     step KILL_AT, once every rank is past the step before it (a barrier: a death inside MPI's
-    blocking transfer would end the job instead, by design)."""
+    blocking transfer would end the job instead, by design). grow_to: the members grow back to that
+    many ranks at step GROW_AT; comm None: this process joins (JOIN)."""
     model = net()
-    opt = ZeroRedundancyOptimizer(model.parameters(), comm, optimizer="adam", lr=0.01, replicas=1)
-    state = elastic.State(comm, model, opt)
+
+    def build(c, joining=False):
+        return model, ZeroRedundancyOptimizer(model.parameters(), c, optimizer="adam", lr=0.01, replicas=1,
+                                              joining=joining)
+
+    if comm is None:
+        state = elastic.join(JOIN, build, transport="hier")
+    else:
+        state = elastic.State(comm, *build(comm))
 
     @elastic.run
     def loop(state):
         while state.step < STEPS:
-            if victims and state.step == KILL_AT and not state.recoveries:
+            if victims and state.step == KILL_AT and not state.recoveries and not JOIN:
                 state.comm.barrier()
                 say("looping")
                 if WORLD in victims:
                     say("dies")
                     os.kill(os.getpid(), signal.SIGKILL)
+            if state.step == GROW_AT and state.comm.size < grow_to:
+                state.grow("torch-elastic-grow", grow_to - state.comm.size)
             for i, p in enumerate(model.parameters()):
                 p.grad = exact_grad(state.step, p.shape, i)
             state.optimizer.step()
@@ -76,8 +97,11 @@ def train(comm, victims=()):
 
 def main():
     torch.set_num_threads(1)
-    comm = gs.Communicator.from_env(timeout_ms=int(os.environ.get("SHRINK_TIMEOUT_MS", "120000")))
-    weights, state = train(comm, VICTIMS)
+    if JOIN:
+        weights, state = train(None)
+    else:
+        comm = gs.Communicator.from_env(timeout_ms=int(os.environ.get("SHRINK_TIMEOUT_MS", "120000")))
+        weights, state = train(comm, VICTIMS, grow_to=comm.size if GROW else 0)
     for rec in state.recoveries:
         status = re.match(r"\s*(GRADSYNC_E_\w+)", rec["error"] or "")
         say(f"call {status.group(1) if status else 'unknown'}: {rec['error']}")
@@ -88,8 +112,13 @@ def main():
         reference, _ = train(one)
     differ = sum(int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))) for a, b in zip(weights, reference))
     total = sum(a.size for a in weights)
-    if differ or len(state.recoveries) != 1:
-        say(f"WRONG weights after the host loss: {differ} of {total} differ, {len(state.recoveries)} recoveries")
+    for rec in state.grows:
+        say(f"grew to {rec['size']} first_member_id {rec['first_member_id']} grow_s {rec['grow_s']:.3f} "
+            f"admit_s {rec['admit_s']:.3f}")
+    recoveries, grows = (0, 0) if JOIN else (1, 1 if GROW else 0)
+    if differ or len(state.recoveries) != recoveries or len(state.grows) != grows:
+        say(f"WRONG weights after the loss: {differ} of {total} differ, {len(state.recoveries)} recoveries, "
+            f"{len(state.grows)} grows")
         sys.exit(1)
     say(f"verified {total} on {state.comm.size} ranks")
     say("done")

@@ -70,7 +70,8 @@ GradsyncError E_LOST of the reshard, which names the lost ranges, and nothing is
 Growing back: a replacement rank calls join(join_name, build), which returns its State, while the
 members call state.grow(join_name) at a step boundary; the joiner takes the latest commit and, from
 the members, the parameters by broadcast, its optimizer slices and its tables' rows by reshard, in
-memory (THREAD and SHM groups: see Communicator.grow); the next two commits (one per generation)
+memory (see Communicator.grow: over MPI and hier the members start the joiners, this program
+again with GRADSYNC_JOIN set); the next two commits (one per generation)
 save the tables in full on the grown group. `python3 -m gradsync.run --elastic --replace` starts a
 replacement for each lost rank.
 """

@@ -114,6 +114,10 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   const auto start = Clock::now();
   const std::string group =
       options_.name.empty() ? std::string("the MPI group") : fmt::format("MPI group '{}'", options_.name);
+  // This member only, before anything starts (as the other transports).
+  GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
+             "grow of {}: {} joiner(s); a group of {} takes 1 to {} (at most {} ranks)", group, joiners, size_,
+             kMaxLocalRanks - size_, kMaxLocalRanks);
   // 1. Agree.
   enum : size_t { kJoinersWord, kName, kNext, kHostLost, kWords };
   const int64_t mine[kWords] = {joiners, static_cast<int64_t>(name_hash(join_name)), next_member_id(),
@@ -132,9 +136,6 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
                r, w[kNext], all[kNext]);
     if (w[kHostLost] != 0 && lost_host_seen_by < 0) lost_host_seen_by = r;
   }
-  GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
-             "grow of {}: {} joiner(s) for a group of {}: a grown group holds 2 to {} ranks", group, joiners, size_,
-             kMaxLocalRanks);
   GS_REQUIRE(lost_host_seen_by < 0, GRADSYNC_E_UNSUPPORTED,
              "grow of {}: rank {} saw a shrink lose every rank of a host. After a host is lost (its Open MPI daemon "
              "with it), Open MPI 4.1's MPI_Comm_spawn ends the whole job, so this job cannot grow over MPI: go on with "
@@ -143,7 +144,7 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   const int64_t first_id = all[kNext];
 
   // 2. Spawn: rank 0's program; its arguments matter at the root only.
-  const Program program = rank_ == 0 ? this_program() : Program{};
+  const Program program = rank_ == 0 ? this_program() : Program{"rank 0's program", {}, {}};
   std::vector<char*> argv;
   for (const std::string& a : program.args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -171,7 +172,7 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   GS_REQUIRE(spawned == MPI_SUCCESS, GRADSYNC_E_REMOTE,
              "grow of {}: rank {}: MPI_Comm_spawn could not start the {} joiner(s) running {} (MPI error {}, first "
              "joiner's {})",
-             group, rank_, joiners, rank_ == 0 ? program.exe : std::string("rank 0's program"), spawned, errcodes[0]);
+             group, rank_, joiners, program.exe, spawned, errcodes[0]);
   // 3. Merge, 4. offer.
   std::array<int64_t, kOfferWords> offer{};
   offer[kOldSize] = size_;
