@@ -7,13 +7,14 @@
 # About five and a half minutes of CPU on a quiet machine and 4 GB of memory: round.pml two and a
 # half, mpi_round.pml half a minute, membership.pml (shrink and grow) one, mpi_shrink.pml one and a
 # half.
-# check.sh MODEL (round, mpi_round, membership or mpi_shrink) checks that model alone; ctest runs one each.
+# check.sh MODEL (round, mpi_round, membership, mpi_shrink or mpi_grow) checks that model alone; ctest runs one
+# each.
 set -euo pipefail
 only="${1:-}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$here/mpi_shrink.pml" "$work/"
+cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$here/mpi_shrink.pml" "$here/mpi_grow.pml" "$work/"
 cd "$work"
 
 failed=0
@@ -119,4 +120,17 @@ check violated "MPI shrink mutant: a rank keeps its own suspicions, no union of 
 check violated "MPI shrink mutant: a rank named failed by a peer drops itself from the set and goes on" -DN=3 -DDEATHS=0 -DLATE=1 -DMUTANT_NO_SELF_CHECK
 check violated "MPI shrink mutant (the assumption): a deadline passes while a live rank's answer is on its way" -DN=2 -DDEATHS=0 -DMUTANT_DEADLINE_ANYTIME
 check violated "MPI shrink mutant: create_group without the watchdog" -DN=3 -DDEATHS=1 -DMUTANT_NO_WATCHDOG
+# The MPI transport's grow (mpi_grow.pml): an agreement round, then the blocking spawn and merge
+# under watchdogs, then the grown group's rounds; deaths at every step, a member's abort, a member
+# that saw a host lost, a joiner with another name. A few seconds of CPU.
+model=mpi_grow.pml
+check holds "MPI grow: 2 members and a joiner, nobody lost" -DN=2 -DDEATHS=0
+check holds "MPI grow: 2 members and a joiner, a death and an abort" -DN=2 -DDEATHS=1 -DABORTS=1
+check holds "MPI grow: 3 members and a joiner, two deaths and an abort" -DN=3 -DDEATHS=2 -DABORTS=1
+check holds "MPI grow: 2 members and 2 joiners, a death" -DN=2 -DJ=2 -DDEATHS=1
+check holds "MPI grow: a member saw a host lost, a death" -DN=2 -DDEATHS=1 -DHOST_LOST=1
+check holds "MPI grow: a joiner with another name, a death" -DN=2 -DDEATHS=1 -DBAD_JOINER=1
+check violated "MPI grow mutant: spawn without the watchdog" -DN=2 -DDEATHS=1 -DMUTANT_NO_WATCHDOG
+check violated "MPI grow mutant: a member refuses on its own host loss, not the agreed one" -DN=2 -DDEATHS=0 -DHOST_LOST=1 -DMUTANT_REFUSE_LOCAL
+check violated "MPI grow mutant: a joiner with another name fails alone" -DN=2 -DDEATHS=0 -DBAD_JOINER=1 -DMUTANT_VERDICT_LOCAL
 exit $failed

@@ -5,19 +5,21 @@
 // GRADSYNC_JOIN=<join name> in the joiners' environment, which tells that program to join
 // (comm.h, gradsync_comm_join). Then:
 // 1. Agree: the members allgather (joiners, the join name's hash, the next member id, whether this
-//    process saw a whole host lost) over the group, a verified collective, and check it alike.
+//    process saw a whole host lost, whether rank 0 could read its program) over the group, a
+//    verified collective, and judge it alike: all go on, or all fail with one status.
 // 2. Spawn: MPI_Comm_spawn over the members (blocking; the joiners' MPI_Init completes it).
 // 3. Merge: MPI_Intercomm_merge, members low, so they keep their ranks and joiner j is size + j.
 // 4. Offer: rank 0 broadcasts the group's options and ids over the merged communicator.
 // 5. Form: an MPI communicator of the transport's own over the merged one (its setup bounded as
-//    at creation), its topology detected; an allreduce over it of every joiner's verdict on the
-//    offer, so that a joiner that came with another join name fails every rank alike; then the
-//    commit, one barrier (a round of the transport's, decided once: tests/model/mpi_round.pml).
+//    at creation), its topology detected; an allgather over it of every joiner's verdict on the
+//    offer, so that a joiner that came with another join name or transport fails every rank alike;
+//    then the commit, one barrier. Both are rounds of the grown group: a rank lost in them fails
+//    its peers (E_REMOTE), or, once they completed, their next call, as after a shrink.
 // Steps 2-4 are MPI's blocking collectives, which nothing can interrupt: each runs under a
 // watchdog that ends the job with MPI_Abort at the group's timeout, so a joiner that never comes (a
 // program that does not call gradsync_comm_join) or a member lost inside them ends the job rather
 // than hang it. After a whole host was lost the members refuse in step 1: Open MPI's spawn would end
-// the job (docs/mpi.md).
+// the job (docs/mpi.md). tests/model/mpi_grow.pml checks these steps over deaths at each of them.
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,10 +120,21 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
              "grow of {}: {} joiner(s); a group of {} takes 1 to {} (at most {} ranks)", group, joiners, size_,
              kMaxLocalRanks - size_, kMaxLocalRanks);
+  // The program the joiners run, read by rank 0 before the agreement, which carries whether it
+  // could: a failure there fails every member alike, instead of leaving them in the spawn.
+  Program program{"rank 0's program", {}, {}};
+  std::string unreadable;
+  if (rank_ == 0) {
+    try {
+      program = this_program();
+    } catch (const Error& e) {
+      unreadable = e.what();
+    }
+  }
   // 1. Agree.
-  enum : size_t { kJoinersWord, kName, kNext, kHostLost, kWords };
+  enum : size_t { kJoinersWord, kName, kNext, kHostLost, kUnreadable, kWords };
   const int64_t mine[kWords] = {joiners, static_cast<int64_t>(name_hash(join_name)), next_member_id(),
-                                mpi::host_lost() ? 1 : 0};
+                                mpi::host_lost() ? 1 : 0, unreadable.empty() ? 0 : 1};
   std::vector<int64_t> all(kWords * static_cast<size_t>(size_));
   allgather(mine, all.data(), all.size(), DType::I64);
   int lost_host_seen_by = -1;
@@ -141,10 +154,11 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
              "with it), Open MPI 4.1's MPI_Comm_spawn ends the whole job, so this job cannot grow over MPI: go on with "
              "the survivors, or restart the job from a checkpoint with the hosts it needs",
              group, lost_host_seen_by);
+  GS_REQUIRE(all[kUnreadable] == 0, GRADSYNC_E_IO, "grow of {}: rank 0 cannot tell the program its joiners run{}",
+             group, unreadable.empty() ? std::string() : ": " + unreadable);
   const int64_t first_id = all[kNext];
 
   // 2. Spawn: rank 0's program; its arguments matter at the root only.
-  const Program program = rank_ == 0 ? this_program() : Program{"rank 0's program", {}, {}};
   std::vector<char*> argv;
   for (const std::string& a : program.args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
