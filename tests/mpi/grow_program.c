@@ -11,7 +11,14 @@
  *               shrink, and grow by 1: the joiner takes the lost rank's place, with a new member id;
  *   host-lost   ranks labelled one host each (h<rank>); the last dies, which loses a whole host: the
  *               survivors shrink (on two labelled hosts: an MPI group), and their grow must be
- *               refused (E_UNSUPPORTED) on every one of them, after which their group still works.
+ *               refused (E_UNSUPPORTED) on every one of them, after which their group still works;
+ *   stress      (a 4th argument: SEED) ROUNDS rounds of: a random rank other than 0 dies, between
+ *               calls or at a random point of a loop of 1-float allreduces (each result checked);
+ *               the others shrink and grow back by one, and check the grown group. Every process
+ *               draws the same sequence; a joiner of round k starts drawing at round k + 1 (it
+ *               knows k from its member id), and may be a later round's victim. Lines begin
+ *               "member I" (the process's member id): "member I: round K shrunk failed [V] count 1",
+ *               "member I round K: verified 4 on N ranks", "member I: done".
  * The members' grow spawns this program again with GRADSYNC_JOIN set: it then joins instead of
  * creating (and takes the mode and transport from its arguments, as spawned). On the grown group
  * every rank checks its rank and member id, a broadcast from rank 0, and allreduces whose every
@@ -20,17 +27,20 @@
  * "rank R: done". R is the rank in the group the process first had (a joiner: "joiner J").
  * Failures print "rank R: <what> <status> <message>"; a wrong value prints WRONG. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gradsync/gradsync.h"
 
 #define LARGE (64 * 1024)
 #define PARAMS 1000
+#define ROUNDS 3
 
 static char who[32] = "?";
 
@@ -101,7 +111,86 @@ static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64
   return 0;
 }
 
-static int joiner(const char* join_name, int32_t transport) {
+static void* killer(void* arg) {
+  const long us = (long)(intptr_t)arg;
+  struct timespec t;
+  t.tv_sec = us / 1000000;
+  t.tv_nsec = (us % 1000000) * 1000;
+  nanosleep(&t, NULL);
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+
+/* The stress rounds from round `first` on, over c (freed at the end). */
+static int stress(gradsync_comm* c, unsigned seed, int first) {
+  int32_t n = -1, rank = -1;
+  int64_t id = -1;
+  int k, rc;
+  gradsync_comm_size(c, &n);
+  gradsync_comm_member_id(c, &id);
+  snprintf(who, sizeof who, "member %lld", (long long)id);
+  srand(seed);
+  for (k = 0; k < 3 * first; ++k) (void)rand(); /* the rounds before this process's first */
+  for (k = first; k < ROUNDS; ++k) {
+    const int victim = 1 + rand() % (n - 1), how = rand() % 2;
+    const long delay = 1000 + rand() % 50000;
+    gradsync_comm *shrunk = NULL, *g = NULL;
+    gradsync_shrink_result s;
+    gradsync_grow_result r;
+    int32_t failed[64];
+    float x = 1.0f;
+    char name[64];
+    gradsync_comm_rank(c, &rank);
+    if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) {
+      say("barrier", rc);
+      return 1;
+    }
+    if (rank == victim) {
+      pthread_t t;
+      printf("%s: round %d dies\n", who, k);
+      fflush(stdout);
+      if (how == 0) kill(getpid(), SIGKILL);
+      pthread_create(&t, NULL, killer, (void*)(intptr_t)delay);
+    }
+    while ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) == GRADSYNC_OK) {
+      if (x != (float)n) {
+        printf("%s: WRONG allreduce in round %d: %g\n", who, k, x);
+        return 1;
+      }
+      x = 1.0f;
+    }
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.version = GRADSYNC_SHRINK_RESULT_VERSION;
+    if ((rc = gradsync_comm_shrink(c, &shrunk, failed, 64, &s)) != GRADSYNC_OK) {
+      say("shrink", rc);
+      return 1;
+    }
+    printf("%s: round %d shrunk failed [%d] count %d\n", who, k, failed[0], s.failed_count);
+    gradsync_comm_free(c);
+    c = shrunk;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.version = GRADSYNC_GROW_RESULT_VERSION;
+    snprintf(name, sizeof name, "stress-%u-%d", seed, k);
+    gradsync_comm_rank(c, &rank);
+    if ((rc = gradsync_comm_grow(c, name, 1, &g, &r)) != GRADSYNC_OK) {
+      say("grow", rc);
+      return 1;
+    }
+    gradsync_comm_free(c);
+    c = g;
+    snprintf(who, sizeof who, "member %lld round %d", (long long)id, k);
+    if (check_grown(c, n, rank, id) != 0) return 1;
+    snprintf(who, sizeof who, "member %lld", (long long)id);
+  }
+  gradsync_comm_free(c);
+  printf("%s: done\n", who);
+  fflush(stdout);
+  return 0;
+}
+
+static int joiner(const char* join_name, int32_t transport, const char* seed) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm* g = NULL;
   gradsync_grow_result r;
@@ -119,7 +208,12 @@ static int joiner(const char* join_name, int32_t transport) {
   }
   printf("%s: joined old_size %d new_size %d first_id %lld agree_us %lld form_us %lld\n", who, r.old_size, r.new_size,
          (long long)r.first_member_id, (long long)(r.agree_ns / 1000), (long long)(r.form_ns / 1000));
+  if (seed != NULL)
+    snprintf(who, sizeof who, "member %lld round %d", (long long)(r.first_member_id + j),
+             (int)(r.first_member_id - r.new_size));
   rc = check_grown(g, r.new_size, r.old_size + j, r.first_member_id + j);
+  /* A stress joiner of round k (one joiner a round, member ids from new_size) goes on at k + 1. */
+  if (rc == 0 && seed != NULL) return stress(g, (unsigned)atoi(seed), (int)(r.first_member_id - r.new_size) + 1);
   gradsync_comm_free(g);
   if (rc == 0) printf("%s: done\n", who);
   fflush(stdout);
@@ -157,11 +251,13 @@ int main(int argc, char** argv) {
   int32_t rank = -1, size = -1;
   int rc;
   float x = 1.0f;
-  if (argc < 4 || (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost"))) {
-    fprintf(stderr, "usage: %s plain|after-loss|host-lost mpi|hier TIMEOUT_MS\n", argv[0]);
+  const int stressed = strcmp(mode, "stress") == 0;
+  if (argc < 4 + stressed ||
+      (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost") && !stressed)) {
+    fprintf(stderr, "usage: %s plain|after-loss|host-lost|stress mpi|hier TIMEOUT_MS [SEED]\n", argv[0]);
     return 2;
   }
-  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]));
+  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL);
   o.transport = transport_of(argv[2]);
   o.timeout_ms = atoi(argv[3]);
   if (strcmp(mode, "host-lost") == 0) {
@@ -175,6 +271,7 @@ int main(int argc, char** argv) {
   gradsync_comm_rank(c, &rank);
   gradsync_comm_size(c, &size);
   snprintf(who, sizeof who, "rank %d", rank);
+  if (stressed) return stress(c, (unsigned)atoi(argv[4]), 0);
   if (strcmp(mode, "plain") == 0) {
     if (grow(&c, 2, "grow-plain") != GRADSYNC_OK) return 1;
   } else {

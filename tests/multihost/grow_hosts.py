@@ -4,7 +4,7 @@
 under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_program.c).
 
     grow_hosts.py [--mpirun PATH] [--transport mpi|hier] [--layout 2,2] [--runs N]
-                  --mode plain|after-loss|host-lost|torch -- PROGRAM
+                  --mode plain|after-loss|host-lost|torch|stress -- PROGRAM
 
 - plain: the group grows by 2 with nobody lost; every member and both joiners must hold the grown
   group (sizes, ranks, member ids: the joiners' are new) and check its collectives.
@@ -15,6 +15,10 @@ under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_
 - torch: PROGRAM is python3 tests/multihost/torch_elastic.py (hier): rank 3 dies inside training,
   gradsync.torch.elastic recovers on 3 ranks, then grows back to 4 (the joiner spawned, catching
   up by broadcast and reshard), and every rank's weights end bitwise a one-rank run's.
+- stress: --runs launches, each with a seed of its own: 3 rounds of a random rank (not 0) lost between
+  calls or at a random point of a loop of small calls, a shrink and a grow back to 4; every round's
+  grown group (the joiner a member id never used) checks its collectives, and a joiner may be a
+  later round's victim.
 Each host is in a PID namespace of its own. A job is bounded: a hang fails the test. The phases'
 times (the members' agree: spawn and merge; form) are printed, min / median / max over the runs.
 """
@@ -29,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts  # noqa: E402
 
 BOUND = 90  # seconds
+ROUNDS = 3  # grow_program.c's stress rounds
 
 
 def _runs(pid, program):
@@ -43,11 +48,11 @@ def fail(what, output=""):
     sys.exit(f"FAIL: {what}\n{output}")
 
 
-def run_once(args, program):
+def run_once(args, program, seed=0):
     layout = args.layout
     n = sum(layout)
-    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0), "torch": (n - 1, 1)}[
-        args.mode]
+    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0), "torch": (n - 1, 1),
+                        "stress": (n - 1, 1)}[args.mode]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True) as h:
             env = dict(os.environ)
@@ -60,9 +65,10 @@ def run_once(args, program):
                         mpirun_args += ["-x", var]
                 argv = program + ["grow"]
             else:
-                argv = program + [args.mode, args.transport, str(args.timeout_ms)]
+                argv = program + [args.mode, args.transport, str(args.timeout_ms)] + (
+                    [str(seed)] if args.mode == "stress" else [])
             job = h.start(argv, mpirun_args=mpirun_args, env=env)
-            finished = job.wait_for(r"^(rank|joiner) \d+: done", count=members + joiners, timeout=BOUND)
+            finished = job.wait_for(r"^(rank|joiner|member) \d+: done", count=members + joiners, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun under
             # --enable-recovery may stay with its daemons after every rank has ended (Open MPI 4.1):
             # the ranks' end is what is required.
@@ -85,6 +91,50 @@ def run_once(args, program):
     new_size = members + joiners
     survivors = range(members)
     figures = {}
+    if args.mode == "stress":
+        # Each round: one victim; the 4 ranks of the grown group (the survivors and the joiner, whose
+        # member id is the next never used) verify it; the victim never appears again.
+        gone = set()
+        for k in range(ROUNDS):
+            died = [int(x) for x in re.findall(rf"^member (\d+): round {k} dies$", out, re.M)]
+            verified = sorted(int(x) for x in re.findall(rf"^member (\d+) round {k}: verified 4 on {n} ranks$", out,
+                                                         re.M))
+            if len(died) != 1:
+                fail(f"seed {seed}: round {k}: {len(died)} victims", out)
+            gone.add(died[0])
+            if len(verified) != n or n + k not in verified or gone & set(verified):
+                fail(f"seed {seed}: round {k}: the grown group's verifications came from members {verified} (the "
+                     f"joiner is member {n + k}, the lost ones {sorted(gone)})", out)
+            for m in verified:
+                if m != n + k and not re.search(rf"^member {m}: round {k} shrunk failed \[\d+\] count 1$", out, re.M):
+                    fail(f"seed {seed}: round {k}: member {m} did not shrink by one rank", out)
+        done = sorted(int(x) for x in re.findall(r"^member (\d+): done$", out, re.M))
+        if done != verified:
+            fail(f"seed {seed}: members {done} finished, not the last group's {verified}", out)
+        print(f"seed {seed}: lost members {sorted(gone)}, grew back {ROUNDS} times: ok")
+        return {}
+    if args.mode == "stress":
+        # Each round: one victim; the 4 ranks of the grown group (the survivors and the joiner, whose
+        # member id is the next never used) verify it; the victim never appears again.
+        gone = set()
+        for k in range(ROUNDS):
+            died = [int(x) for x in re.findall(rf"^member (\d+): round {k} dies$", out, re.M)]
+            verified = sorted(int(x) for x in re.findall(rf"^member (\d+) round {k}: verified 4 on {n} ranks$", out,
+                                                         re.M))
+            if len(died) != 1:
+                fail(f"seed {seed}: round {k}: {len(died)} victims", out)
+            gone.add(died[0])
+            if len(verified) != n or n + k not in verified or gone & set(verified):
+                fail(f"seed {seed}: round {k}: the grown group's verifications came from members {verified} (the "
+                     f"joiner is member {n + k}, the lost ones {sorted(gone)})", out)
+            for m in verified:
+                if m != n + k and not re.search(rf"^member {m}: round {k} shrunk failed \[\d+\] count 1$", out, re.M):
+                    fail(f"seed {seed}: round {k}: member {m} did not shrink by one rank", out)
+        done = sorted(int(x) for x in re.findall(r"^member (\d+): done$", out, re.M))
+        if done != verified:
+            fail(f"seed {seed}: members {done} finished, not the last group's {verified}", out)
+        print(f"seed {seed}: lost members {sorted(gone)}, grew back {ROUNDS} times: ok")
+        return {}
     if args.mode == "torch":
         # torch_elastic.py's lines: a recovery from rank 3's loss, a grow back to 4, and every
         # rank's weights (the joiner's too) bitwise a one-rank run's.
@@ -138,7 +188,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
-    ap.add_argument("--mode", choices=("plain", "after-loss", "host-lost", "torch"), required=True)
+    ap.add_argument("--mode", choices=("plain", "after-loss", "host-lost", "torch", "stress"), required=True)
     ap.add_argument("--layout", default="2,2")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--timeout-ms", type=int, default=20000)
@@ -147,9 +197,10 @@ def main():
     args.layout = [int(x) for x in args.layout.split(",")]
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     figures = {}
-    for _ in range(args.runs):
+    seed0 = int(time.time()) % 100000
+    for i in range(args.runs):
         start = time.monotonic()
-        for k, v in run_once(args, program).items():
+        for k, v in run_once(args, program, seed0 + i).items():
             figures.setdefault(k, []).extend(v)
         print(f"run: {time.monotonic() - start:.1f} s")
     for k, v in figures.items():
