@@ -295,18 +295,15 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
                  options.mpi_fcomm);
     }
     const auto deadline = deadline_after(options_.timeout);
-    // Our own communicators, so our traffic never matches the host's. Non-blocking dups, so a
-    // rank that never joins gives a timeout here too.
-    auto fresh = std::make_shared<FreshComms>();
-    check(mpi::lib().Comm_idup(parent, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-    wait(fresh->requests, 1, deadline, "joining the MPI group (MPI_Comm_idup)", nullptr, fresh, Mode::Setup);
-    base_ = fresh->comm;
-    mpi::lib().Comm_set_errhandler(base_, mpi::lib().errors_return);
-    mpi::lib().Comm_rank(base_, &rank_);
-    mpi::lib().Comm_size(base_, &size_);
-    fresh = duplicate_base(deadline, "joining the MPI group (MPI_Comm_idup)");
+    // Our own communicators, so our traffic never matches the host's: the base (the parent of
+    // reset's), the collectives' and the notices'. Non-blocking dups, so a rank that never joins
+    // gives a timeout here too.
+    auto fresh = duplicate(parent, true, deadline, "joining the MPI group (MPI_Comm_idup)");
+    base_ = fresh->base;
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
+    mpi::lib().Comm_rank(base_, &rank_);
+    mpi::lib().Comm_size(base_, &size_);
 
     // Who runs where, so that a dead peer on this host is told apart from a slow one.
     auto info = std::make_shared<std::vector<PeerInfo>>(static_cast<size_t>(size_) + 1);
@@ -940,12 +937,19 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
 // agreements in flight on one parent can post those collectives in different orders on different
 // ranks when a rank's context ids differ from its peers' (as after an abandoned collective), which
 // then never complete.
-std::shared_ptr<FreshComms> MpiCommunicator::duplicate_base(Clock::time_point deadline, const char* label) {
+std::shared_ptr<FreshComms> MpiCommunicator::duplicate(MPI_Comm from, bool with_base, Clock::time_point deadline,
+                                                       const char* label) {
+  const mpi::Api& m = mpi::lib();
   auto fresh = std::make_shared<FreshComms>();
-  check(mpi::lib().Comm_idup(base_, &fresh->comm, &fresh->requests[0]), "MPI_Comm_idup");
-  wait(&fresh->requests[0], 1, deadline, label, nullptr, fresh, Mode::Setup);
-  check(mpi::lib().Comm_idup(base_, &fresh->ctl, &fresh->requests[1]), "MPI_Comm_idup");
-  wait(&fresh->requests[1], 1, deadline, label, nullptr, fresh, Mode::Setup);
+  // One at a time: posted together, Open MPI 4.1's duplications were seen to mix two
+  // communicators' traffic (mpi:comm_np2 summed another communicator's data).
+  int n = 0;
+  for (MPI_Comm* c : {&fresh->base, &fresh->comm, &fresh->ctl}) {
+    if (c == &fresh->base && !with_base) continue;
+    check(m.Comm_idup(from, c, &fresh->requests[n]), "MPI_Comm_idup");
+    wait(&fresh->requests[n++], 1, deadline, label, nullptr, fresh, Mode::Setup);
+    m.Comm_set_errhandler(*c, m.errors_return);
+  }
   return fresh;
 }
 
@@ -956,7 +960,7 @@ void MpiCommunicator::reset() {
   // The abort being recovered from must not abort its own recovery; one during the reset does.
   state_.store(0);
   const auto deadline = deadline_after(options_.timeout);
-  const auto fresh = duplicate_base(deadline, "reset (MPI_Comm_idup)");
+  const auto fresh = duplicate(base_, false, deadline, "reset (MPI_Comm_idup)");
   retire_control();
   if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);
   comm_pending_ = false;

@@ -155,9 +155,10 @@ class Watchdog {
 };
 
 struct FreshComms {
+  MPI_Comm base = mpi::lib().comm_null;
   MPI_Comm comm = mpi::lib().comm_null;
   MPI_Comm ctl = mpi::lib().comm_null;
-  MPI_Request requests[2] = {mpi::lib().request_null, mpi::lib().request_null};
+  MPI_Request requests[3] = {mpi::lib().request_null, mpi::lib().request_null, mpi::lib().request_null};
 };
 
 class MpiCommunicator;
@@ -265,7 +266,8 @@ class MpiCommunicator final : public Communicator {
   // peer, every peer's into its slot.
   void send_to_all(Exchange& ex, size_t own, const Fingerprint& fp, Clock::time_point deadline,
                    Clock::time_point start);
-  std::shared_ptr<FreshComms> duplicate_base(Clock::time_point deadline, const char* label);
+  // Duplicates of `from` for the collectives and the notices (and first a base, with_base).
+  std::shared_ptr<FreshComms> duplicate(MPI_Comm from, bool with_base, Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
   [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
