@@ -504,14 +504,17 @@ typedef struct gradsync_grow_result {
  * working directory, and GRADSYNC_JOIN=<join_name> in their environment, where the MPI runtime
  * places them. Such a process calls gradsync_comm_join (below) instead of gradsync_comm_create.
  * The members spawn, merge and offer through MPI's blocking calls, which nothing can interrupt: a
- * joiner that never joins, or a member or joiner lost inside them, ends the job (MPI_Abort) after
- * comm's timeout rather than hang it; a failure after them is returned as below. After a shrink
- * that lost every rank of a host (seen by any member), the grow is refused on every member
+ * joiner that does not reach gradsync_comm_join within comm's timeout (it died, never calls it, or
+ * starts slower than that), or a member or joiner lost inside them, ends the job (MPI_Abort) rather
+ * than hang it; a failure after them is returned as below. After a shrink that lost every rank of
+ * a host (seen by any member's process), the grow is refused on every member
  * (GRADSYNC_E_UNSUPPORTED): Open MPI 4.1's spawn would then end the whole job. A HIER group
- * builds its levels over the grown MPI group, as at creation.
+ * builds its levels over the grown MPI group, as at creation. (A shrink whose survivors are all on
+ * one host gives an SHM group: it grows as SHM, its joiners started by the caller.)
  * @param comm the running group
  * @param join_name the name the joiners pass to gradsync_comm_join (NUL-terminated, 1 to
- *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name, and not comm's own name). Rank 0 and
+ *        GRADSYNC_COMM_NAME_MAX-1 bytes, as a group name, and not comm's own name; over MPI no
+ *        newline, as the joiners' environment carries it). Rank 0 and
  *        the joiners meet in a group of that name (a lobby, kept until the grown group commits),
  *        so it serves one grow at a time. A joiner that comes while the lobby forms with an index
  *        already claimed, or with another count of joiners, fails the whole grow (rank 0:
@@ -558,9 +561,9 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  *
  * MPI and HIER: only in a process that the members' grow started (GRADSYNC_JOIN is then set to
  * the join name, which goes in name), with the members' transport; rank and size are ignored
- * (MPI gives the index and the count), and so is host. timeout_ms bounds merging into the
- * members' group (past it the job ends, as for the members); the new group takes the members'
- * options, topology_independent too.
+ * (MPI gives the index and the count); host labels this rank, as at creation. timeout_ms bounds
+ * merging into the members' group (past it the job ends, as for the members); the new group takes
+ * the members' options, topology_independent too.
  * @param[out] out the new group's communicator; NULL on failure
  * @param opts as above (gradsync_comm_options_init, then the fields above)
  * @param[out] result as gradsync_comm_grow's (may be NULL)

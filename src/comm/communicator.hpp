@@ -154,7 +154,7 @@ class Communicator {
   virtual ShrinkResult shrink();
   // Collective over this group, with `joiners` new ranks meeting it by join_name (comm::join):
   // the grown group, this group's members first in their order, then the joiners by index
-  // (comm/membership.hpp). Transports that cannot grow fail with E_UNSUPPORTED saying why.
+  // (comm/membership.hpp; over MPI, transport/mpi/mpi_grow.cpp).
   virtual GrowResult grow(const std::string& join_name, int joiners);
   // A member of this group that is gone for good (its process died, or it freed its communicator),
   // described for a message; empty while every member is there, or where the transport cannot tell.

@@ -65,8 +65,10 @@ GrowResult join(const Options& options) {
     // The members build theirs so (HierCommunicator::grow), with the group's options.
     Options o = grown.comm->group_options();
     o.transport = Transport::Hier;
-    grown.comm->guard_forming(true);
+    Communicator* mpi_level = grown.comm.get();  // kept by the hierarchical group
+    mpi_level->guard_forming(true);
     grown.comm = over_levels(std::move(grown.comm), o);
+    mpi_level->guard_forming(false);
   }
   return grown;
 #else

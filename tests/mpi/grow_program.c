@@ -12,7 +12,9 @@
  *   host-lost   ranks labelled one host each (h<rank>); the last dies, which loses a whole host: the
  *               survivors shrink (on two labelled hosts: an MPI group), and their grow must be
  *               refused (E_UNSUPPORTED) on every one of them, after which their group still works;
- *   stress      (a 4th argument: SEED) ROUNDS rounds of: a random rank other than 0 dies, between
+ *   mismatch    the group grows by 1, and the joiner joins by another name than it was started for:
+ *               every rank (the joiner too) fails with E_MISMATCH, and the members' group still works;
+ *   stress      (a 4th argument: SEED) ROUNDS rounds of: a random rank dies, between
  *               calls or at a random point of a loop of 1-float allreduces (each result checked);
  *               the others shrink and grow back by one, and check the grown group. Every process
  *               draws the same sequence; a joiner of round k starts drawing at round k + 1 (it
@@ -132,7 +134,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
   srand(seed);
   for (k = 0; k < 3 * first; ++k) (void)rand(); /* the rounds before this process's first */
   for (k = first; k < ROUNDS; ++k) {
-    const int victim = 1 + rand() % (n - 1), how = rand() % 2;
+    const int victim = rand() % n, how = rand() % 2; /* rank 0 too: a former joiner may become rank 0 */
     const long delay = 1000 + rand() % 50000;
     gradsync_comm *shrunk = NULL, *g = NULL;
     gradsync_shrink_result s;
@@ -190,7 +192,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
   return 0;
 }
 
-static int joiner(const char* join_name, int32_t transport, const char* seed) {
+static int joiner(const char* join_name, int32_t transport, const char* seed, int mismatch) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm* g = NULL;
   gradsync_grow_result r;
@@ -201,9 +203,13 @@ static int joiner(const char* join_name, int32_t transport, const char* seed) {
   r.struct_size = sizeof r;
   r.version = GRADSYNC_GROW_RESULT_VERSION;
   o.transport = transport;
-  snprintf(o.name, sizeof o.name, "%s", join_name);
+  snprintf(o.name, sizeof o.name, "%s%s", mismatch ? "not-" : "", join_name);
   if ((rc = gradsync_comm_join(&g, &o, &r)) != GRADSYNC_OK) {
     say("join", rc);
+    if (mismatch && rc == GRADSYNC_E_MISMATCH) {
+      printf("%s: done\n", who);
+      return 0;
+    }
     return 1;
   }
   printf("%s: joined old_size %d new_size %d first_id %lld agree_us %lld form_us %lld\n", who, r.old_size, r.new_size,
@@ -251,13 +257,13 @@ int main(int argc, char** argv) {
   int32_t rank = -1, size = -1;
   int rc;
   float x = 1.0f;
-  const int stressed = strcmp(mode, "stress") == 0;
+  const int stressed = strcmp(mode, "stress") == 0, mismatch = strcmp(mode, "mismatch") == 0;
   if (argc < 4 + stressed ||
-      (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost") && !stressed)) {
-    fprintf(stderr, "usage: %s plain|after-loss|host-lost|stress mpi|hier TIMEOUT_MS [SEED]\n", argv[0]);
+      (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost") && !stressed && !mismatch)) {
+    fprintf(stderr, "usage: %s plain|after-loss|host-lost|mismatch|stress mpi|hier TIMEOUT_MS [SEED]\n", argv[0]);
     return 2;
   }
-  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL);
+  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL, mismatch);
   o.transport = transport_of(argv[2]);
   o.timeout_ms = atoi(argv[3]);
   if (strcmp(mode, "host-lost") == 0) {
@@ -274,6 +280,17 @@ int main(int argc, char** argv) {
   if (stressed) return stress(c, (unsigned)atoi(argv[4]), 0);
   if (strcmp(mode, "plain") == 0) {
     if (grow(&c, 2, "grow-plain") != GRADSYNC_OK) return 1;
+  } else if (mismatch) {
+    if ((rc = grow(&c, 1, "grow-mismatch")) != GRADSYNC_E_MISMATCH) {
+      printf("%s: WRONG: a grow whose joiner came by another name gave %s\n", who, gradsync_status_string(rc));
+      return 1;
+    }
+    if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK || x != (float)size) {
+      printf("%s: WRONG: the group does not work after the failed grow (%g)\n", who, x);
+      say("allreduce", rc);
+      return 1;
+    }
+    printf("%s: verified 1 on %d ranks\n", who, size);
   } else {
     gradsync_shrink_result s;
     gradsync_comm* shrunk = NULL;

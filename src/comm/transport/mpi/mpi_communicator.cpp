@@ -943,12 +943,20 @@ std::shared_ptr<FreshComms> MpiCommunicator::duplicate(MPI_Comm from, bool with_
   auto fresh = std::make_shared<FreshComms>();
   // One at a time: posted together, Open MPI 4.1's duplications were seen to mix two
   // communicators' traffic (mpi:comm_np2 summed another communicator's data).
-  int n = 0;
-  for (MPI_Comm* c : {&fresh->base, &fresh->comm, &fresh->ctl}) {
-    if (c == &fresh->base && !with_base) continue;
-    check(m.Comm_idup(from, c, &fresh->requests[n]), "MPI_Comm_idup");
-    wait(&fresh->requests[n++], 1, deadline, label, nullptr, fresh, Mode::Setup);
-    m.Comm_set_errhandler(*c, m.errors_return);
+  std::vector<MPI_Comm*> made;
+  try {
+    for (MPI_Comm* c : {&fresh->base, &fresh->comm, &fresh->ctl}) {
+      if (c == &fresh->base && !with_base) continue;
+      MPI_Request& request = fresh->requests[made.size()];
+      check(m.Comm_idup(from, c, &request), "MPI_Comm_idup");
+      wait(&request, 1, deadline, label, nullptr, fresh, Mode::Setup);
+      made.push_back(c);
+      m.Comm_set_errhandler(*c, m.errors_return);
+    }
+  } catch (...) {
+    // The duplications that completed; one abandoned stays with its buried request.
+    for (MPI_Comm* c : made) m.Comm_free(c);
+    throw;
   }
   return fresh;
 }
@@ -998,8 +1006,9 @@ std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const Subgroup& sub
     std::optional<Watchdog> watchdog;
     auto why = [this](std::chrono::milliseconds waited) {
       return fmt::format(
-          "rank {}: MPI_Comm_create_group over a shrink's survivors did not return within {} ms: a member was lost "
-          "inside it, or after it confirmed the group (or its host was lost with its Open MPI daemon)",
+          "rank {}: MPI_Comm_create_group over a shrink's survivors (or a level of a group formed after a shrink or a "
+          "grow) did not return within {} ms: a member was lost inside it, or after it confirmed the group (or its "
+          "host was lost with its Open MPI daemon)",
           rank_, waited.count());
     };
     if (create_deadline_) {

@@ -64,35 +64,68 @@ enum : size_t {
 
 uint64_t name_hash(const std::string& name) { return fnv1a64(name.data(), name.size()); }
 
-// This process's program as MPI_Comm_spawn takes it: the executable (argv[0] may be relative, or
-// found on a PATH the joiners' daemon does not have), the arguments after argv[0], and the
-// working directory.
+// This process's program as MPI_Comm_spawn takes it: the executable, the arguments after argv[0],
+// and the working directory. The executable is argv[0] made absolute (found on PATH when it names
+// no directory) without following links: /proc/self/exe would resolve a virtualenv's bin/python
+// to the interpreter it links to, which then starts without the virtualenv. /proc/self/exe only
+// when argv[0] cannot be found.
 struct Program {
   std::string exe, wdir;
   std::vector<std::string> args;
 };
 
+bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
+
 Program this_program() {
   Program p;
   std::array<char, PATH_MAX> path{};
-  const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
-  GS_REQUIRE(n > 0, GRADSYNC_E_IO, "grow over MPI: cannot read /proc/self/exe, the program the joiners run: {}",
-             std::strerror(errno));
-  p.exe.assign(path.data(), static_cast<size_t>(n));
+  GS_REQUIRE(::getcwd(path.data(), path.size()) != nullptr, GRADSYNC_E_IO,
+             "grow over MPI: cannot read the working directory the joiners start in: {}", std::strerror(errno));
+  p.wdir = path.data();
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   const std::string all((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  GS_REQUIRE(cmdline.good() || cmdline.eof(), GRADSYNC_E_IO, "grow over MPI: cannot read /proc/self/cmdline");
-  size_t at = all.find('\0');  // past argv[0]
+  GS_REQUIRE(!all.empty(), GRADSYNC_E_IO, "grow over MPI: cannot read /proc/self/cmdline");
+  const std::string argv0 = all.substr(0, all.find('\0'));
+  size_t at = all.find('\0');
   while (at != std::string::npos && at + 1 < all.size()) {
     const size_t end = all.find('\0', at + 1);
     p.args.push_back(all.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1));
     at = end;
   }
-  GS_REQUIRE(::getcwd(path.data(), path.size()) != nullptr, GRADSYNC_E_IO,
-             "grow over MPI: cannot read the working directory the joiners start in: {}", std::strerror(errno));
-  p.wdir = path.data();
+  if (argv0.find('/') != std::string::npos) {
+    p.exe = argv0[0] == '/' ? argv0 : p.wdir + "/" + argv0;
+  } else if (const char* dirs = std::getenv("PATH"); dirs != nullptr) {
+    for (std::string rest = dirs; p.exe.empty() && !rest.empty();) {
+      const size_t colon = rest.find(':');
+      const std::string dir = rest.substr(0, colon);
+      const std::string candidate = (dir.empty() ? p.wdir : dir) + "/" + argv0;
+      if (executable(candidate)) p.exe = candidate;
+      rest = colon == std::string::npos ? std::string() : rest.substr(colon + 1);
+    }
+  }
+  if (p.exe.empty() || !executable(p.exe)) {
+    const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+    GS_REQUIRE(n > 0, GRADSYNC_E_IO, "grow over MPI: cannot find argv[0] ('{}') nor read /proc/self/exe: {}", argv0,
+               std::strerror(errno));
+    p.exe.assign(path.data(), static_cast<size_t>(n));
+  }
   return p;
 }
+
+// The grow's MPI objects, freed on every way out.
+struct GrowHandles {
+  MPI_Info info = mpi::lib().info_null;
+  MPI_Comm inter = mpi::lib().comm_null, merged = mpi::lib().comm_null;
+  GrowHandles() = default;
+  GrowHandles(const GrowHandles&) = delete;
+  GrowHandles& operator=(const GrowHandles&) = delete;
+  ~GrowHandles() {
+    const mpi::Api& m = mpi::lib();
+    if (info != m.info_null) m.Info_free(&info);
+    if (merged != m.comm_null) m.Comm_free(&merged);
+    if (inter != m.comm_null) m.Comm_free(&inter);
+  }
+};
 
 // Runs `call` (a blocking MPI collective) under a watchdog at the group's timeout.
 template <class Call>
@@ -120,13 +153,21 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   GS_REQUIRE(joiners >= 1 && joiners <= kMaxLocalRanks - size_, GRADSYNC_E_INVALID_ARG,
              "grow of {}: {} joiner(s); a group of {} takes 1 to {} (at most {} ranks)", group, joiners, size_,
              kMaxLocalRanks - size_, kMaxLocalRanks);
-  // The program the joiners run, read by rank 0 before the agreement, which carries whether it
-  // could: a failure there fails every member alike, instead of leaving them in the spawn.
+  GS_REQUIRE(join_name.find('\n') == std::string::npos, GRADSYNC_E_INVALID_ARG,
+             "grow of {}: join_name holds a newline, which the joiners' environment cannot carry", group);
+  // The program the joiners run and the spawn's info, made by rank 0 before the agreement, which
+  // carries whether it could: a failure there fails every member alike, instead of leaving the
+  // others in the spawn.
+  GrowHandles h;
   Program program{"rank 0's program", {}, {}};
+  const std::string env = fmt::format("{}={}", kJoinVariable, join_name);
   std::string unreadable;
   if (rank_ == 0) {
     try {
       program = this_program();
+      check(m.Info_create(&h.info), "MPI_Info_create");
+      check(m.Info_set(h.info, "env", env.c_str()), "MPI_Info_set");
+      check(m.Info_set(h.info, "wdir", program.wdir.c_str()), "MPI_Info_set");
     } catch (const Error& e) {
       unreadable = e.what();
     }
@@ -154,39 +195,28 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
              "with it), Open MPI 4.1's MPI_Comm_spawn ends the whole job, so this job cannot grow over MPI: go on with "
              "the survivors, or restart the job from a checkpoint with the hosts it needs",
              group, lost_host_seen_by);
-  GS_REQUIRE(all[kUnreadable] == 0, GRADSYNC_E_IO, "grow of {}: rank 0 cannot tell the program its joiners run{}",
-             group, unreadable.empty() ? std::string() : ": " + unreadable);
+  GS_REQUIRE(all[kUnreadable] == 0, GRADSYNC_E_IO, "grow of {}: rank 0 cannot start the joiners{}", group,
+             unreadable.empty() ? std::string() : ": " + unreadable);
   const int64_t first_id = all[kNext];
 
   // 2. Spawn: rank 0's program; its arguments matter at the root only.
   std::vector<char*> argv;
   for (const std::string& a : program.args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  MPI_Info info = m.info_null;
-  const std::string env = fmt::format("{}={}", kJoinVariable, join_name);
-  if (rank_ == 0) {
-    check(m.Info_create(&info), "MPI_Info_create");
-    check(m.Info_set(info, "env", env.c_str()), "MPI_Info_set");
-    check(m.Info_set(info, "wdir", program.wdir.c_str()), "MPI_Info_set");
-  }
-  struct FreeInfo {
-    MPI_Info& i;
-    ~FreeInfo() {
-      if (i != mpi::lib().info_null) mpi::lib().Info_free(&i);
-    }
-  } free_info{info};
-  MPI_Comm inter = m.comm_null, merged = m.comm_null;
   std::vector<int> errcodes(static_cast<size_t>(joiners), MPI_SUCCESS);
   const int spawned = guarded(
       options_.timeout,
-      fmt::format("rank {}: MPI_Comm_spawn of {} joiner(s) ('{}') did not return within {} "
-                  "ms: a joiner did not start MPI, or a member was lost inside the call",
-                  rank_, joiners, program.exe, options_.timeout.count()),
-      [&] { return m.Comm_spawn(program.exe.c_str(), argv.data(), joiners, info, 0, base_, &inter, errcodes.data()); });
+      fmt::format(
+          "rank {}: MPI_Comm_spawn of {} joiner(s) ('{}') did not return within {} ms: a joiner did not "
+          "start MPI in time (it died, or never calls gradsync_comm_join), or a member was lost inside the call",
+          rank_, joiners, program.exe, options_.timeout.count()),
+      [&] {
+        return m.Comm_spawn(program.exe.c_str(), argv.data(), joiners, h.info, 0, base_, &h.inter, errcodes.data());
+      });
   GS_REQUIRE(spawned == MPI_SUCCESS, GRADSYNC_E_REMOTE,
-             "grow of {}: rank {}: MPI_Comm_spawn could not start the {} joiner(s) running {} (MPI error {}, first "
-             "joiner's {})",
-             group, rank_, joiners, program.exe, spawned, errcodes[0]);
+             "grow of {}: rank {}: MPI_Comm_spawn could not start the {} joiner(s) running {}: {}{}", group, rank_,
+             joiners, program.exe, mpi_error_string(spawned),
+             rank_ == 0 ? fmt::format(" (the first joiner's error code {})", errcodes[0]) : std::string());
   // 3. Merge, 4. offer.
   std::array<int64_t, kOfferWords> offer{};
   offer[kOldSize] = size_;
@@ -198,30 +228,25 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   offer[kDeterministic] = options_.deterministic ? 1 : 0;
   offer[kTransport] = static_cast<int64_t>(options_.transport);
   offer[kTopologyIndependent] = options_.topology_independent ? 1 : 0;
+  const char* failed_call = "MPI_Intercomm_merge";
   const int rc = guarded(options_.timeout,
                          fmt::format("rank {}: merging the {} joiner(s) in (MPI_Intercomm_merge, then the offer's "
                                      "MPI_Bcast) did not end within {} ms: a joiner or a member was lost inside it",
                                      rank_, joiners, options_.timeout.count()),
                          [&] {
-                           int r = m.Intercomm_merge(inter, 0, &merged);
-                           if (r == MPI_SUCCESS)
-                             r = m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, merged);
-                           return r;
+                           m.Comm_set_errhandler(h.inter, m.errors_return);
+                           int r = m.Intercomm_merge(h.inter, 0, &h.merged);
+                           if (r != MPI_SUCCESS) return r;
+                           failed_call = "MPI_Bcast";
+                           m.Comm_set_errhandler(h.merged, m.errors_return);
+                           return m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, h.merged);
                          });
-  struct FreeComms {
-    MPI_Comm& a;
-    MPI_Comm& b;
-    ~FreeComms() {
-      if (a != mpi::lib().comm_null) mpi::lib().Comm_free(&a);
-      if (b != mpi::lib().comm_null) mpi::lib().Comm_free(&b);
-    }
-  } free_comms{merged, inter};
-  check(rc, "MPI_Intercomm_merge");
+  check(rc, failed_call);
   const auto formed_start = Clock::now();
   // 5. Form and commit.
   Options o = options_;
   o.name = join_name;
-  auto grown = std::make_unique<MpiCommunicator>(o, merged);
+  auto grown = std::make_unique<MpiCommunicator>(o, h.merged);
   grown->establish(o);
   grown->take_identity(member_id(), first_id + joiners);
   GS_REQUIRE(!joiner_refused(*grown, 0), GRADSYNC_E_MISMATCH,
@@ -260,27 +285,26 @@ GrowResult MpiCommunicator::join(const Options& options) {
   int index = 0, joiners = 1;
   m.Comm_rank(m.comm_world, &index);
   m.Comm_size(m.comm_world, &joiners);
-  MPI_Comm merged = m.comm_null;
+  GrowHandles h;
   std::array<int64_t, kOfferWords> offer{};
   const std::chrono::milliseconds timeout = options.timeout;
+  const char* failed_call = "MPI_Intercomm_merge";
   const int rc = guarded(timeout,
                          fmt::format("joiner {} of '{}': merging into the members' group (MPI_Intercomm_merge, then "
                                      "the offer's MPI_Bcast) did not end within {} ms: a member was lost inside it",
                                      index, options.name, timeout.count()),
                          [&] {
-                           int r = m.Intercomm_merge(parent, 1, &merged);
-                           if (r == MPI_SUCCESS)
-                             r = m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, merged);
-                           return r;
+                           // Errors returned, not fatal, on the communicators MPI made for the spawn.
+                           m.Comm_set_errhandler(parent, m.errors_return);
+                           int r = m.Intercomm_merge(parent, 1, &h.merged);
+                           if (r != MPI_SUCCESS) return r;
+                           failed_call = "MPI_Bcast";
+                           m.Comm_set_errhandler(h.merged, m.errors_return);
+                           return m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, h.merged);
                          });
-  struct FreeMerged {
-    MPI_Comm& c;
-    ~FreeMerged() {
-      if (c != mpi::lib().comm_null) mpi::lib().Comm_free(&c);
-    }
-  } free_merged{merged};
-  GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_REMOTE, "join '{}' over MPI: merging into the members' group failed: {}",
-             options.name, mpi_error_string(rc));
+  GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_REMOTE,
+             "join '{}' over MPI: merging into the members' group failed ({}): {}", options.name, failed_call,
+             mpi_error_string(rc));
   // Every word is checked before it sizes or times anything: the members run this program too, but
   // a joiner trusts nothing it did not compute.
   const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
@@ -291,26 +315,27 @@ GrowResult MpiCommunicator::join(const Options& options) {
                  offer[kTimeoutMs] > 0 && flags_ok,
              GRADSYNC_E_CORRUPT,
              "join '{}' over MPI: the offer from the members' rank 0 is corrupt (group size {}, {} joiner(s) of {} "
-             "spawned, member ids from {}, timeout {} ms, flags {}/{})",
+             "spawned, member ids from {}, timeout {} ms, flags {}/{}/{})",
              options.name, old_size, offer[kJoiners], joiners, first_id, offer[kTimeoutMs], offer[kCheckMismatch],
-             offer[kDeterministic]);
+             offer[kDeterministic], offer[kTopologyIndependent]);
   const auto formed_start = Clock::now();
-  Options o = options;
-  o.transport = Transport::Mpi;
+  Options o = options;  // its transport (MPI or hier) is the members', as the verdict below checks
   o.timeout = std::chrono::milliseconds(offer[kTimeoutMs]);
   o.check_mismatch = offer[kCheckMismatch] != 0;
   o.deterministic = offer[kDeterministic] != 0;
   o.topology_independent = offer[kTopologyIndependent] != 0;
-  auto grown = std::make_unique<MpiCommunicator>(o, merged);
+  auto grown = std::make_unique<MpiCommunicator>(o, h.merged);
   grown->establish(o);
   grown->take_identity(first_id + index, first_id + joiners);
   const bool same_name = static_cast<uint64_t>(offer[kNameHash]) == name_hash(options.name);
   const bool same_transport = offer[kTransport] == static_cast<int64_t>(options.transport);
-  GS_REQUIRE(!joiner_refused(*grown, same_name && same_transport ? 0 : 1), GRADSYNC_E_MISMATCH,
-             "join '{}' over MPI: the members grow {} (this joiner was started for '{}', on the {} transport)",
-             options.name,
-             same_name ? std::string("a group of the other transport over MPI") : std::string("by another join name"),
-             variable != nullptr ? variable : "", transport_name(options.transport));
+  const bool mine_ok = same_name && same_transport;
+  GS_REQUIRE(!joiner_refused(*grown, mine_ok ? 0 : 1), GRADSYNC_E_MISMATCH, "join '{}' over MPI: {}", options.name,
+             mine_ok     ? std::string("another joiner came with another join name or transport")
+             : same_name ? fmt::format("the members' group is of the other transport over MPI (this joiner: {})",
+                                       transport_name(options.transport))
+                         : fmt::format("the members grow by another join name (this joiner was started for '{}')",
+                                       variable != nullptr ? variable : ""));
   grown->barrier();
   GrowResult result;
   result.agree = formed_start - start;
