@@ -30,6 +30,9 @@ struct Options {
   std::string name;
   std::string host_label;             // replaces the detected host identity when not empty (comm/topology.hpp)
   bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
+  // Why this group cannot grow (E_UNSUPPORTED saying it), or empty: a shared-memory group that an
+  // MPI shrink formed, inside an MPI job whose joiners only MPI could start (mpi_shrink.cpp).
+  std::string grow_refused;
   // Asked now and then while create() waits for the other members: a non-empty answer gives up
   // with E_REMOTE saying it (a shrink forming its group from a group that lost another member).
   // Kept only for the create() call.

@@ -9,16 +9,19 @@
  *   plain       the group grows by 2 with nobody lost;
  *   after-loss  the last rank SIGKILLs itself between two calls; the others' next call fails, they
  *               shrink, and grow by 1: the joiner takes the lost rank's place, with a new member id;
- *   host-lost   ranks labelled one host each (h<rank>); the last dies, which loses a whole host: the
- *               survivors shrink (on two labelled hosts: an MPI group), and their grow must be
- *               refused (E_UNSUPPORTED) on every one of them, after which their group still works;
+ *   host-lost   every rank of the last rank's host dies (its daemon lives on), a whole host: the
+ *               survivors shrink (on several hosts: an MPI group; on one: a shared-memory group),
+ *               and their grow must be refused (E_UNSUPPORTED) on every one of them, after which
+ *               their group still works;
  *   mismatch    the group grows by 1, and the joiner joins by another name than it was started for:
  *               every rank (the joiner too) fails with E_MISMATCH, and the members' group still works;
  *   stress      (a 4th argument: SEED) ROUNDS rounds of: a random rank dies, between
  *               calls or at a random point of a loop of 1-float allreduces (each result checked);
  *               the others shrink and grow back by one, and check the grown group. Every process
  *               draws the same sequence; a joiner of round k starts drawing at round k + 1 (it
- *               knows k from its member id), and may be a later round's victim. Lines begin
+ *               knows k from its member id), and may be a later round's victim. Where the losses
+ *               empty a host, the survivors (on one host: a shared-memory group) have their grow
+ *               refused (E_UNSUPPORTED) and end there ("member I: round K refused"). Lines begin
  *               "member I" (the process's member id): "member I: round K shrunk failed [V] count 1",
  *               "member I round K: verified 4 on N ranks", "member I: done".
  * The members' grow spawns this program again with GRADSYNC_JOIN set: it then joins instead of
@@ -176,7 +179,20 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
     r.version = GRADSYNC_GROW_RESULT_VERSION;
     snprintf(name, sizeof name, "stress-%u-%d", seed, k);
     gradsync_comm_rank(c, &rank);
-    if ((rc = gradsync_comm_grow(c, name, 1, &g, &r)) != GRADSYNC_OK) {
+    if ((rc = gradsync_comm_grow(c, name, 1, &g, &r)) == GRADSYNC_E_UNSUPPORTED) {
+      /* The losses emptied a host (the survivors, all on one host, formed a shared-memory group):
+       * the grow is refused, and the survivors go on. */
+      say("grow", rc);
+      x = 1.0f;
+      if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK ||
+          x != (float)(n - 1)) {
+        printf("%s: WRONG: the survivors' group does not work after the refusal (%g)\n", who, x);
+        return 1;
+      }
+      printf("%s: round %d refused, verified 1 on %d ranks\n", who, k, n - 1);
+      break;
+    }
+    if (rc != GRADSYNC_OK) {
       say("grow", rc);
       return 1;
     }
@@ -266,10 +282,6 @@ int main(int argc, char** argv) {
   if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL, mismatch);
   o.transport = transport_of(argv[2]);
   o.timeout_ms = atoi(argv[3]);
-  if (strcmp(mode, "host-lost") == 0) {
-    const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
-    snprintf(o.host, sizeof o.host, "h%s", world_rank != NULL ? world_rank : "?");
-  }
   if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
     say("create", rc);
     return 1;
@@ -299,7 +311,12 @@ int main(int argc, char** argv) {
       say("barrier", rc);
       return 1;
     }
-    if (rank == size - 1) {
+    int32_t hosts[1024], victims = 1, i;
+    if (strcmp(mode, "host-lost") == 0 &&
+        (rc = gradsync_comm_topology(c, NULL, NULL, NULL, NULL, hosts, (size_t)size)) == GRADSYNC_OK) {
+      for (victims = 0, i = 0; i < size; ++i) victims += hosts[i] == hosts[size - 1];
+    }
+    if (rank >= size - victims) { /* ranks are numbered host by host: the last host's */
       printf("%s: dies\n", who);
       fflush(stdout);
       kill(getpid(), SIGKILL);
@@ -313,7 +330,7 @@ int main(int argc, char** argv) {
       say("shrink", rc);
       return 1;
     }
-    printf("%s: shrunk failed %d (rank %d) size %d\n", who, s.failed_count, failed[0], size - s.failed_count);
+    printf("%s: shrunk failed %d (from rank %d) size %d\n", who, s.failed_count, failed[0], size - s.failed_count);
     gradsync_comm_free(c);
     c = shrunk;
     if (strcmp(mode, "after-loss") == 0) {
@@ -328,12 +345,12 @@ int main(int argc, char** argv) {
       }
       x = 1.0f;
       if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK ||
-          x != (float)(size - 1)) {
+          x != (float)(size - victims)) {
         printf("%s: WRONG: the group does not work after the refusal (%g)\n", who, x);
         say("allreduce", rc);
         return 1;
       }
-      printf("%s: verified 1 on %d ranks\n", who, size - 1);
+      printf("%s: verified 1 on %d ranks\n", who, size - victims);
     }
   }
   gradsync_comm_free(c);

@@ -10,8 +10,9 @@ under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_
   group (sizes, ranks, member ids: the joiners' are new) and check its collectives.
 - after-loss: the last rank dies; the survivors shrink, then grow by 1: the joiner is the last rank
   again, with the member id after every id the group used (never the lost rank's).
-- host-lost: each rank its own labelled host; the last dies, a whole host: every survivor's grow
-  must be refused with E_UNSUPPORTED naming the lost host, and their group must still work.
+- host-lost: every rank of the last host dies (its Open MPI daemon lives on): every survivor's grow
+  must be refused with E_UNSUPPORTED saying why (1 + 1 + 1: an MPI group that saw a host lost;
+  2 x 2: the survivors' shared-memory group), and their group must still work.
 - mismatch: the joiner joins by another name than it was started for: every member's grow and the
   joiner's join fail with E_MISMATCH, and the members' group still works.
 - torch: PROGRAM is python3 tests/multihost/torch_elastic.py (hier): rank 3 dies inside training,
@@ -53,8 +54,8 @@ def fail(what, output=""):
 def run_once(args, program, seed=0):
     layout = args.layout
     n = sum(layout)
-    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - 1, 0), "torch": (n - 1, 1),
-                        "stress": (n - 1, 1), "mismatch": (n, 1)}[args.mode]
+    members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - layout[-1], 0),
+                        "torch": (n - 1, 1), "stress": (n - 1, 1), "mismatch": (n, 1)}[args.mode]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True) as h:
             env = dict(os.environ)
@@ -70,7 +71,16 @@ def run_once(args, program, seed=0):
                 argv = program + [args.mode, args.transport, str(args.timeout_ms)] + (
                     [str(seed)] if args.mode == "stress" else [])
             job = h.start(argv, mpirun_args=mpirun_args, env=env)
-            finished = job.wait_for(r"^(rank|joiner|member) \d+: done", count=members + joiners, timeout=BOUND)
+            if args.mode == "stress":  # 4 finish, or the 3 survivors of a round whose grow was refused
+                end = time.monotonic() + BOUND
+                finished = False
+                while not finished and time.monotonic() < end:
+                    out = job.output()
+                    done = len(re.findall(r"^member \d+: done", out, re.M))
+                    finished = done == members + joiners or (done == members and " refused, verified" in out)
+                    time.sleep(0.2)
+            else:
+                finished = job.wait_for(r"^(rank|joiner|member) \d+: done", count=members + joiners, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun under
             # --enable-recovery may stay with its daemons after every rank has ended (Open MPI 4.1):
             # the ranks' end is what is required.
@@ -106,8 +116,23 @@ def run_once(args, program, seed=0):
         # Each round: one victim; the 4 ranks of the grown group (the survivors and the joiner, whose
         # member id is the next never used) verify it; the victim never appears again.
         gone = set()
+        refused_in = None
         for k in range(ROUNDS):
             died = [int(x) for x in re.findall(rf"^member (\d+): round {k} dies$", out, re.M)]
+            refused = sorted(int(x) for x in re.findall(rf"^member (\d+): round {k} refused, verified 1 on {n - 1} "
+                                                        rf"ranks$", out, re.M))
+            if refused:
+                # The round's losses emptied a host: the survivors, on the other host, formed a
+                # shared-memory group, which refuses to grow; all of them, and they finish.
+                for m in refused:
+                    line = re.search(rf"^member {m}: grow GRADSYNC_E_UNSUPPORTED(.*)$", out, re.M)
+                    if not line or "a whole host was lost" not in line.group(1):
+                        fail(f"seed {seed}: round {k}: member {m}'s grow was refused for another reason", out)
+                gone.update(died)
+                if len(died) != 1 or len(refused) != n - 1 or gone & set(refused):
+                    fail(f"seed {seed}: round {k}: refused on members {refused}, lost {died}", out)
+                refused_in, verified = k, refused
+                break
             verified = sorted(int(x) for x in re.findall(rf"^member (\d+) round {k}: verified 4 on {n} ranks$", out,
                                                          re.M))
             if len(died) != 1:
@@ -122,7 +147,9 @@ def run_once(args, program, seed=0):
         done = sorted(int(x) for x in re.findall(r"^member (\d+): done$", out, re.M))
         if done != verified:
             fail(f"seed {seed}: members {done} finished, not the last group's {verified}", out)
-        print(f"seed {seed}: lost members {sorted(gone)}, grew back {ROUNDS} times: ok")
+        grew = ROUNDS if refused_in is None else refused_in
+        print(f"seed {seed}: lost members {sorted(gone)}, grew back {grew} times"
+              + ("" if refused_in is None else ", then a host was emptied and the grow refused") + ": ok")
         return {}
     if args.mode == "torch":
         # torch_elastic.py's lines: a recovery from rank 3's loss, a grow back to 4, and every
@@ -142,13 +169,17 @@ def run_once(args, program, seed=0):
         return figures
     if args.mode != "plain":
         for r in survivors:
-            if not re.search(rf"^rank {r}: shrunk failed 1 \(rank {n - 1}\) size {members}$", out, re.M):
-                fail(f"rank {r} did not shrink without rank {n - 1}", out)
+            if not re.search(rf"^rank {r}: shrunk failed {n - members} \(from rank {members}\) size {members}$",
+                             out, re.M):
+                fail(f"rank {r} did not shrink without ranks {members} to {n - 1}", out)
     if args.mode == "host-lost":
+        # Survivors on several hosts keep an MPI group, whose grow refuses once a host was lost;
+        # survivors on one host form a shared-memory group, which refuses too, saying why.
+        reason = "lose every rank of a host" if len(layout) > 2 else "a whole host was lost"
         for r in survivors:
             m = re.search(rf"^rank {r}: grow (GRADSYNC_E_\w+)(.*)$", out, re.M)
-            if not m or m.group(1) != "GRADSYNC_E_UNSUPPORTED" or "lose every rank of a host" not in m.group(2):
-                fail(f"rank {r}'s grow after the host loss was not refused as unsupported", out)
+            if not m or m.group(1) != "GRADSYNC_E_UNSUPPORTED" or reason not in m.group(2):
+                fail(f"rank {r}'s grow after the host loss was not refused as unsupported ({reason!r})", out)
             if not re.search(rf"^rank {r}: verified 1 on {members} ranks", out, re.M):
                 fail(f"rank {r}'s group did not work after the refusal", out)
         return {}

@@ -215,6 +215,9 @@ class SharedMemoryCommunicator final : public Communicator {
     return {};
   }
   GrowResult grow(const std::string& join_name, int joiners) override {
+    // The same on every member: a property of the group since it formed.
+    GS_REQUIRE(group_options().grow_refused.empty(), GRADSYNC_E_UNSUPPORTED, "grow of {} group '{}': {}",
+               transport_name(transport()), fabric_->group(), group_options().grow_refused);
     return membership_.grow(*this, join_, join_name, joiners);
   }
   void* alloc(size_t bytes) override { return fabric_->alloc(bytes); }

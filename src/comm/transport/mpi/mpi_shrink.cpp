@@ -454,6 +454,10 @@ std::unique_ptr<Communicator> MpiCommunicator::form_on_host(const Subgroup& sub,
   Options o = subgroup_options(sub);
   o.transport = Transport::Shm;
   o.name = fmt::format("gs-s{:016x}", nonce);
+  o.grow_refused =
+      "it is the shared-memory group that a shrink of an MPI group formed once a whole host was lost and every "
+      "survivor was on this one: its joiners could come only by MPI_Comm_spawn, which Open MPI 4.1 refuses in a job "
+      "that lost a host (it ends the job); go on with the survivors, or restart the job with the hosts it needs";
   std::unique_ptr<Communicator> formed = create_shm_communicator(o);
   pass_identity(*formed, o, topology().restricted(sub.members, sub.rank));
   return formed;
