@@ -315,7 +315,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.hosts is not None:
         if a.elastic or a.replace:
-            ap.error("--elastic and --replace are for one host: they cannot be used with --hosts")
+            ap.error("--elastic and --replace are for one host: they cannot be used with --hosts (after a lost "
+                     "rank Open MPI's mpirun --enable-recovery stays after every rank has ended, so the launcher "
+                     "would never return; run mpirun --enable-recovery yourself, with gradsync.torch.elastic: "
+                     "its State.grow starts replacements across hosts, see docs/mpi.md)")
         return _across_hosts(ap, a)
     if a.nprocs is None or a.nprocs < 1:
         ap.error("-n must be given, at least 1")
