@@ -116,6 +116,22 @@ static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64
   return 0;
 }
 
+/* The survivors' group in place of *c (freed); failed and s filled. */
+static int shrink(gradsync_comm** c, int32_t* failed, gradsync_shrink_result* s) {
+  gradsync_comm* shrunk = NULL;
+  int rc;
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+  s->version = GRADSYNC_SHRINK_RESULT_VERSION;
+  if ((rc = gradsync_comm_shrink(*c, &shrunk, failed, 64, s)) != GRADSYNC_OK) {
+    say("shrink", rc);
+    return rc;
+  }
+  gradsync_comm_free(*c);
+  *c = shrunk;
+  return GRADSYNC_OK;
+}
+
 static void* killer(void* arg) {
   const long us = (long)(intptr_t)arg;
   struct timespec t;
@@ -139,7 +155,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
   for (k = first; k < ROUNDS; ++k) {
     const int victim = rand() % n, how = rand() % 2; /* rank 0 too: a former joiner may become rank 0 */
     const long delay = 1000 + rand() % 50000;
-    gradsync_comm *shrunk = NULL, *g = NULL;
+    gradsync_comm* g = NULL;
     gradsync_shrink_result s;
     gradsync_grow_result r;
     int32_t failed[64];
@@ -164,16 +180,8 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
       }
       x = 1.0f;
     }
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.version = GRADSYNC_SHRINK_RESULT_VERSION;
-    if ((rc = gradsync_comm_shrink(c, &shrunk, failed, 64, &s)) != GRADSYNC_OK) {
-      say("shrink", rc);
-      return 1;
-    }
+    if (shrink(&c, failed, &s) != GRADSYNC_OK) return 1;
     printf("%s: round %d shrunk failed [%d] count %d\n", who, k, failed[0], s.failed_count);
-    gradsync_comm_free(c);
-    c = shrunk;
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
     r.version = GRADSYNC_GROW_RESULT_VERSION;
@@ -305,7 +313,6 @@ int main(int argc, char** argv) {
     printf("%s: verified 1 on %d ranks\n", who, size);
   } else {
     gradsync_shrink_result s;
-    gradsync_comm* shrunk = NULL;
     int32_t failed[64];
     if ((rc = gradsync_comm_barrier(c)) != GRADSYNC_OK) {
       say("barrier", rc);
@@ -323,16 +330,8 @@ int main(int argc, char** argv) {
     }
     while ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) == GRADSYNC_OK) x = 1.0f;
     say("call", rc);
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.version = GRADSYNC_SHRINK_RESULT_VERSION;
-    if ((rc = gradsync_comm_shrink(c, &shrunk, failed, 64, &s)) != GRADSYNC_OK) {
-      say("shrink", rc);
-      return 1;
-    }
+    if (shrink(&c, failed, &s) != GRADSYNC_OK) return 1;
     printf("%s: shrunk failed %d (from rank %d) size %d\n", who, s.failed_count, failed[0], size - s.failed_count);
-    gradsync_comm_free(c);
-    c = shrunk;
     if (strcmp(mode, "after-loss") == 0) {
       if (grow(&c, 1, "grow-after-loss") != GRADSYNC_OK) return 1;
     } else {

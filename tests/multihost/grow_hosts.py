@@ -39,14 +39,6 @@ BOUND = 90  # seconds
 ROUNDS = 3  # grow_program.c's stress rounds
 
 
-def _runs(pid, program):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return program.encode() in f.read()
-    except OSError:
-        return False
-
-
 def fail(what, output=""):
     sys.exit(f"FAIL: {what}\n{output}")
 
@@ -81,15 +73,9 @@ def run_once(args, program, seed=0):
                     time.sleep(0.2)
             else:
                 finished = job.wait_for(r"^(rank|joiner|member) \d+: done", count=members + joiners, timeout=BOUND)
-            # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun under
-            # --enable-recovery may stay with its daemons after every rank has ended (Open MPI 4.1):
-            # the ranks' end is what is required.
-            ranks_left = []
-            for _ in range(300):
-                ranks_left = [p for i in range(len(layout)) for p in h.pids(i) if _runs(p, program[0])]
-                if not ranks_left:
-                    break
-                time.sleep(0.1)
+            # The ranks end (by MPI_Abort at exit where a group holds abandoned requests); mpirun
+            # may stay (hosts.Hosts.wait_ended).
+            ranks_left = h.wait_ended(program[0])
             result = job.wait(5)
             out = result.output
             print(f"--- {args.mode} on {args.transport}, layout {args.layout}: finished {finished}, mpirun "

@@ -99,6 +99,14 @@ def _netns_pids(ns):
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
 
 
+def _runs(pid, program):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return program.encode() in f.read()
+    except OSError:
+        return False
+
+
 def _ns_inode(pid, kind):
     try:
         return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
@@ -425,6 +433,21 @@ class Hosts:
     def pids(self, host):
         """Every process in host's network namespace (its daemon and ranks)."""
         return _netns_pids(self.netns[host])
+
+    def running(self, program):
+        """The processes on any host whose command line holds `program` (a job's ranks, say)."""
+        return [p for i in range(len(self.layout)) for p in self.pids(i) if _runs(p, program)]
+
+    def wait_ended(self, program, timeout=30.0):
+        """Waits until no process of `program` is left on any host; returns those left. mpirun under
+        --enable-recovery across hosts may stay after every rank has ended (Open MPI 4.1, after a
+        lost rank): a job's end is its ranks' end."""
+        end = time.monotonic() + timeout
+        while True:
+            left = self.running(program)
+            if not left or time.monotonic() >= end:
+                return left
+            time.sleep(0.1)
 
     def host_namespaces(self, host):
         """The (ipc, mnt, uts) namespace inodes of host's ranks' processes, as seen now."""

@@ -54,14 +54,6 @@ may be lost with it. The survivors must then agree on the larger set, as on any 
 BOUND = 90  # seconds; the ranks' timeout is 5 s unless --timeout-ms says otherwise
 
 
-def _runs(pid, program):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return program.encode() in f.read()
-    except OSError:
-        return False
-
-
 def fail(what, output=""):
     sys.exit(f"FAIL: {what}\n{output}")
 
@@ -102,19 +94,13 @@ def launch(args, program, what, seed=0):
                     out = job.output()
                     done = len(re.findall(r"^rank \d: done", out, re.M))
                     finished = done >= survivors or (WATCH in out and "calling MPI_Abort" in out) or (
-                        done >= 1 and not [p for i in range(2) for p in h.pids(i) if _runs(p, program[0])])
+                        done >= 1 and not h.running(program[0]))
                     time.sleep(0.2)
             else:
                 finished = job.wait_for(r"^rank \d: done", count=survivors, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit: the old group holds abandoned requests); mpirun
-            # itself, under --enable-recovery across hosts, was seen to stay with its daemons after
-            # every rank had ended (Open MPI 4.1): the ranks' end is what is required here.
-            ranks_left = []
-            for _ in range(300):
-                ranks_left = [p for i in range(len(layout)) for p in h.pids(i) if _runs(p, program[0])]
-                if not ranks_left:
-                    break
-                time.sleep(0.1)
+            # may stay (hosts.Hosts.wait_ended).
+            ranks_left = h.wait_ended(program[0])
             ended = time.monotonic() - start
             result = job.wait(5)
             out = result.output

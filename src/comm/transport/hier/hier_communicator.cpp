@@ -191,47 +191,21 @@ class HierCommunicator final : public Communicator {
     }
     if (result.comm->transport() != Transport::Mpi) return result;
     const auto levels_start = std::chrono::steady_clock::now();
-    const Topology topology = result.comm->topology();
-    // Every wait of building the levels is bounded but the cross level's MPI_Comm_create_group: a
-    // survivor lost there would leave the others in it for good, so it runs under the watchdog.
-    result.comm->guard_forming(true);
-    std::unique_ptr<HierCommunicator> shrunk;
-    try {
-      shrunk = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
-    } catch (const Error& err) {
-      fail(err.status(),
-           "shrink of the hier group: rank {}: the survivors' MPI group was formed (lost rank(s) {}), but its "
-           "shared-memory and cross-host levels could not be built (a survivor lost meanwhile?): {}",
-           rank(), fmt::join(result.failed, ", "), err.what());
-    }
-    shrunk->world_->guard_forming(false);
-    pass_identity(*shrunk, group_options(), topology);
-    result.comm = std::move(shrunk);
+    result.comm = levels_over(std::move(result.comm), fmt::format("shrink of the hier group: rank {}: the survivors' "
+                                                                  "MPI group was formed (lost rank(s) {})",
+                                                                  rank(), fmt::join(result.failed, ", ")));
     result.form += std::chrono::steady_clock::now() - levels_start;
     return result;
   }
   // The MPI level grows (mpi_grow.cpp: the joiners spawned, they build these levels too), and the
-  // levels are built over the grown MPI group as for a new group, their forming under the watchdog
-  // as a shrink's. The members' identities are the MPI level's.
+  // levels are built over the grown MPI group as a shrink builds them.
   GrowResult grow(const std::string& join_name, int joiners) override {
     GrowResult result = world_->grow(join_name, joiners);
     const auto levels_start = std::chrono::steady_clock::now();
-    const Topology topology = result.comm->topology();
-    const int64_t id = result.comm->member_id(), next_id = result.comm->next_member_id();
-    result.comm->guard_forming(true);
-    std::unique_ptr<HierCommunicator> grown;
-    try {
-      grown = std::make_unique<HierCommunicator>(std::move(result.comm), group_options());
-    } catch (const Error& err) {
-      fail(err.status(),
-           "grow of the hier group: rank {}: the grown MPI group was formed ({} joiner(s) by '{}'), but its "
-           "shared-memory and cross-host levels could not be built (a rank lost meanwhile?): {}",
-           rank(), joiners, join_name, err.what());
-    }
-    grown->world_->guard_forming(false);
-    pass_identity(*grown, group_options(), topology);
-    grown->take_identity(id, next_id);
-    result.comm = std::move(grown);
+    result.comm = levels_over(std::move(result.comm),
+                              fmt::format("grow of the hier group: rank {}: the grown MPI group was formed ({} "
+                                          "joiner(s) by '{}')",
+                                          rank(), joiners, join_name));
     result.form += std::chrono::steady_clock::now() - levels_start;
     return result;
   }
@@ -256,6 +230,28 @@ class HierCommunicator final : public Communicator {
   }
 
  private:
+  // The levels over a new MPI group of this group's (a shrink's survivors, a grow's members and
+  // joiners), built as for a new group, with the MPI group's identity. Every wait there is bounded
+  // but the cross level's MPI_Comm_create_group: a rank lost inside it would leave the others there
+  // for good, so it runs under the watchdog. `formed` says what came before, for a failure's message.
+  std::unique_ptr<Communicator> levels_over(std::unique_ptr<Communicator> mpi_level, const std::string& formed) {
+    const Topology topology = mpi_level->topology();
+    const int64_t id = mpi_level->member_id(), next_id = mpi_level->next_member_id();
+    mpi_level->guard_forming(true);
+    std::unique_ptr<HierCommunicator> made;
+    try {
+      made = std::make_unique<HierCommunicator>(std::move(mpi_level), group_options());
+    } catch (const Error& err) {
+      fail(err.status(),
+           "{}, but its shared-memory and cross-host levels could not be built (a rank lost meanwhile?): {}", formed,
+           err.what());
+    }
+    made->world_->guard_forming(false);
+    pass_identity(*made, group_options(), topology);
+    made->take_identity(id, next_id);
+    return made;
+  }
+
   // What runs flat: on one host its shared-memory group, which is the whole group in the same rank
   // order (local rank = world rank there) and folds in rank order, so no data moves through MPI;
   // otherwise MPI.
