@@ -328,7 +328,9 @@ impl Communicator {
     /// left as it was: move state onto the grown one (broadcast the parameters,
     /// `gradsync_shard_reshard` the optimizer slices), then drop it. On failure this
     /// group is stopped as after a failed collective: [`Communicator::reset`] it and grow again.
-    /// Threads and shared memory only (MPI and hier give `UNSUPPORTED`).
+    /// Over MPI and hier (under `mpirun`) the members start the joiners themselves: rank 0's
+    /// command line again, with `GRADSYNC_JOIN=<join_name>` in its environment, which then calls
+    /// [`Communicator::join`]; a job that lost a whole host gives `UNSUPPORTED`.
     pub fn grow(&self, join_name: &str, joiners: i32) -> Result<(Communicator, GrowInfo)> {
         let name = std::ffi::CString::new(join_name)
             .map_err(|_| invalid("Communicator::grow", format!("join name {:?} contains a NUL byte", join_name)))?;
@@ -342,7 +344,9 @@ impl Communicator {
     /// Join a running group as a new rank, the other side of [`Communicator::grow`]
     /// (`gradsync_comm_join`): `options` name the members' join name, this joiner's index among
     /// the joiners (its rank) and their count (its size), the transport and how long to wait for
-    /// the members (its timeout). The grown group has the members' timeout and checks.
+    /// the members (its timeout). The grown group has the members' timeout and checks. Over MPI
+    /// and hier only a process that the members' grow started joins (`GRADSYNC_JOIN` names the
+    /// join), its index and count from MPI.
     pub fn join(options: &CommOptions) -> Result<(Communicator, GrowInfo)> {
         let raw_opts = options.to_raw()?;
         let mut out = ptr::null_mut();
