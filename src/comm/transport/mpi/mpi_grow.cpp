@@ -163,11 +163,16 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   const std::string env = fmt::format("{}={}", kJoinVariable, join_name);
   std::string unreadable;
   if (rank_ == 0) {
+    // Not check(): a failure here is this grow's, told to all through the agreement; the group
+    // stays usable.
+    auto info_call = [](int rc, const char* call) {
+      GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_INTERNAL, "{} failed: {}", call, mpi_error_string(rc));
+    };
     try {
       program = this_program();
-      check(m.Info_create(&h.info), "MPI_Info_create");
-      check(m.Info_set(h.info, "env", env.c_str()), "MPI_Info_set");
-      check(m.Info_set(h.info, "wdir", program.wdir.c_str()), "MPI_Info_set");
+      info_call(m.Info_create(&h.info), "MPI_Info_create");
+      info_call(m.Info_set(h.info, "env", env.c_str()), "MPI_Info_set");
+      info_call(m.Info_set(h.info, "wdir", program.wdir.c_str()), "MPI_Info_set");
     } catch (const Error& e) {
       unreadable = e.what();
     }
