@@ -562,8 +562,9 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  * MPI and HIER: only in a process that the members' grow started (GRADSYNC_JOIN is then set to
  * the join name, which goes in name), with the members' transport; rank and size are ignored
  * (MPI gives the index and the count); host labels this rank, as at creation. timeout_ms bounds
- * merging into the members' group (past it the job ends, as for the members); the new group takes
- * the members' options, topology_independent too.
+ * MPI's initialisation, which completes the members' spawn (past it, with the members gone, this
+ * process ends: _Exit(1)), and merging into the members' group (past it the job ends, as for the
+ * members); the new group takes the members' options, topology_independent too.
  * @param[out] out the new group's communicator; NULL on failure
  * @param opts as above (gradsync_comm_options_init, then the fields above)
  * @param[out] result as gradsync_comm_grow's (may be NULL)

@@ -128,9 +128,11 @@ check holds "MPI grow: 2 members and a joiner, nobody lost" -DN=2 -DDEATHS=0
 check holds "MPI grow: 2 members and a joiner, a death and an abort" -DN=2 -DDEATHS=1 -DABORTS=1
 check holds "MPI grow: 3 members and a joiner, two deaths and an abort" -DN=3 -DDEATHS=2 -DABORTS=1
 check holds "MPI grow: 2 members and 2 joiners, a death" -DN=2 -DJ=2 -DDEATHS=1
+check holds "MPI grow: 2 members and a joiner, both members dead" -DN=2 -DDEATHS=2
 check holds "MPI grow: a member saw a host lost, a death" -DN=2 -DDEATHS=1 -DHOST_LOST=1
 check holds "MPI grow: a joiner with another name, a death" -DN=2 -DDEATHS=1 -DBAD_JOINER=1
 check violated "MPI grow mutant: spawn without the watchdog" -DN=2 -DDEATHS=1 -DMUTANT_NO_WATCHDOG
+check violated "MPI grow mutant: a joiner's MPI_Init without its watchdog" -DN=2 -DDEATHS=2 -DMUTANT_NO_INIT_WATCHDOG
 check violated "MPI grow mutant: a member refuses on its own host loss, not the agreed one" -DN=2 -DDEATHS=0 -DHOST_LOST=1 -DMUTANT_REFUSE_LOCAL
 check violated "MPI grow mutant: a joiner with another name fails alone" -DN=2 -DDEATHS=0 -DBAD_JOINER=1 -DMUTANT_VERDICT_LOCAL
 exit $failed

@@ -19,9 +19,9 @@
  * 4. Form: the new communicator's setup and the joiners' verdicts (an allgather: a joiner started
  *    for another name makes every rank fail alike), then the commit barrier: rounds of the grown
  *    group, as in 1.
- * Deaths strike any process at any step (fewer than N: a joiner's MPI_Init, which answers the
- * spawn, has no watchdog of its own and waits for the members' watchdogs to end the job, so with
- * every member dead it would wait for a job that is gone); a member may abort the old group (gradsync_comm_abort)
+ * Deaths strike any process at any step, every member's too (a joiner's MPI_Init, which answers
+ * the spawn, then waits for nobody: its own watchdog ends that process); a member may abort the
+ * old group (gradsync_comm_abort)
  * before its entry of step 1; a member may have seen a host lost; a joiner may come with another
  * name. Deadlines fire when nothing else can move (spin's `timeout`), as in mpi_shrink.pml.
  *
@@ -53,9 +53,6 @@
 #endif
 #ifndef ABORTS
 #define ABORTS 0
-#endif
-#if DEATHS >= N
-#error "at least one member survives (see above)"
 #endif
 #ifndef HOST_LOST
 #define HOST_LOST 0 /* member N-1 saw a whole host lost */
@@ -202,11 +199,18 @@ end_unstarted:
   joiners_started; /* never, where the members refused or failed first: no process then */
   maybe_die(me);
   mpi_started++;
-  /* MPI_Init completes with the spawn: a member gone from it leaves it waiting until the watchdog's
-   * MPI_Abort ends the job, the joiner with it. */
+  /* MPI_Init completes with the spawn: a member gone from it leaves it waiting until a member's
+   * watchdog ends the job, the joiner with it, or, with every member gone, its own watchdog ends
+   * this process. */
   do
   :: SPAWNED -> break
   :: job_ended -> goto ended
+  :: timeout ->
+#ifdef MUTANT_NO_INIT_WATCHDOG
+     (false)
+#else
+     assert(deaths > 0); outcome[me] = FAILED; goto gone
+#endif
   od;
   maybe_die(me);
   in_merge++;

@@ -275,7 +275,15 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
 GrowResult MpiCommunicator::join(const Options& options) {
   const mpi::Api& m = mpi::lib();
   const auto start = Clock::now();
-  mpi::acquire_runtime();
+  {
+    // MPI's initialisation answers the members' spawn: with every member gone it would wait for good.
+    Watchdog watchdog(deadline_after(options.timeout),
+                      fmt::format("join '{}' over MPI: MPI's initialisation, which completes the members' spawn, did "
+                                  "not end within {} ms: the members are gone",
+                                  options.name, options.timeout.count()),
+                      true);
+    mpi::acquire_runtime();
+  }
   struct Release {
     ~Release() { mpi::release_runtime(); }
   } release;

@@ -140,9 +140,11 @@ void bury(std::shared_ptr<void> memory);
 // Ends the job with MPI_Abort, logging `why`, unless destroyed before `deadline`: around a blocking
 // MPI call that a member lost inside it (or a whole host lost, its daemon too) leaves waiting
 // forever, and nothing else can end: a shrink's MPI_Comm_create_group, a grow's spawn and merge.
+// Around MPI's initialisation (before_init), where MPI_Abort cannot be called yet, it ends this
+// process alone (_Exit(1)): a joiner whose members are gone.
 class Watchdog {
  public:
-  Watchdog(Clock::time_point deadline, std::string why);
+  Watchdog(Clock::time_point deadline, std::string why, bool before_init = false);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

@@ -87,10 +87,15 @@ struct Wire {
 
 }  // namespace
 
-Watchdog::Watchdog(Clock::time_point deadline, std::string why)
-    : thread_([this, deadline, why = std::move(why)] {
+Watchdog::Watchdog(Clock::time_point deadline, std::string why, bool before_init)
+    : thread_([this, deadline, why = std::move(why), before_init] {
         std::unique_lock lock(mutex_);
         if (cv_.wait_until(lock, deadline, [this] { return done_; })) return;
+        if (before_init) {
+          GS_LOG_ERROR("MPI transport: {}. Nothing can end that call: ending this process (_Exit(1)) rather than hang",
+                       why);
+          std::_Exit(1);
+        }
         GS_LOG_ERROR(
             "MPI transport: {}. Nothing can end that call: calling MPI_Abort(MPI_COMM_WORLD, 1) to end the job rather "
             "than hang",
