@@ -70,7 +70,7 @@ def train(comm, victims=(), grow_to=0):
                                               joining=joining)
 
     if comm is None:
-        state = elastic.join(JOIN, build, transport="hier")
+        state = elastic.join(JOIN, build)  # the transport from GRADSYNC_TRANSPORT, as from_env takes it
     else:
         state = elastic.State(comm, *build(comm))
 

@@ -583,7 +583,7 @@ class State:
         return record
 
 
-def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm", **fields):
+def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport=None, **fields):
     """Join a running training group as a new rank (the other side of State.grow): returns its
     State, at the members' latest commit. build(comm, joining=True) makes the model and optimizer
     on the grown group as every rank made them at the start (the same calls, in the same order:
@@ -592,7 +592,8 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
     model, made on comm as the members made theirs (their rows then come from the members).
     fields: as State's, checkpoint_dir and full_every included. Waits up to timeout_ms (default: GRADSYNC_TIMEOUT_MS,
     else the library's) for the members to grow (Communicator.join: index among the joiners, their
-    count, transport)."""
+    count, transport: default GRADSYNC_TRANSPORT, else "shm"; over MPI and hier, a process that the
+    members' State.grow started, GRADSYNC_JOIN naming the join)."""
     from .. import Communicator
     from ..run import arm_parent_death
 
@@ -600,6 +601,8 @@ def join(join_name, build, index=0, joiners=1, timeout_ms=None, transport="shm",
 
     if timeout_ms is None and "GRADSYNC_TIMEOUT_MS" in os.environ:
         timeout_ms = int(os.environ["GRADSYNC_TIMEOUT_MS"])
+    if transport is None:
+        transport = os.environ.get("GRADSYNC_TRANSPORT", "shm")
     comm, info = Communicator.join(join_name, index, joiners, timeout_ms=timeout_ms, transport=transport)
     try:
         built = build(comm, joining=True)
