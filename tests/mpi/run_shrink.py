@@ -86,7 +86,7 @@ for i in range(runs):
             if "WRONG" in out:
                 fail("a collective gave a wrong result", out)
             outcomes["failed in the setup"] = outcomes.get("failed in the setup", 0) + 1
-        elif "did not return within the timeout" in out and "calling MPI_Abort" in out:
+        elif "MPI_Comm_create_group over a shrink's survivors" in out and "calling MPI_Abort" in out:
             if "WRONG" in out:
                 fail("a collective gave a wrong result", out)
             outcomes["watchdog"] = outcomes.get("watchdog", 0) + 1

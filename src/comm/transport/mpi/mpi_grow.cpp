@@ -275,6 +275,18 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
 GrowResult MpiCommunicator::join(const Options& options) {
   const mpi::Api& m = mpi::lib();
   const auto start = Clock::now();
+  const char* variable = std::getenv(kJoinVariable);
+  auto not_spawned = [&] {
+    return fmt::format(
+        "join '{}' over MPI: this process was not started by a grow. A grow over MPI starts its joiners itself "
+        "(MPI_Comm_spawn of the members' program, with {} set to the join name{}); start the program otherwise with "
+        "gradsync_comm_create",
+        options.name, kJoinVariable,
+        variable != nullptr ? fmt::format(": here it is '{}'", variable) : ": not set here");
+  };
+  // Every process a grow starts has it: without it, refused before MPI is initialised (a process
+  // that forks afterwards must not have initialised MPI for nothing).
+  GS_REQUIRE(variable != nullptr, GRADSYNC_E_INVALID_ARG, "{}", not_spawned());
   {
     // MPI's initialisation answers the members' spawn: with every member gone it would wait for good.
     Watchdog watchdog(deadline_after(options.timeout),
@@ -289,12 +301,7 @@ GrowResult MpiCommunicator::join(const Options& options) {
   } release;
   MPI_Comm parent = m.comm_null;
   m.Comm_get_parent(&parent);
-  const char* variable = std::getenv(kJoinVariable);
-  GS_REQUIRE(parent != m.comm_null, GRADSYNC_E_INVALID_ARG,
-             "join '{}' over MPI: this process was not started by a grow. A grow over MPI starts its joiners itself "
-             "(MPI_Comm_spawn of the members' program, with {} set to the join name{}); start the program "
-             "otherwise with gradsync_comm_create",
-             options.name, kJoinVariable, variable != nullptr ? fmt::format(": here it is '{}'", variable) : "");
+  GS_REQUIRE(parent != m.comm_null, GRADSYNC_E_INVALID_ARG, "{}", not_spawned());
   int index = 0, joiners = 1;
   m.Comm_rank(m.comm_world, &index);
   m.Comm_size(m.comm_world, &joiners);
