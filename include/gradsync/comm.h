@@ -501,7 +501,7 @@ typedef struct gradsync_grow_result {
  *
  * Transports: THREAD and SHM as above. MPI and HIER: the members start the joiners themselves
  * (MPI_Comm_spawn, under mpirun): `joiners` processes of rank 0's program, with its arguments and
- * working directory, and GRADSYNC_JOIN=<join_name> in their environment, where the MPI runtime
+ * working directory, and GRADSYNC_JOIN set to join_name in their environment, where the MPI runtime
  * places them. Such a process calls gradsync_comm_join (below) instead of gradsync_comm_create.
  * The members spawn, merge and offer through MPI's blocking calls, which nothing can interrupt: a
  * joiner that does not reach gradsync_comm_join within comm's timeout (it died, never calls it, or
@@ -568,9 +568,11 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  * @param[out] out the new group's communicator; NULL on failure
  * @param opts as above (gradsync_comm_options_init, then the fields above)
  * @param[out] result as gradsync_comm_grow's (may be NULL)
- * @retval GRADSYNC_E_INVALID_ARG out or opts is NULL, or bad options (as gradsync_comm_create)
+ * @retval GRADSYNC_E_INVALID_ARG out or opts is NULL, or bad options (as gradsync_comm_create), or
+ *         (MPI, HIER) no grow started this process
  * @retval GRADSYNC_E_OUT_OF_RANGE rank outside [0, size)
- * @retval GRADSYNC_E_MISMATCH the members grow by another count than size
+ * @retval GRADSYNC_E_MISMATCH the members grow by another count than size, or (MPI, HIER) name or
+ *         transport differ from the members' (on every rank of the grown group alike)
  * @retval GRADSYNC_E_MISUSE another joiner claimed this index
  * @retval GRADSYNC_E_TIMEOUT the members did not grow the group within the timeout, or a member or
  *         joiner did not come to form the new group within the group's timeout (a joiner sees the
@@ -579,9 +581,6 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  *         grow failed once they had admitted this joiner (naming the failure)
  * @retval GRADSYNC_E_CORRUPT the offer read from the members' rank 0 is out of range (a group
  *         size, member ids or timeout no grow makes): the message says which
- * @retval GRADSYNC_E_INVALID_ARG (MPI, HIER) no grow started this process
- * @retval GRADSYNC_E_MISMATCH (MPI, HIER) name or transport differ from the members' (on every
- *         rank of the grown group alike)
  * @retval GRADSYNC_E_UNSUPPORTED MPI or HIER in a build without MPI
  * @retval GRADSYNC_E_NO_SPACE, GRADSYNC_E_PERMISSION, GRADSYNC_E_NOMEM forming the lobby or the new
  *         group fails as gradsync_comm_create's forming of a group does (SHM)
