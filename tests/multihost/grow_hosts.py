@@ -3,7 +3,7 @@
 """gradsync_comm_grow on the MPI or the hierarchical transport, on namespace hosts (hosts.py),
 under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_program.c).
 
-    grow_hosts.py [--mpirun PATH] [--transport mpi|hier] [--layout 2,2] [--runs N]
+    grow_hosts.py [--mpirun PATH] [--transport mpi|hier] [--layout 2,2] [--runs N] [--local]
                   --mode plain|after-loss|host-lost|mismatch|torch|stress -- PROGRAM
 
 - plain: the group grows by 2 with nobody lost; every member and both joiners must hold the grown
@@ -22,7 +22,8 @@ under mpirun --enable-recovery: the members spawn their joiners (tests/mpi/grow_
   calls or at a random point of a loop of small calls, a shrink and a grow back to 4; every round's
   grown group (the joiner a member id never used) checks its collectives, and a joiner may be a
   later round's victim.
-Each host is in a PID namespace of its own. A job is bounded: a hang fails the test. The phases'
+Each host is in a PID namespace of its own; with --local the same checks run under one plain mpirun
+on this machine (hosts.Local: for the sanitizer builds). A job is bounded: a hang fails the test. The phases'
 times (the members' agree: spawn and merge; form) are printed, min / median / max over the runs.
 """
 import argparse
@@ -49,7 +50,9 @@ def run_once(args, program, seed=0):
     members, joiners = {"plain": (n, 2), "after-loss": (n - 1, 1), "host-lost": (n - layout[-1], 0),
                         "torch": (n - 1, 1), "stress": (n - 1, 1), "mismatch": (n, 1)}[args.mode]
     with hosts.signals_raise():
-        with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True) as h:
+        harness = (hosts.Local(n, mpirun=args.mpirun) if args.local
+                   else hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=True))
+        with harness as h:
             env = dict(os.environ)
             mpirun_args = ["--enable-recovery"]
             if args.mode == "torch":  # PROGRAM is python3 tests/multihost/torch_elastic.py, on hier
@@ -199,9 +202,13 @@ def main():
     ap.add_argument("--layout", default="2,2")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--timeout-ms", type=int, default=20000)
+    ap.add_argument("--local", action="store_true",
+                    help="one plain mpirun on this machine, the layout's ranks on it (for the sanitizer builds)")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     args.layout = [int(x) for x in args.layout.split(",")]
+    if args.local and args.mode in ("host-lost", "torch"):
+        ap.error(f"--local has one host: --mode {args.mode} needs the namespace hosts")
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     figures = {}
     seed0 = int(time.time()) % 100000

@@ -476,6 +476,52 @@ class Hosts:
         return subprocess.Popen(["ip", "netns", "exec", self.netns[host], *argv], **popen_kw)
 
 
+class Local:
+    """Hosts' interface on this machine alone: one plain mpirun, no namespaces. For the tests that
+    also run in the sanitizer builds, whose stages leave out the namespace hosts. A job's processes
+    are those of its session (mpirun starts it; on one host its ranks and spawned ones are its own)."""
+
+    def __init__(self, ranks, mpirun="mpirun"):
+        self.layout = [ranks]
+        self.mpirun = mpirun
+        self.jobs = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for job in self.jobs:
+            job.kill()
+
+    def start(self, argv, mca=(), mpirun_args=(), env=None):
+        cmd = [self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mpirun_args]
+        for name, value in mca:
+            cmd += ["--mca", name, str(value)]
+        cmd += ["-np", str(self.layout[0]), *argv]
+        full_env = dict(os.environ if env is None else env)
+        full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        job = Job(cmd, full_env, False)
+        self.jobs.append(job)
+        return job
+
+    def running(self, program):
+        sessions = {job.proc.pid for job in self.jobs}
+        left = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    session = int(f.read().rsplit(")", 1)[1].split()[4])
+            except (OSError, ValueError, IndexError):
+                continue
+            if session in sessions and _runs(int(entry), program):
+                left.append(int(entry))
+        return left
+
+    wait_ended = Hosts.wait_ended
+
+
 # ---------------------------------------------------------------------- signals and the CLI
 
 class signals_raise:
