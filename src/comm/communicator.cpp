@@ -363,6 +363,34 @@ void Communicator::pass_identity(Communicator& successor, const Options& options
   successor.next_member_id_ = next_member_id_;
 }
 
+std::vector<int64_t> agree_grow(Communicator& group, const std::string& described, const std::string& join_name,
+                                int joiners, std::span<const int64_t> extra) {
+  const size_t words = kGrowWords + extra.size();
+  std::vector<int64_t> mine(words);
+  mine[kGrowJoiners] = joiners;
+  mine[kGrowName] = static_cast<int64_t>(fnv1a64(join_name.data(), join_name.size()));
+  mine[kGrowNext] = group.next_member_id();
+  std::copy(extra.begin(), extra.end(), mine.begin() + kGrowWords);
+  const int n = group.size();
+  std::vector<int64_t> all(words * static_cast<size_t>(n));
+  if (n == 1) {
+    std::copy(mine.begin(), mine.end(), all.begin());
+  } else {
+    group.allgather(mine.data(), all.data(), all.size(), DType::I64);
+  }
+  for (int r = 1; r < n; ++r) {
+    const int64_t* w = &all[static_cast<size_t>(r) * words];
+    GS_REQUIRE(w[kGrowJoiners] == all[kGrowJoiners] && w[kGrowName] == all[kGrowName], GRADSYNC_E_MISMATCH,
+               "grow of {}: rank {} grows by {} joiner(s), rank 0 by {}{} (rank {} passed join name '{}')", described,
+               r, w[kGrowJoiners], all[kGrowJoiners],
+               w[kGrowName] == all[kGrowName] ? "" : ", and they passed different join names", group.rank(), join_name);
+    GS_REQUIRE(w[kGrowNext] == all[kGrowNext], GRADSYNC_E_MISMATCH,
+               "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members",
+               described, r, w[kGrowNext], all[kGrowNext]);
+  }
+  return all;
+}
+
 GrowResult Communicator::grow(const std::string&, int) {
   fail(GRADSYNC_E_UNSUPPORTED, "grow is not supported on the {} transport", transport_name(transport()));
 }

@@ -264,6 +264,15 @@ class Communicator {
                       std::span<const size_t> recv_displs);
 };
 
+// A grow's agreement (Membership::grow, the MPI transport's): every member of `group` allgathers
+// its joiner count, the join name's hash and its next member id, then `extra` words of the
+// transport's, and every member checks the first three alike (E_MISMATCH naming the first member
+// that differs; `described` names the group). Returns the table: member r's words from
+// r * (kGrowWords + extra.size()); its kGrowNext is the joiners' first member id.
+enum : size_t { kGrowJoiners, kGrowName, kGrowNext, kGrowWords };
+std::vector<int64_t> agree_grow(Communicator& group, const std::string& described, const std::string& join_name,
+                                int joiners, std::span<const int64_t> extra);
+
 // How a transport forms a group of its own by the options' name (create_thread_communicator,
 // create_shm_communicator), before establish(): its groups form their subgroups so, and grow.
 using JoinGroup = std::unique_ptr<Communicator> (*)(const Options& options);

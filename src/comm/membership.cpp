@@ -255,32 +255,16 @@ GrowResult Membership::grow(Communicator& group, JoinGroup join_group, const std
     meeting.reset();  // the joiners waiting with rank 0 see it leave the lobby
   };
   try {
-    // 1. Agree: every member checks every member's call alike, so all reach one verdict.
-    enum : size_t { kJoiners, kName, kNext, kCallNonce, kWords };
-    const int64_t mine[kWords] = {joiners, static_cast<int64_t>(fnv1a64(join_name.data(), join_name.size())),
-                                  group.next_member_id(), static_cast<int64_t>(random_nonce())};
-    std::vector<int64_t> all(kWords * static_cast<size_t>(size_));
-    if (size_ == 1) {
-      std::copy_n(mine, kWords, all.begin());
-    } else {
-      group.allgather(mine, all.data(), all.size(), DType::I64);
-    }
-    for (int r = 1; r < size_; ++r) {
-      const int64_t* w = &all[static_cast<size_t>(r) * kWords];
-      GS_REQUIRE(w[kJoiners] == all[kJoiners] && w[kName] == all[kName], GRADSYNC_E_MISMATCH,
-                 "grow of {}: rank {} grows by {} joiner(s), rank 0 by {}{} (rank {} passed join name '{}')",
-                 group_name(), r, w[kJoiners], all[kJoiners],
-                 w[kName] == all[kName] ? "" : ", and they passed different join names", rank_, join_name);
-      GS_REQUIRE(w[kNext] == all[kNext], GRADSYNC_E_MISMATCH,
-                 "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members",
-                 group_name(), r, w[kNext], all[kNext]);
-    }
+    // 1. Agree: every member checks every member's call alike, so all reach one verdict. Rank 0's
+    // nonce names the grown group.
+    const int64_t call_nonce = static_cast<int64_t>(random_nonce());
+    const std::vector<int64_t> all = agree_grow(group, group_name(), join_name, joiners, {&call_nonce, 1});
     // One deadline for admitting the joiners and forming the grown group, on every member: the
     // members other than rank 0 start forming while rank 0 still admits, so a deadline of its own
     // for each step would let rank 0 outwait them (or them give up on a rank 0 still in time).
     const auto admit_and_form_deadline = deadline_after(timeout_, WaitClock::now());
-    const int64_t first_id = all[kNext];
-    const auto nonce = static_cast<uint64_t>(all[kCallNonce]);
+    const int64_t first_id = all[kGrowNext];
+    const auto nonce = static_cast<uint64_t>(all[kGrowWords]);
     const int new_size = size_ + joiners;
     // 2. Admit: rank 0 meets the joiners in the lobby and tells them the offer.
     if (rank_ == 0) {

@@ -62,6 +62,7 @@ enum : size_t {
   kOfferWords
 };
 
+// The join name as the agreement hashes it (agree_grow), which the offer carries to the joiners.
 uint64_t name_hash(const std::string& name) { return fnv1a64(name.data(), name.size()); }
 
 // This process's program as MPI_Comm_spawn takes it: the executable, the arguments after argv[0],
@@ -134,6 +135,42 @@ int guarded(std::chrono::milliseconds timeout, const std::string& why, Call call
   return call();
 }
 
+// Steps 3 and 4 on either side (members: high 0, the offer theirs to send; joiners: high 1, the
+// offer to receive), under the watchdog: the merged communicator in `merged`.
+void merge_and_offer(MPI_Comm inter, int high, std::array<int64_t, kOfferWords>& offer, MPI_Comm& merged,
+                     std::chrono::milliseconds timeout, const std::string& who) {
+  const mpi::Api& m = mpi::lib();
+  const char* failed_call = "MPI_Intercomm_merge";
+  const int rc = guarded(timeout,
+                         fmt::format("{}: merging the joiners in (MPI_Intercomm_merge, then the offer's MPI_Bcast) "
+                                     "did not end within {} ms: a joiner or a member was lost inside it",
+                                     who, timeout.count()),
+                         [&] {
+                           // Errors returned, not fatal, on the communicators MPI made for the spawn.
+                           m.Comm_set_errhandler(inter, m.errors_return);
+                           int r = m.Intercomm_merge(inter, high, &merged);
+                           if (r != MPI_SUCCESS) return r;
+                           failed_call = "MPI_Bcast";
+                           m.Comm_set_errhandler(merged, m.errors_return);
+                           return m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, merged);
+                         });
+  GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_REMOTE, "{}: merging the joiners in failed ({}): {}", who, failed_call,
+             mpi_error_string(rc));
+}
+
+// What a member or a joiner returns, the grown group committed.
+GrowResult grown_result(std::unique_ptr<Communicator> grown, Clock::time_point start, Clock::time_point formed_start,
+                        int64_t old_size, int joiners, int64_t first_id) {
+  GrowResult result;
+  result.agree = formed_start - start;
+  result.form = Clock::now() - formed_start;
+  result.old_size = static_cast<int>(old_size);
+  result.new_size = static_cast<int>(old_size) + joiners;
+  result.first_member_id = first_id;
+  result.comm = std::move(grown);
+  return result;
+}
+
 // Whether any rank of the grown group refused the offer (its verdict nonzero): every rank learns it
 // alike, from one verified collective.
 bool joiner_refused(Communicator& grown, int64_t verdict) {
@@ -177,32 +214,22 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
       unreadable = e.what();
     }
   }
-  // 1. Agree.
-  enum : size_t { kJoinersWord, kName, kNext, kHostLost, kUnreadable, kWords };
-  const int64_t mine[kWords] = {joiners, static_cast<int64_t>(name_hash(join_name)), next_member_id(),
-                                mpi::host_lost() ? 1 : 0, unreadable.empty() ? 0 : 1};
-  std::vector<int64_t> all(kWords * static_cast<size_t>(size_));
-  allgather(mine, all.data(), all.size(), DType::I64);
+  // 1. Agree, with this transport's words: whether this process saw a host lost, and (rank 0's)
+  // whether it could prepare the spawn.
+  const int64_t extra[2] = {mpi::host_lost() ? 1 : 0, unreadable.empty() ? 0 : 1};
+  const std::vector<int64_t> all = agree_grow(*this, group, join_name, joiners, extra);
+  const size_t words = kGrowWords + 2;
   int lost_host_seen_by = -1;
-  for (int r = 0; r < size_; ++r) {
-    const int64_t* w = &all[static_cast<size_t>(r) * kWords];
-    GS_REQUIRE(w[kJoinersWord] == all[kJoinersWord] && w[kName] == all[kName], GRADSYNC_E_MISMATCH,
-               "grow of {}: rank {} grows by {} joiner(s), rank 0 by {}{} (rank {} passed join name '{}')", group, r,
-               w[kJoinersWord], all[kJoinersWord],
-               w[kName] == all[kName] ? "" : ", and they passed different join names", rank_, join_name);
-    GS_REQUIRE(w[kNext] == all[kNext], GRADSYNC_E_MISMATCH,
-               "grow of {}: rank {} counts member ids from {}, rank 0 from {}: they are not one group's members", group,
-               r, w[kNext], all[kNext]);
-    if (w[kHostLost] != 0 && lost_host_seen_by < 0) lost_host_seen_by = r;
-  }
+  for (int r = size_ - 1; r >= 0; --r)
+    if (all[static_cast<size_t>(r) * words + kGrowWords] != 0) lost_host_seen_by = r;
   GS_REQUIRE(lost_host_seen_by < 0, GRADSYNC_E_UNSUPPORTED,
              "grow of {}: rank {} saw a shrink lose every rank of a host. After a host is lost (its Open MPI daemon "
              "with it), Open MPI 4.1's MPI_Comm_spawn ends the whole job, so this job cannot grow over MPI: go on with "
              "the survivors, or restart the job from a checkpoint with the hosts it needs",
              group, lost_host_seen_by);
-  GS_REQUIRE(all[kUnreadable] == 0, GRADSYNC_E_IO, "grow of {}: rank 0 cannot start the joiners{}", group,
+  GS_REQUIRE(all[kGrowWords + 1] == 0, GRADSYNC_E_IO, "grow of {}: rank 0 cannot start the joiners{}", group,
              unreadable.empty() ? std::string() : ": " + unreadable);
-  const int64_t first_id = all[kNext];
+  const int64_t first_id = all[kGrowNext];
 
   // 2. Spawn: rank 0's program; its arguments matter at the root only.
   std::vector<char*> argv;
@@ -233,20 +260,7 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
   offer[kDeterministic] = options_.deterministic ? 1 : 0;
   offer[kTransport] = static_cast<int64_t>(options_.transport);
   offer[kTopologyIndependent] = options_.topology_independent ? 1 : 0;
-  const char* failed_call = "MPI_Intercomm_merge";
-  const int rc = guarded(options_.timeout,
-                         fmt::format("rank {}: merging the {} joiner(s) in (MPI_Intercomm_merge, then the offer's "
-                                     "MPI_Bcast) did not end within {} ms: a joiner or a member was lost inside it",
-                                     rank_, joiners, options_.timeout.count()),
-                         [&] {
-                           m.Comm_set_errhandler(h.inter, m.errors_return);
-                           int r = m.Intercomm_merge(h.inter, 0, &h.merged);
-                           if (r != MPI_SUCCESS) return r;
-                           failed_call = "MPI_Bcast";
-                           m.Comm_set_errhandler(h.merged, m.errors_return);
-                           return m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, h.merged);
-                         });
-  check(rc, failed_call);
+  merge_and_offer(h.inter, 0, offer, h.merged, options_.timeout, fmt::format("grow of {}: rank {}", group, rank_));
   const auto formed_start = Clock::now();
   // 5. Form and commit.
   Options o = options_;
@@ -259,13 +273,7 @@ GrowResult MpiCommunicator::grow(const std::string& join_name, int joiners) {
              "transport",
              group, join_name);
   grown->barrier();
-  GrowResult result;
-  result.agree = formed_start - start;
-  result.form = Clock::now() - formed_start;
-  result.old_size = size_;
-  result.new_size = size_ + joiners;
-  result.first_member_id = first_id;
-  result.comm = std::move(grown);
+  GrowResult result = grown_result(std::move(grown), start, formed_start, size_, joiners, first_id);
   GS_LOG_INFO("grow of {}: rank {} of {} by {} joiner(s) ('{}', member ids from {}; spawn and merge {} us)", group,
               rank_, result.new_size, joiners, join_name, first_id,
               std::chrono::duration_cast<std::chrono::microseconds>(result.agree).count());
@@ -307,24 +315,8 @@ GrowResult MpiCommunicator::join(const Options& options) {
   m.Comm_size(m.comm_world, &joiners);
   GrowHandles h;
   std::array<int64_t, kOfferWords> offer{};
-  const std::chrono::milliseconds timeout = options.timeout;
-  const char* failed_call = "MPI_Intercomm_merge";
-  const int rc = guarded(timeout,
-                         fmt::format("joiner {} of '{}': merging into the members' group (MPI_Intercomm_merge, then "
-                                     "the offer's MPI_Bcast) did not end within {} ms: a member was lost inside it",
-                                     index, options.name, timeout.count()),
-                         [&] {
-                           // Errors returned, not fatal, on the communicators MPI made for the spawn.
-                           m.Comm_set_errhandler(parent, m.errors_return);
-                           int r = m.Intercomm_merge(parent, 1, &h.merged);
-                           if (r != MPI_SUCCESS) return r;
-                           failed_call = "MPI_Bcast";
-                           m.Comm_set_errhandler(h.merged, m.errors_return);
-                           return m.Bcast(offer.data(), static_cast<int>(kOfferWords), m.int64, 0, h.merged);
-                         });
-  GS_REQUIRE(rc == MPI_SUCCESS, GRADSYNC_E_REMOTE,
-             "join '{}' over MPI: merging into the members' group failed ({}): {}", options.name, failed_call,
-             mpi_error_string(rc));
+  merge_and_offer(parent, 1, offer, h.merged, options.timeout,
+                  fmt::format("join '{}' over MPI: joiner {}", options.name, index));
   // Every word is checked before it sizes or times anything: the members run this program too, but
   // a joiner trusts nothing it did not compute.
   const int64_t old_size = offer[kOldSize], first_id = offer[kFirstId];
@@ -357,14 +349,7 @@ GrowResult MpiCommunicator::join(const Options& options) {
                          : fmt::format("the members grow by another join name (this joiner was started for '{}')",
                                        variable != nullptr ? variable : ""));
   grown->barrier();
-  GrowResult result;
-  result.agree = formed_start - start;
-  result.form = Clock::now() - formed_start;
-  result.old_size = static_cast<int>(old_size);
-  result.new_size = static_cast<int>(old_size) + joiners;
-  result.first_member_id = first_id;
-  result.comm = std::move(grown);
-  return result;
+  return grown_result(std::move(grown), start, formed_start, old_size, joiners, first_id);
 }
 
 }  // namespace gradsync::comm::mpi
