@@ -104,7 +104,10 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
     out.rank = o.rank;
     out.size = o.size;
   }
-  if (needs_rank || join) {
+  // Over MPI the name only matters to a join, and to threads as ranks, whose threads of one
+  // process meet by it.
+  const bool threaded = o.threads != GRADSYNC_UNSET_I32 && o.threads != 1;
+  if (needs_rank || join || (threaded && o.name[0] != '\0')) {
     const size_t name_len = strnlen(o.name, GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
                "group name is not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
@@ -124,6 +127,26 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
   GS_REQUIRE(host_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
              "host label is not NUL-terminated within {} bytes", GRADSYNC_COMM_NAME_MAX);
   out.host_label.assign(o.host, host_len);
+  if (threaded) {
+    GS_REQUIRE(over_mpi, GRADSYNC_E_INVALID_ARG,
+               "threads is for the MPI and hierarchical transports (on the {} transport every thread or process "
+               "is a rank of its own: set rank and size)",
+               gradsync::comm::transport_name(out.transport));
+    GS_REQUIRE(!join, GRADSYNC_E_UNSUPPORTED,
+               "a join takes one rank per process: MPI starts processes, not threads (threads must be unset)");
+    GS_REQUIRE(o.threads >= 1 && o.threads <= 256, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 256], got {}",
+               o.threads);
+    GS_REQUIRE(o.thread != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG,
+               "thread is not set: with threads = {} each thread passes its index", o.threads);
+    GS_REQUIRE(o.thread >= 0 && o.thread < o.threads, GRADSYNC_E_OUT_OF_RANGE, "thread {} out of range [0, {})",
+               o.thread, o.threads);
+    out.threads = o.threads;
+    out.thread = o.thread;
+  } else {
+    GS_REQUIRE(o.thread == GRADSYNC_UNSET_I32 || o.thread == 0, GRADSYNC_E_OUT_OF_RANGE,
+               "thread {} out of range [0, 1) (threads is {})", o.thread,
+               o.threads == GRADSYNC_UNSET_I32 ? std::string("unset: 1") : std::string("1"));
+  }
   return out;
 }
 

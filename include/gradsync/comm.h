@@ -221,7 +221,7 @@ typedef enum gradsync_transport {
                                       MPI between hosts (see "Hierarchical transport" above) */
 } gradsync_transport;
 
-#define GRADSYNC_COMM_OPTIONS_VERSION 2
+#define GRADSYNC_COMM_OPTIONS_VERSION 3
 #define GRADSYNC_COMM_NAME_MAX 64
 /**
  * timeout_ms for "wait as long as it takes": a deadline that never passes. A rank that never
@@ -258,6 +258,10 @@ typedef struct gradsync_comm_options {
   int32_t topology_independent; /**< HIER: 1 gives the flat rank-order reduction's bits on any layout (at flat MPI's
                                    speed); default 0 */
   int32_t reserved1;            /**< must be 0 */
+  /* version 3 */
+  int32_t threads; /**< MPI, HIER: the group's ranks this process holds, 1 to 256, one per thread that creates the
+                      communicator (see "Threads as ranks" above); UNSET (default): 1 */
+  int32_t thread;  /**< MPI, HIER with threads set: this thread's index among them, in [0, threads) */
   /* append only */
 } gradsync_comm_options;
 
@@ -265,7 +269,7 @@ typedef struct gradsync_comm_options {
   {                                                                                                                 \
     sizeof(gradsync_comm_options), GRADSYNC_COMM_OPTIONS_VERSION, GRADSYNC_TRANSPORT_THREAD, GRADSYNC_UNSET_I32,    \
         GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32, 0, GRADSYNC_UNSET_I64, GRADSYNC_UNSET_I64, {0}, \
-        {0}, 0, 0                                                                                                   \
+        {0}, 0, 0, GRADSYNC_UNSET_I32, GRADSYNC_UNSET_I32                                                           \
   }
 
 /**

@@ -9,6 +9,7 @@
 #include "comm/transport/hier/hier_communicator.hpp"
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "comm/transport/thread/thread_comm.hpp"
+#include "comm/transport/threaded/threaded_communicator.hpp"
 #if GRADSYNC_HAVE_MPI
 #include "comm/transport/mpi/mpi_communicator.hpp"
 #endif
@@ -79,6 +80,11 @@ GrowResult join(const Options& options) {
 std::unique_ptr<Communicator> create(const Options& options) {
   GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
              "host label contains a NUL byte");
+  if (options.threads > 1) {
+    std::unique_ptr<Communicator> c = create_threaded_communicator(options, &create);
+    c->establish(options);
+    return c;
+  }
   std::unique_ptr<Communicator> c = create_transport(options);
   c->establish(options);
   if (options.transport != Transport::Hier) return c;

@@ -392,6 +392,31 @@ void weighted_mean(DType dtype, const void* const* srcs, const double* weights, 
   fail(GRADSYNC_E_INVALID_ARG, "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
 }
 
+bool levels_preserve(DType dtype, ReduceOp op) noexcept {
+  switch (dtype) {
+    case DType::F32:
+    case DType::F64: return true;
+    case DType::I32:
+    case DType::I64: return op != ReduceOp::Mean;
+    case DType::BF16:
+    case DType::F16: return false;
+  }
+  return false;
+}
+
+namespace {
+template <class T>
+void divide(void* data, size_t count, size_t n) noexcept {
+  T* p = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] = p[i] / static_cast<T>(n);
+}
+}  // namespace
+
+void divide_by(DType dtype, void* data, size_t count, size_t n) noexcept {
+  if (dtype == DType::F32) divide<float>(data, count, n);
+  if (dtype == DType::F64) divide<double>(data, count, n);
+}
+
 void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept {
   if (src == dst || begin >= end) return;
   const size_t elem = dtype_size(dtype);

@@ -44,6 +44,16 @@ void reduce_to_all(DType dtype, ReduceOp op, const void* const* srcs, size_t nsr
 void weighted_mean(DType dtype, const void* const* srcs, const double* weights, size_t nsrcs, double total, void* dst,
                    size_t begin, size_t end);
 
+// Whether a reduction in levels (part of the ranks, then the parts) keeps what the rank-order fold
+// computes, the order aside: floats combine in their own type at every step, integer sums wrap
+// alike in any order, min and max are exact. Half types and the integer mean accumulate wider than
+// their type, so a level's rounding would lose what the one fold keeps.
+bool levels_preserve(DType dtype, ReduceOp op) noexcept;
+
+// The mean's last step after a sum in levels: data[i] / n in the dtype (f32 or f64; levels never
+// carry another dtype's mean, see levels_preserve), as the fold's mean divides.
+void divide_by(DType dtype, void* data, size_t count, size_t n) noexcept;
+
 // dst[i] = src[i] for i in [begin, end) (elements of dtype); a no-op when dst == src.
 void copy(DType dtype, const void* src, void* dst, size_t begin, size_t end) noexcept;
 

@@ -13,6 +13,8 @@
 //   mpirun -np <ranks> conformance hier/hosts=0110 <ranks> ... rank r on host digit r
 //   conformance thread/split|shm/split <ranks> ...     every scenario's group a subgroup
 //   mpirun -np <ranks> conformance mpi/split <ranks>   of a subgroup (gradsync_comm_split)
+//   mpirun -np <procs> conformance mpi/threads=T <procs * T>   T ranks per process, one per thread
+//   (also hier/threads=T on one host, and /split after it)
 //
 // Every rank runs every scenario whose name contains the filter. A failed check is recorded with
 // its rank and message and the scenario goes on, so that one run reports every failure. Between
@@ -185,13 +187,18 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     }
     return 2;
   }
-  if (transport == GRADSYNC_TRANSPORT_HIER) {
+  if (g_threads > 1) {
+    g_level_hosts.resize(static_cast<size_t>(x.size));
+    for (int r = 0; r < x.size; ++r) g_level_hosts[static_cast<size_t>(r)] = r / g_threads;
+  } else if (transport == GRADSYNC_TRANSPORT_HIER) {
     int32_t hosts = 1;
     std::vector<int32_t> rank_hosts(static_cast<size_t>(x.size));
     gradsync_comm_topology(x.c, nullptr, nullptr, nullptr, &hosts, rank_hosts.data(), rank_hosts.size());
     if (hosts > 1) g_level_hosts.assign(rank_hosts.begin(), rank_hosts.end());
   }
-  if (x.mpi()) std::signal(SIGALRM, on_watchdog);
+  // The watchdog is the process's: its thread 0 keeps it (its stall stalls every thread's rank).
+  const bool watchdog = x.mpi() && g_thread == 0;
+  if (watchdog) std::signal(SIGALRM, on_watchdog);
   Tally tally;
   tally.print = x.mpi() && x.rank == 0;
   for (int i = 0; i < kCount; ++i) {
@@ -206,7 +213,7 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     x.failures = 0;
     x.first.clear();
     if (ledger != nullptr) ledger->running[x.rank].store(i + 1, std::memory_order_release);
-    if (x.mpi()) {
+    if (watchdog) {
       g_watchdog_len = static_cast<size_t>(std::snprintf(g_watchdog_line, sizeof g_watchdog_line,
                                                          "FAIL %s: watchdog: rank %d made no progress for %d s\n",
                                                          s.name, x.rank, kStallSeconds));
@@ -256,7 +263,7 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
       break;
     }
   }
-  alarm(0);
+  if (watchdog) alarm(0);
   if (x.mpi()) tally.summary(transport, x.size);
   gradsync_comm_free(x.c);
   if (ledger != nullptr) return 0;
@@ -457,6 +464,10 @@ int main(int argc, char** argv) {
     g_two_hosts = true;
     kind = "hier";
   }
+  if (const size_t at = kind.find("/threads="); at != std::string::npos) {
+    g_threads = std::atoi(kind.c_str() + at + 9);
+    kind.resize(at);
+  }
   if (kind.rfind("hier/hosts=", 0) == 0) {
     g_host_digits = kind.substr(11);
     kind = "hier";
@@ -475,7 +486,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "this build has no MPI transport\n");
       return 2;
     }
-    return run_rank(kind == "mpi" ? GRADSYNC_TRANSPORT_MPI : GRADSYNC_TRANSPORT_HIER, 0, size, name, filter, nullptr);
+    const int transport = kind == "mpi" ? GRADSYNC_TRANSPORT_MPI : GRADSYNC_TRANSPORT_HIER;
+    if (g_threads <= 1) return run_rank(transport, 0, size, name, filter, nullptr);
+    std::vector<int> status(static_cast<size_t>(g_threads), 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < g_threads; ++t) {
+      threads.emplace_back([&, t] {
+        g_thread = t;
+        status[static_cast<size_t>(t)] = run_rank(transport, t, size, name, filter, nullptr);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return *std::max_element(status.begin(), status.end());
   }
   std::fprintf(stderr, "unknown transport '%s'\n", kind.c_str());
   return 2;

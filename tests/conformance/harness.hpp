@@ -139,6 +139,10 @@ inline bool g_split = false;
 // MPI's launcher, as the label must be set before the group exists.
 inline bool g_two_hosts = false;
 inline std::string g_host_digits;
+// mpi/threads=T, hier/threads=T: each process holds T ranks, one per thread (comm.h, "Threads as
+// ranks"); g_thread is the calling thread's index.
+inline int g_threads = 1;
+inline thread_local int g_thread = 0;
 
 inline gradsync_comm* join(int transport, int rank, int size, const std::string& name, int64_t timeout_ms,
                            int* status) {
@@ -150,6 +154,10 @@ inline gradsync_comm* join(int transport, int rank, int size, const std::string&
   o.timeout_ms = timeout_ms;
   o.deterministic = 1;  // MPI: rank order, as the other transports always are
   std::snprintf(o.name, sizeof o.name, "%s", name.c_str());
+  if (g_threads > 1) {
+    o.threads = g_threads;
+    o.thread = g_thread;
+  }
   if (g_two_hosts || !g_host_digits.empty()) {
     const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     const int r = world_rank != nullptr ? std::atoi(world_rank) : 0;
@@ -362,12 +370,15 @@ typename E::T fold(int32_t op, int n, const typename E::T* col) {
 
 // The hierarchical transport over two or more hosts: every rank's host (else empty). Its
 // allreduce of f32 and f64 above 16 KiB runs in levels, whose order comm.h fixes by the topology:
-// each host's ranks in rank order, then the hosts' sums in host order.
-inline std::vector<int> g_level_hosts;
+// each host's ranks in rank order, then the hosts' sums in host order. Threads as ranks: every
+// rank's process, whose ranks a reduction of floats always folds first (at any size), then the
+// processes in order (the MPI transport under deterministic 1, or shared memory on one host).
+inline thread_local std::vector<int> g_level_hosts;
 
 template <class E>
 bool by_levels(size_t payload_bytes) {
-  return !g_level_hosts.empty() && std::is_floating_point_v<typename E::T> && !E::half && payload_bytes > 16384;
+  return !g_level_hosts.empty() && std::is_floating_point_v<typename E::T> && !E::half &&
+         (payload_bytes > 16384 || g_threads > 1);
 }
 
 // fold() in the hierarchical transport's order (floats only: see by_levels).

@@ -33,32 +33,10 @@ constexpr uint64_t kFlatBytes = 16 * 1024;
 // of the other host's window is this large at most).
 constexpr size_t kCrossWindowBytes = size_t{16} << 20;
 
-// The pairs that levels reduce at full precision: floats combine in their own type at every step
-// (the levels change only the order, which the topology fixes), integer sums wrap alike in any
-// order, and min and max are exact. Half types and the integer mean accumulate wider than their
-// type, so a level's rounding would lose what the flat fold keeps: they go flat.
-bool levels_preserve(DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::F32:
-    case DType::F64: return true;
-    case DType::I32:
-    case DType::I64: return op != ReduceOp::Mean;
-    case DType::BF16:
-    case DType::F16: return false;
-  }
-  return false;
-}
-
 uint64_t total_of(std::span<const size_t> counts) {
   uint64_t n = 0;
   for (size_t c : counts) n += c;
   return n;
-}
-
-template <class T>
-void divide(void* data, size_t count, size_t n) {
-  T* p = static_cast<T*>(data);
-  for (size_t i = 0; i < count; ++i) p[i] = p[i] / static_cast<T>(n);
 }
 
 class HierCommunicator final : public Communicator {
@@ -517,9 +495,7 @@ class HierCommunicator final : public Communicator {
   }
 
   void finish_mean(void* data, size_t count, DType dtype) const {
-    const auto n = static_cast<size_t>(size());
-    if (dtype == DType::F32) divide<float>(data, count, n);
-    if (dtype == DType::F64) divide<double>(data, count, n);
+    divide_by(dtype, data, count, static_cast<size_t>(size()));
   }
 
   // Host h's shared-memory level: rank 0's nonce and the host (hosts that labels make distinct

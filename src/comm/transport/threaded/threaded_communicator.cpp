@@ -1,0 +1,758 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "comm/transport/threaded/threaded_communicator.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/call_signature.hpp"
+#include "comm/reduce.hpp"
+#include "comm/verdict.hpp"
+#include "common/error.hpp"
+#include "common/fnv.hpp"
+#include "common/log.hpp"
+
+namespace gradsync::comm {
+namespace {
+
+// Above this many bytes an allreduce of an even layout runs leaderless (one slice per thread);
+// below it the three steps through the team's rank 0 are fewer rounds than a slice per thread.
+constexpr uint64_t kLeaderlessBytes = 16 * 1024;
+
+// The flat fold (half types, the integer mean, topology_independent) gathers every rank's
+// contribution: in windows of about this many bytes over all ranks together.
+constexpr size_t kFlatWindowBytes = size_t{4} << 20;
+
+constexpr int kMaxThreads = 256;
+
+// The process-level groups of one process, shared by its threads: lane k is called by the team's
+// rank k only. Made by the team's rank 0 (a new group), or lane by lane by their threads (a
+// subgroup); status and message say why they could not be, for the other threads to report.
+struct Lanes {
+  std::vector<std::unique_ptr<Communicator>> lane;
+  std::vector<int> ranks_of;  // ranks each process holds, by lane rank (a new group's only)
+  int status = 0;
+  std::string message;
+  // The last timeout a thread of this process met, numbered: the team it stopped gives its other
+  // threads an abort, which the calls in flight then report as that timeout.
+  std::mutex timed_out_lock;
+  uint64_t timeouts = 0;
+  std::string timed_out;
+};
+
+// The team's rank 0 hands its threads a shared object it made: by address, through the team (one
+// address space), then a barrier so that the object outlives every copy being taken.
+std::shared_ptr<Lanes> share(Communicator& team, std::shared_ptr<Lanes> made) {
+  auto address = static_cast<int64_t>(reinterpret_cast<intptr_t>(&made));
+  team.broadcast(&address, 1, DType::I64, 0);
+  std::shared_ptr<Lanes> taken = *reinterpret_cast<std::shared_ptr<Lanes>*>(static_cast<intptr_t>(address));
+  team.barrier();
+  return taken;
+}
+
+class ThreadedCommunicator final : public Communicator {
+ public:
+  // proc_of: every rank's process (its lane rank), by rank; a process's ranks, in rank order, are
+  // its team's ranks in order.
+  ThreadedCommunicator(std::unique_ptr<Communicator> team, std::shared_ptr<Lanes> lanes, std::vector<int> proc_of,
+                       int rank, const Options& options)
+      : team_(std::move(team)),
+        lanes_(std::move(lanes)),
+        proc_of_(std::move(proc_of)),
+        rank_(rank),
+        transport_(options.transport),
+        topology_independent_(options.topology_independent),
+        check_mismatch_(options.check_mismatch) {
+    const auto n = proc_of_.size();
+    procs_.resize(static_cast<size_t>(*std::max_element(proc_of_.begin(), proc_of_.end()) + 1));
+    team_of_.resize(n);
+    for (size_t r = 0; r < n; ++r) {
+      auto& members = procs_[static_cast<size_t>(proc_of_[r])];
+      team_of_[r] = static_cast<int>(members.size());
+      members.push_back(static_cast<int>(r));
+    }
+    my_proc_ = proc_of_[static_cast<size_t>(rank_)];
+    GS_REQUIRE(team_->rank() == team_of_[static_cast<size_t>(rank_)] &&
+                   team_->size() == static_cast<int>(procs_[static_cast<size_t>(my_proc_)].size()) &&
+                   lanes_->lane[0]->rank() == my_proc_ && lanes_->lane[0]->size() == static_cast<int>(procs_.size()),
+               GRADSYNC_E_INTERNAL, "threads as ranks: rank {} is thread {} of {} in process {} of {}, not as laid out",
+               rank_, team_->rank(), team_->size(), lanes_->lane[0]->rank(), lanes_->lane[0]->size());
+    // Leaderless: one lane per thread, every process as many threads, ranks process-major (so a
+    // slice of a thread's buffer is the same slice on every process).
+    const auto threads = static_cast<size_t>(team_->size());
+    even_ = threads > 1 && lanes_->lane.size() == threads;
+    for (size_t r = 0; r < n && even_; ++r)
+      even_ = static_cast<size_t>(proc_of_[r]) == r / threads && static_cast<size_t>(team_of_[r]) == r % threads;
+    GS_LOG_DEBUG("threads as ranks: rank {} of {}: thread {} of {} in process {} of {} ({} lane(s){})", rank_, n,
+                 team_->rank(), threads, my_proc_, procs_.size(), lanes_->lane.size(),
+                 even_ ? ", leaderless allreduce" : "");
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return static_cast<int>(proc_of_.size()); }
+  Transport transport() const noexcept override { return transport_; }
+
+  void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
+    telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
+      require_same_call(allreduce_call(buffers, dtype, op));
+      run_levels([&] { allreduce_levels(buffers, dtype, op); });
+    });
+  }
+  void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    telemetry_.measure(Collective::Broadcast, count * dtype_size(dtype), [&] {
+      require_same_call(broadcast_call(count, dtype, root));
+      GS_REQUIRE(root >= 0 && root < size(), GRADSYNC_E_OUT_OF_RANGE,
+                 "threaded group: broadcast from root {} of a group of {} ranks", root, size());
+      run_levels([&] { broadcast_levels(static_cast<std::byte*>(buf), count, dtype, root); });
+    });
+  }
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
+    const uint64_t bytes = std::accumulate(counts.begin(), counts.end(), uint64_t{0}) * dtype_size(dtype);
+    telemetry_.measure(Collective::Allgather, bytes, [&] {
+      require_same_call(allgather_call(counts, dtype));
+      run_levels([&] { allgather_levels(send, static_cast<std::byte*>(recv), counts, dtype); });
+    });
+  }
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
+                       std::optional<int> root) override {
+    const uint64_t bytes = std::accumulate(counts.begin(), counts.end(), uint64_t{0}) * dtype_size(dtype);
+    telemetry_.measure(Collective::ReduceScatter, bytes, [&] {
+      require_same_call(reduce_scatter_call(counts, dtype, op, root));
+      // Every rank passed this root (checked above), so every rank refuses it alike.
+      GS_REQUIRE(!root.has_value() || (*root >= 0 && *root < size()), GRADSYNC_E_OUT_OF_RANGE,
+                 "threaded group: reduce to root {} of a group of {} ranks", root.value_or(0), size());
+      run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op, root); });
+    });
+  }
+  void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
+    uint64_t sent = 0;
+    for (size_t d = 0; d < routes.n; ++d) sent += routes.count[routes.at(static_cast<uint64_t>(rank()), d)];
+    telemetry_.measure(Collective::Alltoall, sent * dtype_size(dtype), [&] {
+      require_same_call(exchange_call(routes, dtype));
+      GS_REQUIRE(routes.form == Collective::Alltoall || (routes.root >= 0 && routes.root < size()),
+                 GRADSYNC_E_OUT_OF_RANGE, "threaded group: {} with root {} in a group of {} ranks",
+                 collective_name(routes.form), routes.root, size());
+      run_levels(
+          [&] { exchange_levels(static_cast<const std::byte*>(send), static_cast<std::byte*>(recv), routes, dtype); });
+    });
+  }
+  // The call check is an allreduce over every rank, which no rank leaves before all have arrived.
+  void barrier() override {
+    telemetry_.measure(Collective::Barrier, 0, [&] {
+      if (check_mismatch_) return require_same_call(barrier_call());
+      begin_call();
+      run_levels([&] {
+        team_->barrier();
+        if (voice()) lane(0).barrier();
+        team_->barrier();
+      });
+    });
+  }
+  void weighted_mean(const void* send, void* recv, size_t count, DType dtype, uint64_t weight,
+                     uint64_t* total_weight) override {
+    telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
+      // Judged by the group: a weight one rank gets wrong fails every rank, naming it.
+      const bool heavy = weight > (uint64_t{1} << 53);
+      require_same_call(weighted_mean_call(count, dtype), heavy, weight);
+      GS_REQUIRE(dtype == DType::F32 || dtype == DType::F64, GRADSYNC_E_INVALID_ARG,
+                 "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
+      // The products summed in rank order (comm.h), by the flat fold. Only the sums run in levels:
+      // a total weight of 0 fails every rank alike after them.
+      windowed_weighted_mean(send, recv, count, dtype, weight, total_weight, kWeightedWindow,
+                             [&](double* data, size_t n) {
+                               run_levels([&] { flat_fold(data, n, DType::F64, ReduceOp::Sum, 0, n, data); });
+                             });
+    });
+  }
+
+  // Every level of this process: the team's peers and, through the lanes, the other processes.
+  void abort() noexcept override {
+    team_->abort();
+    for (const auto& l : lanes_->lane) l->abort();
+  }
+  // Collective over every rank: the team first, so that no thread of this process is still in a
+  // failing call that stops its lane (run_levels), then each thread its own lane.
+  void reset() override {
+    team_->reset();
+    if (Communicator* mine = own_lane()) mine->reset();
+  }
+  ShrinkResult shrink() override {
+    fail(GRADSYNC_E_UNSUPPORTED,
+         "shrink of a group whose processes hold several ranks (threads): a lost process takes all of its threads' "
+         "ranks, and their thread groups cannot be re-formed in place; create the group with one rank per process "
+         "to shrink it");
+  }
+  GrowResult grow(const std::string&, int) override {
+    fail(GRADSYNC_E_UNSUPPORTED,
+         "grow of a group whose processes hold several ranks (threads): MPI starts processes, not threads; create "
+         "the group with one rank per process to grow it");
+  }
+  const char* progress_thread_refused() const noexcept override {
+    const Communicator* mine = own_lane();
+    return mine != nullptr ? mine->progress_thread_refused() : team_->progress_thread_refused();
+  }
+  void release_after_fork() noexcept override {
+    team_->release_after_fork();
+    if (Communicator* mine = own_lane()) mine->release_after_fork();
+  }
+  void set_interrupt(InterruptCheck check) noexcept override {
+    Communicator::set_interrupt(check);
+    team_->set_interrupt(check);
+    if (Communicator* mine = own_lane()) mine->set_interrupt(check);
+  }
+
+ protected:
+  // The subgroup's threads of this process form their team; its thread j forms lane j from the
+  // lane it owns here, over the subgroup's processes, which is collective over the same processes
+  // only where every one of them gives the subgroup's thread j from the same parent thread.
+  // Forming so needs no lane used by two threads; a subgroup that cannot get its rank 0's lane
+  // that way (the subgroup's threads differ from process to process) is refused on all its ranks.
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& sub) override {
+    std::vector<int> sub_procs, proc_of(sub.members.size());
+    std::vector<std::vector<int>> threads_of;  // by subgroup process: the parent team ranks, in subgroup order
+    for (size_t i = 0; i < sub.members.size(); ++i) {
+      const int p = proc_of_[static_cast<size_t>(sub.members[i])];
+      auto at = std::find(sub_procs.begin(), sub_procs.end(), p);
+      if (at == sub_procs.end()) {
+        sub_procs.push_back(p);
+        threads_of.emplace_back();
+        at = sub_procs.end() - 1;
+      }
+      const auto q = static_cast<size_t>(at - sub_procs.begin());
+      proc_of[i] = static_cast<int>(q);
+      threads_of[q].push_back(team_of_[static_cast<size_t>(sub.members[i])]);
+    }
+    size_t lanes = std::min_element(threads_of.begin(), threads_of.end(), [](const auto& a, const auto& b) {
+                     return a.size() < b.size();
+                   })->size();
+    for (size_t j = 0; j < lanes; ++j) {
+      const int parent = threads_of[0][j];
+      const bool alike =
+          std::all_of(threads_of.begin(), threads_of.end(), [&](const auto& t) { return t[j] == parent; });
+      if (!alike || static_cast<size_t>(parent) >= lanes_->lane.size()) lanes = j;
+    }
+    GS_REQUIRE(lanes > 0, GRADSYNC_E_UNSUPPORTED,
+               "split of a threaded group: the subgroup's rank 0 on each process is a different thread (by index) "
+               "from process to process, so no process-level group serves it; give each process's threads colors "
+               "and keys alike");
+    const auto q = static_cast<size_t>(std::find(sub_procs.begin(), sub_procs.end(), my_proc_) - sub_procs.begin());
+    const auto& mine = threads_of[q];
+    const int my_thread = static_cast<int>(std::find(mine.begin(), mine.end(), team_->rank()) - mine.begin());
+
+    Subgroup team_sub{my_thread, mine, sub.name, sub.abandoned};
+    std::unique_ptr<Communicator> team = team_->form_subgroup(team_sub);
+    std::shared_ptr<Lanes> made = std::make_shared<Lanes>();
+    if (my_thread == 0) made->lane.resize(lanes);
+    std::shared_ptr<Lanes> shared = share(*team, my_thread == 0 ? made : nullptr);
+    int64_t status = 0;
+    std::string why;
+    if (static_cast<size_t>(my_thread) < lanes) {
+      const Subgroup lane_sub{static_cast<int>(q), sub_procs, fmt::format("{}.l{}", sub.name, my_thread),
+                              sub.abandoned};
+      try {
+        shared->lane[static_cast<size_t>(my_thread)] = lane(team_->rank()).form_subgroup(lane_sub);
+      } catch (const Error& e) {
+        status = e.status();
+        why = e.what();
+      }
+    }
+    // Every thread learns whether the process's lanes all formed (the worst status).
+    team->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{&status, &status, 1}}), DType::I64,
+                    ReduceOp::Max);
+    if (status != 0) {
+      throw Error(static_cast<int>(status),
+                  why.empty() ? std::string("split of a threaded group: another thread of this process could not "
+                                            "form its process-level group (see its error)")
+                              : why);
+    }
+    return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(shared), std::move(proc_of), sub.rank,
+                                                  group_options());
+  }
+
+ private:
+  bool voice() const noexcept { return team_->rank() == 0; }
+  Communicator& lane(int k) const noexcept { return *lanes_->lane[static_cast<size_t>(k)]; }
+  Communicator* own_lane() const noexcept {
+    const auto k = static_cast<size_t>(team_->rank());
+    return k < lanes_->lane.size() ? lanes_->lane[k].get() : nullptr;
+  }
+  size_t threads() const noexcept { return static_cast<size_t>(team_->size()); }
+  const std::vector<int>& my_ranks() const noexcept { return procs_[static_cast<size_t>(my_proc_)]; }
+
+  std::byte* stage(std::vector<std::byte>& s, size_t bytes) {
+    if (s.size() < bytes) s.resize(bytes);
+    return s.data();
+  }
+
+  // ---- allreduce
+
+  void allreduce_levels(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
+    if (topology_independent_ || !levels_preserve(dtype, op)) {
+      for (const BufferRef& b : buffers) flat_fold(b.send, b.count, dtype, op, 0, b.count, b.recv);
+      return;
+    }
+    const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const size_t es = dtype_size(dtype);
+    if (even_ && payload_bytes(buffers, dtype) > kLeaderlessBytes) {
+      for (const BufferRef& b : buffers) {
+        auto* recv = static_cast<std::byte*>(b.recv);
+        const Part part = team_->my_part(b.count);
+        std::byte* slice = recv + part.start * es;
+        team_->reduce_scatter(b.send, slice, b.count, dtype, level_op);
+        const BufferRef s{slice, slice, part.len};
+        own_lane()->allreduce(std::span<const BufferRef>(&s, 1), dtype, level_op);
+        if (op == ReduceOp::Mean) divide_by(dtype, slice, part.len, static_cast<size_t>(size()));
+        team_->allgather(nullptr, recv, b.count, dtype);
+      }
+      return;
+    }
+    // Through the team's rank 0: several buffers travel packed, in one call per level.
+    const BufferRef* one = buffers.size() == 1 ? &buffers[0] : nullptr;
+    const size_t total = static_cast<size_t>(payload_bytes(buffers, dtype) / es);
+    std::byte* packed = one != nullptr ? static_cast<std::byte*>(one->recv) : stage(packed_, total * es);
+    const void* send = one != nullptr ? one->send : packed;
+    if (one == nullptr) {
+      size_t at = 0;
+      for (const BufferRef& b : buffers) {
+        if (b.count > 0) std::memcpy(packed + at, b.send, b.count * es);
+        at += b.count * es;
+      }
+    }
+    team_->reduce_to(send, packed, total, dtype, level_op, 0);
+    if (voice()) {
+      const BufferRef all{packed, packed, total};
+      lane(0).allreduce(std::span<const BufferRef>(&all, 1), dtype, level_op);
+      if (op == ReduceOp::Mean) divide_by(dtype, packed, total, static_cast<size_t>(size()));
+    }
+    team_->broadcast(packed, total, dtype, 0);
+    if (one == nullptr) {
+      size_t at = 0;
+      for (const BufferRef& b : buffers) {
+        if (b.count > 0) std::memcpy(b.recv, packed + at, b.count * es);
+        at += b.count * es;
+      }
+    }
+  }
+
+  // The flat rank-order fold, by every rank of its own: every rank's elements [lo, lo + window)
+  // gathered, window by window, and out[i - keep_begin] = the fold of element i for i in
+  // [keep_begin, keep_end). The kernels' one fold, so the bits of the thread and shm transports.
+  void flat_fold(const void* send, size_t total, DType dtype, ReduceOp op, size_t keep_begin, size_t keep_end,
+                 void* out) {
+    const size_t es = dtype_size(dtype);
+    const auto n = static_cast<size_t>(size());
+    const size_t window = std::max<size_t>(kFlatWindowBytes / (n * es), 1);
+    std::byte* gathered = stage(flat_, std::min(window, std::max<size_t>(total, 1)) * n * es);
+    std::vector<const void*> sources(n);
+    std::vector<size_t> counts(n);
+    for (size_t lo = 0; lo < total; lo += window) {
+      const size_t len = std::min(window, total - lo);
+      std::fill(counts.begin(), counts.end(), len);
+      allgather_levels(static_cast<const std::byte*>(send) + lo * es, gathered, counts, dtype);
+      const size_t b = std::max(lo, keep_begin), e = std::min(lo + len, keep_end);
+      if (b >= e) continue;
+      for (size_t r = 0; r < n; ++r) sources[r] = gathered + (r * len + (b - lo)) * es;
+      reduce(dtype, op, sources.data(), n, static_cast<std::byte*>(out) + (b - keep_begin) * es, 0, e - b);
+    }
+  }
+
+  // ---- broadcast: the root's team spreads it, the lanes carry it between processes (each thread
+  // its slice where the layout is even), the other processes' teams spread it.
+
+  void broadcast_levels(std::byte* buf, size_t count, DType dtype, int root) {
+    const int root_proc = proc_of_[static_cast<size_t>(root)];
+    if (my_proc_ == root_proc) team_->broadcast(buf, count, dtype, team_of_[static_cast<size_t>(root)]);
+    if (even_ && count * dtype_size(dtype) > kLeaderlessBytes) {
+      const Part part = team_->my_part(count);
+      own_lane()->broadcast(buf + part.start * dtype_size(dtype), part.len, dtype, root_proc);
+      team_->allgather(nullptr, buf, count, dtype);
+      return;
+    }
+    if (voice()) lane(0).broadcast(buf, count, dtype, root_proc);
+    if (my_proc_ != root_proc) team_->broadcast(buf, count, dtype, 0);
+  }
+
+  // ---- allgather: each team gathers its ranks' parts to its rank 0 (process by process, each
+  // process's ranks in team order), lane 0 all-gathers the processes' blocks, rank 0 puts every
+  // part in its place and the team takes the whole. Bits move unchanged.
+
+  void allgather_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype) {
+    const size_t es = dtype_size(dtype);
+    const auto n = static_cast<size_t>(size());
+    std::vector<size_t> offset(n + 1, 0), proc_count(procs_.size(), 0), proc_offset(procs_.size() + 1, 0);
+    for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + counts[r];
+    for (size_t p = 0; p < procs_.size(); ++p) {
+      for (int r : procs_[p]) proc_count[p] += counts[static_cast<size_t>(r)];
+      proc_offset[p + 1] = proc_offset[p] + proc_count[p];
+    }
+    std::byte* blocks = stage(staged_, std::max<size_t>(offset[n], 1) * es);
+    Routes gather(Collective::Gather, 0, threads());
+    size_t within = 0;
+    for (size_t l = 0; l < threads(); ++l) {
+      gather.count[gather.at(l, 0)] = counts[static_cast<size_t>(my_ranks()[l])];
+      gather.recv_displ[gather.at(l, 0)] = proc_offset[static_cast<size_t>(my_proc_)] + within;
+      within += counts[static_cast<size_t>(my_ranks()[l])];
+    }
+    const void* mine = send != nullptr ? send : recv + offset[static_cast<size_t>(rank_)] * es;
+    team_->exchange(mine, blocks, gather, dtype);
+    if (voice()) {
+      lane(0).allgatherv(nullptr, blocks, proc_count, dtype);
+      for (size_t p = 0; p < procs_.size(); ++p) {
+        size_t at = proc_offset[p];
+        for (int r : procs_[p]) {
+          const auto u = static_cast<size_t>(r);
+          if (counts[u] > 0) std::memcpy(recv + offset[u] * es, blocks + at * es, counts[u] * es);
+          at += counts[u];
+        }
+      }
+    }
+    team_->broadcast(recv, offset[n], dtype, 0);
+  }
+
+  // ---- reduce-scatter: in the leader path's allreduce order (the team's fold, then lane 0's
+  // reduce-scatter of the processes' blocks), each part then handed to its rank by its team.
+
+  void reduce_scatter_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype,
+                             ReduceOp op, std::optional<int> root) {
+    const size_t es = dtype_size(dtype);
+    const auto n = static_cast<size_t>(size());
+    std::vector<size_t> offset(n + 1, 0);
+    for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + counts[r];
+    const size_t total = offset[n];
+    const size_t mine = counts[static_cast<size_t>(rank_)];
+    // A rooted reduce too: its root gets the flat fold's bits, as on the hierarchical transport.
+    if (topology_independent_ || root.has_value() || !levels_preserve(dtype, op)) {
+      // recv is apart from send or is send's own part, which the fold writes only once it has
+      // gathered it.
+      const size_t at = offset[static_cast<size_t>(rank_)];
+      return flat_fold(send, total, dtype, op, at, at + mine, recv);
+    }
+    const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    std::vector<size_t> proc_count(procs_.size(), 0), proc_offset(procs_.size() + 1, 0);
+    for (size_t p = 0; p < procs_.size(); ++p) {
+      for (int r : procs_[p]) proc_count[p] += counts[static_cast<size_t>(r)];
+      proc_offset[p + 1] = proc_offset[p] + proc_count[p];
+    }
+    std::byte* summed = stage(staged_, std::max<size_t>(total, 1) * es);
+    team_->reduce_to(send, summed, total, dtype, level_op, 0);
+    std::byte* block = stage(result_, std::max<size_t>(proc_count[static_cast<size_t>(my_proc_)], 1) * es);
+    if (voice()) {
+      // Process-major for lane 0: each process's parts together, its ranks in team order.
+      std::byte* ordered = stage(packed_, std::max<size_t>(total, 1) * es);
+      for (size_t p = 0; p < procs_.size(); ++p) {
+        size_t at = proc_offset[p];
+        for (int r : procs_[p]) {
+          const auto u = static_cast<size_t>(r);
+          if (counts[u] > 0) std::memcpy(ordered + at * es, summed + offset[u] * es, counts[u] * es);
+          at += counts[u];
+        }
+      }
+      const std::optional<int> root_proc =
+          root.has_value() ? std::optional<int>(proc_of_[static_cast<size_t>(*root)]) : std::nullopt;
+      lane(0).reduce_scatterv(ordered, block, proc_count, dtype, level_op, root_proc);
+      if (op == ReduceOp::Mean) divide_by(dtype, block, proc_count[static_cast<size_t>(my_proc_)], n);
+    }
+    Routes scatter(Collective::Scatter, 0, threads());
+    size_t within = 0;
+    for (size_t l = 0; l < threads(); ++l) {
+      scatter.count[scatter.at(0, l)] = counts[static_cast<size_t>(my_ranks()[l])];
+      scatter.send_displ[scatter.at(0, l)] = within;
+      within += counts[static_cast<size_t>(my_ranks()[l])];
+    }
+    // send (which recv may alias) was read by the team's fold; block is apart from both.
+    team_->exchange(block, recv, scatter, dtype);
+  }
+
+  // ---- exchange: each rank packs what it sends by destination (processes in order, their ranks
+  // in team order), its team's rank 0 gathers the packs and regroups them by destination process,
+  // lane 0 moves one block between each pair of processes, the receiving rank 0 regroups what
+  // arrived by destination rank, its team scatters, each rank unpacks into its places.
+
+  void exchange_levels(const std::byte* send, std::byte* recv, const Routes& routes, DType dtype) {
+    const size_t es = dtype_size(dtype);
+    const size_t P = procs_.size();
+    auto count = [&](int s, int d) {
+      return routes.count[routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(d))];
+    };
+    // What each of this process's ranks sends (its pack), and receives.
+    const std::vector<int>& local = my_ranks();
+    std::vector<size_t> sends(threads(), 0), receives(threads(), 0);
+    for (size_t l = 0; l < threads(); ++l) {
+      for (size_t d = 0; d < routes.n; ++d) {
+        sends[l] += count(local[l], static_cast<int>(d));
+        receives[l] += count(static_cast<int>(d), local[l]);
+      }
+    }
+    // Pack: by destination process, then rank in team order.
+    std::byte* pack = stage(packed_, std::max<size_t>(sends[static_cast<size_t>(team_->rank())], 1) * es);
+    size_t at = 0;
+    for (const auto& ranks : procs_) {
+      for (int d : ranks) {
+        const size_t c = count(rank_, d);
+        if (c > 0)
+          std::memcpy(pack + at * es,
+                      send + routes.send_displ[routes.at(static_cast<uint64_t>(rank_), static_cast<uint64_t>(d))] * es,
+                      c * es);
+        at += c;
+      }
+    }
+    const size_t gathered_total = std::accumulate(sends.begin(), sends.end(), size_t{0});
+    const size_t arriving_total = std::accumulate(receives.begin(), receives.end(), size_t{0});
+    std::byte* gathered = stage(staged_, std::max<size_t>(gathered_total, 1) * es);
+    Routes gather(Collective::Gather, 0, threads());
+    size_t g = 0;
+    for (size_t l = 0; l < threads(); ++l) {
+      gather.count[gather.at(l, 0)] = sends[l];
+      gather.recv_displ[gather.at(l, 0)] = g;
+      g += sends[l];
+    }
+    team_->exchange(pack, gathered, gather, dtype);
+    std::byte* handed = stage(result_, std::max<size_t>(arriving_total, 1) * es);
+    if (voice()) {
+      // Regroup the packs by destination process: for q, for local source l, q's ranks in order.
+      std::byte* outgoing = stage(outgoing_, std::max<size_t>(gathered_total, 1) * es);
+      Routes between(Collective::Alltoall, -1, P);  // whatever the caller's form, processes exchange blocks
+      std::vector<size_t> pack_at(threads());
+      for (size_t l = 0, a = 0; l < threads(); a += sends[l], ++l) pack_at[l] = a;
+      size_t o = 0;
+      for (size_t q = 0; q < P; ++q) {
+        for (size_t l = 0; l < threads(); ++l) {
+          for (int d : procs_[q]) {
+            const size_t c = count(local[l], d);
+            if (c > 0) std::memcpy(outgoing + o * es, gathered + pack_at[l] * es, c * es);
+            pack_at[l] += c;
+            o += c;
+          }
+        }
+      }
+      // Every process's block to every other, as every process computes it alike.
+      for (size_t p = 0; p < P; ++p) {
+        size_t from_displ = 0;
+        for (size_t q = 0; q < P; ++q) {
+          size_t c = 0;
+          for (int s : procs_[p])
+            for (int d : procs_[q]) c += count(s, d);
+          between.count[between.at(p, q)] = c;
+          between.send_displ[between.at(p, q)] = from_displ;
+          from_displ += c;
+        }
+      }
+      for (size_t q = 0; q < P; ++q) {
+        size_t to_displ = 0;
+        for (size_t p = 0; p < P; ++p) {
+          between.recv_displ[between.at(p, q)] = to_displ;
+          to_displ += between.count[between.at(p, q)];
+        }
+      }
+      std::byte* arrived = stage(arrived_, std::max<size_t>(arriving_total, 1) * es);
+      lane(0).exchange(outgoing, arrived, between, dtype);
+      // Regroup what arrived (by source process, its ranks in order, then this process's ranks)
+      // by destination rank: for local l, for p, p's ranks in order.
+      std::vector<size_t> hand_at(threads());
+      for (size_t l = 0, a = 0; l < threads(); a += receives[l], ++l) hand_at[l] = a;
+      size_t from = 0;
+      for (size_t p = 0; p < P; ++p) {
+        for (int s : procs_[p]) {
+          for (size_t l = 0; l < threads(); ++l) {
+            const size_t c = count(s, local[l]);
+            if (c > 0) std::memcpy(handed + hand_at[l] * es, arrived + from * es, c * es);
+            hand_at[l] += c;
+            from += c;
+          }
+        }
+      }
+    }
+    Routes scatter(Collective::Scatter, 0, threads());
+    size_t h = 0;
+    for (size_t l = 0; l < threads(); ++l) {
+      scatter.count[scatter.at(0, l)] = receives[l];
+      scatter.send_displ[scatter.at(0, l)] = h;
+      h += receives[l];
+    }
+    std::byte* mine = stage(landing_, std::max<size_t>(receives[static_cast<size_t>(team_->rank())], 1) * es);
+    team_->exchange(handed, mine, scatter, dtype);
+    size_t u = 0;
+    for (const auto& ranks : procs_) {
+      for (int s : ranks) {
+        const size_t c = count(s, rank_);
+        if (c > 0)
+          std::memcpy(recv + routes.recv_displ[routes.at(static_cast<uint64_t>(s), static_cast<uint64_t>(rank_))] * es,
+                      mine + u * es, c * es);
+        u += c;
+      }
+    }
+  }
+
+  // ---- the call check and failures
+
+  // Every rank's call, compared over the whole group before any level runs (each level sees only
+  // its own ranks): an allreduce of the signature's hash; the signatures are gathered only when
+  // the hashes differ, to name both sides, and every rank then fails alike.
+  // A weighted mean's weight too: `heavy` (above 2^53) on any rank fails every rank, naming the
+  // first such rank and its weight.
+  void require_same_call(const CallSignature& call, std::optional<bool> heavy = std::nullopt, uint64_t weight = 0) {
+    begin_call();
+    if (!check_mismatch_ && !heavy.has_value()) return;
+    const auto h = static_cast<int64_t>(fnv1a64(&call, sizeof call) >> 1);
+    std::array<int64_t, 3> words{h, -h, heavy.value_or(false) ? 1 : 0};
+    const BufferRef b{words.data(), words.data(), words.size()};
+    run_levels([&] { allreduce_levels(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max); });
+    if (words[2] != 0) {
+      std::vector<uint64_t> weights(static_cast<size_t>(size()));
+      std::vector<size_t> ones(static_cast<size_t>(size()), 1);
+      run_levels([&] { allgather_levels(&weight, reinterpret_cast<std::byte*>(weights.data()), ones, DType::I64); });
+      const auto first =
+          std::find_if(weights.begin(), weights.end(), [](uint64_t w) { return w > (uint64_t{1} << 53); });
+      fail(GRADSYNC_E_INVALID_ARG,
+           "threaded group (rank {} of {}): weighted mean: rank {} passed weight {}, above 2^53", rank(), size(),
+           first - weights.begin(), *first);
+    }
+    if (!check_mismatch_ || words[0] == -words[1]) return;
+    constexpr size_t kWords = sizeof(CallSignature) / sizeof(int64_t);
+    std::array<int64_t, kWords> word{};
+    std::memcpy(word.data(), &call, sizeof call);
+    std::vector<int64_t> all(kWords * static_cast<size_t>(size()));
+    std::vector<size_t> counts(static_cast<size_t>(size()), kWords);
+    run_levels([&] { allgather_levels(word.data(), reinterpret_cast<std::byte*>(all.data()), counts, DType::I64); });
+    std::vector<CallSignature> calls(static_cast<size_t>(size()));
+    std::memcpy(static_cast<void*>(calls.data()), all.data(), calls.size() * sizeof(CallSignature));
+    require_same_calls([&] { return fmt::format("threaded group (rank {} of {})", rank(), size()); }, calls_, size(),
+                       [&](int r) -> const CallSignature& { return calls[static_cast<size_t>(r)]; });
+  }
+
+  // A level that failed on this thread leaves its peers waiting in another level: stop the levels
+  // this thread calls (its team, whose threads then stop their own lanes, and its lane), rather
+  // than leave them to the deadlines. Not the other threads' lanes: one of them may be resetting
+  // its lane already. The group then needs a reset, as after any failure.
+  template <class Levels>
+  void run_levels(const Levels& levels) {
+    try {
+      levels();
+    } catch (const Error& e) {
+      int status = e.status();
+      std::string what = e.what();
+      {
+        // comm.h: a rank that does not arrive gives every waiting rank the timeout. The team is
+        // stopped so that no thread of this process is left behind in it; its threads report
+        // the abort that brings them as the timeout, where it struck during their call. The lanes
+        // are left to their own deadlines (an abort there would reach the other processes' threads
+        // as an abort), which their waiting threads meet as timeouts of their own.
+        const std::lock_guard<std::mutex> hold(lanes_->timed_out_lock);
+        if (status == GRADSYNC_E_ABORTED && lanes_->timeouts > timeouts_seen_) {
+          status = GRADSYNC_E_TIMEOUT;
+          what = lanes_->timed_out;
+        } else if (status == GRADSYNC_E_TIMEOUT) {
+          ++lanes_->timeouts;
+          lanes_->timed_out = what;
+        }
+      }
+      team_->abort();
+      if (status != GRADSYNC_E_TIMEOUT) {
+        if (Communicator* mine = own_lane()) mine->abort();
+      }
+      throw Error(status, fmt::format("{} [in the levels of this threaded group of {}: rank {} is thread {} of {} of "
+                                      "process {} of {}]",
+                                      what, size(), rank_, team_->rank(), threads(), my_proc_, procs_.size()));
+    }
+  }
+
+  // Each call: its number (for messages) and which of this process's timeouts struck before it.
+  void begin_call() {
+    ++calls_;
+    const std::lock_guard<std::mutex> hold(lanes_->timed_out_lock);
+    timeouts_seen_ = lanes_->timeouts;
+  }
+
+  std::unique_ptr<Communicator> team_;
+  std::shared_ptr<Lanes> lanes_;
+  std::vector<int> proc_of_, team_of_;   // by rank: its process, its place in its process's team
+  std::vector<std::vector<int>> procs_;  // by process: its ranks in team order
+  int rank_ = 0, my_proc_ = 0;
+  Transport transport_;
+  bool even_ = false;
+  bool topology_independent_ = false;
+  bool check_mismatch_ = true;
+  uint64_t calls_ = 0;          // for messages
+  uint64_t timeouts_seen_ = 0;  // lanes_->timeouts as this call began
+  // Staging, kept between calls: packs, the team's gathered parts, results, the flat fold's window.
+  std::vector<std::byte> packed_, staged_, result_, landing_, outgoing_, arrived_, flat_;
+};
+
+// The threads of one process meet by the group's name and MPI communicator.
+std::string team_name(const Options& options) {
+  return fmt::format("gs-threads.{}.{:x}", options.name.substr(0, 40), static_cast<uint64_t>(options.mpi_fcomm));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group) {
+  GS_REQUIRE(options.transport == Transport::Mpi || options.transport == Transport::Hier, GRADSYNC_E_INVALID_ARG,
+             "threads as ranks are for the MPI and hierarchical transports (the {} transport's ranks are already "
+             "threads or processes of their own)",
+             transport_name(options.transport));
+  GS_REQUIRE(options.threads >= 1 && options.threads <= kMaxThreads, GRADSYNC_E_INVALID_ARG,
+             "threads must be in [1, {}], got {}", kMaxThreads, options.threads);
+  GS_REQUIRE(options.thread >= 0 && options.thread < options.threads, GRADSYNC_E_OUT_OF_RANGE,
+             "thread {} out of range [0, {})", options.thread, options.threads);
+  Options t = options;
+  t.transport = Transport::Thread;
+  t.name = team_name(options);
+  t.rank = options.thread;
+  t.size = options.threads;
+  t.threads = 1;
+  t.thread = 0;
+  t.host_label.clear();
+  std::unique_ptr<Communicator> team = make_group(t);
+
+  // The team's rank 0 makes the lanes: lane 0, then (every process holding as many threads, and
+  // MPI letting threads call it at once) one more per thread, one after another on every process.
+  std::shared_ptr<Lanes> made;
+  if (team->rank() == 0) {
+    made = std::make_shared<Lanes>();
+    try {
+      Options l = options;
+      l.threads = 1;
+      l.thread = 0;
+      made->lane.push_back(make_group(l));
+      Communicator& first = *made->lane[0];
+      if (const char* why = first.progress_thread_refused()) {
+        fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
+      }
+      std::vector<int64_t> counts(static_cast<size_t>(first.size()));
+      const int64_t mine = options.threads;
+      first.allgather(&mine, counts.data(), counts.size(), DType::I64);
+      made->ranks_of.assign(counts.begin(), counts.end());
+      const bool alike = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
+      for (int k = 1; alike && k < options.threads; ++k) made->lane.push_back(make_group(l));
+    } catch (const Error& e) {
+      made->lane.clear();
+      made->status = e.status();
+      made->message = e.what();
+    }
+  }
+  std::shared_ptr<Lanes> lanes = share(*team, made);
+  if (lanes->status != 0) {
+    throw Error(lanes->status, team->rank() == 0 ? lanes->message
+                                                 : fmt::format("thread 0 of this process could not form the group's "
+                                                               "process-level group: {}",
+                                                               lanes->message));
+  }
+  std::vector<int> proc_of;
+  for (size_t p = 0; p < lanes->ranks_of.size(); ++p)
+    proc_of.insert(proc_of.end(), lanes->ranks_of[p], static_cast<int>(p));
+  const int first_rank =
+      std::accumulate(lanes->ranks_of.begin(), lanes->ranks_of.begin() + lanes->lane[0]->rank(), 0) + options.thread;
+  return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(lanes), std::move(proc_of), first_rank,
+                                                options);
+}
+
+}  // namespace gradsync::comm

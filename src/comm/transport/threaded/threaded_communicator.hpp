@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Threads as ranks of an MPI or hierarchical group: each process of the MPI job holds several
+// ranks, one per thread that creates the communicator (Options::threads, Options::thread).
+//
+// Two levels, each a transport of its own, model-checked there: the threads of a process form a
+// thread-transport group (the team), and the processes meet in process-level groups of the
+// requested transport (MPI or hierarchical), called lanes. Lane k belongs to the team's rank k,
+// the only thread that calls it, so no MPI communicator is ever used by two threads at once; with
+// MPI_THREAD_MULTIPLE the lanes of one process run side by side.
+//
+// Where every process holds the same number of ranks, in process-major order, a large allreduce
+// has no leader: the team reduce-scatters, each thread all-reduces its own slice over its lane,
+// the team all-gathers. Everything else runs through the team's rank 0 and lane 0: the team
+// brings the process's part together, lane 0 carries it between processes, the team hands out the
+// result. A reduction combines within a process in thread order, then over the processes as the
+// lane's transport does: the same bits on every rank and run of one layout (the flat rank-order
+// bits with topology_independent, and always for the types whose levels would round).
+#include <memory>
+
+#include "comm/communicator.hpp"
+
+namespace gradsync::comm {
+
+// Every thread of every process calls it, with options.threads > 1 (or a thread index) and
+// options.transport Mpi or Hier. make_group makes a group of one rank per thread of the options
+// (the team) or per process (a lane): comm::create. Collective over the whole job.
+using MakeGroup = std::unique_ptr<Communicator> (*)(const Options& options);
+std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group);
+
+}  // namespace gradsync::comm
