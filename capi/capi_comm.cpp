@@ -106,7 +106,9 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
   }
   // Over MPI the name only matters to a join, and to threads as ranks, whose threads of one
   // process meet by it.
-  const bool threaded = o.threads != GRADSYNC_UNSET_I32 && o.threads != 1;
+  // Threads as ranks: over MPI, threads set (1 too: a process of one thread among processes of
+  // more); elsewhere 1 is the only value, and means what the transport does anyway.
+  const bool threaded = o.threads != GRADSYNC_UNSET_I32 && (over_mpi || o.threads != 1);
   if (needs_rank || join || (threaded && o.name[0] != '\0')) {
     const size_t name_len = strnlen(o.name, GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
@@ -144,8 +146,7 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
     out.thread = o.thread;
   } else {
     GS_REQUIRE(o.thread == GRADSYNC_UNSET_I32 || o.thread == 0, GRADSYNC_E_OUT_OF_RANGE,
-               "thread {} out of range [0, 1) (threads is {})", o.thread,
-               o.threads == GRADSYNC_UNSET_I32 ? std::string("unset: 1") : std::string("1"));
+               "thread {} out of range [0, 1) (threads is {})", o.thread, o.threads == 1 ? "1" : "unset");
   }
   return out;
 }

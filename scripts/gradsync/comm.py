@@ -168,6 +168,8 @@ class CommOptions(ctypes.Structure):
         ("host", ctypes.c_char * NAME_MAX),
         ("topology_independent", c_int32),
         ("reserved1", c_int32),
+        ("threads", c_int32),
+        ("thread", c_int32),
     ]
 
 
@@ -472,6 +474,11 @@ class Communicator(Handle):
     transport="hier": the processes of an mpirun job on any number of hosts, shared memory within a
     host and MPI between hosts (as "mpi", name, rank and size come from MPI); its large float
     allreduces reduce host by host, so their bits depend on the layout unless topology_independent=True.
+    threads=(T, t), with transport "mpi" or "hier": this process holds T ranks of the group, one per
+    thread that creates a Communicator, and this is its thread t (T threads call the constructor at
+    once, t = 0 .. T-1); process p's threads are the ranks after those of processes 0 .. p-1. The
+    threads of a process meet by name: a group made beside another one in the same process needs
+    its own name.
 
     A communicator belongs to the process that created it: in a child made by os.fork() (or
     multiprocessing's "fork" start method), every call on it and on its requests raises
@@ -483,17 +490,18 @@ class Communicator(Handle):
     _free = lib.gradsync_comm_free
 
     def __init__(self, name=None, rank=None, size=None, timeout_ms=None, transport="threads", *,
-                 deterministic=None, check_mismatch=None, mpi_comm=None, host=None, topology_independent=None):
+                 deterministic=None, check_mismatch=None, mpi_comm=None, host=None, topology_independent=None,
+                 threads=None):
         opts = self._options(name, rank, size, timeout_ms, transport, deterministic=deterministic,
                              check_mismatch=check_mismatch, mpi_comm=mpi_comm, host=host,
-                             topology_independent=topology_independent)
+                             topology_independent=topology_independent, threads=threads)
         out = c_void_p()
         check(lib.gradsync_comm_create(ctypes.byref(out), ctypes.byref(opts)))
         self._adopt(out)
 
     @staticmethod
     def _options(name, rank, size, timeout_ms, transport, *, deterministic=None, check_mismatch=None, mpi_comm=None,
-                 host=None, topology_independent=None):
+                 host=None, topology_independent=None, threads=None):
         opts = CommOptions()
         check(lib.gradsync_comm_options_init(ctypes.byref(opts), ctypes.sizeof(opts)))
         opts.transport = _transport(transport)
@@ -518,6 +526,8 @@ class Communicator(Handle):
             opts.timeout_ms = int(timeout_ms)
         if topology_independent is not None:
             opts.topology_independent = int(bool(topology_independent))
+        if threads is not None:
+            opts.threads, opts.thread = (int(v) for v in threads)
         if host is not None:
             encoded = host.encode()
             if len(encoded) >= NAME_MAX:

@@ -80,7 +80,7 @@ GrowResult join(const Options& options) {
 std::unique_ptr<Communicator> create(const Options& options) {
   GS_REQUIRE(options.host_label.find('\0') == std::string::npos, GRADSYNC_E_INVALID_ARG,
              "host label contains a NUL byte");
-  if (options.threads > 1) {
+  if (options.threads > 0) {
     std::unique_ptr<Communicator> c = create_threaded_communicator(options, &create);
     c->establish(options);
     return c;

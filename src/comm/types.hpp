@@ -31,8 +31,9 @@ struct Options {
   std::string host_label;             // replaces the detected host identity when not empty (comm/topology.hpp)
   bool topology_independent = false;  // Hier: the flat rank-order reduction's bits, whatever the hosts
   // Mpi, Hier: the ranks this process holds, one per thread that creates the group, and this
-  // thread's index among them (transport/threaded/threaded_communicator.hpp).
-  int32_t threads = 1;
+  // thread's index among them (transport/threaded/threaded_communicator.hpp); 0: one rank per
+  // process, without a team of threads.
+  int32_t threads = 0;
   int32_t thread = 0;
   // Why this group cannot grow (E_UNSUPPORTED saying it), or empty: a shared-memory group that an
   // MPI shrink formed, inside an MPI job whose joiners only MPI could start (mpi_shrink.cpp).

@@ -293,6 +293,28 @@ static int create_alone(const void* opts) {
   return status;
 }
 
+/* Threads as ranks are the MPI and hierarchical transports' (tests/mpi/threads_program.c): the
+ * thread and shm transports refuse them, and a thread index needs threads. */
+static void test_threads_options(void) {
+  const int32_t transports[] = {GRADSYNC_TRANSPORT_THREAD, GRADSYNC_TRANSPORT_SHM};
+  for (size_t i = 0; i < sizeof transports / sizeof transports[0]; ++i) {
+    gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
+    opts.transport = transports[i];
+    opts.rank = 0;
+    opts.size = 1;
+    strcpy(opts.name, "capi-threads-options");
+    opts.threads = 2;
+    opts.thread = 0;
+    CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "threads is for the MPI and hierarchical transports");
+    opts.threads = GRADSYNC_UNSET_I32;
+    opts.thread = 1;
+    CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_OUT_OF_RANGE, "thread 1 out of range [0, 1)");
+    opts.threads = 1;
+    opts.thread = 0;
+    CHECK_STATUS(create_alone(&opts), GRADSYNC_OK);
+  }
+}
+
 static void test_options_versions(void) {
   gradsync_comm_options opts = GRADSYNC_COMM_OPTIONS_INIT;
   unsigned char *exact, *newer;
@@ -305,7 +327,9 @@ static void test_options_versions(void) {
 
   opts.version = 0;
   CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.version 0");
-  CHECK_MESSAGE("(accepted: 1 to 2, or later from a newer header)");
+  snprintf(expected, sizeof expected, "(accepted: 1 to %d, or later from a newer header)",
+           GRADSYNC_COMM_OPTIONS_VERSION);
+  CHECK_MESSAGE(expected);
   opts.version = GRADSYNC_COMM_OPTIONS_VERSION;
 
   opts.struct_size = 0;
@@ -316,7 +340,14 @@ static void test_options_versions(void) {
   CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "options.struct_size 4294967295");
   /* a struct of this library's version cannot be larger than this library's */
   opts.struct_size = (uint32_t)(sizeof opts + extra);
-  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, "larger than version 2");
+  snprintf(expected, sizeof expected, "larger than version %d", GRADSYNC_COMM_OPTIONS_VERSION);
+  CHECK_STATUS_MSG(create_alone(&opts), GRADSYNC_E_INVALID_ARG, expected);
+  /* a version-2 struct (before threads as ranks): accepted, one rank per thread as ever */
+  opts.struct_size = (uint32_t)offsetof(gradsync_comm_options, threads);
+  opts.version = 2;
+  opts.threads = 7;
+  CHECK_STATUS(create_alone(&opts), GRADSYNC_OK);
+  opts.threads = GRADSYNC_UNSET_I32;
   /* a version-1 struct (before the host label): accepted, the label left empty */
   opts.struct_size = (uint32_t)offsetof(gradsync_comm_options, host);
   opts.version = 1;
@@ -552,6 +583,7 @@ int main(void) {
   test_bad_input();
   test_timeout();
   test_options_versions();
+  test_threads_options();
   test_no_timeout();
   test_two_threads_one_handle();
   test_free_during_call();

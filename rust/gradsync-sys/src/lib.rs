@@ -508,7 +508,7 @@ pub const GRADSYNC_TRANSPORT_SHM: i32 = 1;
 pub const GRADSYNC_TRANSPORT_MPI: i32 = 2;
 pub const GRADSYNC_TRANSPORT_HIER: i32 = 3;
 
-pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 2;
+pub const GRADSYNC_COMM_OPTIONS_VERSION: u32 = 3;
 pub const GRADSYNC_SPLIT_NONE: i32 = -1;
 pub const GRADSYNC_GROW_RESULT_VERSION: u32 = 1;
 pub const GRADSYNC_COMM_NAME_MAX: usize = 64;
@@ -528,7 +528,7 @@ pub struct gradsync_grow_result {
     pub form_ns: i64,
 }
 
-/// Options of [`gradsync_comm_create`] (comm.h, version 2).
+/// Options of [`gradsync_comm_create`] (comm.h, version 3).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct gradsync_comm_options {
@@ -546,6 +546,8 @@ pub struct gradsync_comm_options {
     pub host: [c_char; GRADSYNC_COMM_NAME_MAX],
     pub topology_independent: i32,
     pub reserved1: i32,
+    pub threads: i32,
+    pub thread: i32,
 }
 
 /// GRADSYNC_COMM_OPTIONS_INIT.
@@ -564,6 +566,8 @@ pub const GRADSYNC_COMM_OPTIONS_INIT: gradsync_comm_options = gradsync_comm_opti
     host: [0; GRADSYNC_COMM_NAME_MAX],
     topology_independent: 0,
     reserved1: 0,
+    threads: GRADSYNC_UNSET_I32,
+    thread: GRADSYNC_UNSET_I32,
 };
 
 

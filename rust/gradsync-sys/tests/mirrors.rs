@@ -80,7 +80,7 @@ fn mirrored_layouts() -> Vec<Layout> {
     layouts! {
         gradsync_comm_options {
             struct_size, version, transport, rank, size, deterministic, check_mismatch, reserved0, timeout_ms,
-            mpi_fcomm, name, host, topology_independent, reserved1,
+            mpi_fcomm, name, host, topology_independent, reserved1, threads, thread,
         }
         gradsync_grow_result { struct_size, version, old_size, new_size, first_member_id, agree_ns, form_ns }
         gradsync_table_options {

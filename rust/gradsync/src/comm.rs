@@ -50,6 +50,7 @@ pub struct CommOptions {
     check_mismatch: Option<bool>,
     mpi_fcomm: Option<i64>,
     host: Option<String>,
+    threads: Option<(i32, i32)>,
 }
 
 /// What a grow reports besides the grown group ([`Communicator::grow`], [`Communicator::join`]).
@@ -116,7 +117,17 @@ impl CommOptions {
             check_mismatch: None,
             mpi_fcomm: None,
             host: None,
+            threads: None,
         }
+    }
+    /// MPI and hierarchical transports: this process holds `threads` ranks of the group, one per
+    /// thread that creates the communicator, and this is thread `thread` of them (comm.h,
+    /// "Threads as ranks"). Process p's threads are ranks after those of processes 0..p, in
+    /// thread order.
+    #[must_use]
+    pub fn threads(mut self, threads: i32, thread: i32) -> Self {
+        self.threads = Some((threads, thread));
+        self
     }
     /// A host label that replaces the detected host identity (odd clusters, tests).
     #[must_use]
@@ -184,6 +195,10 @@ impl CommOptions {
         }
         if let Some(fcomm) = self.mpi_fcomm {
             raw.mpi_fcomm = fcomm;
+        }
+        if let Some((threads, thread)) = self.threads {
+            raw.threads = threads;
+            raw.thread = thread;
         }
         if let Some(label) = &self.host {
             let bytes = label.as_bytes();

@@ -92,6 +92,7 @@ class ThreadedCommunicator final : public Communicator {
     even_ = threads > 1 && lanes_->lane.size() == threads;
     for (size_t r = 0; r < n && even_; ++r)
       even_ = static_cast<size_t>(proc_of_[r]) == r / threads && static_cast<size_t>(team_of_[r]) == r % threads;
+    active_ = even_ ? threads : 1;
     GS_LOG_DEBUG("threads as ranks: rank {} of {}: thread {} of {} in process {} of {} ({} lane(s){})", rank_, n,
                  team_->rank(), threads, my_proc_, procs_.size(), lanes_->lane.size(),
                  even_ ? ", leaderless allreduce" : "");
@@ -177,13 +178,13 @@ class ThreadedCommunicator final : public Communicator {
   // Every level of this process: the team's peers and, through the lanes, the other processes.
   void abort() noexcept override {
     team_->abort();
-    for (const auto& l : lanes_->lane) l->abort();
+    for (size_t k = 0; k < active_; ++k) lanes_->lane[k]->abort();
   }
   // Collective over every rank: the team first, so that no thread of this process is still in a
   // failing call that stops its lane (run_levels), then each thread its own lane.
   void reset() override {
     team_->reset();
-    if (Communicator* mine = own_lane()) mine->reset();
+    if (Communicator* mine = active_lane()) mine->reset();
   }
   ShrinkResult shrink() override {
     fail(GRADSYNC_E_UNSUPPORTED,
@@ -284,6 +285,10 @@ class ThreadedCommunicator final : public Communicator {
   Communicator* own_lane() const noexcept {
     const auto k = static_cast<size_t>(team_->rank());
     return k < lanes_->lane.size() ? lanes_->lane[k].get() : nullptr;
+  }
+  // The own lane where this group's calls use it (see active_).
+  Communicator* active_lane() const noexcept {
+    return static_cast<size_t>(team_->rank()) < active_ ? own_lane() : nullptr;
   }
   size_t threads() const noexcept { return static_cast<size_t>(team_->size()); }
   const std::vector<int>& my_ranks() const noexcept { return procs_[static_cast<size_t>(my_proc_)]; }
@@ -657,7 +662,7 @@ class ThreadedCommunicator final : public Communicator {
       }
       team_->abort();
       if (status != GRADSYNC_E_TIMEOUT) {
-        if (Communicator* mine = own_lane()) mine->abort();
+        if (Communicator* mine = active_lane()) mine->abort();
       }
       throw Error(status, fmt::format("{} [in the levels of this threaded group of {}: rank {} is thread {} of {} of "
                                       "process {} of {}]",
@@ -679,6 +684,9 @@ class ThreadedCommunicator final : public Communicator {
   int rank_ = 0, my_proc_ = 0;
   Transport transport_;
   bool even_ = false;
+  // The lanes this group's calls use: every thread's where the layout is even, else lane 0. The
+  // others only form subgroups' lanes; nothing stops them, so nothing needs to reset them.
+  size_t active_ = 1;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages
@@ -708,19 +716,19 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
   t.name = team_name(options);
   t.rank = options.thread;
   t.size = options.threads;
-  t.threads = 1;
+  t.threads = 0;
   t.thread = 0;
   t.host_label.clear();
   std::unique_ptr<Communicator> team = make_group(t);
 
-  // The team's rank 0 makes the lanes: lane 0, then (every process holding as many threads, and
-  // MPI letting threads call it at once) one more per thread, one after another on every process.
+  // The team's rank 0 makes the lanes: lane 0, then (MPI letting threads call it at once) one
+  // more per thread, one after another on every process.
   std::shared_ptr<Lanes> made;
   if (team->rank() == 0) {
     made = std::make_shared<Lanes>();
     try {
       Options l = options;
-      l.threads = 1;
+      l.threads = 0;
       l.thread = 0;
       made->lane.push_back(make_group(l));
       Communicator& first = *made->lane[0];
@@ -731,8 +739,10 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
       const int64_t mine = options.threads;
       first.allgather(&mine, counts.data(), counts.size(), DType::I64);
       made->ranks_of.assign(counts.begin(), counts.end());
-      const bool alike = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
-      for (int k = 1; alike && k < options.threads; ++k) made->lane.push_back(make_group(l));
+      // As many lanes as the process of the most threads has, on every process: each thread that
+      // may form a subgroup's lane owns one, here or on the other processes.
+      const int64_t most = *std::max_element(counts.begin(), counts.end());
+      for (int64_t k = 1; k < most; ++k) made->lane.push_back(make_group(l));
     } catch (const Error& e) {
       made->lane.clear();
       made->status = e.status();

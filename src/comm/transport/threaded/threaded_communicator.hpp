@@ -22,7 +22,7 @@
 
 namespace gradsync::comm {
 
-// Every thread of every process calls it, with options.threads > 1 (or a thread index) and
+// Every thread of every process calls it, with options.threads (>= 1) and options.thread set, and
 // options.transport Mpi or Hier. make_group makes a group of one rank per thread of the options
 // (the team) or per process (a lane): comm::create. Collective over the whole job.
 using MakeGroup = std::unique_ptr<Communicator> (*)(const Options& options);
