@@ -197,6 +197,42 @@
  *   they return GRADSYNC_OK; the next call then fails on every rank until the reset. Every call in
  *   levels first compares every rank's call across the whole group (one small MPI allreduce),
  *   so ranks that disagree all get GRADSYNC_E_MISMATCH naming both sides before any level runs.
+ *
+ * Threads as ranks (GRADSYNC_TRANSPORT_MPI and GRADSYNC_TRANSPORT_HIER, options.threads):
+ * - Group: each process of the MPI group holds options.threads ranks (1 to 256; it may differ
+ *   from process to process), one per thread, which all call gradsync_comm_create at once, each
+ *   with its index in options.thread. Process p's ranks follow those of processes 0 .. p-1 (in
+ *   MPI rank order), in thread order. Every process passes threads, or none does. The threads of
+ *   a process meet by options.name (and mpi_fcomm): a group created beside another one of the
+ *   same name in one process fails with GRADSYNC_E_MISUSE; give each its own name. MPI must give
+ *   MPI_THREAD_MULTIPLE (the library asks for it when it initialises MPI), else create fails
+ *   with GRADSYNC_E_UNSUPPORTED saying so. Each handle is its thread's, under the one-thread-per-
+ *   handle rule; the topology counts every rank on its process's host.
+ * - Levels: the threads of a process form a thread-transport group; the processes meet in groups
+ *   of the requested transport, one per thread index (MPI lets the threads use them at once).
+ *   Where every process holds the same number of threads, an allreduce above 16 KiB has no
+ *   leader (each process's threads reduce-scatter, each thread all-reduces its slice with the
+ *   same thread of the other processes, the threads all-gather); broadcasts above 16 KiB go so
+ *   too. Everything else moves through each process's thread 0.
+ * - Order: a reduction of f32, f64, or i32 and i64 other than mean folds each process's ranks in
+ *   thread order, then the processes: in MPI rank order (MPI, deterministic 1, or one host), or
+ *   host by host as the hierarchical transport's levels do (within a host in process order, then
+ *   the hosts in host order, at any size). The same bits on every rank and every run of one
+ *   layout. bf16, f16, the integer mean, the rooted reduce, the weighted mean and
+ *   topology_independent 1 give the flat rank-order fold's bits (every rank's contribution is
+ *   gathered and folded by each rank, at that cost). Every call compares every rank's call first
+ *   (one small reduction through the levels), so ranks that disagree all get
+ *   GRADSYNC_E_MISMATCH, and a root or weight that the group judges fails every rank alike.
+ * - Errors: as for the hierarchical transport, per level. A rank that does not arrive gives every
+ *   waiting rank GRADSYNC_E_TIMEOUT (each level waits at most timeout_ms, so a call may wait a
+ *   few times that); an abort stops every level of the process; the group needs
+ *   gradsync_comm_reset on every rank after either.
+ * - Subgroups (gradsync_comm_split): the subgroup's threads of each process must be the same
+ *   threads by index, in the same order, on every process that has one; else the split returns
+ *   GRADSYNC_E_UNSUPPORTED on the subgroup's ranks (splits by host, by process or by thread index
+ *   always qualify; by local rank where every host has processes of the same threads).
+ *   gradsync_comm_shrink, gradsync_comm_grow and a join with
+ *   threads set return GRADSYNC_E_UNSUPPORTED: MPI loses and starts processes, not threads.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
@@ -260,7 +296,7 @@ typedef struct gradsync_comm_options {
   int32_t reserved1;            /**< must be 0 */
   /* version 3 */
   int32_t threads; /**< MPI, HIER: the group's ranks this process holds, 1 to 256, one per thread that creates the
-                      communicator (see "Threads as ranks" above); UNSET (default): 1 */
+                      communicator (see "Threads as ranks" above); UNSET (default): one per process */
   int32_t thread;  /**< MPI, HIER with threads set: this thread's index among them, in [0, threads) */
   /* append only */
 } gradsync_comm_options;

@@ -188,9 +188,10 @@ int run_rank(int transport, int rank, int size, const std::string& name, const c
     return 2;
   }
   if (g_threads > 1) {
-    g_level_hosts.resize(static_cast<size_t>(x.size));
-    for (int r = 0; r < x.size; ++r) g_level_hosts[static_cast<size_t>(r)] = r / g_threads;
-  } else if (transport == GRADSYNC_TRANSPORT_HIER) {
+    g_level_procs.resize(static_cast<size_t>(x.size));
+    for (int r = 0; r < x.size; ++r) g_level_procs[static_cast<size_t>(r)] = r / g_threads;
+  }
+  if (transport == GRADSYNC_TRANSPORT_HIER) {
     int32_t hosts = 1;
     std::vector<int32_t> rank_hosts(static_cast<size_t>(x.size));
     gradsync_comm_topology(x.c, nullptr, nullptr, nullptr, &hosts, rank_hosts.data(), rank_hosts.size());
@@ -460,13 +461,13 @@ int main(int argc, char** argv) {
     g_split = true;
     kind.resize(kind.size() - 6);
   }
-  if (kind == "hier/hosts2") {
-    g_two_hosts = true;
-    kind = "hier";
-  }
   if (const size_t at = kind.find("/threads="); at != std::string::npos) {
     g_threads = std::atoi(kind.c_str() + at + 9);
     kind.resize(at);
+  }
+  if (kind == "hier/hosts2") {
+    g_two_hosts = true;
+    kind = "hier";
   }
   if (kind.rfind("hier/hosts=", 0) == 0) {
     g_host_digits = kind.substr(11);

@@ -371,31 +371,52 @@ typename E::T fold(int32_t op, int n, const typename E::T* col) {
 // The hierarchical transport over two or more hosts: every rank's host (else empty). Its
 // allreduce of f32 and f64 above 16 KiB runs in levels, whose order comm.h fixes by the topology:
 // each host's ranks in rank order, then the hosts' sums in host order. Threads as ranks: every
-// rank's process, whose ranks a reduction of floats always folds first (at any size), then the
-// processes in order (the MPI transport under deterministic 1, or shared memory on one host).
+// rank's process (else empty), whose ranks a reduction of floats always folds first, at any size;
+// then the processes in order, host by host where g_level_hosts has hosts (the hierarchical
+// transport's lanes), else all in order (the MPI transport under deterministic 1, or one host).
 inline thread_local std::vector<int> g_level_hosts;
+inline thread_local std::vector<int> g_level_procs;
 
 template <class E>
 bool by_levels(size_t payload_bytes) {
-  return !g_level_hosts.empty() && std::is_floating_point_v<typename E::T> && !E::half &&
-         (payload_bytes > 16384 || g_threads > 1);
+  return (!g_level_hosts.empty() || !g_level_procs.empty()) && std::is_floating_point_v<typename E::T> && !E::half &&
+         (payload_bytes > 16384 || !g_level_procs.empty());
 }
 
-// fold() in the hierarchical transport's order (floats only: see by_levels).
+// fold() in the levels' order (floats only: see by_levels): the innermost groups (processes where
+// the ranks are threads, else hosts) fold their ranks in rank order, then the hosts their groups in
+// order, then the hosts in order.
 template <class E>
 typename E::T fold_levels(int32_t op, int n, const typename E::T* col) {
   using T = typename E::T;
-  const int hosts = *std::max_element(g_level_hosts.begin(), g_level_hosts.end()) + 1;
+  const int32_t level_op = op == GRADSYNC_MEAN ? GRADSYNC_SUM : op;
+  auto add = [&](T& acc, bool& first, T v) {
+    acc = first ? v : combine(level_op, acc, v);
+    first = false;
+  };
+  const std::vector<int>& inner = g_level_procs.empty() ? g_level_hosts : g_level_procs;
+  const int groups = *std::max_element(inner.begin(), inner.end()) + 1;
+  std::vector<T> partial(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    bool first = true;
+    for (int r = 0; r < n; ++r)
+      if (inner[static_cast<size_t>(r)] == g) add(partial[static_cast<size_t>(g)], first, col[r]);
+  }
+  // Each inner group's host: where the ranks are threads, that of its ranks (else its own).
+  std::vector<int> host_of(static_cast<size_t>(groups), 0);
+  const bool nested = !g_level_procs.empty() && !g_level_hosts.empty();
+  for (int r = 0; r < n; ++r)
+    host_of[static_cast<size_t>(inner[static_cast<size_t>(r)])] =
+        nested ? g_level_hosts[static_cast<size_t>(r)] : inner[static_cast<size_t>(r)];
+  const int hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
   T all{};
+  bool all_first = true;
   for (int h = 0; h < hosts; ++h) {
     T acc{};
     bool first = true;
-    for (int r = 0; r < n; ++r) {
-      if (g_level_hosts[static_cast<size_t>(r)] != h) continue;
-      acc = first ? col[r] : combine(op == GRADSYNC_MEAN ? GRADSYNC_SUM : op, acc, col[r]);
-      first = false;
-    }
-    all = h == 0 ? acc : combine(op == GRADSYNC_MEAN ? GRADSYNC_SUM : op, all, acc);
+    for (int g = 0; g < groups; ++g)
+      if (host_of[static_cast<size_t>(g)] == h) add(acc, first, partial[static_cast<size_t>(g)]);
+    if (!first) add(all, all_first, acc);
   }
   return op == GRADSYNC_MEAN ? all / static_cast<T>(n) : all;
 }

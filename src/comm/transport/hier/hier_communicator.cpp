@@ -44,7 +44,8 @@ class HierCommunicator final : public Communicator {
   HierCommunicator(std::unique_ptr<Communicator> world, const Options& options)
       : world_(std::move(world)),
         topology_independent_(options.topology_independent),
-        check_mismatch_(options.check_mismatch) {
+        check_mismatch_(options.check_mismatch),
+        levels_always_(options.levels_always) {
     const Topology& t = world_->topology();
     one_host_ = t.num_hosts == 1;
     even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(),
@@ -78,7 +79,7 @@ class HierCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
       const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
-                        payload_bytes(buffers, dtype) <= kFlatBytes;
+                        (payload_bytes(buffers, dtype) <= kFlatBytes && !levels_always_);
       if (flat || one_host_) return flat_level().allreduce(buffers, dtype, op);
       require_same_call(allreduce_call(buffers, dtype, op));
       run_levels([&] {
@@ -114,7 +115,7 @@ class HierCommunicator final : public Communicator {
     const uint64_t bytes = total_of(counts) * dtype_size(dtype);
     telemetry_.measure(Collective::ReduceScatter, bytes, [&] {
       const bool flat = topology_independent_ || size() == 1 || root.has_value() || !levels_preserve(dtype, op) ||
-                        bytes <= kFlatBytes;
+                        (bytes <= kFlatBytes && !levels_always_);
       if (flat || one_host_) return flat_level().reduce_scatterv(send, recv, counts, dtype, op, root);
       require_same_call(reduce_scatter_call(counts, dtype, op, root));
       run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op); });
@@ -507,6 +508,7 @@ class HierCommunicator final : public Communicator {
   bool one_host_ = false;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
+  bool levels_always_ = false;      // Options::levels_always
   uint64_t calls_ = 0;              // the calls in levels, for messages
   std::vector<std::byte> scratch_;  // the cross-host level's copy of the other host's slice
   // The parts' travel (plan_parts): every rank's carrier, the ranks in their carriers' buffer

@@ -185,6 +185,7 @@ class ThreadedCommunicator final : public Communicator {
   void reset() override {
     team_->reset();
     if (Communicator* mine = active_lane()) mine->reset();
+    stopped_.clear();
   }
   ShrinkResult shrink() override {
     fail(GRADSYNC_E_UNSUPPORTED,
@@ -664,6 +665,7 @@ class ThreadedCommunicator final : public Communicator {
       if (status != GRADSYNC_E_TIMEOUT) {
         if (Communicator* mine = active_lane()) mine->abort();
       }
+      stopped_ = what;
       throw Error(status, fmt::format("{} [in the levels of this threaded group of {}: rank {} is thread {} of {} of "
                                       "process {} of {}]",
                                       what, size(), rank_, team_->rank(), threads(), my_proc_, procs_.size()));
@@ -671,8 +673,15 @@ class ThreadedCommunicator final : public Communicator {
   }
 
   // Each call: its number (for messages) and which of this process's timeouts struck before it.
+  // After a failed call this rank's calls fail here, at once, until the reset (comm.h): not in a
+  // level, whose failure would stop this thread's lane again, as an abort, under a peer of the
+  // failed call that still waits there for its own deadline.
   void begin_call() {
     ++calls_;
+    GS_REQUIRE(stopped_.empty(), GRADSYNC_E_ABORTED,
+               "threaded group (rank {} of {}): a call of this rank failed ({}); call reset() on every rank or free "
+               "it",
+               rank_, size(), stopped_);
     const std::lock_guard<std::mutex> hold(lanes_->timed_out_lock);
     timeouts_seen_ = lanes_->timeouts;
   }
@@ -691,6 +700,7 @@ class ThreadedCommunicator final : public Communicator {
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages
   uint64_t timeouts_seen_ = 0;  // lanes_->timeouts as this call began
+  std::string stopped_;         // why this rank's last call failed in the levels, until the reset
   // Staging, kept between calls: packs, the team's gathered parts, results, the flat fold's window.
   std::vector<std::byte> packed_, staged_, result_, landing_, outgoing_, arrived_, flat_;
 };
@@ -730,6 +740,7 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
       Options l = options;
       l.threads = 0;
       l.thread = 0;
+      l.levels_always = true;
       made->lane.push_back(make_group(l));
       Communicator& first = *made->lane[0];
       if (const char* why = first.progress_thread_refused()) {
