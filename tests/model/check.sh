@@ -7,14 +7,15 @@
 # About five and a half minutes of CPU on a quiet machine and 4 GB of memory: round.pml two and a
 # half, mpi_round.pml half a minute, membership.pml (shrink and grow) one, mpi_shrink.pml one and a
 # half.
-# check.sh MODEL (round, mpi_round, membership, mpi_shrink or mpi_grow) checks that model alone; ctest runs one
-# each.
+# check.sh MODEL (round, mpi_round, membership, mpi_shrink, mpi_grow or threaded) checks that model alone; ctest
+# runs one each.
 set -euo pipefail
 only="${1:-}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$here/mpi_shrink.pml" "$here/mpi_grow.pml" "$work/"
+cp "$here/round.pml" "$here/mpi_round.pml" "$here/membership.pml" "$here/mpi_shrink.pml" "$here/mpi_grow.pml" \
+  "$here/threaded.pml" "$work/"
 cd "$work"
 
 failed=0
@@ -135,4 +136,17 @@ check violated "MPI grow mutant: spawn without the watchdog" -DN=2 -DDEATHS=1 -D
 check violated "MPI grow mutant: a joiner's MPI_Init without its watchdog" -DN=2 -DDEATHS=2 -DMUTANT_NO_INIT_WATCHDOG
 check violated "MPI grow mutant: a member refuses on its own host loss, not the agreed one" -DN=2 -DDEATHS=0 -DHOST_LOST=1 -DMUTANT_REFUSE_LOCAL
 check violated "MPI grow mutant: a joiner with another name fails alone" -DN=2 -DDEATHS=0 -DBAD_JOINER=1 -DMUTANT_VERDICT_LOCAL
+# Threads as ranks (threaded.pml): how a level's failure reaches the threads in the other levels
+# (2 processes of 2 threads; the path through thread 0, and a lane per thread). About two minutes
+# of CPU, most of it the abort's configuration.
+model=threaded.pml
+check holds "threads: 2 x 2, 2 calls, a lane per thread, deadlines" -DP=2 -DT=2 -DK=2 -DEVEN
+check holds "threads: 2 x 2, 1 call through thread 0, deadlines" -DP=2 -DT=2 -DK=1
+check holds "threads: 2 x 2, 1 call through thread 0, a failure of a thread's own" -DP=2 -DT=2 -DK=1 -DFAILS=1
+check holds "threads: 2 x 2, 1 call, a lane per thread, a failure of a thread's own" -DP=2 -DT=2 -DK=1 -DEVEN -DFAILS=1
+check holds "threads: 2 x 2, 1 call, a lane per thread, an abort" -DP=2 -DT=2 -DK=1 -DEVEN -DABORTS=1
+check violated "threads mutant: a sibling's timeout reported as the abort that brought it" -DP=2 -DT=2 -DK=2 -DMUTANT_NO_TRANSLATE
+check violated "threads mutant: every abort passed on to the lane" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_PASS_ALWAYS
+check violated "threads mutant: a timeout stops the lane too" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_LANE_ON_TIMEOUT
+check violated "threads mutant: a lane's deadline met late not recorded as a timeout" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_NO_LANE_REASON
 exit $failed

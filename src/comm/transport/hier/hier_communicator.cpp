@@ -189,6 +189,8 @@ class HierCommunicator final : public Communicator {
     return result;
   }
   const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
+  // The MPI level's notices: every level's failure reaches the peers through it (run_levels).
+  Stop stopped_by_peer() noexcept override { return world_->stopped_by_peer(); }
   // The host's shared-memory level is the one with a mapping of the child's own.
   void release_after_fork() noexcept override {
     world_->release_after_fork();

@@ -42,11 +42,12 @@ struct Lanes {
   std::vector<int> ranks_of;  // ranks each process holds, by lane rank (a new group's only)
   int status = 0;
   std::string message;
-  // The last timeout a thread of this process met, numbered: the team it stopped gives its other
-  // threads an abort, which the calls in flight then report as that timeout.
-  std::mutex timed_out_lock;
-  uint64_t timeouts = 0;
-  std::string timed_out;
+  // The stops of this process's levels, counted, and the last one: whether it was a timeout, and
+  // its message. A thread that meets an abort tells from them what brought it (run_levels).
+  std::mutex stop_lock;
+  uint64_t stops = 0;
+  bool stop_timed_out = false;
+  std::string stop_message;
 };
 
 // The team's rank 0 hands its threads a shared object it made: by address, through the team (one
@@ -177,6 +178,7 @@ class ThreadedCommunicator final : public Communicator {
 
   // Every level of this process: the team's peers and, through the lanes, the other processes.
   void abort() noexcept override {
+    record_stop(false, "aborted");
     team_->abort();
     for (size_t k = 0; k < active_; ++k) lanes_->lane[k]->abort();
   }
@@ -644,25 +646,41 @@ class ThreadedCommunicator final : public Communicator {
     try {
       levels();
     } catch (const Error& e) {
+      // comm.h: a rank that does not arrive gives every waiting rank the timeout. A timeout stops
+      // the team (no thread of this process is left behind in it) but not the lane: an abort there
+      // would reach the other processes' threads as an abort, while they meet their own deadlines
+      // as timeouts. A failure of this thread's own (a lost peer, a bad buffer) stops its lane too.
+      // An abort met during this call after this process recorded a stop is that stop's: reported
+      // as it was (a sibling's timeout as the timeout) and, after a failure, passed on to this
+      // thread's lane. Any other abort came from a stop that was passed on already, or from a
+      // deadline this thread arrived after (it is the late one), and goes no further; where its
+      // lane names a peer's timeout, its siblings report that timeout.
+      // (tests/model/threaded.pml checks these rules.)
       int status = e.status();
       std::string what = e.what();
+      bool pass_on = false;
+      Stop lane_stop{0, {}};
+      if (Communicator* mine = active_lane(); mine != nullptr && status == GRADSYNC_E_ABORTED)
+        lane_stop = mine->stopped_by_peer();
       {
-        // comm.h: a rank that does not arrive gives every waiting rank the timeout. The team is
-        // stopped so that no thread of this process is left behind in it; its threads report
-        // the abort that brings them as the timeout, where it struck during their call. The lanes
-        // are left to their own deadlines (an abort there would reach the other processes' threads
-        // as an abort), which their waiting threads meet as timeouts of their own.
-        const std::lock_guard<std::mutex> hold(lanes_->timed_out_lock);
-        if (status == GRADSYNC_E_ABORTED && lanes_->timeouts > timeouts_seen_) {
+        const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
+        const bool during = lanes_->stops > stops_at_call_;
+        if (status == GRADSYNC_E_TIMEOUT) {
+          note_stop(true, what);
+        } else if (status != GRADSYNC_E_ABORTED) {
+          note_stop(false, what);
+          pass_on = true;
+        } else if (during && lanes_->stop_timed_out) {
           status = GRADSYNC_E_TIMEOUT;
-          what = lanes_->timed_out;
-        } else if (status == GRADSYNC_E_TIMEOUT) {
-          ++lanes_->timeouts;
-          lanes_->timed_out = what;
+          what = lanes_->stop_message;
+        } else if (during) {
+          pass_on = true;
+        } else if (lane_stop.first == GRADSYNC_E_TIMEOUT) {
+          note_stop(true, lane_stop.second);
         }
       }
       team_->abort();
-      if (status != GRADSYNC_E_TIMEOUT) {
+      if (pass_on) {
         if (Communicator* mine = active_lane()) mine->abort();
       }
       stopped_ = what;
@@ -672,7 +690,21 @@ class ThreadedCommunicator final : public Communicator {
     }
   }
 
-  // Each call: its number (for messages) and which of this process's timeouts struck before it.
+  // Under lanes_->stop_lock.
+  void note_stop(bool timed_out, const std::string& message) {
+    ++lanes_->stops;
+    lanes_->stop_timed_out = timed_out;
+    lanes_->stop_message = message;
+  }
+  void record_stop(bool timed_out, const char* message) noexcept {
+    try {
+      const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
+      note_stop(timed_out, message);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the stop itself matters more than its record
+    }
+  }
+
+  // Each call: its number (for messages) and how many stops of this process came before it.
   // After a failed call this rank's calls fail here, at once, until the reset (comm.h): not in a
   // level, whose failure would stop this thread's lane again, as an abort, under a peer of the
   // failed call that still waits there for its own deadline.
@@ -682,8 +714,8 @@ class ThreadedCommunicator final : public Communicator {
                "threaded group (rank {} of {}): a call of this rank failed ({}); call reset() on every rank or free "
                "it",
                rank_, size(), stopped_);
-    const std::lock_guard<std::mutex> hold(lanes_->timed_out_lock);
-    timeouts_seen_ = lanes_->timeouts;
+    const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
+    stops_at_call_ = lanes_->stops;
   }
 
   std::unique_ptr<Communicator> team_;
@@ -699,7 +731,7 @@ class ThreadedCommunicator final : public Communicator {
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages
-  uint64_t timeouts_seen_ = 0;  // lanes_->timeouts as this call began
+  uint64_t stops_at_call_ = 0;  // lanes_->stops as this call began
   std::string stopped_;         // why this rank's last call failed in the levels, until the reset
   // Staging, kept between calls: packs, the team's gathered parts, results, the flat fold's window.
   std::vector<std::byte> packed_, staged_, result_, landing_, outgoing_, arrived_, flat_;
