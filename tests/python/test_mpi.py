@@ -215,3 +215,51 @@ def test_timeout_abort_and_reset_under_mpirun(tmp_path):
     assert lines_of(lines, "recovered") == [f"recovered {r} [2.0, 2.0, 2.0, 2.0]" for r in range(2)]
     assert lines_of(lines, "abort") == [f"abort {r} {gs.E_ABORTED}" for r in range(2)]
     assert lines_of(lines, "done") == [f"done {r}" for r in range(2)]
+
+
+@mpi_only
+@pytest.mark.parametrize("transport", ["mpi", "hier"])
+def test_threads_as_ranks_under_mpirun(tmp_path, transport):
+    # 2 processes of 2 and 3 threads: 5 ranks, process 0's threads first. Each thread makes its
+    # rank's Communicator with threads=(T, t) at once, then allreduces, broadcasts and splits by
+    # thread index; a mismatch fails every rank alike and the group goes on.
+    lines = run_ranks(tmp_path, """
+        me = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        T = 2 + me
+        out = {}
+
+        def rank_thread(t):
+            with gs.Communicator("threads-py", transport="%s", threads=(T, t), timeout_ms=30000) as c:
+                r, n = c.rank, c.size
+                assert c.transport == "%s"
+                x = np.arange(4, dtype=np.float64) * (r + 1)
+                c.allreduce(x, op="sum")
+                y = np.full(5, float(r), dtype=np.float32)
+                c.broadcast(y, root=4)
+                try:
+                    c.allreduce(np.ones(3 if r == 2 else 4, dtype=np.float32))
+                    bad = "none"
+                except GradsyncError as e:
+                    bad = e.status
+                sub = c.split(color=t, key=0)
+                s = np.array([r], dtype=np.int64)
+                sub.allreduce(s, op="sum")
+                out[t] = (r, n, x.tolist(), y.tolist(), bad, sub.size, int(s[0]))
+                sub.close()
+
+        threads = [threading.Thread(target=rank_thread, args=(t,)) for t in range(T)]
+        for th in threads: th.start()
+        for th in threads: th.join()
+        for t in sorted(out):
+            say(f"rank {out[t]}")
+    """ % (transport, transport))
+    ranks = sorted(eval(line[5:]) for line in lines if line.startswith("rank "))
+    assert [r[0] for r in ranks] == [0, 1, 2, 3, 4], lines
+    for r, n, x, y, bad, sub_size, sub_sum in ranks:
+        assert n == 5
+        assert x == [0.0, 15.0, 30.0, 45.0]  # (1 + 2 + 3 + 4 + 5) * i
+        assert y == [4.0] * 5
+        assert bad == gs.E_MISMATCH
+        # Split by thread index: thread 0 of both processes (ranks 0, 2), thread 1 (1, 3), thread 2 (4).
+        members = {0: [0, 2], 2: [0, 2], 1: [1, 3], 3: [1, 3], 4: [4]}[r]
+        assert (sub_size, sub_sum) == (len(members), sum(members))
