@@ -209,11 +209,8 @@
  *   with GRADSYNC_E_UNSUPPORTED saying so. Each handle is its thread's, under the one-thread-per-
  *   handle rule; the topology counts every rank on its process's host.
  * - Levels: the threads of a process form a thread-transport group; the processes meet in groups
- *   of the requested transport, one per thread index (MPI lets the threads use them at once).
- *   Where every process holds the same number of threads, an allreduce above 16 KiB has no
- *   leader (each process's threads reduce-scatter, each thread all-reduces its slice with the
- *   same thread of the other processes, the threads all-gather); broadcasts above 16 KiB go so
- *   too. Everything else moves through each process's thread 0.
+ *   of the requested transport. Every call moves through each process's thread 0: its threads'
+ *   parts meet there, thread 0 carries them between the processes, the threads take the result.
  * - Order: a reduction of f32, f64, or i32 and i64 other than mean folds each process's ranks in
  *   thread order, then the processes: in MPI rank order (MPI, deterministic 1, or one host), or
  *   host by host as the hierarchical transport's levels do (within a host in process order, then

@@ -136,17 +136,16 @@ check violated "MPI grow mutant: spawn without the watchdog" -DN=2 -DDEATHS=1 -D
 check violated "MPI grow mutant: a joiner's MPI_Init without its watchdog" -DN=2 -DDEATHS=2 -DMUTANT_NO_INIT_WATCHDOG
 check violated "MPI grow mutant: a member refuses on its own host loss, not the agreed one" -DN=2 -DDEATHS=0 -DHOST_LOST=1 -DMUTANT_REFUSE_LOCAL
 check violated "MPI grow mutant: a joiner with another name fails alone" -DN=2 -DDEATHS=0 -DBAD_JOINER=1 -DMUTANT_VERDICT_LOCAL
-# Threads as ranks (threaded.pml): how a level's failure reaches the threads in the other levels
-# (2 processes of 2 threads; the path through thread 0, and a lane per thread). About two minutes
-# of CPU, most of it the abort's configuration.
+# Threads as ranks (threaded.pml): how a level's failure reaches the threads in the other levels.
+# About a minute and a half of CPU, most of it the abort's configuration.
 model=threaded.pml
-check holds "threads: 2 x 2, 2 calls, a lane per thread, deadlines" -DP=2 -DT=2 -DK=2 -DEVEN
-check holds "threads: 2 x 2, 1 call through thread 0, deadlines" -DP=2 -DT=2 -DK=1
-check holds "threads: 2 x 2, 1 call through thread 0, a failure of a thread's own" -DP=2 -DT=2 -DK=1 -DFAILS=1
-check holds "threads: 2 x 2, 1 call, a lane per thread, a failure of a thread's own" -DP=2 -DT=2 -DK=1 -DEVEN -DFAILS=1
-check holds "threads: 2 x 2, 1 call, a lane per thread, an abort" -DP=2 -DT=2 -DK=1 -DEVEN -DABORTS=1
-check violated "threads mutant: a sibling's timeout reported as the abort that brought it" -DP=2 -DT=2 -DK=2 -DMUTANT_NO_TRANSLATE
-check violated "threads mutant: every abort passed on to the lane" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_PASS_ALWAYS
-check violated "threads mutant: a timeout stops the lane too" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_LANE_ON_TIMEOUT
-check violated "threads mutant: a lane's deadline met late not recorded as a timeout" -DP=2 -DT=2 -DK=2 -DEVEN -DMUTANT_NO_LANE_REASON
+check holds "threads: 2 processes x 2 threads, 1 call, deadlines" -DP=2 -DT=2 -DK=1
+check holds "threads: 3 processes x 1 thread, 2 calls, deadlines" -DP=3 -DT=1 -DK=2
+check holds "threads: 2 x 2, 1 call, a failure of a thread's own" -DP=2 -DT=2 -DK=1 -DFAILS=1
+check holds "threads: 2 x 1, 2 calls, an abort" -DP=2 -DT=1 -DK=2 -DABORTS=1
+check holds "threads: 2 x 2, 1 call, an abort" -DP=2 -DT=2 -DK=1 -DABORTS=1
+check violated "threads mutant: a sibling's timeout reported as the abort that brought it" -DP=2 -DT=2 -DK=1 -DMUTANT_NO_TRANSLATE
+check violated "threads mutant: every abort passed on to the lane" -DP=2 -DT=2 -DK=1 -DMUTANT_PASS_ALWAYS
+check violated "threads mutant: a timeout stops the lane too" -DP=2 -DT=2 -DK=1 -DMUTANT_LANE_ON_TIMEOUT
+check violated "threads mutant: a lane's deadline met late not recorded as a timeout" -DP=2 -DT=2 -DK=1 -DMUTANT_NO_LANE_REASON
 exit $failed

@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Threads as ranks (src/comm/transport/threaded/threaded_communicator.cpp): how a failure in one
  * level reaches the threads in the others. P processes of T threads each; the threads of a
- * process meet in their team, the processes in lanes: lane 0 for the process's thread 0 only
- * (the path through thread 0), or with EVEN one lane per thread index (the leaderless allreduce).
- * Each thread makes K calls of three steps: team, lane, team.
+ * process meet in their team, the processes' threads 0 in lane 0 (the other lanes only form
+ * subgroups' lanes). Each thread makes K calls of three steps: team, lane (thread 0 only), team.
  *
  * A level is abstracted as the levels' own models (round.pml, mpi_round.pml) prove it behaves: a
  * round completes for all its members once all have arrived, unless the level was stopped first;
@@ -48,11 +47,7 @@
 #ifndef FAILS
 #define FAILS 0
 #endif
-#ifdef EVEN
-#define LANES T
-#else
 #define LANES 1
-#endif
 
 #define OK 0
 #define TIMEOUT 1
@@ -127,7 +122,7 @@ proctype thread(byte p; byte t) {
   byte c = 0, step, result, status, l, m, j;
   byte team_round = 0, lane_round = 0;
   byte stops_at_call;
-  byte my_lane = TEAMS + (LANES > 1 -> t : 0);
+  byte my_lane = TEAMS;
   bool all, failed = false, began_clean, pass_on, during, late, lane_timed_out;
   do
   :: c == K -> break
@@ -146,7 +141,7 @@ proctype thread(byte p; byte t) {
     :: step == 3 || status != OK -> break
     :: else ->
       if
-      :: step == 1 && !(LANES > 1 || t == 0) -> step++; goto stepped  /* the path through thread 0 */
+      :: step == 1 && t != 0 -> step++; goto stepped  /* the path through thread 0 */
       :: step == 1 -> l = my_lane; m = p; lane_round++; level_call(l, m, lane_round, result)
       :: else -> l = p; m = t; team_round++; level_call(l, m, team_round, result)
       fi;
@@ -189,7 +184,7 @@ stepped: skip
         fi;
         stop(p, ABORTED);
         if
-        :: pass_on && (LANES > 1 || t == 0) -> stop(my_lane, ABORTED)
+        :: pass_on && t == 0 -> stop(my_lane, ABORTED)
         :: else
         fi
       };
@@ -209,10 +204,8 @@ proctype aborter() {
   do
   :: aborts_left == 0 || finished == P * T -> break
   :: aborts_left > 0 ->
-    if
-    :: p = 0
-    :: p = P - 1
-    fi;
+    /* abort() on process 0 (the processes are alike but for the order of their ranks) */
+    p = 0;
     atomic {
       aborts_left--;
       note_stop(p, false);

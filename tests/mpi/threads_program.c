@@ -183,7 +183,7 @@ static void check_topology(Thread* x) {
 /* The collectives besides allreduce, results checked, ints and integer-valued floats. */
 static void check_collectives(Thread* x, gradsync_comm* c, uint64_t seed) {
   const int n = g_size, me = x->rank;
-  const size_t big = 40000; /* past 16 KiB: leaderless where the layout is even */
+  const size_t big = 40000; /* past 16 KiB: the hierarchical lanes' levels, MPI's large paths */
   /* broadcast from every root, small and large */
   double* d = malloc(big * sizeof(double));
   for (int root = 0; root < n; root++) {

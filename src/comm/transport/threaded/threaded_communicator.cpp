@@ -24,10 +24,6 @@
 namespace gradsync::comm {
 namespace {
 
-// Above this many bytes an allreduce of an even layout runs leaderless (one slice per thread);
-// below it the three steps through the team's rank 0 are fewer rounds than a slice per thread.
-constexpr uint64_t kLeaderlessBytes = 16 * 1024;
-
 // The flat fold (half types, the integer mean, topology_independent) gathers every rank's
 // contribution: in windows of about this many bytes over all ranks together.
 constexpr size_t kFlatWindowBytes = size_t{4} << 20;
@@ -87,16 +83,8 @@ class ThreadedCommunicator final : public Communicator {
                    lanes_->lane[0]->rank() == my_proc_ && lanes_->lane[0]->size() == static_cast<int>(procs_.size()),
                GRADSYNC_E_INTERNAL, "threads as ranks: rank {} is thread {} of {} in process {} of {}, not as laid out",
                rank_, team_->rank(), team_->size(), lanes_->lane[0]->rank(), lanes_->lane[0]->size());
-    // Leaderless: one lane per thread, every process as many threads, ranks process-major (so a
-    // slice of a thread's buffer is the same slice on every process).
-    const auto threads = static_cast<size_t>(team_->size());
-    even_ = threads > 1 && lanes_->lane.size() == threads;
-    for (size_t r = 0; r < n && even_; ++r)
-      even_ = static_cast<size_t>(proc_of_[r]) == r / threads && static_cast<size_t>(team_of_[r]) == r % threads;
-    active_ = even_ ? threads : 1;
-    GS_LOG_DEBUG("threads as ranks: rank {} of {}: thread {} of {} in process {} of {} ({} lane(s){})", rank_, n,
-                 team_->rank(), threads, my_proc_, procs_.size(), lanes_->lane.size(),
-                 even_ ? ", leaderless allreduce" : "");
+    GS_LOG_DEBUG("threads as ranks: rank {} of {}: thread {} of {} in process {} of {}", rank_, n, team_->rank(),
+                 team_->size(), my_proc_, procs_.size());
   }
 
   int rank() const noexcept override { return rank_; }
@@ -180,7 +168,7 @@ class ThreadedCommunicator final : public Communicator {
   void abort() noexcept override {
     record_stop(false, "aborted");
     team_->abort();
-    for (size_t k = 0; k < active_; ++k) lanes_->lane[k]->abort();
+    lanes_->lane[0]->abort();
   }
   // Collective over every rank: the team first, so that no thread of this process is still in a
   // failing call that stops its lane (run_levels), then each thread its own lane.
@@ -289,10 +277,8 @@ class ThreadedCommunicator final : public Communicator {
     const auto k = static_cast<size_t>(team_->rank());
     return k < lanes_->lane.size() ? lanes_->lane[k].get() : nullptr;
   }
-  // The own lane where this group's calls use it (see active_).
-  Communicator* active_lane() const noexcept {
-    return static_cast<size_t>(team_->rank()) < active_ ? own_lane() : nullptr;
-  }
+  // The lane this thread calls in this group's calls: lane 0, the team's rank 0's.
+  Communicator* active_lane() const noexcept { return voice() ? lanes_->lane[0].get() : nullptr; }
   size_t threads() const noexcept { return static_cast<size_t>(team_->size()); }
   const std::vector<int>& my_ranks() const noexcept { return procs_[static_cast<size_t>(my_proc_)]; }
 
@@ -310,20 +296,9 @@ class ThreadedCommunicator final : public Communicator {
     }
     const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     const size_t es = dtype_size(dtype);
-    if (even_ && payload_bytes(buffers, dtype) > kLeaderlessBytes) {
-      for (const BufferRef& b : buffers) {
-        auto* recv = static_cast<std::byte*>(b.recv);
-        const Part part = team_->my_part(b.count);
-        std::byte* slice = recv + part.start * es;
-        team_->reduce_scatter(b.send, slice, b.count, dtype, level_op);
-        const BufferRef s{slice, slice, part.len};
-        own_lane()->allreduce(std::span<const BufferRef>(&s, 1), dtype, level_op);
-        if (op == ReduceOp::Mean) divide_by(dtype, slice, part.len, static_cast<size_t>(size()));
-        team_->allgather(nullptr, recv, b.count, dtype);
-      }
-      return;
-    }
-    // Through the team's rank 0: several buffers travel packed, in one call per level.
+    // Through the team's rank 0 (several buffers packed, one call per level): a slice per thread
+    // over its own lane was built and measured slower on every size (bench/mpi/threads_bench.cpp,
+    // docs/mpi.md), its threads' MPI calls contending.
     const BufferRef* one = buffers.size() == 1 ? &buffers[0] : nullptr;
     const size_t total = static_cast<size_t>(payload_bytes(buffers, dtype) / es);
     std::byte* packed = one != nullptr ? static_cast<std::byte*>(one->recv) : stage(packed_, total * es);
@@ -373,18 +348,12 @@ class ThreadedCommunicator final : public Communicator {
     }
   }
 
-  // ---- broadcast: the root's team spreads it, the lanes carry it between processes (each thread
-  // its slice where the layout is even), the other processes' teams spread it.
+  // ---- broadcast: the root's team spreads it, lane 0 carries it between processes, the other
+  // processes' teams spread it.
 
   void broadcast_levels(std::byte* buf, size_t count, DType dtype, int root) {
     const int root_proc = proc_of_[static_cast<size_t>(root)];
     if (my_proc_ == root_proc) team_->broadcast(buf, count, dtype, team_of_[static_cast<size_t>(root)]);
-    if (even_ && count * dtype_size(dtype) > kLeaderlessBytes) {
-      const Part part = team_->my_part(count);
-      own_lane()->broadcast(buf + part.start * dtype_size(dtype), part.len, dtype, root_proc);
-      team_->allgather(nullptr, buf, count, dtype);
-      return;
-    }
     if (voice()) lane(0).broadcast(buf, count, dtype, root_proc);
     if (my_proc_ != root_proc) team_->broadcast(buf, count, dtype, 0);
   }
@@ -724,10 +693,6 @@ class ThreadedCommunicator final : public Communicator {
   std::vector<std::vector<int>> procs_;  // by process: its ranks in team order
   int rank_ = 0, my_proc_ = 0;
   Transport transport_;
-  bool even_ = false;
-  // The lanes this group's calls use: every thread's where the layout is even, else lane 0. The
-  // others only form subgroups' lanes; nothing stops them, so nothing needs to reset them.
-  size_t active_ = 1;
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages

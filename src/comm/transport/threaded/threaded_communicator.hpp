@@ -5,17 +5,16 @@
 //
 // Two levels, each a transport of its own, model-checked there: the threads of a process form a
 // thread-transport group (the team), and the processes meet in process-level groups of the
-// requested transport (MPI or hierarchical), called lanes. Lane k belongs to the team's rank k,
-// the only thread that calls it, so no MPI communicator is ever used by two threads at once; with
-// MPI_THREAD_MULTIPLE the lanes of one process run side by side.
-//
-// Where every process holds the same number of ranks, in process-major order, a large allreduce
-// has no leader: the team reduce-scatters, each thread all-reduces its own slice over its lane,
-// the team all-gathers. Everything else runs through the team's rank 0 and lane 0: the team
-// brings the process's part together, lane 0 carries it between processes, the team hands out the
-// result. A reduction combines within a process in thread order, then over the processes as the
-// lane's transport does: the same bits on every rank and run of one layout (the flat rank-order
-// bits with topology_independent, and always for the types whose levels would round).
+// requested transport (MPI or hierarchical), called lanes, one per thread index, lane k belonging
+// to the team's rank k, the only thread that calls it (no MPI communicator is used by two threads
+// at once). The group's calls run through the team's rank 0 and lane 0: the team brings the
+// process's part together, lane 0 carries it between processes, the team hands out the result.
+// The other lanes exist so that a subgroup's rank 0 on a process, whichever thread it is, has a
+// lane of its own to form the subgroup's lane 0 from. A reduction combines within a process in
+// thread order, then over the processes as the lane's transport does: the same bits on every rank
+// and run of one layout (the flat rank-order bits with topology_independent, and always for the
+// types whose levels would round). How a failure in one level reaches the threads in the others:
+// run_levels, checked by tests/model/threaded.pml.
 #include <memory>
 
 #include "comm/communicator.hpp"
