@@ -18,7 +18,6 @@
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
-#include "common/fnv.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
 
@@ -465,20 +464,16 @@ class HierCommunicator final : public Communicator {
   void require_same_call(const CallSignature& mine) {
     ++calls_;
     if (!check_mismatch_) return;
-    const auto h = static_cast<int64_t>(fnv1a64(&mine, sizeof mine) >> 1);
+    const int64_t h = signature_word(mine);
     std::array<int64_t, 2> extremes{h, -h};
     const BufferRef b{extremes.data(), extremes.data(), extremes.size()};
     world_->allreduce(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max);
     if (extremes[0] == -extremes[1]) return;
-    constexpr size_t kWords = sizeof(CallSignature) / sizeof(int64_t);
-    std::array<int64_t, kWords> word{};
-    std::memcpy(word.data(), &mine, sizeof mine);
-    std::vector<int64_t> all(kWords * static_cast<size_t>(size()));
-    world_->allgather(word.data(), all.data(), all.size(), DType::I64);
-    std::vector<CallSignature> calls(static_cast<size_t>(size()));
-    std::memcpy(static_cast<void*>(calls.data()), all.data(), calls.size() * sizeof(CallSignature));
-    require_same_calls([&] { return fmt::format("hier group (rank {} of {})", rank(), size()); }, calls_, size(),
-                       [&](int r) -> const CallSignature& { return calls[static_cast<size_t>(r)]; });
+    require_same_gathered_calls([&] { return fmt::format("hier group (rank {} of {})", rank(), size()); }, calls_, mine,
+                                size(),
+                                [&](const int64_t* word, int64_t* all, size_t words) {
+                                  world_->allgather(word, all, words * static_cast<size_t>(size()), DType::I64);
+                                });
   }
 
   // A level that failed on this rank leaves peers waiting in another level: stop them all now

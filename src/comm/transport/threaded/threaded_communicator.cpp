@@ -18,7 +18,6 @@
 #include "comm/reduce.hpp"
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
-#include "common/fnv.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::comm {
@@ -257,9 +256,9 @@ class ThreadedCommunicator final : public Communicator {
         why = e.what();
       }
     }
-    // Every thread learns whether the process's lanes all formed (the worst status).
+    // Every thread learns whether the process's lanes all formed (statuses are negative: the min).
     team->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{&status, &status, 1}}), DType::I64,
-                    ReduceOp::Max);
+                    ReduceOp::Min);
     if (status != 0) {
       throw Error(static_cast<int>(status),
                   why.empty() ? std::string("split of a threaded group: another thread of this process could not "
@@ -579,7 +578,7 @@ class ThreadedCommunicator final : public Communicator {
   void require_same_call(const CallSignature& call, std::optional<bool> heavy = std::nullopt, uint64_t weight = 0) {
     begin_call();
     if (!check_mismatch_ && !heavy.has_value()) return;
-    const auto h = static_cast<int64_t>(fnv1a64(&call, sizeof call) >> 1);
+    const int64_t h = signature_word(call);
     std::array<int64_t, 3> words{h, -h, heavy.value_or(false) ? 1 : 0};
     const BufferRef b{words.data(), words.data(), words.size()};
     run_levels([&] { allreduce_levels(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max); });
@@ -594,22 +593,18 @@ class ThreadedCommunicator final : public Communicator {
            first - weights.begin(), *first);
     }
     if (!check_mismatch_ || words[0] == -words[1]) return;
-    constexpr size_t kWords = sizeof(CallSignature) / sizeof(int64_t);
-    std::array<int64_t, kWords> word{};
-    std::memcpy(word.data(), &call, sizeof call);
-    std::vector<int64_t> all(kWords * static_cast<size_t>(size()));
-    std::vector<size_t> counts(static_cast<size_t>(size()), kWords);
-    run_levels([&] { allgather_levels(word.data(), reinterpret_cast<std::byte*>(all.data()), counts, DType::I64); });
-    std::vector<CallSignature> calls(static_cast<size_t>(size()));
-    std::memcpy(static_cast<void*>(calls.data()), all.data(), calls.size() * sizeof(CallSignature));
-    require_same_calls([&] { return fmt::format("threaded group (rank {} of {})", rank(), size()); }, calls_, size(),
-                       [&](int r) -> const CallSignature& { return calls[static_cast<size_t>(r)]; });
+    require_same_gathered_calls(
+        [&] { return fmt::format("threaded group (rank {} of {})", rank(), size()); }, calls_, call, size(),
+        [&](const int64_t* word, int64_t* all, size_t words) {
+          const std::vector<size_t> counts(static_cast<size_t>(size()), words);
+          run_levels([&] { allgather_levels(word, reinterpret_cast<std::byte*>(all), counts, DType::I64); });
+        });
   }
 
-  // A level that failed on this thread leaves its peers waiting in another level: stop the levels
-  // this thread calls (its team, whose threads then stop their own lanes, and its lane), rather
-  // than leave them to the deadlines. Not the other threads' lanes: one of them may be resetting
-  // its lane already. The group then needs a reset, as after any failure.
+  // A level that failed on this thread leaves its peers waiting in another level: stop what needs
+  // stopping now rather than leave them to their deadlines (the rules below). Never another
+  // thread's lane: its thread may be resetting it already. The group then needs a reset, as after
+  // any failure.
   template <class Levels>
   void run_levels(const Levels& levels) {
     try {
