@@ -222,8 +222,10 @@
  *   GRADSYNC_E_MISMATCH, and a root or weight that the group judges fails every rank alike.
  * - Errors: as for the hierarchical transport, per level. A rank that does not arrive gives every
  *   waiting rank GRADSYNC_E_TIMEOUT (each level waits at most timeout_ms, so a call may wait a
- *   few times that); an abort stops every level of the process; the group needs
- *   gradsync_comm_reset on every rank after either.
+ *   few times that; on GRADSYNC_TRANSPORT_HIER a deadline met inside a host's shared-memory
+ *   level reaches the other hosts as GRADSYNC_E_ABORTED, as in a group of that transport); an
+ *   abort stops every level of the process; the group needs gradsync_comm_reset on every rank
+ *   after either.
  * - Subgroups (gradsync_comm_split): the subgroup's threads of each process must be the same
  *   threads by index, in the same order, on every process that has one; else the split returns
  *   GRADSYNC_E_UNSUPPORTED on the subgroup's ranks (splits by host, by process or by thread index
