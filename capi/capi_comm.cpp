@@ -104,11 +104,11 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
     out.rank = o.rank;
     out.size = o.size;
   }
-  // Over MPI the name only matters to a join, and to threads as ranks, whose threads of one
-  // process meet by it.
   // Threads as ranks: over MPI, threads set (1 too: a process of one thread among processes of
   // more); elsewhere 1 is the only value, and means what the transport does anyway.
   const bool threaded = o.threads != GRADSYNC_UNSET_I32 && (over_mpi || o.threads != 1);
+  // Over MPI the name only matters to a join, and to threads as ranks, whose threads of one
+  // process meet by it.
   if (needs_rank || join || (threaded && o.name[0] != '\0')) {
     const size_t name_len = strnlen(o.name, GRADSYNC_COMM_NAME_MAX);
     GS_REQUIRE(name_len < GRADSYNC_COMM_NAME_MAX, GRADSYNC_E_INVALID_ARG,
