@@ -286,6 +286,53 @@ class ThreadedCommunicator final : public Communicator {
     return s.data();
   }
 
+  // The team's gather (to its rank 0) or scatter (from it) of sizes[l] elements of member l,
+  // packed in team order from element `base` of rank 0's buffer.
+  Routes team_routes(Collective form, std::span<const size_t> sizes, size_t base = 0) const {
+    Routes routes(form, 0, threads());
+    for (size_t l = 0, at = base; l < threads(); at += sizes[l], ++l) {
+      const size_t k = form == Collective::Gather ? routes.at(l, 0) : routes.at(0, l);
+      routes.count[k] = sizes[l];
+      (form == Collective::Gather ? routes.recv_displ : routes.send_displ)[k] = at;
+    }
+    return routes;
+  }
+
+  // A call's parts (counts by rank) in the caller's rank order and process-major, as lane 0 moves
+  // them: each process's parts together, its ranks in team order.
+  struct Blocks {
+    std::vector<size_t> offset;       // rank r's part in rank order, size() + 1 entries
+    std::vector<size_t> proc_count;   // process p's parts together
+    std::vector<size_t> proc_offset;  // where they start process-major, processes + 1 entries
+    std::vector<size_t> mine;         // this process's ranks' counts, in team order
+  };
+  Blocks blocks_of(std::span<const size_t> counts) const {
+    Blocks b;
+    b.offset.assign(counts.size() + 1, 0);
+    for (size_t r = 0; r < counts.size(); ++r) b.offset[r + 1] = b.offset[r] + counts[r];
+    b.proc_count.assign(procs_.size(), 0);
+    b.proc_offset.assign(procs_.size() + 1, 0);
+    for (size_t p = 0; p < procs_.size(); ++p) {
+      for (int r : procs_[p]) b.proc_count[p] += counts[static_cast<size_t>(r)];
+      b.proc_offset[p + 1] = b.proc_offset[p] + b.proc_count[p];
+    }
+    for (int r : my_ranks()) b.mine.push_back(counts[static_cast<size_t>(r)]);
+    return b;
+  }
+  // Every rank's part from rank order (in) into process-major order (out), or back.
+  void regroup(const Blocks& b, std::span<const size_t> counts, const std::byte* in, std::byte* out,
+               bool to_process_major, size_t es) const {
+    for (size_t p = 0; p < procs_.size(); ++p) {
+      size_t at = b.proc_offset[p];
+      for (int r : procs_[p]) {
+        const auto u = static_cast<size_t>(r);
+        const size_t from = to_process_major ? b.offset[u] : at, to = to_process_major ? at : b.offset[u];
+        if (counts[u] > 0) std::memcpy(out + to * es, in + from * es, counts[u] * es);
+        at += counts[u];
+      }
+    }
+  }
+
   // ---- allreduce
 
   void allreduce_levels(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
@@ -363,35 +410,17 @@ class ThreadedCommunicator final : public Communicator {
 
   void allgather_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype) {
     const size_t es = dtype_size(dtype);
-    const auto n = static_cast<size_t>(size());
-    std::vector<size_t> offset(n + 1, 0), proc_count(procs_.size(), 0), proc_offset(procs_.size() + 1, 0);
-    for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + counts[r];
-    for (size_t p = 0; p < procs_.size(); ++p) {
-      for (int r : procs_[p]) proc_count[p] += counts[static_cast<size_t>(r)];
-      proc_offset[p + 1] = proc_offset[p] + proc_count[p];
-    }
-    std::byte* blocks = stage(staged_, std::max<size_t>(offset[n], 1) * es);
-    Routes gather(Collective::Gather, 0, threads());
-    size_t within = 0;
-    for (size_t l = 0; l < threads(); ++l) {
-      gather.count[gather.at(l, 0)] = counts[static_cast<size_t>(my_ranks()[l])];
-      gather.recv_displ[gather.at(l, 0)] = proc_offset[static_cast<size_t>(my_proc_)] + within;
-      within += counts[static_cast<size_t>(my_ranks()[l])];
-    }
-    const void* mine = send != nullptr ? send : recv + offset[static_cast<size_t>(rank_)] * es;
-    team_->exchange(mine, blocks, gather, dtype);
+    const Blocks b = blocks_of(counts);
+    const size_t total = b.offset.back();
+    std::byte* blocks = stage(staged_, std::max<size_t>(total, 1) * es);
+    const void* mine = send != nullptr ? send : recv + b.offset[static_cast<size_t>(rank_)] * es;
+    team_->exchange(mine, blocks, team_routes(Collective::Gather, b.mine, b.proc_offset[static_cast<size_t>(my_proc_)]),
+                    dtype);
     if (voice()) {
-      lane(0).allgatherv(nullptr, blocks, proc_count, dtype);
-      for (size_t p = 0; p < procs_.size(); ++p) {
-        size_t at = proc_offset[p];
-        for (int r : procs_[p]) {
-          const auto u = static_cast<size_t>(r);
-          if (counts[u] > 0) std::memcpy(recv + offset[u] * es, blocks + at * es, counts[u] * es);
-          at += counts[u];
-        }
-      }
+      lane(0).allgatherv(nullptr, blocks, b.proc_count, dtype);
+      regroup(b, counts, blocks, recv, false, es);
     }
-    team_->broadcast(recv, offset[n], dtype, 0);
+    team_->broadcast(recv, total, dtype, 0);
   }
 
   // ---- reduce-scatter: in the leader path's allreduce order (the team's fold, then lane 0's
@@ -400,52 +429,28 @@ class ThreadedCommunicator final : public Communicator {
   void reduce_scatter_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype,
                              ReduceOp op, std::optional<int> root) {
     const size_t es = dtype_size(dtype);
-    const auto n = static_cast<size_t>(size());
-    std::vector<size_t> offset(n + 1, 0);
-    for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + counts[r];
-    const size_t total = offset[n];
-    const size_t mine = counts[static_cast<size_t>(rank_)];
+    const Blocks b = blocks_of(counts);
+    const size_t total = b.offset.back();
+    const size_t at = b.offset[static_cast<size_t>(rank_)];
     // A rooted reduce too: its root gets the flat fold's bits, as on the hierarchical transport.
     if (topology_independent_ || root.has_value() || !levels_preserve(dtype, op)) {
       // recv is apart from send or is send's own part, which the fold writes only once it has
       // gathered it.
-      const size_t at = offset[static_cast<size_t>(rank_)];
-      return flat_fold(send, total, dtype, op, at, at + mine, recv);
+      return flat_fold(send, total, dtype, op, at, at + counts[static_cast<size_t>(rank_)], recv);
     }
     const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    std::vector<size_t> proc_count(procs_.size(), 0), proc_offset(procs_.size() + 1, 0);
-    for (size_t p = 0; p < procs_.size(); ++p) {
-      for (int r : procs_[p]) proc_count[p] += counts[static_cast<size_t>(r)];
-      proc_offset[p + 1] = proc_offset[p] + proc_count[p];
-    }
     std::byte* summed = stage(staged_, std::max<size_t>(total, 1) * es);
     team_->reduce_to(send, summed, total, dtype, level_op, 0);
-    std::byte* block = stage(result_, std::max<size_t>(proc_count[static_cast<size_t>(my_proc_)], 1) * es);
+    const size_t my_block = b.proc_count[static_cast<size_t>(my_proc_)];
+    std::byte* block = stage(result_, std::max<size_t>(my_block, 1) * es);
     if (voice()) {
-      // Process-major for lane 0: each process's parts together, its ranks in team order.
       std::byte* ordered = stage(packed_, std::max<size_t>(total, 1) * es);
-      for (size_t p = 0; p < procs_.size(); ++p) {
-        size_t at = proc_offset[p];
-        for (int r : procs_[p]) {
-          const auto u = static_cast<size_t>(r);
-          if (counts[u] > 0) std::memcpy(ordered + at * es, summed + offset[u] * es, counts[u] * es);
-          at += counts[u];
-        }
-      }
-      const std::optional<int> root_proc =
-          root.has_value() ? std::optional<int>(proc_of_[static_cast<size_t>(*root)]) : std::nullopt;
-      lane(0).reduce_scatterv(ordered, block, proc_count, dtype, level_op, root_proc);
-      if (op == ReduceOp::Mean) divide_by(dtype, block, proc_count[static_cast<size_t>(my_proc_)], n);
-    }
-    Routes scatter(Collective::Scatter, 0, threads());
-    size_t within = 0;
-    for (size_t l = 0; l < threads(); ++l) {
-      scatter.count[scatter.at(0, l)] = counts[static_cast<size_t>(my_ranks()[l])];
-      scatter.send_displ[scatter.at(0, l)] = within;
-      within += counts[static_cast<size_t>(my_ranks()[l])];
+      regroup(b, counts, summed, ordered, true, es);
+      lane(0).reduce_scatterv(ordered, block, b.proc_count, dtype, level_op, std::nullopt);
+      if (op == ReduceOp::Mean) divide_by(dtype, block, my_block, static_cast<size_t>(size()));
     }
     // send (which recv may alias) was read by the team's fold; block is apart from both.
-    team_->exchange(block, recv, scatter, dtype);
+    team_->exchange(block, recv, team_routes(Collective::Scatter, b.mine), dtype);
   }
 
   // ---- exchange: each rank packs what it sends by destination (processes in order, their ranks
@@ -484,14 +489,7 @@ class ThreadedCommunicator final : public Communicator {
     const size_t gathered_total = std::accumulate(sends.begin(), sends.end(), size_t{0});
     const size_t arriving_total = std::accumulate(receives.begin(), receives.end(), size_t{0});
     std::byte* gathered = stage(staged_, std::max<size_t>(gathered_total, 1) * es);
-    Routes gather(Collective::Gather, 0, threads());
-    size_t g = 0;
-    for (size_t l = 0; l < threads(); ++l) {
-      gather.count[gather.at(l, 0)] = sends[l];
-      gather.recv_displ[gather.at(l, 0)] = g;
-      g += sends[l];
-    }
-    team_->exchange(pack, gathered, gather, dtype);
+    team_->exchange(pack, gathered, team_routes(Collective::Gather, sends), dtype);
     std::byte* handed = stage(result_, std::max<size_t>(arriving_total, 1) * es);
     if (voice()) {
       // Regroup the packs by destination process: for q, for local source l, q's ranks in order.
@@ -547,15 +545,8 @@ class ThreadedCommunicator final : public Communicator {
         }
       }
     }
-    Routes scatter(Collective::Scatter, 0, threads());
-    size_t h = 0;
-    for (size_t l = 0; l < threads(); ++l) {
-      scatter.count[scatter.at(0, l)] = receives[l];
-      scatter.send_displ[scatter.at(0, l)] = h;
-      h += receives[l];
-    }
     std::byte* mine = stage(landing_, std::max<size_t>(receives[static_cast<size_t>(team_->rank())], 1) * es);
-    team_->exchange(handed, mine, scatter, dtype);
+    team_->exchange(handed, mine, team_routes(Collective::Scatter, receives), dtype);
     size_t u = 0;
     for (const auto& ranks : procs_) {
       for (int s : ranks) {
