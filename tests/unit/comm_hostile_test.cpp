@@ -2,7 +2,8 @@
 // A member gone bad: a process of the group's own user scribbles over the shared-memory control
 // area. Whatever it writes, its peers must not read or write outside the group's heaps: they fail
 // with an error instead of a signal. The scribbler here is real: it maps the real segment, as a
-// buggy or hostile member would, and rewrites the buffer addresses rank 1 publishes.
+// buggy or hostile member would, and rewrites the buffer addresses rank 1 publishes. And the words
+// a threads-as-ranks group's processes exchange at creation, checked before they are used.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -24,6 +26,7 @@
 #include "comm/create.hpp"
 #include "comm/engine/control.hpp"
 #include "comm/transport/shm/segment.hpp"
+#include "comm/transport/threaded/threaded_communicator.hpp"
 #include "common/error.hpp"
 #include "gradsync/errors.h"
 
@@ -180,4 +183,28 @@ TEST_CASE("a joiner refuses the segment of a live member of another build, and l
   ::close(ready[0]);
   ::close(ready[1]);
   ::shm_unlink(path.c_str());
+}
+
+// Threads as ranks: each process reports how many threads it holds, and every process lays out the
+// group's ranks from those counts. A peer gone bad could report any number; nothing is laid out
+// (allocated, indexed) from one that is not checked.
+TEST_CASE("threads as ranks: thread counts reported by peers are checked before the layout", "[comm][threads]") {
+  const std::vector<int64_t> good{2, 1, 3};
+  CHECK(comm::lay_out_ranks(good, 1, 1) == std::vector<int>{0, 0, 1, 2, 2, 2});
+  CHECK(comm::lay_out_ranks(std::vector<int64_t>{256}, 0, 256).size() == 256);
+  const auto refused = [](std::vector<int64_t> reported, int process, int threads, const char* says) {
+    try {
+      (void)comm::lay_out_ranks(reported, process, threads);
+      FAIL("accepted");
+    } catch (const gradsync::Error& e) {
+      CHECK(e.status() == GRADSYNC_E_CORRUPT);
+      CHECK_THAT(e.what(), Catch::Contains(says));
+    }
+  };
+  refused({2, 0, 3}, 0, 2, "process 1 of 3 reported 0 threads");
+  refused({2, -1, 3}, 0, 2, "reported -1 threads");
+  refused({2, 257}, 0, 2, "reported 257 threads");
+  refused({2, int64_t{1} << 40}, 0, 2, "reported 1099511627776 threads");
+  refused({2, INT64_MIN}, 0, 2, "outside [1, 256]");
+  refused({2, 3}, 1, 2, "this process (process 1 of 2) has 2 threads, but 3 arrived");
 }

@@ -34,7 +34,7 @@ constexpr int kMaxThreads = 256;
 // subgroup); status and message say why they could not be, for the other threads to report.
 struct Lanes {
   std::vector<std::unique_ptr<Communicator>> lane;
-  std::vector<int> ranks_of;  // ranks each process holds, by lane rank (a new group's only)
+  std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new group's only)
   int status = 0;
   std::string message;
   // The stops of this process's levels, counted, and the last one: whether it was a timeout, and
@@ -732,7 +732,7 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
       std::vector<int64_t> counts(static_cast<size_t>(first.size()));
       const int64_t mine = options.threads;
       first.allgather(&mine, counts.data(), counts.size(), DType::I64);
-      made->ranks_of.assign(counts.begin(), counts.end());
+      made->proc_of = lay_out_ranks(counts, first.rank(), options.threads);
       // As many lanes as the process of the most threads has, on every process: each thread that
       // may form a subgroup's lane owns one, here or on the other processes.
       const int64_t most = *std::max_element(counts.begin(), counts.end());
@@ -750,13 +750,26 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
                                                                "process-level group: {}",
                                                                lanes->message));
   }
+  std::vector<int> proc_of = lanes->proc_of;
+  const int my_process = lanes->lane[0]->rank();
+  const auto first_rank = std::find(proc_of.begin(), proc_of.end(), my_process) - proc_of.begin();
+  return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(lanes), std::move(proc_of),
+                                                static_cast<int>(first_rank) + options.thread, options);
+}
+
+std::vector<int> lay_out_ranks(std::span<const int64_t> reported, int process, int threads) {
   std::vector<int> proc_of;
-  for (size_t p = 0; p < lanes->ranks_of.size(); ++p)
-    proc_of.insert(proc_of.end(), lanes->ranks_of[p], static_cast<int>(p));
-  const int first_rank =
-      std::accumulate(lanes->ranks_of.begin(), lanes->ranks_of.begin() + lanes->lane[0]->rank(), 0) + options.thread;
-  return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(lanes), std::move(proc_of), first_rank,
-                                                options);
+  for (size_t p = 0; p < reported.size(); ++p) {
+    const int64_t count = reported[p];
+    GS_REQUIRE(count >= 1 && count <= kMaxThreads, GRADSYNC_E_CORRUPT,
+               "threads as ranks: process {} of {} reported {} threads, outside [1, {}] (a peer's word gone bad)", p,
+               reported.size(), count, kMaxThreads);
+    GS_REQUIRE(static_cast<int>(p) != process || count == threads, GRADSYNC_E_CORRUPT,
+               "threads as ranks: this process (process {} of {}) has {} threads, but {} arrived as its count", p,
+               reported.size(), threads, count);
+    proc_of.insert(proc_of.end(), static_cast<size_t>(count), static_cast<int>(p));
+  }
+  return proc_of;
 }
 
 }  // namespace gradsync::comm

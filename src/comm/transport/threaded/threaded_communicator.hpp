@@ -15,7 +15,10 @@
 // and run of one layout (the flat rank-order bits with topology_independent, and always for the
 // types whose levels would round). How a failure in one level reaches the threads in the others:
 // run_levels, checked by tests/model/threaded.pml.
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -26,5 +29,11 @@ namespace gradsync::comm {
 // (the team) or per process (a lane): comm::create. Collective over the whole job.
 using MakeGroup = std::unique_ptr<Communicator> (*)(const Options& options);
 std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group);
+
+// Every rank's process (its lane rank), by rank, from the thread counts the processes reported
+// (by lane rank). They come from peers, so each is checked before it lays anything out: a count
+// outside [1, 256], or one for this process (process) other than its own (threads), is
+// GRADSYNC_E_CORRUPT, the same on every process (they all judge the same counts).
+std::vector<int> lay_out_ranks(std::span<const int64_t> reported, int process, int threads);
 
 }  // namespace gradsync::comm
