@@ -573,6 +573,36 @@ TEST_CASE("abort from another thread unblocks the waiting rank, reaches every ra
   CHECK(v[0] == c->size() * (c->size() - 1) / 2);
 }
 
+// comm.h: a reset that times out (a rank did not call it in time) is called again on every rank.
+// The first one's duplications stay posted on the ranks that gave up, and the late rank's match
+// them: the second reset must pair every rank's duplications alike, not one step apart.
+TEST_CASE("a reset that timed out on the ranks before a late one completes when every rank calls it again", "[mpi]") {
+  auto c = make(true, true, 400ms);
+  const int last = c->size() - 1;
+  c->abort();
+  CHECK(status_of([&] { c->barrier(); }) == GRADSYNC_E_ABORTED);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (c->rank() == last) std::this_thread::sleep_for(1200ms);
+  std::string message;
+  const int first = status_of([&] { c->reset(); }, &message);
+  if (c->rank() != last) CHECK(first == GRADSYNC_E_TIMEOUT);
+  INFO("the first reset: " << message);
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int again = 1; again <= 3; ++again) {
+    const int st = status_of([&] { c->reset(); }, &message);
+    int worst = st;
+    MPI_Allreduce(&st, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);  // statuses are negative
+    INFO("reset " << again << " after the timed-out one: " << message);
+    CHECK(worst == GRADSYNC_OK);
+    CHECK(again == 1);
+    if (worst == GRADSYNC_OK) break;
+  }
+  std::vector<int32_t> v{c->rank()};
+  const BufferRef b{v.data(), v.data(), 1};
+  c->allreduce(std::span<const BufferRef>(&b, 1), DType::I32, ReduceOp::Sum);
+  CHECK(v[0] == c->size() * (c->size() - 1) / 2);
+}
+
 TEST_CASE("many communicators, created and freed in turn, do not disturb each other", "[mpi]") {
   auto a = make();
   auto b = make(false, false);

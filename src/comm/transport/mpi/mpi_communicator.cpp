@@ -298,7 +298,8 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     // Our own communicators, so our traffic never matches the host's: the base (the parent of
     // reset's), the collectives' and the notices'. Non-blocking dups, so a rank that never joins
     // gives a timeout here too.
-    auto fresh = duplicate(parent, true, deadline, "joining the MPI group (MPI_Comm_idup)");
+    const auto fresh = std::make_shared<FreshComms>();
+    duplicate(*fresh, fresh, parent, true, false, deadline, "joining the MPI group (MPI_Comm_idup)");
     base_ = fresh->base;
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
@@ -937,38 +938,47 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
 // agreements in flight on one parent can post those collectives in different orders on different
 // ranks when a rank's context ids differ from its peers' (as after an abandoned collective), which
 // then never complete.
-std::shared_ptr<FreshComms> MpiCommunicator::duplicate(MPI_Comm from, bool with_base, Clock::time_point deadline,
-                                                       const char* label) {
+void MpiCommunicator::duplicate(FreshComms& fresh, const std::shared_ptr<FreshComms>& keepalive, MPI_Comm from,
+                                bool with_base, bool resumable, Clock::time_point deadline, const char* label) {
   const mpi::Api& m = mpi::lib();
-  auto fresh = std::make_shared<FreshComms>();
   // One at a time: posted together, Open MPI 4.1's duplications were seen to mix two
   // communicators' traffic (mpi:comm_np2 summed another communicator's data).
-  std::vector<MPI_Comm*> made;
+  std::vector<MPI_Comm*> targets;
+  if (with_base) targets.push_back(&fresh.base);
+  targets.push_back(&fresh.comm);
+  targets.push_back(&fresh.ctl);
   try {
-    for (MPI_Comm* c : {&fresh->base, &fresh->comm, &fresh->ctl}) {
-      if (c == &fresh->base && !with_base) continue;
-      MPI_Request& request = fresh->requests[made.size()];
-      check(m.Comm_idup(from, c, &request), "MPI_Comm_idup");
-      wait(&request, 1, deadline, label, nullptr, fresh, Mode::Setup);
-      made.push_back(c);
-      m.Comm_set_errhandler(*c, m.errors_return);
+    for (size_t k = fresh.made; k < targets.size(); ++k) {
+      if (fresh.posted == k) {
+        check(m.Comm_idup(from, targets[k], &fresh.requests[k]), "MPI_Comm_idup");
+        fresh.posted = k + 1;
+      }
+      wait(&fresh.requests[k], 1, deadline, label, nullptr, keepalive, Mode::Setup);
+      fresh.made = k + 1;
+      m.Comm_set_errhandler(*targets[k], m.errors_return);
     }
   } catch (...) {
-    // The duplications that completed; one abandoned stays with its buried request.
-    for (MPI_Comm* c : made) m.Comm_free(c);
+    if (!resumable) {
+      // The duplications that completed; one abandoned stays with its buried request.
+      for (size_t k = 0; k < fresh.made; ++k) m.Comm_free(targets[k]);
+    }
     throw;
   }
-  return fresh;
 }
 
 void MpiCommunicator::reset() {
   // Fresh communicators duplicated from base_: the duplication is collective, so reset returns
-  // only when every rank has called it. An abandoned request stays with the old communicator,
-  // which is never used again, so a late completion cannot be mistaken for a new round.
+  // only when every rank has called it (a reset that failed on some ranks is called again on
+  // every rank, and goes on with its duplications, resetting_). An abandoned request of a call
+  // stays with the old communicator, which is never used again, so a late completion cannot be
+  // mistaken for a new round.
   // The abort being recovered from must not abort its own recovery; one during the reset does.
   state_.store(0);
   const auto deadline = deadline_after(options_.timeout);
-  const auto fresh = duplicate(base_, false, deadline, "reset (MPI_Comm_idup)");
+  if (!resetting_) resetting_ = std::make_shared<FreshComms>();
+  const std::shared_ptr<FreshComms> fresh = resetting_;
+  duplicate(*fresh, fresh, base_, false, true, deadline, "reset (MPI_Comm_idup)");
+  resetting_.reset();
   retire_control();
   if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);
   comm_pending_ = false;

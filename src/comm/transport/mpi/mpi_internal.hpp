@@ -156,11 +156,15 @@ class Watchdog {
   std::thread thread_;
 };
 
+// The communicators a join or a reset duplicates, one after the other: the first `made` of them
+// are complete, and while posted > made the next one is posted and pending (an interrupted reset,
+// which the next reset resumes rather than posts again).
 struct FreshComms {
   MPI_Comm base = mpi::lib().comm_null;
   MPI_Comm comm = mpi::lib().comm_null;
   MPI_Comm ctl = mpi::lib().comm_null;
   MPI_Request requests[3] = {mpi::lib().request_null, mpi::lib().request_null, mpi::lib().request_null};
+  size_t posted = 0, made = 0;
 };
 
 class MpiCommunicator;
@@ -269,7 +273,10 @@ class MpiCommunicator final : public Communicator {
   void send_to_all(Exchange& ex, size_t own, const Fingerprint& fp, Clock::time_point deadline,
                    Clock::time_point start);
   // Duplicates of `from` for the collectives and the notices (and first a base, with_base).
-  std::shared_ptr<FreshComms> duplicate(MPI_Comm from, bool with_base, Clock::time_point deadline, const char* label);
+  // Duplicates from `from` into fresh (base only with_base), resuming where an earlier call on
+  // the same fresh stopped. On failure a join frees what it made; a reset keeps it, to resume.
+  void duplicate(FreshComms& fresh, const std::shared_ptr<FreshComms>& keepalive, MPI_Comm from, bool with_base,
+                 bool resumable, Clock::time_point deadline, const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
   [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
@@ -352,6 +359,10 @@ class MpiCommunicator final : public Communicator {
   // An abandoned request still refers to its communicator, which must then never be freed.
   bool comm_pending_ = false;
   bool base_pending_ = false;
+  // A reset whose duplications did not all complete (timeout, abort): the next reset goes on with
+  // them. Posting them again would pair each rank's k-th duplication with a peer's (k+1)-th, and
+  // the resets would stay one step apart forever.
+  std::shared_ptr<FreshComms> resetting_;
 
   // Abort notices: one receive always posted on ctl_ from any peer; sends once per abort.
   std::mutex ctl_mutex_;
