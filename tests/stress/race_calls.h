@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* The calls of the randomized races against the round protocol (round_race.c, and threads as
- * ranks under mpirun, tests/mpi/threads_race.c): call k of a run is a function of the seed and k
+ * ranks under mpirun, tests/mpi/mpi_race.c): call k of a run is a function of the seed and k
  * alone (plan_of), the same on every rank, with small-integer values whose every sum, max, min and
  * power-of-two mean is exact, so each rank checks its result bit for bit (verify). The program
  * sets the g_ settings before its first plan. */

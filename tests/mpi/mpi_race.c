@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Threads as ranks (comm.h) under randomized failures: every rank's aborter thread aborts the
- * group at random moments (cued just before calls, so that aborts land near the levels' arrivals
- * and completions), ranks stall past the deadline before a call or before a reset, and ranks pass
- * another count than their peers. The calls are round_race's (../stress/race_calls.h), every OK
- * result checked bit for bit. The failure rules between the levels are model-checked
+/* Groups over MPI under randomized failures: every rank's aborter thread aborts the group at
+ * random moments (cued just before calls, so that aborts land near arrivals and completions),
+ * ranks stall past the deadline before a call or before a reset, and ranks pass another count than
+ * their peers. The calls are round_race's (../stress/race_calls.h), every OK result checked bit
+ * for bit. The groups: the MPI and hierarchical transports with one rank per process (-plain), and
+ * threads as ranks over either (comm.h), whose failure rules between the levels are model-checked
  * (tests/model/threaded.pml); this runs the real code through them, thousands of times.
  *
  * What is checked, call by call, over every rank of every process:
@@ -13,16 +14,16 @@
  * - no call and no reset stays in the library longer than the hang bound (a watchdog ends the job);
  * - after a failure anywhere, a reset on every rank (again on every rank while one fails with
  *   E_TIMEOUT or E_ABORTED, as comm.h says) gives a group whose next calls are right.
- * A call that fails on some ranks and succeeds on others is allowed (comm.h: the one-outcome
- * guarantee holds per level) and counted.
+ * A call that fails on some ranks and succeeds on others is allowed (comm.h: a deadline at the
+ * instant a call completes on MPI; per level on hier and with threads) and counted.
  *
  * The processes compare outcomes over an MPI communicator of the test's own, never the library's.
  *
- *   mpirun -np P threads_race mpi|hier T0,T1,... calls
+ *   mpirun -np P mpi_race mpi|hier|mpi-plain|hier-plain T0,T1,... calls
  *
- * Ti: the threads (ranks) of process i. Environment: THREADS_RACE_SEED, THREADS_RACE_TIMEOUT_MS,
- * THREADS_RACE_ABORT_US (mean time between the group's random aborts), THREADS_RACE_STALL_EVERY,
- * THREADS_RACE_MISMATCH_EVERY (1 in how many calls; 0: never). */
+ * Ti: the threads (ranks) of process i (1 for every process with -plain). Environment:
+ * MPI_RACE_SEED, MPI_RACE_TIMEOUT_MS, MPI_RACE_ABORT_US (mean time between the group's random
+ * aborts), MPI_RACE_STALL_EVERY, MPI_RACE_MISMATCH_EVERY (1 in how many calls; 0: never). */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
@@ -36,6 +37,7 @@
 #define RESET_ATTEMPTS 200 /* resets on every rank that keep failing this often are a failure, not a race */
 
 static int32_t g_transport;
+static int g_plain; /* one rank per process: options.threads unset */
 static int g_procs, g_me, g_threads[MAX_PROCS], g_first[MAX_PROCS];
 static uint64_t g_calls;
 static int64_t g_abort_us = 20000;
@@ -168,7 +170,7 @@ static void judge_call(void* arg) {
   if (broken) {
     char what[320];
     describe(&p, what, sizeof what);
-    if (g_me == 0) fprintf(stderr, "threads_race: BROKEN PROMISE at call %" PRIu64 " (seed %" PRIu64 "):\n", k, g_seed);
+    if (g_me == 0) fprintf(stderr, "mpi_race: BROKEN PROMISE at call %" PRIu64 " (seed %" PRIu64 "):\n", k, g_seed);
     print_outcomes(what);
     stop();
     return;
@@ -200,7 +202,7 @@ static void judge_settled(void* arg) {
     if (status == GRADSYNC_OK) continue;
     s->done = 0;
     if (status != GRADSYNC_E_TIMEOUT && status != GRADSYNC_E_ABORTED && !stopped()) {
-      if (g_me == 0) fprintf(stderr, "threads_race: %s returned another status (seed %" PRIu64 "):\n", s->what, g_seed);
+      if (g_me == 0) fprintf(stderr, "mpi_race: %s returned another status (seed %" PRIu64 "):\n", s->what, g_seed);
       print_outcomes(s->what);
       stop();
     }
@@ -228,7 +230,7 @@ static void reset_everywhere(rank_ctx* c, const plan* p) {
     if (reset.done || stopped()) return;
     if (attempt == RESET_ATTEMPTS) {
       if (g_me == 0 && c->t == 0)
-        fprintf(stderr, "threads_race: the resets did not settle in %d rounds (seed %" PRIu64 ")\n", RESET_ATTEMPTS,
+        fprintf(stderr, "mpi_race: the resets did not settle in %d rounds (seed %" PRIu64 ")\n", RESET_ATTEMPTS,
                 g_seed);
       stop(); /* every thread sees the same rounds: they all leave here */
       return;
@@ -240,11 +242,13 @@ static void* rank_main(void* arg) {
   rank_ctx* c = (rank_ctx*)arg;
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   o.transport = g_transport;
-  o.threads = g_threads[g_me];
-  o.thread = c->t;
+  if (!g_plain) {
+    o.threads = g_threads[g_me];
+    o.thread = c->t;
+  }
   o.timeout_ms = g_timeout_ms;
   o.mpi_fcomm = (int64_t)MPI_Comm_c2f(g_lib);
-  snprintf(o.name, sizeof o.name, "threads-race");
+  snprintf(o.name, sizeof o.name, "mpi-race");
   /* Forming has the calls' short deadline, which a loaded host can miss: the test is about the
      calls, so a group that could not form is formed again. */
   static settling formed = {"a create", 0};
@@ -259,14 +263,14 @@ static void* rank_main(void* arg) {
     }
   }
   if (!formed.done) {
-    fprintf(stderr, "threads_race: process %d thread %d: create: %s: %s\n", g_me, c->t, gradsync_status_string(status),
+    fprintf(stderr, "mpi_race: process %d thread %d: create: %s: %s\n", g_me, c->t, gradsync_status_string(status),
             gradsync_last_error_message());
     stop();
     return NULL;
   }
   gradsync_comm_rank(c->base.comm, &c->base.rank);
   if (race_rank_alloc(&c->base) != 0 || race_rank_alloc_zc(&c->base) != GRADSYNC_OK) {
-    fprintf(stderr, "threads_race: process %d thread %d: out of memory\n", g_me, c->t);
+    fprintf(stderr, "mpi_race: process %d thread %d: out of memory\n", g_me, c->t);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   c->base.enter = cue_aborter;
@@ -337,8 +341,8 @@ static void* watchdog_main(void* arg) {
         char what[320];
         describe(&p, what, sizeof what);
         fprintf(stderr,
-                "threads_race: HANG: process %d thread %d has been in %s %.0f s, at call %" PRIu64
-                " (%s); seed %" PRIu64 "\n",
+                "mpi_race: HANG: process %d thread %d has been in %s %.0f s, at call %" PRIu64 " (%s); seed %" PRIu64
+                "\n",
                 g_me, t, __atomic_load_n(&g_resetting[t], __ATOMIC_RELAXED) ? "a reset" : "the call", now_s() - since,
                 k, what, g_seed);
         fflush(stderr);
@@ -360,12 +364,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_me);
   if (argc != 4 || provided < MPI_THREAD_MULTIPLE) {
     if (g_me == 0)
-      fprintf(stderr, "usage: mpirun -np P %s mpi|hier T0,T1,... calls (MPI_THREAD_MULTIPLE: %s)\n", argv[0],
-              provided < MPI_THREAD_MULTIPLE ? "not given" : "given");
+      fprintf(stderr,
+              "usage: mpirun -np P %s mpi|hier|mpi-plain|hier-plain T0,T1,... calls (MPI_THREAD_MULTIPLE: %s)\n",
+              argv[0], provided < MPI_THREAD_MULTIPLE ? "not given" : "given");
     MPI_Finalize();
     return 2;
   }
-  g_transport = strcmp(argv[1], "hier") == 0 ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
+  g_transport = strncmp(argv[1], "hier", 4) == 0 ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
+  g_plain = strstr(argv[1], "-plain") != NULL;
   for (const char* s = argv[2]; *s != '\0' && g_procs < MAX_PROCS;) {
     g_threads[g_procs++] = (int)strtol(s, (char**)&s, 10);
     if (*s == ',') s++;
@@ -375,22 +381,22 @@ int main(int argc, char** argv) {
   for (int p = 0; p < g_procs; p++) {
     g_first[p] = g_size;
     g_size += g_threads[p];
-    if (g_threads[p] < 1 || g_threads[p] > MAX_THREADS) world = -1;
+    if (g_threads[p] < 1 || g_threads[p] > (g_plain ? 1 : MAX_THREADS)) world = -1;
   }
   g_calls = strtoull(argv[3], NULL, 10);
   if (world != g_procs || g_calls < 1) {
-    if (g_me == 0) fprintf(stderr, "threads_race: the layout %s does not fit %d processes\n", argv[2], world);
+    if (g_me == 0) fprintf(stderr, "mpi_race: the layout %s does not fit %d processes\n", argv[2], world);
     MPI_Finalize();
     return 2;
   }
   /* one seed for all: process 0's */
-  int64_t seed = env_or("THREADS_RACE_SEED", (int64_t)(mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 1));
+  int64_t seed = env_or("MPI_RACE_SEED", (int64_t)(mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) >> 1));
   MPI_Bcast(&seed, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   g_seed = (uint64_t)seed;
-  g_timeout_ms = env_or("THREADS_RACE_TIMEOUT_MS", 300);
-  g_abort_us = env_or("THREADS_RACE_ABORT_US", g_abort_us);
-  g_stall_every = (unsigned)env_or("THREADS_RACE_STALL_EVERY", 100);
-  g_mismatch_every = (unsigned)env_or("THREADS_RACE_MISMATCH_EVERY", 25);
+  g_timeout_ms = env_or("MPI_RACE_TIMEOUT_MS", 300);
+  g_abort_us = env_or("MPI_RACE_ABORT_US", g_abort_us);
+  g_stall_every = (unsigned)env_or("MPI_RACE_STALL_EVERY", 100);
+  g_mismatch_every = (unsigned)env_or("MPI_RACE_MISMATCH_EVERY", 25);
   /* a call waits at most a deadline per level, a few in all; far past that is a hang */
   g_hang_s = 30.0 + 40.0 * (double)g_timeout_ms / 1000.0;
   MPI_Comm_dup(MPI_COMM_WORLD, &g_board);
@@ -414,7 +420,7 @@ int main(int argc, char** argv) {
   const uint64_t checked = g_ok + g_failed + g_split;
   const int passed = !stopped() && checked == g_calls && g_ok > 0 && g_failed > 0;
   if (g_me == 0) {
-    printf("threads_race %s %s: %s: %" PRIu64 " calls on %d ranks: %" PRIu64 " ok and verified, %" PRIu64
+    printf("mpi_race %s %s: %s: %" PRIu64 " calls on %d ranks: %" PRIu64 " ok and verified, %" PRIu64
            " failed on every rank (%" PRIu64 " with a timeout, %" PRIu64
            " refused as a mismatch by every rank), %" PRIu64 " failed on some ranks only; %" PRIu64
            " aborts sent, %" PRIu64 " resets on every rank (%" PRIu64 " rounds); %.1f s, seed %" PRIu64 "\n",
