@@ -320,7 +320,9 @@ GRADSYNC_API int gradsync_comm_options_init(gradsync_comm_options* opts, size_t 
 
 /**
  * @brief Join a group as one rank. Collective: returns once every rank of the group has joined,
- *        or fails with GRADSYNC_E_TIMEOUT when one has not within the timeout.
+ *        or fails with GRADSYNC_E_TIMEOUT when one has not within the timeout. After a timeout,
+ *        calling it again on every rank forms the group (on MPI too, whose group's first step,
+ *        left posted on the ranks that gave up, the next create on that MPI communicator resumes).
  * @param[out] out the new communicator; NULL on failure
  * @param opts options from gradsync_comm_options_init, or NULL for the defaults
  * @retval GRADSYNC_E_INVALID_ARG bad options (size < 1, empty name, timeout <= 0, unknown transport,

@@ -148,11 +148,11 @@ check violated "threads mutant: a sibling's timeout reported as the abort that b
 check violated "threads mutant: every abort passed on to the lane" -DP=2 -DT=2 -DK=1 -DMUTANT_PASS_ALWAYS
 check violated "threads mutant: a timeout stops the lane too" -DP=2 -DT=2 -DK=1 -DMUTANT_LANE_ON_TIMEOUT
 check violated "threads mutant: a lane's deadline met late not recorded as a timeout" -DP=2 -DT=2 -DK=1 -DMUTANT_NO_LANE_REASON
-# The MPI transport's reset (mpi_reset.pml): its duplications on the base, resumed by the reset
-# after one that failed on some ranks. Under a second of CPU.
+# The MPI transport's reset and join (mpi_reset.pml): their duplications of a parent, resumed by
+# the next call after one that failed on some ranks. Under a second of CPU.
 model=mpi_reset.pml
 check holds "MPI reset: 2 ranks, 2 duplications, 2 waits given up" -DN=2 -DD=2 -DGIVEUPS=2
 check holds "MPI reset: 3 ranks, 2 duplications, 3 waits given up" -DN=3 -DD=2 -DGIVEUPS=3
-check holds "MPI reset: 3 ranks, 3 duplications, 3 waits given up" -DN=3 -DD=3 -DGIVEUPS=3
+check holds "MPI reset: 3 ranks, 3 duplications (a join's), 3 waits given up" -DN=3 -DD=3 -DGIVEUPS=3
 check violated "MPI reset mutant: a failed reset's duplications posted again" -DN=2 -DD=2 -DGIVEUPS=2 -DMUTANT_REPOST
 exit $failed

@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The MPI transport's reset (MpiCommunicator::reset, duplicate): fresh communicators duplicated
- * from the group's base, D of them one after the other. A duplication is an MPI collective on the
- * base: each rank's j-th duplication matches every peer's j-th, in the order each rank posts them,
- * and completes once every rank has posted it. A rank's wait for one can give up (a deadline, an
- * abort), leaving it posted; the reset then fails on that rank, and comm.h says to call reset
- * again on every rank, which the ranks here do, round after round, until every rank's reset
+/* The MPI transport's reset and join (MpiCommunicator::reset, the constructor, duplicate): fresh
+ * communicators duplicated from a parent (the group's base for a reset, the caller's MPI
+ * communicator for a join), D of them one after the other. A duplication is an MPI collective on
+ * the parent: each rank's j-th duplication matches every peer's j-th, in the order each rank posts
+ * them, and completes once every rank has posted it. A rank's wait for one can give up (a deadline,
+ * an abort), leaving it posted; the reset (or create) then fails on that rank, and comm.h says to
+ * call it again on every rank, which the ranks here do, round after round, until every rank's
  * returns OK. Checked over every interleaving, with up to GIVEUPS waits given up in all:
- * - the resets settle: no state where ranks wait for each other forever (invalid end state);
- * - once every rank's reset returned OK, each fresh communicator k is the same duplication on
- *   every rank (its matched index), so the ranks' calls meet on the same communicators.
- * MUTANT_REPOST: a failed reset forgets its duplications and the next posts new ones (the rule
- * before: the resets stayed one step apart forever). */
+ * - the rounds settle: no state where ranks wait for each other forever (invalid end state);
+ * - once every rank's call returned OK, each fresh communicator k is the same duplication on every
+ *   rank (its matched index), so the ranks' calls meet on the same communicators.
+ * MUTANT_REPOST: a failed call forgets its duplications and the next posts new ones (the rule
+ * before: the ranks stayed one step apart forever). */
 #ifndef N
 #define N 2
 #endif

@@ -276,6 +276,25 @@ void bury(std::shared_ptr<void> memory) {
   graveyard->push_back(std::move(memory));
 }
 
+namespace {
+
+// Joins whose duplications of their parent did not all complete (a rank came late, an abort): the
+// next join on the same parent goes on with them, as a reset goes on with resetting_, since each
+// rank's k-th duplication of a parent matches its peers' k-th. `counted`: its abandoned wait is
+// in the runtime's count, which a join that completes it takes back.
+struct PendingJoin {
+  MPI_Comm parent;
+  std::shared_ptr<FreshComms> fresh;
+  bool counted;
+};
+std::mutex g_pending_joins_mutex;
+std::vector<PendingJoin>& pending_joins() {
+  static auto* joins = new std::vector<PendingJoin>();  // never freed, as the graveyard
+  return *joins;
+}
+
+}  // namespace
+
 MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     : options_(options), max_count_(max_mpi_count()) {
   mpi::acquire_runtime();
@@ -298,8 +317,29 @@ MpiCommunicator::MpiCommunicator(const Options& options, MPI_Comm parent)
     // Our own communicators, so our traffic never matches the host's: the base (the parent of
     // reset's), the collectives' and the notices'. Non-blocking dups, so a rank that never joins
     // gives a timeout here too.
-    const auto fresh = std::make_shared<FreshComms>();
-    duplicate(*fresh, fresh, parent, true, false, deadline, "joining the MPI group (MPI_Comm_idup)");
+    mpi::lib().Comm_rank(parent, &rank_);  // for the messages until the group is formed
+    mpi::lib().Comm_size(parent, &size_);
+    std::shared_ptr<FreshComms> fresh;
+    {
+      std::lock_guard lock(g_pending_joins_mutex);
+      auto& joins = pending_joins();
+      const auto it =
+          std::find_if(joins.begin(), joins.end(), [&](const PendingJoin& j) { return j.parent == parent; });
+      if (it != joins.end()) {
+        fresh = it->fresh;
+        if (it->counted) mpi::clear_abandoned();
+        joins.erase(it);
+      }
+    }
+    if (!fresh) fresh = std::make_shared<FreshComms>();
+    try {
+      duplicate(fresh, parent, true, deadline, "joining the MPI group (MPI_Comm_idup)");
+    } catch (...) {
+      std::lock_guard lock(g_pending_joins_mutex);
+      pending_joins().push_back(PendingJoin{parent, fresh, holds_abandoned_});
+      holds_abandoned_ = false;
+      throw;
+    }
     base_ = fresh->base;
     comm_ = fresh->comm;
     ctl_ = fresh->ctl;
@@ -938,31 +978,23 @@ int64_t MpiCommunicator::system_time_ns(Clock::time_point now) noexcept {
 // agreements in flight on one parent can post those collectives in different orders on different
 // ranks when a rank's context ids differ from its peers' (as after an abandoned collective), which
 // then never complete.
-void MpiCommunicator::duplicate(FreshComms& fresh, const std::shared_ptr<FreshComms>& keepalive, MPI_Comm from,
-                                bool with_base, bool resumable, Clock::time_point deadline, const char* label) {
+void MpiCommunicator::duplicate(const std::shared_ptr<FreshComms>& fresh, MPI_Comm from, bool with_base,
+                                Clock::time_point deadline, const char* label) {
   const mpi::Api& m = mpi::lib();
   // One at a time: posted together, Open MPI 4.1's duplications were seen to mix two
   // communicators' traffic (mpi:comm_np2 summed another communicator's data).
   std::vector<MPI_Comm*> targets;
-  if (with_base) targets.push_back(&fresh.base);
-  targets.push_back(&fresh.comm);
-  targets.push_back(&fresh.ctl);
-  try {
-    for (size_t k = fresh.made; k < targets.size(); ++k) {
-      if (fresh.posted == k) {
-        check(m.Comm_idup(from, targets[k], &fresh.requests[k]), "MPI_Comm_idup");
-        fresh.posted = k + 1;
-      }
-      wait(&fresh.requests[k], 1, deadline, label, nullptr, keepalive, Mode::Setup);
-      fresh.made = k + 1;
-      m.Comm_set_errhandler(*targets[k], m.errors_return);
+  if (with_base) targets.push_back(&fresh->base);
+  targets.push_back(&fresh->comm);
+  targets.push_back(&fresh->ctl);
+  for (size_t k = fresh->made; k < targets.size(); ++k) {
+    if (fresh->posted == k) {
+      check(m.Comm_idup(from, targets[k], &fresh->requests[k]), "MPI_Comm_idup");
+      fresh->posted = k + 1;
     }
-  } catch (...) {
-    if (!resumable) {
-      // The duplications that completed; one abandoned stays with its buried request.
-      for (size_t k = 0; k < fresh.made; ++k) m.Comm_free(targets[k]);
-    }
-    throw;
+    wait(&fresh->requests[k], 1, deadline, label, nullptr, fresh, Mode::Setup);
+    fresh->made = k + 1;
+    m.Comm_set_errhandler(*targets[k], m.errors_return);
   }
 }
 
@@ -977,7 +1009,7 @@ void MpiCommunicator::reset() {
   const auto deadline = deadline_after(options_.timeout);
   if (!resetting_) resetting_ = std::make_shared<FreshComms>();
   const std::shared_ptr<FreshComms> fresh = resetting_;
-  duplicate(*fresh, fresh, base_, false, true, deadline, "reset (MPI_Comm_idup)");
+  duplicate(fresh, base_, false, deadline, "reset (MPI_Comm_idup)");
   resetting_.reset();
   retire_control();
   if (!comm_pending_ && comm_ != mpi::lib().comm_null) mpi::lib().Comm_free(&comm_);

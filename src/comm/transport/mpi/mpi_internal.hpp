@@ -157,8 +157,8 @@ class Watchdog {
 };
 
 // The communicators a join or a reset duplicates, one after the other: the first `made` of them
-// are complete, and while posted > made the next one is posted and pending (an interrupted reset,
-// which the next reset resumes rather than posts again).
+// are complete, and while posted > made the next one is posted and pending (an interrupted join or
+// reset, which the next one resumes rather than posts again).
 struct FreshComms {
   MPI_Comm base = mpi::lib().comm_null;
   MPI_Comm comm = mpi::lib().comm_null;
@@ -273,10 +273,10 @@ class MpiCommunicator final : public Communicator {
   void send_to_all(Exchange& ex, size_t own, const Fingerprint& fp, Clock::time_point deadline,
                    Clock::time_point start);
   // Duplicates of `from` for the collectives and the notices (and first a base, with_base).
-  // Duplicates from `from` into fresh (base only with_base), resuming where an earlier call on
-  // the same fresh stopped. On failure a join frees what it made; a reset keeps it, to resume.
-  void duplicate(FreshComms& fresh, const std::shared_ptr<FreshComms>& keepalive, MPI_Comm from, bool with_base,
-                 bool resumable, Clock::time_point deadline, const char* label);
+  // Duplicates from `from` into fresh (base only with_base), going on where an earlier call on
+  // the same fresh stopped: a failed join or reset keeps its fresh for the next one to resume.
+  void duplicate(const std::shared_ptr<FreshComms>& fresh, MPI_Comm from, bool with_base, Clock::time_point deadline,
+                 const char* label);
   void abandon(std::shared_ptr<void> keepalive, const std::string& reason, int status, int subject, uint64_t stop_at);
   void send_notices(int status, int subject, uint64_t stop_at) noexcept;
   [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
