@@ -12,6 +12,8 @@
  * - a failure is GRADSYNC_E_ABORTED or GRADSYNC_E_TIMEOUT, or GRADSYNC_E_MISMATCH on a call whose
  *   counts differ, and no rank returns OK for such a call;
  * - no call and no reset stays in the library longer than the hang bound (a watchdog ends the job);
+ * - after a timeout or an abort anywhere, every rank's next call (a barrier) fails, the ranks that
+ *   completed the call too: no rank goes on ahead of the others until the reset;
  * - after a failure anywhere, a reset on every rank (again on every rank while one fails with
  *   E_TIMEOUT or E_ABORTED, as comm.h says) gives a group whose next calls are right.
  * A call that fails on some ranks and succeeds on others is allowed (comm.h: a deadline at the
@@ -60,7 +62,7 @@ static uint64_t g_at[MAX_THREADS];   /* the call it is at */
 static int g_resetting[MAX_THREADS]; /* whether it is in a reset */
 
 /* Counts, kept by thread 0 of each process (alike on all: they judge the same outcomes). */
-static uint64_t g_ok, g_failed, g_timed_out, g_split, g_refused, g_resets, g_reset_rounds;
+static uint64_t g_ok, g_failed, g_timed_out, g_split, g_refused, g_resets, g_reset_rounds, g_probes;
 static uint64_t g_aborts; /* sent by this process's aborters */
 
 static void entered(int t) { __atomic_store_n(&g_since[t], (int64_t)(now_s() * 1e6) + 1, __ATOMIC_RELEASE); }
@@ -186,6 +188,30 @@ static void judge_call(void* arg) {
   }
 }
 
+/* Thread 0 of every process: the call after one that timed out or was aborted somewhere failed
+ * on every rank, by a timeout or an abort. */
+static void judge_probe(void* arg) {
+  const uint64_t k = *(const uint64_t*)arg;
+  g_probes++;
+  for (int r = 0; r < g_size; r++) {
+    const int32_t status = g_every[r].status;
+    if (status != GRADSYNC_E_ABORTED && status != GRADSYNC_E_TIMEOUT) {
+      char what[320];
+      const plan p = plan_of(k);
+      describe(&p, what, sizeof what);
+      if (g_me == 0)
+        fprintf(stderr,
+                "mpi_race: BROKEN PROMISE: the barrier after call %" PRIu64
+                " (failed by a timeout or an abort) did not fail on every rank (seed %" PRIu64 "); call %" PRIu64
+                ": %s; the barrier:\n",
+                k, g_seed, k, what);
+      print_outcomes("the barrier after it");
+      stop();
+      return;
+    }
+  }
+}
+
 /* Thread 0 of every process, after every rank has created, reset or reached the end: whether
  * every rank returned OK, or they go again. A status other than a timeout or an abort is a
  * broken promise. */
@@ -304,8 +330,20 @@ static void* rank_main(void* arg) {
       record(c->t, status, V_FAILED);
     }
     exchange(c->t, judge_call, &k);
-    int any_failed = 0;
-    for (int r = 0; r < g_size; r++) any_failed |= g_every[r].status != GRADSYNC_OK;
+    int any_failed = 0, any_stopped = 0;
+    for (int r = 0; r < g_size; r++) {
+      any_failed |= g_every[r].status != GRADSYNC_OK;
+      any_stopped |= g_every[r].status == GRADSYNC_E_ABORTED || g_every[r].status == GRADSYNC_E_TIMEOUT;
+    }
+    if (any_stopped && !stopped()) {
+      /* comm.h: after a timeout or an abort every rank's next call fails until the reset, the
+         ranks that completed this call too (no rank goes on a call ahead of the others) */
+      entered(c->t);
+      status = gradsync_comm_barrier(c->base.comm);
+      left(c->t);
+      record(c->t, status, status == GRADSYNC_OK ? V_OK : V_FAILED);
+      exchange(c->t, judge_probe, &k);
+    }
     if (any_failed && !stopped()) {
       if (c->t == 0) g_resets++;
       reset_everywhere(c, &p);
@@ -423,9 +461,10 @@ int main(int argc, char** argv) {
     printf("mpi_race %s %s: %s: %" PRIu64 " calls on %d ranks: %" PRIu64 " ok and verified, %" PRIu64
            " failed on every rank (%" PRIu64 " with a timeout, %" PRIu64
            " refused as a mismatch by every rank), %" PRIu64 " failed on some ranks only; %" PRIu64
-           " aborts sent, %" PRIu64 " resets on every rank (%" PRIu64 " rounds); %.1f s, seed %" PRIu64 "\n",
+           " aborts sent; %" PRIu64 " barriers after a timeout or abort, failed on every rank; %" PRIu64
+           " resets on every rank (%" PRIu64 " rounds); %.1f s, seed %" PRIu64 "\n",
            argv[1], argv[2], passed ? "ok" : "FAILED", checked, g_size, g_ok, g_failed, g_timed_out, g_refused, g_split,
-           aborts, g_resets, g_reset_rounds, now_s() - start, g_seed);
+           aborts, g_probes, g_resets, g_reset_rounds, now_s() - start, g_seed);
   }
   MPI_Comm_free(&g_lib);
   MPI_Comm_free(&g_board);
