@@ -230,8 +230,10 @@
  *   threads by index, in the same order, on every process that has one; else the split returns
  *   GRADSYNC_E_UNSUPPORTED on the subgroup's ranks (splits by host, by process or by thread index
  *   always qualify; by local rank where every host has processes of the same threads).
- *   gradsync_comm_shrink, gradsync_comm_grow and a join with
- *   threads set return GRADSYNC_E_UNSUPPORTED: MPI loses and starts processes, not threads.
+ * - Shrink (gradsync_comm_shrink, under mpirun --enable-recovery as for MPI): every thread of every
+ *   surviving process calls it. A lost process takes all of its threads' ranks out; the others
+ *   keep their order, member ids and threads. gradsync_comm_grow and a join with threads set
+ *   return GRADSYNC_E_UNSUPPORTED: MPI starts processes, not threads.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
@@ -458,7 +460,7 @@ typedef struct gradsync_shrink_result {
  * Calls still waiting on comm in other threads return (GRADSYNC_E_ABORTED); comm is stopped for
  * good: free it. Each member keeps its member id (gradsync_comm_member_id) in the new group.
  *
- * Transports: THREAD, SHM, MPI and HIER.
+ * Transports: THREAD, SHM, MPI and HIER, with threads as ranks too (see there).
  * MPI and HIER: only under mpirun --enable-recovery (otherwise Open MPI ends the whole job when a
  * process dies). A member is lost when its process is seen gone or it does not answer within comm's
  * timeout. A member lost while the survivors' group is being formed ends the job with

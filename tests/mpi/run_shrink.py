@@ -3,7 +3,8 @@
 
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
-MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8). Each launch is
+MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8);
+or threads: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost. Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
 The phases' times of every run are printed (min / median / max) for docs/mpi.md.
@@ -18,8 +19,9 @@ import time
 mpirun, program, mode = sys.argv[1:4]
 runs = int(sys.argv[4]) if len(sys.argv) > 4 else (8 if mode == "stress" else 3)
 bound = 120
+ranks = 6 if mode == "threads" else 4
 base = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--enable-recovery",
-        "-np", "4", program]
+        "-np", "3" if mode == "threads" else "4", program]
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 figures = {}
 outcomes = {}
@@ -44,7 +46,7 @@ def check(out, lost):
     """Every rank not in `lost` shrank to `lost` (in the order of its shrinks), verified and finished."""
     if "WRONG" in out:
         fail("a collective gave a wrong result", out)
-    for r in sorted(set(range(4)) - set(lost)):
+    for r in sorted(set(range(ranks)) - set(lost)):
         shrunk = re.findall(rf"^rank {r}: shrunk failed \[([\d,]*)\] size (\d+) attempts (\d+) detect_us (\d+) "
                             rf"shrink_us (\d+) agree_us (\d+) form_us (\d+)", out, re.M)
         if not shrunk:
@@ -54,8 +56,8 @@ def check(out, lost):
             fail(f"rank {r} lost {got}, expected {sorted(lost)}", out)
         if f"rank {r}: done" not in out:
             fail(f"rank {r} did not finish", out)
-        if not re.search(rf"^rank {r}: verified \d+ on {4 - len(lost)} ranks", out, re.M):
-            fail(f"rank {r} did not verify its collectives on {4 - len(lost)} ranks", out)
+        if not re.search(rf"^rank {r}: verified \d+ on {ranks - len(lost)} ranks", out, re.M):
+            fail(f"rank {r} did not verify its collectives on {ranks - len(lost)} ranks", out)
         for s in shrunk:
             for name, value in zip(("detect", "shrink", "agree", "form"), s[3:7]):
                 figures.setdefault(name, []).append(int(value) / 1000)
@@ -93,6 +95,9 @@ for i in range(runs):
         else:
             check(out, [1, 2])
             outcomes["shrunk"] = outcomes.get("shrunk", 0) + 1
+    elif mode == "threads":
+        out = run([])
+        check(out, [2, 3])
     elif mode == "host":
         out = run(["host"])
         check(out, [2, 3])

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -34,7 +36,12 @@ constexpr int kMaxThreads = 256;
 // subgroup); status and message say why they could not be, for the other threads to report.
 struct Lanes {
   std::vector<std::unique_ptr<Communicator>> lane;
-  std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new group's only)
+  std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new or shrunk group's only)
+  // A shrink's outcome, from thread 0 to its siblings: the old ranks that are out, and the lane's figures.
+  std::vector<int> failed;
+  int attempts = 0;
+  std::chrono::nanoseconds agree{0}, form{0};
+  uint64_t nonce = 0;  // names the shrunk group's teams apart from any earlier group's
   int status = 0;
   std::string message;
   // The stops of this process's levels, counted, and the last one: whether it was a timeout, and
@@ -176,11 +183,79 @@ class ThreadedCommunicator final : public Communicator {
     if (Communicator* mine = active_lane()) mine->reset();
     stopped_.clear();
   }
+  // Every thread of every surviving process calls it. A lost process takes all of its threads'
+  // ranks; a living process loses none, so its team stays whole and is only reset. Thread 0
+  // shrinks lane 0 (the lane transport's shrink: the survivors agree on the lost processes,
+  // bounded by the deadline), the processes report their thread counts over it, and thread 0 makes
+  // the other lanes as copies of it, one after another; every thread then builds the new group
+  // over a new team, with the same layout rule as a new group.
   ShrinkResult shrink() override {
-    fail(GRADSYNC_E_UNSUPPORTED,
-         "shrink of a group whose processes hold several ranks (threads): a lost process takes all of its threads' "
-         "ranks, and their thread groups cannot be re-formed in place; create the group with one rank per process "
-         "to shrink it");
+    const auto shrunk_name = [this](uint64_t nonce, int64_t lane) {
+      return fmt::format("{}.s{:x}.{}", group_options().name.substr(0, 32), nonce, lane);
+    };
+    team_->reset();
+    auto made = std::make_shared<Lanes>();
+    ShrinkResult lane_result;
+    if (voice()) {
+      try {
+        lane_result = lane(0).shrink();
+        made->lane.push_back(std::move(lane_result.comm));
+        Communicator& first = *made->lane[0];
+        std::vector<int64_t> counts(static_cast<size_t>(first.size()));
+        const auto mine = static_cast<int64_t>(threads());
+        first.allgather(&mine, counts.data(), counts.size(), DType::I64);
+        made->proc_of = lay_out_ranks(counts, first.rank(), static_cast<int>(threads()));
+        // One nonce for the whole group (lane 0's rank 0's): the new lanes and teams are named
+        // apart from any earlier group's, as split's subgroups are.
+        auto nonce = static_cast<int64_t>(first.rank() == 0 ? random_nonce() : 0);
+        first.broadcast(&nonce, 1, DType::I64, 0);
+        made->nonce = static_cast<uint64_t>(nonce);
+        const int64_t most = *std::max_element(counts.begin(), counts.end());
+        std::vector<int> all(counts.size());
+        std::iota(all.begin(), all.end(), 0);
+        for (int64_t k = 1; k < most; ++k) {
+          made->lane.push_back(first.form_subgroup(Subgroup{first.rank(), all, shrunk_name(made->nonce, k), nullptr}));
+        }
+        // The old group's ranks that are out: every thread of every lost process.
+        for (size_t r = 0; r < proc_of_.size(); ++r)
+          if (std::binary_search(lane_result.failed.begin(), lane_result.failed.end(), proc_of_[r]))
+            made->failed.push_back(static_cast<int>(r));
+        made->attempts = lane_result.attempts;
+        made->agree = lane_result.agree;
+        made->form = lane_result.form;
+      } catch (const Error& e) {
+        made->lane.clear();
+        made->status = e.status();
+        made->message = e.what();
+      }
+    }
+    std::shared_ptr<Lanes> shared = share(*team_, voice() ? made : nullptr);
+    if (shared->status != 0) {
+      throw Error(shared->status, voice() ? shared->message
+                                          : fmt::format("thread 0 of this process could not shrink the group's "
+                                                        "process-level group: {}",
+                                                        shared->message));
+    }
+    std::vector<int> members(static_cast<size_t>(team_->size()));
+    std::iota(members.begin(), members.end(), 0);
+    std::unique_ptr<Communicator> team =
+        team_->form_subgroup(Subgroup{team_->rank(), members, shrunk_name(shared->nonce, 0), nullptr});
+    std::vector<int> survivors;  // the old ranks that stay, in their order (the new ranks)
+    for (int r = 0; r < size(); ++r)
+      if (!std::binary_search(shared->failed.begin(), shared->failed.end(), r)) survivors.push_back(r);
+    const int new_rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
+    std::vector<int> proc_of = shared->proc_of;
+    auto shrunk =
+        std::make_unique<ThreadedCommunicator>(std::move(team), shared, std::move(proc_of), new_rank, group_options());
+    pass_identity(*shrunk, group_options(), topology().restricted(survivors, new_rank));
+    shrunk->take_identity(member_id(), next_member_id());
+    ShrinkResult result;
+    result.failed = shared->failed;
+    result.attempts = shared->attempts;
+    result.agree = shared->agree;
+    result.form = shared->form;
+    result.comm = std::move(shrunk);
+    return result;
   }
   GrowResult grow(const std::string&, int) override {
     fail(GRADSYNC_E_UNSUPPORTED,

@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Shrink of a group of threads as ranks (comm.h): 3 processes x 2 threads (6 ranks) call
+ * allreduces, each result checked, until process 1 SIGKILLs itself in the middle of them, taking
+ * ranks 2 and 3. Every thread of processes 0 and 2 gets an error, shrinks, and checks the new
+ * group: 4 ranks in the old order, each rank's member id kept, the topology, and every collective
+ * on it; then it shrinks that group with nobody lost (the same group again), checks it the same
+ * way, and finishes. Run by run_shrink.py (mode threads) under
+ * mpirun --enable-recovery, which checks what every survivor printed.
+ *
+ *   mpirun --enable-recovery -np 3 threads_shrink   (SHRINK_TRANSPORT=hier: the hierarchical transport) */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gradsync/gradsync.h"
+
+#define THREADS 2
+#define PROCS 3
+#define VICTIM 1
+#define LARGE 100003
+
+static int32_t g_transport = GRADSYNC_TRANSPORT_MPI;
+static int g_proc;
+static pthread_mutex_t g_print = PTHREAD_MUTEX_INITIALIZER;
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+#define SAY(...)                    \
+  do {                              \
+    pthread_mutex_lock(&g_print);   \
+    printf(__VA_ARGS__);            \
+    fflush(stdout);                 \
+    pthread_mutex_unlock(&g_print); \
+  } while (0)
+
+/* Every collective on the shrunk group, each result checked: how many were right (of 4). */
+static int verify(gradsync_comm* c, int me, int n, const int* old_rank) {
+  int right = 0;
+  float one = (float)(old_rank[me] + 1), sum = 0;
+  for (int r = 0; r < n; r++) sum += (float)(old_rank[r] + 1);
+  if (gradsync_comm_allreduce(c, &one, &one, 1, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK && one == sum)
+    right++;
+  else
+    SAY("rank %d: WRONG small allreduce %g, expected %g (%s)\n", old_rank[me], one, sum, gradsync_last_error_message());
+  float* big = malloc(LARGE * sizeof(float));
+  for (int i = 0; i < LARGE; i++) big[i] = (float)((i % 97) * (old_rank[me] + 1));
+  if (gradsync_comm_allreduce(c, big, big, LARGE, GRADSYNC_F32, GRADSYNC_SUM) == GRADSYNC_OK) {
+    int ok = 1;
+    for (int i = 0; i < LARGE && ok; i++) ok = big[i] == (float)(i % 97) * sum;
+    if (ok)
+      right++;
+    else
+      SAY("rank %d: WRONG large allreduce\n", old_rank[me]);
+  } else {
+    SAY("rank %d: WRONG large allreduce failed: %s\n", old_rank[me], gradsync_last_error_message());
+  }
+  for (int i = 0; i < LARGE; i++) big[i] = me == n - 1 ? (float)i : -1.0f;
+  if (gradsync_comm_broadcast(c, big, LARGE, GRADSYNC_F32, n - 1) == GRADSYNC_OK &&
+      big[LARGE - 1] == (float)(LARGE - 1) && big[7] == 7.0f)
+    right++;
+  else
+    SAY("rank %d: WRONG broadcast\n", old_rank[me]);
+  int32_t mine = old_rank[me], all[8] = {0};
+  if (gradsync_comm_allgather(c, &mine, all, (size_t)n, GRADSYNC_I32) == GRADSYNC_OK) {
+    int ok = 1;
+    for (int r = 0; r < n; r++) ok &= all[r] == old_rank[r];
+    if (ok)
+      right++;
+    else
+      SAY("rank %d: WRONG allgather\n", old_rank[me]);
+  } else {
+    SAY("rank %d: WRONG allgather failed: %s\n", old_rank[me], gradsync_last_error_message());
+  }
+  free(big);
+  return right;
+}
+
+static void* run(void* arg) {
+  const int t = (int)(intptr_t)arg;
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* c = NULL;
+  o.transport = g_transport;
+  o.threads = THREADS;
+  o.thread = t;
+  o.timeout_ms = 20000;
+  snprintf(o.name, sizeof o.name, "threads-shrink");
+  if (gradsync_comm_create(&c, &o) != GRADSYNC_OK) {
+    SAY("process %d thread %d: create failed: %s\n", g_proc, t, gradsync_last_error_message());
+    return NULL;
+  }
+  int me = -1, size = 0;
+  gradsync_comm_rank(c, &me);
+  gradsync_comm_size(c, &size);
+  double started = 0;
+  int status = GRADSYNC_OK;
+  for (int round = 0;; round++) {
+    float v = (float)(me + 1);
+    if (g_proc == VICTIM && t == 0 && round == 40) {
+      SAY("rank %d: dies\n", me);
+      kill(getpid(), SIGKILL);
+    }
+    started = now_us();
+    status = gradsync_comm_allreduce(c, &v, &v, 1, GRADSYNC_F32, GRADSYNC_SUM);
+    if (status != GRADSYNC_OK) break;
+    if (v != (float)(size * (size + 1) / 2)) SAY("rank %d: WRONG allreduce %g in round %d\n", me, v, round);
+  }
+  const double detect = now_us() - started;
+  SAY("rank %d: failed %s %s\n", me, gradsync_status_string(status), gradsync_last_error_message());
+  gradsync_comm* n = NULL;
+  int32_t failed[PROCS * THREADS];
+  gradsync_shrink_result res;
+  memset(&res, 0, sizeof res);
+  res.struct_size = sizeof res;
+  res.version = GRADSYNC_SHRINK_RESULT_VERSION;
+  const double shrink_start = now_us();
+  status = gradsync_comm_shrink(c, &n, failed, PROCS * THREADS, &res);
+  const double shrink = now_us() - shrink_start;
+  if (status != GRADSYNC_OK) {
+    SAY("rank %d: shrink %s %s\n", me, gradsync_status_string(status), gradsync_last_error_message());
+    gradsync_comm_free(c);
+    return NULL;
+  }
+  char list[64] = "";
+  for (int i = 0; i < res.failed_count; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", (int)failed[i]);
+  int new_rank = -1, new_size = 0;
+  int64_t id = -1;
+  gradsync_comm_rank(n, &new_rank);
+  gradsync_comm_size(n, &new_size);
+  gradsync_comm_member_id(n, &id);
+  SAY("rank %d: shrunk failed [%s] size %d attempts %d detect_us %.0f shrink_us %.0f agree_us %.0f form_us %.0f\n", me,
+      list, new_size, (int)res.attempts, detect, shrink, (double)res.agree_ns / 1e3, (double)res.form_ns / 1e3);
+  /* The survivors in the old order; each keeps its member id (its old rank here). */
+  int old_rank[PROCS * THREADS], k = 0;
+  for (int r = 0; r < size; r++) {
+    int out = 0;
+    for (int i = 0; i < res.failed_count; i++) out |= failed[i] == r;
+    if (!out) old_rank[k++] = r;
+  }
+  int32_t host = -1, local_rank = -1, local_size = 0, hosts = 0;
+  const int topo_ok = gradsync_comm_topology(n, &host, &local_rank, &local_size, &hosts, NULL, 0) == GRADSYNC_OK &&
+                      host == 0 && hosts == 1 && local_size == new_size && local_rank == new_rank;
+  if (k != new_size || new_rank < 0 || old_rank[new_rank] != me || id != me || !topo_ok) {
+    SAY("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d, rank of old %d)\n", me, new_rank,
+        new_size, (long long)id, k, me);
+  } else {
+    int right = verify(n, new_rank, new_size, old_rank);
+    /* A shrink with nobody lost: the same group again, each rank where it was. */
+    gradsync_comm* again = NULL;
+    status = gradsync_comm_shrink(n, &again, failed, PROCS * THREADS, &res);
+    int again_rank = -1, again_size = 0;
+    if (status == GRADSYNC_OK) {
+      gradsync_comm_rank(again, &again_rank);
+      gradsync_comm_size(again, &again_size);
+    }
+    if (status != GRADSYNC_OK || res.failed_count != 0 || again_rank != new_rank || again_size != new_size) {
+      SAY("rank %d: WRONG shrink with nobody lost: %s, %d failed, rank %d of %d (%s)\n", me,
+          gradsync_status_string(status), (int)res.failed_count, again_rank, again_size, gradsync_last_error_message());
+    } else {
+      right += verify(again, new_rank, new_size, old_rank);
+    }
+    if (right == 8) SAY("rank %d: verified %d on %d ranks\n", me, right, new_size);
+    gradsync_comm_free(again);
+  }
+  gradsync_comm_free(n);
+  gradsync_comm_free(c);
+  SAY("rank %d: done\n", me);
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  const char* transport = getenv("SHRINK_TRANSPORT");
+  (void)argc;
+  (void)argv;
+  if (transport != NULL && strcmp(transport, "hier") == 0) g_transport = GRADSYNC_TRANSPORT_HIER;
+  const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
+  g_proc = world_rank != NULL ? atoi(world_rank) : 0;
+  pthread_t ids[THREADS];
+  for (int t = 0; t < THREADS; t++) pthread_create(&ids[t], NULL, run, (void*)(intptr_t)t);
+  for (int t = 0; t < THREADS; t++) pthread_join(ids[t], NULL);
+  return 0;
+}
