@@ -2,10 +2,12 @@
 /* Shrink of a group of threads as ranks (comm.h): 3 processes x 2 threads (6 ranks) call
  * allreduces, each result checked, until process 1 SIGKILLs itself in the middle of them, taking
  * ranks 2 and 3. Every thread of processes 0 and 2 gets an error, shrinks, and checks the new
- * group: 4 ranks in the old order, each rank's member id kept, the topology, and every collective
+ * group: 4 ranks in the old order, each rank's member id kept, the topology (the survivors' hosts as
+ * they were), and every collective
  * on it; then it shrinks that group with nobody lost (the same group again), checks it the same
  * way, and finishes. Run by run_shrink.py (mode threads) under
- * mpirun --enable-recovery, which checks what every survivor printed.
+ * mpirun --enable-recovery, which checks what every survivor printed; across namespace hosts, one
+ * process on each, by tests/multihost/shrink_hosts.py --what threads.
  *
  *   mpirun --enable-recovery -np 3 threads_shrink   (SHRINK_TRANSPORT=hier: the hierarchical transport) */
 #define _POSIX_C_SOURCE 200809L
@@ -101,6 +103,8 @@ static void* run(void* arg) {
   int me = -1, size = 0;
   gradsync_comm_rank(c, &me);
   gradsync_comm_size(c, &size);
+  int32_t old_hosts[PROCS * THREADS];
+  gradsync_comm_topology(c, NULL, NULL, NULL, NULL, old_hosts, PROCS * THREADS);
   double started = 0;
   int status = GRADSYNC_OK;
   for (int round = 0;; round++) {
@@ -147,9 +151,18 @@ static void* run(void* arg) {
     for (int i = 0; i < res.failed_count; i++) out |= failed[i] == r;
     if (!out) old_rank[k++] = r;
   }
-  int32_t host = -1, local_rank = -1, local_size = 0, hosts = 0;
-  const int topo_ok = gradsync_comm_topology(n, &host, &local_rank, &local_size, &hosts, NULL, 0) == GRADSYNC_OK &&
-                      host == 0 && hosts == 1 && local_size == new_size && local_rank == new_rank;
+  /* The topology: the survivors' hosts as they were, numbered again in the order of their first
+     rank (on one host, or on namespace hosts with one of them lost). */
+  int32_t hosts = 0, new_hosts[PROCS * THREADS], renumbered[PROCS * THREADS], seen = 0;
+  int topo_ok = gradsync_comm_topology(n, NULL, NULL, NULL, &hosts, new_hosts, PROCS * THREADS) == GRADSYNC_OK;
+  for (int i = 0; i < k && topo_ok; i++) {
+    int32_t h = -1;
+    for (int j = 0; j < i && h < 0; j++)
+      if (old_hosts[old_rank[j]] == old_hosts[old_rank[i]]) h = renumbered[j];
+    renumbered[i] = h >= 0 ? h : seen++;
+    topo_ok = new_hosts[i] == renumbered[i];
+  }
+  topo_ok = topo_ok && hosts == seen;
   if (k != new_size || new_rank < 0 || old_rank[new_rank] != me || id != me || !topo_ok) {
     SAY("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d, rank of old %d)\n", me, new_rank,
         new_size, (long long)id, k, me);

@@ -5,7 +5,7 @@ mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
                     [--seeds N] [--mode loop|embedding|zero|torch] [--layout 2,2 --lost-host 1]
-                    --what rank|small|large|transfer|host|stress -- PROGRAM
+                    --what rank|small|large|transfer|host|stress|threads -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program (with --mode torch: python3 tests/multihost/torch_elastic.py,
 on hier, which prints the same lines).
@@ -32,6 +32,9 @@ on hier, which prints the same lines).
   be bitwise one process's ("verified" counts them). --mode zero does the same with a ZeRO-1
   Adam parameter with one replica of each slice: its weights must end bitwise a one-rank run's;
   --mode torch with gradsync.torch.elastic and a ZeroRedundancyOptimizer(replicas=1) in Python.
+- threads: PROGRAM is tests/mpi/mpi_threads_shrink: 3 hosts x 1 process x 2 threads (threads as
+  ranks), the process of h1 SIGKILLs itself in the middle of allreduces; the 4 ranks left must shrink
+  to {2, 3}, check the new group's topology and every collective on it, and finish.
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -61,7 +64,7 @@ def fail(what, output=""):
 def launch(args, program, what, seed=0):
     """One job on namespace hosts (2 x 2 but for --what host); returns its output once every rank
     has ended (or fails)."""
-    layout = args.layout if what == "host" else [2, 2]
+    layout = args.layout if what == "host" else [1, 1, 1] if what == "threads" else [2, 2]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
@@ -80,6 +83,9 @@ def launch(args, program, what, seed=0):
             elif what == "stress":
                 job = h.start(program + ["stress", str(seed)], mpirun_args=mpirun_args, env=env)
                 survivors = 2
+            elif what == "threads":
+                job = h.start(program, mpirun_args=mpirun_args, env=env)
+                survivors = 4
             else:
                 job = h.start(program + ["victim" if what == "rank" else what, "3"], mpirun_args=mpirun_args, env=env)
                 survivors = 3
@@ -161,7 +167,13 @@ def check(what, out, args):
         else:
             check_finishers(out, [3], "transfer")
         return
-    if what != "host":
+    if what == "threads":
+        for r in (0, 1, 4, 5):
+            if not re.search(rf"^rank {r}: shrunk failed \[2,3\] size 4 attempts (\d+)", out, re.M):
+                fail(f"rank {r} did not shrink to the 4 ranks left without host h1's process (ranks 2, 3)", out)
+            if not re.search(rf"^rank {r}: verified \d+ on 4 ranks", out, re.M) or f"rank {r}: done" not in out:
+                fail(f"rank {r} did not check its collectives on the new group and finish", out)
+    elif what != "host":
         for r in (0, 1, 2):
             m = re.search(rf"^rank {r}: shrunk failed \[3\] size 3 attempts (\d+)", out, re.M)
             if not m:
@@ -197,7 +209,8 @@ def check(what, out, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "small", "large", "transfer", "host", "stress"), required=True)
+    ap.add_argument("--what", choices=("rank", "small", "large", "transfer", "host", "stress", "threads"),
+                    required=True)
     ap.add_argument("--seeds", type=int, default=3, help="stress: the launches")
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
     ap.add_argument("--pid-namespaces", action="store_true",
