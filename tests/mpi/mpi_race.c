@@ -42,7 +42,6 @@ static int32_t g_transport;
 static int g_plain; /* one rank per process: options.threads unset */
 static int g_procs, g_me, g_threads[MAX_PROCS], g_first[MAX_PROCS];
 static uint64_t g_calls;
-static int64_t g_abort_us = 20000;
 static double g_hang_s;
 static MPI_Comm g_board, g_lib;
 static pthread_barrier_t g_team;
@@ -71,58 +70,10 @@ static void left(int t) { __atomic_store_n(&g_since[t], 0, __ATOMIC_RELEASE); }
 /* ------------------------------------------------------------------ one rank */
 
 typedef struct {
-  race_rank base; /* first: its enter hook finds the rest */
+  race_rank base;
   int t;
-  uint64_t rng;
-  pthread_mutex_t lock; /* cued, stop_aborter */
-  pthread_cond_t cond;
-  int cued, stop_aborter;
+  race_aborter aborter;
 } rank_ctx;
-
-static void cue_aborter(race_rank* b) {
-  rank_ctx* c = (rank_ctx*)b;
-  c->rng = mix64(c->rng);
-  if (c->rng % (uint64_t)(3 * g_size) != 0) return;
-  pthread_mutex_lock(&c->lock);
-  c->cued = 1;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-}
-
-/* As round_race's: random waits, or a cue and a spin of log-uniform length; it holds off around a
- * call whose stall must end in a timeout, and mostly during resets. */
-static void* aborter_main(void* arg) {
-  rank_ctx* c = (rank_ctx*)arg;
-  uint64_t rng = mix64(g_seed + 977u * (uint64_t)(c->base.rank + 1));
-  const uint64_t span = (uint64_t)(2 * g_abort_us * g_size) + 1;
-  for (;;) {
-    struct timespec until;
-    uint64_t k, wait_ns;
-    int cued, stop;
-    rng = mix64(rng);
-    wait_ns = ((rng >> 8) % span) * 1000u;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)((wait_ns + (uint64_t)until.tv_nsec) / 1000000000u);
-    until.tv_nsec = (long)((wait_ns + (uint64_t)until.tv_nsec) % 1000000000u);
-    pthread_mutex_lock(&c->lock);
-    while (!c->cued && !c->stop_aborter && pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0) {
-    }
-    cued = c->cued;
-    c->cued = 0;
-    stop = c->stop_aborter;
-    pthread_mutex_unlock(&c->lock);
-    if (stop) break;
-    if (cued || (rng & 7) == 0) spin_for(((uint64_t)1 << ((rng >> 40) % 14)) + ((rng >> 20) & 15));
-    k = __atomic_load_n(&g_at[c->t], __ATOMIC_ACQUIRE);
-    if (k > 0 && (plan_of(k).quiet || plan_of(k + 1).quiet || (k > 1 && plan_of(k - 1).quiet))) continue;
-    /* A reset on MPI forms communicators anew, which takes longer than the aborts come: most
-       aborts spare it, or no reset would ever finish. */
-    if (__atomic_load_n(&g_resetting[c->t], __ATOMIC_RELAXED) && (rng >> 50) % 8 != 0) continue;
-    gradsync_comm_abort(c->base.comm);
-    __atomic_add_fetch(&g_aborts, 1, __ATOMIC_RELAXED);
-  }
-  return NULL;
-}
 
 /* Every rank's outcome of this step, to every rank: this process's threads meet, its thread 0
  * trades them with the other processes over the test's own communicator. */
@@ -299,18 +250,7 @@ static void* rank_main(void* arg) {
     fprintf(stderr, "mpi_race: process %d thread %d: out of memory\n", g_me, c->t);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  c->base.enter = cue_aborter;
-  c->rng = mix64(g_seed ^ (0xA5A5u + (uint64_t)c->base.rank));
-  pthread_t aborter;
-  {
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &attr);
-    pthread_condattr_destroy(&attr);
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_create(&aborter, NULL, aborter_main, c);
-  }
+  race_aborter_start(&c->base, &c->aborter, &g_at[c->t], &g_resetting[c->t], &g_aborts);
 
   for (uint64_t k = 1; k <= g_calls && !stopped(); k++) {
     const plan p = plan_of(k);
@@ -350,19 +290,13 @@ static void* rank_main(void* arg) {
     }
   }
 
-  pthread_mutex_lock(&c->lock);
-  c->stop_aborter = 1;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  pthread_join(aborter, NULL);
+  race_aborter_stop(&c->base);
   /* every rank out of its last call before any frees (freeing is collective) */
   static settling finish = {"the finish", 0};
   record(c->t, GRADSYNC_OK, V_OK);
   exchange(c->t, judge_settled, &finish);
   gradsync_comm_free(c->base.comm);
   race_rank_free(&c->base);
-  pthread_cond_destroy(&c->cond);
-  pthread_mutex_destroy(&c->lock);
   return NULL;
 }
 
@@ -432,7 +366,7 @@ int main(int argc, char** argv) {
   MPI_Bcast(&seed, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   g_seed = (uint64_t)seed;
   g_timeout_ms = env_or("MPI_RACE_TIMEOUT_MS", 300);
-  g_abort_us = env_or("MPI_RACE_ABORT_US", g_abort_us);
+  g_abort_us = env_or("MPI_RACE_ABORT_US", 20000);
   g_stall_every = (unsigned)env_or("MPI_RACE_STALL_EVERY", 100);
   g_mismatch_every = (unsigned)env_or("MPI_RACE_MISMATCH_EVERY", 25);
   /* a call waits at most a deadline per level, a few in all; far past that is a hang */

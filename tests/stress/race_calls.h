@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ static int g_size;
 static int64_t g_timeout_ms = 50;
 static unsigned g_stall_every = 1000; /* 1 in how many calls a rank stalls (0: never) */
 static unsigned g_mismatch_every = 0; /* 1 in how many calls a rank passes another count (0: never) */
+static int64_t g_abort_us = 1000;     /* the group's mean time between its aborters' aborts */
 
 enum { V_NONE = 0, V_OK = 1, V_WRONG = 2, V_FAILED = 3 };
 
@@ -231,14 +233,112 @@ static void fill_expected(void* buf, int32_t dtype, int32_t op, size_t n, uint64
   }
 }
 
-/* One rank's buffers and communicator; enter, when set, runs just before each call into the library. */
+/* A rank's aborter thread: it aborts the rank's group at random moments, and when cued just before
+ * one of the rank's calls into the library, after a wake-up (a few microseconds, more on a busy
+ * machine) and a spin of log-uniform length, so that aborts land near the round's arrival and
+ * completion, where the protocol has to decide. Aborts at random moments rarely fall there: most of
+ * the time goes to filling and checking buffers. It holds off around a call whose stall must end
+ * in a timeout (plan.quiet), and, with `resetting` set, mostly while the rank resets. */
+typedef struct {
+  gradsync_comm* comm;
+  int rank;
+  const uint64_t* current; /* the call the rank is at (atomic) */
+  const int* resetting;    /* non-zero while the rank resets (atomic), or NULL */
+  uint64_t* sent;          /* aborts sent (atomic add) */
+  uint64_t rng;            /* the rank's, for its cues */
+  pthread_mutex_t lock;    /* cued, stop */
+  pthread_cond_t cond;
+  int cued, stop;
+  pthread_t thread;
+} race_aborter;
+
+/* One rank's buffers and communicator, and its aborter (NULL: none). */
 typedef struct race_rank {
   int rank;
   gradsync_comm* comm;
   char *send, *recv, *expect, *send2, *recv2, *expect2; /* LARGE_MAX floats each */
   float *zsend, *zrecv;                                 /* gradsync_comm_alloc: zero copy on shm */
-  void (*enter)(struct race_rank*);
+  race_aborter* aborter;
 } race_rank;
+
+static void* race_aborter_main(void* arg) {
+  race_aborter* a = (race_aborter*)arg;
+  uint64_t rng = mix64(g_seed + 977u * (uint64_t)(a->rank + 1));
+  /* each of the group's aborters waits size times the group's mean interval */
+  const uint64_t span = (uint64_t)(2 * g_abort_us * g_size) + 1;
+  for (;;) {
+    struct timespec until;
+    uint64_t k, wait_ns;
+    int cued, stop;
+    rng = mix64(rng);
+    wait_ns = ((rng >> 8) % span) * 1000u;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)((wait_ns + (uint64_t)until.tv_nsec) / 1000000000u);
+    until.tv_nsec = (long)((wait_ns + (uint64_t)until.tv_nsec) % 1000000000u);
+    pthread_mutex_lock(&a->lock);
+    while (!a->cued && !a->stop && pthread_cond_timedwait(&a->cond, &a->lock, &until) == 0) {
+    }
+    cued = a->cued;
+    a->cued = 0;
+    stop = a->stop;
+    pthread_mutex_unlock(&a->lock);
+    if (stop) break;
+    if (cued || (rng & 7) == 0) spin_for(((uint64_t)1 << ((rng >> 40) % 14)) + ((rng >> 20) & 15));
+    k = __atomic_load_n(a->current, __ATOMIC_ACQUIRE);
+    if (k > 0 && (plan_of(k).quiet || plan_of(k + 1).quiet || (k > 1 && plan_of(k - 1).quiet))) continue;
+    /* A reset on MPI forms communicators anew, which takes longer than the aborts come: most
+       aborts spare it, or no reset would ever finish. */
+    if (a->resetting != NULL && __atomic_load_n(a->resetting, __ATOMIC_RELAXED) && (rng >> 50) % 8 != 0) continue;
+    gradsync_comm_abort(a->comm);
+    __atomic_add_fetch(a->sent, 1, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+/* Starts the rank's aborter on its communicator (c->comm set). */
+static void race_aborter_start(race_rank* c, race_aborter* a, const uint64_t* current, const int* resetting,
+                               uint64_t* sent) {
+  pthread_condattr_t attr;
+  memset(a, 0, sizeof *a);
+  a->comm = c->comm;
+  a->rank = c->rank;
+  a->current = current;
+  a->resetting = resetting;
+  a->sent = sent;
+  a->rng = mix64(g_seed ^ (0xA5A5u + (uint64_t)c->rank));
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->cond, &attr);
+  pthread_condattr_destroy(&attr);
+  pthread_mutex_init(&a->lock, NULL);
+  c->aborter = a;
+  pthread_create(&a->thread, NULL, race_aborter_main, a);
+}
+
+static void race_aborter_stop(race_rank* c) {
+  race_aborter* a = c->aborter;
+  if (a == NULL) return;
+  pthread_mutex_lock(&a->lock);
+  a->stop = 1;
+  pthread_cond_signal(&a->cond);
+  pthread_mutex_unlock(&a->lock);
+  pthread_join(a->thread, NULL);
+  pthread_cond_destroy(&a->cond);
+  pthread_mutex_destroy(&a->lock);
+  c->aborter = NULL;
+}
+
+/* Just before some of its calls into the library (1 in 3 x size), the rank cues its aborter. */
+static void enter(race_rank* c) {
+  race_aborter* a = c->aborter;
+  if (a == NULL) return;
+  a->rng = mix64(a->rng);
+  if (a->rng % (uint64_t)(3 * g_size) != 0) return;
+  pthread_mutex_lock(&a->lock);
+  a->cued = 1;
+  pthread_cond_signal(&a->cond);
+  pthread_mutex_unlock(&a->lock);
+}
 
 /* 0, or -1 when out of memory. */
 static int race_rank_alloc(race_rank* c) {
@@ -265,10 +365,6 @@ static void race_rank_free(race_rank* c) {
   free(c->send2);
   free(c->recv2);
   free(c->expect2);
-}
-
-static void enter(race_rank* c) {
-  if (c->enter != NULL) c->enter(c);
 }
 
 /* K_ZEROCOPY's buffers on this rank: the communicator's, or its private ones. */

@@ -29,7 +29,6 @@
 
 static int g_shm;
 static uint64_t g_calls;
-static int64_t g_abort_us = 1000;
 static int64_t g_budget_s = 120;
 static char g_group[GRADSYNC_COMM_NAME_MAX];
 
@@ -74,13 +73,9 @@ static void st64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELE
 /* ------------------------------------------------------------------ one rank */
 
 typedef struct {
-  race_rank base; /* first: its enter hook finds the rest */
+  race_rank base;
   rank_state* state;
-  uint64_t rng;
-  pthread_mutex_t lock; /* cue and stop_aborter */
-  pthread_cond_t cond;
-  int cued, stop_aborter;
-  pthread_t aborter;
+  race_aborter aborter;
 } rank_ctx;
 
 static int stopping(void) { return (int)ld(&g_shared->stop); }
@@ -95,51 +90,6 @@ static void fatal(rank_ctx* c, const char* what, int status) {
 static void meet(int32_t* count) {
   __atomic_add_fetch(count, 1, __ATOMIC_ACQ_REL);
   while (ld(count) < g_size && !stopping()) sleep_us(200);
-}
-
-/* Just before some of its calls into the library, the rank wakes its aborter, whose wake-up (a
- * few microseconds, more on a busy machine) and a spin of log-uniform length land the abort near
- * the round's arrival and completion, where the protocol has to decide. Aborts at random moments
- * rarely fall there: most of the time goes to filling and checking buffers. */
-static void cue_aborter(race_rank* b) {
-  rank_ctx* c = (rank_ctx*)b;
-  c->rng = mix64(c->rng);
-  if (c->rng % (uint64_t)(3 * g_size) != 0) return;
-  pthread_mutex_lock(&c->lock);
-  c->cued = 1;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-}
-
-static void* aborter_main(void* arg) {
-  rank_ctx* c = (rank_ctx*)arg;
-  uint64_t rng = mix64(g_seed + 977u * (uint64_t)(c->base.rank + 1));
-  /* each of the group's aborters waits size times the group's mean interval */
-  const uint64_t span = (uint64_t)(2 * g_abort_us * g_size) + 1;
-  for (;;) {
-    struct timespec until;
-    uint64_t k, wait_ns;
-    int cued, stop;
-    rng = mix64(rng);
-    wait_ns = ((rng >> 8) % span) * 1000u;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)((wait_ns + (uint64_t)until.tv_nsec) / 1000000000u);
-    until.tv_nsec = (long)((wait_ns + (uint64_t)until.tv_nsec) % 1000000000u);
-    pthread_mutex_lock(&c->lock);
-    while (!c->cued && !c->stop_aborter && pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0) {
-    }
-    cued = c->cued;
-    c->cued = 0;
-    stop = c->stop_aborter;
-    pthread_mutex_unlock(&c->lock);
-    if (stop) break;
-    if (cued || (rng & 7) == 0) spin_for(((uint64_t)1 << ((rng >> 40) % 14)) + ((rng >> 20) & 15));
-    k = ld64(&c->state->current);
-    if (k > 0 && (plan_of(k).quiet || plan_of(k + 1).quiet || (k > 1 && plan_of(k - 1).quiet))) continue;
-    gradsync_comm_abort(c->base.comm);
-    __atomic_add_fetch(&c->state->aborts, 1, __ATOMIC_RELAXED);
-  }
-  return NULL;
 }
 
 /* Retries while the group is still settling (a peer slow to reach its reset). */
@@ -167,7 +117,6 @@ static int rank_main(int rank) {
   int status, rc = 0;
   memset(c, 0, sizeof *c);
   c->base.rank = rank;
-  c->base.enter = cue_aborter;
   c->state = &g_shared->rank[rank];
   if (race_rank_alloc(&c->base) != 0) {
     snprintf(c->state->fatal_msg, sizeof c->state->fatal_msg, "out of memory");
@@ -202,16 +151,7 @@ static int rank_main(int rank) {
     rc = 1;
     goto out;
   }
-  {
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &attr);
-    pthread_condattr_destroy(&attr);
-    pthread_mutex_init(&c->lock, NULL);
-    c->rng = mix64(g_seed ^ (0xA5A5u + (uint64_t)rank));
-    pthread_create(&c->aborter, NULL, aborter_main, c);
-  }
+  race_aborter_start(&c->base, &c->aborter, &c->state->current, NULL, &c->state->aborts);
 
   for (k = 1; k <= g_calls && !stopping(); ++k) {
     const plan p = plan_of(k);
@@ -242,13 +182,7 @@ static int rank_main(int rank) {
       break;
     }
   }
-  pthread_mutex_lock(&c->lock);
-  c->stop_aborter = 1;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  pthread_join(c->aborter, NULL);
-  pthread_cond_destroy(&c->cond);
-  pthread_mutex_destroy(&c->lock);
+  race_aborter_stop(&c->base);
   st(&c->state->phase, P_DONE);
   st(&c->state->finished, 1);
   meet(&g_shared->left);

@@ -62,6 +62,21 @@ std::shared_ptr<Lanes> share(Communicator& team, std::shared_ptr<Lanes> made) {
   return taken;
 }
 
+// Lane 0 made (a new group's, or a shrink's survivors'): the processes report their thread counts
+// over it, checked, and the other lanes follow one after another (make_lane(k)), as many as the
+// process of the most threads has, on every process, so that each thread that may form a
+// subgroup's lane owns one, here or on the other processes.
+template <class MakeLane>
+void lay_out_lanes(Lanes& made, int threads, MakeLane make_lane) {
+  Communicator& first = *made.lane[0];
+  std::vector<int64_t> counts(static_cast<size_t>(first.size()));
+  const int64_t mine = threads;
+  first.allgather(&mine, counts.data(), counts.size(), DType::I64);
+  made.proc_of = lay_out_ranks(counts, first.rank(), threads);
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  for (int64_t k = 1; k < most; ++k) made.lane.push_back(make_lane(k));
+}
+
 class ThreadedCommunicator final : public Communicator {
  public:
   // proc_of: every rank's process (its lane rank), by rank; a process's ranks, in rank order, are
@@ -201,21 +216,16 @@ class ThreadedCommunicator final : public Communicator {
         lane_result = lane(0).shrink();
         made->lane.push_back(std::move(lane_result.comm));
         Communicator& first = *made->lane[0];
-        std::vector<int64_t> counts(static_cast<size_t>(first.size()));
-        const auto mine = static_cast<int64_t>(threads());
-        first.allgather(&mine, counts.data(), counts.size(), DType::I64);
-        made->proc_of = lay_out_ranks(counts, first.rank(), static_cast<int>(threads()));
         // One nonce for the whole group (lane 0's rank 0's): the new lanes and teams are named
         // apart from any earlier group's, as split's subgroups are.
         auto nonce = static_cast<int64_t>(first.rank() == 0 ? random_nonce() : 0);
         first.broadcast(&nonce, 1, DType::I64, 0);
         made->nonce = static_cast<uint64_t>(nonce);
-        const int64_t most = *std::max_element(counts.begin(), counts.end());
-        std::vector<int> all(counts.size());
+        std::vector<int> all(static_cast<size_t>(first.size()));
         std::iota(all.begin(), all.end(), 0);
-        for (int64_t k = 1; k < most; ++k) {
-          made->lane.push_back(first.form_subgroup(Subgroup{first.rank(), all, shrunk_name(made->nonce, k), nullptr}));
-        }
+        lay_out_lanes(*made, static_cast<int>(threads()), [&](int64_t k) {
+          return first.form_subgroup(Subgroup{first.rank(), all, shrunk_name(made->nonce, k), nullptr});
+        });
         // The old group's ranks that are out: every thread of every lost process.
         for (size_t r = 0; r < proc_of_.size(); ++r)
           if (std::binary_search(lane_result.failed.begin(), lane_result.failed.end(), proc_of_[r]))
@@ -800,18 +810,10 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
       l.thread = 0;
       l.levels_always = true;
       made->lane.push_back(make_group(l));
-      Communicator& first = *made->lane[0];
-      if (const char* why = first.progress_thread_refused()) {
+      if (const char* why = made->lane[0]->progress_thread_refused()) {
         fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
       }
-      std::vector<int64_t> counts(static_cast<size_t>(first.size()));
-      const int64_t mine = options.threads;
-      first.allgather(&mine, counts.data(), counts.size(), DType::I64);
-      made->proc_of = lay_out_ranks(counts, first.rank(), options.threads);
-      // As many lanes as the process of the most threads has, on every process: each thread that
-      // may form a subgroup's lane owns one, here or on the other processes.
-      const int64_t most = *std::max_element(counts.begin(), counts.end());
-      for (int64_t k = 1; k < most; ++k) made->lane.push_back(make_group(l));
+      lay_out_lanes(*made, options.threads, [&](int64_t) { return make_group(l); });
     } catch (const Error& e) {
       made->lane.clear();
       made->status = e.status();
