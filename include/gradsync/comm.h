@@ -226,10 +226,8 @@
  *   level reaches the other hosts as GRADSYNC_E_ABORTED, as in a group of that transport); an
  *   abort stops every level of the process; the group needs gradsync_comm_reset on every rank
  *   after either.
- * - Subgroups (gradsync_comm_split): the subgroup's threads of each process must be the same
- *   threads by index, in the same order, on every process that has one; else the split returns
- *   GRADSYNC_E_UNSUPPORTED on the subgroup's ranks (splits by host, by process or by thread index
- *   always qualify; by local rank where every host has processes of the same threads).
+ * - Subgroups (gradsync_comm_split): any colors and keys, as on every transport; each process's
+ *   thread 0 forms the process-level groups of the subgroups with ranks on its process.
  * - Shrink (gradsync_comm_shrink, under mpirun --enable-recovery as for MPI): every thread of every
  *   surviving process calls it. A lost process takes all of its threads' ranks out; the others
  *   keep their order, member ids and threads. gradsync_comm_grow and a join with threads set

@@ -321,22 +321,32 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     GS_REQUIRE(all[3 * r] >= kNoColor, GRADSYNC_E_INVALID_ARG,
                "split: rank {} passed color {}; a color is >= 0, or {} for no subgroup", r, all[3 * r], kNoColor);
   }
-  if (color == kNoColor) return nullptr;
+  return split_by(all, color, split_number);
+}
 
+std::unique_ptr<Communicator> Communicator::split_by(std::span<const int64_t> table, int color, uint64_t split_number) {
+  if (color == kNoColor) return nullptr;
+  return form_subgroup(subgroup_of(table, color, split_number));
+}
+
+Communicator::Subgroup Communicator::subgroup_of(std::span<const int64_t> table, int color,
+                                                 uint64_t split_number) const {
+  const size_t n = table.size() / 3;
   Subgroup sub;
   for (size_t r = 0; r < n; ++r)
-    if (all[3 * r] == color) sub.members.push_back(static_cast<int>(r));
+    if (table[3 * r] == color) sub.members.push_back(static_cast<int>(r));
   std::stable_sort(sub.members.begin(), sub.members.end(), [&](int a, int b) {
-    return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1];
+    return table[3 * static_cast<size_t>(a) + 1] < table[3 * static_cast<size_t>(b) + 1];
   });
-  sub.rank = static_cast<int>(std::find(sub.members.begin(), sub.members.end(), rank()) - sub.members.begin());
+  const auto at = std::find(sub.members.begin(), sub.members.end(), rank());
+  sub.rank = at == sub.members.end() ? -1 : static_cast<int>(at - sub.members.begin());
   // The parent's name cut to 40 bytes, a dot and a hash of what makes this subgroup unique: within
   // the name limit, and as valid a segment name as the parent's.
-  const uint64_t words[3] = {static_cast<uint64_t>(all[2]), split_number, static_cast<uint64_t>(color)};
+  const uint64_t words[3] = {static_cast<uint64_t>(table[2]), split_number, static_cast<uint64_t>(color)};
   uint64_t h = fnv1a64(group_options_.name.data(), group_options_.name.size());
   h = fnv1a64(words, sizeof words, h);
   sub.name = fmt::format("{}.{:016x}", group_options_.name.substr(0, 40), h);
-  return form_subgroup(sub);
+  return sub;
 }
 
 std::unique_ptr<Communicator> Communicator::form_subgroup(const Subgroup& sub) {

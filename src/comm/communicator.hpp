@@ -205,6 +205,15 @@ class Communicator {
   friend GrowResult join(const Options& options);
   friend class Membership;  // a grown group takes its ids and options from the group it grew from
 
+  // The rest of split(), once every rank's color, key and nonce are known (`table`: 3 words per
+  // rank; rank 0's nonce is word 2): this rank's subgroup, or nullptr for kNoColor. Every rank
+  // calls it, with a color or not. Transports whose subgroups need ranks outside them to form
+  // (threads as ranks: each process's thread 0 forms the process-level groups of all the
+  // process's subgroups) override it.
+  virtual std::unique_ptr<Communicator> split_by(std::span<const int64_t> table, int color, uint64_t split_number);
+  // The subgroup of `color` in split()'s table: members by key, then rank; its name; this rank's
+  // place in it (-1 when not a member).
+  Subgroup subgroup_of(std::span<const int64_t> table, int color, uint64_t split_number) const;
   // Makes this rank's communicator of the subgroup; every member calls it at once.
   virtual std::unique_ptr<Communicator> make_subgroup(const Subgroup& subgroup) = 0;
   // The options of a group of this transport that forms the subgroup by its name.

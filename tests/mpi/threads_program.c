@@ -2,7 +2,8 @@
 /* Threads as ranks of an MPI or hierarchical group (comm.h, "Threads as ranks"), beyond what the
  * conformance suite runs on them (mpi/threads=T): processes of different thread counts (the path
  * through each team's thread 0), the topology of a threaded group, its subgroups (by thread, by
- * process, reordered, and the refused kind), grow refused, a non-blocking call, the
+ * process, reordered, crossed (a subgroup's rank 0 a different thread on each process), mixed, and
+ * a split of a split), grow refused, a non-blocking call, the
  * options a threaded create refuses, and a seeded random sequence of collectives whose every
  * result is checked against a reference computed here.
  *
@@ -274,7 +275,7 @@ static void check_collectives(Thread* x, gradsync_comm* c, uint64_t seed) {
 
 /* One subgroup, its members' allreduce checked; members: the parent ranks in subgroup order. A
  * subgroup whose rank 0 is a different thread on different processes is refused (want). */
-static void check_subgroup(Thread* x, int color, int key, const char* what, int want) {
+static void check_subgroup(Thread* x, int color, int key, const char* what) {
   gradsync_comm* sub = NULL;
   int colors[MAX_RANKS], keys[MAX_RANKS], members[MAX_RANKS], m = 0;
   int32_t pair[2] = {color, key}, all[2 * MAX_RANKS];
@@ -289,9 +290,10 @@ static void check_subgroup(Thread* x, int color, int key, const char* what, int 
       members[j - 1] = t;
     }
   const int st = gradsync_comm_split(x->c, color, key, &sub);
-  EXPECT(x, st == want, "split %s returned %d, expected %d", what, st, want);
-  if (st != GRADSYNC_OK) {
-    check_allreduce(x, x->c, g_size, g_members, 9, 2, GRADSYNC_SUM, 5); /* the group goes on */
+  EXPECT(x, st == GRADSYNC_OK, "split %s returned %d", what, st);
+  check_allreduce(x, x->c, g_size, g_members, 9, 2, GRADSYNC_SUM, 5); /* the group goes on */
+  if (st != GRADSYNC_OK || color == GRADSYNC_SPLIT_NONE) {
+    EXPECT(x, sub == NULL, "split %s: a rank of no color got a subgroup", what);
     return;
   }
   int32_t rank = -1, size = -1;
@@ -372,17 +374,44 @@ static void* run(void* arg) {
   EXPECT(x, sum == (int64_t)g_size * (g_size - 1) / 2, "iallreduce gave %" PRId64, sum);
 
   /* Subgroups: by thread index (one thread of each process that has it), by process (its
-   * threads), the whole group reversed; and where every process has two threads or more, colors
-   * that give a subgroup's rank 0 different threads on different processes: refused. */
-  int min_threads = MAX_RANKS, even = 1;
-  for (int p = 0; p < g_procs; p++) {
-    min_threads = g_threads[p] < min_threads ? g_threads[p] : min_threads;
-    even &= g_threads[p] == g_threads[0];
+   * threads), the whole group reversed, colors that give a subgroup's rank 0 different threads on
+   * different processes (crossed), mixed colors and keys with rank 0 in none, and a split of a
+   * crossed subgroup, reversed. */
+  check_subgroup(x, x->t, 0, "by thread");
+  check_subgroup(x, g_me, 0, "by process");
+  check_subgroup(x, 0, -x->rank, "reversed");
+  check_subgroup(x, (x->t + g_me) % 2, 0, "crossed");
+  check_subgroup(x, x->rank == 0 ? GRADSYNC_SPLIT_NONE : x->rank % 3, (x->rank * 7) % 5, "mixed");
+  {
+    gradsync_comm *a = NULL, *b = NULL;
+    int32_t ra = -1, rb = -1, sb = -1;
+    const int mine = (x->t + g_me) % 2;
+    int in_a[MAX_RANKS], na = 0, want[MAX_RANKS], nb = 0;
+    for (int r = 0; r < g_size; r++) {
+      const int t = r - first_rank(proc_of(r));
+      if ((t + proc_of(r)) % 2 == mine) in_a[na++] = r;
+    }
+    OK(x, gradsync_comm_split(x->c, mine, 0, &a));
+    if (a != NULL) {
+      gradsync_comm_rank(a, &ra);
+      for (int i = na - 1; i >= 0; i--)
+        if (i % 2 == ra % 2) want[nb++] = in_a[i];
+      OK(x, gradsync_comm_split(a, ra % 2, -ra, &b));
+    }
+    if (b != NULL) {
+      gradsync_comm_rank(b, &rb);
+      gradsync_comm_size(b, &sb);
+      int64_t me64 = x->rank, got[MAX_RANKS];
+      OK(x, gradsync_comm_allgather(b, &me64, got, (size_t)sb, GRADSYNC_I64));
+      EXPECT(x, sb == nb, "a split of a crossed subgroup has %d ranks, expected %d", (int)sb, nb);
+      for (int i = 0; i < sb && sb == nb; i++)
+        EXPECT(x, got[i] == want[i], "a split of a crossed subgroup: its rank %d is %d, expected %d", i, (int)got[i],
+               want[i]);
+      check_allreduce(x, b, nb, want, 30001, 1, GRADSYNC_SUM, 13);
+    }
+    gradsync_comm_free(b);
+    gradsync_comm_free(a);
   }
-  check_subgroup(x, x->t, 0, "by thread", GRADSYNC_OK);
-  check_subgroup(x, g_me, 0, "by process", GRADSYNC_OK);
-  check_subgroup(x, 0, -x->rank, "reversed", even || g_procs == 1 ? GRADSYNC_OK : GRADSYNC_E_UNSUPPORTED);
-  if (g_procs > 1 && min_threads >= 2) check_subgroup(x, (x->t + g_me) % 2, 0, "crossed", GRADSYNC_E_UNSUPPORTED);
 
   /* Grow: refused, the group goes on. (A shrink: threads_shrink.c, under mpirun --enable-recovery;
      it stops the old group for good, and the job then ends with MPI_Abort.) */

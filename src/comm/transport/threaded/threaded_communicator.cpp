@@ -31,11 +31,11 @@ constexpr size_t kFlatWindowBytes = size_t{4} << 20;
 
 constexpr int kMaxThreads = 256;
 
-// The process-level groups of one process, shared by its threads: lane k is called by the team's
-// rank k only. Made by the team's rank 0 (a new group), or lane by lane by their threads (a
-// subgroup); status and message say why they could not be, for the other threads to report.
-struct Lanes {
-  std::vector<std::unique_ptr<Communicator>> lane;
+// The process-level group of one process (the lane), shared by its threads and called by the
+// team's rank 0 only. Made by the team's rank 0 (a new group, a shrink, a split);
+// status and message say why it could not be, for the other threads to report.
+struct Lane {
+  std::unique_ptr<Communicator> comm;
   std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new or shrunk group's only)
   // A shrink's outcome, from thread 0 to its siblings: the old ranks that are out, and the lane's figures.
   std::vector<int> failed;
@@ -54,37 +54,33 @@ struct Lanes {
 
 // The team's rank 0 hands its threads a shared object it made: by address, through the team (one
 // address space), then a barrier so that the object outlives every copy being taken.
-std::shared_ptr<Lanes> share(Communicator& team, std::shared_ptr<Lanes> made) {
+template <class T>
+std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
   auto address = static_cast<int64_t>(reinterpret_cast<intptr_t>(&made));
   team.broadcast(&address, 1, DType::I64, 0);
-  std::shared_ptr<Lanes> taken = *reinterpret_cast<std::shared_ptr<Lanes>*>(static_cast<intptr_t>(address));
+  std::shared_ptr<T> taken = *reinterpret_cast<std::shared_ptr<T>*>(static_cast<intptr_t>(address));
   team.barrier();
   return taken;
 }
 
-// Lane 0 made (a new group's, or a shrink's survivors'): the processes report their thread counts
-// over it, checked, and the other lanes follow one after another (make_lane(k)), as many as the
-// process of the most threads has, on every process, so that each thread that may form a
-// subgroup's lane owns one, here or on the other processes.
-template <class MakeLane>
-void lay_out_lanes(Lanes& made, int threads, MakeLane make_lane) {
-  Communicator& first = *made.lane[0];
+// The lane made (a new group's, or a shrink's survivors'): the processes report their thread counts
+// over it, checked, which lay out the group's ranks.
+void report_threads(Lane& made, int threads) {
+  Communicator& first = *made.comm;
   std::vector<int64_t> counts(static_cast<size_t>(first.size()));
   const int64_t mine = threads;
   first.allgather(&mine, counts.data(), counts.size(), DType::I64);
   made.proc_of = lay_out_ranks(counts, first.rank(), threads);
-  const int64_t most = *std::max_element(counts.begin(), counts.end());
-  for (int64_t k = 1; k < most; ++k) made.lane.push_back(make_lane(k));
 }
 
 class ThreadedCommunicator final : public Communicator {
  public:
   // proc_of: every rank's process (its lane rank), by rank; a process's ranks, in rank order, are
   // its team's ranks in order.
-  ThreadedCommunicator(std::unique_ptr<Communicator> team, std::shared_ptr<Lanes> lanes, std::vector<int> proc_of,
+  ThreadedCommunicator(std::unique_ptr<Communicator> team, std::shared_ptr<Lane> lane, std::vector<int> proc_of,
                        int rank, const Options& options)
       : team_(std::move(team)),
-        lanes_(std::move(lanes)),
+        lane_(std::move(lane)),
         proc_of_(std::move(proc_of)),
         rank_(rank),
         transport_(options.transport),
@@ -101,9 +97,9 @@ class ThreadedCommunicator final : public Communicator {
     my_proc_ = proc_of_[static_cast<size_t>(rank_)];
     GS_REQUIRE(team_->rank() == team_of_[static_cast<size_t>(rank_)] &&
                    team_->size() == static_cast<int>(procs_[static_cast<size_t>(my_proc_)].size()) &&
-                   lanes_->lane[0]->rank() == my_proc_ && lanes_->lane[0]->size() == static_cast<int>(procs_.size()),
+                   lane_->comm->rank() == my_proc_ && lane_->comm->size() == static_cast<int>(procs_.size()),
                GRADSYNC_E_INTERNAL, "threads as ranks: rank {} is thread {} of {} in process {} of {}, not as laid out",
-               rank_, team_->rank(), team_->size(), lanes_->lane[0]->rank(), lanes_->lane[0]->size());
+               rank_, team_->rank(), team_->size(), lane_->comm->rank(), lane_->comm->size());
     GS_LOG_DEBUG("threads as ranks: rank {} of {}: thread {} of {} in process {} of {}", rank_, n, team_->rank(),
                  team_->size(), my_proc_, procs_.size());
   }
@@ -163,7 +159,7 @@ class ThreadedCommunicator final : public Communicator {
       begin_call();
       run_levels([&] {
         team_->barrier();
-        if (voice()) lane(0).barrier();
+        if (voice()) lane().barrier();
         team_->barrier();
       });
     });
@@ -185,11 +181,11 @@ class ThreadedCommunicator final : public Communicator {
     });
   }
 
-  // Every level of this process: the team's peers and, through the lanes, the other processes.
+  // Every level of this process: the team's peers and, through the lane, the other processes.
   void abort() noexcept override {
     record_stop(false, "aborted");
     team_->abort();
-    lanes_->lane[0]->abort();
+    lane_->comm->abort();
   }
   // Collective over every rank: the team first, so that no thread of this process is still in a
   // failing call that stops its lane (run_levels), then each thread its own lane.
@@ -200,32 +196,23 @@ class ThreadedCommunicator final : public Communicator {
   }
   // Every thread of every surviving process calls it. A lost process takes all of its threads'
   // ranks; a living process loses none, so its team stays whole and is only reset. Thread 0
-  // shrinks lane 0 (the lane transport's shrink: the survivors agree on the lost processes,
-  // bounded by the deadline), the processes report their thread counts over it, and thread 0 makes
-  // the other lanes as copies of it, one after another; every thread then builds the new group
-  // over a new team, with the same layout rule as a new group.
+  // shrinks the lane (the lane transport's shrink: the survivors agree on the lost processes,
+  // bounded by the deadline) and the processes report their thread counts over it; every thread
+  // then builds the new group over a new team, with the same layout rule as a new group.
   ShrinkResult shrink() override {
-    const auto shrunk_name = [this](uint64_t nonce, int64_t lane) {
-      return fmt::format("{}.s{:x}.{}", group_options().name.substr(0, 32), nonce, lane);
-    };
     team_->reset();
-    auto made = std::make_shared<Lanes>();
+    auto made = std::make_shared<Lane>();
     ShrinkResult lane_result;
     if (voice()) {
       try {
-        lane_result = lane(0).shrink();
-        made->lane.push_back(std::move(lane_result.comm));
-        Communicator& first = *made->lane[0];
-        // One nonce for the whole group (lane 0's rank 0's): the new lanes and teams are named
-        // apart from any earlier group's, as split's subgroups are.
-        auto nonce = static_cast<int64_t>(first.rank() == 0 ? random_nonce() : 0);
-        first.broadcast(&nonce, 1, DType::I64, 0);
+        lane_result = lane().shrink();
+        made->comm = std::move(lane_result.comm);
+        // One nonce for the whole group (the lane's rank 0's): the new teams are named apart from
+        // any earlier group's, as split's subgroups are.
+        auto nonce = static_cast<int64_t>(made->comm->rank() == 0 ? random_nonce() : 0);
+        made->comm->broadcast(&nonce, 1, DType::I64, 0);
         made->nonce = static_cast<uint64_t>(nonce);
-        std::vector<int> all(static_cast<size_t>(first.size()));
-        std::iota(all.begin(), all.end(), 0);
-        lay_out_lanes(*made, static_cast<int>(threads()), [&](int64_t k) {
-          return first.form_subgroup(Subgroup{first.rank(), all, shrunk_name(made->nonce, k), nullptr});
-        });
+        report_threads(*made, static_cast<int>(threads()));
         // The old group's ranks that are out: every thread of every lost process.
         for (size_t r = 0; r < proc_of_.size(); ++r)
           if (std::binary_search(lane_result.failed.begin(), lane_result.failed.end(), proc_of_[r]))
@@ -234,12 +221,12 @@ class ThreadedCommunicator final : public Communicator {
         made->agree = lane_result.agree;
         made->form = lane_result.form;
       } catch (const Error& e) {
-        made->lane.clear();
+        made->comm.reset();
         made->status = e.status();
         made->message = e.what();
       }
     }
-    std::shared_ptr<Lanes> shared = share(*team_, voice() ? made : nullptr);
+    std::shared_ptr<Lane> shared = share(*team_, voice() ? made : nullptr);
     if (shared->status != 0) {
       throw Error(shared->status, voice() ? shared->message
                                           : fmt::format("thread 0 of this process could not shrink the group's "
@@ -248,8 +235,8 @@ class ThreadedCommunicator final : public Communicator {
     }
     std::vector<int> members(static_cast<size_t>(team_->size()));
     std::iota(members.begin(), members.end(), 0);
-    std::unique_ptr<Communicator> team =
-        team_->form_subgroup(Subgroup{team_->rank(), members, shrunk_name(shared->nonce, 0), nullptr});
+    std::unique_ptr<Communicator> team = team_->form_subgroup(Subgroup{
+        team_->rank(), members, fmt::format("{}.s{:x}", group_options().name.substr(0, 40), shared->nonce), nullptr});
     std::vector<int> survivors;  // the old ranks that stay, in their order (the new ranks)
     for (int r = 0; r < size(); ++r)
       if (!std::binary_search(shared->failed.begin(), shared->failed.end(), r)) survivors.push_back(r);
@@ -273,96 +260,92 @@ class ThreadedCommunicator final : public Communicator {
          "the group with one rank per process to grow it");
   }
   const char* progress_thread_refused() const noexcept override {
-    const Communicator* mine = own_lane();
+    const Communicator* mine = active_lane();
     return mine != nullptr ? mine->progress_thread_refused() : team_->progress_thread_refused();
   }
   void release_after_fork() noexcept override {
     team_->release_after_fork();
-    if (Communicator* mine = own_lane()) mine->release_after_fork();
+    if (Communicator* mine = active_lane()) mine->release_after_fork();
   }
   void set_interrupt(InterruptCheck check) noexcept override {
     Communicator::set_interrupt(check);
     team_->set_interrupt(check);
-    if (Communicator* mine = own_lane()) mine->set_interrupt(check);
+    if (Communicator* mine = active_lane()) mine->set_interrupt(check);
   }
 
  protected:
-  // The subgroup's threads of this process form their team; its thread j forms lane j from the
-  // lane it owns here, over the subgroup's processes, which is collective over the same processes
-  // only where every one of them gives the subgroup's thread j from the same parent thread.
-  // Forming so needs no lane used by two threads; a subgroup that cannot get its rank 0's lane
-  // that way (the subgroup's threads differ from process to process) is refused on all its ranks.
-  std::unique_ptr<Communicator> make_subgroup(const Subgroup& sub) override {
-    std::vector<int> sub_procs, proc_of(sub.members.size());
-    std::vector<std::vector<int>> threads_of;  // by subgroup process: the parent team ranks, in subgroup order
-    for (size_t i = 0; i < sub.members.size(); ++i) {
-      const int p = proc_of_[static_cast<size_t>(sub.members[i])];
-      auto at = std::find(sub_procs.begin(), sub_procs.end(), p);
-      if (at == sub_procs.end()) {
-        sub_procs.push_back(p);
-        threads_of.emplace_back();
-        at = sub_procs.end() - 1;
+  // Each process's thread 0 forms the lanes of every subgroup with a rank on its process, over
+  // its lane, in color order on every process (MPI_Comm_create_group is collective over a
+  // subgroup's processes: two processes that share subgroups form them in the same order), and
+  // hands each to the subgroup's threads here. So any split works, whichever threads a subgroup
+  // takes on each process, and no MPI communicator is used by two threads at once: a subgroup's
+  // lane is called by its rank 0 on the process only.
+  std::unique_ptr<Communicator> split_by(std::span<const int64_t> table, int color, uint64_t split_number) override {
+    std::vector<int64_t> colors;  // of the subgroups with a rank on this process, ascending
+    for (int r : my_ranks()) colors.push_back(table[3 * static_cast<size_t>(r)]);
+    std::sort(colors.begin(), colors.end());
+    colors.erase(std::unique(colors.begin(), colors.end()), colors.end());
+    colors.erase(std::remove(colors.begin(), colors.end(), int64_t{kNoColor}), colors.end());
+    auto made = std::make_shared<std::vector<std::shared_ptr<Lane>>>();
+    if (voice()) {
+      for (const int64_t c : colors) {
+        const Subgroup sub = subgroup_of(table, static_cast<int>(c), split_number);
+        const std::vector<int> procs = processes_of(sub.members);
+        const auto q = std::find(procs.begin(), procs.end(), my_proc_) - procs.begin();
+        auto lane_of = std::make_shared<Lane>();
+        try {
+          lane_of->comm = (lane().form_subgroup(Subgroup{static_cast<int>(q), procs, sub.name + ".l", sub.abandoned}));
+        } catch (const Error& e) {
+          lane_of->status = e.status();
+          lane_of->message = e.what();
+        }
+        made->push_back(std::move(lane_of));
       }
-      const auto q = static_cast<size_t>(at - sub_procs.begin());
-      proc_of[i] = static_cast<int>(q);
-      threads_of[q].push_back(team_of_[static_cast<size_t>(sub.members[i])]);
     }
-    size_t lanes = std::min_element(threads_of.begin(), threads_of.end(), [](const auto& a, const auto& b) {
-                     return a.size() < b.size();
-                   })->size();
-    for (size_t j = 0; j < lanes; ++j) {
-      const int parent = threads_of[0][j];
-      const bool alike =
-          std::all_of(threads_of.begin(), threads_of.end(), [&](const auto& t) { return t[j] == parent; });
-      if (!alike || static_cast<size_t>(parent) >= lanes_->lane.size()) lanes = j;
-    }
-    GS_REQUIRE(lanes > 0, GRADSYNC_E_UNSUPPORTED,
-               "split of a threaded group: the subgroup's rank 0 on each process is a different thread (by index) "
-               "from process to process, so no process-level group serves it; give each process's threads colors "
-               "and keys alike");
-    const auto q = static_cast<size_t>(std::find(sub_procs.begin(), sub_procs.end(), my_proc_) - sub_procs.begin());
-    const auto& mine = threads_of[q];
-    const int my_thread = static_cast<int>(std::find(mine.begin(), mine.end(), team_->rank()) - mine.begin());
+    const auto shared = share(*team_, voice() ? made : nullptr);
+    if (color == kNoColor) return nullptr;
+    split_lane_ = (*shared)[static_cast<size_t>(std::find(colors.begin(), colors.end(), color) - colors.begin())];
+    return form_subgroup(subgroup_of(table, color, split_number));
+  }
 
-    Subgroup team_sub{my_thread, mine, sub.name, sub.abandoned};
-    std::unique_ptr<Communicator> team = team_->form_subgroup(team_sub);
-    std::shared_ptr<Lanes> made = std::make_shared<Lanes>();
-    if (my_thread == 0) made->lane.resize(lanes);
-    std::shared_ptr<Lanes> shared = share(*team, my_thread == 0 ? made : nullptr);
-    int64_t status = 0;
-    std::string why;
-    if (static_cast<size_t>(my_thread) < lanes) {
-      const Subgroup lane_sub{static_cast<int>(q), sub_procs, fmt::format("{}.l{}", sub.name, my_thread),
-                              sub.abandoned};
-      try {
-        shared->lane[static_cast<size_t>(my_thread)] = lane(team_->rank()).form_subgroup(lane_sub);
-      } catch (const Error& e) {
-        status = e.status();
-        why = e.what();
-      }
+  // split_by's second half, through form_subgroup: the subgroup's threads here form their team, and
+  // take the lane thread 0 formed.
+  std::unique_ptr<Communicator> make_subgroup(const Subgroup& sub) override {
+    GS_REQUIRE(split_lane_ != nullptr, GRADSYNC_E_INTERNAL, "threaded group: a subgroup is formed by split() only");
+    const std::shared_ptr<Lane> formed = std::move(split_lane_);
+    if (formed->status != 0) {
+      throw Error(formed->status, voice() ? formed->message
+                                          : fmt::format("split of a threaded group: thread 0 of this process could not "
+                                                        "form the subgroup's process-level group: {}",
+                                                        formed->message));
     }
-    // Every thread learns whether the process's lanes all formed (statuses are negative: the min).
-    team->allreduce(std::span<const BufferRef>(std::array<BufferRef, 1>{BufferRef{&status, &status, 1}}), DType::I64,
-                    ReduceOp::Min);
-    if (status != 0) {
-      throw Error(static_cast<int>(status),
-                  why.empty() ? std::string("split of a threaded group: another thread of this process could not "
-                                            "form its process-level group (see its error)")
-                              : why);
+    const std::vector<int> procs = processes_of(sub.members);
+    std::vector<int> proc_of(sub.members.size()), mine;  // mine: this process's threads, in subgroup order
+    for (size_t i = 0; i < sub.members.size(); ++i) {
+      const auto r = static_cast<size_t>(sub.members[i]);
+      proc_of[i] = static_cast<int>(std::find(procs.begin(), procs.end(), proc_of_[r]) - procs.begin());
+      if (proc_of_[r] == my_proc_) mine.push_back(team_of_[r]);
     }
-    return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(shared), std::move(proc_of), sub.rank,
+    const auto my_thread = static_cast<int>(std::find(mine.begin(), mine.end(), team_->rank()) - mine.begin());
+    std::unique_ptr<Communicator> team = team_->form_subgroup(Subgroup{my_thread, mine, sub.name, sub.abandoned});
+    return std::make_unique<ThreadedCommunicator>(std::move(team), formed, std::move(proc_of), sub.rank,
                                                   group_options());
   }
 
  private:
   bool voice() const noexcept { return team_->rank() == 0; }
-  Communicator& lane(int k) const noexcept { return *lanes_->lane[static_cast<size_t>(k)]; }
-  Communicator* own_lane() const noexcept {
-    const auto k = static_cast<size_t>(team_->rank());
-    return k < lanes_->lane.size() ? lanes_->lane[k].get() : nullptr;
+  Communicator& lane() const noexcept { return *lane_->comm; }
+  // The processes of these ranks, in the order of their first rank here.
+  std::vector<int> processes_of(const std::vector<int>& ranks) const {
+    std::vector<int> procs;
+    for (int r : ranks) {
+      const int p = proc_of_[static_cast<size_t>(r)];
+      if (std::find(procs.begin(), procs.end(), p) == procs.end()) procs.push_back(p);
+    }
+    return procs;
   }
-  // The lane this thread calls in this group's calls: lane 0, the team's rank 0's.
-  Communicator* active_lane() const noexcept { return voice() ? lanes_->lane[0].get() : nullptr; }
+  // The lane, where this thread calls it: the team's rank 0.
+  Communicator* active_lane() const noexcept { return voice() ? lane_->comm.get() : nullptr; }
   size_t threads() const noexcept { return static_cast<size_t>(team_->size()); }
   const std::vector<int>& my_ranks() const noexcept { return procs_[static_cast<size_t>(my_proc_)]; }
 
@@ -383,7 +366,7 @@ class ThreadedCommunicator final : public Communicator {
     return routes;
   }
 
-  // A call's parts (counts by rank) in the caller's rank order and process-major, as lane 0 moves
+  // A call's parts (counts by rank) in the caller's rank order and process-major, as the lane moves
   // them: each process's parts together, its ranks in team order.
   struct Blocks {
     std::vector<size_t> offset;       // rank r's part in rank order, size() + 1 entries
@@ -444,7 +427,7 @@ class ThreadedCommunicator final : public Communicator {
     team_->reduce_to(send, packed, total, dtype, level_op, 0);
     if (voice()) {
       const BufferRef all{packed, packed, total};
-      lane(0).allreduce(std::span<const BufferRef>(&all, 1), dtype, level_op);
+      lane().allreduce(std::span<const BufferRef>(&all, 1), dtype, level_op);
       if (op == ReduceOp::Mean) divide_by(dtype, packed, total, static_cast<size_t>(size()));
     }
     team_->broadcast(packed, total, dtype, 0);
@@ -479,18 +462,18 @@ class ThreadedCommunicator final : public Communicator {
     }
   }
 
-  // ---- broadcast: the root's team spreads it, lane 0 carries it between processes, the other
+  // ---- broadcast: the root's team spreads it, the lane carries it between processes, the other
   // processes' teams spread it.
 
   void broadcast_levels(std::byte* buf, size_t count, DType dtype, int root) {
     const int root_proc = proc_of_[static_cast<size_t>(root)];
     if (my_proc_ == root_proc) team_->broadcast(buf, count, dtype, team_of_[static_cast<size_t>(root)]);
-    if (voice()) lane(0).broadcast(buf, count, dtype, root_proc);
+    if (voice()) lane().broadcast(buf, count, dtype, root_proc);
     if (my_proc_ != root_proc) team_->broadcast(buf, count, dtype, 0);
   }
 
   // ---- allgather: each team gathers its ranks' parts to its rank 0 (process by process, each
-  // process's ranks in team order), lane 0 all-gathers the processes' blocks, rank 0 puts every
+  // process's ranks in team order), the lane all-gathers the processes' blocks, rank 0 puts every
   // part in its place and the team takes the whole. Bits move unchanged.
 
   void allgather_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype) {
@@ -502,13 +485,13 @@ class ThreadedCommunicator final : public Communicator {
     team_->exchange(mine, blocks, team_routes(Collective::Gather, b.mine, b.proc_offset[static_cast<size_t>(my_proc_)]),
                     dtype);
     if (voice()) {
-      lane(0).allgatherv(nullptr, blocks, b.proc_count, dtype);
+      lane().allgatherv(nullptr, blocks, b.proc_count, dtype);
       regroup(b, counts, blocks, recv, false, es);
     }
     team_->broadcast(recv, total, dtype, 0);
   }
 
-  // ---- reduce-scatter: in the leader path's allreduce order (the team's fold, then lane 0's
+  // ---- reduce-scatter: in the leader path's allreduce order (the team's fold, then the lane's
   // reduce-scatter of the processes' blocks), each part then handed to its rank by its team.
 
   void reduce_scatter_levels(const void* send, std::byte* recv, std::span<const size_t> counts, DType dtype,
@@ -531,7 +514,7 @@ class ThreadedCommunicator final : public Communicator {
     if (voice()) {
       std::byte* ordered = stage(packed_, std::max<size_t>(total, 1) * es);
       regroup(b, counts, summed, ordered, true, es);
-      lane(0).reduce_scatterv(ordered, block, b.proc_count, dtype, level_op, std::nullopt);
+      lane().reduce_scatterv(ordered, block, b.proc_count, dtype, level_op, std::nullopt);
       if (op == ReduceOp::Mean) divide_by(dtype, block, my_block, static_cast<size_t>(size()));
     }
     // send (which recv may alias) was read by the team's fold; block is apart from both.
@@ -540,7 +523,7 @@ class ThreadedCommunicator final : public Communicator {
 
   // ---- exchange: each rank packs what it sends by destination (processes in order, their ranks
   // in team order), its team's rank 0 gathers the packs and regroups them by destination process,
-  // lane 0 moves one block between each pair of processes, the receiving rank 0 regroups what
+  // the lane moves one block between each pair of processes, the receiving rank 0 regroups what
   // arrived by destination rank, its team scatters, each rank unpacks into its places.
 
   void exchange_levels(const std::byte* send, std::byte* recv, const Routes& routes, DType dtype) {
@@ -613,7 +596,7 @@ class ThreadedCommunicator final : public Communicator {
         }
       }
       std::byte* arrived = stage(arrived_, std::max<size_t>(arriving_total, 1) * es);
-      lane(0).exchange(outgoing, arrived, between, dtype);
+      lane().exchange(outgoing, arrived, between, dtype);
       // Regroup what arrived (by source process, its ranks in order, then this process's ranks)
       // by destination rank: for local l, for p, p's ranks in order.
       std::vector<size_t> hand_at(threads());
@@ -703,16 +686,16 @@ class ThreadedCommunicator final : public Communicator {
       if (Communicator* mine = active_lane(); mine != nullptr && status == GRADSYNC_E_ABORTED)
         lane_stop = mine->stopped_by_peer();
       {
-        const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
-        const bool during = lanes_->stops > stops_at_call_;
+        const std::lock_guard<std::mutex> hold(lane_->stop_lock);
+        const bool during = lane_->stops > stops_at_call_;
         if (status == GRADSYNC_E_TIMEOUT) {
           note_stop(true, what);
         } else if (status != GRADSYNC_E_ABORTED) {
           note_stop(false, what);
           pass_on = true;
-        } else if (during && lanes_->stop_timed_out) {
+        } else if (during && lane_->stop_timed_out) {
           status = GRADSYNC_E_TIMEOUT;
-          what = lanes_->stop_message;
+          what = lane_->stop_message;
         } else if (during) {
           pass_on = true;
         } else if (lane_stop.first == GRADSYNC_E_TIMEOUT) {
@@ -730,15 +713,15 @@ class ThreadedCommunicator final : public Communicator {
     }
   }
 
-  // Under lanes_->stop_lock.
+  // Under lane_->stop_lock.
   void note_stop(bool timed_out, const std::string& message) {
-    ++lanes_->stops;
-    lanes_->stop_timed_out = timed_out;
-    lanes_->stop_message = message;
+    ++lane_->stops;
+    lane_->stop_timed_out = timed_out;
+    lane_->stop_message = message;
   }
   void record_stop(bool timed_out, const char* message) noexcept {
     try {
-      const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
+      const std::lock_guard<std::mutex> hold(lane_->stop_lock);
       note_stop(timed_out, message);
     } catch (...) {  // NOLINT(bugprone-empty-catch): the stop itself matters more than its record
     }
@@ -754,12 +737,13 @@ class ThreadedCommunicator final : public Communicator {
                "threaded group (rank {} of {}): a call of this rank failed ({}); call reset() on every rank or free "
                "it",
                rank_, size(), stopped_);
-    const std::lock_guard<std::mutex> hold(lanes_->stop_lock);
-    stops_at_call_ = lanes_->stops;
+    const std::lock_guard<std::mutex> hold(lane_->stop_lock);
+    stops_at_call_ = lane_->stops;
   }
 
   std::unique_ptr<Communicator> team_;
-  std::shared_ptr<Lanes> lanes_;
+  std::shared_ptr<Lane> lane_;
+  std::shared_ptr<Lane> split_lane_;     // split_by's lane of this rank's subgroup, for make_subgroup
   std::vector<int> proc_of_, team_of_;   // by rank: its process, its place in its process's team
   std::vector<std::vector<int>> procs_;  // by process: its ranks in team order
   int rank_ = 0, my_proc_ = 0;
@@ -767,7 +751,7 @@ class ThreadedCommunicator final : public Communicator {
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages
-  uint64_t stops_at_call_ = 0;  // lanes_->stops as this call began
+  uint64_t stops_at_call_ = 0;  // lane_->stops as this call began
   std::string stopped_;         // why this rank's last call failed in the levels, until the reset
   // Staging, kept between calls: packs, the team's gathered parts, results, the flat fold's window.
   std::vector<std::byte> packed_, staged_, result_, landing_, outgoing_, arrived_, flat_;
@@ -799,38 +783,37 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
   t.host_label.clear();
   std::unique_ptr<Communicator> team = make_group(t);
 
-  // The team's rank 0 makes the lanes: lane 0, then (MPI letting threads call it at once) one
-  // more per thread, one after another on every process.
-  std::shared_ptr<Lanes> made;
+  // The team's rank 0 makes the lane, and the processes report their thread counts over it.
+  std::shared_ptr<Lane> made;
   if (team->rank() == 0) {
-    made = std::make_shared<Lanes>();
+    made = std::make_shared<Lane>();
     try {
       Options l = options;
       l.threads = 0;
       l.thread = 0;
       l.levels_always = true;
-      made->lane.push_back(make_group(l));
-      if (const char* why = made->lane[0]->progress_thread_refused()) {
+      made->comm = make_group(l);
+      if (const char* why = made->comm->progress_thread_refused()) {
         fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
       }
-      lay_out_lanes(*made, options.threads, [&](int64_t) { return make_group(l); });
+      report_threads(*made, options.threads);
     } catch (const Error& e) {
-      made->lane.clear();
+      made->comm.reset();
       made->status = e.status();
       made->message = e.what();
     }
   }
-  std::shared_ptr<Lanes> lanes = share(*team, made);
-  if (lanes->status != 0) {
-    throw Error(lanes->status, team->rank() == 0 ? lanes->message
-                                                 : fmt::format("thread 0 of this process could not form the group's "
-                                                               "process-level group: {}",
-                                                               lanes->message));
+  std::shared_ptr<Lane> lane = share(*team, made);
+  if (lane->status != 0) {
+    throw Error(lane->status, team->rank() == 0 ? lane->message
+                                                : fmt::format("thread 0 of this process could not form the group's "
+                                                              "process-level group: {}",
+                                                              lane->message));
   }
-  std::vector<int> proc_of = lanes->proc_of;
-  const int my_process = lanes->lane[0]->rank();
+  std::vector<int> proc_of = lane->proc_of;
+  const int my_process = lane->comm->rank();
   const auto first_rank = std::find(proc_of.begin(), proc_of.end(), my_process) - proc_of.begin();
-  return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(lanes), std::move(proc_of),
+  return std::make_unique<ThreadedCommunicator>(std::move(team), std::move(lane), std::move(proc_of),
                                                 static_cast<int>(first_rank) + options.thread, options);
 }
 

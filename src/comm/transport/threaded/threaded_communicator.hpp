@@ -4,17 +4,16 @@
 // ranks, one per thread that creates the communicator (Options::threads, Options::thread).
 //
 // Two levels, each a transport of its own, model-checked there: the threads of a process form a
-// thread-transport group (the team), and the processes meet in process-level groups of the
-// requested transport (MPI or hierarchical), called lanes, one per thread index, lane k belonging
-// to the team's rank k, the only thread that calls it (no MPI communicator is used by two threads
-// at once). The group's calls run through the team's rank 0 and lane 0: the team brings the
-// process's part together, lane 0 carries it between processes, the team hands out the result.
-// The other lanes exist so that a subgroup's rank 0 on a process, whichever thread it is, has a
-// lane of its own to form the subgroup's lane 0 from. A reduction combines within a process in
-// thread order, then over the processes as the lane's transport does: the same bits on every rank
-// and run of one layout (the flat rank-order bits with topology_independent, and always for the
-// types whose levels would round). How a failure in one level reaches the threads in the others:
-// run_levels, checked by tests/model/threaded.pml.
+// thread-transport group (the team), and the processes meet in a process-level group of the
+// requested transport (MPI or hierarchical), the lane, which the team's rank 0 alone calls (no MPI
+// communicator is used by two threads at once). The group's calls run through the team's rank 0
+// and the lane: the team brings the process's part together, the lane carries it between
+// processes, the team hands out the result. A subgroup's lane is formed by each process's thread
+// 0 over the lane and handed to the subgroup's rank 0 on the process. A reduction combines within
+// a process in thread order, then over the processes as the lane's transport does: the same bits
+// on every rank and run of one layout (the flat rank-order bits with topology_independent, and
+// always for the types whose levels would round). How a failure in one level reaches the threads
+// in the others: run_levels, checked by tests/model/threaded.pml.
 #include <cstdint>
 #include <memory>
 #include <span>
