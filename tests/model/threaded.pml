@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Threads as ranks (src/comm/transport/threaded/threaded_communicator.cpp): how a failure in one
  * level reaches the threads in the others. P processes of T threads each; the threads of a
- * process meet in their team, the processes' threads 0 in lane 0 (the other lanes only form
- * subgroups' lanes). Each thread makes K calls of three steps: team, lane (thread 0 only), team.
+ * process meet in their team, the processes' threads 0 in the lane. Each thread makes K calls of
+ * three steps: team, lane (thread 0 only), team.
  *
  * A level is abstracted as the levels' own models (round.pml, mpi_round.pml) prove it behaves: a
  * round completes for all its members once all have arrived, unless the level was stopped first;
