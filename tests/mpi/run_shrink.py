@@ -4,7 +4,8 @@
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
 MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8);
-or threads: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost. Each launch is
+or threads|threads-interleaved: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
+(threads-interleaved: in a subgroup of the whole group ordered thread by thread). Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
 The phases' times of every run are printed (min / median / max) for docs/mpi.md.
@@ -19,9 +20,9 @@ import time
 mpirun, program, mode = sys.argv[1:4]
 runs = int(sys.argv[4]) if len(sys.argv) > 4 else (8 if mode == "stress" else 3)
 bound = 120
-ranks = 6 if mode == "threads" else 4
+ranks = 6 if mode.startswith("threads") else 4
 base = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--enable-recovery",
-        "-np", "3" if mode == "threads" else "4", program]
+        "-np", "3" if mode.startswith("threads") else "4", program]
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 figures = {}
 outcomes = {}
@@ -95,6 +96,9 @@ for i in range(runs):
         else:
             check(out, [1, 2])
             outcomes["shrunk"] = outcomes.get("shrunk", 0) + 1
+    elif mode == "threads-interleaved":
+        out = run(["interleaved"])
+        check(out, [1, 4])
     elif mode == "threads":
         out = run([])
         check(out, [2, 3])

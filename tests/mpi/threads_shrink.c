@@ -9,7 +9,9 @@
  * mpirun --enable-recovery, which checks what every survivor printed; across namespace hosts, one
  * process on each, by tests/multihost/shrink_hosts.py --what threads.
  *
- *   mpirun --enable-recovery -np 3 threads_shrink   (SHRINK_TRANSPORT=hier: the hierarchical transport) */
+ *   mpirun --enable-recovery -np 3 threads_shrink [interleaved]   (SHRINK_TRANSPORT=hier: the
+ *   hierarchical transport; interleaved: the group is the whole one split thread by thread, whose
+ *   ranks alternate between the processes, and process 1's are ranks 1 and 4) */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -29,6 +31,7 @@
 
 static int32_t g_transport = GRADSYNC_TRANSPORT_MPI;
 static int g_proc;
+static int g_interleaved; /* the group shrunk is the whole one split thread by thread */
 static pthread_mutex_t g_print = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_us(void) {
@@ -100,9 +103,20 @@ static void* run(void* arg) {
     SAY("process %d thread %d: create failed: %s\n", g_proc, t, gradsync_last_error_message());
     return NULL;
   }
+  gradsync_comm* whole = NULL;
+  if (g_interleaved) { /* the same ranks thread by thread: thread 0 of each process, then thread 1 */
+    whole = c;
+    if (gradsync_comm_split(whole, 0, t * PROCS + g_proc, &c) != GRADSYNC_OK) {
+      SAY("process %d thread %d: split failed: %s\n", g_proc, t, gradsync_last_error_message());
+      gradsync_comm_free(whole);
+      return NULL;
+    }
+  }
   int me = -1, size = 0;
   gradsync_comm_rank(c, &me);
   gradsync_comm_size(c, &size);
+  int64_t my_id = -1;
+  gradsync_comm_member_id(c, &my_id);
   int32_t old_hosts[PROCS * THREADS];
   gradsync_comm_topology(c, NULL, NULL, NULL, NULL, old_hosts, PROCS * THREADS);
   double started = 0;
@@ -163,9 +177,9 @@ static void* run(void* arg) {
     topo_ok = new_hosts[i] == renumbered[i];
   }
   topo_ok = topo_ok && hosts == seen;
-  if (k != new_size || new_rank < 0 || old_rank[new_rank] != me || id != me || !topo_ok) {
-    SAY("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d, rank of old %d)\n", me, new_rank,
-        new_size, (long long)id, k, me);
+  if (k != new_size || new_rank < 0 || old_rank[new_rank] != me || id != my_id || !topo_ok) {
+    SAY("rank %d: WRONG group: rank %d size %d member id %lld (expected size %d, rank of old %d, member id %lld)\n", me,
+        new_rank, new_size, (long long)id, k, me, (long long)my_id);
   } else {
     int right = verify(n, new_rank, new_size, old_rank);
     /* A shrink with nobody lost: the same group again, each rank where it was. */
@@ -187,14 +201,14 @@ static void* run(void* arg) {
   }
   gradsync_comm_free(n);
   gradsync_comm_free(c);
+  gradsync_comm_free(whole);
   SAY("rank %d: done\n", me);
   return NULL;
 }
 
 int main(int argc, char** argv) {
   const char* transport = getenv("SHRINK_TRANSPORT");
-  (void)argc;
-  (void)argv;
+  g_interleaved = argc > 1 && strcmp(argv[1], "interleaved") == 0;
   if (transport != NULL && strcmp(transport, "hier") == 0) g_transport = GRADSYNC_TRANSPORT_HIER;
   const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
   g_proc = world_rank != NULL ? atoi(world_rank) : 0;

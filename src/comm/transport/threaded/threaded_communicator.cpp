@@ -36,7 +36,7 @@ constexpr int kMaxThreads = 256;
 // status and message say why it could not be, for the other threads to report.
 struct Lane {
   std::unique_ptr<Communicator> comm;
-  std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new or shrunk group's only)
+  std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new group's only)
   // A shrink's outcome, from thread 0 to its siblings: the old ranks that are out, and the lane's figures.
   std::vector<int> failed;
   int attempts = 0;
@@ -197,8 +197,8 @@ class ThreadedCommunicator final : public Communicator {
   // Every thread of every surviving process calls it. A lost process takes all of its threads'
   // ranks; a living process loses none, so its team stays whole and is only reset. Thread 0
   // shrinks the lane (the lane transport's shrink: the survivors agree on the lost processes,
-  // bounded by the deadline) and the processes report their thread counts over it; every thread
-  // then builds the new group over a new team, with the same layout rule as a new group.
+  // bounded by the deadline); every thread then builds the new group over a new team, laid out
+  // as the old one without the lost processes.
   ShrinkResult shrink() override {
     team_->reset();
     auto made = std::make_shared<Lane>();
@@ -212,7 +212,6 @@ class ThreadedCommunicator final : public Communicator {
         auto nonce = static_cast<int64_t>(made->comm->rank() == 0 ? random_nonce() : 0);
         made->comm->broadcast(&nonce, 1, DType::I64, 0);
         made->nonce = static_cast<uint64_t>(nonce);
-        report_threads(*made, static_cast<int>(threads()));
         // The old group's ranks that are out: every thread of every lost process.
         for (size_t r = 0; r < proc_of_.size(); ++r)
           if (std::binary_search(lane_result.failed.begin(), lane_result.failed.end(), proc_of_[r]))
@@ -237,11 +236,19 @@ class ThreadedCommunicator final : public Communicator {
     std::iota(members.begin(), members.end(), 0);
     std::unique_ptr<Communicator> team = team_->form_subgroup(Subgroup{
         team_->rank(), members, fmt::format("{}.s{:x}", group_options().name.substr(0, 40), shared->nonce), nullptr});
-    std::vector<int> survivors;  // the old ranks that stay, in their order (the new ranks)
+    // The layout is the old one without the lost processes: the survivors keep their order (the
+    // new ranks), and the processes theirs (the new lane's ranks, which the constructor checks).
+    std::vector<int> survivors;
     for (int r = 0; r < size(); ++r)
       if (!std::binary_search(shared->failed.begin(), shared->failed.end(), r)) survivors.push_back(r);
+    std::vector<bool> alive(procs_.size(), false);
+    for (int r : survivors) alive[static_cast<size_t>(proc_of_[static_cast<size_t>(r)])] = true;
+    std::vector<int> process_now(procs_.size(), -1);  // by old process: its new lane rank
+    for (size_t p = 0, next = 0; p < alive.size(); ++p)
+      if (alive[p]) process_now[p] = static_cast<int>(next++);
+    std::vector<int> proc_of;
+    for (int r : survivors) proc_of.push_back(process_now[static_cast<size_t>(proc_of_[static_cast<size_t>(r)])]);
     const int new_rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
-    std::vector<int> proc_of = shared->proc_of;
     auto shrunk =
         std::make_unique<ThreadedCommunicator>(std::move(team), shared, std::move(proc_of), new_rank, group_options());
     pass_identity(*shrunk, group_options(), topology().restricted(survivors, new_rank));
