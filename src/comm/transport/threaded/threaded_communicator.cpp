@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -37,11 +36,11 @@ constexpr int kMaxThreads = 256;
 struct Lane {
   std::unique_ptr<Communicator> comm;
   std::vector<int> proc_of;  // every rank's process (lane rank), by rank (a new group's only)
-  // A shrink's outcome, from thread 0 to its siblings: the old ranks that are out, and the lane's figures.
-  std::vector<int> failed;
-  int attempts = 0;
-  std::chrono::nanoseconds agree{0}, form{0};
-  uint64_t nonce = 0;  // names the shrunk group's teams apart from any earlier group's
+  // A shrink's outcome, from thread 0 to its siblings: the lane's (its comm moved to `comm`), with
+  // `failed` as the old group's ranks, and a nonce that names the new teams apart from any earlier
+  // group's.
+  ShrinkResult shrunk;
+  uint64_t nonce = 0;
   int status = 0;
   std::string message;
   // The stops of this process's levels, counted, and the last one: whether it was a timeout, and
@@ -202,23 +201,21 @@ class ThreadedCommunicator final : public Communicator {
   ShrinkResult shrink() override {
     team_->reset();
     auto made = std::make_shared<Lane>();
-    ShrinkResult lane_result;
     if (voice()) {
       try {
-        lane_result = lane().shrink();
-        made->comm = std::move(lane_result.comm);
+        made->shrunk = lane().shrink();
+        made->comm = std::move(made->shrunk.comm);
         // One nonce for the whole group (the lane's rank 0's): the new teams are named apart from
         // any earlier group's, as split's subgroups are.
         auto nonce = static_cast<int64_t>(made->comm->rank() == 0 ? random_nonce() : 0);
         made->comm->broadcast(&nonce, 1, DType::I64, 0);
         made->nonce = static_cast<uint64_t>(nonce);
         // The old group's ranks that are out: every thread of every lost process.
+        std::vector<int> failed;
         for (size_t r = 0; r < proc_of_.size(); ++r)
-          if (std::binary_search(lane_result.failed.begin(), lane_result.failed.end(), proc_of_[r]))
-            made->failed.push_back(static_cast<int>(r));
-        made->attempts = lane_result.attempts;
-        made->agree = lane_result.agree;
-        made->form = lane_result.form;
+          if (std::binary_search(made->shrunk.failed.begin(), made->shrunk.failed.end(), proc_of_[r]))
+            failed.push_back(static_cast<int>(r));
+        made->shrunk.failed = std::move(failed);
       } catch (const Error& e) {
         made->comm.reset();
         made->status = e.status();
@@ -240,7 +237,7 @@ class ThreadedCommunicator final : public Communicator {
     // new ranks), and the processes theirs (the new lane's ranks, which the constructor checks).
     std::vector<int> survivors;
     for (int r = 0; r < size(); ++r)
-      if (!std::binary_search(shared->failed.begin(), shared->failed.end(), r)) survivors.push_back(r);
+      if (!std::binary_search(shared->shrunk.failed.begin(), shared->shrunk.failed.end(), r)) survivors.push_back(r);
     std::vector<bool> alive(procs_.size(), false);
     for (int r : survivors) alive[static_cast<size_t>(proc_of_[static_cast<size_t>(r)])] = true;
     std::vector<int> process_now(procs_.size(), -1);  // by old process: its new lane rank
@@ -249,16 +246,16 @@ class ThreadedCommunicator final : public Communicator {
     std::vector<int> proc_of;
     for (int r : survivors) proc_of.push_back(process_now[static_cast<size_t>(proc_of_[static_cast<size_t>(r)])]);
     const int new_rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
-    auto shrunk =
+    auto group =
         std::make_unique<ThreadedCommunicator>(std::move(team), shared, std::move(proc_of), new_rank, group_options());
-    pass_identity(*shrunk, group_options(), topology().restricted(survivors, new_rank));
-    shrunk->take_identity(member_id(), next_member_id());
+    pass_identity(*group, group_options(), topology().restricted(survivors, new_rank));
+    group->take_identity(member_id(), next_member_id());
     ShrinkResult result;
-    result.failed = shared->failed;
-    result.attempts = shared->attempts;
-    result.agree = shared->agree;
-    result.form = shared->form;
-    result.comm = std::move(shrunk);
+    result.comm = std::move(group);
+    result.failed = shared->shrunk.failed;
+    result.attempts = shared->shrunk.attempts;
+    result.agree = shared->shrunk.agree;
+    result.form = shared->shrunk.form;
     return result;
   }
   GrowResult grow(const std::string&, int) override {
