@@ -212,14 +212,15 @@
  *   of the requested transport. Every call moves through each process's thread 0: its threads'
  *   parts meet there, thread 0 carries them between the processes, the threads take the result.
  * - Order: a reduction of f32, f64, or i32 and i64 other than mean folds each process's ranks in
- *   thread order, then the processes: in MPI rank order (MPI, deterministic 1, or one host), or
- *   host by host as the hierarchical transport's levels do (within a host in process order, then
- *   the hosts in host order, at any size). The same bits on every rank and every run of one
- *   layout. bf16, f16, the integer mean, the rooted reduce, the weighted mean and
+ *   thread order, then the processes as a group of that transport with one rank per process
+ *   folds them: in MPI rank order (MPI with deterministic 1; HIER up to 16 KiB per rank, or on
+ *   one host), or host by host as the hierarchical transport's levels do (within a host in
+ *   process order, then the hosts in host order). The same bits on every rank and every run of
+ *   one layout. bf16, f16, the integer mean, the rooted reduce, the weighted mean and
  *   topology_independent 1 give the flat rank-order fold's bits (every rank's contribution is
- *   gathered and folded by each rank, at that cost). Every call compares every rank's call first
- *   (one small reduction through the levels), so ranks that disagree all get
- *   GRADSYNC_E_MISMATCH, and a root or weight that the group judges fails every rank alike.
+ *   gathered and folded by each rank, at that cost). Every call compares every rank's call
+ *   before any buffer is written, so ranks that disagree all get GRADSYNC_E_MISMATCH, and a root
+ *   or weight that the group judges fails every rank alike.
  * - Errors: as for the hierarchical transport, per level. A rank that does not arrive gives every
  *   waiting rank GRADSYNC_E_TIMEOUT (each level waits at most timeout_ms, so a call may wait a
  *   few times that; on GRADSYNC_TRANSPORT_HIER a deadline met inside a host's shared-memory

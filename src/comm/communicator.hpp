@@ -198,6 +198,13 @@ class Communicator {
   // abandoned (MPI_Comm_create_group), as a shrink's survivors' group does: the job ends rather
   // than hang on a member lost meanwhile. Where forming is bounded anyway, nothing changes.
   virtual void guard_forming(bool on) noexcept { (void)on; }
+  // A group built over this one (threads as ranks) folds its own call check into the call it makes
+  // here: the next collective's call check compares `word` on every rank as part of the call, so
+  // ranks whose words differ get E_MISMATCH as ranks whose calls differ do, and the group stays
+  // usable. The call consumes it. Only where carries_call_words(); set between calls, on the
+  // calling thread.
+  virtual bool carries_call_words() const noexcept { return false; }
+  virtual void carry_call_word(uint64_t word) noexcept { (void)word; }
 
  protected:
   friend std::unique_ptr<Communicator> create(const Options& options);

@@ -35,10 +35,6 @@ struct Options {
   // process, without a team of threads.
   int32_t threads = 0;
   int32_t thread = 0;
-  // Hier: reductions run in levels at any size (where the levels keep the fold's precision), so
-  // that their order is one for every size; a threaded group's lanes, whose calls carry parts of
-  // the caller's payload, are made so. Not in the C API.
-  bool levels_always = false;
   // Why this group cannot grow (E_UNSUPPORTED saying it), or empty: a shared-memory group that an
   // MPI shrink formed, inside an MPI job whose joiners only MPI could start (mpi_shrink.cpp).
   std::string grow_refused;

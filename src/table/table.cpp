@@ -22,6 +22,7 @@
 #include "common/dtype.hpp"
 #include "common/durable.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/log.hpp"
 
 namespace gradsync::table {
@@ -203,12 +204,7 @@ std::atomic<uint64_t> g_tmp_counter{0};
 
 }  // namespace
 
-uint64_t splitmix64(uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t splitmix64(uint64_t x) noexcept { return mix64(x + 0x9e3779b97f4a7c15ull); }
 
 float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) noexcept {
   const uint64_t bits = splitmix64(splitmix64(seed) ^ index) >> 40;  // 24 random bits

@@ -373,21 +373,26 @@ typename E::T fold(int32_t op, int n, const typename E::T* col) {
 // each host's ranks in rank order, then the hosts' sums in host order. Threads as ranks: every
 // rank's process (else empty), whose ranks a reduction of floats always folds first, at any size;
 // then the processes in order, host by host where g_level_hosts has hosts (the hierarchical
-// transport's lanes), else all in order (the MPI transport under deterministic 1, or one host).
+// transport's lanes) and the payload is above 16 KiB, else all in order.
 inline thread_local std::vector<int> g_level_hosts;
 inline thread_local std::vector<int> g_level_procs;
 
+// How a reduction of floats combines the ranks: flat in rank order (kFlat), each process's ranks
+// first and then the processes in order (kProcesses), or those groups host by host (kHosts).
+enum Levels : int { kFlat = 0, kProcesses = 1, kHosts = 2 };
+
 template <class E>
-bool by_levels(size_t payload_bytes) {
-  return (!g_level_hosts.empty() || !g_level_procs.empty()) && std::is_floating_point_v<typename E::T> && !E::half &&
-         (payload_bytes > 16384 || !g_level_procs.empty());
+Levels by_levels(size_t payload_bytes) {
+  if (!std::is_floating_point_v<typename E::T> || E::half) return kFlat;
+  if (!g_level_hosts.empty() && payload_bytes > 16384) return kHosts;
+  return g_level_procs.empty() ? kFlat : kProcesses;
 }
 
 // fold() in the levels' order (floats only: see by_levels): the innermost groups (processes where
-// the ranks are threads, else hosts) fold their ranks in rank order, then the hosts their groups in
-// order, then the hosts in order.
+// the ranks are threads, else hosts) fold their ranks in rank order, then (kHosts) the hosts their
+// groups in order, then the hosts in order.
 template <class E>
-typename E::T fold_levels(int32_t op, int n, const typename E::T* col) {
+typename E::T fold_levels(Levels levels, int32_t op, int n, const typename E::T* col) {
   using T = typename E::T;
   const int32_t level_op = op == GRADSYNC_MEAN ? GRADSYNC_SUM : op;
   auto add = [&](T& acc, bool& first, T v) {
@@ -404,7 +409,7 @@ typename E::T fold_levels(int32_t op, int n, const typename E::T* col) {
   }
   // Each inner group's host: where the ranks are threads, that of its ranks (else its own).
   std::vector<int> host_of(static_cast<size_t>(groups), 0);
-  const bool nested = !g_level_procs.empty() && !g_level_hosts.empty();
+  const bool nested = !g_level_procs.empty() && levels == kHosts;
   for (int r = 0; r < n; ++r)
     host_of[static_cast<size_t>(inner[static_cast<size_t>(r)])] =
         nested ? g_level_hosts[static_cast<size_t>(r)] : inner[static_cast<size_t>(r)];
@@ -425,12 +430,12 @@ typename E::T fold_levels(int32_t op, int n, const typename E::T* col) {
 // allreduce whose payload the hierarchical transport reduces in levels.
 template <class E>
 std::vector<typename E::T> reference(int32_t op, int n, size_t count, uint64_t seed, size_t offset = 0,
-                                     bool levels = false) {
+                                     Levels levels = kFlat) {
   std::vector<typename E::T> out(count), col(static_cast<size_t>(n));
   for (size_t i = 0; i < count; ++i) {
     for (int r = 0; r < n; ++r) col[static_cast<size_t>(r)] = input<E>(r, offset + i, seed);
     if constexpr (std::is_floating_point_v<typename E::T>) {
-      out[i] = levels ? fold_levels<E>(op, n, col.data()) : fold<E>(op, n, col.data());
+      out[i] = levels != kFlat ? fold_levels<E>(levels, op, n, col.data()) : fold<E>(op, n, col.data());
     } else {
       out[i] = fold<E>(op, n, col.data());
     }

@@ -35,8 +35,9 @@ void s_allreduce(Ctx& x) {
         for (size_t i = 0; i < count; ++i) {
           for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<E>(r, i, op_seed);
           if constexpr (std::is_floating_point_v<T>) {
-            want[i] = by_levels<E>(count * sizeof(T)) ? fold_levels<E>(op, x.size, col.data())
-                                                      : fold<E>(op, x.size, col.data());
+            const Levels levels = by_levels<E>(count * sizeof(T));
+            want[i] =
+                levels != kFlat ? fold_levels<E>(levels, op, x.size, col.data()) : fold<E>(op, x.size, col.data());
           } else {
             want[i] = fold<E>(op, x.size, col.data());
           }
@@ -72,10 +73,11 @@ void s_arrival_order(Ctx& x) {
   std::vector<float> sum(count), mean(count), col(static_cast<size_t>(x.size));
   for (size_t i = 0; check && i < count; ++i) {
     for (int r = 0; r < x.size; ++r) col[static_cast<size_t>(r)] = input<F32>(r, i, seed);
-    const bool levels = by_levels<F32>(count * sizeof(float));
-    sum[i] = levels ? fold_levels<F32>(GRADSYNC_SUM, x.size, col.data()) : fold<F32>(GRADSYNC_SUM, x.size, col.data());
-    mean[i] =
-        levels ? fold_levels<F32>(GRADSYNC_MEAN, x.size, col.data()) : fold<F32>(GRADSYNC_MEAN, x.size, col.data());
+    const Levels levels = by_levels<F32>(count * sizeof(float));
+    sum[i] = levels != kFlat ? fold_levels<F32>(levels, GRADSYNC_SUM, x.size, col.data())
+                             : fold<F32>(GRADSYNC_SUM, x.size, col.data());
+    mean[i] = levels != kFlat ? fold_levels<F32>(levels, GRADSYNC_MEAN, x.size, col.data())
+                              : fold<F32>(GRADSYNC_MEAN, x.size, col.data());
   }
   for (int32_t op : {GRADSYNC_SUM, GRADSYNC_MEAN}) {
     const auto& want = op == GRADSYNC_SUM ? sum : mean;

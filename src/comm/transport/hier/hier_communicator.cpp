@@ -18,6 +18,7 @@
 #include "comm/transport/shm/shm_communicator.hpp"
 #include "comm/verdict.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
 
@@ -43,8 +44,7 @@ class HierCommunicator final : public Communicator {
   HierCommunicator(std::unique_ptr<Communicator> world, const Options& options)
       : world_(std::move(world)),
         topology_independent_(options.topology_independent),
-        check_mismatch_(options.check_mismatch),
-        levels_always_(options.levels_always) {
+        check_mismatch_(options.check_mismatch) {
     const Topology& t = world_->topology();
     one_host_ = t.num_hosts == 1;
     even_ = std::all_of(t.rank_host.begin(), t.rank_host.end(),
@@ -78,7 +78,7 @@ class HierCommunicator final : public Communicator {
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
       const bool flat = topology_independent_ || size() == 1 || !levels_preserve(dtype, op) ||
-                        (payload_bytes(buffers, dtype) <= kFlatBytes && !levels_always_);
+                        payload_bytes(buffers, dtype) <= kFlatBytes;
       if (flat || one_host_) return flat_level().allreduce(buffers, dtype, op);
       require_same_call(allreduce_call(buffers, dtype, op));
       run_levels([&] {
@@ -114,7 +114,7 @@ class HierCommunicator final : public Communicator {
     const uint64_t bytes = total_of(counts) * dtype_size(dtype);
     telemetry_.measure(Collective::ReduceScatter, bytes, [&] {
       const bool flat = topology_independent_ || size() == 1 || root.has_value() || !levels_preserve(dtype, op) ||
-                        (bytes <= kFlatBytes && !levels_always_);
+                        bytes <= kFlatBytes;
       if (flat || one_host_) return flat_level().reduce_scatterv(send, recv, counts, dtype, op, root);
       require_same_call(reduce_scatter_call(counts, dtype, op, root));
       run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op); });
@@ -190,6 +190,10 @@ class HierCommunicator final : public Communicator {
   const char* progress_thread_refused() const noexcept override { return world_->progress_thread_refused(); }
   // The MPI level's notices: every level's failure reaches the peers through it (run_levels).
   Stop stopped_by_peer() noexcept override { return world_->stopped_by_peer(); }
+  // Every call goes through world_'s check (flat) or this group's own (levels), but on one host
+  // through the shared-memory group's, whose check compares calls alone.
+  bool carries_call_words() const noexcept override { return !one_host_; }
+  void carry_call_word(uint64_t word) noexcept override { call_word_ = word; }
   // The host's shared-memory level is the one with a mapping of the child's own.
   void release_after_fork() noexcept override {
     world_->release_after_fork();
@@ -235,7 +239,13 @@ class HierCommunicator final : public Communicator {
   // What runs flat: on one host its shared-memory group, which is the whole group in the same rank
   // order (local rank = world rank there) and folds in rank order, so no data moves through MPI;
   // otherwise MPI.
-  Communicator& flat_level() const noexcept { return one_host_ ? *local_ : *world_; }
+  // The level that carries a call made flat; a word a group over this one gave the call goes with
+  // it.
+  Communicator& flat_level() noexcept {
+    Communicator& flat = one_host_ ? *local_ : *world_;
+    if (const uint64_t word = std::exchange(call_word_, 0); word != 0) flat.carry_call_word(word);
+    return flat;
+  }
 
   void allreduce_levels(const BufferRef& b, DType dtype, ReduceOp op) {
     const ReduceOp level_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
@@ -461,10 +471,12 @@ class HierCommunicator final : public Communicator {
   // other until the deadline). One small allreduce of the signature's hash (it travels inside the
   // MPI rendezvous: one round trip); only when the hashes differ are the signatures gathered, to
   // name both sides. Ranks that disagree all get E_MISMATCH, and the next call works.
+  // A word from a group over this one (carry_call_word) counts as part of the call.
   void require_same_call(const CallSignature& mine) {
     ++calls_;
+    const uint64_t word = std::exchange(call_word_, 0);
     if (!check_mismatch_) return;
-    const int64_t h = signature_word(mine);
+    const int64_t h = signature_word(mine) ^ static_cast<int64_t>(mix64(word) >> 1);
     std::array<int64_t, 2> extremes{h, -h};
     const BufferRef b{extremes.data(), extremes.data(), extremes.size()};
     world_->allreduce(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max);
@@ -474,6 +486,11 @@ class HierCommunicator final : public Communicator {
                                 [&](const int64_t* word, int64_t* all, size_t words) {
                                   world_->allgather(word, all, words * static_cast<size_t>(size()), DType::I64);
                                 });
+    // Every rank's call alike here: the words differed, and every rank saw the same hashes.
+    fail(GRADSYNC_E_MISMATCH,
+         "hier group (rank {} of {}) call {}: the ranks made this same call for different calls of the group built "
+         "over this one",
+         rank(), size(), calls_);
   }
 
   // A level that failed on this rank leaves peers waiting in another level: stop them all now
@@ -503,9 +520,9 @@ class HierCommunicator final : public Communicator {
   std::unique_ptr<Communicator> world_, local_, cross_;
   bool even_ = true;
   bool one_host_ = false;
+  uint64_t call_word_ = 0;  // carry_call_word's, for the next call
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
-  bool levels_always_ = false;      // Options::levels_always
   uint64_t calls_ = 0;              // the calls in levels, for messages
   std::vector<std::byte> scratch_;  // the cross-host level's copy of the other host's slice
   // The parts' travel (plan_parts): every rank's carrier, the ranks in their carriers' buffer

@@ -30,6 +30,7 @@
 #include "comm/verdict.hpp"
 #include "common/bounded_wait.hpp"
 #include "common/error.hpp"
+#include "common/fnv.hpp"
 #include "common/liveness.hpp"
 #include "common/liveness_links.hpp"
 #include "common/log.hpp"
@@ -81,13 +82,6 @@ uint64_t pid_namespace_key() {
   return std::hash<std::string>{}(boot_id) ^ (ns * 0x9E3779B97F4A7C15ull);
 }
 
-uint64_t mix64(uint64_t x) noexcept {  // splitmix64's finaliser: a bijection
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // The key of a fingerprint is key_of(hash_of(its call), its number): equal fingerprints give equal
 // keys; calls of different numbers differ always (mix64 is a bijection), and different calls differ
 // but with probability 2^-64. The call's hash is kept for the next call, which is nearly always the
@@ -731,6 +725,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
 // a commit, which a peer may have completed and left for MPI's collective.
 void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_t weight, bool commit) {
   const uint64_t k = seq_ + 1;  // calls are numbered from 1, as the other transports number their rounds
+  const uint64_t word = std::exchange(call_word_, 0);
   // The statistics' clock: steady_clock's time at the price of a TSC read, where it can.
   const auto now = telemetry_.now();
   throw_if_aborted(k, now);
@@ -763,7 +758,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     keyed_ = call;
     keyed_hash_ = hash_of(call);
   }
-  mine.key = key_of(keyed_hash_, k);
+  mine.key = key_of(keyed_hash_ ^ mix64(word), k);  // mix64(0) is 0: no word, the call's own key
   mine.arrived_ns = system_time_ns(now);
   mine.weight = weight;
   mine.bytes = pack ? static_cast<uint32_t>(bytes) : 0;
@@ -806,7 +801,7 @@ void MpiCommunicator::arrive(const CallSignature& call, Payload payload, uint64_
     any_packed |= ex.header(r).bytes != 0;
   }
   const bool compare = options_.check_mismatch || any_packed;
-  if (!same && compare) explain_mismatch(fp, weight, deadline);
+  if (!same && compare) explain_mismatch(fp, weight, word, deadline);
   // Calls alike on every rank, as they nearly always are, and judged before: nothing to judge
   // (a weighted mean's weights differ: always judged).
   if (!(same && call == judged_ && call.collective != Collective::WeightedMean)) {
@@ -917,11 +912,12 @@ void MpiCommunicator::renew_exchange() {
   exchange_keep_ = exchange_;
 }
 
-void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline) {
+void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, uint64_t word,
+                                       Clock::time_point deadline) {
   // Every rank saw the same keys, so every rank comes here for this call, and the messages pair up.
   Exchange& ex = *exchange_;
   ex.details.assign(static_cast<size_t>(size_), Details{});
-  ex.details[static_cast<size_t>(rank_)] = Details{fp, weight};
+  ex.details[static_cast<size_t>(rank_)] = Details{fp, weight, word};
   const mpi::Api& m = mpi::lib();
   int at_request = 0;
   for (int s = 1; s < size_; ++s) {
@@ -952,6 +948,14 @@ void MpiCommunicator::explain_mismatch(const Fingerprint& fp, uint64_t weight, C
       where, fp.seq, size_, size_, true,
       [&](int r) -> const CallSignature& { return ex.details[static_cast<size_t>(r)].fp.call; },
       [&](int r) { return ex.details[static_cast<size_t>(r)].weight; });
+  for (int r = 1; r < size_; ++r) {
+    if (ex.details[static_cast<size_t>(r)].word != ex.details[0].word) {
+      fail(GRADSYNC_E_MISMATCH,
+           "MPI communicator call {}: rank {} and rank 0 made this same call for different calls of the group built "
+           "over this one",
+           fp.seq, r);
+    }
+  }
   // Equal calls whose data differed in size: ranks of different builds (another group limit).
   fail(GRADSYNC_E_MISMATCH,
        "MPI communicator call {}: the ranks sent different amounts of data with the same call "

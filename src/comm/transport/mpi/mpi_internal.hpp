@@ -76,8 +76,9 @@ constexpr size_t kHeaderArea = 32;
 struct Details {
   Fingerprint fp;
   uint64_t weight;
+  uint64_t word;  // the call word of a group built over this one (Communicator::carry_call_word)
 };
-static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 56, "details are sent as raw bytes");
+static_assert(std::is_trivially_copyable_v<Details> && sizeof(Details) == 64, "details are sent as raw bytes");
 
 // The exchange's memory: the entries this rank holds, back to back (its own first, then those it
 // received, in the order they came), where each rank's entry is, and the requests.
@@ -203,6 +204,8 @@ class MpiCommunicator final : public Communicator {
   void abort() noexcept override;
   Stop stopped_by_peer() noexcept override;
   void guard_forming(bool on) noexcept override { guard_forming_ = on; }
+  bool carries_call_words() const noexcept override { return true; }
+  void carry_call_word(uint64_t word) noexcept override { call_word_ = word; }
   void reset() override;
   // After a lost member, under mpirun --enable-recovery (mpi_shrink.cpp, tests/model/mpi_shrink.pml).
   ShrinkResult shrink() override;
@@ -282,7 +285,7 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void fail_on_notice(const std::shared_ptr<void>& keepalive, const std::string& what, uint64_t call);
   // After an exchange whose keys differ: every rank sends every peer its whole fingerprint, and
   // all throw the same verdict naming the ranks.
-  [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, Clock::time_point deadline);
+  [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, uint64_t word, Clock::time_point deadline);
   void renew_exchange();
   void post_notice_receive();
   // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
@@ -336,6 +339,7 @@ class MpiCommunicator final : public Communicator {
   CallSignature judged_{0, 0, 0, static_cast<Collective>(-1)};
   CallSignature keyed_{0, 0, 0, static_cast<Collective>(-1)};  // the last call, and its hash for its key
   uint64_t keyed_hash_ = 0;
+  uint64_t call_word_ = 0;  // carry_call_word's, for the next call's key
   std::vector<PeerInfo> peers_;
   std::unique_ptr<LivenessLinks> links_;  // with the peers of other PID namespaces (link_peers)
   // By rank: whether messages of the exchange between this rank and that one may go in two pieces

@@ -30,6 +30,9 @@ constexpr size_t kFlatWindowBytes = size_t{4} << 20;
 
 constexpr int kMaxThreads = 256;
 
+// The largest single-buffer allreduce whose call check is folded into the lane's call.
+constexpr uint64_t kFoldBytes = 64 * 1024;
+
 // The process-level group of one process (the lane), shared by its threads and called by the
 // team's rank 0 only. Made by the team's rank 0 (a new group, a shrink, a split);
 // status and message say why it could not be, for the other threads to report.
@@ -43,6 +46,9 @@ struct Lane {
   uint64_t nonce = 0;
   int status = 0;
   std::string message;
+  // Whether the lane's call check can take a word (Communicator::carry_call_word), as thread 0
+  // found it for every thread (checked_levels).
+  bool carries_words = false;
   // The stops of this process's levels, counted, and the last one: whether it was a timeout, and
   // its message. A thread that meets an abort tells from them what brought it (run_levels).
   std::mutex stop_lock;
@@ -109,8 +115,10 @@ class ThreadedCommunicator final : public Communicator {
 
   void allreduce(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) override {
     telemetry_.measure(Collective::Allreduce, payload_bytes(buffers, dtype), [&] {
-      require_same_call(allreduce_call(buffers, dtype, op));
-      run_levels([&] { allreduce_levels(buffers, dtype, op); });
+      // Folded, one buffer's sum is staged on thread 0 (allreduce_levels): above kFoldBytes that
+      // copy costs more than the lane round the fold saves.
+      const bool foldable = !flat_for(dtype, op) && (buffers.size() > 1 || payload_bytes(buffers, dtype) <= kFoldBytes);
+      checked_levels(allreduce_call(buffers, dtype, op), foldable, [&] { allreduce_levels(buffers, dtype, op); });
     });
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -124,42 +132,60 @@ class ThreadedCommunicator final : public Communicator {
   void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
     const uint64_t bytes = std::accumulate(counts.begin(), counts.end(), uint64_t{0}) * dtype_size(dtype);
     telemetry_.measure(Collective::Allgather, bytes, [&] {
-      require_same_call(allgather_call(counts, dtype));
-      run_levels([&] { allgather_levels(send, static_cast<std::byte*>(recv), counts, dtype); });
+      checked_levels(allgather_call(counts, dtype), true,
+                     [&] { allgather_levels(send, static_cast<std::byte*>(recv), counts, dtype); });
     });
   }
   void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DType dtype, ReduceOp op,
                        std::optional<int> root) override {
     const uint64_t bytes = std::accumulate(counts.begin(), counts.end(), uint64_t{0}) * dtype_size(dtype);
     telemetry_.measure(Collective::ReduceScatter, bytes, [&] {
-      require_same_call(reduce_scatter_call(counts, dtype, op, root));
-      // Every rank passed this root (checked above), so every rank refuses it alike.
-      GS_REQUIRE(!root.has_value() || (*root >= 0 && *root < size()), GRADSYNC_E_OUT_OF_RANGE,
-                 "threaded group: reduce to root {} of a group of {} ranks", root.value_or(0), size());
-      run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op, root); });
+      // A root is judged by the group: the explicit check first (the rooted reduce folds flat).
+      if (root.has_value()) {
+        require_same_call(reduce_scatter_call(counts, dtype, op, root));
+        // Every rank passed this root (checked above), so every rank refuses it alike.
+        GS_REQUIRE(*root >= 0 && *root < size(), GRADSYNC_E_OUT_OF_RANGE,
+                   "threaded group: reduce to root {} of a group of {} ranks", *root, size());
+        return run_levels([&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op, root); });
+      }
+      checked_levels(reduce_scatter_call(counts, dtype, op, root), !flat_for(dtype, op),
+                     [&] { reduce_scatter_levels(send, static_cast<std::byte*>(recv), counts, dtype, op, root); });
     });
   }
   void exchange(const void* send, void* recv, const Routes& routes, DType dtype) override {
     uint64_t sent = 0;
     for (size_t d = 0; d < routes.n; ++d) sent += routes.count[routes.at(static_cast<uint64_t>(rank()), d)];
     telemetry_.measure(Collective::Alltoall, sent * dtype_size(dtype), [&] {
-      require_same_call(exchange_call(routes, dtype));
-      GS_REQUIRE(routes.form == Collective::Alltoall || (routes.root >= 0 && routes.root < size()),
-                 GRADSYNC_E_OUT_OF_RANGE, "threaded group: {} with root {} in a group of {} ranks",
-                 collective_name(routes.form), routes.root, size());
-      run_levels(
-          [&] { exchange_levels(static_cast<const std::byte*>(send), static_cast<std::byte*>(recv), routes, dtype); });
+      // A gather's or scatter's root: judged by the group in the explicit check (the base's round of
+      // counts took it as every rank passed it, so this rank's root is every rank's once they agree).
+      const bool rooted = routes.form != Collective::Alltoall;
+      if (rooted) {
+        require_same_call(exchange_call(routes, dtype));
+        GS_REQUIRE(routes.root >= 0 && routes.root < size(), GRADSYNC_E_OUT_OF_RANGE,
+                   "threaded group: {} with root {} in a group of {} ranks", collective_name(routes.form), routes.root,
+                   size());
+      }
+      const auto levels = [&] {
+        exchange_levels(static_cast<const std::byte*>(send), static_cast<std::byte*>(recv), routes, dtype);
+      };
+      if (rooted) return run_levels(levels);
+      checked_levels(exchange_call(routes, dtype), true, levels);
     });
   }
   // The call check is an allreduce over every rank, which no rank leaves before all have arrived.
   void barrier() override {
     telemetry_.measure(Collective::Barrier, 0, [&] {
-      if (check_mismatch_) return require_same_call(barrier_call());
-      begin_call();
-      run_levels([&] {
-        team_->barrier();
-        if (voice()) lane().barrier();
-        team_->barrier();
+      checked_levels(barrier_call(), true, [&] {
+        // The explicit check met every rank (no rank leaves its allreduce before all have arrived);
+        // a folded check's team round met the team's.
+        if (check_mismatch_ && !folding_) return;
+        if (!folding_) team_->barrier();
+        if (voice()) lane_call([&] { lane().barrier(); });
+        if (folding_) {
+          calls_agree();
+        } else {
+          team_->barrier();
+        }
       });
     });
   }
@@ -168,7 +194,8 @@ class ThreadedCommunicator final : public Communicator {
     telemetry_.measure(Collective::WeightedMean, count * dtype_size(dtype), [&] {
       // Judged by the group: a weight one rank gets wrong fails every rank, naming it.
       const bool heavy = weight > (uint64_t{1} << 53);
-      require_same_call(weighted_mean_call(count, dtype), heavy, weight);
+      checked_levels(
+          weighted_mean_call(count, dtype), false, [] {}, heavy, weight);
       GS_REQUIRE(dtype == DType::F32 || dtype == DType::F64, GRADSYNC_E_INVALID_ARG,
                  "weighted mean needs f32 or f64, got {}", dtype_name(dtype));
       // The products summed in rank order (comm.h), by the flat fold. Only the sums run in levels:
@@ -205,6 +232,7 @@ class ThreadedCommunicator final : public Communicator {
       try {
         made->shrunk = lane().shrink();
         made->comm = std::move(made->shrunk.comm);
+        made->carries_words = made->comm->carries_call_words();
         // One nonce for the whole group (the lane's rank 0's): the new teams are named apart from
         // any earlier group's, as split's subgroups are.
         auto nonce = static_cast<int64_t>(made->comm->rank() == 0 ? random_nonce() : 0);
@@ -299,6 +327,7 @@ class ThreadedCommunicator final : public Communicator {
         auto lane_of = std::make_shared<Lane>();
         try {
           lane_of->comm = (lane().form_subgroup(Subgroup{static_cast<int>(q), procs, sub.name + ".l", sub.abandoned}));
+          lane_of->carries_words = lane_of->comm->carries_call_words();
         } catch (const Error& e) {
           lane_of->status = e.status();
           lane_of->message = e.what();
@@ -407,8 +436,13 @@ class ThreadedCommunicator final : public Communicator {
 
   // ---- allreduce
 
+  // Whether a reduction of this dtype and op folds flat, in rank order (not through the levels).
+  bool flat_for(DType dtype, ReduceOp op) const noexcept {
+    return topology_independent_ || !levels_preserve(dtype, op);
+  }
+
   void allreduce_levels(std::span<const BufferRef> buffers, DType dtype, ReduceOp op) {
-    if (topology_independent_ || !levels_preserve(dtype, op)) {
+    if (flat_for(dtype, op)) {
       for (const BufferRef& b : buffers) flat_fold(b.send, b.count, dtype, op, 0, b.count, b.recv);
       return;
     }
@@ -419,7 +453,11 @@ class ThreadedCommunicator final : public Communicator {
     // docs/mpi.md), its threads' MPI calls contending.
     const BufferRef* one = buffers.size() == 1 ? &buffers[0] : nullptr;
     const size_t total = static_cast<size_t>(payload_bytes(buffers, dtype) / es);
-    std::byte* packed = one != nullptr ? static_cast<std::byte*>(one->recv) : stage(packed_, total * es);
+    // Folded (checked_levels), thread 0's team sum is staged, and the lane writes the caller's
+    // buffer only once its check has passed.
+    const bool direct = one != nullptr && !(folding_ && voice());
+    std::byte* packed = direct ? static_cast<std::byte*>(one->recv) : stage(packed_, total * es);
+    std::byte* result = one != nullptr ? static_cast<std::byte*>(one->recv) : packed;
     const void* send = one != nullptr ? one->send : packed;
     if (one == nullptr) {
       size_t at = 0;
@@ -430,11 +468,12 @@ class ThreadedCommunicator final : public Communicator {
     }
     team_->reduce_to(send, packed, total, dtype, level_op, 0);
     if (voice()) {
-      const BufferRef all{packed, packed, total};
-      lane().allreduce(std::span<const BufferRef>(&all, 1), dtype, level_op);
-      if (op == ReduceOp::Mean) divide_by(dtype, packed, total, static_cast<size_t>(size()));
+      const BufferRef all{packed, result, total};
+      lane_call([&] { lane().allreduce(std::span<const BufferRef>(&all, 1), dtype, level_op); });
+      if (op == ReduceOp::Mean && !calls_differ_) divide_by(dtype, result, total, static_cast<size_t>(size()));
     }
-    team_->broadcast(packed, total, dtype, 0);
+    if (!calls_agree()) return;
+    team_->broadcast(result, total, dtype, 0);
     if (one == nullptr) {
       size_t at = 0;
       for (const BufferRef& b : buffers) {
@@ -489,9 +528,10 @@ class ThreadedCommunicator final : public Communicator {
     team_->exchange(mine, blocks, team_routes(Collective::Gather, b.mine, b.proc_offset[static_cast<size_t>(my_proc_)]),
                     dtype);
     if (voice()) {
-      lane().allgatherv(nullptr, blocks, b.proc_count, dtype);
-      regroup(b, counts, blocks, recv, false, es);
+      lane_call([&] { lane().allgatherv(nullptr, blocks, b.proc_count, dtype); });
     }
+    if (!calls_agree()) return;
+    if (voice()) regroup(b, counts, blocks, recv, false, es);
     team_->broadcast(recv, total, dtype, 0);
   }
 
@@ -505,7 +545,7 @@ class ThreadedCommunicator final : public Communicator {
     const size_t total = b.offset.back();
     const size_t at = b.offset[static_cast<size_t>(rank_)];
     // A rooted reduce too: its root gets the flat fold's bits, as on the hierarchical transport.
-    if (topology_independent_ || root.has_value() || !levels_preserve(dtype, op)) {
+    if (root.has_value() || flat_for(dtype, op)) {
       // recv is apart from send or is send's own part, which the fold writes only once it has
       // gathered it.
       return flat_fold(send, total, dtype, op, at, at + counts[static_cast<size_t>(rank_)], recv);
@@ -518,9 +558,10 @@ class ThreadedCommunicator final : public Communicator {
     if (voice()) {
       std::byte* ordered = stage(packed_, std::max<size_t>(total, 1) * es);
       regroup(b, counts, summed, ordered, true, es);
-      lane().reduce_scatterv(ordered, block, b.proc_count, dtype, level_op, std::nullopt);
+      lane_call([&] { lane().reduce_scatterv(ordered, block, b.proc_count, dtype, level_op, std::nullopt); });
       if (op == ReduceOp::Mean) divide_by(dtype, block, my_block, static_cast<size_t>(size()));
     }
+    if (!calls_agree()) return;
     // send (which recv may alias) was read by the team's fold; block is apart from both.
     team_->exchange(block, recv, team_routes(Collective::Scatter, b.mine), dtype);
   }
@@ -600,7 +641,7 @@ class ThreadedCommunicator final : public Communicator {
         }
       }
       std::byte* arrived = stage(arrived_, std::max<size_t>(arriving_total, 1) * es);
-      lane().exchange(outgoing, arrived, between, dtype);
+      lane_call([&] { lane().exchange(outgoing, arrived, between, dtype); });
       // Regroup what arrived (by source process, its ranks in order, then this process's ranks)
       // by destination rank: for local l, for p, p's ranks in order.
       std::vector<size_t> hand_at(threads());
@@ -617,6 +658,7 @@ class ThreadedCommunicator final : public Communicator {
         }
       }
     }
+    if (!calls_agree()) return;
     std::byte* mine = stage(landing_, std::max<size_t>(receives[static_cast<size_t>(team_->rank())], 1) * es);
     team_->exchange(handed, mine, team_routes(Collective::Scatter, receives), dtype);
     size_t u = 0;
@@ -633,29 +675,101 @@ class ThreadedCommunicator final : public Communicator {
 
   // ---- the call check and failures
 
-  // Every rank's call, compared over the whole group before any level runs (each level sees only
-  // its own ranks): an allreduce of the signature's hash; the signatures are gathered only when
-  // the hashes differ, to name both sides, and every rank then fails alike.
-  // A weighted mean's weight too: `heavy` (above 2^53) on any rank fails every rank, naming the
-  // first such rank and its weight.
-  void require_same_call(const CallSignature& call, std::optional<bool> heavy = std::nullopt, uint64_t weight = 0) {
+  // A call's levels, with its check (comm.h: ranks whose calls differ all get E_MISMATCH, and no
+  // buffer is written). Every check starts with one round of the team, a max-allreduce of
+  // (h, -h, heavy) for h = signature_word(call), so the threads of a process compare their calls
+  // whatever each called. Between the processes:
+  // - folded, where the lane carries words, the team agrees, and the levels make one lane call
+  //   before they hand the result out (`foldable`): thread 0's lane call carries h in the lane's
+  //   own check (lane_call), which processes whose calls differ fail alike before the lane moves
+  //   data; the levels tell the siblings before they write a caller's buffer (calls_agree). One
+  //   lane round in all;
+  // - otherwise explicit, before the levels: thread 0 all-reduces the team's words over the lane
+  //   (carrying its h where the lane carries words: a process on the folded path meets it there)
+  //   and hands them and the lane's verdict to its siblings. It also judges a weighted mean's weights (`heavy`: above
+  //   2^53 on any rank fails every rank, naming the first). One lane round more.
+  // One process's folded call meets another's explicit round in the lane, whose check fails both.
+  // Where calls differ, every rank's signature is gathered to name both sides.
+  // (tests/model/threaded_check.pml checks that every rank reaches the same verdict.)
+  template <class Levels>
+  void checked_levels(const CallSignature& call, bool foldable, const Levels& levels,
+                      std::optional<bool> heavy = std::nullopt, uint64_t weight = 0) {
     begin_call();
-    if (!check_mismatch_ && !heavy.has_value()) return;
+    if (!check_mismatch_ && !heavy.has_value()) return run_levels(levels);
     const int64_t h = signature_word(call);
-    std::array<int64_t, 3> words{h, -h, heavy.value_or(false) ? 1 : 0};
-    const BufferRef b{words.data(), words.data(), words.size()};
-    run_levels([&] { allreduce_levels(std::span<const BufferRef>(&b, 1), DType::I64, ReduceOp::Max); });
-    if (words[2] != 0) {
-      std::vector<uint64_t> weights(static_cast<size_t>(size()));
-      std::vector<size_t> ones(static_cast<size_t>(size()), 1);
-      run_levels([&] { allgather_levels(&weight, reinterpret_cast<std::byte*>(weights.data()), ones, DType::I64); });
-      const auto first =
-          std::find_if(weights.begin(), weights.end(), [](uint64_t w) { return w > (uint64_t{1} << 53); });
-      fail(GRADSYNC_E_INVALID_ARG,
-           "threaded group (rank {} of {}): weighted mean: rank {} passed weight {}, above 2^53", rank(), size(),
-           first - weights.begin(), *first);
+    std::array<int64_t, 4> words{h, -h, heavy.value_or(false) ? 1 : 0, 0};  // [3]: the lane found calls differ
+    const BufferRef team_words{words.data(), words.data(), 3};
+    if (threads() > 1) {
+      run_levels([&] { team_->allreduce(std::span<const BufferRef>(&team_words, 1), DType::I64, ReduceOp::Max); });
     }
-    if (!check_mismatch_ || words[0] == -words[1]) return;
+    const bool team_agrees = words[0] == -words[1];
+    const bool carry = check_mismatch_ && lane_->carries_words;
+    if (carry && foldable && team_agrees && !heavy.has_value()) {
+      lane_word_ = static_cast<uint64_t>(h);
+      folding_ = true;
+      run_levels(levels);
+      folding_ = false;
+      if (!calls_differ_) return;
+    } else {
+      run_levels([&] {
+        if (voice()) {
+          if (carry) lane_word_ = static_cast<uint64_t>(h);
+          lane_call([&] { lane().allreduce(std::span<const BufferRef>(&team_words, 1), DType::I64, ReduceOp::Max); });
+          words[3] = calls_differ_ ? 1 : 0;
+        }
+        if (threads() > 1) team_->broadcast(words.data(), words.size(), DType::I64, 0);
+      });
+      calls_differ_ = words[3] != 0 || (check_mismatch_ && words[0] != -words[1]);
+      if (!calls_differ_ && words[2] != 0) {
+        std::vector<uint64_t> weights(static_cast<size_t>(size()));
+        std::vector<size_t> ones(static_cast<size_t>(size()), 1);
+        run_levels([&] { allgather_levels(&weight, reinterpret_cast<std::byte*>(weights.data()), ones, DType::I64); });
+        const auto first =
+            std::find_if(weights.begin(), weights.end(), [](uint64_t w) { return w > (uint64_t{1} << 53); });
+        fail(GRADSYNC_E_INVALID_ARG,
+             "threaded group (rank {} of {}): weighted mean: rank {} passed weight {}, above 2^53", rank(), size(),
+             first - weights.begin(), *first);
+      }
+      if (!calls_differ_) return run_levels(levels);
+    }
+    name_different_calls(call);
+    fail(GRADSYNC_E_MISMATCH, "threaded group (rank {} of {}) call {}: the ranks' calls differ", rank(), size(),
+         calls_);
+  }
+  // The explicit check alone, before levels that need the group's judgement first (a root).
+  void require_same_call(const CallSignature& call) {
+    checked_levels(call, false, [] {});
+  }
+
+  // Thread 0's lane call in a call's levels: it carries the word checked_levels left, and a
+  // verdict of the lane's check that the calls differ is kept for the siblings (the lane stays
+  // usable).
+  template <class Call>
+  void lane_call(const Call& call) {
+    if (lane_word_ == 0) return call();
+    lane().carry_call_word(std::exchange(lane_word_, 0));
+    try {
+      call();
+    } catch (const Error& e) {
+      if (e.status() != GRADSYNC_E_MISMATCH) throw;
+      calls_differ_ = true;
+    }
+  }
+  // Folding: thread 0 tells its siblings whether the lane's check passed, before the levels write
+  // a caller's buffer. Outside a folded call, nothing to tell (and no round).
+  bool calls_agree() {
+    if (!folding_) return true;
+    if (threads() > 1) {
+      int64_t differ = calls_differ_ ? 1 : 0;
+      team_->broadcast(&differ, 1, DType::I64, 0);
+      calls_differ_ = differ != 0;
+    }
+    return !calls_differ_;
+  }
+
+  // Once the group found that its calls differ: every rank's signature, gathered through the
+  // levels, names both sides (E_MISMATCH on every rank alike).
+  void name_different_calls(const CallSignature& call) {
     require_same_gathered_calls(
         [&] { return fmt::format("threaded group (rank {} of {})", rank(), size()); }, calls_, call, size(),
         [&](const int64_t* word, int64_t* all, size_t words) {
@@ -737,6 +851,9 @@ class ThreadedCommunicator final : public Communicator {
   // failed call that still waits there for its own deadline.
   void begin_call() {
     ++calls_;
+    lane_word_ = 0;  // what a failed call left
+    folding_ = false;
+    calls_differ_ = false;
     GS_REQUIRE(stopped_.empty(), GRADSYNC_E_ABORTED,
                "threaded group (rank {} of {}): a call of this rank failed ({}); call reset() on every rank or free "
                "it",
@@ -755,6 +872,9 @@ class ThreadedCommunicator final : public Communicator {
   bool topology_independent_ = false;
   bool check_mismatch_ = true;
   uint64_t calls_ = 0;          // for messages
+  uint64_t lane_word_ = 0;      // checked_levels' word for this call's lane call (lane_call)
+  bool folding_ = false;        // this call's check is folded into its levels (checked_levels)
+  bool calls_differ_ = false;   // the lane's check of this call found the processes' calls differ
   uint64_t stops_at_call_ = 0;  // lane_->stops as this call began
   std::string stopped_;         // why this rank's last call failed in the levels, until the reset
   // Staging, kept between calls: packs, the team's gathered parts, results, the flat fold's window.
@@ -795,8 +915,8 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
       Options l = options;
       l.threads = 0;
       l.thread = 0;
-      l.levels_always = true;
       made->comm = make_group(l);
+      made->carries_words = made->comm->carries_call_words();
       if (const char* why = made->comm->progress_thread_refused()) {
         fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
       }
