@@ -231,7 +231,9 @@
  *   thread 0 forms the process-level groups of the subgroups with ranks on its process.
  * - Shrink (gradsync_comm_shrink, under mpirun --enable-recovery as for MPI): every thread of every
  *   surviving process calls it. A lost process takes all of its threads' ranks out; the others
- *   keep their order, member ids and threads. gradsync_comm_grow and a join with threads set
+ *   keep their order, member ids and threads. A whole host lost is as for the transport: with
+ *   every survivor on one host, the processes go on meeting over shared memory (the transport
+ *   still reads as comm's). gradsync_comm_grow and a join with threads set
  *   return GRADSYNC_E_UNSUPPORTED: MPI starts processes, not threads.
  */
 #ifndef GRADSYNC_COMM_H

@@ -9,9 +9,10 @@
  * mpirun --enable-recovery, which checks what every survivor printed; across namespace hosts, one
  * process on each, by tests/multihost/shrink_hosts.py --what threads.
  *
- *   mpirun --enable-recovery -np 3 threads_shrink [interleaved]   (SHRINK_TRANSPORT=hier: the
+ *   mpirun --enable-recovery -np 3 threads_shrink [interleaved|host]   (SHRINK_TRANSPORT=hier: the
  *   hierarchical transport; interleaved: the group is the whole one split thread by thread, whose
- *   ranks alternate between the processes, and process 1's are ranks 1 and 4) */
+ *   ranks alternate between the processes, and process 1's are ranks 1 and 4; host: nobody kills
+ *   itself, every rank says "looping" once under way, and the runner kills a host) */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 static int32_t g_transport = GRADSYNC_TRANSPORT_MPI;
 static int g_proc;
 static int g_interleaved; /* the group shrunk is the whole one split thread by thread */
+static int g_host_lost;   /* the runner kills a host: no process kills itself */
 static pthread_mutex_t g_print = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_us(void) {
@@ -123,7 +125,8 @@ static void* run(void* arg) {
   int status = GRADSYNC_OK;
   for (int round = 0;; round++) {
     float v = (float)(me + 1);
-    if (g_proc == VICTIM && t == 0 && round == 40) {
+    if (g_host_lost && round == 40) SAY("rank %d: looping\n", me);
+    if (!g_host_lost && g_proc == VICTIM && t == 0 && round == 40) {
       SAY("rank %d: dies\n", me);
       kill(getpid(), SIGKILL);
     }
@@ -209,6 +212,7 @@ static void* run(void* arg) {
 int main(int argc, char** argv) {
   const char* transport = getenv("SHRINK_TRANSPORT");
   g_interleaved = argc > 1 && strcmp(argv[1], "interleaved") == 0;
+  g_host_lost = argc > 1 && strcmp(argv[1], "host") == 0;
   if (transport != NULL && strcmp(transport, "hier") == 0) g_transport = GRADSYNC_TRANSPORT_HIER;
   const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
   g_proc = world_rank != NULL ? atoi(world_rank) : 0;

@@ -5,7 +5,7 @@ mpirun --enable-recovery.
 
     shrink_hosts.py [--mpirun PATH] [--transport mpi|hier] [--pid-namespaces] [--timeout-ms MS]
                     [--seeds N] [--mode loop|embedding|zero|torch] [--layout 2,2 --lost-host 1]
-                    --what rank|small|large|transfer|host|stress|threads -- PROGRAM
+                    --what rank|small|large|transfer|host|stress|threads|threads-host -- PROGRAM
 
 PROGRAM is tests/mpi/mpi_shrink_program (with --mode torch: python3 tests/multihost/torch_elastic.py,
 on hier, which prints the same lines).
@@ -35,6 +35,11 @@ on hier, which prints the same lines).
 - threads: PROGRAM is tests/mpi/mpi_threads_shrink: 3 hosts x 1 process x 2 threads (threads as
   ranks), the process of h1 SIGKILLs itself in the middle of allreduces; the 4 ranks left must shrink
   to {2, 3}, check the new group's topology and every collective on it, and finish.
+- threads-host: PROGRAM is tests/mpi/mpi_threads_shrink: 2 processes on h0 and 1 on h1 (--layout
+  2,1), 2 threads each; once every rank is under way, the whole of h1 (its process and its Open MPI
+  daemon) is SIGKILLed. The 4 ranks left, all on h0, must shrink to {4, 5} over a process-level group
+  of shared memory (the lane's shrink forms one without MPI), check every collective on it, and
+  finish.
 - stress: --seeds launches of the program's stress mode, each with a seed of its own: twice, a
   random rank other than 0 dies at a random point (between calls, in a small call or in a large
   one), 4 -> 3 -> 2 ranks; the two survivors must shrink each time to the ranks lost, check every
@@ -64,7 +69,7 @@ def fail(what, output=""):
 def launch(args, program, what, seed=0):
     """One job on namespace hosts (2 x 2 but for --what host); returns its output once every rank
     has ended (or fails)."""
-    layout = args.layout if what == "host" else [1, 1, 1] if what == "threads" else [2, 2]
+    layout = args.layout if what in ("host", "threads-host") else [1, 1, 1] if what == "threads" else [2, 2]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
@@ -80,6 +85,12 @@ def launch(args, program, what, seed=0):
                     fail("the ranks did not all get under way", job.output())
                 h.kill_host(args.lost_host)
                 survivors = sum(layout) - layout[args.lost_host]
+            elif what == "threads-host":
+                job = h.start(program + ["host"], mpirun_args=mpirun_args, env=env)
+                if not job.wait_for(r"rank \d: looping", count=2 * sum(layout), timeout=BOUND):
+                    fail("the ranks did not all get under way", job.output())
+                h.kill_host(args.lost_host)
+                survivors = 2 * (sum(layout) - layout[args.lost_host])
             elif what == "stress":
                 job = h.start(program + ["stress", str(seed)], mpirun_args=mpirun_args, env=env)
                 survivors = 2
@@ -167,10 +178,12 @@ def check(what, out, args):
         else:
             check_finishers(out, [3], "transfer")
         return
-    if what == "threads":
-        for r in (0, 1, 4, 5):
-            if not re.search(rf"^rank {r}: shrunk failed \[2,3\] size 4 attempts (\d+)", out, re.M):
-                fail(f"rank {r} did not shrink to the 4 ranks left without host h1's process (ranks 2, 3)", out)
+    if what in ("threads", "threads-host"):
+        # threads: h1's process holds ranks 2 and 3; threads-host (2,1): h1's holds 4 and 5.
+        lost, kept = ((2, 3), (0, 1, 4, 5)) if what == "threads" else ((4, 5), (0, 1, 2, 3))
+        for r in kept:
+            if not re.search(rf"^rank {r}: shrunk failed \[{lost[0]},{lost[1]}\] size 4 attempts (\d+)", out, re.M):
+                fail(f"rank {r} did not shrink to the 4 ranks left without host h1's process (ranks {lost})", out)
             if not re.search(rf"^rank {r}: verified \d+ on 4 ranks", out, re.M) or f"rank {r}: done" not in out:
                 fail(f"rank {r} did not check its collectives on the new group and finish", out)
     elif what != "host":
@@ -209,7 +222,7 @@ def check(what, out, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--what", choices=("rank", "small", "large", "transfer", "host", "stress", "threads"),
+    ap.add_argument("--what", choices=("rank", "small", "large", "transfer", "host", "stress", "threads", "threads-host"),
                     required=True)
     ap.add_argument("--seeds", type=int, default=3, help="stress: the launches")
     ap.add_argument("--transport", choices=("mpi", "hier"), default="mpi")
