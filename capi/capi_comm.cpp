@@ -134,8 +134,6 @@ gradsync::comm::Options parse_options(const gradsync_comm_options* user, bool jo
                "threads is for the MPI and hierarchical transports (on the {} transport every thread or process "
                "is a rank of its own: set rank and size)",
                gradsync::comm::transport_name(out.transport));
-    GS_REQUIRE(!join, GRADSYNC_E_UNSUPPORTED,
-               "a join takes one rank per process: MPI starts processes, not threads (threads must be unset)");
     GS_REQUIRE(o.threads >= 1 && o.threads <= 256, GRADSYNC_E_INVALID_ARG, "threads must be in [1, 256], got {}",
                o.threads);
     GS_REQUIRE(o.thread != GRADSYNC_UNSET_I32, GRADSYNC_E_INVALID_ARG,

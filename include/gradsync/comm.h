@@ -233,8 +233,12 @@
  *   surviving process calls it. A lost process takes all of its threads' ranks out; the others
  *   keep their order, member ids and threads. A whole host lost is as for the transport: with
  *   every survivor on one host, the processes go on meeting over shared memory (the transport
- *   still reads as comm's). gradsync_comm_grow and a join with threads set
- *   return GRADSYNC_E_UNSUPPORTED: MPI starts processes, not threads.
+ *   still reads as comm's).
+ * - Grow (gradsync_comm_grow, as for MPI): every thread of every member process calls it; joiners
+ *   counts processes (MPI starts processes), and every thread of each started process calls
+ *   gradsync_comm_join with threads and thread set, as at creation (any thread count per
+ *   process). The members keep their ranks and ids; the joining processes' threads follow, process
+ *   by process, in thread order, with new ids; result->new_size counts ranks.
  */
 #ifndef GRADSYNC_COMM_H
 #define GRADSYNC_COMM_H
@@ -566,7 +570,8 @@ typedef struct gradsync_grow_result {
  *        that comes after the lobby formed waits for it to be freed, and times out if it is not
  *        within its own timeout. Name each grow apart (a generation number) when joiners may
  *        come early.
- * @param joiners how many ranks join, >= 1; comm's size + joiners is at most 1024
+ * @param joiners how many ranks join, >= 1 (threads as ranks: how many processes, each bringing its
+ *        threads); comm's size + joiners is at most 1024
  * @param[out] out the new group's communicator; NULL on failure
  * @param[out] result sizes, the joiners' first member id, phase times (may be NULL); struct_size
  *        and version set by the caller, as gradsync_comm_shrink's result
@@ -608,7 +613,8 @@ GRADSYNC_API int gradsync_comm_grow(gradsync_comm* comm, const char* join_name, 
  * (MPI gives the index and the count); host labels this rank, as at creation. timeout_ms bounds
  * MPI's initialisation, which completes the members' spawn (past it, with the members gone, this
  * process ends: _Exit(1)), and merging into the members' group (past it the job ends, as for the
- * members); the new group takes the members' options, topology_independent too.
+ * members); the new group takes the members' options, topology_independent too. With threads and
+ * thread set, every thread of the process calls it (threads as ranks, above).
  * @param[out] out the new group's communicator; NULL on failure
  * @param opts as above (gradsync_comm_options_init, then the fields above)
  * @param[out] result as gradsync_comm_grow's (may be NULL)

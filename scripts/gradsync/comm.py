@@ -627,7 +627,8 @@ class Communicator(Handle):
         MPI and HIER (under mpirun): the members start the joiners themselves, rank 0's command
         line again with GRADSYNC_JOIN=join_name in its environment, which then calls join(); a
         joiner that never joins, or a rank lost inside the spawn, ends the job after the timeout.
-        Refused (E_UNSUPPORTED) once a shrink of the job lost a whole host."""
+        Refused (E_UNSUPPORTED) once a shrink of the job lost a whole host. Threads as ranks:
+        joiners counts processes, whose threads join with threads=(T, t)."""
         out = _P()
         res = GrowResult()
         res.struct_size = ctypes.sizeof(res)
@@ -639,7 +640,7 @@ class Communicator(Handle):
         return grown, GrowResult._info(res)
 
     @classmethod
-    def join(cls, join_name, index=0, joiners=1, timeout_ms=None, transport="threads", *, host=None):
+    def join(cls, join_name, index=0, joiners=1, timeout_ms=None, transport="threads", *, host=None, threads=None):
         """Join a running group as a new rank: the other side of grow(). Waits up to timeout_ms
         for the members to grow by `joiners` at join_name; index is this joiner's place among them
         in [0, joiners). Returns (Communicator, info dict as grow's); the communicator takes the
@@ -647,8 +648,10 @@ class Communicator(Handle):
         from the members: the parameters by broadcast, a ZeRO-1 Shard by creating it on the new
         communicator (not init) and calling Shard.reshard. transport "mpi" or "hier": only in a
         process that the members' grow started (GRADSYNC_JOIN names the join); index and joiners
-        are then MPI's, and the arguments are ignored."""
-        opts = cls._options(join_name, index, joiners, timeout_ms, transport, host=host)
+        are then MPI's, and the arguments are ignored. threads=(T, t) there: threads as ranks, every
+        one of the process's T threads calling join with its index t (the members' grow counts
+        processes)."""
+        opts = cls._options(join_name, index, joiners, timeout_ms, transport, host=host, threads=threads)
         out = c_void_p()
         res = GrowResult()
         res.struct_size = ctypes.sizeof(res)

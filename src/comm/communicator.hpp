@@ -159,6 +159,8 @@ class Communicator {
   // A member of this group that is gone for good (its process died, or it freed its communicator),
   // described for a message; empty while every member is there, or where the transport cannot tell.
   virtual std::string lost_member() const { return {}; }
+  // The options this group was established with (a grown group's joiners take the members').
+  const Options& group_options() const noexcept { return group_options_; }
   // This member's stable id: its rank in the group it was created in, kept by the groups shrunk,
   // grown or split from it. A joiner's is one the group never used: next_member_id() and above.
   int64_t member_id() const noexcept { return member_id_; }
@@ -231,7 +233,6 @@ class Communicator {
   // After the transport has joined: keeps the options for subgroups, detects the topology
   // (collective), and forgets the statistics of doing so.
   void establish(const Options& options);
-  const Options& group_options() const noexcept { return group_options_; }
 
   // The default weighted_mean, window by window of at most `window` elements: each window's
   // products in f64 with the weight after them (len + 1 entries) summed in rank order by

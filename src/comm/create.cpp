@@ -54,6 +54,18 @@ std::unique_ptr<Communicator> over_levels(std::unique_ptr<Communicator> world, c
 }
 
 GrowResult join(const Options& options) {
+  if (options.threads > 0) {
+#if GRADSYNC_HAVE_MPI
+    // Refused at once: the threads of a process that no grow started would otherwise wait for each
+    // other, and then for a lane that cannot form.
+    GS_REQUIRE(spawned_by_grow(), GRADSYNC_E_INVALID_ARG,
+               "join '{}' with threads over MPI: this process was not started by a grow (the members' grow starts "
+               "its joiners itself, MPI_Comm_spawn of their program); start the program otherwise with "
+               "gradsync_comm_create",
+               options.name);
+#endif
+    return join_threaded_communicator(options, &join, &create);
+  }
   switch (options.transport) {
     case Transport::Thread: return Membership::join(options, create_thread_communicator);
     case Transport::Shm: return Membership::join(options, create_shm_communicator);

@@ -5,7 +5,8 @@ usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
 MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8);
 or threads|threads-interleaved: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
-(threads-interleaved: in a subgroup of the whole group ordered thread by thread). Each launch is
+(threads-interleaved: in a subgroup of the whole group ordered thread by thread); threads then grows back by one
+spawned process of 2 threads, whose joining threads and every survivor check the grown group. Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.
 The phases' times of every run are printed (min / median / max) for docs/mpi.md.
@@ -41,6 +42,19 @@ def run(args):
     out = proc.stdout + proc.stderr
     print(f"--- {' '.join(args)}: mpirun exited {proc.returncode} after {time.monotonic() - start:.1f} s\n{out}")
     return out
+
+
+def check_grown(out):
+    """threads: the survivors grew back to 6 ranks with a spawned process of 2 threads (ids 6, 7)."""
+    for who in ["rank 0", "rank 1", "rank 4", "rank 5", "joiner 0", "joiner 1"]:
+        m = re.search(rf"^{who}: grew to 6 first_id 6 agree_us (\d+) form_us (\d+)$", out, re.M)
+        if not m:
+            fail(f"{who} did not grow to 6 ranks with the joiners' ids from 6", out)
+        figures.setdefault("grow: agree (spawn, merge)", []).append(int(m.group(1)) / 1000)
+        figures.setdefault("grow: form", []).append(int(m.group(2)) / 1000)
+        verified = "verified" if who.startswith("joiner") else "grown verified"
+        if not re.search(rf"^{who}: {verified} 4 on 6 ranks$", out, re.M) or f"{who}: done" not in out:
+            fail(f"{who} did not check its collectives on the grown group and finish", out)
 
 
 def check(out, lost):
@@ -102,6 +116,7 @@ for i in range(runs):
     elif mode == "threads":
         out = run([])
         check(out, [2, 3])
+        check_grown(out)
     elif mode == "host":
         out = run(["host"])
         check(out, [2, 3])

@@ -5,7 +5,10 @@
  * group: 4 ranks in the old order, each rank's member id kept, the topology (the survivors' hosts as
  * they were), and every collective
  * on it; then it shrinks that group with nobody lost (the same group again), checks it the same
- * way, and finishes. Run by run_shrink.py (mode threads) under
+ * way; then (the plain mode only) it grows that group back by one process, which MPI spawns and
+ * whose 2 threads join (ranks 4 and 5, member ids 6 and 7), every collective checked on the grown
+ * group by the members and the joiner (where process 1 was a host's only one, the grow is refused,
+ * as over MPI after a host is lost); and finishes. Run by run_shrink.py (mode threads) under
  * mpirun --enable-recovery, which checks what every survivor printed; across namespace hosts, one
  * process on each, by tests/multihost/shrink_hosts.py --what threads.
  *
@@ -50,6 +53,8 @@ static double now_us(void) {
     pthread_mutex_unlock(&g_print); \
   } while (0)
 
+#define JOIN_NAME "threads-grow"
+
 /* Every collective on the shrunk group, each result checked: how many were right (of 4). */
 static int verify(gradsync_comm* c, int me, int n, const int* old_rank) {
   int right = 0;
@@ -90,6 +95,59 @@ static int verify(gradsync_comm* c, int me, int n, const int* old_rank) {
   }
   free(big);
   return right;
+}
+
+/* The members' ids after the shrink (process 1's ranks 2 and 3 lost), then the joiner's threads'
+   (from first_id). */
+static void grown_ids(int* ids, int64_t first_id) {
+  const int kept[4] = {0, 1, 4, 5};
+  for (int i = 0; i < 4; i++) ids[i] = kept[i];
+  for (int t = 0; t < THREADS; t++) ids[4 + t] = (int)first_id + t;
+}
+
+/* The grown group, as every member or joiner thread sees it: its rank, size and member id as the
+   grow said, and every collective on it. How many were right (of 4), or 0. */
+static int check_grown(gradsync_comm* g, const char* who, int index, int rank_want, const gradsync_grow_result* r) {
+  int rank = -1, size = 0, ids[4 + THREADS];
+  int64_t id = -1;
+  gradsync_comm_rank(g, &rank);
+  gradsync_comm_size(g, &size);
+  gradsync_comm_member_id(g, &id);
+  grown_ids(ids, r->first_member_id);
+  if (r->old_size != 4 || r->new_size != 4 + THREADS || r->first_member_id != PROCS * THREADS || rank != rank_want ||
+      size != r->new_size || id != ids[rank]) {
+    SAY("%s %d: WRONG grown group: rank %d of %d, member id %lld, result %d -> %d from id %lld\n", who, index, rank,
+        size, (long long)id, (int)r->old_size, (int)r->new_size, (long long)r->first_member_id);
+    return 0;
+  }
+  SAY("%s %d: grew to %d first_id %lld agree_us %.0f form_us %.0f\n", who, index, size, (long long)r->first_member_id,
+      (double)r->agree_ns / 1e3, (double)r->form_ns / 1e3);
+  return verify(g, rank, size, ids);
+}
+
+/* A thread of the process the members' grow spawned (GRADSYNC_JOIN set): it joins as rank 4 + t. */
+static void* join(void* arg) {
+  const int t = (int)(intptr_t)arg;
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* g = NULL;
+  gradsync_grow_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.version = GRADSYNC_GROW_RESULT_VERSION;
+  o.transport = g_transport;
+  o.threads = THREADS;
+  o.thread = t;
+  o.timeout_ms = 20000;
+  snprintf(o.name, sizeof o.name, "%s", JOIN_NAME);
+  if (gradsync_comm_join(&g, &o, &r) != GRADSYNC_OK) {
+    SAY("joiner %d: WRONG join failed: %s\n", t, gradsync_last_error_message());
+    return NULL;
+  }
+  const int right = check_grown(g, "joiner", t, 4 + t, &r);
+  if (right == 4) SAY("joiner %d: verified %d on %d ranks\n", t, right, 4 + THREADS);
+  gradsync_comm_free(g);
+  SAY("joiner %d: done\n", t);
+  return NULL;
 }
 
 static void* run(void* arg) {
@@ -200,6 +258,23 @@ static void* run(void* arg) {
       right += verify(again, new_rank, new_size, old_rank);
     }
     if (right == 8) SAY("rank %d: verified %d on %d ranks\n", me, right, new_size);
+    if (right == 8 && !g_interleaved && !g_host_lost) { /* grown back by one process of 2 threads */
+      gradsync_comm* g = NULL;
+      gradsync_grow_result r;
+      memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.version = GRADSYNC_GROW_RESULT_VERSION;
+      const int grew = gradsync_comm_grow(again, JOIN_NAME, 1, &g, &r);
+      if (grew == GRADSYNC_E_UNSUPPORTED) { /* a whole host was lost (one process per host) */
+        SAY("rank %d: grow refused: %s\n", me, gradsync_last_error_message());
+      } else if (grew != GRADSYNC_OK) {
+        SAY("rank %d: WRONG grow failed: %s\n", me, gradsync_last_error_message());
+      } else {
+        const int grown = check_grown(g, "rank", me, new_rank, &r);
+        if (grown == 4) SAY("rank %d: grown verified %d on %d ranks\n", me, grown, 4 + THREADS);
+      }
+      gradsync_comm_free(g);
+    }
     gradsync_comm_free(again);
   }
   gradsync_comm_free(n);
@@ -217,7 +292,8 @@ int main(int argc, char** argv) {
   const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
   g_proc = world_rank != NULL ? atoi(world_rank) : 0;
   pthread_t ids[THREADS];
-  for (int t = 0; t < THREADS; t++) pthread_create(&ids[t], NULL, run, (void*)(intptr_t)t);
+  const int joiner = getenv("GRADSYNC_JOIN") != NULL;
+  for (int t = 0; t < THREADS; t++) pthread_create(&ids[t], NULL, joiner ? join : run, (void*)(intptr_t)t);
   for (int t = 0; t < THREADS; t++) pthread_join(ids[t], NULL);
   return 0;
 }

@@ -34,7 +34,12 @@ on hier, which prints the same lines).
   --mode torch with gradsync.torch.elastic and a ZeroRedundancyOptimizer(replicas=1) in Python.
 - threads: PROGRAM is tests/mpi/mpi_threads_shrink: 3 hosts x 1 process x 2 threads (threads as
   ranks), the process of h1 SIGKILLs itself in the middle of allreduces; the 4 ranks left must shrink
-  to {2, 3}, check the new group's topology and every collective on it, and finish.
+  to {2, 3}, check the new group's topology and every collective on it, and finish. Their grow
+  back by a spawned process must be refused (E_UNSUPPORTED): h1's process was the host's only one,
+  and Open MPI 4.1's spawn would end the job once a host is lost. With --layout 2,1 process 1 shares
+  h0 with process 0: the survivors, on both hosts, grow back to 6 ranks by one process that MPI
+  spawns (its 2 threads join as ranks 4 and 5, member ids 6 and 7) and check every collective on the
+  grown group, members and joiner alike.
 - threads-host: PROGRAM is tests/mpi/mpi_threads_shrink: 2 processes on h0 and 1 on h1 (--layout
   2,1), 2 threads each; once every rank is under way, the whole of h1 (its process and its Open MPI
   daemon) is SIGKILLed. The 4 ranks left, all on h0, must shrink to {4, 5} over a process-level group
@@ -69,7 +74,7 @@ def fail(what, output=""):
 def launch(args, program, what, seed=0):
     """One job on namespace hosts (2 x 2 but for --what host); returns its output once every rank
     has ended (or fails)."""
-    layout = args.layout if what in ("host", "threads-host") else [1, 1, 1] if what == "threads" else [2, 2]
+    layout = args.layout if what in ("host", "threads-host", "threads") else [2, 2]
     with hosts.signals_raise():
         with hosts.Hosts(layout, mpirun=args.mpirun, pid_namespaces=args.pid_namespaces) as h:
             env = dict(os.environ, SHRINK_TRANSPORT=args.transport, SHRINK_TIMEOUT_MS=str(args.timeout_ms))
@@ -114,7 +119,9 @@ def launch(args, program, what, seed=0):
                         done >= 1 and not h.running(program[0]))
                     time.sleep(0.2)
             else:
-                finished = job.wait_for(r"^rank \d: done", count=survivors, timeout=BOUND)
+                # threads on 2,1: the grown group's joiner process's 2 threads finish too.
+                joiners = 2 if what == "threads" and args.layout == [2, 1] else 0
+                finished = job.wait_for(r"^(rank|joiner) \d: done", count=survivors + joiners, timeout=BOUND)
             # The ranks end (by MPI_Abort at exit: the old group holds abandoned requests); mpirun
             # may stay (hosts.Hosts.wait_ended).
             ranks_left = h.wait_ended(program[0])
@@ -186,6 +193,15 @@ def check(what, out, args):
                 fail(f"rank {r} did not shrink to the 4 ranks left without host h1's process (ranks {lost})", out)
             if not re.search(rf"^rank {r}: verified \d+ on 4 ranks", out, re.M) or f"rank {r}: done" not in out:
                 fail(f"rank {r} did not check its collectives on the new group and finish", out)
+            if (what == "threads" and args.layout == [1, 1, 1]
+                    and not re.search(rf"^rank {r}: grow refused: .*lose every rank of a host", out, re.M)):
+                fail(f"rank {r}'s grow after h1 was lost was not refused as unsupported", out)
+        if what == "threads" and args.layout == [2, 1]:
+            for who in [f"rank {r}" for r in kept] + ["joiner 0", "joiner 1"]:
+                verified = "verified" if who.startswith("joiner") else "grown verified"
+                if (not re.search(rf"^{who}: grew to 6 first_id 6 ", out, re.M)
+                        or not re.search(rf"^{who}: {verified} 4 on 6 ranks$", out, re.M)):
+                    fail(f"{who} did not grow back to 6 ranks and check its collectives there", out)
     elif what != "host":
         for r in (0, 1, 2):
             m = re.search(rf"^rank {r}: shrunk failed \[3\] size 3 attempts (\d+)", out, re.M)
@@ -231,11 +247,12 @@ def main():
     ap.add_argument("--timeout-ms", type=int, default=5000, help="the group's timeout (for figures)")
     ap.add_argument("--mode", choices=("loop", "embedding", "zero", "torch"), default="loop",
                     help="host: what the ranks run until h1 is lost (PROGRAM's mode)")
-    ap.add_argument("--layout", default="2,2", help="host: ranks per host")
+    ap.add_argument("--layout", help="host, threads-host, threads: ranks (threads: processes) per host (default "
+                                     "2,2; threads 1,1,1)")
     ap.add_argument("--lost-host", type=int, default=1, help="host: the host killed")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     args = ap.parse_args()
-    args.layout = [int(n) for n in args.layout.split(",")]
+    args.layout = [int(n) for n in (args.layout or ("1,1,1" if args.what == "threads" else "2,2")).split(",")]
     if not 0 <= args.lost_host < len(args.layout) or len(args.layout) < 2:
         ap.error("--lost-host must name one of two or more hosts")
     program = args.program[1:] if args.program[:1] == ["--"] else args.program

@@ -208,3 +208,28 @@ TEST_CASE("threads as ranks: thread counts reported by peers are checked before 
   refused({2, INT64_MIN}, 0, 2, "outside [1, 256]");
   refused({2, 3}, 1, 2, "this process (process 1 of 2) has 2 threads, but 3 arrived");
 }
+
+// A grow's joiner lays the group out from the members' layout, which comes from a peer: each entry
+// names a member process, and each member process holds as many ranks as it reported threads.
+TEST_CASE("threads as ranks: a grown group's layout from the members is checked", "[comm][threads]") {
+  // Members: processes 0 and 1 (a shrink's layout, alternating); joiners: processes 2 and 3.
+  const std::vector<int64_t> counts{2, 1, 2, 1};
+  CHECK(comm::lay_out_grown(counts, std::vector<int64_t>{0, 1, 0}, 2, 2, 2) == std::vector<int>{0, 1, 0, 2, 2, 3});
+  const auto refused = [&](std::vector<int64_t> reported, std::vector<int64_t> layout, int member_procs,
+                           const char* says) {
+    try {
+      (void)comm::lay_out_grown(reported, layout, 2, 2, member_procs);
+      FAIL("accepted");
+    } catch (const gradsync::Error& e) {
+      CHECK(e.status() == GRADSYNC_E_CORRUPT);
+      CHECK_THAT(e.what(), Catch::Contains(says));
+    }
+  };
+  refused(counts, {0, 2, 0}, 2, "names process 2 of 2");
+  refused(counts, {0, -1, 0}, 2, "names process -1 of 2");
+  refused(counts, {0, 1, 1}, 2, "gives process 0 1 ranks, but it reported 2 threads");
+  refused(counts, {0, 0}, 2, "gives process 1 0 ranks");
+  refused(counts, {0, 1, 0}, 4, "4 member processes in a grown group of 4");
+  refused(counts, {0, 1, 0}, 0, "0 member processes");
+  refused({2, 0, 2, 1}, {0, 0}, 2, "reported 0 threads");
+}

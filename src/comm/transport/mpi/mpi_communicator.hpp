@@ -29,6 +29,9 @@ namespace gradsync::comm {
 std::unique_ptr<Communicator> create_mpi_communicator(const Options& options);
 // A joiner's side of a grow over MPI, in a process that the members' grow spawned (mpi_grow.cpp).
 GrowResult join_mpi_group(const Options& options);
+// Whether a grow over MPI started this process (its environment says so): join_mpi_group refuses
+// any other.
+bool spawned_by_grow() noexcept;
 // Whether MPI communicators can be created here: the MPI plugin and the MPI runtime load.
 bool mpi_transport_available() noexcept;
 

@@ -353,3 +353,9 @@ GrowResult MpiCommunicator::join(const Options& options) {
 }
 
 }  // namespace gradsync::comm::mpi
+
+namespace gradsync::comm {
+
+bool spawned_by_grow() noexcept { return std::getenv(mpi::kJoinVariable) != nullptr; }
+
+}  // namespace gradsync::comm

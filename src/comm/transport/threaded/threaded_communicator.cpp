@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -44,6 +45,12 @@ struct Lane {
   // group's.
   ShrinkResult shrunk;
   uint64_t nonce = 0;
+  // A grow's outcome (members and joiners alike): the ranks before it, the joiners' first member
+  // id, the lane's phase times, and the grown group's name (the lane's: the join name).
+  int old_ranks = 0;
+  int64_t first_member_id = 0;
+  std::chrono::nanoseconds agree{0}, form{0};
+  std::string name;
   int status = 0;
   std::string message;
   // Whether the lane's call check can take a word (Communicator::carry_call_word), as thread 0
@@ -70,12 +77,41 @@ std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
 
 // The lane made (a new group's, or a shrink's survivors'): the processes report their thread counts
 // over it, checked, which lay out the group's ranks.
-void report_threads(Lane& made, int threads) {
-  Communicator& first = *made.comm;
-  std::vector<int64_t> counts(static_cast<size_t>(first.size()));
+std::vector<int64_t> reported_threads(Communicator& lane, int threads) {
+  std::vector<int64_t> counts(static_cast<size_t>(lane.size()));
   const int64_t mine = threads;
-  first.allgather(&mine, counts.data(), counts.size(), DType::I64);
-  made.proc_of = lay_out_ranks(counts, first.rank(), threads);
+  lane.allgather(&mine, counts.data(), counts.size(), DType::I64);
+  return counts;
+}
+void report_threads(Lane& made, int threads) {
+  made.proc_of = lay_out_ranks(reported_threads(*made.comm, threads), made.comm->rank(), threads);
+}
+
+// A grown lane (`made`, thread 0 of a member or a joiner; member_procs: the processes before the
+// grow): the processes report their thread counts over it, and the members' first process hands
+// every joiner the group's layout before the grow (old_proc_of, each rank's process; a joiner
+// passes none), the first member id the joiners take and the grown group's name. The grown group
+// keeps its members' ranks (comm.h), whatever their layout (a shrink's or a split's), and lays
+// out the joiners' threads after them, process by process.
+void meet_grown(Lane& made, int threads, int member_procs, std::vector<int> old_proc_of, int64_t first_id) {
+  Communicator& lane = *made.comm;
+  const std::vector<int64_t> counts = reported_threads(lane, threads);
+  std::array<int64_t, 2> words{static_cast<int64_t>(old_proc_of.size()), first_id};
+  lane.broadcast(words.data(), words.size(), DType::I64, 0);
+  const int64_t old_ranks = words[0];
+  GS_REQUIRE(old_ranks >= 1 && old_ranks <= int64_t{member_procs} * kMaxThreads && words[1] >= old_ranks &&
+                 words[1] <= (int64_t{1} << 53),
+             GRADSYNC_E_CORRUPT,
+             "threads as ranks: grow: the members' first process sent a group of {} ranks of {} processes and member "
+             "ids from {} (a peer's word gone bad)",
+             old_ranks, member_procs, words[1]);
+  std::vector<int64_t> layout(static_cast<size_t>(old_ranks));
+  std::copy(old_proc_of.begin(), old_proc_of.end(), layout.begin());
+  lane.broadcast(layout.data(), layout.size(), DType::I64, 0);
+  made.proc_of = lay_out_grown(counts, layout, lane.rank(), threads, member_procs);
+  made.old_ranks = static_cast<int>(old_ranks);
+  made.first_member_id = words[1];
+  made.name = lane.group_options().name;
 }
 
 class ThreadedCommunicator final : public Communicator {
@@ -286,10 +322,66 @@ class ThreadedCommunicator final : public Communicator {
     result.form = shared->shrunk.form;
     return result;
   }
-  GrowResult grow(const std::string&, int) override {
-    fail(GRADSYNC_E_UNSUPPORTED,
-         "grow of a group whose processes hold several ranks (threads): MPI starts processes, not threads; create "
-         "the group with one rank per process to grow it");
+  // Every thread of every member process calls it; `joiners` counts processes (MPI starts
+  // processes), each of whose threads joins (join_threaded_communicator). Thread 0 grows the lane
+  // (the lane transport's grow: spawn, merge, commit); the processes then meet over the grown lane
+  // (meet_grown), and every thread builds the grown group over a new team.
+  GrowResult grow(const std::string& join_name, int joiners) override {
+    auto made = std::make_shared<Lane>();
+    if (voice()) {
+      try {
+        GrowResult grown = lane().grow(join_name, joiners);
+        made->comm = std::move(grown.comm);
+        made->carries_words = made->comm->carries_call_words();
+        made->agree = grown.agree;
+        made->form = grown.form;
+        made->nonce = random_nonce();
+        meet_grown(*made, static_cast<int>(threads()), static_cast<int>(procs_.size()), proc_of_, next_member_id());
+      } catch (const Error& e) {
+        made->comm.reset();
+        made->status = e.status();
+        made->message = e.what();
+      }
+    }
+    std::shared_ptr<Lane> shared = share(*team_, voice() ? made : nullptr);
+    if (shared->status != 0) {
+      throw Error(shared->status, voice() ? shared->message
+                                          : fmt::format("thread 0 of this process could not grow the group's "
+                                                        "process-level group: {}",
+                                                        shared->message));
+    }
+    std::vector<int> members(threads());
+    std::iota(members.begin(), members.end(), 0);
+    std::unique_ptr<Communicator> team = team_->form_subgroup(
+        Subgroup{team_->rank(), members, fmt::format("{}.g{:x}", shared->name.substr(0, 40), shared->nonce), nullptr});
+    Options o = group_options();
+    o.name = shared->name;
+    return settle_grown(std::move(team), shared, o, member_id());
+  }
+
+  // The grown group, on every thread of a member (own_id: its member id) or a joiner: laid out as
+  // meet_grown said, with the members' ids kept and the joiners' new, its topology detected, and
+  // committed by one barrier, whose outcome is every rank's.
+  static GrowResult settle_grown(std::unique_ptr<Communicator> team, std::shared_ptr<Lane> lane, const Options& o,
+                                 std::optional<int64_t> own_id) {
+    const auto formed_start = std::chrono::steady_clock::now();
+    std::vector<int> proc_of = lane->proc_of;
+    const auto first = std::find(proc_of.begin(), proc_of.end(), lane->comm->rank()) - proc_of.begin();
+    const int rank = static_cast<int>(first) + team->rank();
+    auto group = std::make_unique<ThreadedCommunicator>(std::move(team), lane, std::move(proc_of), rank, o);
+    const int64_t joined = group->size() - lane->old_ranks;
+    group->establish(o);  // ids by rank, as a new group's: the grow's below
+    group->take_identity(own_id.value_or(lane->first_member_id + (rank - lane->old_ranks)),
+                         lane->first_member_id + joined);
+    group->barrier();
+    GrowResult result;
+    result.old_size = lane->old_ranks;
+    result.new_size = group->size();
+    result.first_member_id = lane->first_member_id;
+    result.agree = lane->agree;
+    result.form = lane->form + (std::chrono::steady_clock::now() - formed_start);
+    result.comm = std::move(group);
+    return result;
   }
   const char* progress_thread_refused() const noexcept override {
     const Communicator* mine = active_lane();
@@ -886,9 +978,8 @@ std::string team_name(const Options& options) {
   return fmt::format("gs-threads.{}.{:x}", options.name.substr(0, 40), static_cast<uint64_t>(options.mpi_fcomm));
 }
 
-}  // namespace
-
-std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group) {
+// The threads of one process meet in their team: checked options, and the team's.
+Options team_options(const Options& options) {
   GS_REQUIRE(options.transport == Transport::Mpi || options.transport == Transport::Hier, GRADSYNC_E_INVALID_ARG,
              "threads as ranks are for the MPI and hierarchical transports (the {} transport's ranks are already "
              "threads or processes of their own)",
@@ -905,21 +996,72 @@ std::unique_ptr<Communicator> create_threaded_communicator(const Options& option
   t.threads = 0;
   t.thread = 0;
   t.host_label.clear();
-  std::unique_ptr<Communicator> team = make_group(t);
+  return t;
+}
+
+// The lane's options: one rank per process.
+Options lane_options(const Options& options) {
+  Options l = options;
+  l.threads = 0;
+  l.thread = 0;
+  return l;
+}
+
+// The lane made, thread 0 checks what threads as ranks need of it.
+void check_lane(const Lane& made) {
+  if (const char* why = made.comm->progress_thread_refused()) {
+    fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
+  }
+}
+
+}  // namespace
+
+GrowResult join_threaded_communicator(const Options& options, JoinLane join, MakeGroup make_group) {
+  std::unique_ptr<Communicator> team = make_group(team_options(options));
+  std::shared_ptr<Lane> made;
+  if (team->rank() == 0) {
+    made = std::make_shared<Lane>();
+    try {
+      GrowResult grown = join(lane_options(options));
+      made->comm = std::move(grown.comm);
+      check_lane(*made);
+      made->carries_words = made->comm->carries_call_words();
+      made->agree = grown.agree;
+      made->form = grown.form;
+      meet_grown(*made, options.threads, grown.old_size, {}, 0);
+    } catch (const Error& e) {
+      made->comm.reset();
+      made->status = e.status();
+      made->message = e.what();
+    }
+  }
+  std::shared_ptr<Lane> lane = share(*team, made);
+  if (lane->status != 0) {
+    throw Error(lane->status, team->rank() == 0 ? lane->message
+                                                : fmt::format("thread 0 of this process could not join the group's "
+                                                              "process-level group: {}",
+                                                              lane->message));
+  }
+  // The members' options, as the lane's join took them (timeout, checks), on this process's threads.
+  Options o = lane->comm->group_options();
+  o.transport = options.transport;
+  o.threads = options.threads;
+  o.thread = options.thread;
+  o.name = lane->name;
+  return ThreadedCommunicator::settle_grown(std::move(team), lane, o, std::nullopt);
+}
+
+std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group) {
+  std::unique_ptr<Communicator> team = make_group(team_options(options));
 
   // The team's rank 0 makes the lane, and the processes report their thread counts over it.
   std::shared_ptr<Lane> made;
   if (team->rank() == 0) {
     made = std::make_shared<Lane>();
     try {
-      Options l = options;
-      l.threads = 0;
-      l.thread = 0;
-      made->comm = make_group(l);
+      made->comm = make_group(lane_options(options));
+      check_lane(*made);
       made->carries_words = made->comm->carries_call_words();
-      if (const char* why = made->comm->progress_thread_refused()) {
-        fail(GRADSYNC_E_UNSUPPORTED, "threads as ranks call MPI from several threads at once, and {}", why);
-      }
       report_threads(*made, options.threads);
     } catch (const Error& e) {
       made->comm.reset();
@@ -953,6 +1095,30 @@ std::vector<int> lay_out_ranks(std::span<const int64_t> reported, int process, i
                reported.size(), threads, count);
     proc_of.insert(proc_of.end(), static_cast<size_t>(count), static_cast<int>(p));
   }
+  return proc_of;
+}
+
+std::vector<int> lay_out_grown(std::span<const int64_t> reported, std::span<const int64_t> old_proc_of, int process,
+                               int threads, int member_procs) {
+  const std::vector<int> all = lay_out_ranks(reported, process, threads);
+  GS_REQUIRE(member_procs >= 1 && static_cast<size_t>(member_procs) < reported.size(), GRADSYNC_E_CORRUPT,
+             "threads as ranks: grow: {} member processes in a grown group of {}", member_procs, reported.size());
+  std::vector<int> proc_of;
+  std::vector<int64_t> held(static_cast<size_t>(member_procs), 0);
+  for (const int64_t p : old_proc_of) {
+    GS_REQUIRE(p >= 0 && p < member_procs, GRADSYNC_E_CORRUPT,
+               "threads as ranks: grow: the members' layout names process {} of {} (a peer's word gone bad)", p,
+               member_procs);
+    ++held[static_cast<size_t>(p)];
+    proc_of.push_back(static_cast<int>(p));
+  }
+  for (size_t p = 0; p < held.size(); ++p) {
+    GS_REQUIRE(held[p] == reported[p], GRADSYNC_E_CORRUPT,
+               "threads as ranks: grow: the members' layout gives process {} {} ranks, but it reported {} threads", p,
+               held[p], reported[p]);
+  }
+  for (const int p : all)
+    if (p >= member_procs) proc_of.push_back(p);
   return proc_of;
 }
 

@@ -28,11 +28,22 @@ namespace gradsync::comm {
 // (the team) or per process (a lane): comm::create. Collective over the whole job.
 using MakeGroup = std::unique_ptr<Communicator> (*)(const Options& options);
 std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group);
+// A joiner's side of a grow (comm::join with options.threads set): every thread of a process the
+// members' grow started calls it. join makes the lane's joiner (comm::join with one rank per
+// process), make_group the team.
+using JoinLane = GrowResult (*)(const Options& options);
+GrowResult join_threaded_communicator(const Options& options, JoinLane join, MakeGroup make_group);
 
 // Every rank's process (its lane rank), by rank, from the thread counts the processes reported
 // (by lane rank). They come from peers, so each is checked before it lays anything out: a count
 // outside [1, 256], or one for this process (process) other than its own (threads), is
 // GRADSYNC_E_CORRUPT, the same on every process (they all judge the same counts).
 std::vector<int> lay_out_ranks(std::span<const int64_t> reported, int process, int threads);
+// A grown group's: the members' ranks as they were (old_proc_of: each member rank's process, by
+// the members' first process, checked against the counts the member processes reported), then the
+// joining processes' threads in process order (member_procs: the processes before the grow).
+// GRADSYNC_E_CORRUPT as lay_out_ranks.
+std::vector<int> lay_out_grown(std::span<const int64_t> reported, std::span<const int64_t> old_proc_of, int process,
+                               int threads, int member_procs);
 
 }  // namespace gradsync::comm
