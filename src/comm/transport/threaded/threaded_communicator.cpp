@@ -75,6 +75,31 @@ std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
   return taken;
 }
 
+// What the team's rank 0 makes of the lane (`make` fills a Lane: a new group's, a shrink's, a
+// grow's), handed to every thread of the team; its failure is every thread's, its siblings naming
+// what thread 0 could not do (`what`).
+template <class Make>
+std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, const Make& make) {
+  std::shared_ptr<Lane> made;
+  if (team.rank() == 0) {
+    made = std::make_shared<Lane>();
+    try {
+      make(*made);
+    } catch (const Error& e) {
+      made->comm.reset();
+      made->status = e.status();
+      made->message = e.what();
+    }
+  }
+  std::shared_ptr<Lane> shared = share(team, made);
+  if (shared->status != 0) {
+    throw Error(shared->status, team.rank() == 0
+                                    ? shared->message
+                                    : fmt::format("thread 0 of this process could not {}: {}", what, shared->message));
+  }
+  return shared;
+}
+
 // The lane made (a new group's, or a shrink's survivors'): the processes report their thread counts
 // over it, checked, which lay out the group's ranks.
 std::vector<int64_t> reported_threads(Communicator& lane, int threads) {
@@ -263,40 +288,23 @@ class ThreadedCommunicator final : public Communicator {
   // as the old one without the lost processes.
   ShrinkResult shrink() override {
     team_->reset();
-    auto made = std::make_shared<Lane>();
-    if (voice()) {
-      try {
-        made->shrunk = lane().shrink();
-        made->comm = std::move(made->shrunk.comm);
-        made->carries_words = made->comm->carries_call_words();
-        // One nonce for the whole group (the lane's rank 0's): the new teams are named apart from
-        // any earlier group's, as split's subgroups are.
-        auto nonce = static_cast<int64_t>(made->comm->rank() == 0 ? random_nonce() : 0);
-        made->comm->broadcast(&nonce, 1, DType::I64, 0);
-        made->nonce = static_cast<uint64_t>(nonce);
-        // The old group's ranks that are out: every thread of every lost process.
-        std::vector<int> failed;
-        for (size_t r = 0; r < proc_of_.size(); ++r)
-          if (std::binary_search(made->shrunk.failed.begin(), made->shrunk.failed.end(), proc_of_[r]))
-            failed.push_back(static_cast<int>(r));
-        made->shrunk.failed = std::move(failed);
-      } catch (const Error& e) {
-        made->comm.reset();
-        made->status = e.status();
-        made->message = e.what();
-      }
-    }
-    std::shared_ptr<Lane> shared = share(*team_, voice() ? made : nullptr);
-    if (shared->status != 0) {
-      throw Error(shared->status, voice() ? shared->message
-                                          : fmt::format("thread 0 of this process could not shrink the group's "
-                                                        "process-level group: {}",
-                                                        shared->message));
-    }
-    std::vector<int> members(static_cast<size_t>(team_->size()));
-    std::iota(members.begin(), members.end(), 0);
-    std::unique_ptr<Communicator> team = team_->form_subgroup(Subgroup{
-        team_->rank(), members, fmt::format("{}.s{:x}", group_options().name.substr(0, 40), shared->nonce), nullptr});
+    std::shared_ptr<Lane> shared = made_by_thread0(*team_, "shrink the group's process-level group", [&](Lane& made) {
+      made.shrunk = lane().shrink();
+      made.comm = std::move(made.shrunk.comm);
+      made.carries_words = made.comm->carries_call_words();
+      // One nonce for the whole group (the lane's rank 0's): the new teams are named apart from
+      // any earlier group's, as split's subgroups are.
+      auto nonce = static_cast<int64_t>(made.comm->rank() == 0 ? random_nonce() : 0);
+      made.comm->broadcast(&nonce, 1, DType::I64, 0);
+      made.nonce = static_cast<uint64_t>(nonce);
+      // The old group's ranks that are out: every thread of every lost process.
+      std::vector<int> failed;
+      for (size_t r = 0; r < proc_of_.size(); ++r)
+        if (std::binary_search(made.shrunk.failed.begin(), made.shrunk.failed.end(), proc_of_[r]))
+          failed.push_back(static_cast<int>(r));
+      made.shrunk.failed = std::move(failed);
+    });
+    std::unique_ptr<Communicator> team = new_team(group_options().name, 's', shared->nonce);
     // The layout is the old one without the lost processes: the survivors keep their order (the
     // new ranks), and the processes theirs (the new lane's ranks, which the constructor checks).
     std::vector<int> survivors;
@@ -327,33 +335,16 @@ class ThreadedCommunicator final : public Communicator {
   // (the lane transport's grow: spawn, merge, commit); the processes then meet over the grown lane
   // (meet_grown), and every thread builds the grown group over a new team.
   GrowResult grow(const std::string& join_name, int joiners) override {
-    auto made = std::make_shared<Lane>();
-    if (voice()) {
-      try {
-        GrowResult grown = lane().grow(join_name, joiners);
-        made->comm = std::move(grown.comm);
-        made->carries_words = made->comm->carries_call_words();
-        made->agree = grown.agree;
-        made->form = grown.form;
-        made->nonce = random_nonce();
-        meet_grown(*made, static_cast<int>(threads()), static_cast<int>(procs_.size()), proc_of_, next_member_id());
-      } catch (const Error& e) {
-        made->comm.reset();
-        made->status = e.status();
-        made->message = e.what();
-      }
-    }
-    std::shared_ptr<Lane> shared = share(*team_, voice() ? made : nullptr);
-    if (shared->status != 0) {
-      throw Error(shared->status, voice() ? shared->message
-                                          : fmt::format("thread 0 of this process could not grow the group's "
-                                                        "process-level group: {}",
-                                                        shared->message));
-    }
-    std::vector<int> members(threads());
-    std::iota(members.begin(), members.end(), 0);
-    std::unique_ptr<Communicator> team = team_->form_subgroup(
-        Subgroup{team_->rank(), members, fmt::format("{}.g{:x}", shared->name.substr(0, 40), shared->nonce), nullptr});
+    std::shared_ptr<Lane> shared = made_by_thread0(*team_, "grow the group's process-level group", [&](Lane& made) {
+      GrowResult grown = lane().grow(join_name, joiners);
+      made.comm = std::move(grown.comm);
+      made.carries_words = made.comm->carries_call_words();
+      made.agree = grown.agree;
+      made.form = grown.form;
+      made.nonce = random_nonce();
+      meet_grown(made, static_cast<int>(threads()), static_cast<int>(procs_.size()), proc_of_, next_member_id());
+    });
+    std::unique_ptr<Communicator> team = new_team(shared->name, 'g', shared->nonce);
     Options o = group_options();
     o.name = shared->name;
     return settle_grown(std::move(team), shared, o, member_id());
@@ -459,6 +450,14 @@ class ThreadedCommunicator final : public Communicator {
 
  private:
   bool voice() const noexcept { return team_->rank() == 0; }
+  // A team of this process's threads for a group made of this one (a shrink's, a grow's), named
+  // apart from any earlier group's by the nonce.
+  std::unique_ptr<Communicator> new_team(const std::string& name, char tag, uint64_t nonce) {
+    std::vector<int> members(threads());
+    std::iota(members.begin(), members.end(), 0);
+    return team_->form_subgroup(
+        Subgroup{team_->rank(), members, fmt::format("{}.{}{:x}", name.substr(0, 40), tag, nonce), nullptr});
+  }
   Communicator& lane() const noexcept { return *lane_->comm; }
   // The processes of these ranks, in the order of their first rank here.
   std::vector<int> processes_of(const std::vector<int>& ranks) const {
@@ -1018,30 +1017,15 @@ void check_lane(const Lane& made) {
 
 GrowResult join_threaded_communicator(const Options& options, JoinLane join, MakeGroup make_group) {
   std::unique_ptr<Communicator> team = make_group(team_options(options));
-  std::shared_ptr<Lane> made;
-  if (team->rank() == 0) {
-    made = std::make_shared<Lane>();
-    try {
-      GrowResult grown = join(lane_options(options));
-      made->comm = std::move(grown.comm);
-      check_lane(*made);
-      made->carries_words = made->comm->carries_call_words();
-      made->agree = grown.agree;
-      made->form = grown.form;
-      meet_grown(*made, options.threads, grown.old_size, {}, 0);
-    } catch (const Error& e) {
-      made->comm.reset();
-      made->status = e.status();
-      made->message = e.what();
-    }
-  }
-  std::shared_ptr<Lane> lane = share(*team, made);
-  if (lane->status != 0) {
-    throw Error(lane->status, team->rank() == 0 ? lane->message
-                                                : fmt::format("thread 0 of this process could not join the group's "
-                                                              "process-level group: {}",
-                                                              lane->message));
-  }
+  std::shared_ptr<Lane> lane = made_by_thread0(*team, "join the group's process-level group", [&](Lane& made) {
+    GrowResult grown = join(lane_options(options));
+    made.comm = std::move(grown.comm);
+    check_lane(made);
+    made.carries_words = made.comm->carries_call_words();
+    made.agree = grown.agree;
+    made.form = grown.form;
+    meet_grown(made, options.threads, grown.old_size, {}, 0);
+  });
   // The members' options, as the lane's join took them (timeout, checks), on this process's threads.
   Options o = lane->comm->group_options();
   o.transport = options.transport;
@@ -1053,29 +1037,13 @@ GrowResult join_threaded_communicator(const Options& options, JoinLane join, Mak
 
 std::unique_ptr<Communicator> create_threaded_communicator(const Options& options, MakeGroup make_group) {
   std::unique_ptr<Communicator> team = make_group(team_options(options));
-
   // The team's rank 0 makes the lane, and the processes report their thread counts over it.
-  std::shared_ptr<Lane> made;
-  if (team->rank() == 0) {
-    made = std::make_shared<Lane>();
-    try {
-      made->comm = make_group(lane_options(options));
-      check_lane(*made);
-      made->carries_words = made->comm->carries_call_words();
-      report_threads(*made, options.threads);
-    } catch (const Error& e) {
-      made->comm.reset();
-      made->status = e.status();
-      made->message = e.what();
-    }
-  }
-  std::shared_ptr<Lane> lane = share(*team, made);
-  if (lane->status != 0) {
-    throw Error(lane->status, team->rank() == 0 ? lane->message
-                                                : fmt::format("thread 0 of this process could not form the group's "
-                                                              "process-level group: {}",
-                                                              lane->message));
-  }
+  std::shared_ptr<Lane> lane = made_by_thread0(*team, "form the group's process-level group", [&](Lane& made) {
+    made.comm = make_group(lane_options(options));
+    check_lane(made);
+    made.carries_words = made.comm->carries_call_words();
+    report_threads(made, options.threads);
+  });
   std::vector<int> proc_of = lane->proc_of;
   const int my_process = lane->comm->rank();
   const auto first_rank = std::find(proc_of.begin(), proc_of.end(), my_process) - proc_of.begin();
