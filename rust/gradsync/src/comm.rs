@@ -361,7 +361,8 @@ impl Communicator {
     /// the joiners (its rank) and their count (its size), the transport and how long to wait for
     /// the members (its timeout). The grown group has the members' timeout and checks. Over MPI
     /// and hier only a process that the members' grow started joins (`GRADSYNC_JOIN` names the
-    /// join), its index and count from MPI.
+    /// join), its index and count from MPI; with [`CommOptions::threads`] every thread of that
+    /// process joins, each with its index (threads as ranks: the members' grow counts processes).
     pub fn join(options: &CommOptions) -> Result<(Communicator, GrowInfo)> {
         let raw_opts = options.to_raw()?;
         let mut out = ptr::null_mut();

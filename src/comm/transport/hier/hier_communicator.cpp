@@ -238,9 +238,7 @@ class HierCommunicator final : public Communicator {
 
   // What runs flat: on one host its shared-memory group, which is the whole group in the same rank
   // order (local rank = world rank there) and folds in rank order, so no data moves through MPI;
-  // otherwise MPI.
-  // The level that carries a call made flat; a word a group over this one gave the call goes with
-  // it.
+  // otherwise MPI. A word that a group over this one gave the call goes with it.
   Communicator& flat_level() noexcept {
     Communicator& flat = one_host_ ? *local_ : *world_;
     if (const uint64_t word = std::exchange(call_word_, 0); word != 0) flat.carry_call_word(word);
