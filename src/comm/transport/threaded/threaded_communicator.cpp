@@ -35,7 +35,7 @@ constexpr int kMaxThreads = 256;
 constexpr uint64_t kFoldBytes = 64 * 1024;
 
 // The process-level group of one process (the lane), shared by its threads and called by the
-// team's rank 0 only. Made by the team's rank 0 (a new group, a shrink, a split);
+// team's rank 0 only. Made by the team's rank 0 (a new group, a split, a shrink, a grow, a join);
 // status and message say why it could not be, for the other threads to report.
 struct Lane {
   std::unique_ptr<Communicator> comm;
@@ -100,8 +100,8 @@ std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, cons
   return shared;
 }
 
-// The lane made (a new group's, or a shrink's survivors'): the processes report their thread counts
-// over it, checked, which lay out the group's ranks.
+// Every process's thread count, by lane rank, reported over a lane just made (a new group's, a
+// grow's). report_threads: a new group's layout from them, checked.
 std::vector<int64_t> reported_threads(Communicator& lane, int threads) {
   std::vector<int64_t> counts(static_cast<size_t>(lane.size()));
   const int64_t mine = threads;
@@ -118,7 +118,7 @@ void report_threads(Lane& made, int threads) {
 // passes none), the first member id the joiners take and the grown group's name. The grown group
 // keeps its members' ranks (comm.h), whatever their layout (a shrink's or a split's), and lays
 // out the joiners' threads after them, process by process.
-void meet_grown(Lane& made, int threads, int member_procs, std::vector<int> old_proc_of, int64_t first_id) {
+void meet_grown(Lane& made, int threads, int member_procs, std::span<const int> old_proc_of, int64_t first_id) {
   Communicator& lane = *made.comm;
   const std::vector<int64_t> counts = reported_threads(lane, threads);
   std::array<int64_t, 2> words{static_cast<int64_t>(old_proc_of.size()), first_id};
@@ -233,7 +233,7 @@ class ThreadedCommunicator final : public Communicator {
       checked_levels(exchange_call(routes, dtype), true, levels);
     });
   }
-  // The call check is an allreduce over every rank, which no rank leaves before all have arrived.
+  // Its rounds are the check's where it has one (checked_levels), else the levels' own barriers.
   void barrier() override {
     telemetry_.measure(Collective::Barrier, 0, [&] {
       checked_levels(barrier_call(), true, [&] {

@@ -12,8 +12,10 @@
 // 0 over the lane and handed to the subgroup's rank 0 on the process. A reduction combines within
 // a process in thread order, then over the processes as the lane's transport does: the same bits
 // on every rank and run of one layout (the flat rank-order bits with topology_independent, and
-// always for the types whose levels would round). How a failure in one level reaches the threads
-// in the others: run_levels, checked by tests/model/threaded.pml.
+// always for the types whose levels would round). Each call's check rides in thread 0's lane call
+// where it can (checked_levels, tests/model/threaded_check.pml). A shrink or a grow remakes the lane
+// with the lane transport's own, then the teams. How a failure in one level reaches the threads in
+// the others: run_levels, checked by tests/model/threaded.pml.
 #include <cstdint>
 #include <memory>
 #include <span>
