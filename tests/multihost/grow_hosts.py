@@ -72,7 +72,9 @@ def run_once(args, program, seed=0):
                 while not finished and time.monotonic() < end:
                     out = job.output()
                     done = len(re.findall(r"^member \d+: done", out, re.M))
-                    finished = done == members + joiners or (done == members and " refused, verified" in out)
+                    # Or the survivors of a collateral loss (below), once every rank has ended.
+                    finished = (done == members + joiners or (done == members and " refused, verified" in out)
+                                or (done >= 1 and " collateral, verified" in out and not h.running(program[0])))
                     time.sleep(0.2)
             else:
                 finished = job.wait_for(r"^(rank|joiner|member) \d+: done", count=members + joiners, timeout=BOUND)
@@ -105,11 +107,27 @@ def run_once(args, program, seed=0):
         # Each round: one victim; the 4 ranks of the grown group (the survivors and the joiner, whose
         # member id is the next never used) verify it; the victim never appears again.
         gone = set()
-        refused_in = None
+        refused_in = collateral_in = None
         for k in range(ROUNDS):
             died = [int(x) for x in re.findall(rf"^member (\d+): round {k} dies$", out, re.M)]
             refused = sorted(int(x) for x in re.findall(rf"^member (\d+): round {k} refused, verified 1 on {n - 1} "
                                                         rf"ranks$", out, re.M))
+            collateral = re.findall(rf"^member (\d+): round {k} collateral, verified 1 on (\d+) ranks$", out, re.M)
+            if collateral:
+                # Open MPI 4.1 ended a process with the round's victim (COLLATERAL in shrink_hosts.py):
+                # every survivor shrank by every rank lost, alike, and finishes on the group left.
+                verified = sorted(int(m) for m, _ in collateral)
+                left = {int(size) for _, size in collateral}
+                lost = set()
+                for m in verified:
+                    line = re.search(rf"^member {m}: round {k} shrunk failed \[\d+\] count (\d+)$", out, re.M)
+                    lost.add(int(line.group(1)) if line else None)
+                if len(died) != 1 or len(left) != 1 or lost != {n - min(left)} or set(died) & set(verified):
+                    fail(f"seed {seed}: round {k}: a collateral loss that the survivors {verified} did not agree on "
+                         f"(lost {sorted(lost, key=str)}, groups of {sorted(left)})", out)
+                gone.update(died)
+                collateral_in = k
+                break
             if refused:
                 # The round's losses emptied a host: the survivors, on the other host, formed a
                 # shared-memory group, which refuses to grow; all of them, and they finish.
@@ -136,9 +154,12 @@ def run_once(args, program, seed=0):
         done = sorted(int(x) for x in re.findall(r"^member (\d+): done$", out, re.M))
         if done != verified:
             fail(f"seed {seed}: members {done} finished, not the last group's {verified}", out)
-        grew = ROUNDS if refused_in is None else refused_in
+        stopped_in = refused_in if collateral_in is None else collateral_in
+        grew = ROUNDS if stopped_in is None else stopped_in
         print(f"seed {seed}: lost members {sorted(gone)}, grew back {grew} times"
-              + ("" if refused_in is None else ", then a host was emptied and the grow refused") + ": ok")
+              + ("" if refused_in is None else ", then a host was emptied and the grow refused")
+              + ("" if collateral_in is None else ", then Open MPI ended a process with the victim (collateral)")
+              + ": ok")
         return {}
     if args.mode == "torch":
         # torch_elastic.py's lines: a recovery from rank 3's loss, a grow back to 4, and every
