@@ -12,7 +12,10 @@
  * completes. A rank moves from one step to the next only through the same committed wait. A
  * small call (an allreduce that fits, a barrier) ends there. A large one posts a commit barrier once
  * its exchange has completed, then enters MPI's blocking collective, which no deadline, abort or
- * notice can end: it completes only when every rank has entered it (or a death ends the job).
+ * notice can end: it completes only when every rank has entered it (or a death ends the job). The
+ * commit (empty messages in the exchange's steps) is one wait here, which completes once every rank
+ * has posted it: a rank abandons it only on what ends a committed wait, and once every rank has
+ * posted it nothing but a death (or a deadline, the assumption below) does.
  * Ranks run K calls, each small or large (chosen once, the same for every rank's k-th call); after
  * a failed call a rank resets (a fresh epoch: messages of the old one never match) and goes on
  * with its next call, at most RESETS times. Checked:

@@ -287,6 +287,8 @@ class MpiCommunicator final : public Communicator {
   // all throw the same verdict naming the ranks.
   [[noreturn]] void explain_mismatch(const Fingerprint& fp, uint64_t weight, uint64_t word, Clock::time_point deadline);
   void renew_exchange();
+  // The barrier that commits a call to MPI's blocking collectives (arrive).
+  void commit_barrier(const Fingerprint& fp, Clock::time_point deadline);
   void post_notice_receive();
   // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
   void poll_notices();
