@@ -15,11 +15,15 @@
  *               their group still works;
  *   mismatch    the group grows by 1, and the joiner joins by another name than it was started for:
  *               every rank (the joiner too) fails with E_MISMATCH, and the members' group still works;
- *   stress      (a 4th argument: SEED) ROUNDS rounds of: a random rank dies, between
- *               calls or at a random point of a loop of 1-float allreduces (each result checked);
- *               the others shrink and grow back by one, and check the grown group. Every process
- *               draws the same sequence; a joiner of round k starts drawing at round k + 1 (it
- *               knows k from its member id), and may be a later round's victim. Where the losses
+ *   stress      (a 4th argument: SEED; a 5th: THREADS, default 1; a 6th: OUTDIR, where each
+ *               process then writes its lines to a file of its own) ROUNDS rounds of: a random
+ *               process dies, between calls or at a random point of a loop of 1-float allreduces
+ *               (each result checked); the others shrink and grow back by one process, and check
+ *               the grown group. With THREADS > 1 every process runs that many threads as ranks
+ *               (comm.h), each with its own communicator and lines, and a process's death takes all
+ *               of its threads' ranks. Every thread draws the same sequence; a joiner of round k
+ *               starts drawing at round k + 1 (it knows k from its member id), and may be a later
+ *               round's victim. Where the losses
  *               empty a host, the survivors (on one host: a shared-memory group) have their grow
  *               refused (E_UNSUPPORTED) and end there ("member I: round K refused"). Lines begin
  *               "member I" (the process's member id): "member I: round K shrunk failed [V] count 1",
@@ -46,8 +50,11 @@
 #define LARGE (64 * 1024)
 #define PARAMS 1000
 #define ROUNDS 3
+#define MAX_THREADS 8
 
-static char who[32] = "?";
+static _Thread_local char who[32] = "?";
+static int g_threads = 1; /* threads as ranks per process (stress) */
+static pthread_barrier_t g_printed; /* g_threads > 1: the threads of a dying process have said so */
 
 static void say(const char* what, int status) {
   printf("%s: %s %s %s\n", who, what, gradsync_status_string(status), gradsync_last_error_message());
@@ -58,9 +65,8 @@ static int32_t transport_of(const char* name) {
   return strcmp(name, "hier") == 0 ? GRADSYNC_TRANSPORT_HIER : GRADSYNC_TRANSPORT_MPI;
 }
 
-/* The checks on the grown group g: expect_rank and expect_id are this rank's. */
-static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64_t expect_id) {
-  static double big[LARGE];
+/* The checks on the grown group g: expect_rank and expect_id are this rank's; big holds LARGE. */
+static int check_grown_in(gradsync_comm* g, int expect_size, int expect_rank, int64_t expect_id, double* big) {
   int32_t size = -1, rank = -1;
   int64_t id = -1, ids[1024], sum = 0;
   float params[PARAMS], one = 1.0f;
@@ -116,6 +122,15 @@ static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64
   return 0;
 }
 
+static int check_grown(gradsync_comm* g, int expect_size, int expect_rank, int64_t expect_id) {
+  double* big = malloc(LARGE * sizeof *big); /* one per thread */
+  int rc;
+  if (big == NULL) return 1;
+  rc = check_grown_in(g, expect_size, expect_rank, expect_id, big);
+  free(big);
+  return rc;
+}
+
 /* The survivors' group in place of *c (freed); failed and s filled. */
 static int shrink(gradsync_comm** c, int32_t* failed, gradsync_shrink_result* s) {
   gradsync_comm* shrunk = NULL;
@@ -142,19 +157,22 @@ static void* killer(void* arg) {
   return NULL;
 }
 
-/* The stress rounds from round `first` on, over c (freed at the end). */
+/* The stress rounds from round `first` on, over c (freed at the end). A process's threads hold
+ * consecutive ranks (a group's processes keep their order through shrinks, and a joiner's threads
+ * come last), so rank / g_threads is the process. */
 static int stress(gradsync_comm* c, unsigned seed, int first) {
   int32_t n = -1, rank = -1;
   int64_t id = -1;
   int k, rc;
+  unsigned draws = seed; /* every thread draws the same sequence */
   gradsync_comm_size(c, &n);
   gradsync_comm_member_id(c, &id);
   snprintf(who, sizeof who, "member %lld", (long long)id);
-  srand(seed);
-  for (k = 0; k < 3 * first; ++k) (void)rand(); /* the rounds before this process's first */
+  for (k = 0; k < 3 * first; ++k) (void)rand_r(&draws); /* the rounds before this process's first */
   for (k = first; k < ROUNDS; ++k) {
-    const int victim = rand() % n, how = rand() % 2; /* rank 0 too: a former joiner may become rank 0 */
-    const long delay = 1000 + rand() % 50000;
+    /* Process 0 too: a former joiner may become rank 0. */
+    const int victim = rand_r(&draws) % (n / g_threads), how = rand_r(&draws) % 2;
+    const long delay = 1000 + rand_r(&draws) % 50000;
     gradsync_comm* g = NULL;
     gradsync_shrink_result s;
     gradsync_grow_result r;
@@ -166,12 +184,15 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
       say("barrier", rc);
       return 1;
     }
-    if (rank == victim) {
-      pthread_t t;
+    if (rank / g_threads == victim) {
       printf("%s: round %d dies\n", who, k);
       fflush(stdout);
-      if (how == 0) kill(getpid(), SIGKILL);
-      pthread_create(&t, NULL, killer, (void*)(intptr_t)delay);
+      if (g_threads > 1) pthread_barrier_wait(&g_printed); /* every thread's line out before the kill */
+      if (rank % g_threads == 0) { /* the process's first thread kills it */
+        pthread_t t;
+        if (how == 0) kill(getpid(), SIGKILL);
+        pthread_create(&t, NULL, killer, (void*)(intptr_t)delay);
+      }
     }
     while ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) == GRADSYNC_OK) {
       if (x != (float)n) {
@@ -182,7 +203,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
     }
     if (shrink(&c, failed, &s) != GRADSYNC_OK) return 1;
     printf("%s: round %d shrunk failed [%d] count %d\n", who, k, failed[0], s.failed_count);
-    if (s.failed_count > 1) {
+    if (s.failed_count > g_threads) {
       /* Open MPI 4.1 ended a process with the victim (a joiner of an earlier round, whose TCP
        * connection to it broke with a send pending: tests/multihost/shrink_hosts.py, COLLATERAL):
        * the survivors shrank by all of them. They check their group and finish, as after a
@@ -207,11 +228,11 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
       say("grow", rc);
       x = 1.0f;
       if ((rc = gradsync_comm_allreduce(c, &x, &x, 1, GRADSYNC_F32, GRADSYNC_SUM)) != GRADSYNC_OK ||
-          x != (float)(n - 1)) {
+          x != (float)(n - g_threads)) {
         printf("%s: WRONG: the survivors' group does not work after the refusal (%g)\n", who, x);
         return 1;
       }
-      printf("%s: round %d refused, verified 1 on %d ranks\n", who, k, n - 1);
+      printf("%s: round %d refused, verified 1 on %d ranks\n", who, k, n - g_threads);
       break;
     }
     if (rc != GRADSYNC_OK) {
@@ -230,17 +251,23 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
   return 0;
 }
 
-static int joiner(const char* join_name, int32_t transport, const char* seed, int mismatch) {
+/* thread: the joiner's thread (threads as ranks: j is then the process's index times g_threads
+ * plus the thread's). */
+static int joiner(const char* join_name, int32_t transport, const char* seed, int mismatch, int thread) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm* g = NULL;
   gradsync_grow_result r;
   const char* index = getenv("OMPI_COMM_WORLD_RANK"); /* in the spawned job: the joiner's index */
-  int rc, j = index != NULL ? atoi(index) : 0;
+  int rc, j = (index != NULL ? atoi(index) : 0) * g_threads + thread;
   snprintf(who, sizeof who, "joiner %d", j);
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
   r.version = GRADSYNC_GROW_RESULT_VERSION;
   o.transport = transport;
+  if (g_threads > 1) {
+    o.threads = g_threads;
+    o.thread = thread;
+  }
   snprintf(o.name, sizeof o.name, "%s%s", mismatch ? "not-" : "", join_name);
   if ((rc = gradsync_comm_join(&g, &o, &r)) != GRADSYNC_OK) {
     say("join", rc);
@@ -252,12 +279,11 @@ static int joiner(const char* join_name, int32_t transport, const char* seed, in
   }
   printf("%s: joined old_size %d new_size %d first_id %lld agree_us %lld form_us %lld\n", who, r.old_size, r.new_size,
          (long long)r.first_member_id, (long long)(r.agree_ns / 1000), (long long)(r.form_ns / 1000));
-  if (seed != NULL)
-    snprintf(who, sizeof who, "member %lld round %d", (long long)(r.first_member_id + j),
-             (int)(r.first_member_id - r.new_size));
+  /* A stress joiner of round k (one process a round, member ids from new_size) goes on at k + 1. */
+  const int round = (int)(r.first_member_id - r.new_size) / g_threads;
+  if (seed != NULL) snprintf(who, sizeof who, "member %lld round %d", (long long)(r.first_member_id + j), round);
   rc = check_grown(g, r.new_size, r.old_size + j, r.first_member_id + j);
-  /* A stress joiner of round k (one joiner a round, member ids from new_size) goes on at k + 1. */
-  if (rc == 0 && seed != NULL) return stress(g, (unsigned)atoi(seed), (int)(r.first_member_id - r.new_size) + 1);
+  if (rc == 0 && seed != NULL) return stress(g, (unsigned)atoi(seed), round + 1);
   gradsync_comm_free(g);
   if (rc == 0) printf("%s: done\n", who);
   fflush(stdout);
@@ -287,6 +313,56 @@ static int grow(gradsync_comm** c, int joiners, const char* name) {
   return check_grown(g, r.new_size, rank, id);
 }
 
+/* Threads as ranks (stress with THREADS > 1): each thread a rank of its own, or a joiner's. */
+struct thread_run {
+  int t;
+  char** argv;
+  const char* join_name;
+  int rc;
+};
+
+static void* thread_main(void* arg) {
+  struct thread_run* run = arg;
+  char** argv = run->argv;
+  gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
+  gradsync_comm* c = NULL;
+  int rc;
+  if (run->join_name != NULL) {
+    run->rc = joiner(run->join_name, transport_of(argv[2]), argv[4], 0, run->t);
+    return NULL;
+  }
+  o.transport = transport_of(argv[2]);
+  o.timeout_ms = atoi(argv[3]);
+  o.threads = g_threads;
+  o.thread = run->t;
+  if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
+    say("create", rc);
+    run->rc = 1;
+    return NULL;
+  }
+  run->rc = stress(c, (unsigned)atoi(argv[4]), 0);
+  return NULL;
+}
+
+static int run_threads(char** argv, const char* join_name) {
+  pthread_t threads[MAX_THREADS];
+  struct thread_run runs[MAX_THREADS];
+  int t, rc = 0;
+  if (pthread_barrier_init(&g_printed, NULL, (unsigned)g_threads) != 0) return 1;
+  for (t = 0; t < g_threads; ++t) {
+    runs[t].t = t;
+    runs[t].argv = argv;
+    runs[t].join_name = join_name;
+    runs[t].rc = 1;
+    if (pthread_create(&threads[t], NULL, thread_main, &runs[t]) != 0) return 1;
+  }
+  for (t = 0; t < g_threads; ++t) {
+    pthread_join(threads[t], NULL);
+    rc |= runs[t].rc;
+  }
+  return rc;
+}
+
 int main(int argc, char** argv) {
   gradsync_comm_options o = GRADSYNC_COMM_OPTIONS_INIT;
   gradsync_comm* c = NULL;
@@ -298,10 +374,29 @@ int main(int argc, char** argv) {
   const int stressed = strcmp(mode, "stress") == 0, mismatch = strcmp(mode, "mismatch") == 0;
   if (argc < 4 + stressed ||
       (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost") && !stressed && !mismatch)) {
-    fprintf(stderr, "usage: %s plain|after-loss|host-lost|mismatch|stress mpi|hier TIMEOUT_MS [SEED]\n", argv[0]);
+    fprintf(stderr, "usage: %s plain|after-loss|host-lost|mismatch|stress mpi|hier TIMEOUT_MS [SEED [THREADS [OUTDIR]]]\n",
+            argv[0]);
     return 2;
   }
-  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL, mismatch);
+  if (stressed && argc > 5) g_threads = atoi(argv[5]);
+  if (g_threads < 1 || g_threads > MAX_THREADS) {
+    fprintf(stderr, "%s: THREADS must be 1 to %d\n", argv[0], MAX_THREADS);
+    return 2;
+  }
+  if (stressed && argc > 6) {
+    /* OUTDIR: this process's lines go to a file of its own there, each written out as it ends, which
+     * mpirun's forwarding of output cannot lose when it tears a job down. */
+    char path[4096];
+    int fd;
+    snprintf(path, sizeof path, "%s/lines-XXXXXX", argv[6]); /* hosts' PID namespaces repeat pids */
+    if ((fd = mkstemp(path)) < 0 || close(fd) != 0 || freopen(path, "w", stdout) == NULL) {
+      perror(path);
+      return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+  }
+  if (g_threads > 1) return run_threads(argv, join_name);
+  if (join_name != NULL) return joiner(join_name, transport_of(argv[2]), stressed ? argv[4] : NULL, mismatch, 0);
   o.transport = transport_of(argv[2]);
   o.timeout_ms = atoi(argv[3]);
   if ((rc = gradsync_comm_create(&c, &o)) != GRADSYNC_OK) {
