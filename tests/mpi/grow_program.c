@@ -53,7 +53,7 @@
 #define MAX_THREADS 8
 
 static _Thread_local char who[32] = "?";
-static int g_threads = 1; /* threads as ranks per process (stress) */
+static int g_threads = 1;           /* threads as ranks per process (stress) */
 static pthread_barrier_t g_printed; /* g_threads > 1: the threads of a dying process have said so */
 
 static void say(const char* what, int status) {
@@ -188,7 +188,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
       printf("%s: round %d dies\n", who, k);
       fflush(stdout);
       if (g_threads > 1) pthread_barrier_wait(&g_printed); /* every thread's line out before the kill */
-      if (rank % g_threads == 0) { /* the process's first thread kills it */
+      if (rank % g_threads == 0) {                         /* the process's first thread kills it */
         pthread_t t;
         if (how == 0) kill(getpid(), SIGKILL);
         pthread_create(&t, NULL, killer, (void*)(intptr_t)delay);
@@ -374,7 +374,8 @@ int main(int argc, char** argv) {
   const int stressed = strcmp(mode, "stress") == 0, mismatch = strcmp(mode, "mismatch") == 0;
   if (argc < 4 + stressed ||
       (strcmp(mode, "plain") && strcmp(mode, "after-loss") && strcmp(mode, "host-lost") && !stressed && !mismatch)) {
-    fprintf(stderr, "usage: %s plain|after-loss|host-lost|mismatch|stress mpi|hier TIMEOUT_MS [SEED [THREADS [OUTDIR]]]\n",
+    fprintf(stderr,
+            "usage: %s plain|after-loss|host-lost|mismatch|stress mpi|hier TIMEOUT_MS [SEED [THREADS [OUTDIR]]]\n",
             argv[0]);
     return 2;
   }
