@@ -23,11 +23,11 @@
  *               (comm.h), each with its own communicator and lines, and a process's death takes all
  *               of its threads' ranks. Every thread draws the same sequence; a joiner of round k
  *               starts drawing at round k + 1 (it knows k from its member id), and may be a later
- *               round's victim. Where the losses
- *               empty a host, the survivors (on one host: a shared-memory group) have their grow
- *               refused (E_UNSUPPORTED) and end there ("member I: round K refused"). Lines begin
- *               "member I" (the process's member id): "member I: round K shrunk failed [V] count 1",
- *               "member I round K: verified 4 on N ranks", "member I: done".
+ *               round's victim. Where the losses empty a host, the survivors (on one host: a
+ *               shared-memory group) have their grow refused (E_UNSUPPORTED) and end there
+ *               ("member I: round K refused"). Lines begin "member I" (the rank's member id):
+ *               "member I: round K shrunk failed [V] count THREADS", "member I round K: verified 4
+ *               on N ranks", "member I: done".
  * The members' grow spawns this program again with GRADSYNC_JOIN set: it then joins instead of
  * creating (and takes the mode and transport from its arguments, as spawned). On the grown group
  * every rank checks its rank and member id, a broadcast from rank 0, and allreduces whose every
