@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MPI transport beside raw MPI_Allreduce (bench/mpi/run.sh [np]):
-// - allreduce of M floats, M in {1, 1K, 4K, 64K, 1M, 16M} (4K: the most the small path carries at
-//   up to 4 ranks): raw MPI_Allreduce, the transport with its defaults, and in deterministic
-//   (rank-order) mode, in place, or out of place ("out" as the third argument: every variant,
-//   raw MPI too); each run interleaves the three, and the table gives min / median / max over the
-//   runs of each one's median time, and of its ratio to raw MPI's median in the same run.
+// - allreduce of M floats, M in {1, 1K, 4K, 64K, 256K, 1M, 16M} (4K: the most the small path carries
+//   at up to 4 ranks; 256K: where deterministic mode of two ranks swaps whole copies): raw MPI_Allreduce, the transport
+//   with its defaults, and in deterministic (rank-order) mode, in place, or out of place ("out" as the third argument:
+//   every variant, raw MPI too); each run interleaves the three, and the table gives min / median / max over the runs
+//   of each one's median time, and of its ratio to raw MPI's median in the same run.
 // - 256 buffers of 4K floats: one fused allreduce beside 256 separate raw MPI_Allreduce calls.
 #define OMPI_SKIP_MPICXX 1  // C bindings only
 #include <mpi.h>
@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
     std::printf("| floats | raw MPI us | default us | default / raw | deterministic us | deterministic / raw |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
   }
-  for (size_t m : {size_t{1}, size_t{1} << 10, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+  for (size_t m : {size_t{1}, size_t{1} << 10, size_t{4} << 10, size_t{64} << 10, size_t{256} << 10, size_t{1} << 20,
+                   size_t{16} << 20}) {
     if (m > largest) break;
     std::vector<float> a(m, 0.0f), b(m, 0.0f), d(m, 0.0f), to(out_of_place ? m : 0);
     const BufferRef rb{b.data(), out_of_place ? to.data() : b.data(), m},

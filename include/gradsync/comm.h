@@ -111,9 +111,9 @@
  *   per rank (64 KiB over the group), and a barrier, take one exchange between the ranks: the data
  *   travels with the call's check and every rank reduces it in rank order (the same bits on every
  *   rank, deterministic or not). docs/mpi.md describes the mechanism and its cost.
- * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank (MPI_Alltoallv of the
- *   slices, the library's rank-order kernels, MPI_Allgatherv); 0 leaves the order to MPI (all ranks
- *   still get MPI's one result). weighted_mean and i32 mean are always in rank order.
+ * - deterministic (default 0 on MPI): 1 reduces in rank order on every rank with the library's
+ *   kernels (docs/mpi.md says how, and what it costs); 0 leaves the order to MPI (all ranks still
+ *   get MPI's one result). weighted_mean and i32 mean are always in rank order.
  * - check_mismatch (default 1): the ranks compare their calls (collective, count, dtype, op, root,
  *   call number) before any data moves into a caller's buffer; on a difference every rank returns
  *   GRADSYNC_E_MISMATCH naming the ranks. 0 judges only this rank's own arguments (except an

@@ -39,7 +39,6 @@ extern "C" __attribute__((visibility("default"))) const Api* gradsync_mpi_plugin
     Api a = real != nullptr ? *real : Api{};
     if (real == nullptr) return a;
     COUNT(Iallgather);
-    COUNT(Ibarrier);
     COUNT(Irecv);
     COUNT(Isend);
     COUNT(Allreduce);

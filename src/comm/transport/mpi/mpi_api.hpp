@@ -17,7 +17,7 @@
 namespace gradsync::comm::mpi {
 
 // Bumped whenever Api changes: a plugin of another build is refused, not misread.
-inline constexpr uint32_t kApiVersion = 4;
+inline constexpr uint32_t kApiVersion = 5;
 
 // The mpi.h a build was compiled against, as far as the transport depends on it: the standard's
 // version, the sizes of the types it passes by value or lays out (MPI_Status in MPI_Test's
@@ -63,7 +63,6 @@ struct Api {
   decltype(&MPI_Group_free) Group_free;
   decltype(&MPI_Comm_create_group) Comm_create_group;
   decltype(&MPI_Iallgather) Iallgather;
-  decltype(&MPI_Ibarrier) Ibarrier;
   decltype(&MPI_Irecv) Irecv;
   decltype(&MPI_Isend) Isend;
   decltype(&MPI_Test) Test;

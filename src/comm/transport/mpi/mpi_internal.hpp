@@ -321,6 +321,8 @@ class MpiCommunicator final : public Communicator {
   };
   void pairwise(DType dtype, const std::function<Block(int)>& block);
   void rank_order_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  // rank_order_allreduce of a group of two.
+  void swap_fold(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
   std::byte* scratch(size_t bytes);
 
   Options options_;

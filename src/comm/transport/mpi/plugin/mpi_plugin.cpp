@@ -46,7 +46,6 @@ Api make() {
   a.Group_free = &MPI_Group_free;
   a.Comm_create_group = &MPI_Comm_create_group;
   a.Iallgather = &MPI_Iallgather;
-  a.Ibarrier = &MPI_Ibarrier;
   a.Irecv = &MPI_Irecv;
   a.Isend = &MPI_Isend;
   a.Test = &MPI_Test;
