@@ -16,6 +16,9 @@
  * commit (empty messages in the exchange's steps) is one wait here, which completes once every rank
  * has posted it: a rank abandons it only on what ends a committed wait, and once every rank has
  * posted it nothing but a death (or a deadline, the assumption below) does.
+ * A death ends any wait once it has happened (LIVENESS), at whatever moment the rank sees it: the
+ * transport sees it by PID on its host, by a liveness link, or in a peer's notice that reports it
+ * (whatever call that notice stops at: a dead rank posts nothing more).
  * Ranks run K calls, each small or large (chosen once, the same for every rank's k-th call); after
  * a failed call a rank resets (a fresh epoch: messages of the old one never match) and goes on
  * with its next call, at most RESETS times. Checked:

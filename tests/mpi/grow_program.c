@@ -201,6 +201,7 @@ static int stress(gradsync_comm* c, unsigned seed, int first) {
       }
       x = 1.0f;
     }
+    printf("%s: round %d ended in %s %s\n", who, k, gradsync_status_string(rc), gradsync_last_error_message());
     if (shrink(&c, failed, &s) != GRADSYNC_OK) return 1;
     printf("%s: round %d shrunk failed [%d] count %d\n", who, k, failed[0], s.failed_count);
     if (s.failed_count > g_threads) {

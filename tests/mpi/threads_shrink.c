@@ -15,7 +15,11 @@
  *   mpirun --enable-recovery -np 3 threads_shrink [interleaved|host]   (SHRINK_TRANSPORT=hier: the
  *   hierarchical transport; interleaved: the group is the whole one split thread by thread, whose
  *   ranks alternate between the processes, and process 1's are ranks 1 and 4; host: nobody kills
- *   itself, every rank says "looping" once under way, and the runner kills a host) */
+ *   itself, every rank says "looping" once under way, and the runner kills a host; silent: process 1
+ *   does not die but stops calling, its threads asleep until it kills itself long after the
+ *   survivors went on, on a timeout of SILENT_TIMEOUT_MS: the survivors' calls time out, and their
+ *   shrink excludes process 1 only after a whole timeout of its silence, so thread 0's shrink of the
+ *   process-level group outlasts a timeout, which its siblings must wait out) */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <signal.h>
@@ -37,6 +41,8 @@ static int32_t g_transport = GRADSYNC_TRANSPORT_MPI;
 static int g_proc;
 static int g_interleaved; /* the group shrunk is the whole one split thread by thread */
 static int g_host_lost;   /* the runner kills a host: no process kills itself */
+static int g_silent;      /* process 1 goes silent instead of dying */
+#define SILENT_TIMEOUT_MS 2000
 static pthread_mutex_t g_print = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_us(void) {
@@ -157,7 +163,7 @@ static void* run(void* arg) {
   o.transport = g_transport;
   o.threads = THREADS;
   o.thread = t;
-  o.timeout_ms = 20000;
+  o.timeout_ms = g_silent ? SILENT_TIMEOUT_MS : 20000;
   snprintf(o.name, sizeof o.name, "threads-shrink");
   if (gradsync_comm_create(&c, &o) != GRADSYNC_OK) {
     SAY("process %d thread %d: create failed: %s\n", g_proc, t, gradsync_last_error_message());
@@ -184,7 +190,13 @@ static void* run(void* arg) {
   for (int round = 0;; round++) {
     float v = (float)(me + 1);
     if (g_host_lost && round == 40) SAY("rank %d: looping\n", me);
-    if (!g_host_lost && g_proc == VICTIM && t == 0 && round == 40) {
+    if (g_silent && g_proc == VICTIM && round == 40) {
+      SAY("rank %d: silent\n", me);
+      sleep(5 * SILENT_TIMEOUT_MS / 1000);
+      if (t == 0) kill(getpid(), SIGKILL);
+      sleep(5 * SILENT_TIMEOUT_MS / 1000);
+    }
+    if (!g_host_lost && !g_silent && g_proc == VICTIM && t == 0 && round == 40) {
       SAY("rank %d: dies\n", me);
       kill(getpid(), SIGKILL);
     }
@@ -258,7 +270,7 @@ static void* run(void* arg) {
       right += verify(again, new_rank, new_size, old_rank);
     }
     if (right == 8) SAY("rank %d: verified %d on %d ranks\n", me, right, new_size);
-    if (right == 8 && !g_interleaved && !g_host_lost) { /* grown back by one process of 2 threads */
+    if (right == 8 && !g_interleaved && !g_host_lost && !g_silent) { /* grown back by one process of 2 threads */
       gradsync_comm* g = NULL;
       gradsync_grow_result r;
       memset(&r, 0, sizeof r);
@@ -288,6 +300,7 @@ int main(int argc, char** argv) {
   const char* transport = getenv("SHRINK_TRANSPORT");
   g_interleaved = argc > 1 && strcmp(argv[1], "interleaved") == 0;
   g_host_lost = argc > 1 && strcmp(argv[1], "host") == 0;
+  g_silent = argc > 1 && strcmp(argv[1], "silent") == 0;
   if (transport != NULL && strcmp(transport, "hier") == 0) g_transport = GRADSYNC_TRANSPORT_HIER;
   const char* world_rank = getenv("OMPI_COMM_WORLD_RANK");
   g_proc = world_rank != NULL ? atoi(world_rank) : 0;

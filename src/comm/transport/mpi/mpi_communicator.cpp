@@ -425,7 +425,7 @@ void MpiCommunicator::fail_mpi(int rc, const char* call, int peer) {
   gone_within_grace([&] { return (dead = dead_peer()) >= 0; });
   std::string message = fmt::format("{} failed on rank {}: {}", call, rank_, mpi_error_string(rc));
   if (dead >= 0) {
-    message += fmt::format("; rank {} (pid {}) has died", dead, peers_[static_cast<size_t>(dead)].pid);
+    message += "; " + death_of(dead);
   } else if (peer >= 0 && peer < size_ && peer != rank_ && !peers_.empty() &&
              peers_[static_cast<size_t>(peer)].host_key != peers_[static_cast<size_t>(rank_)].host_key) {
     message += fmt::format("; the connection to rank {} on another host broke: that rank or its host is lost", peer);
@@ -448,6 +448,11 @@ void MpiCommunicator::poll_notices() {
     if (!arrived) return;
     const Notice n{notice_in_[0], notice_in_[1], notice_in_[2], status.MPI_SOURCE};
     if (!notice_ || n.stop_at < notice_->stop_at) notice_ = n;
+    if (n.status == GRADSYNC_E_REMOTE && n.subject >= 0 && n.subject < size_ && n.subject != rank_ &&
+        heard_dead_.load(std::memory_order_relaxed) < 0) {
+      heard_dead_from_ = n.source;
+      heard_dead_.store(static_cast<int>(n.subject));
+    }
     post_notice_receive();  // a later notice may stop an earlier call
   }
 }
@@ -631,7 +636,13 @@ int MpiCommunicator::dead_peer() const noexcept {
   const int linked = links_ != nullptr ? links_->poll() : -1;
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r)
     if (r == linked || pid_dead(r)) return r;
-  return -1;
+  return heard_dead_.load();
+}
+
+std::string MpiCommunicator::death_of(int dead) const {
+  if (dead == heard_dead_.load() && !pid_dead(dead) && !(links_ != nullptr && links_->gone(dead)))
+    return fmt::format("rank {} has died (reported by rank {})", dead, heard_dead_from_);
+  return fmt::format("rank {} (pid {}) has died", dead, peers_[static_cast<size_t>(dead)].pid);
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadline, const char* label,
@@ -704,8 +715,7 @@ void MpiCommunicator::wait(MPI_Request* requests, int n, Clock::time_point deadl
         fail(stopped.first, "{} on rank {}: {}", what(), rank_, stopped.second);
       }
       abandon(keepalive, fmt::format("rank {} died during {}", dead, what()), GRADSYNC_E_REMOTE, dead, call);
-      fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} (pid {}) has died", what(), rank_, dead,
-           peers_[static_cast<size_t>(dead)].pid);
+      fail(GRADSYNC_E_REMOTE, "{} on rank {}: {}", what(), rank_, death_of(dead));
     case WaitEnd::Deadline: break;
   }
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();

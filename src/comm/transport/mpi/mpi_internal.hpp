@@ -290,11 +290,14 @@ class MpiCommunicator final : public Communicator {
   // The barrier that commits a call to MPI's blocking collectives (arrive).
   void commit_barrier(const Fingerprint& fp, Clock::time_point deadline);
   void post_notice_receive();
-  // Takes in the notices that have arrived, keeping the one with the earliest stop_at.
+  // Takes in the notices that have arrived, keeping the one with the earliest stop_at, and the
+  // first death a notice reports (heard_dead_).
   void poll_notices();
   std::string notice_reason() const;
   void retire_control() noexcept;
+  // A peer known dead (seen, or heard of: heard_dead_), or -1; death_of says how it is known.
   int dead_peer() const noexcept;
+  std::string death_of(int dead) const;
   // Whether peer r is seen dead: a process of this host (and PID namespace) that is gone, or a
   // peer elsewhere whose liveness link ended.
   bool peer_dead(int r) const noexcept;
@@ -377,7 +380,15 @@ class MpiCommunicator final : public Communicator {
   std::atomic<bool> notices_sent_{false};  // read by the waits without the lock
   int64_t notice_out_[3] = {0, 0, 0};      // a Notice's status, subject, stop_at
   int64_t notice_in_[3] = {0, 0, 0};
-  std::optional<Notice> notice_;          // the notice heard with the earliest stop_at, until reset
+  std::optional<Notice> notice_;  // the notice heard with the earliest stop_at, until reset
+  // The first rank that a notice reported dead, and its reporter (-1: none). A notice's stop_at
+  // says which calls its sender abandons, but a dead rank posts nothing more in any call: a rank
+  // still waiting in an earlier one (its message from the dead rank never sent) would otherwise
+  // wait for its deadline, where neither its host nor a liveness link shows it that death. So a
+  // heard death ends any wait as a seen one does (tests/model/mpi_round.pml: a death ends every
+  // wait). Kept through resets: the dead stay dead. Atomic: TransferWatch reads it.
+  std::atomic<int> heard_dead_{-1};
+  int heard_dead_from_ = -1;
   Clock::time_point last_notice_poll_{};  // the start of the last call that looked for notices
   Clock::time_point offset_read_{};
   int64_t system_offset_ns_ = 0;  // system clock minus steady clock

@@ -363,14 +363,12 @@ ShrinkResult MpiCommunicator::shrink() {
         if (confirming) {
           give_up(-1, 0, nullptr);
         } else {
-          bool grew = false;
-          for (int q = 0; q < size_; ++q) {
-            if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) {
-              add(failed, q);
-              grew = true;
-            }
-          }
-          if (grew) {
+          // Who did not answer F as it stood at the deadline: compared with the set being grown, a
+          // member that proposed F would be excluded with the first silent one before it.
+          Set silent(set_words, 0);
+          for (int q = 0; q < size_; ++q)
+            if (q != rank_ && !has(failed, q) && !equal(latest[static_cast<size_t>(q)])) add(silent, q);
+          if (unite(failed, silent.data())) {
             propose();
           } else {
             deadline = deadline_after(timeout);

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -18,9 +20,11 @@
 #include "comm/call_signature.hpp"
 #include "comm/reduce.hpp"
 #include "comm/verdict.hpp"
+#include "common/bounded_wait.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "common/wait.hpp"
 
 namespace gradsync::comm {
 namespace {
@@ -78,20 +82,53 @@ std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
 // What the team's rank 0 makes of the lane (`make` fills a Lane: a new group's, a shrink's, a
 // grow's), handed to every thread of the team; its failure is every thread's, its siblings naming
 // what thread 0 could not do (`what`).
+//
+// The making may outlast the team's timeout by its own bounds (a shrink's agreement takes an
+// attempt per rank found lost, each up to a timeout; a grow spawns processes), so the siblings do
+// not wait for it in a team call, whose deadline would stop the team under thread 0's feet. The
+// team first shares a handoff (every thread calls this within a timeout of the others, or that
+// call fails them all), then the siblings wait on it for as long as thread 0 takes: every wait of
+// the making is bounded, and thread 0 publishes whatever it ends in.
+struct Handoff {
+  WaitWord word;
+  std::atomic<uint32_t> published{0};
+  std::shared_ptr<Lane> made;
+};
 template <class Make>
 std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, const Make& make) {
-  std::shared_ptr<Lane> made;
+  const std::shared_ptr<Handoff> handoff = share(team, team.rank() == 0 ? std::make_shared<Handoff>() : nullptr);
   if (team.rank() == 0) {
-    made = std::make_shared<Lane>();
+    auto made = std::make_shared<Lane>();
     try {
       make(*made);
     } catch (const Error& e) {
       made->comm.reset();
       made->status = e.status();
       made->message = e.what();
+    } catch (const std::bad_alloc&) {
+      made->comm.reset();
+      made->status = GRADSYNC_E_NOMEM;
+      made->message = fmt::format("out of memory while trying to {}", what);
+    } catch (const std::exception& e) {
+      made->comm.reset();
+      made->status = GRADSYNC_E_INTERNAL;
+      made->message = e.what();
     }
+    handoff->made = std::move(made);
+    handoff->published.store(1, std::memory_order_seq_cst);
+    notify(handoff->word);
+  } else {
+    auto ready = [&] { return handoff->published.load(std::memory_order_seq_cst) != 0; };
+    auto deadline = WaitClock::time_point::max();
+    bounded_wait([&](WaitClock::time_point until) { return wait_until(handoff->word, ready, until); }, wait_never,
+                 wait_never,
+                 [&](std::chrono::nanoseconds waited) {
+                   GS_LOG_WARN("thread {} of this process: waiting {} s for thread 0 to {}", team.rank(),
+                               std::chrono::duration_cast<std::chrono::seconds>(waited).count(), what);
+                 },
+                 wait_ends, deadline, std::chrono::nanoseconds::max());
   }
-  std::shared_ptr<Lane> shared = share(team, made);
+  const std::shared_ptr<Lane>& shared = handoff->made;
   if (shared->status != 0) {
     throw Error(shared->status, team.rank() == 0
                                     ? shared->message
