@@ -4,7 +4,7 @@
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
 MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8);
-or threads|threads-interleaved: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
+or threads|threads-interleaved|threads-silent (default 2 runs): PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
 (threads-interleaved: in a subgroup of the whole group ordered thread by thread; threads-silent: process 1 goes
 silent, and the survivors' shrink waits out a timeout of its silence); threads then grows back by one
 spawned process of 2 threads, whose joining threads and every survivor check the grown group. Each launch is
@@ -20,7 +20,8 @@ import sys
 import time
 
 mpirun, program, mode = sys.argv[1:4]
-runs = int(sys.argv[4]) if len(sys.argv) > 4 else (8 if mode == "stress" else 3)
+runs = int(sys.argv[4]) if len(sys.argv) > 4 else {"stress": 8, "threads-silent": 2}.get(mode, 3)
+SILENT_TIMEOUT_MS = 3000  # threads_shrink.c's, in mode silent
 bound = 120
 ranks = 6 if mode.startswith("threads") else 4
 base = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--enable-recovery",
@@ -119,6 +120,11 @@ for i in range(runs):
         check(out, [2, 3])
         if not re.search(r"^rank 0: failed GRADSYNC_E_TIMEOUT", out, re.M):
             fail("rank 0's call did not time out on the silent process", out)
+        # The case this mode is for: the process-level shrink waited out a timeout of silence (had
+        # process 1 been seen dead, nothing would have outlasted the team's timeout).
+        for r, us in re.findall(r"^rank (\d+): shrunk failed .* shrink_us (\d+) ", out, re.M):
+            if int(us) < SILENT_TIMEOUT_MS * 1000 * 0.9:
+                fail(f"rank {r}'s shrink took {int(us) / 1000:.0f} ms: it did not wait out the silent process", out)
     elif mode == "threads":
         out = run([])
         check(out, [2, 3])

@@ -42,7 +42,7 @@ static int g_proc;
 static int g_interleaved; /* the group shrunk is the whole one split thread by thread */
 static int g_host_lost;   /* the runner kills a host: no process kills itself */
 static int g_silent;      /* process 1 goes silent instead of dying */
-#define SILENT_TIMEOUT_MS 2000
+#define SILENT_TIMEOUT_MS 3000
 static pthread_mutex_t g_print = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_us(void) {
@@ -192,9 +192,9 @@ static void* run(void* arg) {
     if (g_host_lost && round == 40) SAY("rank %d: looping\n", me);
     if (g_silent && g_proc == VICTIM && round == 40) {
       SAY("rank %d: silent\n", me);
-      sleep(5 * SILENT_TIMEOUT_MS / 1000);
+      sleep(3 * SILENT_TIMEOUT_MS / 1000); /* the survivors time out, then shrink without it */
       if (t == 0) kill(getpid(), SIGKILL);
-      sleep(5 * SILENT_TIMEOUT_MS / 1000);
+      sleep(3 * SILENT_TIMEOUT_MS / 1000);
     }
     if (!g_host_lost && !g_silent && g_proc == VICTIM && t == 0 && round == 40) {
       SAY("rank %d: dies\n", me);

@@ -568,7 +568,7 @@ void MpiCommunicator::fail_on_notice(const std::shared_ptr<void>& keepalive, con
   const int status = static_cast<int>(n.status), subject = static_cast<int>(n.subject);
   if (status == GRADSYNC_E_REMOTE) {
     abandon(keepalive, fmt::format("rank {} died during {}", subject, what), status, subject, call);
-    fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (detected by rank {})", what, rank_, subject, n.source);
+    fail(GRADSYNC_E_REMOTE, "{} on rank {}: rank {} has died (reported by rank {})", what, rank_, subject, n.source);
   }
   if (status == GRADSYNC_E_TIMEOUT) {
     abandon(keepalive, fmt::format("{} timed out", what), status, subject, call);
@@ -626,7 +626,7 @@ bool MpiCommunicator::pid_dead(int r) const noexcept {
 }
 
 bool MpiCommunicator::peer_dead(int r) const noexcept {
-  if (pid_dead(r)) return true;
+  if (pid_dead(r) || r == heard_dead_.load()) return true;
   if (links_ == nullptr) return false;
   links_->poll();
   return links_->gone(r);

@@ -298,8 +298,9 @@ class MpiCommunicator final : public Communicator {
   // A peer known dead (seen, or heard of: heard_dead_), or -1; death_of says how it is known.
   int dead_peer() const noexcept;
   std::string death_of(int dead) const;
-  // Whether peer r is seen dead: a process of this host (and PID namespace) that is gone, or a
-  // peer elsewhere whose liveness link ended.
+  // Whether peer r is known dead: a process of this host (and PID namespace) that is gone, a peer
+  // elsewhere whose liveness link ended, or the death a notice reported (the shrink starts from it,
+  // and nothing more is sent to it).
   bool peer_dead(int r) const noexcept;
   bool pid_dead(int r) const noexcept;
   void link_peers(Clock::time_point deadline);

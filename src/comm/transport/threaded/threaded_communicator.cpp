@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -88,16 +87,35 @@ std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
 // not wait for it in a team call, whose deadline would stop the team under thread 0's feet. The
 // team first shares a handoff (every thread calls this within a timeout of the others, or that
 // call fails them all), then the siblings wait on it for as long as thread 0 takes: every wait of
-// the making is bounded, and thread 0 publishes whatever it ends in.
+// the making is bounded, and thread 0 publishes whatever it ends in, an exception of any kind
+// included (the fallback, allocated before the making, published as thread 0 unwinds). The
+// siblings take no abort or interrupt meanwhile: they could only leave before the new group's
+// team, which thread 0 would then wait for.
 struct Handoff {
   WaitWord word;
   std::atomic<uint32_t> published{0};
   std::shared_ptr<Lane> made;
+  std::shared_ptr<Lane> fallback;  // what the siblings get if thread 0 leaves by an exception
 };
 template <class Make>
 std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, const Make& make) {
-  const std::shared_ptr<Handoff> handoff = share(team, team.rank() == 0 ? std::make_shared<Handoff>() : nullptr);
+  std::shared_ptr<Handoff> mine;
   if (team.rank() == 0) {
+    mine = std::make_shared<Handoff>();
+    mine->fallback = std::make_shared<Lane>();
+    mine->fallback->status = GRADSYNC_E_INTERNAL;
+    mine->fallback->message = "it ended with an unexpected exception (see its own error)";
+  }
+  const std::shared_ptr<Handoff> handoff = share(team, std::move(mine));
+  if (team.rank() == 0) {
+    struct Publish {
+      Handoff& h;
+      ~Publish() {
+        if (h.made == nullptr) h.made = h.fallback;
+        h.published.store(1, std::memory_order_seq_cst);
+        notify(h.word);
+      }
+    } publish{*handoff};
     auto made = std::make_shared<Lane>();
     try {
       make(*made);
@@ -105,18 +123,8 @@ std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, cons
       made->comm.reset();
       made->status = e.status();
       made->message = e.what();
-    } catch (const std::bad_alloc&) {
-      made->comm.reset();
-      made->status = GRADSYNC_E_NOMEM;
-      made->message = fmt::format("out of memory while trying to {}", what);
-    } catch (const std::exception& e) {
-      made->comm.reset();
-      made->status = GRADSYNC_E_INTERNAL;
-      made->message = e.what();
     }
     handoff->made = std::move(made);
-    handoff->published.store(1, std::memory_order_seq_cst);
-    notify(handoff->word);
   } else {
     auto ready = [&] { return handoff->published.load(std::memory_order_seq_cst) != 0; };
     auto deadline = WaitClock::time_point::max();
