@@ -277,6 +277,7 @@ class Hosts:
         self.subnet = None
         self.addresses = []
         self.netns_inodes = []
+        self.stragglers = []  # processes close() found in the namespaces after killing them
         self.jobs = []
         self.tmpdir = None
 
@@ -380,22 +381,38 @@ class Hosts:
         """Removes everything this run made; safe to call again and after a partial _make."""
         for job in self.jobs:
             job.kill()
-        _remove([ns for ns in self.netns if os.path.exists(f"/run/netns/{ns}")], [])
+        existing = [ns for ns in self.netns if os.path.exists(f"/run/netns/{ns}")]
+        # The namespaces stay pinned (open) until the processes left in them are looked for: a
+        # namespace freed gives its inode number to the next one made (a run beside this one), whose
+        # processes would then pass for ours.
+        pins = []
+        for ns in existing:
+            try:
+                pins.append(os.open(f"/run/netns/{ns}", os.O_RDONLY))
+            except OSError:
+                pass
+        try:
+            _remove(existing, [])
+            if pins:
+                inodes = set(self.netns_inodes)
+                self.stragglers = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+                                   if _ns_inode(pid, "net") in inodes]
+        finally:
+            for fd in pins:
+                os.close(fd)
         _remove([], [link for link in self.veths + [self.bridge] if link in _our_links()])
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
 
     def leftovers(self):
-        """What of this run is still there: namespaces, links, files, processes in its namespaces."""
+        """What of this run is still there: namespaces, links, files, processes in its namespaces
+        (as close() found them, while the namespaces were still its own)."""
         left = [f"netns {ns}" for ns in self.netns if ns in _our_netns()]
         left += [f"link {link}" for link in _our_links() if link.startswith(self.tag)]
         if self.tmpdir and os.path.exists(self.tmpdir):
             left.append(f"directory {self.tmpdir}")
-        inodes = set(self.netns_inodes)
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            if _ns_inode(pid, "net") in inodes:
-                left.append(f"process {pid} in a host's network namespace")
+        left += [f"process {pid} in a host's network namespace" for pid in self.stragglers]
         return left
 
     # ------------------------------------------------------------------ running
