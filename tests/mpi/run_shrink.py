@@ -4,9 +4,9 @@
 usage: run_shrink.py MPIRUN PROGRAM MODE [RUNS]
 
 MODE between|small|large|second|second-random|host|transfer (RUNS runs each, default 3) or stress (RUNS seeds, default 8);
-or threads|threads-interleaved|threads-silent (default 2 runs): PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
-(threads-interleaved: in a subgroup of the whole group ordered thread by thread; threads-silent: process 1 goes
-silent, and the survivors' shrink waits out a timeout of its silence); threads then grows back by one
+or threads|threads-interleaved|threads-silent: PROGRAM is mpi_threads_shrink, 3 processes x 2 threads (6 ranks), process 1 lost
+(threads-interleaved: in a subgroup of the whole group ordered thread by thread; threads-silent, 2 runs by default:
+process 1 goes silent, and the survivors' shrink waits out a timeout of its silence); threads then grows back by one
 spawned process of 2 threads, whose joining threads and every survivor check the grown group. Each launch is
 bounded: a hang fails the test. Every survivor must have shrunk to the same failed set, checked
 every collective on the new group ("verified") and finished ("done"); no rank may print WRONG.

@@ -12,7 +12,7 @@
  * mpirun --enable-recovery, which checks what every survivor printed; across namespace hosts, one
  * process on each, by tests/multihost/shrink_hosts.py --what threads.
  *
- *   mpirun --enable-recovery -np 3 threads_shrink [interleaved|host]   (SHRINK_TRANSPORT=hier: the
+ *   mpirun --enable-recovery -np 3 threads_shrink [interleaved|host|silent]   (SHRINK_TRANSPORT=hier: the
  *   hierarchical transport; interleaved: the group is the whole one split thread by thread, whose
  *   ranks alternate between the processes, and process 1's are ranks 1 and 4; host: nobody kills
  *   itself, every rank says "looping" once under way, and the runner kills a host; silent: process 1
