@@ -88,30 +88,21 @@ std::shared_ptr<T> share(Communicator& team, std::shared_ptr<T> made) {
 // team first shares a handoff (every thread calls this within a timeout of the others, or that
 // call fails them all), then the siblings wait on it for as long as thread 0 takes: every wait of
 // the making is bounded, and thread 0 publishes whatever it ends in, an exception of any kind
-// included (the fallback, allocated before the making, published as thread 0 unwinds). The
+// included (published as thread 0 unwinds, with no outcome: its siblings then fail alike). The
 // siblings take no abort or interrupt meanwhile: they could only leave before the new group's
 // team, which thread 0 would then wait for.
 struct Handoff {
   WaitWord word;
   std::atomic<uint32_t> published{0};
-  std::shared_ptr<Lane> made;
-  std::shared_ptr<Lane> fallback;  // what the siblings get if thread 0 leaves by an exception
+  std::shared_ptr<Lane> made;  // null: thread 0 left by an exception other than Error
 };
 template <class Make>
 std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, const Make& make) {
-  std::shared_ptr<Handoff> mine;
-  if (team.rank() == 0) {
-    mine = std::make_shared<Handoff>();
-    mine->fallback = std::make_shared<Lane>();
-    mine->fallback->status = GRADSYNC_E_INTERNAL;
-    mine->fallback->message = "it ended with an unexpected exception (see its own error)";
-  }
-  const std::shared_ptr<Handoff> handoff = share(team, std::move(mine));
+  const std::shared_ptr<Handoff> handoff = share(team, team.rank() == 0 ? std::make_shared<Handoff>() : nullptr);
   if (team.rank() == 0) {
     struct Publish {
       Handoff& h;
       ~Publish() {
-        if (h.made == nullptr) h.made = h.fallback;
         h.published.store(1, std::memory_order_seq_cst);
         notify(h.word);
       }
@@ -135,6 +126,8 @@ std::shared_ptr<Lane> made_by_thread0(Communicator& team, const char* what, cons
                                std::chrono::duration_cast<std::chrono::seconds>(waited).count(), what);
                  },
                  wait_ends, deadline, std::chrono::nanoseconds::max());
+    if (handoff->made == nullptr)
+      fail(GRADSYNC_E_INTERNAL, "thread 0 of this process could not {}: it ended with an unexpected exception", what);
   }
   const std::shared_ptr<Lane>& shared = handoff->made;
   if (shared->status != 0) {
